@@ -1,0 +1,2 @@
+# Empty dependencies file for tallylib.
+# This may be replaced when dependencies are built.

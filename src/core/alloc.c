@@ -1,0 +1,79 @@
+#include "core/alloc.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { ALIGN = 64 };
+
+// Header stored in front of each block, padded to ALIGN so the user pointer stays aligned.
+typedef struct {
+  size_t bytes;
+  int cat, comp;
+} BlockHeader;
+_Static_assert(sizeof(BlockHeader) <= ALIGN, "header must fit the alignment pad");
+
+static _Atomic size_t live_bytes[MEM_NCAT][COMP_NCOMP];
+static _Atomic size_t live_total, peak_total;
+
+static const char *const category_names[MEM_NCAT] = {
+    "param", "grad", "optimizer", "momentum_encoder", "activation",
+    "activation_grad", "queue", "workspace", "data", "eval"};
+static const char *const component_names[COMP_NCOMP] = {"encoder", "head", "decoder", "loss",
+                                                          "other"};
+
+const char *mem_category_name(MemCategory c) { return category_names[c]; }
+const char *mem_component_name(MemComponent c) { return component_names[c]; }
+
+void *tl_alloc(size_t bytes, MemCategory cat, MemComponent comp) {
+  size_t padded = (bytes + ALIGN - 1) / ALIGN * ALIGN;
+  char *raw = aligned_alloc(ALIGN, padded + ALIGN);
+  if (!raw) {
+    fprintf(stderr, "tally: out of memory allocating %zu bytes for %s/%s\n", bytes,
+            category_names[cat], component_names[comp]);
+    exit(1);
+  }
+  memset(raw + ALIGN, 0, padded);
+  BlockHeader *h = (BlockHeader *)raw;
+  h->bytes = bytes;
+  h->cat = cat;
+  h->comp = comp;
+  atomic_fetch_add(&live_bytes[cat][comp], bytes);
+  size_t now = atomic_fetch_add(&live_total, bytes) + bytes;
+  size_t peak = atomic_load(&peak_total);
+  while (now > peak && !atomic_compare_exchange_weak(&peak_total, &peak, now)) {
+  }
+  return raw + ALIGN;
+}
+
+void tl_free(void *p) {
+  if (!p) return;
+  char *raw = (char *)p - ALIGN;
+  BlockHeader *h = (BlockHeader *)raw;
+  atomic_fetch_sub(&live_bytes[h->cat][h->comp], h->bytes);
+  atomic_fetch_sub(&live_total, h->bytes);
+  free(raw);
+}
+
+size_t tl_mem_live(MemCategory cat) {
+  size_t s = 0;
+  for (int c = 0; c < COMP_NCOMP; c++) s += atomic_load(&live_bytes[cat][c]);
+  return s;
+}
+size_t tl_mem_live_comp(MemCategory cat, MemComponent comp) {
+  return atomic_load(&live_bytes[cat][comp]);
+}
+size_t tl_mem_peak_total(void) { return atomic_load(&peak_total); }
+size_t tl_mem_live_total(void) { return atomic_load(&live_total); }
+
+size_t tl_peak_rss_bytes(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  size_t kb = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmHWM: %zu kB", &kb) == 1) break;
+  fclose(f);
+  return kb * 1024;
+}

@@ -1,0 +1,44 @@
+// The accounting allocator: every buffer Tally owns is allocated here, tagged with the ledger
+// category it belongs to and the model component that holds it, so the ledger can say what the
+// memory is for and `tally plan` can predict it exactly.
+#pragma once
+#include <stddef.h>
+
+typedef enum {
+  MEM_PARAM,      // trainable parameters
+  MEM_GRAD,       // their gradients
+  MEM_OPTIM,      // optimizer state (momentum, Adam moments)
+  MEM_MOMENTUM,   // momentum (key) encoder parameters and its own buffers
+  MEM_ACT,        // activations retained for the backward pass
+  MEM_ACT_GRAD,   // gradients flowing back through activations (transient per step)
+  MEM_QUEUE,      // features cached across steps (MoCo queue)
+  MEM_WORKSPACE,  // oneDNN scratchpads, reorder buffers, forward-only temporaries
+  MEM_DATA,       // batches of images and labels, datasets held in memory
+  MEM_EVAL,       // evaluation buffers (kNN feature banks)
+  MEM_NCAT
+} MemCategory;
+
+typedef enum {
+  COMP_ENCODER,
+  COMP_HEAD,
+  COMP_DECODER,
+  COMP_LOSS,
+  COMP_OTHER,
+  COMP_NCOMP
+} MemComponent;
+
+const char *mem_category_name(MemCategory c);
+const char *mem_component_name(MemComponent c);
+
+// 64-byte aligned, zero-filled. Aborts with a clear message when memory runs out.
+void *tl_alloc(size_t bytes, MemCategory cat, MemComponent comp);
+void tl_free(void *p);
+
+// Live and peak bytes, per category and component (thread-safe counters).
+size_t tl_mem_live(MemCategory cat);
+size_t tl_mem_live_comp(MemCategory cat, MemComponent comp);
+size_t tl_mem_peak_total(void);
+size_t tl_mem_live_total(void);
+
+// Peak resident set size of the process (VmHWM), in bytes.
+size_t tl_peak_rss_bytes(void);

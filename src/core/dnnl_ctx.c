@@ -1,0 +1,122 @@
+#include "core/dnnl_ctx.h"
+
+#include <string.h>
+
+void dnnl_ctx_init(DnnlCtx *ctx) {
+  memset(ctx, 0, sizeof *ctx);
+  DNNL_CHECK(dnnl_engine_create(&ctx->engine, dnnl_cpu, 0));
+  DNNL_CHECK(dnnl_stream_create(&ctx->stream, ctx->engine, dnnl_stream_default_flags));
+  ctx->component = COMP_ENCODER;
+}
+
+void dnnl_ctx_destroy(DnnlCtx *ctx) {
+  tl_free(ctx->scratchpad);
+  dnnl_stream_destroy(ctx->stream);
+  dnnl_engine_destroy(ctx->engine);
+  memset(ctx, 0, sizeof *ctx);
+}
+
+void dnnl_ctx_reset_flops(DnnlCtx *ctx) {
+  memset(ctx->flops_forward, 0, sizeof ctx->flops_forward);
+  memset(ctx->flops_backward, 0, sizeof ctx->flops_backward);
+}
+
+double dnnl_ctx_total_flops(const DnnlCtx *ctx) {
+  double s = 0;
+  for (int c = 0; c < COMP_NCOMP; c++) s += ctx->flops_forward[c] + ctx->flops_backward[c];
+  return s;
+}
+
+dnnl_primitive_attr_t dnnl_ctx_attr(void) {
+  static _Thread_local dnnl_primitive_attr_t attr;
+  if (!attr) {
+    DNNL_CHECK(dnnl_primitive_attr_create(&attr));
+    DNNL_CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
+  }
+  return attr;
+}
+
+void dnnl_ctx_reserve_scratchpad(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd) {
+  dnnl_memory_desc_t md = dnnl_pd_md(pd, dnnl_query_scratchpad_md, 0);
+  size_t need = dnnl_md_bytes(&md);
+  if (need <= ctx->scratchpad_bytes) return;
+  tl_free(ctx->scratchpad);
+  ctx->scratchpad = tl_alloc(need, MEM_WORKSPACE, COMP_OTHER);
+  ctx->scratchpad_bytes = need;
+}
+
+dnnl_memory_t dnnl_mem_new(DnnlCtx *ctx, const dnnl_memory_desc_t *md) {
+  dnnl_memory_t m;
+  DNNL_CHECK(dnnl_memory_create(&m, md, ctx->engine, DNNL_MEMORY_NONE));
+  return m;
+}
+
+void dnnl_mem_bind(dnnl_memory_t mem, const void *ptr) {
+  DNNL_CHECK(dnnl_memory_set_data_handle(mem, (void *)ptr));
+}
+
+dnnl_memory_desc_t dnnl_md_plain(int ndims, const dnnl_dims_t dims, dnnl_format_tag_t tag) {
+  dnnl_memory_desc_t md;
+  DNNL_CHECK(dnnl_memory_desc_init_by_tag(&md, ndims, dims, dnnl_f32, tag));
+  return md;
+}
+
+dnnl_memory_desc_t dnnl_pd_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what, int index) {
+  const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, what, index);
+  if (!md) TL_DIE("primitive descriptor has no memory descriptor for query %d", (int)what);
+  return *md;
+}
+
+size_t dnnl_md_bytes(const dnnl_memory_desc_t *md) { return dnnl_memory_desc_get_size(md); }
+
+int dnnl_md_equal(const dnnl_memory_desc_t *a, const dnnl_memory_desc_t *b) {
+  return dnnl_memory_desc_equal(a, b);
+}
+
+void dnnl_ctx_exec(DnnlCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_desc_t pd, int nargs,
+                   const dnnl_exec_arg_t *args) {
+  enum { MAX_ARGS = 16 };
+  TL_ASSERT(nargs < MAX_ARGS);
+  dnnl_exec_arg_t all[MAX_ARGS];
+  memcpy(all, args, sizeof(dnnl_exec_arg_t) * (size_t)nargs);
+  dnnl_memory_t scratch = NULL;
+  dnnl_memory_desc_t smd = dnnl_pd_md(pd, dnnl_query_scratchpad_md, 0);
+  if (dnnl_md_bytes(&smd) > 0) {
+    TL_ASSERT(dnnl_md_bytes(&smd) <= ctx->scratchpad_bytes);
+    DNNL_CHECK(dnnl_memory_create(&scratch, &smd, ctx->engine, ctx->scratchpad));
+    all[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, scratch};
+  }
+  DNNL_CHECK(dnnl_primitive_execute(prim, ctx->stream, nargs, all));
+  DNNL_CHECK(dnnl_stream_wait(ctx->stream));
+  if (scratch) dnnl_memory_destroy(scratch);
+}
+
+void dnnl_reorder_init(DnnlReorder *r, DnnlCtx *ctx, const dnnl_memory_desc_t *src_md,
+                       const dnnl_memory_desc_t *dst_md) {
+  memset(r, 0, sizeof *r);
+  if (dnnl_md_equal(src_md, dst_md)) return;
+  DNNL_CHECK(dnnl_reorder_primitive_desc_create(&r->pd, src_md, ctx->engine, dst_md, ctx->engine,
+                                                dnnl_ctx_attr()));
+  DNNL_CHECK(dnnl_primitive_create(&r->prim, r->pd));
+  dnnl_ctx_reserve_scratchpad(ctx, r->pd);
+  r->src = dnnl_mem_new(ctx, src_md);
+  r->dst = dnnl_mem_new(ctx, dst_md);
+}
+
+int dnnl_reorder_needed(const DnnlReorder *r) { return r->prim != NULL; }
+
+void dnnl_reorder_run(DnnlReorder *r, DnnlCtx *ctx, const void *src, void *dst) {
+  TL_ASSERT(r->prim);
+  dnnl_mem_bind(r->src, src);
+  dnnl_mem_bind(r->dst, dst);
+  dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, r->src}, {DNNL_ARG_DST, r->dst}};
+  dnnl_ctx_exec(ctx, r->prim, r->pd, 2, args);
+}
+
+void dnnl_reorder_destroy(DnnlReorder *r) {
+  if (r->prim) dnnl_primitive_destroy(r->prim);
+  if (r->pd) dnnl_primitive_desc_destroy(r->pd);
+  if (r->src) dnnl_memory_destroy(r->src);
+  if (r->dst) dnnl_memory_destroy(r->dst);
+  memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,67 @@
+// One replica's oneDNN execution context: engine, stream, the shared user-managed scratchpad
+// (so the ledger counts it), and the FLOP counters every op adds its own analytic count to.
+#pragma once
+#include <oneapi/dnnl/dnnl.h>
+#include <stddef.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+
+#define DNNL_CHECK(call)                                                      \
+  do {                                                                        \
+    dnnl_status_t status_ = (call);                                           \
+    if (status_ != dnnl_success)                                              \
+      TL_DIE("oneDNN call failed (status %d): %s", (int)status_, #call);      \
+  } while (0)
+
+typedef struct {
+  dnnl_engine_t engine;
+  dnnl_stream_t stream;
+  // Shared scratchpad for all primitives of this replica; they run one at a time.
+  void *scratchpad;
+  size_t scratchpad_bytes;
+  // Component that buffers and FLOPs are attributed to while a model is built / run.
+  MemComponent component;
+  // Analytic FLOPs (multiply-add = 2) added by ops as they execute, reset by the trainer per step.
+  double flops_forward[COMP_NCOMP];
+  double flops_backward[COMP_NCOMP];
+} DnnlCtx;
+
+void dnnl_ctx_init(DnnlCtx *ctx);
+void dnnl_ctx_destroy(DnnlCtx *ctx);
+void dnnl_ctx_reset_flops(DnnlCtx *ctx);
+double dnnl_ctx_total_flops(const DnnlCtx *ctx);
+
+// Attribute with user-managed scratchpad: every primitive descriptor is created with this.
+dnnl_primitive_attr_t dnnl_ctx_attr(void);
+
+// Grows the shared scratchpad to at least what `pd` asks for (call once at op creation).
+void dnnl_ctx_reserve_scratchpad(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd);
+
+// A memory object with no data yet; bind a pointer before each execution.
+dnnl_memory_t dnnl_mem_new(DnnlCtx *ctx, const dnnl_memory_desc_t *md);
+void dnnl_mem_bind(dnnl_memory_t mem, const void *ptr);
+
+// Plain memory descriptors (f32, row-major in the order given).
+dnnl_memory_desc_t dnnl_md_plain(int ndims, const dnnl_dims_t dims, dnnl_format_tag_t tag);
+
+// Queries a memory descriptor of a primitive descriptor (e.g. dnnl_query_src_md, index 0).
+dnnl_memory_desc_t dnnl_pd_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what, int index);
+size_t dnnl_md_bytes(const dnnl_memory_desc_t *md);
+int dnnl_md_equal(const dnnl_memory_desc_t *a, const dnnl_memory_desc_t *b);
+
+// Executes a primitive with the given args plus the shared scratchpad, then waits.
+void dnnl_ctx_exec(DnnlCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_desc_t pd, int nargs,
+                   const dnnl_exec_arg_t *args);
+
+// A reorder between two layouts of the same tensor, created once; a no-op when they are equal.
+typedef struct {
+  dnnl_primitive_desc_t pd;
+  dnnl_primitive_t prim;
+  dnnl_memory_t src, dst;
+} DnnlReorder;
+void dnnl_reorder_init(DnnlReorder *r, DnnlCtx *ctx, const dnnl_memory_desc_t *src_md,
+                       const dnnl_memory_desc_t *dst_md);
+int dnnl_reorder_needed(const DnnlReorder *r);
+void dnnl_reorder_run(DnnlReorder *r, DnnlCtx *ctx, const void *src, void *dst);
+void dnnl_reorder_destroy(DnnlReorder *r);

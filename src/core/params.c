@@ -1,0 +1,87 @@
+#include "core/params.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+static void paramset_reset(ParamSet *ps, size_t count, uint64_t seed) {
+  memset(ps, 0, sizeof *ps);
+  ps->count = count;
+  ps->seed = seed;
+}
+
+void paramset_alloc(ParamSet *ps, size_t count, uint64_t seed) {
+  paramset_reset(ps, count, seed);
+  ps->data = tl_alloc(count * sizeof(float), MEM_PARAM, COMP_OTHER);
+  ps->grad = tl_alloc(count * sizeof(float), MEM_GRAD, COMP_OTHER);
+  ps->owns = 1;
+}
+
+void paramset_alloc_nograd(ParamSet *ps, size_t count, uint64_t seed, MemCategory cat) {
+  paramset_reset(ps, count, seed);
+  ps->data = tl_alloc(count * sizeof(float), cat, COMP_OTHER);
+  ps->owns = 1;
+}
+
+void paramset_bind(ParamSet *ps, float *data, float *grad, size_t count) {
+  paramset_reset(ps, count, 0);
+  ps->data = data;
+  ps->grad = grad;
+  ps->owns = 0;
+}
+
+void paramset_free(ParamSet *ps) {
+  if (ps->owns) {
+    tl_free(ps->data);
+    tl_free(ps->grad);
+  }
+  free(ps->entries);
+  memset(ps, 0, sizeof *ps);
+}
+
+float *paramset_take(ParamSet *ps, const char *name, size_t n, int no_decay, float **grad) {
+  if (ps->used + n > ps->count)
+    TL_DIE("parameter block overflow taking %s (%zu + %zu > %zu)", name, ps->used, n, ps->count);
+  if (ps->n_entries == ps->cap_entries) {
+    ps->cap_entries = ps->cap_entries ? 2 * ps->cap_entries : 32;
+    ps->entries = realloc(ps->entries, sizeof(ParamEntry) * (size_t)ps->cap_entries);
+    if (!ps->entries) TL_DIE("out of memory");
+  }
+  ParamEntry *e = &ps->entries[ps->n_entries++];
+  snprintf(e->name, sizeof e->name, "%s", name);
+  e->offset = ps->used;
+  e->count = n;
+  e->no_decay = no_decay;
+  ps->used += n;
+  if (grad) *grad = ps->grad ? ps->grad + e->offset : NULL;
+  return ps->data + e->offset;
+}
+
+float *paramset_take_buffer(ParamSet *ps, const char *name, size_t n) {
+  float *p = paramset_take(ps, name, n, 1, NULL);
+  ps->entries[ps->n_entries - 1].is_buffer = 1;
+  return p;
+}
+
+static Rng stream_for(ParamSet *ps, const float *p) {
+  return rng_stream(ps->seed, RNG_INIT, (uint64_t)(p - ps->data), 0);
+}
+
+void paramset_init_normal(ParamSet *ps, float *p, size_t n, float stddev) {
+  if (!ps->owns) return;
+  Rng r = stream_for(ps, p);
+  for (size_t i = 0; i < n; i++) p[i] = stddev * rng_normal(&r);
+}
+
+void paramset_init_uniform(ParamSet *ps, float *p, size_t n, float bound) {
+  if (!ps->owns) return;
+  Rng r = stream_for(ps, p);
+  for (size_t i = 0; i < n; i++) p[i] = rng_uniform_range(&r, -bound, bound);
+}
+
+void paramset_init_const(ParamSet *ps, float *p, size_t n, float value) {
+  if (!ps->owns) return;
+  for (size_t i = 0; i < n; i++) p[i] = value;
+}

@@ -1,0 +1,48 @@
+// A model's parameters live in one contiguous block (and their gradients in another), so the
+// optimizer, the gradient allreduce, the momentum encoder and checkpoints each see one flat array.
+// Layers take named slices in build order; the block's size is computed up front by the model
+// (as llm.c's fill_in_parameter_sizes does), so plan and allocation agree by construction.
+#pragma once
+#include <stddef.h>
+
+#include "core/alloc.h"
+#include "core/rng.h"
+
+typedef struct {
+  char name[64];
+  size_t offset, count;
+  int no_decay;   // biases and normalization parameters: no weight decay, excluded from LARS
+  int is_buffer;  // running statistics: saved and copied with the model, never optimized
+} ParamEntry;
+
+typedef struct {
+  float *data;  // (count)
+  float *grad;  // (count), NULL for a bound (inference or momentum) copy
+  size_t count, used;
+  ParamEntry *entries;
+  int n_entries, cap_entries;
+  int owns;  // 1: allocated here; 0: bound to another set's data
+  uint64_t seed;  // initialization stream
+} ParamSet;
+
+// Allocates data (MEM_PARAM) and grad (MEM_GRAD) for exactly `count` floats.
+void paramset_alloc(ParamSet *ps, size_t count, uint64_t seed);
+// Allocates data only, tagged as `cat` (MEM_MOMENTUM for a key encoder): no gradients.
+void paramset_alloc_nograd(ParamSet *ps, size_t count, uint64_t seed, MemCategory cat);
+// Binds to existing storage (an inference copy of a trained model): takes hand out the same
+// slices in the same order, and initialization is skipped.
+void paramset_bind(ParamSet *ps, float *data, float *grad, size_t count);
+void paramset_free(ParamSet *ps);
+
+// Takes the next `n` floats; *grad receives the matching gradient slice (NULL if none).
+// Returns a pointer into data. Dies if the set would overflow (a sizing bug, not user input).
+float *paramset_take(ParamSet *ps, const char *name, size_t n, int no_decay, float **grad);
+// Takes a non-trainable buffer (BatchNorm running statistics): its gradient slice stays zero and
+// the optimizer skips it.
+float *paramset_take_buffer(ParamSet *ps, const char *name, size_t n);
+
+// Initialization helpers for an owned set (no-ops on a bound set). Each tensor gets its own
+// RNG stream keyed by its entry index, so initialization does not depend on build details.
+void paramset_init_normal(ParamSet *ps, float *p, size_t n, float stddev);
+void paramset_init_uniform(ParamSet *ps, float *p, size_t n, float bound);
+void paramset_init_const(ParamSet *ps, float *p, size_t n, float value);

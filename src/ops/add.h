@@ -1,0 +1,19 @@
+// out = a + b for two tensors of the same shape (oneDNN binary add). Used for residual
+// connections forward, and to sum gradients where a tensor feeds two consumers.
+// Its backward is the identity to both inputs, so it has none.
+#pragma once
+#include "ops/builder.h"
+
+typedef struct {
+  size_t n;
+  MemComponent comp;
+  int is_backward;  // counts its FLOPs as backward (gradient summation)
+  float *out;       // (n), owned
+  struct AddPrivate *priv;
+} Add;
+
+// `cat` is the memory category of `out` (MEM_ACT for forward residuals kept for backward,
+// MEM_ACT_GRAD for gradient sums).
+void add_init(Add *l, Builder *b, size_t n, MemCategory cat, int is_backward);
+void add_forward(Add *l, DnnlCtx *ctx, const float *a, const float *bb);
+void add_destroy(Add *l);

@@ -1,0 +1,26 @@
+// Batch normalization over N*H*W per channel, optionally with a fused ReLU (oneDNN's
+// dnnl_fuse_norm_relu: the ReLU mask is its workspace). Works for 2-D inputs with H = W = 1.
+#pragma once
+#include "ops/builder.h"
+
+typedef struct {
+  int N, C, H, W, fuse_relu, need_din;
+  OpMode mode;
+  MemComponent comp;
+  float eps, momentum;       // 1e-5, running stats updated as r = (1-momentum) r + momentum batch
+  float *gamma, *dgamma;     // (C) scale, init 1, no weight decay
+  float *beta, *dbeta;       // (C) shift, init 0, no weight decay
+  float *running_mean;       // (C) buffer in the parameter block (paramset_take_buffer)
+  float *running_var;        // (C)
+  const float *in;           // (N, H, W, C)
+  float *out;                // (N, H, W, C)
+  float *din;                // (N, H, W, C), when need_din
+  struct BatchNormPrivate *priv;
+} BatchNorm;
+
+void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, int H, int W,
+                    int fuse_relu, int need_din);
+size_t batchnorm_param_count(int C);  // gamma, beta, running mean and var
+void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in);
+void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout);
+void batchnorm_destroy(BatchNorm *l);

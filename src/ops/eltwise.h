@@ -1,0 +1,22 @@
+// Elementwise activations (oneDNN eltwise): ReLU (backward from dst) and GELU (erf form).
+#pragma once
+#include "ops/builder.h"
+
+typedef enum { ELTWISE_RELU, ELTWISE_GELU } EltwiseKind;
+
+typedef struct {
+  EltwiseKind kind;
+  size_t n;  // element count; the tensor is treated as flat
+  int need_din;
+  OpMode mode;
+  MemComponent comp;
+  const float *in;  // (n)
+  float *out;       // (n)
+  float *din;       // (n)
+  struct EltwisePrivate *priv;
+} Eltwise;
+
+void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_din);
+void eltwise_forward(Eltwise *l, DnnlCtx *ctx, const float *in);
+void eltwise_backward(Eltwise *l, DnnlCtx *ctx, const float *dout);
+void eltwise_destroy(Eltwise *l);

@@ -1,0 +1,24 @@
+// Fully connected layer on rows (oneDNN inner product): (M, IC) -> (M, OC), out = in W^T + b.
+// M is the number of rows (batch, or batch*tokens for token tensors).
+#pragma once
+#include "ops/builder.h"
+
+typedef struct {
+  int M, IC, OC, has_bias, need_din;
+  OpMode mode;
+  MemComponent comp;
+  float *weight, *dweight;  // (OC, IC)
+  float *bias, *dbias;      // (OC)
+  const float *in;          // (M, IC)
+  float *out;               // (M, OC)
+  float *din;               // (M, IC)
+  struct LinearPrivate *priv;
+} Linear;
+
+// Weights: `init_std` > 0 draws normal(0, init_std); 0 means Xavier-uniform. Bias zero.
+void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC, int has_bias,
+                 int need_din, float init_std);
+size_t linear_param_count(int IC, int OC, int has_bias);
+void linear_forward(Linear *l, DnnlCtx *ctx, const float *in);
+void linear_backward(Linear *l, DnnlCtx *ctx, const float *dout);
+void linear_destroy(Linear *l);
