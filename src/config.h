@@ -1,0 +1,134 @@
+// One typed configuration, read from an INI recipe (configs/*.ini) and a model file
+// (models/*.ini) with inih, validated key by key, overridable from the command line with
+// --set section.key=value under the same rules.
+#pragma once
+#include <stdio.h>
+
+#define CONFIG_PATH_MAX 512
+#define CONFIG_MAX_STAGES 8
+
+typedef struct {
+  // [backbone] type = resnet | vit
+  char type[16];
+  // resnet: 3x3 stem, stages of basic residual blocks, global average pool.
+  int stem_channels;                          // 32
+  int n_stages;                               // length of the lists below
+  int stage_channels[CONFIG_MAX_STAGES];      // 32,64,128
+  int stage_blocks[CONFIG_MAX_STAGES];        // 1,1,1
+  int stage_strides[CONFIG_MAX_STAGES];       // 1,2,2
+  // vit: patch embedding, pre-norm transformer blocks, fixed 2-D sin-cos positions, cls token.
+  int patch_size;  // 4
+  int pad_to;      // 32: images are zero-padded to this size (0 = no padding)
+  int dim;         // 128
+  int depth;       // 4
+  int heads;       // 4
+  int mlp_ratio;   // 4
+  char pool[8];    // cls | mean: which token summary is the representation
+} ModelSpec;
+
+typedef struct {
+  char source_path[CONFIG_PATH_MAX];  // recipe file, "" when built from defaults only
+
+  struct {
+    char format[16];                 // idx | imagefolder
+    char train[CONFIG_PATH_MAX];     // IDX images file, or ImageFolder root
+    char test[CONFIG_PATH_MAX];
+    int image_size;                  // 28
+    int channels;                    // 1 or 3
+    int limit;                       // 0 = all training images
+    int test_limit;                  // 0 = all test images
+  } data;
+
+  struct {
+    float crop_scale_min, crop_scale_max;  // 0.2, 1.0
+    float flip_prob;                       // 0.5
+    float jitter_strength;                 // 0.4 (brightness and contrast; saturation/hue on RGB)
+    float jitter_prob;                     // 0.8
+    float grayscale_prob;                  // 0.2, RGB only
+  } augment;
+
+  struct {
+    char file[CONFIG_PATH_MAX];  // models/resnet-small.ini
+    int head_hidden_dim;         // 256
+    int head_out_dim;            // 64
+    ModelSpec spec;              // parsed from `file`
+  } model;
+
+  struct {
+    int batch_size;   // 256, global across replicas
+    int epochs;       // 1
+    int steps;        // 0 = epochs * steps per epoch; > 0 overrides epochs
+    unsigned long long seed;  // 0
+    int log_every;    // 10 steps between progress lines
+  } train;
+
+  struct {
+    char name[16];        // sgd | lars | adamw
+    float lr;             // peak learning rate (absolute)
+    float momentum;       // 0.9 (sgd, lars)
+    float weight_decay;   // 5e-4
+    int warmup_steps;     // 0
+    char schedule[16];    // cosine | constant
+    float beta1, beta2;   // 0.9, 0.95 (adamw)
+    float eps;            // 1e-8 (adamw)
+    float lars_eta;       // 0.001 trust coefficient
+  } optim;
+
+  struct {
+    float temperature;         // 0.2
+    int queue_size;            // 4096 (moco)
+    float momentum;            // 0.99 (moco key encoder)
+    char momentum_schedule[16];  // constant | cosine (to 1)
+    int queue_max_age_steps;   // 0 = off
+    int symmetric;             // 0
+    float mask_ratio;          // 0.75 (mae)
+    int norm_pix_loss;         // 1
+    int decoder_dim;           // 64
+    int decoder_depth;         // 1
+    int decoder_heads;         // 4
+    int png_every;             // 0 = never; steps between reconstruction grids
+  } objective;
+
+  struct {
+    char backend[16];     // local | mpi
+    int replicas;         // 1 (local backend)
+    int checksum_every;   // 50
+    char shard_weights[128];  // "" = even split; e.g. "1,3" for tests
+  } parallel;
+
+  struct {
+    int knn_k;              // 200
+    float knn_temperature;  // 0.1
+    int knn_every_epochs;   // 1
+    int knn_train_limit;    // 0 = the whole training set as the memory bank
+    int batch_size;         // 500, forward-only evaluation batch
+  } eval;
+
+  struct {
+    int every;          // 1: a ledger record every N steps
+    int console_every;  // 10
+  } ledger;
+} Config;
+
+// Fills every field with its default.
+void config_defaults(Config *cfg);
+
+// Reads a recipe (and then the model file it names, relative paths resolved against the
+// current directory). Unknown sections/keys, bad types and out-of-range values are errors:
+// returns -1 with tl_last_error() = "FILE:LINE: message" (with the closest known key when the
+// key is unknown).
+int config_load(Config *cfg, const char *path);
+
+// Applies one override "section.key=value"; same validation, error names "--set". Re-reads the
+// model file when model.file changes. Call config_load first.
+int config_set(Config *cfg, const char *assignment);
+
+// Reads a model file into cfg->model.spec (same error rules).
+int config_load_model(Config *cfg, const char *path);
+
+// Cross-field checks after all overrides (e.g. batch divisible into replicas, vit sizes).
+int config_validate(const Config *cfg);
+
+// Writes the resolved configuration as INI (every key, defaults included), model spec included
+// as a [backbone] section after a comment line.
+void config_write(const Config *cfg, FILE *out);

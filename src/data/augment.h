@@ -1,0 +1,26 @@
+// Views of images as float tensors: the SSL augmentations (random resized crop, flip,
+// brightness/contrast jitter, and colour jitter / random grayscale for RGB), and the plain
+// evaluation transform. All randomness comes from a counter-based stream keyed by
+// (seed, step, sample index, view), so a view is the same whichever thread or replica makes it.
+#pragma once
+#include <stdint.h>
+
+#include "core/rng.h"
+#include "data/dataset.h"
+
+typedef struct {
+  int out_size;                          // output is out_size x out_size
+  float crop_scale_min, crop_scale_max;  // fraction of the image area
+  float crop_ratio_min, crop_ratio_max;  // aspect ratio range, 3/4 .. 4/3
+  float flip_prob;
+  float jitter_strength;  // brightness and contrast factors in [1-s, 1+s]
+  float jitter_prob;
+  float grayscale_prob;   // RGB only
+  float mean[3], std[3];  // normalization applied last
+} AugmentParams;
+
+// One augmented view of image `index`, written as (out_size, out_size, c) floats (HWC).
+void augment_view(const Dataset *ds, int index, const AugmentParams *p, Rng *rng, float *out);
+
+// The evaluation transform: resize to out_size if needed (bilinear), normalize. (HWC floats.)
+void eval_view(const Dataset *ds, int index, const AugmentParams *p, float *out);

@@ -1,0 +1,46 @@
+// Prefetching batch loader: while the current step trains, a background thread prepares the next
+// batch (OpenMP across its samples). The epoch order is a permutation drawn from
+// (seed, epoch), the global batch is cut into shards by replica, and each sample's views come from
+// augment_view with a stream keyed by (seed, global step, sample index, view).
+#pragma once
+#include <pthread.h>
+#include <stdint.h>
+
+#include "data/augment.h"
+#include "data/dataset.h"
+
+typedef struct {
+  int global_step;   // step this batch belongs to
+  int epoch;         // epoch it was drawn from
+  int n;             // samples in this replica's shard
+  int n_views;       // views per sample
+  float *views;      // (n_views, n, S, S, C): view-major, so view 0 of all samples comes first
+  int *indices;      // (n) dataset indices
+  int *labels;       // (n)
+} Batch;
+
+typedef struct {
+  const Dataset *ds;
+  AugmentParams aug;
+  int n_views;          // 2 for contrastive objectives, 1 for mae
+  int global_batch;     // samples per step over all replicas
+  int steps_per_epoch;  // floor(ds->n / global_batch): the last partial batch is dropped
+  uint64_t seed;
+  int rank, world;            // this replica's shard
+  const int *shard_sizes;     // (world) samples per replica per step, summing to global_batch;
+                              // NULL = as even as possible (the first ranks get one more)
+  struct LoaderPrivate *priv;  // thread, double buffer, permutation
+} Loader;
+
+// Starts the prefetch thread; the first batch returned is for `start_step`.
+int loader_init(Loader *l, const Dataset *ds, const AugmentParams *aug, int n_views,
+                int global_batch, uint64_t seed, int rank, int world, const int *shard_sizes,
+                int start_step);
+// Blocks until the next batch is ready; the pointer stays valid until the following call.
+// Returns the time spent waiting in *wait_ms (may be NULL).
+const Batch *loader_next(Loader *l, double *wait_ms);
+void loader_destroy(Loader *l);
+
+// Shard of replica `rank` in a global batch: its first sample's offset and its size.
+void loader_shard(int global_batch, int rank, int world, const int *shard_sizes, int *offset,
+                  int *size);
