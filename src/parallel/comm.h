@@ -1,0 +1,54 @@
+// Collectives between replicas. A replica is a rank: replica code calls these and never knows
+// which backend serves them.
+//   local: N replicas as threads of one process (the default; N = 1 is a plain run)
+//   mpi:   one replica per process under mpirun (Open MPI), possibly on several machines
+// Every collective is called by all ranks in the same order. Bytes moved and time spent are
+// counted per collective kind for the ledger.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { COLL_ALLREDUCE, COLL_ALLGATHER, COLL_BROADCAST, COLL_NKINDS } CollectiveKind;
+
+typedef struct Comm Comm;
+
+typedef struct {
+  double bytes[COLL_NKINDS];  // bytes this rank sent + received, per kind, since the last reset
+  double ms[COLL_NKINDS];     // wall time inside the collective, per kind
+} CommStats;
+
+// Local backend: creates the shared state for `world` thread replicas; each thread then calls
+// comm_local_rank() with its rank to get its own handle.
+typedef struct LocalGroup LocalGroup;
+LocalGroup *comm_local_group_create(int world);
+Comm *comm_local_rank(LocalGroup *g, int rank);
+void comm_local_group_destroy(LocalGroup *g);
+
+// MPI backend: MPI_Init (if not yet) and a handle for this process's rank. Returns NULL with
+// tl_last_error() set if MPI is unavailable.
+Comm *comm_mpi_create(int *argc, char ***argv);
+
+int comm_rank(const Comm *c);
+int comm_size(const Comm *c);
+const char *comm_backend(const Comm *c);
+
+// buf <- sum_r w_r * buf_r / sum_r w_r, with w_r = local_weight of rank r (its sample count).
+// In place; every rank ends with bit-identical values (ranks reduce in the same order).
+void comm_allreduce_weighted(Comm *c, float *buf, size_t n, double local_weight);
+// buf <- sum_r buf_r (doubles, e.g. loss sums and counts).
+void comm_allreduce_sum_f64(Comm *c, double *buf, size_t n);
+// out <- concatenation over ranks of each rank's `n_local` floats; counts may differ by rank.
+// out must hold the total; *offset receives this rank's offset in it (may be NULL).
+void comm_allgather(Comm *c, const float *local, size_t n_local, float *out, size_t *offset);
+// buf on every rank <- buf on rank `root`.
+void comm_broadcast(Comm *c, void *buf, size_t bytes, int root);
+void comm_barrier(Comm *c);
+// Stops every rank: any rank may call it; the others return from their next collective with
+// a nonzero comm_failed(). Used so that one replica's error never leaves the others hanging.
+void comm_abort(Comm *c, const char *why);
+int comm_failed(const Comm *c);
+const char *comm_failure(const Comm *c);
+
+void comm_stats_reset(Comm *c);
+CommStats comm_stats(const Comm *c);
+void comm_destroy(Comm *c);
