@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Fresh machine to a trained encoder: installs, builds, then trains with the default recipe
+# (inbatch on Fashion-MNIST, configs/inbatch.ini). Extra arguments go to `tally train`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+exec build/tally train --objective=inbatch "$@"

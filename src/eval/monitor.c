@@ -1,0 +1,91 @@
+#include "eval/monitor.h"
+
+#include <string.h>
+
+#include "core/timer.h"
+#include "eval/knn.h"
+
+static int limit_or_all(int limit, int n) { return limit > 0 && limit < n ? limit : n; }
+
+void knn_monitor_init(KnnMonitor *m, const Config *cfg, const Dataset *train, const Dataset *test,
+                      const AugmentParams *aug, float *params) {
+  memset(m, 0, sizeof *m);
+  m->cfg = cfg;
+  m->train = train;
+  m->test = test;
+  m->aug = aug;
+  m->n_train = limit_or_all(cfg->eval.knn_train_limit, train->n);
+  m->n_test = test->n;
+  m->batch = cfg->eval.batch_size;
+  dnnl_ctx_init(&m->ctx);
+  const ModelSpec *spec = &cfg->model.spec;
+  int S = cfg->data.image_size, C = cfg->data.channels;
+  size_t count = backbone_param_count(spec, S, C);
+  paramset_bind(&m->bound, params, NULL, count);
+  Builder b = {&m->ctx, &m->bound, OP_INFER};
+  m->encoder = backbone_create(spec, &b, m->batch, S, C);
+  int D = m->encoder->feature_dim;
+  m->images = tl_alloc(sizeof(float) * (size_t)m->batch * S * S * C, MEM_EVAL, COMP_OTHER);
+  m->train_feat = tl_alloc(sizeof(float) * (size_t)m->n_train * D, MEM_EVAL, COMP_OTHER);
+  m->test_feat = tl_alloc(sizeof(float) * (size_t)m->n_test * D, MEM_EVAL, COMP_OTHER);
+}
+
+// Encodes the first n images of ds into feat (n, D); the last partial batch is zero-padded.
+static void encode_all(KnnMonitor *m, const Dataset *ds, int n, float *feat) {
+  const int S = m->cfg->data.image_size, C = m->cfg->data.channels, D = m->encoder->feature_dim;
+  const size_t image_floats = (size_t)S * S * C;
+  for (int start = 0; start < n; start += m->batch) {
+    int count = n - start < m->batch ? n - start : m->batch;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < count; i++) eval_view(ds, start + i, m->aug, m->images + i * image_floats);
+    if (count < m->batch)
+      memset(m->images + count * image_floats, 0, (m->batch - count) * image_floats * sizeof(float));
+    m->encoder->forward(m->encoder, &m->ctx, m->images);
+    memcpy(feat + (size_t)start * D, m->encoder->feature, sizeof(float) * (size_t)count * D);
+  }
+}
+
+static KnnResult vote(KnnMonitor *m, const float *train_feat, const float *test_feat, int d) {
+  KnnResult r = {0};
+  r.top1 = knn_top1(train_feat, m->train->labels, m->n_train, test_feat, m->test->labels,
+                    m->n_test, d, m->train->n_classes, m->cfg->eval.knn_k,
+                    m->cfg->eval.knn_temperature, &m->ctx);
+  r.top1_k20 = knn_top1(train_feat, m->train->labels, m->n_train, test_feat, m->test->labels,
+                        m->n_test, d, m->train->n_classes, 20, m->cfg->eval.knn_temperature,
+                        &m->ctx);
+  return r;
+}
+
+KnnResult knn_monitor_run(KnnMonitor *m) {
+  double t0 = now_ms();
+  encode_all(m, m->train, m->n_train, m->train_feat);
+  encode_all(m, m->test, m->n_test, m->test_feat);
+  KnnResult r = vote(m, m->train_feat, m->test_feat, m->encoder->feature_dim);
+  r.seconds = (now_ms() - t0) / 1e3;
+  return r;
+}
+
+KnnResult knn_monitor_raw_pixels(KnnMonitor *m) {
+  double t0 = now_ms();
+  const int S = m->cfg->data.image_size, C = m->cfg->data.channels, d = S * S * C;
+  float *train_px = tl_alloc(sizeof(float) * (size_t)m->n_train * d, MEM_EVAL, COMP_OTHER);
+  float *test_px = tl_alloc(sizeof(float) * (size_t)m->n_test * d, MEM_EVAL, COMP_OTHER);
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < m->n_train; i++) eval_view(m->train, i, m->aug, train_px + (size_t)i * d);
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < m->n_test; i++) eval_view(m->test, i, m->aug, test_px + (size_t)i * d);
+  KnnResult r = vote(m, train_px, test_px, d);
+  tl_free(train_px);
+  tl_free(test_px);
+  r.seconds = (now_ms() - t0) / 1e3;
+  return r;
+}
+
+void knn_monitor_destroy(KnnMonitor *m) {
+  m->encoder->destroy(m->encoder);
+  tl_free(m->images);
+  tl_free(m->train_feat);
+  tl_free(m->test_feat);
+  paramset_free(&m->bound);
+  dnnl_ctx_destroy(&m->ctx);
+}

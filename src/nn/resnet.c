@@ -1,0 +1,193 @@
+#include "nn/resnet.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "ops/add.h"
+#include "ops/batchnorm.h"
+#include "ops/conv.h"
+#include "ops/eltwise.h"
+#include "ops/pool.h"
+
+// N = images, H/W = spatial size at the block's output, IC/OC = channels in/out.
+typedef struct {
+  Conv2d conv1, conv2;  // 3x3 (stride s), 3x3
+  BatchNorm bn1;        // with fused ReLU
+  BatchNorm bn2;        // no ReLU: the ReLU comes after the residual sum
+  int has_projection;
+  Conv2d proj;          // 1x1 stride s, when the shape changes
+  BatchNorm proj_bn;
+  Add sum;              // (N, H, W, OC) residual sum
+  Eltwise relu;         // (N, H, W, OC) block output
+  Add dsum;             // (N, IH, IW, IC) gradient reaching the block input from both paths
+  int train;
+  const float *in;
+} BasicBlock;
+
+typedef struct {
+  Backbone base;
+  OpMode mode;
+  Conv2d stem;
+  BatchNorm stem_bn;  // with fused ReLU
+  int n_blocks;
+  BasicBlock *blocks;
+  GlobalAvgPool pool;
+} ResNet;
+
+static size_t block_param_count(int ic, int oc, int stride) {
+  size_t n = conv2d_param_count(ic, oc, 3, 0) + batchnorm_param_count(oc) +
+             conv2d_param_count(oc, oc, 3, 0) + batchnorm_param_count(oc);
+  if (stride != 1 || ic != oc) n += conv2d_param_count(ic, oc, 1, 0) + batchnorm_param_count(oc);
+  return n;
+}
+
+size_t resnet_param_count(const ModelSpec *spec, int channels) {
+  size_t n = conv2d_param_count(channels, spec->stem_channels, 3, 0) +
+             batchnorm_param_count(spec->stem_channels);
+  int c = spec->stem_channels;
+  for (int s = 0; s < spec->n_stages; s++)
+    for (int i = 0; i < spec->stage_blocks[s]; i++) {
+      int stride = i == 0 ? spec->stage_strides[s] : 1;
+      n += block_param_count(c, spec->stage_channels[s], stride);
+      c = spec->stage_channels[s];
+    }
+  return n;
+}
+
+static void block_init(BasicBlock *blk, Builder *b, const char *name, int N, int IC, int IH,
+                       int IW, int OC, int stride) {
+  char nm[64];
+  int train = b->mode == OP_TRAIN;
+  blk->train = train;
+  snprintf(nm, sizeof nm, "%s.conv1", name);
+  conv2d_init(&blk->conv1, b, nm, N, IC, IH, IW, OC, 3, stride, 1, 0, train);
+  int H = blk->conv1.OH, W = blk->conv1.OW;
+  snprintf(nm, sizeof nm, "%s.bn1", name);
+  batchnorm_init(&blk->bn1, b, nm, N, OC, H, W, 1, train);
+  snprintf(nm, sizeof nm, "%s.conv2", name);
+  conv2d_init(&blk->conv2, b, nm, N, OC, H, W, OC, 3, 1, 1, 0, train);
+  snprintf(nm, sizeof nm, "%s.bn2", name);
+  batchnorm_init(&blk->bn2, b, nm, N, OC, H, W, 0, train);
+  blk->has_projection = stride != 1 || IC != OC;
+  if (blk->has_projection) {
+    snprintf(nm, sizeof nm, "%s.proj", name);
+    conv2d_init(&blk->proj, b, nm, N, IC, IH, IW, OC, 1, stride, 0, 0, train);
+    snprintf(nm, sizeof nm, "%s.proj_bn", name);
+    batchnorm_init(&blk->proj_bn, b, nm, N, OC, H, W, 0, train);
+  }
+  size_t out_n = (size_t)N * H * W * OC;
+  add_init(&blk->sum, b, out_n, builder_out_category(b), 0);
+  eltwise_init(&blk->relu, b, ELTWISE_RELU, out_n, train);
+  if (train) add_init(&blk->dsum, b, (size_t)N * IH * IW * IC, MEM_ACT_GRAD, 1);
+}
+
+static const float *block_forward(BasicBlock *blk, DnnlCtx *ctx, const float *in) {
+  blk->in = in;
+  conv2d_forward(&blk->conv1, ctx, in);
+  batchnorm_forward(&blk->bn1, ctx, blk->conv1.out);
+  conv2d_forward(&blk->conv2, ctx, blk->bn1.out);
+  batchnorm_forward(&blk->bn2, ctx, blk->conv2.out);
+  const float *shortcut = in;
+  if (blk->has_projection) {
+    conv2d_forward(&blk->proj, ctx, in);
+    batchnorm_forward(&blk->proj_bn, ctx, blk->proj.out);
+    shortcut = blk->proj_bn.out;
+  }
+  add_forward(&blk->sum, ctx, blk->bn2.out, shortcut);
+  eltwise_forward(&blk->relu, ctx, blk->sum.out);
+  return blk->relu.out;
+}
+
+// Returns the gradient with respect to the block input.
+static const float *block_backward(BasicBlock *blk, DnnlCtx *ctx, const float *dout) {
+  eltwise_backward(&blk->relu, ctx, dout);
+  const float *dsum = blk->relu.din;  // reaches both the residual branch and the shortcut
+  batchnorm_backward(&blk->bn2, ctx, dsum);
+  conv2d_backward(&blk->conv2, ctx, blk->bn2.din);
+  batchnorm_backward(&blk->bn1, ctx, blk->conv2.din);
+  conv2d_backward(&blk->conv1, ctx, blk->bn1.din);
+  const float *dshortcut = dsum;
+  if (blk->has_projection) {
+    batchnorm_backward(&blk->proj_bn, ctx, dsum);
+    conv2d_backward(&blk->proj, ctx, blk->proj_bn.din);
+    dshortcut = blk->proj.din;
+  }
+  add_forward(&blk->dsum, ctx, blk->conv1.din, dshortcut);
+  return blk->dsum.out;
+}
+
+static void block_destroy(BasicBlock *blk) {
+  conv2d_destroy(&blk->conv1);
+  conv2d_destroy(&blk->conv2);
+  batchnorm_destroy(&blk->bn1);
+  batchnorm_destroy(&blk->bn2);
+  if (blk->has_projection) {
+    conv2d_destroy(&blk->proj);
+    batchnorm_destroy(&blk->proj_bn);
+  }
+  add_destroy(&blk->sum);
+  eltwise_destroy(&blk->relu);
+  if (blk->train) add_destroy(&blk->dsum);
+}
+
+static void resnet_forward(Backbone *bb, DnnlCtx *ctx, const float *images) {
+  ResNet *r = (ResNet *)bb;
+  conv2d_forward(&r->stem, ctx, images);
+  batchnorm_forward(&r->stem_bn, ctx, r->stem.out);
+  const float *x = r->stem_bn.out;
+  for (int i = 0; i < r->n_blocks; i++) x = block_forward(&r->blocks[i], ctx, x);
+  gap_forward(&r->pool, ctx, x);
+}
+
+static void resnet_backward(Backbone *bb, DnnlCtx *ctx, const float *dfeature) {
+  ResNet *r = (ResNet *)bb;
+  TL_ASSERT(r->mode == OP_TRAIN);
+  gap_backward(&r->pool, ctx, dfeature);
+  const float *d = r->pool.din;
+  for (int i = r->n_blocks - 1; i >= 0; i--) d = block_backward(&r->blocks[i], ctx, d);
+  batchnorm_backward(&r->stem_bn, ctx, d);
+  conv2d_backward(&r->stem, ctx, r->stem_bn.din);
+}
+
+static void resnet_destroy(Backbone *bb) {
+  ResNet *r = (ResNet *)bb;
+  conv2d_destroy(&r->stem);
+  batchnorm_destroy(&r->stem_bn);
+  for (int i = 0; i < r->n_blocks; i++) block_destroy(&r->blocks[i]);
+  free(r->blocks);
+  gap_destroy(&r->pool);
+  free(r);
+}
+
+Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels) {
+  ResNet *r = calloc(1, sizeof *r);
+  if (!r) TL_DIE("out of memory");
+  r->mode = b->mode;
+  int train = b->mode == OP_TRAIN;
+  int C = spec->stem_channels, H = image_size, W = image_size;
+  conv2d_init(&r->stem, b, "stem.conv", N, channels, H, W, C, 3, 1, 1, 0, 0);
+  batchnorm_init(&r->stem_bn, b, "stem.bn", N, C, H, W, 1, train);
+  for (int s = 0; s < spec->n_stages; s++) r->n_blocks += spec->stage_blocks[s];
+  r->blocks = calloc((size_t)r->n_blocks, sizeof *r->blocks);
+  if (!r->blocks) TL_DIE("out of memory");
+  int k = 0;
+  for (int s = 0; s < spec->n_stages; s++)
+    for (int i = 0; i < spec->stage_blocks[s]; i++, k++) {
+      char name[32];
+      snprintf(name, sizeof name, "stage%d.block%d", s + 1, i + 1);
+      int stride = i == 0 ? spec->stage_strides[s] : 1;
+      block_init(&r->blocks[k], b, name, N, C, H, W, spec->stage_channels[s], stride);
+      C = spec->stage_channels[s];
+      H = r->blocks[k].conv1.OH;
+      W = r->blocks[k].conv1.OW;
+    }
+  gap_init(&r->pool, b, N, H, W, C, train);
+  r->base = (Backbone){.kind = "resnet",
+                       .N = N,
+                       .feature_dim = C,
+                       .feature = r->pool.out,
+                       .forward = resnet_forward,
+                       .backward = resnet_backward,
+                       .destroy = resnet_destroy};
+  return &r->base;
+}

@@ -1,0 +1,121 @@
+// inbatch: SimCLR's NT-Xent in-batch contrast. Both views of every image go through the online
+// encoder with backward; each view's negatives are the other 2B - 2 views of the global batch
+// (features gathered from all replicas). Nothing is kept between steps: every step re-encodes
+// everything it compares against.
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/timer.h"
+#include "nn/head.h"
+#include "objectives/ntxent.h"
+#include "objectives/objective.h"
+
+typedef struct {
+  Objective base;
+  int b;               // samples on this replica; rows = 2b views
+  ProjectionHead head;
+  NtXent loss;
+  float *u_local;      // (2b, out) normalized projections, MEM_ACT loss
+  float *norms;        // (2b) MEM_ACT loss
+  float *u_all;        // (2B, out) gathered from all replicas, MEM_ACT loss
+  float *du_local;     // (2b, out) MEM_ACT_GRAD
+  float *dz;           // (2b, out) MEM_ACT_GRAD
+} InBatch;
+
+static Objective *inbatch_create(const ObjectiveEnv *env) {
+  const Config *cfg = env->cfg;
+  InBatch *o = calloc(1, sizeof *o);
+  if (!o) TL_DIE("out of memory");
+  o->base.env = *env;
+  o->b = env->local_batch;
+  int rows = 2 * o->b, M = 2 * env->global_batch, d = cfg->model.head_out_dim;
+  Builder bld = {env->ctx, env->params, OP_TRAIN};
+  env->ctx->component = COMP_ENCODER;
+  o->base.online =
+      backbone_create(&cfg->model.spec, &bld, rows, cfg->data.image_size, cfg->data.channels);
+  head_init(&o->head, &bld, "head", rows, o->base.online->feature_dim, cfg->model.head_hidden_dim,
+            d);
+  env->ctx->component = COMP_LOSS;
+  ntxent_init(&o->loss, env->ctx, M, rows, d, cfg->objective.temperature);
+  o->u_local = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT, COMP_LOSS);
+  o->norms = tl_alloc(sizeof(float) * (size_t)rows, MEM_ACT, COMP_LOSS);
+  o->u_all = tl_alloc(sizeof(float) * (size_t)M * d, MEM_ACT, COMP_LOSS);
+  o->du_local = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT_GRAD, COMP_LOSS);
+  o->dz = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT_GRAD, COMP_LOSS);
+  env->ctx->component = COMP_ENCODER;
+  TL_ASSERT(env->params->used == env->params->count);
+  return &o->base;
+}
+
+static double inbatch_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
+  InBatch *o = (InBatch *)base;
+  DnnlCtx *ctx = base->env.ctx;
+  Comm *comm = base->env.comm;
+  const int rows = 2 * o->b, d = o->head.out_dim, M = o->loss.M;
+  TL_ASSERT(batch->n == o->b && batch->n_views == 2);
+
+  double t0 = now_ms();
+  // The batch is view-major, so views 0 and 1 of all samples form one 2b-image forward.
+  base->online->forward(base->online, ctx, batch->views);
+  head_forward(&o->head, ctx, base->online->feature);
+  l2norm_forward(o->head.out, o->u_local, o->norms, rows, d);
+  size_t offset = 0;
+  comm_allgather(comm, o->u_local, (size_t)rows * d, o->u_all, &offset);
+  int row0 = (int)(offset / (size_t)d);
+  double loss_sum = ntxent_forward_backward(&o->loss, ctx, o->u_all, o->u_local, row0, o->du_local);
+  double t1 = now_ms();
+
+  // Column-role gradients of this replica's rows come from every replica's loss rows.
+  comm_allreduce_weighted(comm, o->loss.du_col, (size_t)M * d, 1.0);
+  float world = (float)comm_size(comm);
+  // The trainer averages replica gradients weighted by sample count; scaling by
+  // global_batch / local_batch turns that average back into the sum of contributions.
+  float scale = (float)base->env.global_batch / (float)o->b;
+  const float *col = o->loss.du_col + (size_t)row0 * d;
+  for (size_t i = 0; i < (size_t)rows * d; i++)
+    o->du_local[i] = scale * (o->du_local[i] + world * col[i]);
+  l2norm_backward(o->u_local, o->norms, o->du_local, o->dz, rows, d);
+  head_backward(&o->head, ctx, o->dz);
+  base->online->backward(base->online, ctx, o->head.din);
+  double t2 = now_ms();
+
+  double loss = loss_sum;
+  comm_allreduce_sum_f64(comm, &loss, 1);
+  loss /= M;
+
+  rec->forward_ms = t1 - t0;
+  rec->backward_ms = t2 - t1;
+  rec->images_source = o->b;
+  rec->views_grad = rows;
+  rec->views_nograd = 0;
+  rec->negatives_per_query = M - 2;
+  rec->positives_per_query = 1;
+  rec->encodings_next_new = rows;
+  rec->encodings_next_reused = 0;
+  return loss;
+}
+
+static void inbatch_destroy(Objective *base) {
+  InBatch *o = (InBatch *)base;
+  base->online->destroy(base->online);
+  head_destroy(&o->head);
+  ntxent_destroy(&o->loss);
+  tl_free(o->u_local);
+  tl_free(o->norms);
+  tl_free(o->u_all);
+  tl_free(o->du_local);
+  tl_free(o->dz);
+  free(o);
+}
+
+const ObjectiveDef objective_inbatch = {
+    .name = "inbatch",
+    .description = "SimCLR NT-Xent: 2 views per image, negatives from the whole batch",
+    .implemented = 1,
+    .n_views = 2,
+    .param_count = backbone_with_head_param_count,
+    .create = inbatch_create,
+    .step = inbatch_step,
+    .after_update = NULL,
+    .destroy = inbatch_destroy,
+};

@@ -1,0 +1,269 @@
+// moco: MoCo v2. Queries go through the online encoder with backward; keys through a momentum
+// copy (theta_k <- m theta_k + (1 - m) theta_q), forward only, holding nothing for backward.
+// The negatives are K keys from earlier steps in a FIFO queue, so each step encodes B keys and
+// reuses K, instead of encoding K images.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/timer.h"
+#include "nn/head.h"
+#include "objectives/infonce.h"
+#include "objectives/key_queue.h"
+#include "objectives/ntxent.h"
+#include "objectives/objective.h"
+
+typedef struct {
+  Objective base;
+  int b;            // samples on this replica
+  int n_query;      // b, or 2b with the symmetric loss
+  int image_floats; // S*S*C
+  ProjectionHead head;
+  ParamSet key_params;  // momentum copy of the online parameters, no gradients
+  Backbone *key_backbone;
+  ProjectionHead key_head;
+  InfoNce loss;
+  KeyQueue queue;
+  long step;
+  float *q;          // (n_query, d) normalized queries, MEM_ACT loss
+  float *q_norms;    // (n_query)
+  float *k;          // (n_query, d) normalized keys for this replica's queries
+  float *k_norms;
+  float *dq;         // (n_query, d) MEM_ACT_GRAD
+  float *dz;         // (n_query, d) MEM_ACT_GRAD
+  unsigned char *usable;  // (K) negatives in use this step
+  float *key_images;      // (n_query, S, S, C): the views the key encoder sees, MEM_WORKSPACE
+  // ShuffleBN across replicas: all key images, and all keys, of the global batch.
+  float *all_images;      // (n_query_global, S, S, C)
+  float *all_keys;        // (n_query_global, d)
+  int *perm;              // (n_query_global)
+} Moco;
+
+static Objective *moco_create(const ObjectiveEnv *env) {
+  const Config *cfg = env->cfg;
+  Moco *o = calloc(1, sizeof *o);
+  if (!o) TL_DIE("out of memory");
+  o->base.env = *env;
+  o->b = env->local_batch;
+  o->n_query = cfg->objective.symmetric ? 2 * o->b : o->b;
+  const int S = cfg->data.image_size, C = cfg->data.channels, d = cfg->model.head_out_dim;
+  const int K = cfg->objective.queue_size, nq = o->n_query;
+  const int nq_global = (cfg->objective.symmetric ? 2 : 1) * env->global_batch;
+  o->image_floats = S * S * C;
+  const ModelSpec *spec = &cfg->model.spec;
+
+  Builder online = {env->ctx, env->params, OP_TRAIN};
+  env->ctx->component = COMP_ENCODER;
+  o->base.online = backbone_create(spec, &online, nq, S, C);
+  head_init(&o->head, &online, "head", nq, o->base.online->feature_dim,
+            cfg->model.head_hidden_dim, d);
+
+  // The key encoder starts as an exact copy and then only follows the momentum rule.
+  paramset_alloc_nograd(&o->key_params, env->params->count, cfg->train.seed, MEM_MOMENTUM);
+  Builder key = {env->ctx, &o->key_params, OP_FORWARD};
+  o->key_backbone = backbone_create(spec, &key, nq, S, C);
+  head_init(&o->key_head, &key, "key_head", nq, o->key_backbone->feature_dim,
+            cfg->model.head_hidden_dim, d);
+  memcpy(o->key_params.data, env->params->data, sizeof(float) * env->params->count);
+
+  env->ctx->component = COMP_LOSS;
+  infonce_init(&o->loss, env->ctx, nq, K, d, cfg->objective.temperature);
+  key_queue_init(&o->queue, K, d, cfg->train.seed);
+  size_t qd = (size_t)nq * d;
+  o->q = tl_alloc(sizeof(float) * qd, MEM_ACT, COMP_LOSS);
+  o->q_norms = tl_alloc(sizeof(float) * (size_t)nq, MEM_ACT, COMP_LOSS);
+  o->k = tl_alloc(sizeof(float) * qd, MEM_WORKSPACE, COMP_LOSS);
+  o->k_norms = tl_alloc(sizeof(float) * (size_t)nq, MEM_WORKSPACE, COMP_LOSS);
+  o->dq = tl_alloc(sizeof(float) * qd, MEM_ACT_GRAD, COMP_LOSS);
+  o->dz = tl_alloc(sizeof(float) * qd, MEM_ACT_GRAD, COMP_LOSS);
+  o->usable = tl_alloc((size_t)K, MEM_WORKSPACE, COMP_LOSS);
+  o->key_images = tl_alloc(sizeof(float) * (size_t)nq * o->image_floats, MEM_WORKSPACE,
+                           COMP_ENCODER);
+  if (comm_size(env->comm) > 1) {
+    o->all_images = tl_alloc(sizeof(float) * (size_t)nq_global * o->image_floats, MEM_WORKSPACE,
+                             COMP_ENCODER);
+    o->all_keys = tl_alloc(sizeof(float) * (size_t)nq_global * d, MEM_WORKSPACE, COMP_LOSS);
+    o->perm = tl_alloc(sizeof(int) * (size_t)nq_global, MEM_WORKSPACE, COMP_OTHER);
+  }
+  env->ctx->component = COMP_ENCODER;
+  TL_ASSERT(env->params->used == env->params->count);
+  TL_ASSERT(o->key_params.used == o->key_params.count);
+  return &o->base;
+}
+
+static void encode_keys_local(Moco *o, DnnlCtx *ctx, const float *images, float *keys) {
+  o->key_backbone->forward(o->key_backbone, ctx, images);
+  head_forward(&o->key_head, ctx, o->key_backbone->feature);
+  l2norm_forward(o->key_head.out, keys, o->k_norms, o->n_query, o->key_head.out_dim);
+}
+
+// ShuffleBN: with several replicas the key encoder sees a random slice of the global batch, so
+// its BatchNorm statistics cannot tell a query's own positive apart (MoCo section 3.3). The
+// permutation comes from (seed, step), identical on every replica.
+static void encode_keys_shuffled(Moco *o, DnnlCtx *ctx) {
+  Comm *comm = o->base.env.comm;
+  const int d = o->key_head.out_dim, f = o->image_floats;
+  size_t offset_floats;
+  comm_allgather(comm, o->key_images, (size_t)o->n_query * f, o->all_images, &offset_floats);
+  const int n_global = (o->n_query / o->b) * o->base.env.global_batch;
+  const int my0 = (int)(offset_floats / (size_t)f);
+  Rng r = rng_stream(o->base.env.cfg->train.seed, RNG_SHUFFLE, 0x5b, (uint64_t)o->step);
+  for (int i = 0; i < n_global; i++) o->perm[i] = i;
+  for (int i = n_global - 1; i > 0; i--) {
+    int j = (int)rng_below(&r, (uint32_t)(i + 1));
+    int t = o->perm[i];
+    o->perm[i] = o->perm[j];
+    o->perm[j] = t;
+  }
+  // This replica encodes the shuffled positions [my0, my0 + n_query).
+  for (int i = 0; i < o->n_query; i++)
+    memcpy(o->key_images + (size_t)i * f, o->all_images + (size_t)o->perm[my0 + i] * f,
+           sizeof(float) * (size_t)f);
+  encode_keys_local(o, ctx, o->key_images, o->k);
+  comm_allgather(comm, o->k, (size_t)o->n_query * d, o->all_keys, NULL);
+  // all_keys[p] is the key of sample perm[p]; pick this replica's samples back in order.
+  for (int p = 0; p < n_global; p++) {
+    int sample = o->perm[p];
+    if (sample >= my0 && sample < my0 + o->n_query)
+      memcpy(o->k + (size_t)(sample - my0) * d, o->all_keys + (size_t)p * d,
+             sizeof(float) * (size_t)d);
+  }
+}
+
+static double moco_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
+  Moco *o = (Moco *)base;
+  const Config *cfg = base->env.cfg;
+  DnnlCtx *ctx = base->env.ctx;
+  Comm *comm = base->env.comm;
+  const int b = o->b, d = o->head.out_dim, f = o->image_floats;
+  TL_ASSERT(batch->n == b && batch->n_views == 2);
+  const float *view0 = batch->views, *view1 = batch->views + (size_t)b * f;
+
+  double t0 = now_ms();
+  // Queries: view 0 (and view 1 when symmetric). Keys: the other view of each query.
+  const float *query_images = batch->views;  // [view 0; view 1] is already contiguous
+  memcpy(o->key_images, view1, sizeof(float) * (size_t)b * f);
+  if (cfg->objective.symmetric) memcpy(o->key_images + (size_t)b * f, view0, sizeof(float) * (size_t)b * f);
+  ctx->component = COMP_ENCODER;
+  if (comm_size(comm) > 1)
+    encode_keys_shuffled(o, ctx);
+  else
+    encode_keys_local(o, ctx, o->key_images, o->k);
+
+  base->online->forward(base->online, ctx, query_images);
+  head_forward(&o->head, ctx, base->online->feature);
+  l2norm_forward(o->head.out, o->q, o->q_norms, o->n_query, d);
+  const int max_age = cfg->objective.queue_max_age_steps;
+  for (int i = 0; i < o->queue.capacity; i++)
+    o->usable[i] = (unsigned char)key_queue_usable(&o->queue, i, o->step, max_age);
+  double loss_sum = infonce_forward_backward(&o->loss, ctx, o->q, o->k, o->queue.keys, o->usable,
+                                             o->n_query, o->dq);
+  double t1 = now_ms();
+  l2norm_backward(o->q, o->q_norms, o->dq, o->dz, o->n_query, d);
+  head_backward(&o->head, ctx, o->dz);
+  base->online->backward(base->online, ctx, o->head.din);
+  double t2 = now_ms();
+
+  double sums[2] = {loss_sum, (double)o->n_query};
+  comm_allreduce_sum_f64(comm, sums, 2);
+
+  KeyQueueStats qs = key_queue_stats(&o->queue, o->step, max_age);
+  rec->forward_ms = t1 - t0;
+  rec->backward_ms = t2 - t1;
+  rec->images_source = b;
+  rec->views_grad = o->n_query;
+  rec->views_nograd = o->n_query;
+  rec->negatives_per_query = qs.usable;
+  rec->positives_per_query = 1;
+  rec->queue_vectors = qs.real;
+  rec->queue_random_vectors = qs.random;
+  rec->queue_bytes = key_queue_bytes(&o->queue);
+  rec->queue_oldest_age_steps = qs.oldest_age_steps;
+  rec->queue_mean_age_steps = qs.mean_age_steps;
+  rec->encodings_next_new = 2L * o->n_query;
+  rec->encodings_next_reused = o->queue.capacity;
+  return sums[0] / sums[1];
+}
+
+// m_t: constant, or MoCo v3 / BYOL's cosine increase from m to 1 over the run.
+static float momentum_at(const Config *cfg, long step, long total_steps) {
+  float m = cfg->objective.momentum;
+  if (strcmp(cfg->objective.momentum_schedule, "cosine") != 0 || total_steps <= 0) return m;
+  double progress = (double)step / (double)total_steps;
+  if (progress > 1) progress = 1;
+  return (float)(1.0 - (1.0 - m) * (cos(M_PI * progress) + 1.0) / 2.0);
+}
+
+// theta_k <- m theta_k + (1 - m) theta_q over trainable entries; returns ||theta_k - theta_q|| /
+// ||theta_q|| after the update.
+static double momentum_update(ParamSet *key, const ParamSet *online, float m) {
+  double diff2 = 0, norm2 = 0;
+  for (int e = 0; e < online->n_entries; e++) {
+    const ParamEntry *pe = &online->entries[e];
+    if (pe->is_buffer) continue;
+    float *tk = key->data + pe->offset;
+    const float *tq = online->data + pe->offset;
+    for (size_t i = 0; i < pe->count; i++) {
+      tk[i] = m * tk[i] + (1.0f - m) * tq[i];
+      double dd = (double)tk[i] - tq[i];
+      diff2 += dd * dd;
+      norm2 += (double)tq[i] * tq[i];
+    }
+  }
+  return norm2 > 0 ? sqrt(diff2 / norm2) : 0;
+}
+
+static void moco_after_update(Objective *base, const Batch *batch, LedgerRecord *rec) {
+  (void)batch;
+  Moco *o = (Moco *)base;
+  const Config *cfg = base->env.cfg;
+  Comm *comm = base->env.comm;
+  const int d = o->key_head.out_dim;
+  long total = base->env.total_steps;
+  float m = momentum_at(cfg, o->step, total);
+  rec->momentum_distance = momentum_update(&o->key_params, base->env.params, m);
+  // Every replica enqueues the keys of the whole global batch, so all queues stay identical.
+  if (comm_size(comm) > 1) {
+    comm_allgather(comm, o->k, (size_t)o->n_query * d, o->all_keys, NULL);
+    int n_global = (o->n_query / o->b) * base->env.global_batch;
+    key_queue_push(&o->queue, o->all_keys, n_global, o->step);
+  } else {
+    key_queue_push(&o->queue, o->k, o->n_query, o->step);
+  }
+  o->step++;
+}
+
+static void moco_destroy(Objective *base) {
+  Moco *o = (Moco *)base;
+  base->online->destroy(base->online);
+  head_destroy(&o->head);
+  o->key_backbone->destroy(o->key_backbone);
+  head_destroy(&o->key_head);
+  paramset_free(&o->key_params);
+  infonce_destroy(&o->loss);
+  key_queue_destroy(&o->queue);
+  tl_free(o->q);
+  tl_free(o->q_norms);
+  tl_free(o->k);
+  tl_free(o->k_norms);
+  tl_free(o->dq);
+  tl_free(o->dz);
+  tl_free(o->usable);
+  tl_free(o->key_images);
+  tl_free(o->all_images);
+  tl_free(o->all_keys);
+  tl_free(o->perm);
+  free(o);
+}
+
+const ObjectiveDef objective_moco = {
+    .name = "moco",
+    .description = "MoCo v2: momentum key encoder, FIFO queue of K keys as negatives",
+    .implemented = 1,
+    .n_views = 2,
+    .param_count = backbone_with_head_param_count,
+    .create = moco_create,
+    .step = moco_step,
+    .after_update = moco_after_update,
+    .destroy = moco_destroy,
+};

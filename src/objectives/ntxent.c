@@ -1,0 +1,86 @@
+#include "objectives/ntxent.h"
+
+#include <math.h>
+#include <string.h>
+
+void ntxent_init(NtXent *l, DnnlCtx *ctx, int M, int rows, int d, float temperature) {
+  memset(l, 0, sizeof *l);
+  l->M = M;
+  l->rows = rows;
+  l->d = d;
+  l->temperature = temperature;
+  matmul_init(&l->sim, ctx, rows, d, M, 0, 1, COMP_LOSS, 0);
+  matmul_init(&l->grad_row, ctx, rows, M, d, 0, 0, COMP_LOSS, 1);
+  matmul_init(&l->grad_col, ctx, M, rows, d, 1, 0, COMP_LOSS, 1);
+  l->logits = tl_alloc(sizeof(float) * (size_t)rows * M, MEM_ACT, COMP_LOSS);
+  l->dlogits = tl_alloc(sizeof(float) * (size_t)rows * M, MEM_ACT_GRAD, COMP_LOSS);
+  l->du_col = tl_alloc(sizeof(float) * (size_t)M * d, MEM_ACT_GRAD, COMP_LOSS);
+}
+
+double ntxent_forward_backward(NtXent *l, DnnlCtx *ctx, const float *u_all, const float *u_local,
+                               int row0, float *du_local) {
+  const int M = l->M, rows = l->rows, b = rows / 2;
+  const float inv_t = 1.0f / l->temperature;
+  matmul_run(&l->sim, ctx, u_local, u_all, l->logits);
+  double loss_sum = 0;
+#pragma omp parallel for reduction(+ : loss_sum) schedule(static)
+  for (int j = 0; j < rows; j++) {
+    float *s = l->logits + (size_t)j * M;
+    float *ds = l->dlogits + (size_t)j * M;
+    const int self = row0 + j, pos = row0 + (j + b) % rows;
+    float mx = -INFINITY;
+    for (int k = 0; k < M; k++) {
+      s[k] *= inv_t;
+      if (k != self && s[k] > mx) mx = s[k];
+    }
+    double z = 0;
+    for (int k = 0; k < M; k++) z += k == self ? 0.0 : exp((double)(s[k] - mx));
+    double lse = mx + log(z);
+    loss_sum += lse - s[pos];
+    // d(loss_j / M) / d s_jk = (softmax_jk - [k == pos]) / M, with the self-similarity masked.
+    for (int k = 0; k < M; k++) {
+      double p = k == self ? 0.0 : exp((double)s[k] - lse);
+      s[k] = (float)p;
+      ds[k] = (float)((p - (k == pos)) / M);
+    }
+  }
+  // s = u_i . u_k / t, so ds/du_i = u_k / t (row role) and ds/du_k = u_i / t (column role).
+  matmul_run(&l->grad_row, ctx, l->dlogits, u_all, du_local);
+  matmul_run(&l->grad_col, ctx, l->dlogits, u_local, l->du_col);
+  for (size_t i = 0; i < (size_t)rows * l->d; i++) du_local[i] *= inv_t;
+  for (size_t i = 0; i < (size_t)M * l->d; i++) l->du_col[i] *= inv_t;
+  ctx->flops_forward[COMP_LOSS] += 5.0 * rows * M;
+  ctx->flops_backward[COMP_LOSS] += 2.0 * rows * M;
+  return loss_sum;
+}
+
+void ntxent_destroy(NtXent *l) {
+  matmul_destroy(&l->sim);
+  matmul_destroy(&l->grad_row);
+  matmul_destroy(&l->grad_col);
+  tl_free(l->logits);
+  tl_free(l->dlogits);
+  tl_free(l->du_col);
+}
+
+void l2norm_forward(const float *z, float *u, float *norms, int rows, int d) {
+  for (int i = 0; i < rows; i++) {
+    double ss = 0;
+    for (int k = 0; k < d; k++) ss += (double)z[(size_t)i * d + k] * z[(size_t)i * d + k];
+    float n = (float)sqrt(ss);
+    if (n < 1e-12f) n = 1e-12f;
+    norms[i] = n;
+    for (int k = 0; k < d; k++) u[(size_t)i * d + k] = z[(size_t)i * d + k] / n;
+  }
+}
+
+// u = z/|z|  =>  dz = (du - u (u . du)) / |z|
+void l2norm_backward(const float *u, const float *norms, const float *du, float *dz, int rows,
+                     int d) {
+  for (int i = 0; i < rows; i++) {
+    const float *ui = u + (size_t)i * d, *dui = du + (size_t)i * d;
+    double dot = 0;
+    for (int k = 0; k < d; k++) dot += (double)ui[k] * dui[k];
+    for (int k = 0; k < d; k++) dz[(size_t)i * d + k] = (float)((dui[k] - ui[k] * dot) / norms[i]);
+  }
+}

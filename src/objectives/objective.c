@@ -1,0 +1,19 @@
+#include "objectives/objective.h"
+
+#include <string.h>
+
+extern const ObjectiveDef objective_inbatch;
+extern const ObjectiveDef objective_moco;
+extern const ObjectiveDef objective_mae;
+
+static const ObjectiveDef *const objective_table[] = {&objective_inbatch, &objective_moco,
+                                                      &objective_mae};
+enum { N_OBJECTIVES = sizeof objective_table / sizeof objective_table[0] };
+
+const ObjectiveDef *objective_find(const char *name) {
+  for (int i = 0; i < N_OBJECTIVES; i++)
+    if (strcmp(objective_table[i]->name, name) == 0) return objective_table[i];
+  return NULL;
+}
+
+const char *objective_names(void) { return "inbatch, moco, mae"; }

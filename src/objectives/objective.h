@@ -1,0 +1,54 @@
+// The plug-in interface every self-supervised objective implements. The trainer loads a batch,
+// calls step (encode, compare, backward), averages gradients across replicas, updates, calls
+// after_update (momentum encoders, queues), and writes the ledger. Adding an objective is one
+// new file in this folder plus its entry in objective_table (objective.c).
+#pragma once
+#include "config.h"
+#include "data/loader.h"
+#include "ledger/record.h"
+#include "nn/backbone.h"
+#include "parallel/comm.h"
+
+typedef struct {
+  const Config *cfg;
+  DnnlCtx *ctx;
+  Comm *comm;          // collectives: gathered features (inbatch), gathered keys (moco)
+  ParamSet *params;    // online trainable parameters, allocated to def->param_count; the
+                       // backbone's come first so an evaluation copy can bind to them
+  int local_batch;     // samples this replica trains on per step
+  int global_batch;    // samples over all replicas per step
+  long total_steps;    // steps in the run (schedules)
+} ObjectiveEnv;
+
+typedef struct ObjectiveDef ObjectiveDef;
+
+// Every objective's state begins with this.
+typedef struct {
+  const ObjectiveDef *def;
+  ObjectiveEnv env;
+  Backbone *online;  // the encoder being trained
+} Objective;
+
+struct ObjectiveDef {
+  const char *name;
+  const char *description;
+  int implemented;  // 0: listed, answers "not implemented yet"
+  int n_views;      // views per sample the loader prepares
+  // Trainable parameter count (backbone first, then heads/decoders), from the config alone.
+  size_t (*param_count)(const Config *cfg);
+  // Builds the objective's models and buffers for env->local_batch samples. NULL + tl_fail on
+  // error.
+  Objective *(*create)(const ObjectiveEnv *env);
+  // Forward, loss and backward on this replica's shard. Leaves in env.params->grad the gradient
+  // whose sample-count-weighted average over replicas is the gradient of the global loss.
+  // Returns the global loss (identical on every replica). Fills the ledger's "encoded",
+  // "cached" and "next step" counts and forward_ms/backward_ms.
+  double (*step)(Objective *o, const Batch *batch, LedgerRecord *rec);
+  // After the optimizer update (momentum encoder, queue). May be NULL.
+  void (*after_update)(Objective *o, const Batch *batch, LedgerRecord *rec);
+  void (*destroy)(Objective *o);
+};
+
+const ObjectiveDef *objective_find(const char *name);
+// Comma-separated names of all objectives, for help and error messages.
+const char *objective_names(void);

@@ -1,0 +1,54 @@
+#include "ops/matmul.h"
+
+#include <string.h>
+
+// Row-major (rows, cols) descriptor, or the transpose view of a row-major (cols, rows) buffer.
+static dnnl_memory_desc_t md_2d(int rows, int cols, int transposed) {
+  dnnl_memory_desc_t md;
+  dnnl_dims_t dims = {rows, cols};
+  dnnl_dims_t strides = {cols, 1};
+  if (transposed) {
+    strides[0] = 1;
+    strides[1] = rows;
+  }
+  DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md, 2, dims, dnnl_f32, strides));
+  return md;
+}
+
+void matmul_init(Matmul *m, DnnlCtx *ctx, int M, int K, int N, int trans_a, int trans_b,
+                 MemComponent comp, int is_backward) {
+  memset(m, 0, sizeof *m);
+  *m = (Matmul){.M = M, .K = K, .N = N, .trans_a = trans_a, .trans_b = trans_b, .comp = comp,
+                .is_backward = is_backward};
+  dnnl_memory_desc_t a = md_2d(M, K, trans_a), b = md_2d(K, N, trans_b), c = md_2d(M, N, 0);
+  dnnl_matmul_desc_t desc;
+  DNNL_CHECK(dnnl_matmul_desc_init(&desc, &a, &b, NULL, &c));
+  DNNL_CHECK(dnnl_primitive_desc_create(&m->pd, &desc, dnnl_ctx_attr(), ctx->engine, NULL));
+  DNNL_CHECK(dnnl_primitive_create(&m->prim, m->pd));
+  dnnl_ctx_reserve_scratchpad(ctx, m->pd);
+  m->a = dnnl_mem_new(ctx, &a);
+  m->b = dnnl_mem_new(ctx, &b);
+  m->c = dnnl_mem_new(ctx, &c);
+}
+
+void matmul_run(Matmul *m, DnnlCtx *ctx, const float *a, const float *b, float *c) {
+  dnnl_mem_bind(m->a, a);
+  dnnl_mem_bind(m->b, b);
+  dnnl_mem_bind(m->c, c);
+  dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, m->a}, {DNNL_ARG_WEIGHTS, m->b}, {DNNL_ARG_DST, m->c}};
+  dnnl_ctx_exec(ctx, m->prim, m->pd, 3, args);
+  double flops = 2.0 * m->M * m->K * m->N;
+  if (m->is_backward)
+    ctx->flops_backward[m->comp] += flops;
+  else
+    ctx->flops_forward[m->comp] += flops;
+}
+
+void matmul_destroy(Matmul *m) {
+  if (m->prim) dnnl_primitive_destroy(m->prim);
+  if (m->pd) dnnl_primitive_desc_destroy(m->pd);
+  if (m->a) dnnl_memory_destroy(m->a);
+  if (m->b) dnnl_memory_destroy(m->b);
+  if (m->c) dnnl_memory_destroy(m->c);
+  memset(m, 0, sizeof *m);
+}

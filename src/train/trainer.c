@@ -1,0 +1,452 @@
+#include "train/trainer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/timer.h"
+#include "data/loader.h"
+#include "eval/monitor.h"
+#include "objectives/objective.h"
+#include "parallel/comm.h"
+#include "train/checkpoint.h"
+#include "train/optim.h"
+
+// What all replicas share: the read-only data, the plan of steps, and rank 0's outputs.
+typedef struct {
+  const Config *cfg;
+  const TrainOptions *opt;
+  const ObjectiveDef *def;
+  Dataset train, test;
+  AugmentParams aug;
+  int world, global_batch, steps_per_epoch, total_steps;
+  int shard_sizes[64];
+  int has_shard_sizes;
+  LocalGroup *group;
+  char path_jsonl[4096], path_csv[4096], path_ckpt[4096], path_summary[4096];
+  // Written by rank 0 only.
+  int exit_code;
+  double final_loss, images_per_s, train_seconds;
+  size_t peak_rss;
+  int knn_done, knn_start_done;
+  KnnResult knn, knn_start, knn_raw;
+  int steps_done;
+} Run;
+
+typedef struct {
+  Run *run;
+  int rank;
+  Comm *comm;
+} Replica;
+
+static void format_duration(double seconds, char *buf, size_t n) {
+  if (!(seconds >= 0) || seconds > 1e7) {
+    snprintf(buf, n, "?");
+    return;
+  }
+  long s = (long)(seconds + 0.5);
+  if (s >= 3600)
+    snprintf(buf, n, "%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
+  else
+    snprintf(buf, n, "%ld:%02ld", s / 60, s % 60);
+}
+
+static void fill_memory(LedgerRecord *rec) {
+  rec->activation_bytes = tl_mem_live(MEM_ACT);
+  for (int c = 0; c < COMP_NCOMP; c++)
+    rec->activation_bytes_by[c] = tl_mem_live_comp(MEM_ACT, (MemComponent)c);
+  rec->activation_grad_bytes = tl_mem_live(MEM_ACT_GRAD);
+  rec->param_bytes = tl_mem_live(MEM_PARAM);
+  rec->grad_bytes = tl_mem_live(MEM_GRAD);
+  rec->optimizer_bytes = tl_mem_live(MEM_OPTIM);
+  rec->momentum_encoder_bytes = tl_mem_live(MEM_MOMENTUM);
+  rec->workspace_bytes = tl_mem_live(MEM_WORKSPACE);
+  rec->data_bytes = tl_mem_live(MEM_DATA);
+  rec->peak_rss_bytes = tl_peak_rss_bytes();
+}
+
+static void print_knn(const char *what, KnnResult r) {
+  printf("kNN top-1 %-26s %.4f (k=20: %.4f)  [%.1f s]\n", what, r.top1, r.top1_k20, r.seconds);
+  fflush(stdout);
+}
+
+// Rank 0's evaluation; the other replicas wait at the barrier that follows.
+static void evaluate(Run *run, KnnMonitor *mon, int step) {
+  KnnResult r = knn_monitor_run(mon);
+  char what[64];
+  snprintf(what, sizeof what, "after step %d:", step);
+  print_knn(what, r);
+  run->knn = r;
+  run->knn_done = 1;
+}
+
+static int write_summary(Run *run) {
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp", run->path_summary);
+  FILE *f = fopen(tmp, "w");
+  if (!f) return tl_fail("%s: cannot write: %s", tmp, strerror(errno));
+  const Config *cfg = run->cfg;
+  fprintf(f, "{\n  \"objective\": \"%s\",\n  \"backbone\": \"%s\",\n", run->def->name,
+          cfg->model.spec.type);
+  fprintf(f, "  \"steps\": %d,\n  \"epochs\": %.4f,\n  \"batch_size\": %d,\n  \"replicas\": %d,\n",
+          run->steps_done, (double)run->steps_done / run->steps_per_epoch, run->global_batch,
+          run->world);
+  fprintf(f, "  \"final_loss\": %.9g,\n  \"images_per_s\": %.3f,\n  \"train_seconds\": %.3f,\n",
+          run->final_loss, run->images_per_s, run->train_seconds);
+  fprintf(f, "  \"peak_rss_bytes\": %zu,\n", run->peak_rss);
+  if (run->knn_done)
+    fprintf(f, "  \"knn_top1\": %.6f,\n  \"knn_top1_k20\": %.6f,\n", run->knn.top1,
+            run->knn.top1_k20);
+  else
+    fprintf(f, "  \"knn_top1\": null,\n");
+  if (run->knn_start_done)
+    fprintf(f, "  \"knn_top1_untrained\": %.6f,\n", run->knn_start.top1);
+  fprintf(f, "  \"knn_top1_raw_pixels\": %.6f\n}\n", run->knn_raw.top1);
+  int ok = fclose(f) == 0;
+  if (!ok || rename(tmp, run->path_summary) != 0)
+    return tl_fail("%s: cannot write: %s", run->path_summary, strerror(errno));
+  return 0;
+}
+
+static void *replica_main(void *arg) {
+  Replica *rep = arg;
+  Run *run = rep->run;
+  const Config *cfg = run->cfg;
+  const int rank = rep->rank, world = run->world;
+  Comm *comm = rep->comm;
+  int ncores = omp_get_num_procs();
+  omp_set_num_threads(ncores / world > 0 ? ncores / world : 1);
+
+  DnnlCtx ctx;
+  dnnl_ctx_init(&ctx);
+  int offset, local_batch;
+  loader_shard(run->global_batch, rank, world, run->has_shard_sizes ? run->shard_sizes : NULL,
+               &offset, &local_batch);
+
+  // Every replica initializes from the same seed, so all start identical.
+  ParamSet ps;
+  paramset_alloc(&ps, run->def->param_count(cfg), cfg->train.seed);
+  ObjectiveEnv env = {cfg, &ctx, comm, &ps, local_batch, run->global_batch, run->total_steps};
+  Objective *obj = run->def->create(&env);
+  Optimizer *optim = obj ? optim_create_from_config(cfg, &ps) : NULL;
+  Loader loader;
+  int loader_ok = 0;
+  if (!obj || !optim) {
+    comm_abort(comm, tl_last_error());
+  } else if (loader_init(&loader, &run->train, &run->aug, run->def->n_views, run->global_batch,
+                         cfg->train.seed, rank, world,
+                         run->has_shard_sizes ? run->shard_sizes : NULL, 0) != 0) {
+    comm_abort(comm, tl_last_error());
+  } else {
+    loader_ok = 1;
+  }
+
+  KnnMonitor mon;
+  FILE *jsonl = NULL, *csv = NULL;
+  if (rank == 0 && loader_ok) {
+    knn_monitor_init(&mon, cfg, &run->train, &run->test, &run->aug, ps.data);
+    run->knn_raw = knn_monitor_raw_pixels(&mon);
+    print_knn("raw pixels (baseline):", run->knn_raw);
+    if (run->opt->knn_at_start) {
+      run->knn_start = knn_monitor_run(&mon);
+      run->knn_start_done = 1;
+      print_knn("untrained encoder:", run->knn_start);
+    }
+    jsonl = fopen(run->path_jsonl, "w");
+    csv = fopen(run->path_csv, "w");
+    if (!jsonl || !csv) comm_abort(comm, "cannot create ledger files in the run folder");
+    else ledger_write_csv_header(csv);
+  }
+  comm_barrier(comm);
+
+  double t_train0 = now_ms(), images_done = 0, last_log_ms = t_train0;
+  int last_log_step = 0;
+  for (int step = 0; step < run->total_steps && !comm_failed(comm); step++) {
+    double t0 = now_ms();
+    LedgerRecord rec = {0};
+    const Batch *batch = loader_next(&loader, &rec.data_ms);
+    if (!batch) {
+      comm_abort(comm, tl_last_error());
+      break;
+    }
+    float lr = lr_at_step(cfg->optim.lr, step, cfg->optim.warmup_steps, run->total_steps,
+                          cfg->optim.schedule);
+    dnnl_ctx_reset_flops(&ctx);
+    comm_stats_reset(comm);
+    double loss = run->def->step(obj, batch, &rec);
+    if (comm_failed(comm)) break;
+    if (!isfinite(loss)) {
+      if (rank == 0) {
+        fprintf(stderr,
+                "tally: step %d: loss is %g; stopping. The last good checkpoint (%s) is kept.\n",
+                step, loss, run->path_ckpt);
+        run->exit_code = 3;
+      }
+      break;
+    }
+    double t1 = now_ms();
+    comm_allreduce_weighted(comm, ps.grad, ps.count, (double)batch->n);
+    double t2 = now_ms();
+    optim_step(optim, lr);
+    if (run->def->after_update) run->def->after_update(obj, batch, &rec);
+    double t3 = now_ms();
+    images_done += run->global_batch;
+
+    if (rank == 0) {
+      CommStats cs = comm_stats(comm);
+      rec.step = step;
+      rec.epoch = step / run->steps_per_epoch;
+      rec.objective = run->def->name;
+      rec.replicas = world;
+      rec.lr = lr;
+      rec.loss = loss;
+      fill_memory(&rec);
+      for (int c = 0; c < COMP_NCOMP; c++) {
+        rec.flops_forward_by[c] = ctx.flops_forward[c];
+        rec.flops_backward_by[c] = ctx.flops_backward[c];
+        rec.flops_forward += ctx.flops_forward[c];
+        rec.flops_backward += ctx.flops_backward[c];
+      }
+      rec.comm_allreduce_bytes = cs.bytes[COLL_ALLREDUCE];
+      rec.comm_allgather_bytes = cs.bytes[COLL_ALLGATHER];
+      rec.comm_bytes = cs.bytes[COLL_ALLREDUCE] + cs.bytes[COLL_ALLGATHER] + cs.bytes[COLL_BROADCAST];
+      rec.comm_ms = cs.ms[COLL_ALLREDUCE] + cs.ms[COLL_ALLGATHER] + cs.ms[COLL_BROADCAST];
+      rec.shard_samples = batch->n;
+      rec.shard_weight = (double)batch->n / run->global_batch;
+      rec.optimizer_ms = t3 - t2;
+      rec.step_ms = t3 - t0;
+      rec.images_per_s = run->global_batch / (rec.step_ms / 1e3);
+      if (step % cfg->ledger.every == 0 && jsonl) {
+        ledger_write_json(jsonl, &rec);
+        ledger_write_csv(csv, &rec);
+      }
+      run->final_loss = loss;
+      int last = step + 1 == run->total_steps;
+      if (!run->opt->quiet && ((step + 1) % cfg->train.log_every == 0 || last || step == 0)) {
+        double now = now_ms();
+        double per_step_ms = step == 0 ? rec.step_ms : (now - last_log_ms) / (step - last_log_step);
+        double rate = run->global_batch / (per_step_ms / 1e3);
+        char eta[32];
+        format_duration((run->total_steps - step - 1) * per_step_ms / 1e3, eta, sizeof eta);
+        printf("step %*d/%d  epoch %d  loss %.4f  lr %.4g  %.0f img/s  act %.0f MiB  "
+               "%.1f GFLOP  ETA %s\n",
+               (int)snprintf(NULL, 0, "%d", run->total_steps), step + 1, run->total_steps,
+               rec.epoch + 1, loss, lr, rate, rec.activation_bytes / 1048576.0,
+               (rec.flops_forward + rec.flops_backward) / 1e9, eta);
+        fflush(stdout);
+        last_log_ms = now;
+        last_log_step = step;
+      }
+      (void)t1;
+    }
+
+    int epoch_end = (step + 1) % run->steps_per_epoch == 0;
+    int epoch = (step + 1) / run->steps_per_epoch;
+    int last = step + 1 == run->total_steps;
+    if (epoch_end || last) {
+      if (rank == 0) {
+        run->train_seconds = (now_ms() - t_train0) / 1e3;
+        run->images_per_s = images_done / run->train_seconds;
+        run->steps_done = step + 1;
+        if (checkpoint_save(run->path_ckpt, step + 1, ps.data, ps.count) != 0)
+          fprintf(stderr, "tally: %s\n", tl_last_error());
+        if (last || (epoch_end && epoch % cfg->eval.knn_every_epochs == 0)) {
+          double te = now_ms();
+          evaluate(run, &mon, step + 1);
+          t_train0 += now_ms() - te;  // evaluation time is not training time
+        }
+      }
+      comm_barrier(comm);
+    }
+  }
+
+  if (rank == 0) {
+    if (jsonl) fclose(jsonl);
+    if (csv) fclose(csv);
+    if (loader_ok) knn_monitor_destroy(&mon);
+    run->peak_rss = tl_peak_rss_bytes();
+    if (comm_failed(comm) && run->exit_code == 0) {
+      fprintf(stderr, "tally: %s\n", comm_failure(comm));
+      run->exit_code = 1;
+    }
+  }
+  if (loader_ok) loader_destroy(&loader);
+  if (optim) optim_destroy(optim);
+  if (obj) run->def->destroy(obj);
+  paramset_free(&ps);
+  dnnl_ctx_destroy(&ctx);
+  return NULL;
+}
+
+static int make_run_dir(const char *dir, Run *run) {
+  char cmd_dir[4096];
+  snprintf(cmd_dir, sizeof cmd_dir, "%s", dir);
+  // mkdir -p
+  for (char *p = cmd_dir + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      mkdir(cmd_dir, 0755);
+      *p = '/';
+    }
+  if (mkdir(cmd_dir, 0755) != 0 && errno != EEXIST)
+    return tl_fail("%s: cannot create run folder: %s", dir, strerror(errno));
+  snprintf(run->path_jsonl, sizeof run->path_jsonl, "%s/ledger.jsonl", dir);
+  snprintf(run->path_csv, sizeof run->path_csv, "%s/ledger.csv", dir);
+  snprintf(run->path_ckpt, sizeof run->path_ckpt, "%s/checkpoint.bin", dir);
+  snprintf(run->path_summary, sizeof run->path_summary, "%s/summary.json", dir);
+  // A previous summary would look like this run's result if this run fails.
+  unlink(run->path_summary);
+  char path[4200];
+  snprintf(path, sizeof path, "%s/config.ini", dir);
+  FILE *f = fopen(path, "w");
+  if (!f) return tl_fail("%s: cannot write: %s", path, strerror(errno));
+  config_write(run->cfg, f);
+  fclose(f);
+  return 0;
+}
+
+static int parse_shard_weights(Run *run) {
+  const char *s = run->cfg->parallel.shard_weights;
+  if (!s[0]) return 0;
+  double w[64], total = 0;
+  int n = 0;
+  for (const char *p = s; *p && n < 64;) {
+    char *end;
+    w[n] = strtod(p, &end);
+    if (end == p || w[n] <= 0) return tl_fail("[parallel] shard_weights = '%s': not positive numbers", s);
+    total += w[n++];
+    p = *end == ',' ? end + 1 : end;
+  }
+  if (n != run->world)
+    return tl_fail("[parallel] shard_weights has %d entries for %d replicas", n, run->world);
+  int assigned = 0;
+  for (int r = 0; r < n; r++) {
+    run->shard_sizes[r] = r + 1 == n ? run->global_batch - assigned
+                                     : (int)floor(run->global_batch * w[r] / total + 0.5);
+    if (run->shard_sizes[r] < 1)
+      return tl_fail("[parallel] shard_weights gives replica %d no samples", r);
+    assigned += run->shard_sizes[r];
+  }
+  run->has_shard_sizes = 1;
+  return 0;
+}
+
+int train_run(const Config *cfg, const TrainOptions *opt) {
+  Run *run = calloc(1, sizeof *run);
+  if (!run) TL_DIE("out of memory");
+  run->cfg = cfg;
+  run->opt = opt;
+  run->def = objective_find(opt->objective);
+  int rc = 1;
+  if (!run->def) {
+    fprintf(stderr, "tally: unknown objective '%s' (choose one of: %s)\n", opt->objective,
+            objective_names());
+    rc = 2;
+    goto out;
+  }
+  if (!run->def->implemented) {
+    fprintf(stderr, "tally: objective '%s' is not implemented yet\n", opt->objective);
+    rc = 2;
+    goto out;
+  }
+  if (strcmp(cfg->parallel.backend, "local") != 0) {
+    fprintf(stderr, "tally: [parallel] backend '%s' is not available in this build yet\n",
+            cfg->parallel.backend);
+    rc = 2;
+    goto out;
+  }
+  run->world = cfg->parallel.replicas;
+  run->global_batch = cfg->train.batch_size;
+
+  double t0 = now_ms();
+  int ch = cfg->data.channels;
+  int loaded = strcmp(cfg->data.format, "idx") == 0
+                   ? dataset_load_idx(&run->train, cfg->data.train, ch, cfg->data.limit) == 0 &&
+                         dataset_load_idx(&run->test, cfg->data.test, ch, cfg->data.test_limit) == 0
+                   : dataset_load_imagefolder(&run->train, cfg->data.train, cfg->data.image_size,
+                                              ch, cfg->data.limit) == 0 &&
+                         dataset_load_imagefolder(&run->test, cfg->data.test, cfg->data.image_size,
+                                                  ch, cfg->data.test_limit) == 0;
+  if (!loaded) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
+    goto out;
+  }
+  if (run->train.h != cfg->data.image_size || run->train.w != cfg->data.image_size) {
+    fprintf(stderr, "tally: %s: images are %dx%d but [data] image_size = %d\n", cfg->data.train,
+            run->train.h, run->train.w, cfg->data.image_size);
+    goto out;
+  }
+  if (run->train.n < run->global_batch) {
+    fprintf(stderr, "tally: %s: %d training images, fewer than one batch of %d\n",
+            cfg->data.train, run->train.n, run->global_batch);
+    goto out;
+  }
+  run->steps_per_epoch = run->train.n / run->global_batch;
+  run->total_steps =
+      cfg->train.steps > 0 ? cfg->train.steps : cfg->train.epochs * run->steps_per_epoch;
+  if (parse_shard_weights(run) != 0) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
+    goto out;
+  }
+
+  AugmentParams *a = &run->aug;
+  a->out_size = cfg->data.image_size;
+  a->crop_scale_min = cfg->augment.crop_scale_min;
+  a->crop_scale_max = cfg->augment.crop_scale_max;
+  a->crop_ratio_min = 3.0f / 4.0f;
+  a->crop_ratio_max = 4.0f / 3.0f;
+  a->flip_prob = cfg->augment.flip_prob;
+  a->jitter_strength = cfg->augment.jitter_strength;
+  a->jitter_prob = cfg->augment.jitter_prob;
+  a->grayscale_prob = cfg->augment.grayscale_prob;
+  dataset_channel_stats(&run->train, a->mean, a->std);
+
+  printf("tally train: objective %s, backbone %s (%s), %d training images (%dx%dx%d), "
+         "batch %d, %d steps (%d per epoch), %d replica%s\n",
+         run->def->name, cfg->model.spec.type, cfg->model.file, run->train.n, run->train.h,
+         run->train.w, run->train.c, run->global_batch, run->total_steps, run->steps_per_epoch,
+         run->world, run->world == 1 ? "" : "s");
+  printf("data loaded in %.1f s; run folder %s\n", (now_ms() - t0) / 1e3, opt->out_dir);
+  fflush(stdout);
+
+  if (make_run_dir(opt->out_dir, run) != 0) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
+    goto out;
+  }
+
+  run->group = comm_local_group_create(run->world);
+  Replica reps[64];
+  pthread_t threads[64];
+  for (int r = 0; r < run->world; r++) {
+    reps[r] = (Replica){run, r, comm_local_rank(run->group, r)};
+    if (r > 0) pthread_create(&threads[r], NULL, replica_main, &reps[r]);
+  }
+  replica_main(&reps[0]);
+  for (int r = 1; r < run->world; r++) pthread_join(threads[r], NULL);
+  for (int r = 0; r < run->world; r++) comm_destroy(reps[r].comm);
+  comm_local_group_destroy(run->group);
+
+  rc = run->exit_code;
+  if (rc == 0) {
+    if (write_summary(run) != 0) {
+      fprintf(stderr, "tally: %s\n", tl_last_error());
+      rc = 1;
+    } else {
+      printf("done: %d steps in %.1f s (%.0f images/s), final loss %.4f, peak RSS %.0f MiB; "
+             "summary in %s\n",
+             run->steps_done, run->train_seconds, run->images_per_s, run->final_loss,
+             run->peak_rss / 1048576.0, run->path_summary);
+    }
+  }
+out:
+  dataset_free(&run->train);
+  dataset_free(&run->test);
+  free(run);
+  return rc;
+}
