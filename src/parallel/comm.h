@@ -52,3 +52,13 @@ const char *comm_failure(const Comm *c);
 void comm_stats_reset(Comm *c);
 CommStats comm_stats(const Comm *c);
 void comm_destroy(Comm *c);
+
+// The traffic model behind CommStats.bytes, the same for every backend (MPI does not report the
+// bytes its algorithms move), so `tally plan` can predict it exactly: bytes one rank sends plus
+// receives, payload only (the exchange of counts and weights is not counted); 0 when world is 1.
+// allreduce: a ring (reduce-scatter then allgather), 2 (world-1)/world of the payload each way.
+double comm_allreduce_bytes(int world, size_t payload_bytes);
+// allgather: this rank's block goes to every other rank, every other block comes to this rank.
+double comm_allgather_bytes(int world, size_t local_bytes, size_t total_bytes);
+// broadcast: the root sends the buffer to each other rank; every other rank receives it once.
+double comm_broadcast_bytes(int world, int is_root, size_t bytes);

@@ -1,0 +1,96 @@
+// The backend-independent layer of the collectives: checks, failure short-circuit, accounting.
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/timer.h"
+#include "parallel/comm_backend.h"
+
+double comm_allreduce_bytes(int world, size_t payload_bytes) {
+  return 4.0 * (world - 1) / world * (double)payload_bytes;
+}
+
+double comm_allgather_bytes(int world, size_t local_bytes, size_t total_bytes) {
+  return (double)(world - 1) * (double)local_bytes + (double)(total_bytes - local_bytes);
+}
+
+double comm_broadcast_bytes(int world, int is_root, size_t bytes) {
+  return is_root ? (double)(world - 1) * (double)bytes : world > 1 ? (double)bytes : 0.0;
+}
+
+static void account(Comm *c, CollectiveKind kind, double bytes, double start_ms) {
+  c->stats.bytes[kind] += bytes;
+  c->stats.ms[kind] += now_ms() - start_ms;
+}
+
+int comm_rank(const Comm *c) { return c->rank; }
+int comm_size(const Comm *c) { return c->world; }
+const char *comm_backend(const Comm *c) { return c->backend->name; }
+
+void comm_allreduce_weighted(Comm *c, float *buf, size_t n, double local_weight) {
+  if (comm_failed(c)) return;
+  // A weight is a sample count: anything else would silently skew every replica's step.
+  if (!(local_weight >= 0) || isinf(local_weight)) {
+    char why[128];
+    snprintf(why, sizeof why, "allreduce_weighted: weight %g is not a finite count >= 0",
+             local_weight);
+    comm_abort(c, why);
+    return;
+  }
+  double start_ms = now_ms();
+  if (c->backend->allreduce_weighted(c, buf, n, local_weight) == 0)
+    account(c, COLL_ALLREDUCE, comm_allreduce_bytes(c->world, n * sizeof *buf), start_ms);
+}
+
+void comm_allreduce_sum_f64(Comm *c, double *buf, size_t n) {
+  if (comm_failed(c)) return;
+  double start_ms = now_ms();
+  if (c->backend->allreduce_sum_f64(c, buf, n) == 0)
+    account(c, COLL_ALLREDUCE, comm_allreduce_bytes(c->world, n * sizeof *buf), start_ms);
+}
+
+void comm_allgather(Comm *c, const float *local, size_t n_local, float *out, size_t *offset) {
+  if (comm_failed(c)) return;
+  double start_ms = now_ms();
+  size_t total_count = 0, my_offset = 0;
+  if (c->backend->allgather(c, local, n_local, out, &my_offset, &total_count) != 0) return;
+  if (offset) *offset = my_offset;
+  account(c, COLL_ALLGATHER,
+          comm_allgather_bytes(c->world, n_local * sizeof *local, total_count * sizeof *local),
+          start_ms);
+}
+
+void comm_broadcast(Comm *c, void *buf, size_t bytes, int root) {
+  if (comm_failed(c)) return;
+  if (root < 0 || root >= c->world) {
+    char why[128];
+    snprintf(why, sizeof why, "broadcast: root %d is not a rank of a world of %d", root, c->world);
+    comm_abort(c, why);
+    return;
+  }
+  double start_ms = now_ms();
+  if (c->backend->broadcast(c, buf, bytes, root) == 0)
+    account(c, COLL_BROADCAST, comm_broadcast_bytes(c->world, c->rank == root, bytes), start_ms);
+}
+
+void comm_barrier(Comm *c) {
+  if (comm_failed(c)) return;
+  c->backend->barrier(c);
+}
+
+void comm_abort(Comm *c, const char *why) { c->backend->abort(c, why); }
+
+int comm_failed(const Comm *c) { return c->backend->failure(c) != NULL; }
+
+const char *comm_failure(const Comm *c) {
+  const char *why = c->backend->failure(c);
+  return why ? why : "";
+}
+
+void comm_stats_reset(Comm *c) { memset(&c->stats, 0, sizeof c->stats); }
+
+CommStats comm_stats(const Comm *c) { return c->stats; }
+
+void comm_destroy(Comm *c) {
+  if (c) c->backend->destroy(c);
+}

@@ -1,0 +1,33 @@
+// What a collectives backend implements (private to src/parallel). comm.c dispatches every public
+// call through these ops and does what all backends share: the short-circuit after a failure,
+// argument checks every rank makes identically, and the bytes/time accounting.
+#pragma once
+#include "parallel/comm.h"
+
+typedef struct {
+  const char *name;
+  // Each collective returns 0, or -1 when the group has failed (buffers then hold unspecified
+  // values). Arguments arrive already checked by comm.c where a rank can check them alone.
+  int (*allreduce_weighted)(Comm *c, float *buf, size_t n, double local_weight);
+  int (*allreduce_sum_f64)(Comm *c, double *buf, size_t n);
+  // *total_count receives the number of floats gathered over all ranks.
+  int (*allgather)(Comm *c, const float *local, size_t n_local, float *out, size_t *offset,
+                   size_t *total_count);
+  int (*broadcast)(Comm *c, void *buf, size_t bytes, int root);
+  int (*barrier)(Comm *c);
+  void (*abort)(Comm *c, const char *why);
+  // NULL while the group is healthy, else why it failed.
+  const char *(*failure)(const Comm *c);
+  void (*destroy)(Comm *c);
+} CommBackend;
+
+// Every backend's handle embeds this as its first member, so a Comm * is also a pointer to the
+// backend's own handle.
+struct Comm {
+  const CommBackend *backend;
+  int rank, world;
+  CommStats stats;
+};
+
+// Length of a failure message, reason included.
+enum { COMM_FAILURE_CHARS = 512 };

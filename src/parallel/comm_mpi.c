@@ -1,0 +1,195 @@
+// MPI backend: one replica per process under mpirun. Collectives run on a duplicate of
+// MPI_COMM_WORLD whose error handler returns error codes, so an MPI error becomes a comm_abort
+// with a message saying which collective failed and why. Only the thread that created the handle
+// calls MPI (MPI_THREAD_FUNNELED): OpenMP threads compute, they never communicate.
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "parallel/comm_backend.h"
+
+typedef struct {
+  Comm base;
+  MPI_Comm comm;
+  unsigned long long *gathered_counts;  // [world] allgather: floats contributed by each rank
+  int *recv_counts, *displs;            // [world] the same, and offsets, as MPI wants them
+  char failure[COMM_FAILURE_CHARS];
+} MpiComm;
+
+// MPI is finalized with the last handle, and only if this module initialized it.
+static int live_handles;
+static int initialized_here;
+
+static void release_mpi(void) {
+  if (live_handles == 0 && initialized_here) {
+    MPI_Finalize();
+    initialized_here = 0;
+  }
+}
+
+static MpiComm *mpi_of(Comm *c) { return (MpiComm *)c; }
+
+static void mpi_abort(Comm *c, const char *why) {
+  MpiComm *m = mpi_of(c);
+  snprintf(m->failure, sizeof m->failure, "rank %d: %s", c->rank, why);
+  fprintf(stderr, "tally: rank %d of %d stops every rank: %s\n", c->rank, c->world, why);
+  fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+// 0 on success; otherwise aborts every rank with the collective's name and MPI's reason.
+static int check(Comm *c, int rc, const char *what) {
+  if (rc == MPI_SUCCESS) return 0;
+  char reason[MPI_MAX_ERROR_STRING], why[MPI_MAX_ERROR_STRING + 64];
+  int len = 0;
+  MPI_Error_string(rc, reason, &len);
+  snprintf(why, sizeof why, "%s: %s", what, reason);
+  mpi_abort(c, why);
+  return -1;
+}
+
+// MPI counts are ints; larger buffers would need splitting, which no Tally buffer needs.
+static int fits_int(Comm *c, size_t count, const char *what) {
+  if (count <= INT_MAX) return 1;
+  char why[160];
+  snprintf(why, sizeof why, "%s: %zu elements exceed MPI's int count", what, count);
+  mpi_abort(c, why);
+  return 0;
+}
+
+// Each rank scales its buffer by its share of the total weight, so one float sum gives the
+// weighted mean. MPI hands every rank the same reduced result, which keeps replicas identical.
+static int mpi_allreduce_weighted(Comm *c, float *buf, size_t n, double local_weight) {
+  MPI_Comm comm = mpi_of(c)->comm;
+  if (!fits_int(c, n, "allreduce_weighted")) return -1;
+  double total_weight = local_weight;
+  if (check(c, MPI_Allreduce(MPI_IN_PLACE, &total_weight, 1, MPI_DOUBLE, MPI_SUM, comm),
+            "allreduce_weighted: MPI_Allreduce of the weights"))
+    return -1;
+  if (!(total_weight > 0)) {
+    mpi_abort(c, "allreduce_weighted: the weights of all ranks sum to 0");
+    return -1;
+  }
+  double share = local_weight / total_weight;
+  for (size_t i = 0; i < n; i++) buf[i] = (float)(buf[i] * share);
+  return check(c, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, comm),
+               "allreduce_weighted: MPI_Allreduce");
+}
+
+static int mpi_allreduce_sum_f64(Comm *c, double *buf, size_t n) {
+  if (!fits_int(c, n, "allreduce_sum_f64")) return -1;
+  return check(c, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, mpi_of(c)->comm),
+               "allreduce_sum_f64: MPI_Allreduce");
+}
+
+static int mpi_allgather(Comm *c, const float *local, size_t n_local, float *out, size_t *offset,
+                         size_t *total_count) {
+  MpiComm *m = mpi_of(c);
+  unsigned long long mine = n_local;
+  if (check(c,
+            MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, m->gathered_counts, 1,
+                          MPI_UNSIGNED_LONG_LONG, m->comm),
+            "allgather: MPI_Allgather of the counts"))
+    return -1;
+  size_t at = 0;
+  for (int r = 0; r < c->world; r++) {
+    if (r == c->rank) *offset = at;
+    m->recv_counts[r] = (int)m->gathered_counts[r];
+    m->displs[r] = (int)at;
+    at += m->gathered_counts[r];
+    // Every rank sees the same counts, so every rank reaches the same verdict here.
+    if (!fits_int(c, at, "allgather")) return -1;
+  }
+  *total_count = at;
+  return check(c,
+               MPI_Allgatherv(local, (int)n_local, MPI_FLOAT, out, m->recv_counts, m->displs,
+                              MPI_FLOAT, m->comm),
+               "allgather: MPI_Allgatherv");
+}
+
+static int mpi_broadcast(Comm *c, void *buf, size_t bytes, int root) {
+  if (!fits_int(c, bytes, "broadcast")) return -1;
+  return check(c, MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, mpi_of(c)->comm),
+               "broadcast: MPI_Bcast");
+}
+
+static int mpi_barrier(Comm *c) {
+  return check(c, MPI_Barrier(mpi_of(c)->comm), "barrier: MPI_Barrier");
+}
+
+static const char *mpi_failure(const Comm *c) {
+  const MpiComm *m = (const MpiComm *)c;
+  return m->failure[0] ? m->failure : NULL;
+}
+
+static void mpi_destroy(Comm *c) {
+  MpiComm *m = mpi_of(c);
+  MPI_Comm_free(&m->comm);
+  free(m->gathered_counts);
+  free(m->recv_counts);
+  free(m->displs);
+  free(m);
+  live_handles--;
+  release_mpi();
+}
+
+static const CommBackend mpi_backend = {
+    .name = "mpi",
+    .allreduce_weighted = mpi_allreduce_weighted,
+    .allreduce_sum_f64 = mpi_allreduce_sum_f64,
+    .allgather = mpi_allgather,
+    .broadcast = mpi_broadcast,
+    .barrier = mpi_barrier,
+    .abort = mpi_abort,
+    .failure = mpi_failure,
+    .destroy = mpi_destroy,
+};
+
+Comm *comm_mpi_create(int *argc, char ***argv) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (finalized) {
+    tl_fail("comm mpi: MPI was already finalized in this process");
+    return NULL;
+  }
+  if (!initialized) {
+    int provided = MPI_THREAD_SINGLE;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+      tl_fail("comm mpi: MPI_Init_thread failed (is this process started by mpirun?)");
+      return NULL;
+    }
+    initialized_here = 1;
+    if (provided < MPI_THREAD_FUNNELED) {
+      release_mpi();
+      tl_fail("comm mpi: the MPI library does not support MPI_THREAD_FUNNELED");
+      return NULL;
+    }
+  }
+  MPI_Comm comm;
+  if (MPI_Comm_dup(MPI_COMM_WORLD, &comm) != MPI_SUCCESS) {
+    release_mpi();
+    tl_fail("comm mpi: MPI_Comm_dup of MPI_COMM_WORLD failed");
+    return NULL;
+  }
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
+
+  MpiComm *m = calloc(1, sizeof *m);
+  unsigned long long *gathered_counts = calloc((size_t)world, sizeof *gathered_counts);
+  int *recv_counts = calloc((size_t)world, sizeof *recv_counts);
+  int *displs = calloc((size_t)world, sizeof *displs);
+  if (!m || !gathered_counts || !recv_counts || !displs)
+    TL_DIE("out of memory for an MPI comm handle of %d ranks", world);
+  m->base = (Comm){.backend = &mpi_backend, .rank = rank, .world = world};
+  m->comm = comm;
+  m->gathered_counts = gathered_counts;
+  m->recv_counts = recv_counts;
+  m->displs = displs;
+  live_handles++;
+  return &m->base;
+}

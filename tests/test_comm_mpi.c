@@ -1,0 +1,117 @@
+// Collectives of the MPI backend, one replica per process. Meant for `mpirun -np 2`; started
+// alone it is a world of one, where the weighted mean of one replica must be that replica.
+// Every rank runs every test and so calls the collectives in the same order; assertions come
+// after a test's collectives, so a failing rank does not leave the other waiting in one.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "parallel/comm.h"
+
+static Comm *comm;
+
+// One SGD step at lr 0.1 from parameters (1, 2) with the averaged gradient of the two replicas'
+// mean gradients (2, 4) and (6, 0), weighted by their sample counts. `agree` receives whether
+// rank 0's parameters, broadcast to all, equal this rank's bit for bit.
+static void worked_example_step(double weight_rank0, double weight_rank1, float grad[2],
+                                float params[2], int *agree) {
+  int rank = comm_rank(comm);
+  const float mean_grad[2][2] = {{2, 4}, {6, 0}};
+  memcpy(grad, mean_grad[rank], 2 * sizeof *grad);
+  params[0] = 1, params[1] = 2;
+  comm_allreduce_weighted(comm, grad, 2, rank == 0 ? weight_rank0 : weight_rank1);
+  for (int i = 0; i < 2; i++) params[i] -= 0.1f * grad[i];
+  float from_rank0[2];
+  memcpy(from_rank0, params, sizeof from_rank0);
+  comm_broadcast(comm, from_rank0, sizeof from_rank0, 0);
+  *agree = memcmp(from_rank0, params, sizeof from_rank0) == 0;
+}
+
+static void test_worked_example(void **state) {
+  (void)state;
+  int world = comm_size(comm);
+  if (world == 1) {
+    float grad[2] = {2, 4};
+    comm_allreduce_weighted(comm, grad, 2, 3);
+    assert_true(grad[0] == 2 && grad[1] == 4);
+    printf("world of 1: the two-replica worked example was skipped (run under mpirun -np 2)\n");
+    return;
+  }
+  if (world != 2) {
+    printf("world of %d: the two-replica worked example was skipped\n", world);
+    return;
+  }
+  float equal_grad[2], equal_params[2], uneven_grad[2], uneven_params[2];
+  int equal_agree = 0, uneven_agree = 0;
+  worked_example_step(1, 1, equal_grad, equal_params, &equal_agree);
+  worked_example_step(2, 6, uneven_grad, uneven_params, &uneven_agree);
+
+  // ((2,4) + (6,0)) / 2 = (4, 2); (1,2) - 0.1*(4,2) = (0.6, 1.8).
+  assert_true(equal_grad[0] == 4 && equal_grad[1] == 2);
+  assert_float_equal(equal_params[0], 0.6f, 1e-6);
+  assert_float_equal(equal_params[1], 1.8f, 1e-6);
+  assert_true(equal_agree);
+  // (2*(2,4) + 6*(6,0)) / 8 = (5, 1); (1,2) - 0.1*(5,1) = (0.5, 1.9).
+  assert_true(uneven_grad[0] == 5 && uneven_grad[1] == 1);
+  assert_float_equal(uneven_params[0], 0.5f, 1e-6);
+  assert_float_equal(uneven_params[1], 1.9f, 1e-6);
+  assert_true(uneven_agree);
+}
+
+// Rank r contributes r+1 floats 100r, 100r+1, ...: uneven counts, known totals.
+static void test_allgatherv(void **state) {
+  (void)state;
+  int rank = comm_rank(comm), world = comm_size(comm);
+  enum { MAX_WORLD = 8 };
+  if (world > MAX_WORLD) skip();
+  float local[MAX_WORLD], out[MAX_WORLD * (MAX_WORLD + 1) / 2 + 1];
+  for (int i = 0; i <= rank; i++) local[i] = 100.0f * rank + (float)i;
+  size_t total = (size_t)world * (world + 1) / 2;
+  out[total] = -1;  // must survive: nothing is written past the total
+  size_t offset = 99;
+  comm_stats_reset(comm);
+  comm_allgather(comm, local, (size_t)rank + 1, out, &offset);
+  CommStats stats = comm_stats(comm);
+
+  assert_int_equal(offset, (size_t)rank * (rank + 1) / 2);
+  size_t at = 0;
+  for (int r = 0; r < world; r++)
+    for (int i = 0; i <= r; i++) assert_true(out[at++] == 100.0f * r + (float)i);
+  assert_true(out[total] == -1);
+  // This rank's floats go to world-1 others; the others' total-(rank+1) floats come here.
+  double want_bytes = 4.0 * ((double)(world - 1) * (rank + 1) + (double)(total - (rank + 1)));
+  assert_float_equal(stats.bytes[COLL_ALLGATHER], want_bytes, 1e-9);
+}
+
+static void test_sum_f64_and_backend(void **state) {
+  (void)state;
+  int rank = comm_rank(comm), world = comm_size(comm);
+  double sums[2] = {rank + 1.0, 0.25};
+  comm_allreduce_sum_f64(comm, sums, 2);
+  assert_string_equal(comm_backend(comm), "mpi");
+  assert_false(comm_failed(comm));
+  assert_true(sums[0] == world * (world + 1) / 2.0);
+  assert_true(sums[1] == 0.25 * world);
+}
+
+int main(int argc, char **argv) {
+  comm = comm_mpi_create(&argc, &argv);
+  if (!comm) {
+    fprintf(stderr, "test_comm_mpi: %s\n", tl_last_error());
+    return 1;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_worked_example),
+      cmocka_unit_test(test_allgatherv),
+      cmocka_unit_test(test_sum_f64_and_backend),
+  };
+  int failures = cmocka_run_group_tests(tests, NULL, NULL);
+  comm_destroy(comm);
+  return failures;
+}
