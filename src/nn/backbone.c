@@ -1,0 +1,21 @@
+#include "nn/backbone.h"
+
+#include <string.h>
+
+#include "nn/resnet.h"
+
+
+size_t backbone_param_count(const ModelSpec *spec, int image_size, int channels) {
+  if (strcmp(spec->type, "vit") == 0) TL_DIE("vit pending");
+  return resnet_param_count(spec, channels);
+}
+
+int backbone_feature_dim(const ModelSpec *spec) {
+  if (strcmp(spec->type, "vit") == 0) return spec->dim;
+  return spec->stage_channels[spec->n_stages - 1];
+}
+
+Backbone *backbone_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels) {
+  if (strcmp(spec->type, "vit") == 0) TL_DIE("vit pending");
+  return resnet_create(spec, b, N, image_size, channels);
+}

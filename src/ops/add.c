@@ -1,0 +1,60 @@
+#include "ops/add.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct AddPrivate {
+  dnnl_primitive_desc_t pd;
+  dnnl_primitive_t prim;
+  dnnl_memory_t a, b, out;  // (n) each
+};
+
+void add_init(Add *l, Builder *b, size_t n, MemCategory cat, int is_backward) {
+  if (n == 0) TL_DIE("add: empty tensor");
+  DnnlCtx *ctx = b->ctx;
+  memset(l, 0, sizeof *l);
+  l->n = n;
+  l->comp = ctx->component;
+  l->is_backward = is_backward;
+
+  struct AddPrivate *p = calloc(1, sizeof *p);
+  if (!p) TL_DIE("out of memory");
+  l->priv = p;
+  dnnl_dims_t dims = {(dnnl_dim_t)n};
+  dnnl_memory_desc_t md = dnnl_md_plain(1, dims, dnnl_a);
+  dnnl_binary_desc_t desc;
+  DNNL_CHECK(dnnl_binary_desc_init(&desc, dnnl_binary_add, &md, &md, &md));
+  DNNL_CHECK(dnnl_primitive_desc_create(&p->pd, &desc, dnnl_ctx_attr(), ctx->engine, NULL));
+  DNNL_CHECK(dnnl_primitive_create(&p->prim, p->pd));
+  dnnl_ctx_reserve_scratchpad(ctx, p->pd);
+  p->a = dnnl_mem_new(ctx, &md);
+  p->b = dnnl_mem_new(ctx, &md);
+  p->out = dnnl_mem_new(ctx, &md);
+  l->out = tl_alloc(n * sizeof(float), cat, l->comp);
+}
+
+void add_forward(Add *l, DnnlCtx *ctx, const float *a, const float *bb) {
+  struct AddPrivate *p = l->priv;
+  dnnl_mem_bind(p->a, a);
+  dnnl_mem_bind(p->b, bb);
+  dnnl_mem_bind(p->out, l->out);
+  dnnl_exec_arg_t args[] = {
+      {DNNL_ARG_SRC_0, p->a}, {DNNL_ARG_SRC_1, p->b}, {DNNL_ARG_DST, p->out}};
+  dnnl_ctx_exec(ctx, p->prim, p->pd, 3, args);
+  double *flops = l->is_backward ? ctx->flops_backward : ctx->flops_forward;
+  flops[l->comp] += (double)l->n;
+}
+
+void add_destroy(Add *l) {
+  struct AddPrivate *p = l->priv;
+  if (p) {
+    dnnl_primitive_destroy(p->prim);
+    dnnl_primitive_desc_destroy(p->pd);
+    dnnl_memory_destroy(p->a);
+    dnnl_memory_destroy(p->b);
+    dnnl_memory_destroy(p->out);
+    free(p);
+  }
+  tl_free(l->out);
+  memset(l, 0, sizeof *l);
+}

@@ -1,0 +1,206 @@
+#include "ops/batchnorm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// Analytic FLOPs per element. Forward with batch statistics: mean (1 add), variance (subtract,
+// square, add = 3), normalize (subtract, multiply = 2), scale and shift (2) = 8; with running
+// statistics only the last 4. Backward: dbeta (1 add), dgamma (subtract, multiply, multiply,
+// add = 4), din (about 5: two scaled terms subtracted from the scaled gradient) = 10.
+// A fused ReLU adds one comparison per element each way.
+enum {
+  BN_FWD_BATCH_FLOPS_PER_ELEM = 8,
+  BN_FWD_GLOBAL_FLOPS_PER_ELEM = 4,
+  BN_BWD_FLOPS_PER_ELEM = 10,
+  BN_RELU_FLOPS_PER_ELEM = 1,
+};
+
+struct BatchNormPrivate {
+  dnnl_primitive_desc_t fwd_pd, bwd_pd;
+  dnnl_primitive_t fwd, bwd;
+  // (N, H, W, C) nhwc; backward binds dout to `dst` as DIFF_DST.
+  dnnl_memory_t src, dst, diff_src;
+  // (C) each; `ws` is the fused-ReLU mask.
+  dnnl_memory_t scale, shift, mean, var, dscale, dshift, ws;
+  // Batch statistics of the last forward, (C) each (biased variance, as oneDNN normalizes with it).
+  float *batch_mean, *batch_var;
+  void *relu_ws;       // fused-ReLU mask written in forward, read in backward
+  float *din_discard;  // diff_src target when need_din = 0: oneDNN always computes it
+};
+
+size_t batchnorm_param_count(int C) { return 4 * (size_t)C; }
+
+static size_t bn_elems(const BatchNorm *l) { return (size_t)l->N * l->H * l->W * l->C; }
+
+void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, int H, int W,
+                    int fuse_relu, int need_din) {
+  if (N <= 0 || C <= 0 || H <= 0 || W <= 0)
+    TL_DIE("batchnorm %s: invalid shape N=%d C=%d H=%d W=%d", name, N, C, H, W);
+  // Like PyTorch: the unbiased running variance needs at least two values per channel.
+  if (b->mode != OP_INFER && (long)N * H * W < 2)
+    TL_DIE("batchnorm %s: batch statistics need more than one value per channel", name);
+  DnnlCtx *ctx = b->ctx;
+  memset(l, 0, sizeof *l);
+  l->N = N, l->C = C, l->H = H, l->W = W, l->fuse_relu = fuse_relu;
+  l->need_din = need_din && b->mode == OP_TRAIN;
+  l->mode = b->mode;
+  l->comp = ctx->component;
+  l->eps = 1e-5f;
+  l->momentum = 0.1f;
+
+  char pname[96];
+  snprintf(pname, sizeof pname, "%s.gamma", name);
+  l->gamma = paramset_take(b->params, pname, (size_t)C, 1, &l->dgamma);
+  paramset_init_const(b->params, l->gamma, (size_t)C, 1.0f);
+  snprintf(pname, sizeof pname, "%s.beta", name);
+  l->beta = paramset_take(b->params, pname, (size_t)C, 1, &l->dbeta);
+  paramset_init_const(b->params, l->beta, (size_t)C, 0.0f);
+  snprintf(pname, sizeof pname, "%s.running_mean", name);
+  l->running_mean = paramset_take_buffer(b->params, pname, (size_t)C);
+  paramset_init_const(b->params, l->running_mean, (size_t)C, 0.0f);
+  snprintf(pname, sizeof pname, "%s.running_var", name);
+  l->running_var = paramset_take_buffer(b->params, pname, (size_t)C);
+  paramset_init_const(b->params, l->running_var, (size_t)C, 1.0f);
+
+  struct BatchNormPrivate *p = calloc(1, sizeof *p);
+  if (!p) TL_DIE("out of memory");
+  l->priv = p;
+
+  dnnl_dims_t data_dims = {N, C, H, W}, c_dims = {C};
+  dnnl_memory_desc_t data_md = dnnl_md_plain(4, data_dims, dnnl_nhwc);
+  dnnl_memory_desc_t c_md = dnnl_md_plain(1, c_dims, dnnl_a);
+  unsigned flags = dnnl_use_scale | dnnl_use_shift | (fuse_relu ? dnnl_fuse_norm_relu : 0u);
+
+  int infer = b->mode == OP_INFER;
+  dnnl_batch_normalization_desc_t fwd_desc;
+  DNNL_CHECK(dnnl_batch_normalization_forward_desc_init(
+      &fwd_desc, infer ? dnnl_forward_inference : dnnl_forward_training, &data_md, l->eps,
+      flags | (infer ? dnnl_use_global_stats : 0u)));
+  DNNL_CHECK(dnnl_primitive_desc_create(&p->fwd_pd, &fwd_desc, dnnl_ctx_attr(), ctx->engine, NULL));
+  DNNL_CHECK(dnnl_primitive_create(&p->fwd, p->fwd_pd));
+  dnnl_ctx_reserve_scratchpad(ctx, p->fwd_pd);
+  p->src = dnnl_mem_new(ctx, &data_md);
+  p->dst = dnnl_mem_new(ctx, &data_md);
+  p->scale = dnnl_mem_new(ctx, &c_md);
+  p->shift = dnnl_mem_new(ctx, &c_md);
+  p->mean = dnnl_mem_new(ctx, &c_md);
+  p->var = dnnl_mem_new(ctx, &c_md);
+  l->out = tl_alloc(bn_elems(l) * sizeof(float), builder_out_category(b), l->comp);
+  if (infer) return;
+
+  // Batch statistics (and the ReLU mask) are kept for backward in training; the momentum encoder
+  // only needs them for the running-statistics update right after forward.
+  MemCategory kept = builder_out_category(b);
+  p->batch_mean = tl_alloc((size_t)C * sizeof(float), kept, l->comp);
+  p->batch_var = tl_alloc((size_t)C * sizeof(float), kept, l->comp);
+  if (fuse_relu) {
+    dnnl_memory_desc_t ws_md = dnnl_pd_md(p->fwd_pd, dnnl_query_workspace_md, 0);
+    p->ws = dnnl_mem_new(ctx, &ws_md);
+    p->relu_ws = tl_alloc(dnnl_md_bytes(&ws_md), kept, l->comp);
+  }
+  if (b->mode != OP_TRAIN) return;
+
+  dnnl_batch_normalization_desc_t bwd_desc;
+  DNNL_CHECK(dnnl_batch_normalization_backward_desc_init(&bwd_desc, dnnl_backward, &data_md,
+                                                         &data_md, l->eps, flags));
+  DNNL_CHECK(
+      dnnl_primitive_desc_create(&p->bwd_pd, &bwd_desc, dnnl_ctx_attr(), ctx->engine, p->fwd_pd));
+  DNNL_CHECK(dnnl_primitive_create(&p->bwd, p->bwd_pd));
+  dnnl_ctx_reserve_scratchpad(ctx, p->bwd_pd);
+  p->diff_src = dnnl_mem_new(ctx, &data_md);
+  p->dscale = dnnl_mem_new(ctx, &c_md);
+  p->dshift = dnnl_mem_new(ctx, &c_md);
+  if (l->need_din)
+    l->din = tl_alloc(bn_elems(l) * sizeof(float), MEM_ACT_GRAD, l->comp);
+  else
+    p->din_discard = tl_alloc(bn_elems(l) * sizeof(float), MEM_WORKSPACE, l->comp);
+}
+
+// r = (1 - momentum) r + momentum batch, with the unbiased batch variance as in PyTorch.
+static void bn_update_running(BatchNorm *l) {
+  struct BatchNormPrivate *p = l->priv;
+  double n = (double)l->N * l->H * l->W;
+  float unbias = (float)(n / (n - 1.0));
+  for (int c = 0; c < l->C; c++) {
+    l->running_mean[c] = (1.0f - l->momentum) * l->running_mean[c] + l->momentum * p->batch_mean[c];
+    l->running_var[c] =
+        (1.0f - l->momentum) * l->running_var[c] + l->momentum * unbias * p->batch_var[c];
+  }
+}
+
+void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
+  struct BatchNormPrivate *p = l->priv;
+  l->in = in;
+  int batch_stats = l->mode != OP_INFER;
+  dnnl_mem_bind(p->src, in);
+  dnnl_mem_bind(p->dst, l->out);
+  dnnl_mem_bind(p->scale, l->gamma);
+  dnnl_mem_bind(p->shift, l->beta);
+  // Outputs with batch statistics, inputs with running statistics.
+  dnnl_mem_bind(p->mean, batch_stats ? p->batch_mean : l->running_mean);
+  dnnl_mem_bind(p->var, batch_stats ? p->batch_var : l->running_var);
+  dnnl_exec_arg_t args[7] = {{DNNL_ARG_SRC, p->src},     {DNNL_ARG_DST, p->dst},
+                             {DNNL_ARG_SCALE, p->scale}, {DNNL_ARG_SHIFT, p->shift},
+                             {DNNL_ARG_MEAN, p->mean},   {DNNL_ARG_VARIANCE, p->var}};
+  int nargs = 6;
+  if (p->ws) {
+    dnnl_mem_bind(p->ws, p->relu_ws);
+    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WORKSPACE, p->ws};
+  }
+  dnnl_ctx_exec(ctx, p->fwd, p->fwd_pd, nargs, args);
+  if (batch_stats) bn_update_running(l);
+  int per_elem = (batch_stats ? BN_FWD_BATCH_FLOPS_PER_ELEM : BN_FWD_GLOBAL_FLOPS_PER_ELEM) +
+                 (l->fuse_relu ? BN_RELU_FLOPS_PER_ELEM : 0);
+  ctx->flops_forward[l->comp] += per_elem * (double)bn_elems(l);
+}
+
+void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout) {
+  struct BatchNormPrivate *p = l->priv;
+  TL_ASSERT(l->mode == OP_TRAIN && l->in);
+  dnnl_mem_bind(p->src, l->in);
+  dnnl_mem_bind(p->dst, dout);
+  dnnl_mem_bind(p->diff_src, l->need_din ? l->din : p->din_discard);
+  dnnl_mem_bind(p->scale, l->gamma);
+  dnnl_mem_bind(p->shift, l->beta);
+  dnnl_mem_bind(p->mean, p->batch_mean);
+  dnnl_mem_bind(p->var, p->batch_var);
+  dnnl_mem_bind(p->dscale, l->dgamma);
+  dnnl_mem_bind(p->dshift, l->dbeta);
+  // oneDNN 2.6 requires the shift as an input of backward even though dbeta does not depend on it.
+  dnnl_exec_arg_t args[10] = {{DNNL_ARG_SRC, p->src},           {DNNL_ARG_DIFF_DST, p->dst},
+                              {DNNL_ARG_DIFF_SRC, p->diff_src}, {DNNL_ARG_SCALE, p->scale},
+                              {DNNL_ARG_SHIFT, p->shift},       {DNNL_ARG_MEAN, p->mean},
+                              {DNNL_ARG_VARIANCE, p->var},      {DNNL_ARG_DIFF_SCALE, p->dscale},
+                              {DNNL_ARG_DIFF_SHIFT, p->dshift}};
+  int nargs = 9;
+  if (p->ws) {
+    dnnl_mem_bind(p->ws, p->relu_ws);
+    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WORKSPACE, p->ws};
+  }
+  dnnl_ctx_exec(ctx, p->bwd, p->bwd_pd, nargs, args);
+  int per_elem = BN_BWD_FLOPS_PER_ELEM + (l->fuse_relu ? BN_RELU_FLOPS_PER_ELEM : 0);
+  ctx->flops_backward[l->comp] += per_elem * (double)bn_elems(l);
+}
+
+void batchnorm_destroy(BatchNorm *l) {
+  struct BatchNormPrivate *p = l->priv;
+  if (p) {
+    if (p->fwd) dnnl_primitive_destroy(p->fwd);
+    if (p->fwd_pd) dnnl_primitive_desc_destroy(p->fwd_pd);
+    if (p->bwd) dnnl_primitive_destroy(p->bwd);
+    if (p->bwd_pd) dnnl_primitive_desc_destroy(p->bwd_pd);
+    dnnl_memory_t mems[] = {p->src,  p->dst,  p->diff_src, p->scale, p->shift,
+                            p->mean, p->var,  p->ws,       p->dscale, p->dshift};
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++)
+      if (mems[i]) dnnl_memory_destroy(mems[i]);
+    tl_free(p->batch_mean);
+    tl_free(p->batch_var);
+    tl_free(p->relu_ws);
+    tl_free(p->din_discard);
+    free(p);
+  }
+  tl_free(l->out);
+  tl_free(l->din);
+  memset(l, 0, sizeof *l);
+}

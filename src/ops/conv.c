@@ -1,0 +1,230 @@
+#include "ops/conv.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// Weights stay plain oihw where the optimizer, checkpoints and the momentum update see them, while
+// each primitive gets the blocked layout oneDNN prefers; a reorder per call is cheap next to the
+// convolution itself (OC*IC*K*K floats against N*OH*OW of work per weight).
+typedef struct {
+  DnnlReorder to_prim;  // oihw -> primitive layout (no-op when equal)
+  float *buf;           // primitive-layout copy, MEM_WORKSPACE; NULL when no reorder is needed
+} WeightLayout;
+
+struct ConvPrivate {
+  dnnl_primitive_desc_t fwd_pd, bwd_data_pd, bwd_weights_pd;
+  dnnl_primitive_t fwd, bwd_data, bwd_weights;
+  // Activations are plain nhwc for every primitive, so one memory object each serves forward and
+  // backward; the pointer is bound per call.
+  dnnl_memory_t src, dst, bias;
+  dnnl_memory_t wei_fwd, wei_bwd_data, dwei;
+  WeightLayout fwd_w, bwd_data_w, dw;
+  int bwd_data_shares_fwd_w;  // backward-data layout equals forward's: reuse its reordered copy
+};
+
+static void conv_make_prim(DnnlCtx *ctx, const void *op_desc, const_dnnl_primitive_desc_t hint,
+                           dnnl_primitive_desc_t *pd, dnnl_primitive_t *prim) {
+  DNNL_CHECK(dnnl_primitive_desc_create(pd, op_desc, dnnl_ctx_attr(), ctx->engine, hint));
+  DNNL_CHECK(dnnl_primitive_create(prim, *pd));
+  dnnl_ctx_reserve_scratchpad(ctx, *pd);
+}
+
+// Sets up the oihw <-> primitive-layout reorder for one weights tensor. `to_plain` selects the
+// direction (the weight gradient goes from the primitive's layout back to oihw).
+static void weight_layout_init(WeightLayout *w, DnnlCtx *ctx, const dnnl_memory_desc_t *plain,
+                               const dnnl_memory_desc_t *prim_md, int to_plain, MemComponent comp) {
+  if (to_plain)
+    dnnl_reorder_init(&w->to_prim, ctx, prim_md, plain);
+  else
+    dnnl_reorder_init(&w->to_prim, ctx, plain, prim_md);
+  w->buf = dnnl_reorder_needed(&w->to_prim)
+               ? tl_alloc(dnnl_md_bytes(prim_md), MEM_WORKSPACE, comp)
+               : NULL;
+}
+
+static void weight_layout_destroy(WeightLayout *w) {
+  dnnl_reorder_destroy(&w->to_prim);
+  tl_free(w->buf);
+}
+
+// Weights as the primitive wants them: reorders `plain` into the private copy when needed.
+static const float *weights_for(WeightLayout *w, DnnlCtx *ctx, const float *plain) {
+  if (!w->buf) return plain;
+  dnnl_reorder_run(&w->to_prim, ctx, plain, w->buf);
+  return w->buf;
+}
+
+size_t conv2d_param_count(int IC, int OC, int K, int has_bias) {
+  return (size_t)OC * IC * K * K + (has_bias ? (size_t)OC : 0);
+}
+
+// FLOPs of one pass (forward, backward-data or backward-weights): a multiply-add per output element
+// per kernel tap and input channel.
+static double conv_pass_flops(const Conv2d *l) {
+  return 2.0 * l->N * l->OH * l->OW * (double)l->OC * l->IC * l->K * l->K;
+}
+
+// Bias add forward and bias-gradient reduction backward: one add per output element.
+static double conv_bias_flops(const Conv2d *l) {
+  return l->has_bias ? (double)l->N * l->OH * l->OW * l->OC : 0.0;
+}
+
+void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH, int IW, int OC,
+                 int K, int stride, int pad, int has_bias, int need_din) {
+  if (N <= 0 || IC <= 0 || OC <= 0 || K <= 0 || stride <= 0 || pad < 0 || IH + 2 * pad < K ||
+      IW + 2 * pad < K)
+    TL_DIE("conv %s: invalid shape N=%d IC=%d IH=%d IW=%d OC=%d K=%d stride=%d pad=%d", name, N,
+           IC, IH, IW, OC, K, stride, pad);
+  DnnlCtx *ctx = b->ctx;
+  memset(l, 0, sizeof *l);
+  l->N = N, l->IC = IC, l->IH = IH, l->IW = IW, l->OC = OC, l->K = K;
+  l->OH = (IH + 2 * pad - K) / stride + 1;
+  l->OW = (IW + 2 * pad - K) / stride + 1;
+  l->stride = stride, l->pad = pad, l->has_bias = has_bias;
+  l->mode = b->mode;
+  l->comp = ctx->component;
+  // Backward data is only needed in training, and not for the first layer.
+  l->need_din = need_din && b->mode == OP_TRAIN;
+
+  char pname[96];
+  snprintf(pname, sizeof pname, "%s.weight", name);
+  l->weight = paramset_take(b->params, pname, (size_t)OC * IC * K * K, 0, &l->dweight);
+  paramset_init_normal(b->params, l->weight, (size_t)OC * IC * K * K,
+                       sqrtf(2.0f / (float)(IC * K * K)));
+  if (has_bias) {
+    snprintf(pname, sizeof pname, "%s.bias", name);
+    l->bias = paramset_take(b->params, pname, (size_t)OC, 1, &l->dbias);
+    paramset_init_const(b->params, l->bias, (size_t)OC, 0.0f);
+  }
+
+  struct ConvPrivate *p = calloc(1, sizeof *p);
+  if (!p) TL_DIE("out of memory");
+  l->priv = p;
+
+  // oneDNN describes tensors in NCHW dimension order; the tag gives the actual nhwc layout.
+  dnnl_dims_t src_dims = {N, IC, IH, IW}, dst_dims = {N, OC, l->OH, l->OW};
+  dnnl_dims_t w_dims = {OC, IC, K, K}, b_dims = {OC};
+  dnnl_dims_t strides = {stride, stride}, padding = {pad, pad};
+  dnnl_memory_desc_t src_md = dnnl_md_plain(4, src_dims, dnnl_nhwc);
+  dnnl_memory_desc_t dst_md = dnnl_md_plain(4, dst_dims, dnnl_nhwc);
+  dnnl_memory_desc_t w_plain = dnnl_md_plain(4, w_dims, dnnl_oihw);
+  dnnl_memory_desc_t w_any;
+  DNNL_CHECK(dnnl_memory_desc_init_by_tag(&w_any, 4, w_dims, dnnl_f32, dnnl_format_tag_any));
+  dnnl_memory_desc_t b_md = dnnl_md_plain(1, b_dims, dnnl_a);
+  const dnnl_memory_desc_t *b_md_or_null = has_bias ? &b_md : NULL;
+
+  dnnl_convolution_desc_t fwd_desc;
+  DNNL_CHECK(dnnl_convolution_forward_desc_init(
+      &fwd_desc, b->mode == OP_TRAIN ? dnnl_forward_training : dnnl_forward_inference,
+      dnnl_convolution_direct, &src_md, &w_any, b_md_or_null, &dst_md, strides, padding, padding));
+  conv_make_prim(ctx, &fwd_desc, NULL, &p->fwd_pd, &p->fwd);
+  dnnl_memory_desc_t w_fwd_md = dnnl_pd_md(p->fwd_pd, dnnl_query_weights_md, 0);
+  weight_layout_init(&p->fwd_w, ctx, &w_plain, &w_fwd_md, 0, l->comp);
+  p->src = dnnl_mem_new(ctx, &src_md);
+  p->dst = dnnl_mem_new(ctx, &dst_md);
+  p->wei_fwd = dnnl_mem_new(ctx, &w_fwd_md);
+  if (has_bias) p->bias = dnnl_mem_new(ctx, &b_md);
+
+  l->out = tl_alloc((size_t)N * l->OH * l->OW * OC * sizeof(float), builder_out_category(b),
+                    l->comp);
+  if (b->mode != OP_TRAIN) return;
+
+  if (l->need_din) {
+    dnnl_convolution_desc_t bd_desc;
+    DNNL_CHECK(dnnl_convolution_backward_data_desc_init(&bd_desc, dnnl_convolution_direct, &src_md,
+                                                        &w_any, &dst_md, strides, padding, padding));
+    conv_make_prim(ctx, &bd_desc, p->fwd_pd, &p->bwd_data_pd, &p->bwd_data);
+    dnnl_memory_desc_t w_bd_md = dnnl_pd_md(p->bwd_data_pd, dnnl_query_weights_md, 0);
+    p->bwd_data_shares_fwd_w = dnnl_md_equal(&w_bd_md, &w_fwd_md);
+    if (!p->bwd_data_shares_fwd_w)
+      weight_layout_init(&p->bwd_data_w, ctx, &w_plain, &w_bd_md, 0, l->comp);
+    p->wei_bwd_data = dnnl_mem_new(ctx, &w_bd_md);
+    l->din = tl_alloc((size_t)N * IH * IW * IC * sizeof(float), MEM_ACT_GRAD, l->comp);
+  }
+
+  dnnl_convolution_desc_t bw_desc;
+  DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&bw_desc, dnnl_convolution_direct,
+                                                         &src_md, &w_any, b_md_or_null, &dst_md,
+                                                         strides, padding, padding));
+  conv_make_prim(ctx, &bw_desc, p->fwd_pd, &p->bwd_weights_pd, &p->bwd_weights);
+  dnnl_memory_desc_t dw_md = dnnl_pd_md(p->bwd_weights_pd, dnnl_query_diff_weights_md, 0);
+  weight_layout_init(&p->dw, ctx, &w_plain, &dw_md, 1, l->comp);
+  p->dwei = dnnl_mem_new(ctx, &dw_md);
+}
+
+void conv2d_forward(Conv2d *l, DnnlCtx *ctx, const float *in) {
+  struct ConvPrivate *p = l->priv;
+  l->in = in;
+  dnnl_mem_bind(p->src, in);
+  dnnl_mem_bind(p->wei_fwd, weights_for(&p->fwd_w, ctx, l->weight));
+  dnnl_mem_bind(p->dst, l->out);
+  dnnl_exec_arg_t args[4] = {
+      {DNNL_ARG_SRC, p->src}, {DNNL_ARG_WEIGHTS, p->wei_fwd}, {DNNL_ARG_DST, p->dst}};
+  int nargs = 3;
+  if (l->has_bias) {
+    dnnl_mem_bind(p->bias, l->bias);
+    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, p->bias};
+  }
+  dnnl_ctx_exec(ctx, p->fwd, p->fwd_pd, nargs, args);
+  ctx->flops_forward[l->comp] += conv_pass_flops(l) + conv_bias_flops(l);
+}
+
+void conv2d_backward(Conv2d *l, DnnlCtx *ctx, const float *dout) {
+  struct ConvPrivate *p = l->priv;
+  TL_ASSERT(l->mode == OP_TRAIN && l->in);
+  dnnl_mem_bind(p->dst, dout);
+
+  if (l->need_din) {
+    // Weights have not changed since forward (the optimizer steps after backward), so the
+    // forward's reordered copy is still valid when the layouts agree.
+    const float *w;
+    if (p->bwd_data_shares_fwd_w)
+      w = p->fwd_w.buf ? p->fwd_w.buf : l->weight;
+    else
+      w = weights_for(&p->bwd_data_w, ctx, l->weight);
+    dnnl_mem_bind(p->wei_bwd_data, w);
+    dnnl_mem_bind(p->src, l->din);
+    dnnl_exec_arg_t args[] = {{DNNL_ARG_DIFF_DST, p->dst},
+                              {DNNL_ARG_WEIGHTS, p->wei_bwd_data},
+                              {DNNL_ARG_DIFF_SRC, p->src}};
+    dnnl_ctx_exec(ctx, p->bwd_data, p->bwd_data_pd, 3, args);
+    ctx->flops_backward[l->comp] += conv_pass_flops(l);
+  }
+
+  dnnl_mem_bind(p->src, l->in);
+  dnnl_mem_bind(p->dwei, p->dw.buf ? p->dw.buf : l->dweight);
+  dnnl_exec_arg_t args[4] = {
+      {DNNL_ARG_SRC, p->src}, {DNNL_ARG_DIFF_DST, p->dst}, {DNNL_ARG_DIFF_WEIGHTS, p->dwei}};
+  int nargs = 3;
+  if (l->has_bias) {
+    dnnl_mem_bind(p->bias, l->dbias);
+    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_BIAS, p->bias};
+  }
+  dnnl_ctx_exec(ctx, p->bwd_weights, p->bwd_weights_pd, nargs, args);
+  if (p->dw.buf) dnnl_reorder_run(&p->dw.to_prim, ctx, p->dw.buf, l->dweight);
+  ctx->flops_backward[l->comp] += conv_pass_flops(l) + conv_bias_flops(l);
+}
+
+void conv2d_destroy(Conv2d *l) {
+  struct ConvPrivate *p = l->priv;
+  if (p) {
+    dnnl_primitive_t prims[] = {p->fwd, p->bwd_data, p->bwd_weights};
+    dnnl_primitive_desc_t pds[] = {p->fwd_pd, p->bwd_data_pd, p->bwd_weights_pd};
+    for (int i = 0; i < 3; i++) {
+      if (prims[i]) dnnl_primitive_destroy(prims[i]);
+      if (pds[i]) dnnl_primitive_desc_destroy(pds[i]);
+    }
+    dnnl_memory_t mems[] = {p->src, p->dst, p->bias, p->wei_fwd, p->wei_bwd_data, p->dwei};
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++)
+      if (mems[i]) dnnl_memory_destroy(mems[i]);
+    weight_layout_destroy(&p->fwd_w);
+    weight_layout_destroy(&p->bwd_data_w);
+    weight_layout_destroy(&p->dw);
+    free(p);
+  }
+  tl_free(l->out);
+  tl_free(l->din);
+  memset(l, 0, sizeof *l);
+}

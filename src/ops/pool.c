@@ -1,0 +1,89 @@
+#include "ops/pool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct PoolPrivate {
+  dnnl_primitive_desc_t fwd_pd, bwd_pd;
+  dnnl_primitive_t fwd, bwd;
+  dnnl_memory_t src, dst;  // (N, H, W, C) and (N, 1, 1, C) nhwc; backward: diff_src, diff_dst
+};
+
+// One add per input element forward (the division by H*W per output is folded into the count),
+// one scaled copy per input element backward.
+static double gap_flops(const GlobalAvgPool *l) { return (double)l->N * l->H * l->W * l->C; }
+
+void gap_init(GlobalAvgPool *l, Builder *b, int N, int H, int W, int C, int need_din) {
+  if (N <= 0 || H <= 0 || W <= 0 || C <= 0)
+    TL_DIE("global average pool: invalid shape N=%d H=%d W=%d C=%d", N, H, W, C);
+  DnnlCtx *ctx = b->ctx;
+  memset(l, 0, sizeof *l);
+  l->N = N, l->H = H, l->W = W, l->C = C;
+  l->need_din = need_din && b->mode == OP_TRAIN;
+  l->mode = b->mode;
+  l->comp = ctx->component;
+
+  struct PoolPrivate *p = calloc(1, sizeof *p);
+  if (!p) TL_DIE("out of memory");
+  l->priv = p;
+  dnnl_dims_t src_dims = {N, C, H, W}, dst_dims = {N, C, 1, 1};
+  dnnl_dims_t kernel = {H, W}, strides = {1, 1}, padding = {0, 0};
+  dnnl_memory_desc_t src_md = dnnl_md_plain(4, src_dims, dnnl_nhwc);
+  dnnl_memory_desc_t dst_md = dnnl_md_plain(4, dst_dims, dnnl_nhwc);
+  dnnl_pooling_desc_t fwd_desc;
+  DNNL_CHECK(dnnl_pooling_forward_desc_init(
+      &fwd_desc, l->need_din ? dnnl_forward_training : dnnl_forward_inference,
+      dnnl_pooling_avg_exclude_padding, &src_md, &dst_md, strides, kernel, padding, padding));
+  DNNL_CHECK(dnnl_primitive_desc_create(&p->fwd_pd, &fwd_desc, dnnl_ctx_attr(), ctx->engine, NULL));
+  DNNL_CHECK(dnnl_primitive_create(&p->fwd, p->fwd_pd));
+  dnnl_ctx_reserve_scratchpad(ctx, p->fwd_pd);
+  p->src = dnnl_mem_new(ctx, &src_md);
+  p->dst = dnnl_mem_new(ctx, &dst_md);
+  l->out = tl_alloc((size_t)N * C * sizeof(float), builder_out_category(b), l->comp);
+  if (!l->need_din) return;
+
+  dnnl_pooling_desc_t bwd_desc;
+  DNNL_CHECK(dnnl_pooling_backward_desc_init(&bwd_desc, dnnl_pooling_avg_exclude_padding, &src_md,
+                                             &dst_md, strides, kernel, padding, padding));
+  DNNL_CHECK(
+      dnnl_primitive_desc_create(&p->bwd_pd, &bwd_desc, dnnl_ctx_attr(), ctx->engine, p->fwd_pd));
+  DNNL_CHECK(dnnl_primitive_create(&p->bwd, p->bwd_pd));
+  dnnl_ctx_reserve_scratchpad(ctx, p->bwd_pd);
+  l->din = tl_alloc((size_t)N * H * W * C * sizeof(float), MEM_ACT_GRAD, l->comp);
+}
+
+void gap_forward(GlobalAvgPool *l, DnnlCtx *ctx, const float *in) {
+  struct PoolPrivate *p = l->priv;
+  dnnl_mem_bind(p->src, in);
+  dnnl_mem_bind(p->dst, l->out);
+  dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, p->src}, {DNNL_ARG_DST, p->dst}};
+  dnnl_ctx_exec(ctx, p->fwd, p->fwd_pd, 2, args);
+  ctx->flops_forward[l->comp] += gap_flops(l);
+}
+
+// The average's gradient does not depend on the input, so none is remembered. A no-op without din.
+void gap_backward(GlobalAvgPool *l, DnnlCtx *ctx, const float *dout) {
+  struct PoolPrivate *p = l->priv;
+  if (!l->need_din) return;
+  dnnl_mem_bind(p->dst, dout);
+  dnnl_mem_bind(p->src, l->din);
+  dnnl_exec_arg_t args[] = {{DNNL_ARG_DIFF_DST, p->dst}, {DNNL_ARG_DIFF_SRC, p->src}};
+  dnnl_ctx_exec(ctx, p->bwd, p->bwd_pd, 2, args);
+  ctx->flops_backward[l->comp] += gap_flops(l);
+}
+
+void gap_destroy(GlobalAvgPool *l) {
+  struct PoolPrivate *p = l->priv;
+  if (p) {
+    dnnl_primitive_destroy(p->fwd);
+    dnnl_primitive_desc_destroy(p->fwd_pd);
+    if (p->bwd) dnnl_primitive_destroy(p->bwd);
+    if (p->bwd_pd) dnnl_primitive_desc_destroy(p->bwd_pd);
+    dnnl_memory_destroy(p->src);
+    dnnl_memory_destroy(p->dst);
+    free(p);
+  }
+  tl_free(l->out);
+  tl_free(l->din);
+  memset(l, 0, sizeof *l);
+}

@@ -1,0 +1,542 @@
+// CNN ops (convolution, batch normalization, ReLU/GELU, add, global average pooling): forward
+// against naive reference loops written here, backward against central finite differences of
+// the loss L = sum(out * R) for a fixed random R (so dL/dout = R), FLOP counters against the
+// analytic counts, and BatchNorm's running statistics against hand-derived values.
+//
+// Tolerances (float32): forward |op - reference| < FWD_ATOL; gradients: worst relative error
+// (gradcheck.h, denominator floored at GRAD_ATOL_SCALE) < GRAD_RTOL, with eps = EPS_LINEAR for
+// ops linear in the checked tensor (rounding is the only error) and EPS_SMOOTH for BN and GELU
+// (second-order truncation is O(eps^2)).
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <string.h>
+
+#include "gradcheck.h"
+#include "ops/add.h"
+#include "ops/batchnorm.h"
+#include "ops/conv.h"
+#include "ops/eltwise.h"
+#include "ops/pool.h"
+
+#define FWD_ATOL 1e-4
+#define GRAD_RTOL 1e-2
+#define GRAD_ATOL_SCALE 1e-2
+#define EPS_LINEAR 1e-2f
+#define EPS_SMOOTH 1e-2f
+// Inputs of ReLU-like kinks are kept at least this far from 0, well beyond any perturbation.
+#define KINK_MARGIN 0.05f
+
+// BatchNorm's documented FLOPs per element (src/ops/batchnorm.c): forward with batch statistics
+// 8, with running statistics 4, backward 10, plus 1 each way for a fused ReLU.
+// GELU's (src/ops/eltwise.c): 18 forward, 28 backward.
+enum { BN_FWD = 8, BN_FWD_GLOBAL = 4, BN_BWD = 10, GELU_FWD = 18, GELU_BWD = 28 };
+
+typedef struct {
+  DnnlCtx ctx;
+  ParamSet ps;
+  Builder b;
+} Env;
+
+static void env_init(Env *e, size_t n_params, OpMode mode) {
+  dnnl_ctx_init(&e->ctx);
+  paramset_alloc(&e->ps, n_params, 7);
+  e->b = (Builder){&e->ctx, &e->ps, mode};
+}
+
+static void env_destroy(Env *e) {
+  paramset_free(&e->ps);
+  dnnl_ctx_destroy(&e->ctx);
+}
+
+static float *new_tensor(size_t n) { return tl_alloc(n * sizeof(float), MEM_DATA, COMP_OTHER); }
+
+static void fill_uniform(float *x, size_t n, float lo, float hi, uint64_t stream) {
+  Rng r = rng_stream(42, RNG_TEST, stream, 0);
+  for (size_t i = 0; i < n; i++) x[i] = rng_uniform_range(&r, lo, hi);
+}
+
+// Magnitudes in [KINK_MARGIN, 1] with random signs: no value near ReLU's kink.
+static void fill_away_from_zero(float *x, size_t n, uint64_t stream) {
+  Rng r = rng_stream(42, RNG_TEST, stream, 1);
+  for (size_t i = 0; i < n; i++) {
+    float m = rng_uniform_range(&r, KINK_MARGIN, 1.0f);
+    x[i] = rng_uniform(&r) < 0.5f ? -m : m;
+  }
+}
+
+static void expect_close(const float *got, const double *want, size_t n, double atol) {
+  double worst = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = fabs((double)got[i] - want[i]);
+    if (d > worst) worst = d;
+  }
+  if (worst >= atol) printf("forward mismatch: worst abs error %.3e\n", worst);
+  assert_true(worst < atol);
+}
+
+// The loss sum(out * R) after running the op's forward on `in`.
+typedef struct {
+  void (*forward)(void *op, DnnlCtx *ctx, const float *in);
+  void *op;
+  DnnlCtx *ctx;
+  const float *in;
+  const float *out;  // the op's output buffer
+  const float *R;
+  size_t n_out;
+} LossCtx;
+
+static double loss_fn(void *vctx) {
+  LossCtx *c = vctx;
+  c->forward(c->op, c->ctx, c->in);
+  double s = 0;
+  for (size_t i = 0; i < c->n_out; i++) s += (double)c->out[i] * c->R[i];
+  return s;
+}
+
+static void expect_grad(LossCtx *lc, float *x, const float *g, size_t n, float eps,
+                        const char *label) {
+  assert_non_null(g);
+  double err = gradcheck(loss_fn, lc, x, g, n, n, eps, GRAD_ATOL_SCALE, label);
+  assert_true(err < GRAD_RTOL);
+}
+
+static void conv_fwd(void *l, DnnlCtx *ctx, const float *in) { conv2d_forward(l, ctx, in); }
+static void bn_fwd(void *l, DnnlCtx *ctx, const float *in) { batchnorm_forward(l, ctx, in); }
+static void eltwise_fwd(void *l, DnnlCtx *ctx, const float *in) { eltwise_forward(l, ctx, in); }
+static void gap_fwd(void *l, DnnlCtx *ctx, const float *in) { gap_forward(l, ctx, in); }
+
+// ---------------------------------------------------------------------------------------------
+// Convolution
+
+typedef struct {
+  int N, IC, IH, IW, OC, K, stride, pad, has_bias, need_din;
+} ConvCase;
+
+// out (N, OH, OW, OC) from in (N, IH, IW, IC), w (OC, IC, K, K), zero padding.
+static void conv_reference(const ConvCase *c, int OH, int OW, const float *in, const float *w,
+                           const float *bias, double *out) {
+  for (int n = 0; n < c->N; n++)
+    for (int oh = 0; oh < OH; oh++)
+      for (int ow = 0; ow < OW; ow++)
+        for (int oc = 0; oc < c->OC; oc++) {
+          double s = bias ? bias[oc] : 0.0;
+          for (int ic = 0; ic < c->IC; ic++)
+            for (int kh = 0; kh < c->K; kh++)
+              for (int kw = 0; kw < c->K; kw++) {
+                int ih = oh * c->stride - c->pad + kh, iw = ow * c->stride - c->pad + kw;
+                if (ih < 0 || ih >= c->IH || iw < 0 || iw >= c->IW) continue;
+                s += (double)in[((size_t)(n * c->IH + ih) * c->IW + iw) * c->IC + ic] *
+                     w[((size_t)(oc * c->IC + ic) * c->K + kh) * c->K + kw];
+              }
+          out[((size_t)(n * OH + oh) * OW + ow) * c->OC + oc] = s;
+        }
+}
+
+static void check_conv(const ConvCase *c) {
+  Env e;
+  env_init(&e, conv2d_param_count(c->IC, c->OC, c->K, c->has_bias), OP_TRAIN);
+  Conv2d l;
+  conv2d_init(&l, &e.b, "conv", c->N, c->IC, c->IH, c->IW, c->OC, c->K, c->stride, c->pad,
+              c->has_bias, c->need_din);
+  int OH = (c->IH + 2 * c->pad - c->K) / c->stride + 1;
+  int OW = (c->IW + 2 * c->pad - c->K) / c->stride + 1;
+  assert_int_equal(l.OH, OH);
+  assert_int_equal(l.OW, OW);
+  if (!c->need_din) assert_null(l.din);
+  // A bias starting at zero would not test its forward use.
+  if (c->has_bias) fill_uniform(l.bias, (size_t)c->OC, -0.5f, 0.5f, 1);
+
+  size_t n_in = (size_t)c->N * c->IH * c->IW * c->IC, n_out = (size_t)c->N * OH * OW * c->OC;
+  size_t n_w = (size_t)c->OC * c->IC * c->K * c->K;
+  float *in = new_tensor(n_in), *R = new_tensor(n_out);
+  double *ref = tl_alloc(n_out * sizeof(double), MEM_DATA, COMP_OTHER);
+  fill_uniform(in, n_in, -1, 1, 2);
+  fill_uniform(R, n_out, -1, 1, 3);
+
+  dnnl_ctx_reset_flops(&e.ctx);
+  conv2d_forward(&l, &e.ctx, in);
+  conv_reference(c, OH, OW, in, l.weight, l.has_bias ? l.bias : NULL, ref);
+  expect_close(l.out, ref, n_out, FWD_ATOL);
+
+  conv2d_backward(&l, &e.ctx, R);
+  double pass = 2.0 * c->N * OH * OW * c->OC * c->IC * c->K * c->K;
+  double bias = c->has_bias ? (double)c->N * OH * OW * c->OC : 0.0;
+  assert_float_equal(e.ctx.flops_forward[COMP_ENCODER], pass + bias, 0.5);
+  assert_float_equal(e.ctx.flops_backward[COMP_ENCODER],
+                     (c->need_din ? pass : 0.0) + pass + bias, 0.5);
+
+  LossCtx lc = {conv_fwd, &l, &e.ctx, in, l.out, R, n_out};
+  if (c->need_din) expect_grad(&lc, in, l.din, n_in, EPS_LINEAR, "conv din");
+  expect_grad(&lc, l.weight, l.dweight, n_w, EPS_LINEAR, "conv dweight");
+  if (c->has_bias) expect_grad(&lc, l.bias, l.dbias, (size_t)c->OC, EPS_LINEAR, "conv dbias");
+
+  tl_free(in);
+  tl_free(R);
+  tl_free(ref);
+  conv2d_destroy(&l);
+  env_destroy(&e);
+}
+
+static void test_conv_stride1_pad1_bias(void **state) {
+  (void)state;
+  check_conv(&(ConvCase){.N = 2, .IC = 3, .IH = 5, .IW = 5, .OC = 4, .K = 3, .stride = 1,
+                         .pad = 1, .has_bias = 1, .need_din = 1});
+}
+
+static void test_conv_stride2_pad1_nobias(void **state) {
+  (void)state;
+  check_conv(&(ConvCase){.N = 2, .IC = 3, .IH = 6, .IW = 6, .OC = 4, .K = 3, .stride = 2,
+                         .pad = 1, .has_bias = 0, .need_din = 1});
+}
+
+// Non-square, no padding, and a stride that leaves the last input row and column unused.
+static void test_conv_stride2_nopad_uneven(void **state) {
+  (void)state;
+  check_conv(&(ConvCase){.N = 3, .IC = 2, .IH = 6, .IW = 5, .OC = 3, .K = 2, .stride = 2,
+                         .pad = 0, .has_bias = 1, .need_din = 1});
+}
+
+// First layer: no input gradient, weight gradients still computed.
+static void test_conv_first_layer_no_din(void **state) {
+  (void)state;
+  check_conv(&(ConvCase){.N = 2, .IC = 3, .IH = 5, .IW = 5, .OC = 4, .K = 3, .stride = 1,
+                         .pad = 1, .has_bias = 1, .need_din = 0});
+}
+
+static void test_conv_init_and_infer_mode(void **state) {
+  (void)state;
+  enum { IC = 8, OC = 8, K = 3 };
+  Env e;
+  env_init(&e, conv2d_param_count(IC, OC, K, 1), OP_INFER);
+  size_t act_before = tl_mem_live(MEM_ACT), grad_before = tl_mem_live(MEM_ACT_GRAD);
+  Conv2d l;
+  conv2d_init(&l, &e.b, "conv", 2, IC, 5, 5, OC, K, 1, 1, 1, 1);
+  // Forward-only: output is workspace, nothing retained, no input gradient.
+  assert_null(l.din);
+  assert_int_equal(tl_mem_live(MEM_ACT), act_before);
+  assert_int_equal(tl_mem_live(MEM_ACT_GRAD), grad_before);
+  // Kaiming normal: std sqrt(2 / (IC*K*K)) = 0.157 over 576 draws; bias zero.
+  size_t n_w = (size_t)OC * IC * K * K;
+  double sum = 0, sq = 0;
+  for (size_t i = 0; i < n_w; i++) sum += l.weight[i], sq += (double)l.weight[i] * l.weight[i];
+  double mean = sum / n_w, sd = sqrt(sq / n_w - mean * mean), want = sqrt(2.0 / (IC * K * K));
+  assert_true(fabs(mean) < 0.2 * want);
+  assert_true(fabs(sd - want) < 0.1 * want);
+  for (int i = 0; i < OC; i++) assert_float_equal(l.bias[i], 0.0f, 0.0f);
+  conv2d_destroy(&l);
+  env_destroy(&e);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batch normalization
+
+// Per-channel batch mean and biased variance of x (M, C), M = N*H*W.
+static void channel_stats(const float *x, size_t M, int C, double *mean, double *var) {
+  for (int c = 0; c < C; c++) {
+    double s = 0, sq = 0;
+    for (size_t m = 0; m < M; m++) s += x[m * C + c];
+    mean[c] = s / M;
+    for (size_t m = 0; m < M; m++) sq += (x[m * C + c] - mean[c]) * (x[m * C + c] - mean[c]);
+    var[c] = sq / M;
+  }
+}
+
+static void bn_reference(const float *x, size_t M, int C, const double *mean, const double *var,
+                         const float *gamma, const float *beta, float eps, int relu, double *y) {
+  for (size_t m = 0; m < M; m++)
+    for (int c = 0; c < C; c++) {
+      double v = gamma[c] * (x[m * C + c] - mean[c]) / sqrt(var[c] + eps) + beta[c];
+      y[m * C + c] = relu && v < 0 ? 0 : v;
+    }
+}
+
+// Draws inputs until every pre-ReLU output is away from the kink (deterministic: fixed streams).
+static void fill_bn_input(float *x, size_t M, int C, const float *gamma, const float *beta,
+                          float eps, double *y_scratch) {
+  double mean[8], var[8];
+  for (uint64_t stream = 100;; stream++) {
+    fill_uniform(x, M * C, -2, 2, stream);
+    channel_stats(x, M, C, mean, var);
+    bn_reference(x, M, C, mean, var, gamma, beta, eps, 0, y_scratch);
+    double closest = INFINITY;
+    for (size_t i = 0; i < M * C; i++) closest = fmin(closest, fabs(y_scratch[i]));
+    if (closest > KINK_MARGIN) return;
+    assert_true(stream < 10000);
+  }
+}
+
+static void check_batchnorm(int N, int C, int H, int W, int relu) {
+  assert_true(C <= 8);
+  Env e;
+  env_init(&e, batchnorm_param_count(C), OP_TRAIN);
+  BatchNorm l;
+  batchnorm_init(&l, &e.b, "bn", N, C, H, W, relu, 1);
+  for (int c = 0; c < C; c++) {
+    assert_float_equal(l.gamma[c], 1.0f, 0.0f);
+    assert_float_equal(l.beta[c], 0.0f, 0.0f);
+    assert_float_equal(l.running_mean[c], 0.0f, 0.0f);
+    assert_float_equal(l.running_var[c], 1.0f, 0.0f);
+  }
+  // Non-trivial scale and shift, so their use in forward and their gradients are tested.
+  fill_uniform(l.gamma, (size_t)C, 0.5f, 1.5f, 4);
+  fill_uniform(l.beta, (size_t)C, -0.5f, 0.5f, 5);
+
+  size_t M = (size_t)N * H * W, n = M * C;
+  float *in = new_tensor(n), *R = new_tensor(n);
+  double *ref = tl_alloc(n * sizeof(double), MEM_DATA, COMP_OTHER);
+  fill_bn_input(in, M, C, l.gamma, l.beta, l.eps, ref);
+  fill_uniform(R, n, -1, 1, 6);
+
+  double mean[8], var[8];
+  channel_stats(in, M, C, mean, var);
+  dnnl_ctx_reset_flops(&e.ctx);
+  batchnorm_forward(&l, &e.ctx, in);
+  bn_reference(in, M, C, mean, var, l.gamma, l.beta, l.eps, relu, ref);
+  expect_close(l.out, ref, n, FWD_ATOL);
+
+  // One pass from (0, 1) with momentum 0.1: mean 0.1 * batch mean, var 0.9 + 0.1 * unbiased var.
+  for (int c = 0; c < C; c++) {
+    assert_float_equal(l.running_mean[c], 0.1 * mean[c], 1e-5);
+    assert_float_equal(l.running_var[c], 0.9 + 0.1 * var[c] * M / (M - 1.0), 1e-5);
+  }
+
+  batchnorm_backward(&l, &e.ctx, R);
+  assert_float_equal(e.ctx.flops_forward[COMP_ENCODER], (double)(BN_FWD + relu) * n, 0.5);
+  assert_float_equal(e.ctx.flops_backward[COMP_ENCODER], (double)(BN_BWD + relu) * n, 0.5);
+
+  LossCtx lc = {bn_fwd, &l, &e.ctx, in, l.out, R, n};
+  expect_grad(&lc, in, l.din, n, EPS_SMOOTH, "bn din");
+  expect_grad(&lc, l.gamma, l.dgamma, (size_t)C, EPS_SMOOTH, "bn dgamma");
+  expect_grad(&lc, l.beta, l.dbeta, (size_t)C, EPS_SMOOTH, "bn dbeta");
+
+  tl_free(in);
+  tl_free(R);
+  tl_free(ref);
+  batchnorm_destroy(&l);
+  env_destroy(&e);
+}
+
+static void test_bn_4d(void **state) {
+  (void)state;
+  check_batchnorm(2, 3, 5, 5, 0);
+}
+
+static void test_bn_4d_relu(void **state) {
+  (void)state;
+  check_batchnorm(2, 3, 5, 5, 1);
+}
+
+static void test_bn_2d(void **state) {
+  (void)state;
+  check_batchnorm(4, 6, 1, 1, 0);
+}
+
+static void test_bn_2d_relu(void **state) {
+  (void)state;
+  check_batchnorm(4, 6, 1, 1, 1);
+}
+
+// After one training pass, an inference copy bound to the same parameters normalizes with the
+// running statistics; a forward-mode (momentum encoder) copy uses batch statistics, keeps
+// nothing, and updates the running statistics too.
+static void test_bn_modes(void **state) {
+  (void)state;
+  enum { N = 3, C = 4, H = 2, W = 3 };
+  const size_t M = N * H * W, n = M * C;
+  Env e;
+  env_init(&e, batchnorm_param_count(C), OP_TRAIN);
+  BatchNorm train;
+  batchnorm_init(&train, &e.b, "bn", N, C, H, W, 1, 1);
+  fill_uniform(train.gamma, C, 0.5f, 1.5f, 7);
+  fill_uniform(train.beta, C, -0.5f, 0.5f, 8);
+  float *in = new_tensor(n), *in2 = new_tensor(n);
+  fill_uniform(in, n, -1, 3, 9);
+  fill_uniform(in2, n, -2, 1, 10);
+  batchnorm_forward(&train, &e.ctx, in);
+  double mean[C], var[C];
+  channel_stats(in, M, C, mean, var);
+
+  ParamSet bound;
+  paramset_bind(&bound, e.ps.data, NULL, e.ps.count);
+  Builder bi = {&e.ctx, &bound, OP_INFER};
+  BatchNorm infer;
+  batchnorm_init(&infer, &bi, "bn", N, C, H, W, 1, 1);
+  assert_ptr_equal(infer.running_mean, train.running_mean);
+  assert_null(infer.din);
+  double run_mean[C], run_var[C], *ref = tl_alloc(n * sizeof(double), MEM_DATA, COMP_OTHER);
+  for (int c = 0; c < C; c++) {
+    run_mean[c] = 0.1 * mean[c];
+    run_var[c] = 0.9 + 0.1 * var[c] * M / (M - 1.0);
+  }
+  dnnl_ctx_reset_flops(&e.ctx);
+  batchnorm_forward(&infer, &e.ctx, in2);
+  bn_reference(in2, M, C, run_mean, run_var, infer.gamma, infer.beta, infer.eps, 1, ref);
+  expect_close(infer.out, ref, n, FWD_ATOL);
+  assert_float_equal(e.ctx.flops_forward[COMP_ENCODER], (double)(BN_FWD_GLOBAL + 1) * n, 0.5);
+  // Inference leaves the running statistics alone.
+  for (int c = 0; c < C; c++) assert_float_equal(infer.running_mean[c], run_mean[c], 1e-6);
+
+  ParamSet bound_fwd;
+  paramset_bind(&bound_fwd, e.ps.data, NULL, e.ps.count);
+  Builder bf = {&e.ctx, &bound_fwd, OP_FORWARD};
+  BatchNorm fwd;
+  batchnorm_init(&fwd, &bf, "bn", N, C, H, W, 1, 1);
+  assert_null(fwd.din);
+  batchnorm_forward(&fwd, &e.ctx, in2);
+  double mean2[C], var2[C];
+  channel_stats(in2, M, C, mean2, var2);
+  bn_reference(in2, M, C, mean2, var2, fwd.gamma, fwd.beta, fwd.eps, 1, ref);
+  expect_close(fwd.out, ref, n, FWD_ATOL);
+  for (int c = 0; c < C; c++)
+    assert_float_equal(fwd.running_mean[c], 0.9 * run_mean[c] + 0.1 * mean2[c], 1e-5);
+
+  tl_free(in);
+  tl_free(in2);
+  tl_free(ref);
+  batchnorm_destroy(&fwd);
+  batchnorm_destroy(&infer);
+  paramset_free(&bound);
+  paramset_free(&bound_fwd);
+  batchnorm_destroy(&train);
+  env_destroy(&e);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise activations
+
+static double gelu_reference(double x) { return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); }
+
+static void check_eltwise(EltwiseKind kind) {
+  enum { n = 2 * 5 * 5 * 3 };
+  Env e;
+  env_init(&e, 1, OP_TRAIN);
+  e.ctx.component = COMP_HEAD;  // FLOPs go to the component the op was created under
+  Eltwise l;
+  eltwise_init(&l, &e.b, kind, n, 1);
+  e.ctx.component = COMP_ENCODER;
+  float *in = new_tensor(n), *R = new_tensor(n);
+  double ref[n];
+  if (kind == ELTWISE_RELU)
+    fill_away_from_zero(in, n, 11);
+  else
+    fill_uniform(in, n, -3, 3, 11);
+  fill_uniform(R, n, -1, 1, 12);
+  for (size_t i = 0; i < n; i++)
+    ref[i] = kind == ELTWISE_RELU ? fmax(0.0, in[i]) : gelu_reference(in[i]);
+
+  dnnl_ctx_reset_flops(&e.ctx);
+  eltwise_forward(&l, &e.ctx, in);
+  expect_close(l.out, ref, n, FWD_ATOL);
+  eltwise_backward(&l, &e.ctx, R);
+  double fwd = kind == ELTWISE_RELU ? 1 : GELU_FWD, bwd = kind == ELTWISE_RELU ? 1 : GELU_BWD;
+  assert_float_equal(e.ctx.flops_forward[COMP_HEAD], fwd * n, 0.5);
+  assert_float_equal(e.ctx.flops_backward[COMP_HEAD], bwd * n, 0.5);
+  assert_float_equal(dnnl_ctx_total_flops(&e.ctx), (fwd + bwd) * n, 0.5);
+
+  LossCtx lc = {eltwise_fwd, &l, &e.ctx, in, l.out, R, n};
+  expect_grad(&lc, in, l.din, n, kind == ELTWISE_RELU ? EPS_LINEAR : EPS_SMOOTH,
+              kind == ELTWISE_RELU ? "relu din" : "gelu din");
+
+  tl_free(in);
+  tl_free(R);
+  eltwise_destroy(&l);
+  env_destroy(&e);
+}
+
+static void test_relu(void **state) {
+  (void)state;
+  check_eltwise(ELTWISE_RELU);
+}
+
+static void test_gelu(void **state) {
+  (void)state;
+  check_eltwise(ELTWISE_GELU);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Add and global average pooling
+
+static void test_add(void **state) {
+  (void)state;
+  enum { n = 37 };
+  Env e;
+  env_init(&e, 1, OP_TRAIN);
+  size_t act_before = tl_mem_live(MEM_ACT_GRAD);
+  Add fwd, grad_sum;
+  add_init(&fwd, &e.b, n, MEM_ACT, 0);
+  add_init(&grad_sum, &e.b, n, MEM_ACT_GRAD, 1);
+  assert_int_equal(tl_mem_live(MEM_ACT_GRAD) - act_before, n * sizeof(float));
+  float *a = new_tensor(n), *b = new_tensor(n);
+  double ref[n];
+  fill_uniform(a, n, -1, 1, 13);
+  fill_uniform(b, n, -1, 1, 14);
+  for (int i = 0; i < n; i++) ref[i] = (double)a[i] + b[i];
+  dnnl_ctx_reset_flops(&e.ctx);
+  add_forward(&fwd, &e.ctx, a, b);
+  expect_close(fwd.out, ref, n, 1e-6);
+  assert_float_equal(e.ctx.flops_forward[COMP_ENCODER], n, 0.5);
+  add_forward(&grad_sum, &e.ctx, a, b);
+  expect_close(grad_sum.out, ref, n, 1e-6);
+  assert_float_equal(e.ctx.flops_backward[COMP_ENCODER], n, 0.5);
+  tl_free(a);
+  tl_free(b);
+  add_destroy(&fwd);
+  add_destroy(&grad_sum);
+  env_destroy(&e);
+}
+
+static void test_global_avg_pool(void **state) {
+  (void)state;
+  enum { N = 3, H = 5, W = 6, C = 4, n_in = N * H * W * C, n_out = N * C };
+  Env e;
+  env_init(&e, 1, OP_TRAIN);
+  GlobalAvgPool l;
+  gap_init(&l, &e.b, N, H, W, C, 1);
+  float *in = new_tensor(n_in), *R = new_tensor(n_out);
+  fill_uniform(in, n_in, -1, 1, 15);
+  fill_uniform(R, n_out, -1, 1, 16);
+  double ref[n_out];
+  for (int b = 0; b < N; b++)
+    for (int c = 0; c < C; c++) {
+      double s = 0;
+      for (int p = 0; p < H * W; p++) s += in[((size_t)b * H * W + p) * C + c];
+      ref[b * C + c] = s / (H * W);
+    }
+  dnnl_ctx_reset_flops(&e.ctx);
+  gap_forward(&l, &e.ctx, in);
+  expect_close(l.out, ref, n_out, FWD_ATOL);
+  gap_backward(&l, &e.ctx, R);
+  assert_float_equal(e.ctx.flops_forward[COMP_ENCODER], n_in, 0.5);
+  assert_float_equal(e.ctx.flops_backward[COMP_ENCODER], n_in, 0.5);
+  LossCtx lc = {gap_fwd, &l, &e.ctx, in, l.out, R, n_out};
+  expect_grad(&lc, in, l.din, n_in, EPS_LINEAR, "gap din");
+  tl_free(in);
+  tl_free(R);
+  gap_destroy(&l);
+  env_destroy(&e);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_conv_stride1_pad1_bias),
+      cmocka_unit_test(test_conv_stride2_pad1_nobias),
+      cmocka_unit_test(test_conv_stride2_nopad_uneven),
+      cmocka_unit_test(test_conv_first_layer_no_din),
+      cmocka_unit_test(test_conv_init_and_infer_mode),
+      cmocka_unit_test(test_bn_4d),
+      cmocka_unit_test(test_bn_4d_relu),
+      cmocka_unit_test(test_bn_2d),
+      cmocka_unit_test(test_bn_2d_relu),
+      cmocka_unit_test(test_bn_modes),
+      cmocka_unit_test(test_relu),
+      cmocka_unit_test(test_gelu),
+      cmocka_unit_test(test_add),
+      cmocka_unit_test(test_global_avg_pool),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
