@@ -50,6 +50,7 @@ float *paramset_take(ParamSet *ps, const char *name, size_t n, int no_decay, flo
     if (!ps->entries) TL_DIE("out of memory");
   }
   ParamEntry *e = &ps->entries[ps->n_entries++];
+  memset(e, 0, sizeof *e);
   snprintf(e->name, sizeof e->name, "%s", name);
   e->offset = ps->used;
   e->count = n;

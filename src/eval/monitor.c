@@ -47,12 +47,14 @@ static void encode_all(KnnMonitor *m, const Dataset *ds, int n, float *feat) {
 
 static KnnResult vote(KnnMonitor *m, const float *train_feat, const float *test_feat, int d) {
   KnnResult r = {0};
-  r.top1 = knn_top1(train_feat, m->train->labels, m->n_train, test_feat, m->test->labels,
-                    m->n_test, d, m->train->n_classes, m->cfg->eval.knn_k,
-                    m->cfg->eval.knn_temperature, &m->ctx);
-  r.top1_k20 = knn_top1(train_feat, m->train->labels, m->n_train, test_feat, m->test->labels,
-                        m->n_test, d, m->train->n_classes, 20, m->cfg->eval.knn_temperature,
-                        &m->ctx);
+  const int ks[2] = {m->cfg->eval.knn_k, 20};
+  double acc[2] = {-1, -1};
+  if (knn_top1_multi(train_feat, m->train->labels, m->n_train, test_feat, m->test->labels,
+                     m->n_test, d, m->train->n_classes, ks, 2, m->cfg->eval.knn_temperature,
+                     &m->ctx, acc, NULL) != 0)
+    TL_DIE("kNN monitor: %s", tl_last_error());
+  r.top1 = acc[0];
+  r.top1_k20 = acc[1];
   return r;
 }
 

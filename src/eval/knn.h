@@ -1,0 +1,28 @@
+// The weighted kNN monitor (InstDisc / SimCLR / MoCo style): cosine similarity of each test
+// feature to a bank of training features, the k most similar vote for their class with weight
+// exp(sim / temperature), the heaviest class is the prediction. Callers' features are not
+// modified: L2-normalized copies are made (MEM_EVAL).
+#pragma once
+#include <stddef.h>
+
+#include "core/dnnl_ctx.h"
+
+// Top-1 accuracy in [0, 1], or -1 with tl_last_error() set on bad input (non-positive sizes,
+// k or temperature, a label outside [0, n_classes)). k larger than n_train is clamped to n_train.
+// Similarities are computed by oneDNN matmul in blocks of test rows; the matmul FLOPs are added
+// to ctx->flops_forward[COMP_OTHER].
+double knn_top1(const float *train_feat /*(n_train, d)*/, const int *train_labels, int n_train,
+                const float *test_feat /*(n_test, d)*/, const int *test_labels, int n_test, int d,
+                int n_classes, int k, float temperature, DnnlCtx *ctx);
+
+// Several k in one pass (e.g. k = 200 and k = 20): the neighbours are selected once for the
+// largest k. accuracy (n_k) receives one accuracy per k; predictions (n_k, n_test) may be NULL.
+// Returns 0, or -1 with tl_last_error() set (same rules as knn_top1).
+int knn_top1_multi(const float *train_feat /*(n_train, d)*/, const int *train_labels, int n_train,
+                   const float *test_feat /*(n_test, d)*/, const int *test_labels, int n_test,
+                   int d, int n_classes, const int *ks, int n_k, float temperature, DnnlCtx *ctx,
+                   double *accuracy, int *predictions);
+
+// MEM_EVAL bytes a call holds at its peak (the normalized bank, one block of normalized test rows
+// and its similarity rows); the oneDNN scratchpad is the context's (MEM_WORKSPACE).
+size_t knn_eval_bytes(int n_train, int n_test, int d);

@@ -1,0 +1,47 @@
+// Optimizers over one ParamSet's flat block, and the learning-rate schedule.
+//
+// Every optimizer walks the set's entries: buffers (is_buffer, BatchNorm running statistics) are
+// never touched; no_decay entries (biases, normalization parameters) get no weight decay and, for
+// LARS, no trust-ratio adaptation, as in SimCLR's exclusion of biases and BN parameters.
+#pragma once
+#include <stddef.h>
+
+#include "config.h"
+#include "core/params.h"
+
+typedef enum { OPTIM_SGD, OPTIM_LARS, OPTIM_ADAMW } OptimKind;
+
+typedef struct {
+  OptimKind kind;
+  ParamSet *ps;
+  float lr;  // as created (the peak); each optim_step is given the scheduled value
+  float momentum, weight_decay;
+  float beta1, beta2, eps;  // adamw
+  float lars_eta;           // lars trust coefficient
+  // State over the whole block (indexed like ps->data), MEM_OPTIM; saved by checkpoints.
+  float *momentum_buf;   // (ps->count) sgd/lars momentum; adamw first moment m
+  float *second_moment;  // (ps->count) adamw v; NULL otherwise
+  long steps_done;       // updates applied so far (adamw bias correction)
+  struct OptimPrivate *priv;
+} Optimizer;
+
+// name: sgd | lars | adamw. Returns NULL with tl_last_error() set for an unknown name or
+// out-of-range hyper-parameters. The set's entries must all be taken before this call.
+Optimizer *optim_create(const char *name, ParamSet *ps, float lr, float momentum,
+                        float weight_decay, float beta1, float beta2, float eps, float lars_eta);
+// Same, with the hyper-parameters of cfg->optim.
+Optimizer *optim_create_from_config(const Config *cfg, ParamSet *ps);
+
+// One update of ps->data from ps->grad at learning rate `lr` (the schedule's value this step).
+void optim_step(Optimizer *opt, float lr);
+
+// Bytes of optimizer state for `param_count` floats of parameters, as optim_create allocates
+// them; 0 for an unknown name (config validation rejects those before planning).
+size_t optim_state_bytes(const char *name, size_t param_count);
+
+void optim_destroy(Optimizer *opt);
+
+// Learning rate at 0-based `step`: linear warm-up (step+1)/warmup_steps * peak_lr for
+// step < warmup_steps, then "cosine" from peak_lr down to 0 at total_steps (0 beyond it), or
+// "constant" at peak_lr. Dies on an unknown schedule name (config validation rejects those).
+float lr_at_step(float peak_lr, int step, int warmup_steps, int total_steps, const char *schedule);
