@@ -1,0 +1,715 @@
+// The whole configuration is described by two tables (recipe keys and model-file keys). Loading,
+// --set overrides, defaults, error messages and config_write all walk the same tables, so a new
+// key is one new row and nothing else.
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <ini.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "core/error.h"
+
+typedef enum { KEY_INT, KEY_FLOAT, KEY_BOOL, KEY_U64, KEY_STRING, KEY_INT_LIST } KeyType;
+
+// Float bounds that are themselves invalid (a temperature of 0 divides by zero, beta = 1 never
+// decays): the range check excludes them.
+enum { OPEN_MIN = 1, OPEN_MAX = 2 };
+
+typedef struct {
+  const char *section, *key;
+  size_t offset;  // into the schema's struct (Config or ModelSpec)
+  size_t size;    // bytes of the field: string capacity, or list capacity * sizeof(int)
+  KeyType type;
+  const char *default_text;  // parsed by the same setter as user input
+  double min, max;           // inclusive unless `open` says otherwise; per element for lists;
+                             // u64 keys take their whole range
+  int open;
+  const char *choices;  // "a|b": the only values a string key accepts; NULL = free text
+  size_t count_offset;  // lists: the int that receives the number of entries
+} KeySpec;
+
+// Section and key names are the struct's own member names, stringized so they cannot drift.
+#define RECIPE(sec, name)                                              \
+  .section = #sec, .key = #name, .offset = offsetof(Config, sec.name), \
+  .size = sizeof(((Config *)0)->sec.name)
+#define BACKBONE(name)                                                      \
+  .section = "backbone", .key = #name, .offset = offsetof(ModelSpec, name), \
+  .size = sizeof(((ModelSpec *)0)->name)
+
+#define INT_KEY(at, def, lo, hi) \
+  { at, .type = KEY_INT, .default_text = def, .min = lo, .max = hi }
+#define FLOAT_KEY(at, def, lo, hi, open_ends) \
+  { at, .type = KEY_FLOAT, .default_text = def, .min = lo, .max = hi, .open = open_ends }
+#define BOOL_KEY(at, def) \
+  { at, .type = KEY_BOOL, .default_text = def }
+#define U64_KEY(at, def) \
+  { at, .type = KEY_U64, .default_text = def }
+#define TEXT_KEY(at, def, allowed) \
+  { at, .type = KEY_STRING, .default_text = def, .choices = allowed }
+#define LIST_KEY(at, def, lo, hi, count) \
+  { at, .type = KEY_INT_LIST, .default_text = def, .min = lo, .max = hi, .count_offset = count }
+
+static const KeySpec recipe_keys[] = {
+    TEXT_KEY(RECIPE(data, format), "idx", "idx|imagefolder"),
+    // Debian's dataset-fashion-mnist installs here.
+    TEXT_KEY(RECIPE(data, train), "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz",
+             NULL),
+    TEXT_KEY(RECIPE(data, test), "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz",
+             NULL),
+    INT_KEY(RECIPE(data, image_size), "28", 1, 4096),
+    INT_KEY(RECIPE(data, channels), "1", 1, 3),
+    INT_KEY(RECIPE(data, limit), "0", 0, INT_MAX),
+    INT_KEY(RECIPE(data, test_limit), "0", 0, INT_MAX),
+
+    FLOAT_KEY(RECIPE(augment, crop_scale_min), "0.2", 0, 1, OPEN_MIN),
+    FLOAT_KEY(RECIPE(augment, crop_scale_max), "1", 0, 1, OPEN_MIN),
+    FLOAT_KEY(RECIPE(augment, flip_prob), "0.5", 0, 1, 0),
+    FLOAT_KEY(RECIPE(augment, jitter_strength), "0.4", 0, 1, 0),
+    FLOAT_KEY(RECIPE(augment, jitter_prob), "0.8", 0, 1, 0),
+    FLOAT_KEY(RECIPE(augment, grayscale_prob), "0.2", 0, 1, 0),
+
+    TEXT_KEY(RECIPE(model, file), "models/resnet-small.ini", NULL),
+    INT_KEY(RECIPE(model, head_hidden_dim), "256", 1, 65536),
+    INT_KEY(RECIPE(model, head_out_dim), "64", 1, 65536),
+
+    INT_KEY(RECIPE(train, batch_size), "256", 1, 65536),
+    INT_KEY(RECIPE(train, epochs), "1", 1, 1000000),
+    INT_KEY(RECIPE(train, steps), "0", 0, INT_MAX),
+    U64_KEY(RECIPE(train, seed), "0"),
+    INT_KEY(RECIPE(train, log_every), "10", 1, INT_MAX),
+
+    TEXT_KEY(RECIPE(optim, name), "sgd", "sgd|lars|adamw"),
+    FLOAT_KEY(RECIPE(optim, lr), "0.06", 0, 100, 0),
+    FLOAT_KEY(RECIPE(optim, momentum), "0.9", 0, 1, OPEN_MAX),
+    FLOAT_KEY(RECIPE(optim, weight_decay), "5e-4", 0, 10, 0),
+    INT_KEY(RECIPE(optim, warmup_steps), "0", 0, INT_MAX),
+    TEXT_KEY(RECIPE(optim, schedule), "cosine", "cosine|constant"),
+    FLOAT_KEY(RECIPE(optim, beta1), "0.9", 0, 1, OPEN_MAX),
+    FLOAT_KEY(RECIPE(optim, beta2), "0.95", 0, 1, OPEN_MAX),
+    FLOAT_KEY(RECIPE(optim, eps), "1e-8", 0, 1, 0),
+    FLOAT_KEY(RECIPE(optim, lars_eta), "0.001", 0, 1, 0),
+
+    FLOAT_KEY(RECIPE(objective, temperature), "0.2", 0, 100, OPEN_MIN),
+    INT_KEY(RECIPE(objective, queue_size), "4096", 1, 1 << 24),
+    FLOAT_KEY(RECIPE(objective, momentum), "0.99", 0, 1, 0),
+    TEXT_KEY(RECIPE(objective, momentum_schedule), "constant", "constant|cosine"),
+    INT_KEY(RECIPE(objective, queue_max_age_steps), "0", 0, INT_MAX),
+    BOOL_KEY(RECIPE(objective, symmetric), "0"),
+    FLOAT_KEY(RECIPE(objective, mask_ratio), "0.75", 0, 1, OPEN_MIN | OPEN_MAX),
+    BOOL_KEY(RECIPE(objective, norm_pix_loss), "1"),
+    INT_KEY(RECIPE(objective, decoder_dim), "64", 1, 65536),
+    INT_KEY(RECIPE(objective, decoder_depth), "1", 1, 64),
+    INT_KEY(RECIPE(objective, decoder_heads), "4", 1, 256),
+    INT_KEY(RECIPE(objective, png_every), "0", 0, INT_MAX),
+
+    TEXT_KEY(RECIPE(parallel, backend), "local", "local|mpi"),
+    INT_KEY(RECIPE(parallel, replicas), "1", 1, 1024),
+    INT_KEY(RECIPE(parallel, checksum_every), "50", 1, INT_MAX),
+    TEXT_KEY(RECIPE(parallel, shard_weights), "", NULL),
+
+    INT_KEY(RECIPE(eval, knn_k), "200", 1, 100000),
+    FLOAT_KEY(RECIPE(eval, knn_temperature), "0.1", 0, 100, OPEN_MIN),
+    INT_KEY(RECIPE(eval, knn_every_epochs), "1", 1, INT_MAX),
+    INT_KEY(RECIPE(eval, knn_train_limit), "0", 0, INT_MAX),
+    INT_KEY(RECIPE(eval, batch_size), "500", 1, 65536),
+
+    INT_KEY(RECIPE(ledger, every), "1", 1, INT_MAX),
+    INT_KEY(RECIPE(ledger, console_every), "10", 1, INT_MAX),
+};
+
+// List entries are at least 1, so the zeros after a list's end mark its length (see
+// list_length) and config_validate can tell lists of different lengths apart.
+#define STAGE_LIST(name, def, lo, hi) \
+  LIST_KEY(BACKBONE(name), def, lo, hi, offsetof(ModelSpec, n_stages))
+
+static const KeySpec model_keys[] = {
+    TEXT_KEY(BACKBONE(type), "resnet", "resnet|vit"),
+    INT_KEY(BACKBONE(stem_channels), "32", 1, 4096),
+    STAGE_LIST(stage_channels, "32,64,128", 1, 4096),
+    STAGE_LIST(stage_blocks, "1,1,1", 1, 64),
+    STAGE_LIST(stage_strides, "1,2,2", 1, 4),
+    INT_KEY(BACKBONE(patch_size), "4", 1, 256),
+    INT_KEY(BACKBONE(pad_to), "32", 0, 4096),
+    INT_KEY(BACKBONE(dim), "128", 1, 65536),
+    INT_KEY(BACKBONE(depth), "4", 1, 256),
+    INT_KEY(BACKBONE(heads), "4", 1, 256),
+    INT_KEY(BACKBONE(mlp_ratio), "4", 1, 64),
+    TEXT_KEY(BACKBONE(pool), "cls", "cls|mean"),
+};
+
+typedef struct {
+  const KeySpec *keys;
+  size_t n_keys;
+} Schema;
+
+#define SCHEMA(table) \
+  { table, sizeof table / sizeof table[0] }
+static const Schema recipe_schema = SCHEMA(recipe_keys);
+static const Schema model_schema = SCHEMA(model_keys);
+
+// Bounds the per-file "where was this key set" bookkeeping.
+#define MAX_KEYS 64
+_Static_assert(sizeof recipe_keys / sizeof recipe_keys[0] <= MAX_KEYS, "raise MAX_KEYS");
+_Static_assert(sizeof model_keys / sizeof model_keys[0] <= MAX_KEYS, "raise MAX_KEYS");
+
+// ---------------------------------------------------------------------------------------------
+// Suggestions for misspelled names.
+
+static size_t edit_distance(const char *a, const char *b) {
+  enum { CAP = 64 };
+  size_t la = strlen(a), lb = strlen(b);
+  if (la >= CAP || lb >= CAP) return SIZE_MAX;
+  size_t row[CAP], prev_diag;
+  for (size_t j = 0; j <= lb; j++) row[j] = j;
+  for (size_t i = 1; i <= la; i++) {
+    prev_diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= lb; j++) {
+      size_t up = row[j];
+      size_t best = prev_diag + (a[i - 1] != b[j - 1]);
+      if (up + 1 < best) best = up + 1;
+      if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+      row[j] = best;
+      prev_diag = up;
+    }
+  }
+  return row[lb];
+}
+
+// Keys are often abbreviations of the words people type ("learning_rate" is `lr`), which plain
+// edit distance ranks far away; comparing the initials of a multi-word name catches them.
+static size_t name_distance(const char *typed, const char *known) {
+  size_t d = edit_distance(typed, known);
+  if (!strchr(typed, '_')) return d;
+  char initials[64];
+  size_t n = 0;
+  for (const char *c = typed; *c && n + 1 < sizeof initials; c++)
+    if (c == typed || c[-1] == '_') initials[n++] = *c;
+  initials[n] = '\0';
+  size_t di = edit_distance(initials, known);
+  return di < d ? di : d;
+}
+
+// Appends " (did you mean '<x>'?)" for a close candidate, or the list of candidates otherwise.
+static void describe_alternatives(char *out, size_t cap, const char *typed,
+                                  const char *const *names, size_t n, const char *open,
+                                  const char *close, const char *what) {
+  size_t best = SIZE_MAX, best_i = 0;
+  for (size_t i = 0; i < n; i++) {
+    size_t d = name_distance(typed, names[i]);
+    if (d < best) best = d, best_i = i;
+  }
+  size_t len = strlen(typed);
+  if (n > 0 && best <= (len / 2 > 1 ? len / 2 : 1)) {
+    snprintf(out, cap, " (did you mean %s%s%s?)", open, names[best_i], close);
+    return;
+  }
+  size_t used = (size_t)snprintf(out, cap, " (known %s:", what);
+  for (size_t i = 0; i < n && used < cap; i++)
+    used += (size_t)snprintf(out + used, cap - used, "%s %s", i ? "," : "", names[i]);
+  if (used < cap) snprintf(out + used, cap - used, ")");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Typed setters: one per key type, all reporting "WHERE: [section] key = value is ...".
+
+static char *trim(char *s) {
+  while (isspace((unsigned char)*s)) s++;
+  char *end = s + strlen(s);
+  while (end > s && isspace((unsigned char)end[-1])) *--end = '\0';
+  return s;
+}
+
+static int parse_integer(const char *text, long long *out) {
+  if (!*text) return -1;
+  char *end;
+  errno = 0;
+  *out = strtoll(text, &end, 10);
+  return (*end || errno == ERANGE) ? -1 : 0;
+}
+
+// "(1..65536)" for integers; interval notation for floats, where an end can be excluded.
+static void describe_range(const KeySpec *k, char *out, size_t cap) {
+  if (k->type == KEY_FLOAT)
+    snprintf(out, cap, "%c%.15g, %.15g%c", (k->open & OPEN_MIN) ? '(' : '[', k->min, k->max,
+             (k->open & OPEN_MAX) ? ')' : ']');
+  else
+    snprintf(out, cap, "(%.15g..%.15g)", k->min, k->max);
+}
+
+static int in_range(const KeySpec *k, double v) {
+  int above = (k->open & OPEN_MIN) ? v > k->min : v >= k->min;
+  int below = (k->open & OPEN_MAX) ? v < k->max : v <= k->max;
+  return above && below;
+}
+
+static int out_of_range(const KeySpec *k, const char *where, const char *text,
+                        const char *element) {
+  char range[96];
+  describe_range(k, range, sizeof range);
+  if (element)
+    return tl_fail("%s: [%s] %s = %s: %s is out of range %s", where, k->section, k->key, text,
+                   element, range);
+  return tl_fail("%s: [%s] %s = %s is out of range %s", where, k->section, k->key, text, range);
+}
+
+static int set_int_list(const KeySpec *k, void *base, const char *where, const char *text) {
+  size_t capacity = k->size / sizeof(int);
+  int values[CONFIG_MAX_STAGES];
+  TL_ASSERT(capacity <= CONFIG_MAX_STAGES);
+  size_t n = 0;
+  char buf[256];
+  if (strlen(text) >= sizeof buf)
+    return tl_fail("%s: [%s] %s is too long", where, k->section, k->key);
+  strcpy(buf, text);
+  if (!*trim(buf))
+    return tl_fail("%s: [%s] %s is empty (expected comma-separated integers)", where, k->section,
+                   k->key);
+  for (char *tok = buf, *next; tok; tok = next) {
+    next = strchr(tok, ',');
+    if (next) *next++ = '\0';
+    tok = trim(tok);
+    long long v;
+    if (parse_integer(tok, &v))
+      return tl_fail("%s: [%s] %s = '%s': '%s' is not an integer", where, k->section, k->key, text,
+                     tok);
+    if (!in_range(k, (double)v)) return out_of_range(k, where, text, tok);
+    if (n == capacity)
+      return tl_fail("%s: [%s] %s = %s has more than %zu entries", where, k->section, k->key, text,
+                     capacity);
+    values[n++] = (int)v;
+  }
+  int *dst = (int *)((char *)base + k->offset);
+  memset(dst, 0, k->size);
+  memcpy(dst, values, n * sizeof(int));
+  *(int *)((char *)base + k->count_offset) = (int)n;
+  return 0;
+}
+
+static int is_choice(const char *choices, const char *text) {
+  size_t len = strlen(text);
+  for (const char *c = choices; *c;) {
+    size_t n = strcspn(c, "|");
+    if (n == len && strncmp(c, text, n) == 0) return 1;
+    c += n + (c[n] == '|');
+  }
+  return 0;
+}
+
+static int set_string(const KeySpec *k, void *base, const char *where, const char *text) {
+  if (k->choices && !is_choice(k->choices, text))
+    return tl_fail("%s: [%s] %s = '%s' is not one of %s", where, k->section, k->key, text,
+                   k->choices);
+  // config_write must be able to write it back on one line that inih reads whole (it keeps
+  // INI_MAX_LINE - 3 characters, strips the ends and cuts at ';' comments).
+  size_t limit = k->size - 1;
+  size_t line_limit = INI_MAX_LINE - 3 - strlen(k->key) - strlen(" = ");
+  if (line_limit < limit) limit = line_limit;
+  if (strlen(text) > limit)
+    return tl_fail("%s: [%s] %s is longer than %zu characters", where, k->section, k->key, limit);
+  if (strpbrk(text, ";\n\r"))
+    return tl_fail("%s: [%s] %s = '%s' contains ';' or a line break, which INI cannot hold", where,
+                   k->section, k->key, text);
+  char *dst = (char *)base + k->offset;
+  memset(dst, 0, k->size);
+  memcpy(dst, text, strlen(text));
+  return 0;
+}
+
+static int set_key(const KeySpec *k, void *base, const char *where, const char *text) {
+  char *field = (char *)base + k->offset;
+  switch (k->type) {
+    case KEY_INT: {
+      long long v;
+      if (parse_integer(text, &v))
+        return tl_fail("%s: [%s] %s = '%s' is not an integer", where, k->section, k->key, text);
+      if (!in_range(k, (double)v)) return out_of_range(k, where, text, NULL);
+      *(int *)field = (int)v;
+      return 0;
+    }
+    case KEY_FLOAT: {
+      char *end;
+      double v = strtod(text, &end);
+      if (!*text || *end || !isfinite(v))
+        return tl_fail("%s: [%s] %s = '%s' is not a number", where, k->section, k->key, text);
+      if (!in_range(k, v)) return out_of_range(k, where, text, NULL);
+      *(float *)field = (float)v;
+      return 0;
+    }
+    case KEY_BOOL: {
+      static const char *const truth[] = {"0", "1", "false", "true", "no", "yes", "off", "on"};
+      for (size_t i = 0; i < sizeof truth / sizeof truth[0]; i++)
+        if (strcasecmp(text, truth[i]) == 0) {
+          *(int *)field = (int)(i % 2);
+          return 0;
+        }
+      return tl_fail("%s: [%s] %s = '%s' is not a boolean (0/1, false/true, no/yes, off/on)", where,
+                     k->section, k->key, text);
+    }
+    case KEY_U64: {
+      char *end;
+      errno = 0;
+      unsigned long long v = strtoull(text, &end, 10);
+      if (!isdigit((unsigned char)text[0]) || *end || errno == ERANGE)
+        return tl_fail("%s: [%s] %s = '%s' is not a non-negative integer", where, k->section,
+                       k->key, text);
+      *(unsigned long long *)field = v;
+      return 0;
+    }
+    case KEY_STRING:
+      return set_string(k, base, where, text);
+    case KEY_INT_LIST:
+      return set_int_list(k, base, where, text);
+  }
+  TL_DIE("key type %d", (int)k->type);
+}
+
+static void format_value(const KeySpec *k, const void *base, char *out, size_t cap) {
+  const char *field = (const char *)base + k->offset;
+  switch (k->type) {
+    case KEY_INT:
+    case KEY_BOOL:
+      snprintf(out, cap, "%d", *(const int *)field);
+      return;
+    case KEY_FLOAT: {
+      // The shortest form that reads back to the same float: 0.2 rather than 0.200000003.
+      // 9 significant digits always suffice.
+      float v = *(const float *)field;
+      for (int digits = 1; digits <= 9; digits++) {
+        snprintf(out, cap, "%.*g", digits, v);
+        if (strtof(out, NULL) == v) break;
+      }
+      return;
+    }
+    case KEY_U64:
+      snprintf(out, cap, "%llu", *(const unsigned long long *)field);
+      return;
+    case KEY_STRING:
+      snprintf(out, cap, "%s", field);
+      return;
+    case KEY_INT_LIST: {
+      int n = *(const int *)((const char *)base + k->count_offset);
+      size_t used = 0;
+      out[0] = '\0';
+      for (int i = 0; i < n && used < cap; i++)
+        used +=
+            (size_t)snprintf(out + used, cap - used, "%s%d", i ? "," : "", ((const int *)field)[i]);
+      return;
+    }
+  }
+  TL_DIE("key type %d", (int)k->type);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Name lookup shared by files and --set.
+
+static const KeySpec *find_key(const Schema *s, const char *section, const char *key) {
+  for (size_t i = 0; i < s->n_keys; i++)
+    if (strcmp(s->keys[i].section, section) == 0 && strcmp(s->keys[i].key, key) == 0)
+      return &s->keys[i];
+  return NULL;
+}
+
+static size_t section_names(const Schema *s, const char **names) {
+  size_t n = 0;
+  for (size_t i = 0; i < s->n_keys; i++)
+    if (n == 0 || strcmp(names[n - 1], s->keys[i].section) != 0) names[n++] = s->keys[i].section;
+  return n;
+}
+
+static int unknown_name(const Schema *s, const char *where, const char *section, const char *key) {
+  const char *names[MAX_KEYS];
+  char hint[512];
+  size_t n = 0;
+  for (size_t i = 0; i < s->n_keys; i++)
+    if (strcmp(s->keys[i].section, section) == 0) names[n++] = s->keys[i].key;
+  if (n > 0) {
+    describe_alternatives(hint, sizeof hint, key, names, n, "'", "'", "keys");
+    return tl_fail("%s: unknown key '%s' in [%s]%s", where, key, section, hint);
+  }
+  if (!*section) {
+    for (size_t i = 0; i < s->n_keys; i++)
+      if (strcmp(s->keys[i].key, key) == 0)
+        return tl_fail("%s: key '%s' comes before any section (it belongs in [%s])", where, key,
+                       s->keys[i].section);
+    return tl_fail("%s: key '%s' comes before any section", where, key);
+  }
+  n = section_names(s, names);
+  describe_alternatives(hint, sizeof hint, section, names, n, "[", "]", "sections");
+  return tl_fail("%s: unknown section [%s]%s", where, section, hint);
+}
+
+static int assign(const Schema *s, void *base, const char *where, const char *section,
+                  const char *key, const char *value) {
+  const KeySpec *k = find_key(s, section, key);
+  if (!k) return unknown_name(s, where, section, key);
+  return set_key(k, base, where, value);
+}
+
+static void apply_defaults(const Schema *s, void *base) {
+  for (size_t i = 0; i < s->n_keys; i++)
+    if (set_key(&s->keys[i], base, "default", s->keys[i].default_text))
+      TL_DIE("bad default: %s", tl_last_error());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files.
+
+typedef struct {
+  const Schema *schema;
+  void *base;
+  const char *path;
+  FILE *file;
+  int line;                   // the line inih is handling (it reads one line, then handles it)
+  char raw[64];               // its beginning, before inih strips it
+  int error_line;             // the first error this parse recorded, 0 = none
+  int set_at_line[MAX_KEYS];  // where each key was set in this file, 0 = not yet
+} IniParse;
+
+static char *read_line(char *buf, int size, void *stream) {
+  IniParse *p = stream;
+  if (!fgets(buf, size, p->file)) return NULL;
+  p->line++;
+  size_t len = strlen(buf);
+  // inih would parse the rest of an over-long line as a line of its own. A long comment only
+  // loses its tail; anything else would be cut, so it is an error.
+  if (len + 1 == (size_t)size && buf[len - 1] != '\n' && !feof(p->file)) {
+    const char *start = buf + strspn(buf, " \t");
+    if (*start != ';' && *start != '#') {
+      if (!p->error_line) {
+        p->error_line = p->line;
+        tl_fail("%s:%d: line is longer than %d characters", p->path, p->line, size - 3);
+      }
+      return NULL;
+    }
+    int c;
+    while ((c = fgetc(p->file)) != EOF && c != '\n') continue;
+    buf[len - 1] = '\n';
+  }
+  snprintf(p->raw, sizeof p->raw, "%s", buf);
+  return buf;
+}
+
+// inih reads an indented line as the continuation of the previous value: a silent surprise
+// in a config file, so it is reported instead.
+static int is_continuation(const char *raw, const char *name) {
+  if (raw[0] != ' ' && raw[0] != '\t') return 0;
+  while (*raw == ' ' || *raw == '\t') raw++;
+  size_t n = strlen(name);
+  if (strncmp(raw, name, n) != 0) return 1;
+  raw += n;
+  while (*raw == ' ' || *raw == '\t') raw++;
+  return *raw != '=' && *raw != ':';
+}
+
+static int handle_pair(void *user, const char *section, const char *name, const char *value) {
+  IniParse *p = user;
+  if (p->error_line) return 0;
+  char where[CONFIG_PATH_MAX + 16];
+  snprintf(where, sizeof where, "%s:%d", p->path, p->line);
+  int rc;
+  const KeySpec *k = find_key(p->schema, section, name);
+  if (is_continuation(p->raw, name)) {
+    rc = tl_fail("%s: indented line is read as part of the value of '%s'; remove the indentation",
+                 where, name);
+  } else if (k && p->set_at_line[k - p->schema->keys]) {
+    rc = tl_fail("%s: [%s] %s is set twice (first on line %d)", where, section, name,
+                 p->set_at_line[k - p->schema->keys]);
+  } else {
+    rc = assign(p->schema, p->base, where, section, name, value);
+    if (rc == 0) p->set_at_line[k - p->schema->keys] = p->line;
+  }
+  if (rc) p->error_line = p->line;
+  return rc == 0;
+}
+
+static int parse_file(const Schema *schema, void *base, const char *path) {
+  IniParse p = {.schema = schema, .base = base, .path = path};
+  p.file = fopen(path, "r");
+  if (!p.file) return tl_fail("%s: cannot open: %s", path, strerror(errno));
+  int first_error = ini_parse_stream(read_line, &p, handle_pair, &p);
+  int read_failed = ferror(p.file);
+  fclose(p.file);
+  if (read_failed) return tl_fail("%s: read error", path);
+  // inih keeps going after an error and returns the first one's line: ours if it was a
+  // handled key, otherwise a line it could not parse.
+  if (p.error_line && (first_error == 0 || first_error >= p.error_line)) return -1;
+  if (first_error > 0) return tl_fail("%s:%d: malformed line", path, first_error);
+  if (first_error < 0) return tl_fail("%s: inih failed (%d)", path, first_error);
+  return 0;
+}
+
+static int copy_path(char *dst, const char *src) {
+  if (strlen(src) >= CONFIG_PATH_MAX)
+    return tl_fail("%s: path longer than %d characters", src, CONFIG_PATH_MAX - 1);
+  memset(dst, 0, CONFIG_PATH_MAX);
+  memcpy(dst, src, strlen(src));
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Public API. Every entry point builds the new Config in a copy and commits it only on
+// success, so a failed load or override leaves the caller's configuration as it was.
+
+void config_defaults(Config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  apply_defaults(&recipe_schema, cfg);
+  apply_defaults(&model_schema, &cfg->model.spec);
+}
+
+int config_load_model(Config *cfg, const char *path) {
+  char file[CONFIG_PATH_MAX];
+  if (copy_path(file, path)) return -1;
+  // A fresh spec, so keys of a previously loaded model file cannot leak into this one.
+  ModelSpec spec;
+  memset(&spec, 0, sizeof spec);
+  apply_defaults(&model_schema, &spec);
+  if (parse_file(&model_schema, &spec, file)) return -1;
+  memcpy(&cfg->model.spec, &spec, sizeof spec);
+  memcpy(cfg->model.file, file, sizeof file);
+  return 0;
+}
+
+int config_load(Config *cfg, const char *path) {
+  Config next;
+  memcpy(&next, cfg, sizeof next);
+  if (copy_path(next.source_path, path)) return -1;
+  if (parse_file(&recipe_schema, &next, path)) return -1;
+  // After the whole recipe, so [model] file may appear anywhere in it.
+  if (config_load_model(&next, next.model.file)) return -1;
+  memcpy(cfg, &next, sizeof next);
+  return 0;
+}
+
+int config_set(Config *cfg, const char *assignment) {
+  char where[300];
+  snprintf(where, sizeof where, "--set %s", assignment);
+  char buf[1024];
+  if (strlen(assignment) >= sizeof buf) return tl_fail("%s: too long", where);
+  strcpy(buf, assignment);
+  char *eq = strchr(buf, '=');
+  char *dot = eq ? memchr(buf, '.', (size_t)(eq - buf)) : NULL;
+  if (!dot) return tl_fail("%s: expected section.key=value (e.g. optim.lr=0.1)", where);
+  *eq = '\0';
+  *dot = '\0';
+  Config next;
+  memcpy(&next, cfg, sizeof next);
+  if (assign(&recipe_schema, &next, where, trim(buf), trim(dot + 1), trim(eq + 1))) return -1;
+  if (strcmp(next.model.file, cfg->model.file) != 0 && config_load_model(&next, next.model.file)) {
+    char reason[1024];
+    snprintf(reason, sizeof reason, "%s", tl_last_error());
+    return tl_fail("%s: %s", where, reason);
+  }
+  memcpy(cfg, &next, sizeof next);
+  return 0;
+}
+
+// Entries before the first 0 (list entries are at least 1; see model_keys).
+static int list_length(const int *list) {
+  int n = 0;
+  while (n < CONFIG_MAX_STAGES && list[n] != 0) n++;
+  return n;
+}
+
+static int validate_shard_weights(const Config *cfg, const char *where) {
+  const char *w = cfg->parallel.shard_weights;
+  if (!*w) return 0;
+  int n = 0;
+  for (const char *c = w; *c;) {
+    char *end;
+    double v = strtod(c, &end);
+    while (isspace((unsigned char)*end)) end++;
+    if (end == c || !(v > 0) || (*end && *end != ',') || (*end == ',' && !end[1]))
+      return tl_fail("%s: [parallel] shard_weights = '%s' is not a list of positive numbers", where,
+                     w);
+    n++;
+    c = *end ? end + 1 : end;
+  }
+  if (n != cfg->parallel.replicas)
+    return tl_fail("%s: [parallel] shard_weights = '%s' has %d weights for %d replicas", where, w,
+                   n, cfg->parallel.replicas);
+  return 0;
+}
+
+static int validate_model(const Config *cfg) {
+  const ModelSpec *m = &cfg->model.spec;
+  const char *where = cfg->model.file;
+  if (strcmp(m->type, "vit") == 0) {
+    int size = m->pad_to ? m->pad_to : cfg->data.image_size;
+    if (m->pad_to && m->pad_to < cfg->data.image_size)
+      return tl_fail("%s: [backbone] pad_to = %d is smaller than [data] image_size = %d", where,
+                     m->pad_to, cfg->data.image_size);
+    if (size % m->patch_size)
+      return tl_fail("%s: [backbone] patch_size = %d does not divide the image size %d (%s)", where,
+                     m->patch_size, size, m->pad_to ? "pad_to" : "[data] image_size");
+    if (m->dim % m->heads)
+      return tl_fail("%s: [backbone] dim = %d is not divisible by heads = %d", where, m->dim,
+                     m->heads);
+    return 0;
+  }
+  int channels = list_length(m->stage_channels), blocks = list_length(m->stage_blocks),
+      strides = list_length(m->stage_strides);
+  if (m->n_stages < 1)
+    return tl_fail("%s: [backbone] resnet needs at least one stage (stage_channels)", where);
+  if (channels != m->n_stages || blocks != m->n_stages || strides != m->n_stages)
+    return tl_fail(
+        "%s: [backbone] stage lists differ in length: stage_channels has %d, "
+        "stage_blocks %d, stage_strides %d",
+        where, channels, blocks, strides);
+  return 0;
+}
+
+int config_validate(const Config *cfg) {
+  const char *where = cfg->source_path[0] ? cfg->source_path : "configuration";
+  if (!cfg->model.file[0])
+    return tl_fail("%s: [model] file is empty (name a model file, e.g. models/resnet-small.ini)",
+                   where);
+  if (cfg->data.channels != 1 && cfg->data.channels != 3)
+    return tl_fail("%s: [data] channels = %d: must be 1 (grayscale) or 3 (RGB)", where,
+                   cfg->data.channels);
+  if (cfg->augment.crop_scale_min > cfg->augment.crop_scale_max)
+    return tl_fail("%s: [augment] crop_scale_min = %g is larger than crop_scale_max = %g", where,
+                   cfg->augment.crop_scale_min, cfg->augment.crop_scale_max);
+  if (cfg->train.batch_size < cfg->parallel.replicas)
+    return tl_fail(
+        "%s: [train] batch_size = %d is smaller than [parallel] replicas = %d "
+        "(every replica needs at least one image)",
+        where, cfg->train.batch_size, cfg->parallel.replicas);
+  if (cfg->objective.decoder_dim % cfg->objective.decoder_heads)
+    return tl_fail("%s: [objective] decoder_dim = %d is not divisible by decoder_heads = %d", where,
+                   cfg->objective.decoder_dim, cfg->objective.decoder_heads);
+  if (cfg->eval.knn_train_limit && cfg->eval.knn_k > cfg->eval.knn_train_limit)
+    return tl_fail("%s: [eval] knn_k = %d is larger than knn_train_limit = %d", where,
+                   cfg->eval.knn_k, cfg->eval.knn_train_limit);
+  if (validate_shard_weights(cfg, where)) return -1;
+  return validate_model(cfg);
+}
+
+static void write_schema(const Schema *s, const void *base, const char *prefix, FILE *out) {
+  char value[1024];
+  for (size_t i = 0; i < s->n_keys; i++) {
+    const KeySpec *k = &s->keys[i];
+    if (i == 0 || strcmp(k->section, s->keys[i - 1].section) != 0)
+      fprintf(out, "%s%s[%s]\n", i ? "\n" : "", prefix, k->section);
+    format_value(k, base, value, sizeof value);
+    fprintf(out, "%s%s =%s%s\n", prefix, k->key, *value ? " " : "", value);
+  }
+}
+
+void config_write(const Config *cfg, FILE *out) {
+  fprintf(out, "; Tally configuration as resolved: every key, defaults included.\n");
+  if (cfg->source_path[0]) fprintf(out, "; Recipe: %s\n", cfg->source_path);
+  fprintf(out, "\n");
+  write_schema(&recipe_schema, cfg, "", out);
+  // Recipes have no [backbone] section (it lives in [model] file), so the spec is recorded as
+  // comments: the run folder documents the model and the file still loads.
+  fprintf(out, "\n; Model file %s, as read:\n", cfg->model.file);
+  write_schema(&model_schema, &cfg->model.spec, "; ", out);
+}

@@ -1,0 +1,611 @@
+// Typed configuration: defaults, shipped recipes, error messages (file, line, suggestion),
+// --set overrides, list parsing, the write/load round trip and cross-field validation.
+// Run from the repository root (ctest does): the shipped recipes name models/*.ini relatively.
+// cmocka needs these first, in this order.
+// clang-format off
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+// clang-format on
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "core/error.h"
+
+// A file under $TMPDIR holding `text`; removed by the caller.
+static void write_temp(char *path, size_t cap, const char *text) {
+  const char *dir = getenv("TMPDIR");
+  snprintf(path, cap, "%s/tally-config-XXXXXX.ini", dir && *dir ? dir : "/tmp");
+  int fd = mkstemps(path, 4);
+  assert_true(fd >= 0);
+  FILE *f = fdopen(fd, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static void assert_contains(const char *haystack, const char *needle) {
+  if (!strstr(haystack, needle)) fail_msg("missing '%s' in '%s'", needle, haystack);
+}
+
+// Loads `text` as a recipe into a default Config, expects failure, and checks that the error
+// is exactly "TMPFILE:<rest>" with <rest> formatted from the arguments.
+static void expect_load_error(const char *text, const char *rest_fmt, ...) {
+  char path[256], expected[1024], rest[768];
+  write_temp(path, sizeof path, text);
+  Config cfg, before;
+  config_defaults(&cfg);
+  memcpy(&before, &cfg, sizeof cfg);
+  int rc = config_load(&cfg, path);
+  va_list ap;
+  va_start(ap, rest_fmt);
+  vsnprintf(rest, sizeof rest, rest_fmt, ap);
+  va_end(ap);
+  snprintf(expected, sizeof expected, "%s%s", path, rest);
+  unlink(path);
+  assert_int_equal(rc, -1);
+  assert_string_equal(tl_last_error(), expected);
+  // A failed load leaves the configuration as it was.
+  assert_memory_equal(&cfg, &before, sizeof cfg);
+}
+
+// Loads `text` as a recipe, expects failure and an error containing "TMPFILE:LINE:" and `part`.
+static void expect_load_error_part(const char *text, int line, const char *part) {
+  char path[256], location[300];
+  write_temp(path, sizeof path, text);
+  Config cfg;
+  config_defaults(&cfg);
+  int rc = config_load(&cfg, path);
+  unlink(path);
+  assert_int_equal(rc, -1);
+  snprintf(location, sizeof location, "%s:%d:", path, line);
+  assert_contains(tl_last_error(), location);
+  assert_contains(tl_last_error(), part);
+}
+
+// resnet-small as models/resnet-small.ini and ANCHORS.md describe it.
+static void assert_resnet_small(const ModelSpec *m) {
+  assert_string_equal(m->type, "resnet");
+  assert_int_equal(m->stem_channels, 32);
+  assert_int_equal(m->n_stages, 3);
+  const int channels[] = {32, 64, 128, 0}, blocks[] = {1, 1, 1, 0}, strides[] = {1, 2, 2, 0};
+  assert_memory_equal(m->stage_channels, channels, sizeof channels);
+  assert_memory_equal(m->stage_blocks, blocks, sizeof blocks);
+  assert_memory_equal(m->stage_strides, strides, sizeof strides);
+}
+
+static void defaults_match_the_header(void **state) {
+  (void)state;
+  Config c;
+  config_defaults(&c);
+  assert_string_equal(c.source_path, "");
+  assert_string_equal(c.data.format, "idx");
+  assert_string_equal(c.data.train, "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+  assert_string_equal(c.data.test, "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz");
+  assert_int_equal(c.data.image_size, 28);
+  assert_int_equal(c.data.channels, 1);
+  assert_int_equal(c.data.limit, 0);
+  assert_int_equal(c.data.test_limit, 0);
+  assert_true(c.augment.crop_scale_min == 0.2f && c.augment.crop_scale_max == 1.0f);
+  assert_true(c.augment.flip_prob == 0.5f && c.augment.jitter_strength == 0.4f);
+  assert_true(c.augment.jitter_prob == 0.8f && c.augment.grayscale_prob == 0.2f);
+  assert_string_equal(c.model.file, "models/resnet-small.ini");
+  assert_int_equal(c.model.head_hidden_dim, 256);
+  assert_int_equal(c.model.head_out_dim, 64);
+  assert_int_equal(c.train.batch_size, 256);
+  assert_int_equal(c.train.epochs, 1);
+  assert_int_equal(c.train.steps, 0);
+  assert_true(c.train.seed == 0);
+  assert_int_equal(c.train.log_every, 10);
+  assert_string_equal(c.optim.name, "sgd");
+  assert_true(c.optim.lr == 0.06f && c.optim.momentum == 0.9f && c.optim.weight_decay == 5e-4f);
+  assert_int_equal(c.optim.warmup_steps, 0);
+  assert_string_equal(c.optim.schedule, "cosine");
+  assert_true(c.optim.beta1 == 0.9f && c.optim.beta2 == 0.95f && c.optim.eps == 1e-8f);
+  assert_true(c.optim.lars_eta == 0.001f);
+  assert_true(c.objective.temperature == 0.2f && c.objective.momentum == 0.99f);
+  assert_int_equal(c.objective.queue_size, 4096);
+  assert_string_equal(c.objective.momentum_schedule, "constant");
+  assert_int_equal(c.objective.queue_max_age_steps, 0);
+  assert_int_equal(c.objective.symmetric, 0);
+  assert_true(c.objective.mask_ratio == 0.75f);
+  assert_int_equal(c.objective.norm_pix_loss, 1);
+  assert_int_equal(c.objective.decoder_dim, 64);
+  assert_int_equal(c.objective.decoder_depth, 1);
+  assert_int_equal(c.objective.decoder_heads, 4);
+  assert_int_equal(c.objective.png_every, 0);
+  assert_string_equal(c.parallel.backend, "local");
+  assert_int_equal(c.parallel.replicas, 1);
+  assert_int_equal(c.parallel.checksum_every, 50);
+  assert_string_equal(c.parallel.shard_weights, "");
+  assert_int_equal(c.eval.knn_k, 200);
+  assert_true(c.eval.knn_temperature == 0.1f);
+  assert_int_equal(c.eval.knn_every_epochs, 1);
+  assert_int_equal(c.eval.knn_train_limit, 0);
+  assert_int_equal(c.eval.batch_size, 500);
+  assert_int_equal(c.ledger.every, 1);
+  assert_int_equal(c.ledger.console_every, 10);
+  // The spec defaults are resnet-small's, without reading the file.
+  const ModelSpec *m = &c.model.spec;
+  assert_resnet_small(m);
+  assert_int_equal(m->patch_size, 4);
+  assert_int_equal(m->pad_to, 32);
+  assert_int_equal(m->dim, 128);
+  assert_int_equal(m->depth, 4);
+  assert_int_equal(m->heads, 4);
+  assert_int_equal(m->mlp_ratio, 4);
+  assert_string_equal(m->pool, "cls");
+  assert_int_equal(config_validate(&c), 0);
+}
+
+static void load_recipe(Config *c, const char *path) {
+  config_defaults(c);
+  if (config_load(c, path)) fail_msg("%s", tl_last_error());
+  if (config_validate(c)) fail_msg("%s", tl_last_error());
+  assert_string_equal(c->source_path, path);
+}
+
+static void shipped_recipes_load(void **state) {
+  (void)state;
+  Config c;
+  load_recipe(&c, "configs/inbatch.ini");
+  assert_string_equal(c.model.spec.type, "resnet");
+  assert_string_equal(c.optim.name, "sgd");
+  assert_int_equal(c.optim.warmup_steps, 10);
+  assert_true(c.objective.temperature == 0.2f);
+
+  load_recipe(&c, "configs/moco.ini");
+  assert_string_equal(c.model.spec.type, "resnet");
+  assert_int_equal(c.objective.queue_size, 4096);
+  assert_true(c.objective.momentum == 0.99f);
+
+  load_recipe(&c, "configs/mae.ini");
+  assert_string_equal(c.model.spec.type, "vit");
+  assert_string_equal(c.optim.name, "adamw");
+  assert_true(c.optim.lr == 1e-3f && c.optim.weight_decay == 0.05f);
+  assert_true(c.optim.beta1 == 0.9f && c.optim.beta2 == 0.95f);
+  assert_int_equal(c.optim.warmup_steps, 20);
+  assert_true(c.objective.mask_ratio == 0.75f);
+  assert_int_equal(c.objective.norm_pix_loss, 1);
+  assert_true(c.augment.jitter_prob == 0.0f);
+
+  load_recipe(&c, "configs/inbatch-vit.ini");
+  assert_string_equal(c.model.spec.type, "vit");
+  assert_string_equal(c.optim.name, "adamw");
+  assert_true(c.optim.lr == 1e-3f);
+}
+
+static void shipped_models_load(void **state) {
+  (void)state;
+  Config c;
+  config_defaults(&c);
+  if (config_load_model(&c, "models/vit-tiny.ini")) fail_msg("%s", tl_last_error());
+  const ModelSpec *m = &c.model.spec;
+  assert_string_equal(c.model.file, "models/vit-tiny.ini");
+  assert_string_equal(m->type, "vit");
+  assert_int_equal(m->patch_size, 4);
+  assert_int_equal(m->pad_to, 32);
+  // 32x32 in 4x4 patches: 64 of them.
+  assert_int_equal((m->pad_to / m->patch_size) * (m->pad_to / m->patch_size), 64);
+  assert_int_equal(m->dim, 128);
+  assert_int_equal(m->depth, 4);
+  assert_int_equal(m->heads, 4);
+  assert_int_equal(m->mlp_ratio, 4);
+  assert_string_equal(m->pool, "cls");
+
+  if (config_load_model(&c, "models/resnet-small.ini")) fail_msg("%s", tl_last_error());
+  assert_resnet_small(m);
+  assert_int_equal(config_validate(&c), 0);
+}
+
+static void model_file_is_read_after_the_whole_recipe(void **state) {
+  (void)state;
+  char path[256];
+  write_temp(path, sizeof path,
+             "[train]\nbatch_size = 8\n[model]\nfile = models/vit-tiny.ini\n[optim]\nlr = 0.5\n");
+  Config c;
+  config_defaults(&c);
+  int rc = config_load(&c, path);
+  unlink(path);
+  if (rc) fail_msg("%s", tl_last_error());
+  assert_string_equal(c.model.spec.type, "vit");
+  assert_int_equal(c.train.batch_size, 8);
+  assert_true(c.optim.lr == 0.5f);
+
+  write_temp(path, sizeof path, "[model]\nfile = models/no-such-model.ini\n");
+  config_defaults(&c);
+  rc = config_load(&c, path);
+  unlink(path);
+  assert_int_equal(rc, -1);
+  assert_contains(tl_last_error(), "models/no-such-model.ini: cannot open");
+}
+
+static void unknown_names_suggest_the_closest(void **state) {
+  (void)state;
+  expect_load_error("; a comment\n[optim]\nlerning_rate = 0.1\n",
+                    ":3: unknown key 'lerning_rate' in [optim] (did you mean 'lr'?)");
+  expect_load_error("[train]\nbatchsize = 3\n",
+                    ":2: unknown key 'batchsize' in [train] (did you mean 'batch_size'?)");
+  expect_load_error("[optimizer]\nlr = 0.1\n",
+                    ":2: unknown section [optimizer] (did you mean [optim]?)");
+  expect_load_error("[objectiv]\ntemperature = 0.1\n",
+                    ":2: unknown section [objectiv] (did you mean [objective]?)");
+  // Nothing close: the known names instead of a wild guess.
+  expect_load_error_part("[ledger]\nqqqqqqqq = 1\n", 2, "(known keys: every, console_every)");
+  expect_load_error_part("\n[train]\nepochs = 2\n[zzzzzzzz]\nx = 1\n", 5,
+                         "unknown section [zzzzzzzz] (known sections: data, augment, model");
+  expect_load_error(";\nlr = 0.1\n",
+                    ":2: key 'lr' comes before any section (it belongs in [optim])");
+  // The model spec lives in the model file, not in a recipe.
+  expect_load_error_part("[backbone]\ndim = 64\n", 2, "unknown section [backbone]");
+}
+
+static void numbers_out_of_range_or_malformed(void **state) {
+  (void)state;
+  expect_load_error("[train]\nbatch_size = -3\n",
+                    ":2: [train] batch_size = -3 is out of range (1..65536)");
+  expect_load_error("[optim]\nbeta1 = 1\n", ":2: [optim] beta1 = 1 is out of range [0, 1)");
+  expect_load_error("[objective]\ntemperature = 0\n",
+                    ":2: [objective] temperature = 0 is out of range (0, 100]");
+  expect_load_error("[optim]\nlr = abc\n", ":2: [optim] lr = 'abc' is not a number");
+  expect_load_error("[optim]\nlr = 0.1x\n", ":2: [optim] lr = '0.1x' is not a number");
+  expect_load_error("[optim]\nlr =\n", ":2: [optim] lr = '' is not a number");
+  expect_load_error("[train]\nepochs = 2.5\n", ":2: [train] epochs = '2.5' is not an integer");
+  expect_load_error("[train]\nepochs = 99999999999999999999\n",
+                    ":2: [train] epochs = '99999999999999999999' is not an integer");
+  expect_load_error("[train]\nseed = -1\n",
+                    ":2: [train] seed = '-1' is not a non-negative integer");
+  expect_load_error("[optim]\nname = adam\n",
+                    ":2: [optim] name = 'adam' is not one of sgd|lars|adamw");
+  expect_load_error_part("[objective]\nsymmetric = maybe\n", 2,
+                         "[objective] symmetric = 'maybe' is not a boolean");
+}
+
+static void lines_inih_cannot_parse(void **state) {
+  (void)state;
+  char path[256];
+  write_temp(path, sizeof path, "");
+  unlink(path);
+  Config c;
+  config_defaults(&c);
+  assert_int_equal(config_load(&c, path), -1);
+  char expected[512];
+  snprintf(expected, sizeof expected, "%s: cannot open: %s", path, strerror(ENOENT));
+  assert_string_equal(tl_last_error(), expected);
+
+  expect_load_error("[optim]\nlr 0.1\n", ":2: malformed line");
+  expect_load_error("[train]\nepochs = 2\n[optim\n", ":3: malformed line");
+  // The first error wins, whichever kind it is.
+  expect_load_error("[optim]\nlr = abc\nfoo\n", ":2: [optim] lr = 'abc' is not a number");
+  expect_load_error("[optim]\nfoo\nlr = abc\n", ":2: malformed line");
+  // inih would read an indented line as more of the previous value.
+  expect_load_error_part("[optim]\nlr = 0.1\n  momentum = 0.5\n", 3, "indent");
+  expect_load_error("[optim]\nlr = 0.1\nname = sgd\nlr = 0.2\n",
+                    ":4: [optim] lr is set twice (first on line 2)");
+  // inih keeps only the first part of an over-long line and then miscounts lines.
+  char long_text[400];
+  snprintf(long_text, sizeof long_text, "[data]\ntrain = %0300d\n", 0);
+  expect_load_error_part(long_text, 2, "line is longer than");
+  // A long comment is harmless: it loses its tail, and the lines after it keep their numbers.
+  snprintf(long_text, sizeof long_text, "; %0300d\n[optim]\nlr = abc\n", 0);
+  expect_load_error(long_text, ":3: [optim] lr = 'abc' is not a number");
+  // Accepted spellings: ':' separator, inline comments, indented first key, any boolean form.
+  write_temp(path, sizeof path,
+             "[optim]\n  lr: 0.5 ; peak\n[objective]\nsymmetric = yes\nnorm_pix_loss = off\n");
+  int rc = config_load(&c, path);
+  unlink(path);
+  if (rc) fail_msg("%s", tl_last_error());
+  assert_true(c.optim.lr == 0.5f);
+  assert_int_equal(c.objective.symmetric, 1);
+  assert_int_equal(c.objective.norm_pix_loss, 0);
+}
+
+static void expect_set_error(Config *c, const char *assignment, const char *part) {
+  Config before;
+  memcpy(&before, c, sizeof before);
+  assert_int_equal(config_set(c, assignment), -1);
+  assert_contains(tl_last_error(), part);
+  assert_memory_equal(c, &before, sizeof before);
+}
+
+static void set_overrides(void **state) {
+  (void)state;
+  Config c;
+  load_recipe(&c, "configs/inbatch.ini");
+  assert_int_equal(config_set(&c, "optim.lr=0.5"), 0);
+  assert_true(c.optim.lr == 0.5f);
+  assert_int_equal(config_set(&c, "  train.batch_size = 32 "), 0);
+  assert_int_equal(c.train.batch_size, 32);
+  assert_int_equal(config_set(&c, "train.seed=18446744073709551615"), 0);
+  assert_true(c.train.seed == UINT64_MAX);
+  assert_int_equal(config_set(&c, "parallel.shard_weights=1,3"), 0);
+  assert_string_equal(c.parallel.shard_weights, "1,3");
+  // A new model file is read at once.
+  assert_int_equal(config_set(&c, "model.file=models/vit-tiny.ini"), 0);
+  assert_string_equal(c.model.spec.type, "vit");
+  assert_int_equal(c.model.spec.dim, 128);
+
+  char expected[256];
+  assert_int_equal(config_set(&c, "optim.lr=abc"), -1);
+  assert_string_equal(tl_last_error(), "--set optim.lr=abc: [optim] lr = 'abc' is not a number");
+  expect_set_error(&c, "optim.lr=abc", "--set optim.lr=abc: ");
+  expect_set_error(&c, "optim.lerning_rate=0.1",
+                   "--set optim.lerning_rate=0.1: unknown key 'lerning_rate' in [optim] "
+                   "(did you mean 'lr'?)");
+  expect_set_error(&c, "optimizer.lr=0.1", "(did you mean [optim]?)");
+  expect_set_error(&c, "train.batch_size=0", "[train] batch_size = 0 is out of range (1..65536)");
+  expect_set_error(&c, "lr=0.1", "expected section.key=value");
+  expect_set_error(&c, "optim.lr", "expected section.key=value");
+  expect_set_error(&c, "data.train=a;b", "contains ';'");
+  snprintf(expected, sizeof expected,
+           "--set model.file=models/no-such.ini: models/no-such.ini: cannot open: %s",
+           strerror(ENOENT));
+  expect_set_error(&c, "model.file=models/no-such.ini", expected);
+  // Backbone keys belong to the model file, so --set cannot reach them.
+  expect_set_error(&c, "backbone.dim=64", "unknown section [backbone]");
+}
+
+static int load_model_text(Config *c, const char *text) {
+  char path[256];
+  write_temp(path, sizeof path, text);
+  config_defaults(c);
+  int rc = config_load_model(c, path);
+  unlink(path);
+  return rc;
+}
+
+static void stage_lists(void **state) {
+  (void)state;
+  Config c;
+  int rc = load_model_text(&c,
+                           "[backbone]\ntype = resnet\nstem_channels = 16\n"
+                           "stage_channels = 16, 32,64 ,128\nstage_blocks = 2,2,2,2\n"
+                           "stage_strides = 1,2,2,2\n");
+  if (rc) fail_msg("%s", tl_last_error());
+  const int channels[] = {16, 32, 64, 128, 0, 0, 0, 0}, blocks[] = {2, 2, 2, 2, 0, 0, 0, 0},
+            strides[] = {1, 2, 2, 2, 0, 0, 0, 0};
+  assert_int_equal(c.model.spec.n_stages, 4);
+  assert_memory_equal(c.model.spec.stage_channels, channels, sizeof channels);
+  assert_memory_equal(c.model.spec.stage_blocks, blocks, sizeof blocks);
+  assert_memory_equal(c.model.spec.stage_strides, strides, sizeof strides);
+  assert_int_equal(config_validate(&c), 0);
+
+  // Two channel entries against the default three blocks and strides: caught by validation,
+  // naming the model file.
+  rc = load_model_text(&c, "[backbone]\nstage_channels = 16,32\n");
+  if (rc) fail_msg("%s", tl_last_error());
+  assert_int_equal(config_validate(&c), -1);
+  assert_contains(tl_last_error(), c.model.file);
+  assert_contains(tl_last_error(), "stage_channels has 2, stage_blocks 3, stage_strides 3");
+
+  assert_int_equal(load_model_text(&c, "[backbone]\nstage_channels = 16,x\n"), -1);
+  assert_contains(tl_last_error(), ":2: [backbone] stage_channels = '16,x': 'x' is not an integer");
+  assert_int_equal(load_model_text(&c, "[backbone]\nstage_strides = 1,2,9\n"), -1);
+  assert_contains(tl_last_error(),
+                  ":2: [backbone] stage_strides = 1,2,9: 9 is out of range (1..4)");
+  assert_int_equal(load_model_text(&c, "[backbone]\nstage_blocks = 1,1,1,1,1,1,1,1,1\n"), -1);
+  assert_contains(tl_last_error(), "has more than 8 entries");
+  assert_int_equal(load_model_text(&c, "[backbone]\nstage_blocks = 1,,1\n"), -1);
+  assert_contains(tl_last_error(), ":2: [backbone] stage_blocks = '1,,1': '' is not an integer");
+  assert_int_equal(load_model_text(&c, "[backbone]\nstage_blocks =\n"), -1);
+  assert_contains(tl_last_error(), "[backbone] stage_blocks is empty");
+  assert_int_equal(load_model_text(&c, "[backbone]\ndims = 64\n"), -1);
+  assert_contains(tl_last_error(), ":2: unknown key 'dims' in [backbone] (did you mean 'dim'?)");
+}
+
+// Every recipe key with a value different from its default, written out independently of the
+// implementation's table: a key missing from it, from config_write or from loading fails the
+// round trip below.
+static const char *const every_key[][2] = {
+    {"data.format", "imagefolder"},
+    {"data.train", "some/train"},
+    {"data.test", "some/test"},
+    {"data.image_size", "32"},
+    {"data.channels", "3"},
+    {"data.limit", "1000"},
+    {"data.test_limit", "500"},
+    {"augment.crop_scale_min", "0.3"},
+    {"augment.crop_scale_max", "0.9"},
+    {"augment.flip_prob", "0.25"},
+    {"augment.jitter_strength", "0.3"},
+    {"augment.jitter_prob", "0.7"},
+    {"augment.grayscale_prob", "0.1"},
+    {"model.file", "models/vit-tiny.ini"},
+    {"model.head_hidden_dim", "512"},
+    {"model.head_out_dim", "128"},
+    {"train.batch_size", "64"},
+    {"train.epochs", "3"},
+    {"train.steps", "123"},
+    {"train.seed", "18446744073709551615"},
+    {"train.log_every", "5"},
+    {"optim.name", "lars"},
+    {"optim.lr", "0.123456789"},
+    {"optim.momentum", "0.8"},
+    {"optim.weight_decay", "1e-5"},
+    {"optim.warmup_steps", "7"},
+    {"optim.schedule", "constant"},
+    {"optim.beta1", "0.85"},
+    {"optim.beta2", "0.999"},
+    {"optim.eps", "1e-6"},
+    {"optim.lars_eta", "0.02"},
+    {"objective.temperature", "0.07"},
+    {"objective.queue_size", "1024"},
+    {"objective.momentum", "0.996"},
+    {"objective.momentum_schedule", "cosine"},
+    {"objective.queue_max_age_steps", "100"},
+    {"objective.symmetric", "1"},
+    {"objective.mask_ratio", "0.6"},
+    {"objective.norm_pix_loss", "0"},
+    {"objective.decoder_dim", "96"},
+    {"objective.decoder_depth", "2"},
+    {"objective.decoder_heads", "3"},
+    {"objective.png_every", "50"},
+    {"parallel.backend", "mpi"},
+    {"parallel.replicas", "2"},
+    {"parallel.checksum_every", "10"},
+    {"parallel.shard_weights", "1,3"},
+    {"eval.knn_k", "20"},
+    {"eval.knn_temperature", "0.07"},
+    {"eval.knn_every_epochs", "2"},
+    {"eval.knn_train_limit", "5000"},
+    {"eval.batch_size", "250"},
+    {"ledger.every", "2"},
+    {"ledger.console_every", "5"},
+};
+#define N_KEYS (sizeof every_key / sizeof every_key[0])
+
+// Writes `c`, loads the result into a fresh default Config and checks it is identical.
+static void round_trip(const Config *c, char *written, size_t cap) {
+  char path[256];
+  write_temp(path, sizeof path, "");
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  config_write(c, f);
+  fclose(f);
+  f = fopen(path, "r");
+  size_t n = fread(written, 1, cap - 1, f);
+  written[n] = '\0';
+  fclose(f);
+
+  Config back;
+  config_defaults(&back);
+  int rc = config_load(&back, path);
+  unlink(path);
+  if (rc) fail_msg("%s\n%s", tl_last_error(), written);
+  // The only field that names where a Config was read from.
+  memcpy(back.source_path, c->source_path, sizeof back.source_path);
+  assert_memory_equal(&back, c, sizeof back);
+}
+
+static void write_load_round_trip(void **state) {
+  (void)state;
+  static char written[16384];
+  Config c;
+  config_defaults(&c);
+  round_trip(&c, written, sizeof written);
+
+  load_recipe(&c, "configs/inbatch.ini");
+  for (size_t i = 0; i < N_KEYS; i++) {
+    Config before;
+    memcpy(&before, &c, sizeof c);
+    char assignment[256];
+    snprintf(assignment, sizeof assignment, "%s=%s", every_key[i][0], every_key[i][1]);
+    if (config_set(&c, assignment)) fail_msg("%s", tl_last_error());
+    if (memcmp(&before, &c, sizeof c) == 0) fail_msg("%s changed nothing", assignment);
+  }
+  assert_true(c.optim.lr == 0.123456789f);
+  assert_true(c.train.seed == UINT64_MAX);
+  round_trip(&c, written, sizeof written);
+
+  // Every key once, no more; the model spec only as comments.
+  size_t key_lines = 0;
+  for (const char *line = written; *line; line = strchr(line, '\n') + 1) {
+    if (*line != ';' && *line != '[' && *line != '\n') key_lines++;
+    if (!strchr(line, '\n')) break;
+  }
+  assert_int_equal(key_lines, N_KEYS);
+  // Floats in their shortest exact form: the float nearest 0.123456789 is 0.123456791043...,
+  // its neighbours are 7.45e-9 away, so 8 digits name it and 7 (0.1234568) do not.
+  assert_contains(written, "\nlr = 0.12345679\n");
+  assert_contains(written, "\nweight_decay = 1e-05\n");
+  assert_contains(written, "\nbeta2 = 0.999\n");
+  assert_contains(written, "\nshard_weights = 1,3\n");
+  assert_contains(written, "; [backbone]\n; type = vit\n");
+  assert_contains(written, "\n; stage_channels = 32,64,128\n");
+  assert_contains(written, "\n; dim = 128\n");
+}
+
+static void expect_invalid(const Config *c, const char *part) {
+  assert_int_equal(config_validate(c), -1);
+  assert_contains(tl_last_error(), part);
+}
+
+static void validate_cross_field(void **state) {
+  (void)state;
+  Config base, c;
+  load_recipe(&base, "configs/inbatch.ini");
+
+  memcpy(&c, &base, sizeof c);
+  c.train.batch_size = 2;
+  c.parallel.replicas = 4;
+  expect_invalid(&c, "[train] batch_size = 2 is smaller than [parallel] replicas = 4");
+  c.train.batch_size = 4;
+  assert_int_equal(config_validate(&c), 0);
+
+  memcpy(&c, &base, sizeof c);
+  c.data.channels = 2;
+  expect_invalid(&c, "[data] channels = 2");
+
+  memcpy(&c, &base, sizeof c);
+  c.augment.crop_scale_min = 0.9f;
+  c.augment.crop_scale_max = 0.5f;
+  expect_invalid(&c, "crop_scale_min = 0.9 is larger than crop_scale_max = 0.5");
+
+  memcpy(&c, &base, sizeof c);
+  c.objective.decoder_heads = 3;
+  expect_invalid(&c, "decoder_dim = 64 is not divisible by decoder_heads = 3");
+
+  memcpy(&c, &base, sizeof c);
+  c.model.file[0] = '\0';
+  expect_invalid(&c, "[model] file is empty");
+
+  memcpy(&c, &base, sizeof c);
+  assert_int_equal(config_set(&c, "parallel.shard_weights=1,3"), 0);
+  expect_invalid(&c, "shard_weights = '1,3' has 2 weights for 1 replicas");
+  assert_int_equal(config_set(&c, "parallel.replicas=2"), 0);
+  assert_int_equal(config_validate(&c), 0);
+  assert_int_equal(config_set(&c, "parallel.shard_weights=1,x"), 0);
+  expect_invalid(&c, "is not a list of positive numbers");
+  assert_int_equal(config_set(&c, "parallel.shard_weights=1,3,"), 0);
+  expect_invalid(&c, "is not a list of positive numbers");
+  assert_int_equal(config_set(&c, "parallel.shard_weights=1,0"), 0);
+  expect_invalid(&c, "is not a list of positive numbers");
+
+  memcpy(&c, &base, sizeof c);
+  c.model.spec.n_stages = 0;
+  memset(c.model.spec.stage_channels, 0, sizeof c.model.spec.stage_channels);
+  expect_invalid(&c, "at least one stage");
+
+  // vit: the padded size must split into patches, the width into heads.
+  load_recipe(&base, "configs/mae.ini");
+  memcpy(&c, &base, sizeof c);
+  c.model.spec.patch_size = 5;
+  expect_invalid(&c,
+                 "models/vit-tiny.ini: [backbone] patch_size = 5 does not divide the image "
+                 "size 32");
+  memcpy(&c, &base, sizeof c);
+  c.model.spec.pad_to = 0;  // 28x28 unpadded: 4 divides it, 8 does not
+  assert_int_equal(config_validate(&c), 0);
+  c.model.spec.patch_size = 8;
+  expect_invalid(&c, "patch_size = 8 does not divide the image size 28");
+  memcpy(&c, &base, sizeof c);
+  c.model.spec.pad_to = 24;
+  expect_invalid(&c, "pad_to = 24 is smaller than [data] image_size = 28");
+  memcpy(&c, &base, sizeof c);
+  c.model.spec.dim = 130;
+  expect_invalid(&c, "dim = 130 is not divisible by heads = 4");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(defaults_match_the_header),
+      cmocka_unit_test(shipped_recipes_load),
+      cmocka_unit_test(shipped_models_load),
+      cmocka_unit_test(model_file_is_read_after_the_whole_recipe),
+      cmocka_unit_test(unknown_names_suggest_the_closest),
+      cmocka_unit_test(numbers_out_of_range_or_malformed),
+      cmocka_unit_test(lines_inih_cannot_parse),
+      cmocka_unit_test(set_overrides),
+      cmocka_unit_test(stage_lists),
+      cmocka_unit_test(write_load_round_trip),
+      cmocka_unit_test(validate_cross_field),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
