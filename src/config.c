@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <strings.h>
 
 #include "core/error.h"
@@ -564,9 +565,28 @@ void config_defaults(Config *cfg) {
   apply_defaults(&model_schema, &cfg->model.spec);
 }
 
+static char search_root[CONFIG_PATH_MAX];
+
+void config_set_search_root(const char *dir) { snprintf(search_root, sizeof search_root, "%s", dir); }
+
+int config_resolve_path(const char *path, char *out, size_t cap) {
+  if (path[0] != '/' && access(path, R_OK) != 0 && search_root[0]) {
+    char alt[2 * CONFIG_PATH_MAX];
+    snprintf(alt, sizeof alt, "%s/%s", search_root, path);
+    if (access(alt, R_OK) == 0 && strlen(alt) < cap) {
+      snprintf(out, cap, "%s", alt);
+      return 1;
+    }
+  }
+  if (strlen(path) >= cap) return 0;
+  snprintf(out, cap, "%s", path);
+  return 0;
+}
+
 int config_load_model(Config *cfg, const char *path) {
-  char file[CONFIG_PATH_MAX];
+  char file[CONFIG_PATH_MAX], resolved[CONFIG_PATH_MAX];
   if (copy_path(file, path)) return -1;
+  if (config_resolve_path(file, resolved, sizeof resolved)) memcpy(file, resolved, sizeof file);
   // A fresh spec, so keys of a previously loaded model file cannot leak into this one.
   ModelSpec spec;
   memset(&spec, 0, sizeof spec);

@@ -123,12 +123,19 @@ int config_load(Config *cfg, const char *path);
 // model file when model.file changes. Call config_load first.
 int config_set(Config *cfg, const char *assignment);
 
+// Relative recipe and model paths that do not exist under the current directory are looked up
+// under this folder too (the project's root, so `tally` works from any directory).
+void config_set_search_root(const char *dir);
+// Writes `path`, or its location under the search root when only that exists, into out;
+// returns 1 when the search root was used.
+int config_resolve_path(const char *path, char *out, size_t cap);
+
 // Reads a model file into cfg->model.spec (same error rules).
 int config_load_model(Config *cfg, const char *path);
 
-// Cross-field checks after all overrides (e.g. batch divisible into replicas, vit sizes).
+// Cross-field checks after all overrides (e.g. batch at least one sample per replica, vit sizes).
 int config_validate(const Config *cfg);
 
-// Writes the resolved configuration as INI (every key, defaults included), model spec included
-// as a [backbone] section after a comment line.
+// Writes the resolved configuration as INI (every key, defaults included); the model spec
+// follows as comment lines, so the run folder documents it and the file stays loadable.
 void config_write(const Config *cfg, FILE *out);

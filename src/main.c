@@ -113,8 +113,9 @@ static int cmd_train(int argc, char **argv) {
 
   static Config cfg;
   config_defaults(&cfg);
-  char default_path[256];
-  snprintf(default_path, sizeof default_path, "configs/%s.ini", objective);
+  char default_name[256], default_path[CONFIG_PATH_MAX];
+  snprintf(default_name, sizeof default_name, "configs/%s.ini", objective);
+  config_resolve_path(default_name, default_path, sizeof default_path);
   if (!config_path && access(default_path, R_OK) == 0) config_path = default_path;
   int rc = config_path ? config_load(&cfg, config_path) : config_load_model(&cfg, cfg.model.file);
   for (int i = 0; rc == 0 && i < n_sets; i++) rc = config_set(&cfg, sets[i]);
@@ -143,8 +144,24 @@ static int cmd_train(int argc, char **argv) {
   return train_run(&cfg, &opt);
 }
 
+// The project root is the build folder's parent: recipes and models are found there when the
+// current directory has none.
+static void set_search_root(void) {
+  char exe[CONFIG_PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return;
+  exe[n] = 0;
+  char *slash = strrchr(exe, '/');
+  if (!slash) return;
+  *slash = 0;
+  char root[CONFIG_PATH_MAX + 4];
+  snprintf(root, sizeof root, "%s/..", exe);
+  config_set_search_root(root);
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
+  set_search_root();
   if (argc < 2) {
     usage_main(stderr);
     return 2;

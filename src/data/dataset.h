@@ -28,3 +28,10 @@ void dataset_free(Dataset *ds);
 
 // Per-channel mean and std of the pixel values in [0,1] over the whole dataset (c entries each).
 void dataset_channel_stats(const Dataset *ds, float *mean, float *std);
+
+// Resamples the region rows [y0, y0+crop_h) x cols [x0, x0+crop_w) of an (h, w, c) 8-bit image to
+// (out_h, out_w, c) floats on the 0..255 scale, as if the region were cropped out and resized.
+// Bilinear (pixel centres aligned); when shrinking, the triangle widens with the scale factor
+// so a small output averages the pixels it covers instead of aliasing (as PIL's bilinear).
+void image_resample_bilinear(const uint8_t *src, int h, int w, int c, int y0, int x0, int crop_h,
+                             int crop_w, float *out, int out_h, int out_w);

@@ -1,0 +1,136 @@
+// The SimCLR family of views, following torchvision's RandomResizedCrop, RandomHorizontalFlip,
+// ColorJitter and RandomGrayscale, on float images in [0, 1] (HWC).
+#include "data/augment.h"
+
+#include <math.h>
+#include <stddef.h>
+
+#include "core/error.h"
+
+enum { CROP_ATTEMPTS = 10 };
+
+// ITU-R 601 luma, the weights torchvision's rgb_to_grayscale uses.
+static const float luma_weights[3] = {0.2989f, 0.587f, 0.114f};
+
+typedef struct {
+  int y0, x0, h, w;
+} CropBox;
+
+static float clamp_unit(float v) { return v < 0.0f ? 0.0f : v > 1.0f ? 1.0f : v; }
+
+static float luminance(const float *px, int c) {
+  if (c == 1) return px[0];
+  return luma_weights[0] * px[0] + luma_weights[1] * px[1] + luma_weights[2] * px[2];
+}
+
+// A box of random area fraction and log-uniform aspect ratio; after CROP_ATTEMPTS boxes that do
+// not fit, the centred box closest to the ratio range (torchvision's get_params).
+static CropBox random_resized_crop_box(int img_h, int img_w, const AugmentParams *p, Rng *rng) {
+  const float area = (float)img_h * (float)img_w;
+  const float log_ratio_min = logf(p->crop_ratio_min), log_ratio_max = logf(p->crop_ratio_max);
+  for (int attempt = 0; attempt < CROP_ATTEMPTS; attempt++) {
+    float target_area = area * rng_uniform_range(rng, p->crop_scale_min, p->crop_scale_max);
+    float ratio = expf(rng_uniform_range(rng, log_ratio_min, log_ratio_max));
+    int w = (int)lrintf(sqrtf(target_area * ratio));
+    int h = (int)lrintf(sqrtf(target_area / ratio));
+    if (w > 0 && w <= img_w && h > 0 && h <= img_h) {
+      int y0 = (int)rng_below(rng, (uint32_t)(img_h - h + 1));
+      int x0 = (int)rng_below(rng, (uint32_t)(img_w - w + 1));
+      return (CropBox){y0, x0, h, w};
+    }
+  }
+  float img_ratio = (float)img_w / (float)img_h;
+  int w = img_w, h = img_h;
+  if (img_ratio < p->crop_ratio_min)
+    h = (int)lrintf((float)w / p->crop_ratio_min);
+  else if (img_ratio > p->crop_ratio_max)
+    w = (int)lrintf((float)h * p->crop_ratio_max);
+  if (h < 1) h = 1;
+  if (w < 1) w = 1;
+  return (CropBox){(img_h - h) / 2, (img_w - w) / 2, h, w};
+}
+
+// out: (S, S, c) in [0, 1], the box resized to S x S.
+static void crop_to_unit(const Dataset *ds, int index, CropBox box, int out_size, float *out) {
+  const uint8_t *img = ds->pixels + (size_t)index * ds->h * ds->w * ds->c;
+  image_resample_bilinear(img, ds->h, ds->w, ds->c, box.y0, box.x0, box.h, box.w, out, out_size,
+                          out_size);
+  const size_t n_values = (size_t)out_size * out_size * ds->c;
+  for (size_t i = 0; i < n_values; i++) out[i] = clamp_unit(out[i] / 255.0f);
+}
+
+static void normalize(float *img, int n_pixels, int c, const AugmentParams *p) {
+  for (int i = 0; i < n_pixels; i++)
+    for (int ch = 0; ch < c; ch++) img[i * c + ch] = (img[i * c + ch] - p->mean[ch]) / p->std[ch];
+}
+
+static void flip_horizontal(float *img, int size, int c) {
+  for (int y = 0; y < size; y++) {
+    float *row = img + (size_t)y * size * c;
+    for (int l = 0, r = size - 1; l < r; l++, r--)
+      for (int ch = 0; ch < c; ch++) {
+        float t = row[l * c + ch];
+        row[l * c + ch] = row[r * c + ch];
+        row[r * c + ch] = t;
+      }
+  }
+}
+
+// img <- clamp(factor * img + (1 - factor) * reference), where the reference is 0 (brightness),
+// the mean luminance of the image (contrast) or each pixel's own luminance (saturation).
+typedef enum { JITTER_BRIGHTNESS, JITTER_CONTRAST, JITTER_SATURATION } JitterKind;
+
+static void jitter(float *img, int n_pixels, int c, JitterKind kind, float factor) {
+  float image_mean = 0;
+  if (kind == JITTER_CONTRAST) {
+    double sum = 0;
+    for (int i = 0; i < n_pixels; i++) sum += luminance(img + (size_t)i * c, c);
+    image_mean = (float)(sum / n_pixels);
+  }
+  for (int i = 0; i < n_pixels; i++) {
+    float *px = img + (size_t)i * c;
+    float reference = kind == JITTER_BRIGHTNESS ? 0.0f
+                      : kind == JITTER_CONTRAST ? image_mean
+                                                : luminance(px, c);
+    for (int ch = 0; ch < c; ch++)
+      px[ch] = clamp_unit(factor * px[ch] + (1.0f - factor) * reference);
+  }
+}
+
+static void to_grayscale(float *img, int n_pixels) {
+  for (int i = 0; i < n_pixels; i++) {
+    float *px = img + (size_t)i * 3;
+    px[0] = px[1] = px[2] = luminance(px, 3);
+  }
+}
+
+// Colour jitter in a random order of its operations, each factor uniform in [1-s, 1+s].
+static void color_jitter(float *img, int n_pixels, int c, float strength, Rng *rng) {
+  JitterKind order[3] = {JITTER_BRIGHTNESS, JITTER_CONTRAST, JITTER_SATURATION};
+  const int n_kinds = c == 3 ? 3 : 2;  // saturation means nothing on gray images
+  for (int k = n_kinds - 1; k > 0; k--) {
+    int j = (int)rng_below(rng, (uint32_t)(k + 1));
+    JitterKind t = order[k];
+    order[k] = order[j];
+    order[j] = t;
+  }
+  float lo = 1.0f - strength > 0.0f ? 1.0f - strength : 0.0f;
+  for (int k = 0; k < n_kinds; k++)
+    jitter(img, n_pixels, c, order[k], rng_uniform_range(rng, lo, 1.0f + strength));
+}
+
+void augment_view(const Dataset *ds, int index, const AugmentParams *p, Rng *rng, float *out) {
+  TL_ASSERT(p->crop_ratio_min > 0 && p->crop_ratio_max >= p->crop_ratio_min);
+  const int size = p->out_size, n_pixels = size * size;
+  crop_to_unit(ds, index, random_resized_crop_box(ds->h, ds->w, p, rng), size, out);
+  if (rng_uniform(rng) < p->flip_prob) flip_horizontal(out, size, ds->c);
+  if (rng_uniform(rng) < p->jitter_prob)
+    color_jitter(out, n_pixels, ds->c, p->jitter_strength, rng);
+  if (ds->c == 3 && rng_uniform(rng) < p->grayscale_prob) to_grayscale(out, n_pixels);
+  normalize(out, n_pixels, ds->c, p);
+}
+
+void eval_view(const Dataset *ds, int index, const AugmentParams *p, float *out) {
+  crop_to_unit(ds, index, (CropBox){0, 0, ds->h, ds->w}, p->out_size, out);
+  normalize(out, p->out_size * p->out_size, ds->c, p);
+}

@@ -1,0 +1,193 @@
+// ImageFolder trees: root/<class>/<image>, one class per subfolder. Decoding is stb_image's (the
+// system libstb exports it, so no implementation is compiled here); stbi_load's requested channel
+// count does the conversion: luminance for RGB -> gray, replication for gray -> RGB.
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stb_image.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "data/dataset.h"
+
+static const char *const image_extensions[] = {".png", ".jpg", ".jpeg", ".bmp"};
+// stb_image allocates the whole decoded image; this bounds it before decoding starts.
+static const int max_source_side_pixels = 16384;
+static const int max_image_size = 4096;
+
+typedef struct {
+  char **names;  // malloc'd, sorted by strcmp
+  int n, cap;
+} NameList;
+
+static void names_free(NameList *l) {
+  for (int i = 0; i < l->n; i++) free(l->names[i]);
+  free(l->names);
+  memset(l, 0, sizeof *l);
+}
+
+static char *join_path(const char *dir, const char *name) {
+  char *p;
+  if (asprintf(&p, "%s/%s", dir, name) < 0) TL_DIE("out of memory");
+  return p;
+}
+
+static int has_image_extension(const char *name) {
+  const char *dot = strrchr(name, '.');
+  if (!dot) return 0;
+  for (size_t k = 0; k < sizeof image_extensions / sizeof *image_extensions; k++)
+    if (strcasecmp(dot, image_extensions[k]) == 0) return 1;
+  return 0;
+}
+
+static int compare_names(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+// Subdirectories (want_dirs) or image files of `dir`, sorted; hidden entries are skipped.
+static int list_dir(const char *dir, int want_dirs, NameList *out) {
+  DIR *d = opendir(dir);
+  if (!d) return tl_fail("%s: cannot open directory: %s", dir, strerror(errno));
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char *full = join_path(dir, e->d_name);
+    struct stat st;
+    int is_dir = stat(full, &st) == 0 && S_ISDIR(st.st_mode);
+    free(full);
+    if (want_dirs ? !is_dir : is_dir || !has_image_extension(e->d_name)) continue;
+    if (out->n == out->cap) {
+      out->cap = out->cap ? 2 * out->cap : 16;
+      out->names = realloc(out->names, sizeof *out->names * out->cap);
+      if (!out->names) TL_DIE("out of memory");
+    }
+    if (!(out->names[out->n++] = strdup(e->d_name))) TL_DIE("out of memory");
+  }
+  closedir(d);
+  if (out->n > 1) qsort(out->names, out->n, sizeof *out->names, compare_names);
+  return 0;
+}
+
+// Decodes one image into out (size, size, channels), resized. Safe to call from several threads:
+// the error goes to this thread's tl_last_error().
+static int load_image(const char *path, int size, int channels, uint8_t *out) {
+  int w, h, file_channels;
+  if (!stbi_info(path, &w, &h, &file_channels))
+    return tl_fail("%s: not a readable image: %s", path, stbi_failure_reason());
+  if (w > max_source_side_pixels || h > max_source_side_pixels)
+    return tl_fail("%s: %dx%d pixels, more than %d per side", path, w, h, max_source_side_pixels);
+  uint8_t *decoded = stbi_load(path, &w, &h, &file_channels, channels);
+  if (!decoded) return tl_fail("%s: cannot decode: %s", path, stbi_failure_reason());
+  // resized: (size, size, channels) on the 0..255 scale
+  const size_t n_values = (size_t)size * size * channels;
+  float *resized = tl_alloc(sizeof *resized * n_values, MEM_DATA, COMP_OTHER);
+  image_resample_bilinear(decoded, h, w, channels, 0, 0, h, w, resized, size, size);
+  for (size_t i = 0; i < n_values; i++) {
+    float v = resized[i] + 0.5f;
+    out[i] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+  }
+  tl_free(resized);
+  stbi_image_free(decoded);
+  return 0;
+}
+
+// How many images of each class to keep under `limit`: round-robin over the classes, so a small
+// limit still samples every class (each class keeps its first files in name order).
+static void class_quotas(const NameList *files, int n_classes, int limit, int *keep) {
+  int total = 0;
+  for (int k = 0; k < n_classes; k++) total += files[k].n;
+  if (limit <= 0 || limit >= total) {
+    for (int k = 0; k < n_classes; k++) keep[k] = files[k].n;
+    return;
+  }
+  for (int k = 0; k < n_classes; k++) keep[k] = 0;
+  for (int left = limit; left > 0;)
+    for (int k = 0; k < n_classes && left > 0; k++)
+      if (keep[k] < files[k].n) keep[k]++, left--;
+}
+
+int dataset_load_imagefolder(Dataset *ds, const char *root, int image_size, int channels,
+                             int limit) {
+  memset(ds, 0, sizeof *ds);
+  if (channels != 1 && channels != 3)
+    return tl_fail("%s: channels must be 1 or 3, got %d", root, channels);
+  if (image_size < 1 || image_size > max_image_size)
+    return tl_fail("%s: image size %d is outside 1..%d", root, image_size, max_image_size);
+
+  NameList classes = {0};
+  if (list_dir(root, 1, &classes) < 0) return -1;
+  if (classes.n == 0) {
+    names_free(&classes);
+    return tl_fail("%s: no class subfolders", root);
+  }
+  const int n_classes = classes.n;
+  int rc = -1;
+  NameList *files = calloc(n_classes, sizeof *files);
+  int *keep = calloc(n_classes, sizeof *keep);
+  char **paths = NULL;  // (n) the images kept, class by class
+  if (!files || !keep) TL_DIE("out of memory");
+  for (int k = 0; k < n_classes; k++) {
+    char *dir = join_path(root, classes.names[k]);
+    int listed = list_dir(dir, 0, &files[k]);
+    if (listed == 0 && files[k].n == 0) tl_fail("%s: no .png, .jpg, .jpeg or .bmp images", dir);
+    free(dir);
+    if (listed < 0 || files[k].n == 0) goto done;
+  }
+  class_quotas(files, n_classes, limit, keep);
+
+  for (int k = 0; k < n_classes; k++) ds->n += keep[k];
+  ds->h = ds->w = image_size;
+  ds->c = channels;
+  const size_t image_bytes = (size_t)image_size * image_size * channels;
+  // pixels: (n, image_size, image_size, channels); labels: (n)
+  ds->pixels = tl_alloc(image_bytes * ds->n, MEM_DATA, COMP_OTHER);
+  ds->labels = tl_alloc(sizeof *ds->labels * ds->n, MEM_DATA, COMP_OTHER);
+  if (!(paths = malloc(sizeof *paths * ds->n))) TL_DIE("out of memory");
+  for (int k = 0, i = 0; k < n_classes; k++) {
+    char *dir = join_path(root, classes.names[k]);
+    for (int f = 0; f < keep[k]; f++, i++) {
+      paths[i] = join_path(dir, files[k].names[f]);
+      ds->labels[i] = k;
+    }
+    free(dir);
+  }
+
+  // The error reported is the first failing image in dataset order, whatever the thread timing.
+  int first_failed = INT_MAX;
+  char first_error[1024] = "";
+#pragma omp parallel for schedule(dynamic)
+  for (int i = 0; i < ds->n; i++) {
+    if (load_image(paths[i], image_size, channels, ds->pixels + image_bytes * i) < 0) {
+#pragma omp critical(imagefolder_first_error)
+      if (i < first_failed) {
+        first_failed = i;
+        snprintf(first_error, sizeof first_error, "%s", tl_last_error());
+      }
+    }
+  }
+  if (first_failed != INT_MAX) {
+    tl_fail("%s", first_error);
+    goto done;
+  }
+
+  ds->n_classes = n_classes;
+  ds->class_names = classes.names;
+  classes = (NameList){0};
+  rc = 0;
+
+done:
+  if (paths)
+    for (int i = 0; i < ds->n; i++) free(paths[i]);
+  free(paths);
+  for (int k = 0; k < n_classes; k++) names_free(&files[k]);
+  free(files);
+  free(keep);
+  names_free(&classes);
+  if (rc < 0) dataset_free(ds);
+  return rc;
+}

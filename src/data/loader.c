@@ -1,0 +1,222 @@
+// Double-buffered prefetch: the worker fills slot (step % 2) while the caller trains on the other.
+// A slot is refilled only after the caller has moved past it (the pointer loader_next returned
+// stays valid until the following call).
+#include "data/loader.h"
+
+#include <omp.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+
+enum { N_SLOTS = 2 };
+
+struct LoaderPrivate {
+  pthread_t thread;
+  pthread_mutex_t mutex;
+  pthread_cond_t changed;  // signalled when a slot is filled or released, and on stop
+  Batch slots[N_SLOTS];
+  int ready_step[N_SLOTS];  // step held ready in the slot, -1 when none
+  int slot_in_use;          // slot the caller holds, -1 when none
+  int next_fill_step;       // worker side
+  int next_take_step;       // caller side
+  atomic_int stop;
+  int omp_threads;   // the caller's OpenMP thread count, applied in the worker thread
+  int shard_offset;  // position of this replica's first sample in the global batch
+  // The permutation of the epoch last used, recomputed when a step crosses into a new epoch.
+  int *permutation;  // (ds->n), MEM_DATA
+  int permutation_epoch;
+};
+
+void loader_shard(int global_batch, int rank, int world, const int *shard_sizes, int *offset,
+                  int *size) {
+  if (shard_sizes) {
+    *offset = 0;
+    for (int r = 0; r < rank; r++) *offset += shard_sizes[r];
+    *size = shard_sizes[rank];
+    return;
+  }
+  const int base = global_batch / world, extra = global_batch % world;
+  *size = base + (rank < extra);
+  *offset = rank * base + (rank < extra ? rank : extra);
+}
+
+// Fisher-Yates from the epoch's own stream: every replica derives the same order.
+static void epoch_permutation(int n, uint64_t seed, int epoch, int *perm) {
+  Rng rng = rng_stream(seed, RNG_SHUFFLE, (uint64_t)epoch, 0);
+  for (int i = 0; i < n; i++) perm[i] = i;
+  for (int i = n - 1; i > 0; i--) {
+    int j = (int)rng_below(&rng, (uint32_t)i + 1);
+    int t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+}
+
+static void fill_batch(Loader *l, int step, Batch *b) {
+  struct LoaderPrivate *pv = l->priv;
+  const int epoch = step / l->steps_per_epoch;
+  const int position_in_epoch = step % l->steps_per_epoch;
+  if (pv->permutation_epoch != epoch) {
+    epoch_permutation(l->ds->n, l->seed, epoch, pv->permutation);
+    pv->permutation_epoch = epoch;
+  }
+  b->global_step = step;
+  b->epoch = epoch;
+  const int *first =
+      pv->permutation + (size_t)position_in_epoch * l->global_batch + pv->shard_offset;
+  for (int i = 0; i < b->n; i++) {
+    b->indices[i] = first[i];
+    b->labels[i] = l->ds->labels[first[i]];
+  }
+  const size_t view_floats = (size_t)l->aug.out_size * l->aug.out_size * l->ds->c;
+#pragma omp parallel for schedule(dynamic)
+  for (int i = 0; i < b->n; i++) {
+    // Skipping the rest lets loader_destroy return promptly in the middle of a batch.
+    if (atomic_load(&pv->stop)) continue;
+    for (int v = 0; v < l->n_views; v++) {
+      // Keyed by dataset index, not position in the shard: the pixels do not depend on how the
+      // batch is split over replicas or threads.
+      Rng rng = rng_stream(l->seed, RNG_AUGMENT, (uint64_t)step << 32 | (uint64_t)v,
+                           (uint64_t)b->indices[i]);
+      augment_view(l->ds, b->indices[i], &l->aug, &rng,
+                   b->views + ((size_t)v * b->n + i) * view_floats);
+    }
+  }
+}
+
+static void *prefetch_main(void *arg) {
+  Loader *l = arg;
+  struct LoaderPrivate *pv = l->priv;
+  omp_set_num_threads(pv->omp_threads);
+  pthread_mutex_lock(&pv->mutex);
+  for (;;) {
+    const int step = pv->next_fill_step, slot = step % N_SLOTS;
+    while (!atomic_load(&pv->stop) && (pv->ready_step[slot] >= 0 || pv->slot_in_use == slot))
+      pthread_cond_wait(&pv->changed, &pv->mutex);
+    if (atomic_load(&pv->stop)) break;
+    pthread_mutex_unlock(&pv->mutex);
+    fill_batch(l, step, &pv->slots[slot]);
+    pthread_mutex_lock(&pv->mutex);
+    if (atomic_load(&pv->stop)) break;
+    pv->ready_step[slot] = step;
+    pv->next_fill_step = step + 1;
+    pthread_cond_broadcast(&pv->changed);
+  }
+  pthread_mutex_unlock(&pv->mutex);
+  return NULL;
+}
+
+static int check_args(const Dataset *ds, const AugmentParams *aug, int n_views, int global_batch,
+                      int rank, int world, const int *shard_sizes, int start_step) {
+  if (n_views < 1) return tl_fail("loader: n_views must be at least 1, got %d", n_views);
+  if (aug->out_size < 1) return tl_fail("loader: out_size must be positive, got %d", aug->out_size);
+  if (!(aug->crop_ratio_min > 0 && aug->crop_ratio_max >= aug->crop_ratio_min))
+    return tl_fail("loader: crop ratio range [%g, %g] is not a positive interval",
+                   aug->crop_ratio_min, aug->crop_ratio_max);
+  if (global_batch < 1 || global_batch > ds->n)
+    return tl_fail("loader: global batch %d must be between 1 and the %d images of the dataset",
+                   global_batch, ds->n);
+  if (world < 1 || rank < 0 || rank >= world)
+    return tl_fail("loader: rank %d is not in a world of %d", rank, world);
+  if (start_step < 0) return tl_fail("loader: start step %d is negative", start_step);
+  if (shard_sizes) {
+    int sum = 0;
+    for (int r = 0; r < world; r++) {
+      if (shard_sizes[r] < 0) return tl_fail("loader: shard %d has negative size", r);
+      sum += shard_sizes[r];
+    }
+    if (sum != global_batch)
+      return tl_fail("loader: shard sizes sum to %d, not the global batch %d", sum, global_batch);
+  }
+  return 0;
+}
+
+int loader_init(Loader *l, const Dataset *ds, const AugmentParams *aug, int n_views,
+                int global_batch, uint64_t seed, int rank, int world, const int *shard_sizes,
+                int start_step) {
+  memset(l, 0, sizeof *l);
+  if (check_args(ds, aug, n_views, global_batch, rank, world, shard_sizes, start_step) < 0)
+    return -1;
+  l->ds = ds;
+  l->aug = *aug;
+  l->n_views = n_views;
+  l->global_batch = global_batch;
+  l->steps_per_epoch = ds->n / global_batch;
+  l->seed = seed;
+  l->rank = rank;
+  l->world = world;
+  l->shard_sizes = shard_sizes;
+
+  struct LoaderPrivate *pv = calloc(1, sizeof *pv);
+  if (!pv) TL_DIE("out of memory");
+  l->priv = pv;
+  int size;
+  loader_shard(global_batch, rank, world, shard_sizes, &pv->shard_offset, &size);
+  const size_t view_floats = (size_t)aug->out_size * aug->out_size * ds->c;
+  for (int s = 0; s < N_SLOTS; s++) {
+    Batch *b = &pv->slots[s];
+    b->n = size;
+    b->n_views = n_views;
+    // views: (n_views, n, S, S, C)
+    b->views = tl_alloc(sizeof *b->views * n_views * size * view_floats, MEM_DATA, COMP_OTHER);
+    b->indices = tl_alloc(sizeof *b->indices * size, MEM_DATA, COMP_OTHER);
+    b->labels = tl_alloc(sizeof *b->labels * size, MEM_DATA, COMP_OTHER);
+    pv->ready_step[s] = -1;
+  }
+  pv->permutation = tl_alloc(sizeof *pv->permutation * ds->n, MEM_DATA, COMP_OTHER);
+  pv->permutation_epoch = -1;
+  pv->slot_in_use = -1;
+  pv->next_fill_step = pv->next_take_step = start_step;
+  pv->omp_threads = omp_get_max_threads();
+  atomic_init(&pv->stop, 0);
+  pthread_mutex_init(&pv->mutex, NULL);
+  pthread_cond_init(&pv->changed, NULL);
+  if (pthread_create(&pv->thread, NULL, prefetch_main, l) != 0) TL_DIE("cannot start a thread");
+  return 0;
+}
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+const Batch *loader_next(Loader *l, double *wait_ms) {
+  struct LoaderPrivate *pv = l->priv;
+  const double start_ms = now_ms();
+  pthread_mutex_lock(&pv->mutex);
+  pv->slot_in_use = -1;
+  pthread_cond_broadcast(&pv->changed);
+  const int step = pv->next_take_step, slot = step % N_SLOTS;
+  while (pv->ready_step[slot] != step) pthread_cond_wait(&pv->changed, &pv->mutex);
+  pv->ready_step[slot] = -1;
+  pv->slot_in_use = slot;
+  pv->next_take_step = step + 1;
+  pthread_mutex_unlock(&pv->mutex);
+  if (wait_ms) *wait_ms = now_ms() - start_ms;
+  return &pv->slots[slot];
+}
+
+void loader_destroy(Loader *l) {
+  struct LoaderPrivate *pv = l->priv;
+  if (!pv) return;
+  pthread_mutex_lock(&pv->mutex);
+  atomic_store(&pv->stop, 1);
+  pthread_cond_broadcast(&pv->changed);
+  pthread_mutex_unlock(&pv->mutex);
+  pthread_join(pv->thread, NULL);
+  for (int s = 0; s < N_SLOTS; s++) {
+    tl_free(pv->slots[s].views);
+    tl_free(pv->slots[s].indices);
+    tl_free(pv->slots[s].labels);
+  }
+  tl_free(pv->permutation);
+  pthread_mutex_destroy(&pv->mutex);
+  pthread_cond_destroy(&pv->changed);
+  free(pv);
+  l->priv = NULL;
+}

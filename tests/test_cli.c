@@ -1,0 +1,211 @@
+// The tally binary as a user runs it: help, a short real training run that writes its run
+// folder, and bad input that must fail with one clear line, a nonzero exit code, and no
+// summary.json left looking like a finished run.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+
+static char tmpdir[256];
+static const char *bin;
+
+// Runs `tally ARGS` and returns its exit code; its stdout+stderr is left in `out`.
+static int run(char *out, size_t cap, const char *fmt, ...) {
+  char args[2048], cmd[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(args, sizeof args, fmt, ap);
+  va_end(ap);
+  snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin, args);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t n = fread(out, 1, cap - 1, p);
+  out[n] = 0;
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static int exists(const char *fmt, const char *dir) {
+  char path[1024];
+  snprintf(path, sizeof path, fmt, dir);
+  struct stat st;
+  return stat(path, &st) == 0;
+}
+
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static const char *fmnist = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
+// A short real run: small batches over a slice of Fashion-MNIST.
+static const char *small =
+    "--set train.batch_size=32 --set data.limit=256 --set data.test_limit=200 "
+    "--set eval.knn_train_limit=256 --set eval.batch_size=100 --quiet";
+
+static void test_help(void **state) {
+  (void)state;
+  char out[8192];
+  assert_int_equal(run(out, sizeof out, "--help"), 0);
+  assert_non_null(strstr(out, "train"));
+  assert_int_equal(run(out, sizeof out, "train --help"), 0);
+  assert_non_null(strstr(out, "--objective"));
+  assert_int_equal(run(out, sizeof out, "frobnicate"), 2);
+  assert_non_null(strstr(out, "unknown command"));
+  assert_int_equal(run(out, sizeof out, "train --objective=byol"), 2);
+  assert_non_null(strstr(out, "inbatch"));
+}
+
+static void test_short_training_run(void **state) {
+  (void)state;
+  if (access(fmnist, R_OK) != 0) skip();
+  char out[16384], dir[300];
+  snprintf(dir, sizeof dir, "%s/run", tmpdir);
+  int rc = run(out, sizeof out, "train --objective=inbatch --steps 3 %s --out %s", small, dir);
+  if (rc != 0) fprintf(stderr, "%s", out);
+  assert_int_equal(rc, 0);
+  assert_true(exists("%s/config.ini", dir));
+  assert_true(exists("%s/ledger.jsonl", dir));
+  assert_true(exists("%s/ledger.csv", dir));
+  assert_true(exists("%s/checkpoint.bin", dir));
+  char path[1024], text[8192];
+  snprintf(path, sizeof path, "%s/summary.json", dir);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  text[n] = 0;
+  fclose(f);
+  assert_non_null(strstr(text, "\"final_loss\""));
+  assert_non_null(strstr(text, "\"images_per_s\""));
+  assert_non_null(strstr(text, "\"knn_top1\""));
+  assert_non_null(strstr(text, "\"steps\": 3"));
+  // One ledger record per step.
+  snprintf(path, sizeof path, "%s/ledger.jsonl", dir);
+  f = fopen(path, "r");
+  int lines = 0;
+  while (fgets(text, sizeof text, f)) lines++;
+  fclose(f);
+  assert_int_equal(lines, 3);
+  // The resolved config is loadable again.
+  char again[2048];
+  snprintf(again, sizeof again, "train --config %s/config.ini --steps 1 %s --out %s/again", dir,
+           small, tmpdir);
+  rc = run(out, sizeof out, "%s", again);
+  if (rc != 0) fprintf(stderr, "%s", out);
+  assert_int_equal(rc, 0);
+}
+
+static void test_missing_dataset(void **state) {
+  (void)state;
+  char out[8192], dir[300];
+  snprintf(dir, sizeof dir, "%s/missing", tmpdir);
+  int rc = run(out, sizeof out,
+               "train --set data.train=%s/nope/train-images-idx3-ubyte.gz --out %s --quiet",
+               tmpdir, dir);
+  assert_int_not_equal(rc, 0);
+  assert_non_null(strstr(out, "nope/train-images-idx3-ubyte.gz"));
+  assert_non_null(strstr(out, "dataset-fashion-mnist"));
+  assert_false(exists("%s/summary.json", dir));
+}
+
+static void test_truncated_gz(void **state) {
+  (void)state;
+  char out[8192], dir[300], path[300];
+  // A valid IDX header promising 100 images of 28x28, but only 10 bytes of pixels.
+  snprintf(path, sizeof path, "%s/train-images-idx3-ubyte.gz", tmpdir);
+  gzFile g = gzopen(path, "wb");
+  const unsigned char header[16] = {0, 0, 8, 3, 0, 0, 0, 100, 0, 0, 0, 28, 0, 0, 0, 28};
+  gzwrite(g, header, sizeof header);
+  gzwrite(g, "0123456789", 10);
+  gzclose(g);
+  // Its labels are complete, so the images are what is wrong.
+  char labels[300];
+  snprintf(labels, sizeof labels, "%s/train-labels-idx1-ubyte.gz", tmpdir);
+  g = gzopen(labels, "wb");
+  const unsigned char label_header[8] = {0, 0, 8, 1, 0, 0, 0, 100};
+  unsigned char label_values[100] = {0};
+  gzwrite(g, label_header, sizeof label_header);
+  gzwrite(g, label_values, sizeof label_values);
+  gzclose(g);
+  snprintf(dir, sizeof dir, "%s/truncated", tmpdir);
+  int rc = run(out, sizeof out, "train --set data.train=%s --out %s --quiet", path, dir);
+  assert_int_not_equal(rc, 0);
+  assert_non_null(strstr(out, path));
+  assert_non_null(strstr(out, "truncated"));
+  assert_false(exists("%s/summary.json", dir));
+  // Not gzip at all, and not IDX either.
+  write_file(path, "this is not a dataset");
+  rc = run(out, sizeof out, "train --set data.train=%s --out %s --quiet", path, dir);
+  assert_int_not_equal(rc, 0);
+  assert_non_null(strstr(out, path));
+}
+
+static void test_malformed_ini(void **state) {
+  (void)state;
+  char out[8192], path[512];
+  snprintf(path, sizeof path, "%s/bad.ini", tmpdir);
+  write_file(path, "[train]\nbatch_size = 64\n[optim]\nlerning_rate = 0.1\n");
+  int rc = run(out, sizeof out, "train --config %s", path);
+  assert_int_not_equal(rc, 0);
+  char where[600];
+  snprintf(where, sizeof where, "%s:4", path);
+  assert_non_null(strstr(out, where));
+  assert_non_null(strstr(out, "lr"));
+  write_file(path, "[train]\nbatch_size = lots\n");
+  rc = run(out, sizeof out, "train --config %s", path);
+  assert_int_not_equal(rc, 0);
+  snprintf(where, sizeof where, "%s:2", path);
+  assert_non_null(strstr(out, where));
+  rc = run(out, sizeof out, "train --set train.batch_size=-4");
+  assert_int_not_equal(rc, 0);
+  assert_non_null(strstr(out, "batch_size"));
+}
+
+static void test_unreadable_image(void **state) {
+  (void)state;
+  char out[8192], root[300], cls[400], path[500], dir[300];
+  snprintf(root, sizeof root, "%s/folder", tmpdir);
+  mkdir(root, 0755);
+  snprintf(cls, sizeof cls, "%s/shirts", root);
+  mkdir(cls, 0755);
+  snprintf(path, sizeof path, "%s/broken.png", cls);
+  write_file(path, "\x89PNG\r\n\x1a\n but not really");
+  snprintf(dir, sizeof dir, "%s/imagefolder", tmpdir);
+  int rc = run(out, sizeof out,
+               "train --set data.format=imagefolder --set data.train=%s --set data.test=%s "
+               "--out %s --quiet",
+               root, root, dir);
+  assert_int_not_equal(rc, 0);
+  assert_non_null(strstr(out, "broken.png"));
+  assert_false(exists("%s/summary.json", dir));
+}
+
+int main(void) {
+  bin = getenv("TALLY_BIN");
+  if (!bin) bin = "build/tally";
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/tally-cli-XXXXXX");
+  if (!mkdtemp(tmpdir)) return 1;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_help),
+      cmocka_unit_test(test_short_training_run),
+      cmocka_unit_test(test_missing_dataset),
+      cmocka_unit_test(test_truncated_gz),
+      cmocka_unit_test(test_malformed_ini),
+      cmocka_unit_test(test_unreadable_image),
+  };
+  int failed = cmocka_run_group_tests(tests, NULL, NULL);
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+  if (system(cmd) != 0) return 1;
+  return failed;
+}

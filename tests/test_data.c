@@ -1,0 +1,853 @@
+// Data layer: IDX and ImageFolder reading (and their failures), resampling, augmentations and the
+// prefetching loader, checked against hand-computed values and naive reference loops.
+// cmocka needs these first, in this order.
+// clang-format off
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+// clang-format on
+
+#include <ftw.h>
+#include <math.h>
+#include <omp.h>
+#include <stb_image_write.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/augment.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+
+// ---------------------------------------------------------------------------------------------
+// Temporary files
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st, (void)flag, (void)ftw;
+  return remove(path);
+}
+
+typedef struct {
+  char dir[64];
+} TempDir;
+
+// cmocka setup and teardown: each file test gets a fresh directory as its state.
+static int temp_dir_make(void **state) {
+  TempDir *t = malloc(sizeof *t);
+  snprintf(t->dir, sizeof t->dir, "/tmp/tally-test-data-XXXXXX");
+  if (!mkdtemp(t->dir)) return -1;
+  *state = t;
+  return 0;
+}
+
+static int temp_dir_remove(void **state) {
+  TempDir *t = *state;
+  nftw(t->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  free(t);
+  return 0;
+}
+
+static char *temp_path(const TempDir *t, const char *name) {
+  static char paths[4][256];
+  static int next;
+  char *p = paths[next++ % 4];
+  snprintf(p, sizeof paths[0], "%s/%s", t->dir, name);
+  return p;
+}
+
+static void make_dir(const char *path) { assert_int_equal(mkdir(path, 0755), 0); }
+
+static void write_bytes(const char *path, const void *data, size_t n, int gzip) {
+  if (gzip) {
+    gzFile gz = gzopen(path, "wb");
+    assert_non_null(gz);
+    assert_int_equal(gzwrite(gz, data, (unsigned)n), (int)n);
+    assert_int_equal(gzclose(gz), Z_OK);
+  } else {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    fclose(f);
+  }
+}
+
+static size_t file_size(const char *path) {
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  return (size_t)st.st_size;
+}
+
+// The whole file, malloc'd; its size in *n.
+static uint8_t *read_whole(const char *path, size_t *n) {
+  *n = file_size(path);
+  uint8_t *bytes = malloc(*n);
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  assert_int_equal(fread(bytes, 1, *n, f), *n);
+  fclose(f);
+  return bytes;
+}
+
+static void put_be32(uint8_t *p, uint32_t v) {
+  p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
+}
+
+// An IDX file: magic, the dims, then `n_payload` bytes of data.
+static void write_idx(const char *path, int gzip, uint32_t magic, const uint32_t *dims, int n_dims,
+                      const uint8_t *payload, size_t n_payload) {
+  size_t header = 4 * (size_t)(1 + n_dims);
+  uint8_t *buf = malloc(header + n_payload);
+  put_be32(buf, magic);
+  for (int k = 0; k < n_dims; k++) put_be32(buf + 4 * (k + 1), dims[k]);
+  if (n_payload) memcpy(buf + header, payload, n_payload);
+  write_bytes(path, buf, header + n_payload, gzip);
+  free(buf);
+}
+
+// The small IDX set every test uses: 6 images of 4x5 pixels, labels i % 3.
+enum { SET_N = 6, SET_H = 4, SET_W = 5 };
+
+static uint8_t set_pixel(int i, int y, int x) { return (uint8_t)((i * 31 + y * 7 + x * 3) % 256); }
+
+static void write_idx_set(const char *images_path, const char *labels_path, int gzip, int n_images,
+                          int n_labels) {
+  uint8_t pixels[SET_N * SET_H * SET_W], labels[SET_N];
+  for (int i = 0; i < SET_N; i++) {
+    labels[i] = (uint8_t)(i % 3);
+    for (int y = 0; y < SET_H; y++)
+      for (int x = 0; x < SET_W; x++) pixels[(i * SET_H + y) * SET_W + x] = set_pixel(i, y, x);
+  }
+  write_idx(images_path, gzip, 0x803, (uint32_t[]){SET_N, SET_H, SET_W}, 3, pixels,
+            (size_t)n_images * SET_H * SET_W);
+  write_idx(labels_path, gzip, 0x801, (uint32_t[]){(uint32_t)n_labels}, 1, labels,
+            (size_t)n_labels);
+}
+
+static void assert_contains(const char *haystack, const char *needle) {
+  if (!strstr(haystack, needle)) fail_msg("\"%s\" does not contain \"%s\"", haystack, needle);
+}
+
+// A failing load must leave no data allocated and name the file in its message.
+static void assert_load_idx_fails(const char *path, const char *expect_in_message) {
+  size_t data_before = tl_mem_live(MEM_DATA);
+  Dataset ds;
+  assert_int_equal(dataset_load_idx(&ds, path, 1, 0), -1);
+  assert_int_equal(tl_mem_live(MEM_DATA), data_before);
+  assert_null(ds.pixels);
+  assert_contains(tl_last_error(), expect_in_message);
+}
+
+// ---------------------------------------------------------------------------------------------
+// IDX
+
+static void check_idx_set(const Dataset *ds, int n, int channels) {
+  assert_int_equal(ds->n, n);
+  assert_int_equal(ds->h, SET_H);
+  assert_int_equal(ds->w, SET_W);
+  assert_int_equal(ds->c, channels);
+  assert_int_equal(ds->n_classes, 3);
+  assert_null(ds->class_names);
+  for (int i = 0; i < n; i++) {
+    assert_int_equal(ds->labels[i], i % 3);
+    for (int y = 0; y < SET_H; y++)
+      for (int x = 0; x < SET_W; x++)
+        for (int ch = 0; ch < channels; ch++)
+          assert_int_equal(ds->pixels[((i * SET_H + y) * SET_W + x) * channels + ch],
+                           set_pixel(i, y, x));
+  }
+}
+
+static void test_idx_roundtrip(void **state) {
+  const TempDir *t = *state;
+  size_t data_before = tl_mem_live(MEM_DATA);
+  for (int gzip = 0; gzip <= 1; gzip++) {
+    const char *images = temp_path(t, gzip ? "a-images-idx3-ubyte.gz" : "a-images-idx3-ubyte");
+    write_idx_set(images, temp_path(t, gzip ? "a-labels-idx1-ubyte.gz" : "a-labels-idx1-ubyte"),
+                  gzip, SET_N, SET_N);
+    Dataset ds;
+    assert_int_equal(dataset_load_idx(&ds, images, 1, 0), 0);
+    check_idx_set(&ds, SET_N, 1);
+    dataset_free(&ds);
+    assert_int_equal(dataset_load_idx(&ds, images, 3, 0), 0);
+    check_idx_set(&ds, SET_N, 3);
+    dataset_free(&ds);
+    assert_int_equal(dataset_load_idx(&ds, images, 1, 4), 0);
+    check_idx_set(&ds, 4, 1);
+    dataset_free(&ds);
+  }
+  assert_int_equal(tl_mem_live(MEM_DATA), data_before);
+}
+
+static void test_idx_missing_file(void **state) {
+  const TempDir *t = *state;
+  const char *images = temp_path(t, "train-images-idx3-ubyte.gz");
+  assert_load_idx_fails(images, images);
+  assert_contains(tl_last_error(), "no such file");
+  assert_contains(tl_last_error(), "apt-get install dataset-fashion-mnist");
+  // The labels file missing alone is an error naming the labels file.
+  uint8_t pixel = 7;
+  write_idx(images, 1, 0x803, (uint32_t[]){1, 1, 1}, 3, &pixel, 1);
+  assert_load_idx_fails(images, temp_path(t, "train-labels-idx1-ubyte.gz"));
+  // A name that does not say where its labels are.
+  const char *odd = temp_path(t, "pictures.gz");
+  write_idx(odd, 1, 0x803, (uint32_t[]){1, 1, 1}, 3, &pixel, 1);
+  assert_load_idx_fails(odd, odd);
+}
+
+static void test_idx_bad_magic(void **state) {
+  const TempDir *t = *state;
+  const char *images = temp_path(t, "x-images-idx3-ubyte.gz");
+  write_idx_set(images, temp_path(t, "x-labels-idx1-ubyte.gz"), 1, SET_N, SET_N);
+  // A labels file where the images should be: magic 0x801.
+  uint8_t labels[SET_N] = {0};
+  write_idx(images, 1, 0x801, (uint32_t[]){SET_N}, 1, labels, SET_N);
+  assert_load_idx_fails(images, images);
+  assert_contains(tl_last_error(), "magic");
+  // Not IDX at all (zlib reads a non-gzip file as is).
+  write_bytes(images, "hello, this is text", 19, 0);
+  assert_load_idx_fails(images, "magic");
+  // Shorter than a header: the magic, then 2 of the 12 bytes of dimensions.
+  write_bytes(images, "\0\0\x08\x03\0\0", 6, 1);
+  assert_load_idx_fails(images, images);
+  assert_contains(tl_last_error(), "truncated: expected 12 bytes of dimensions, got 2");
+}
+
+static void test_idx_absurd_header(void **state) {
+  const TempDir *t = *state;
+  const char *images = temp_path(t, "x-images-idx3-ubyte.gz");
+  write_idx_set(images, temp_path(t, "x-labels-idx1-ubyte.gz"), 1, SET_N, SET_N);
+  const uint32_t absurd[][3] = {
+      {1u << 31, 28, 28},     // 2^31 images
+      {100, 5000, 28},        // rows beyond 4096
+      {100, 28, 0},           // empty images
+      {0, 28, 28},            // no images
+      {9000000, 4096, 4096},  // each bound passes, the product (about 140 TiB) does not
+  };
+  for (size_t k = 0; k < sizeof absurd / sizeof *absurd; k++) {
+    write_idx(images, 1, 0x803, absurd[k], 3, NULL, 0);
+    assert_load_idx_fails(images, images);
+    assert_contains(tl_last_error(), "header claims");
+  }
+}
+
+static void test_idx_truncated(void **state) {
+  const TempDir *t = *state;
+  // Raw: the header promises 6 images of 4x5 = 120 bytes; 2 images = 40 bytes are there.
+  const char *raw = temp_path(t, "r-images-idx3-ubyte");
+  write_idx_set(raw, temp_path(t, "r-labels-idx1-ubyte"), 0, 2, SET_N);
+  assert_load_idx_fails(raw, raw);
+  assert_contains(tl_last_error(), "truncated: expected 120 bytes of pixels, got 40");
+  // Gzip: a whole stream cut in half.
+  const char *gz = temp_path(t, "g-images-idx3-ubyte.gz");
+  write_idx_set(gz, temp_path(t, "g-labels-idx1-ubyte.gz"), 1, SET_N, SET_N);
+  assert_int_equal(truncate(gz, (off_t)file_size(gz) / 2), 0);
+  assert_load_idx_fails(gz, gz);
+  // Labels: fewer bytes than the labels header declares.
+  const char *images = temp_path(t, "l-images-idx3-ubyte.gz");
+  const char *labels = temp_path(t, "l-labels-idx1-ubyte.gz");
+  write_idx_set(images, labels, 1, SET_N, SET_N);
+  write_idx(labels, 1, 0x801, (uint32_t[]){SET_N}, 1, (const uint8_t *)"\1\2", 2);
+  assert_load_idx_fails(images, labels);
+  assert_contains(tl_last_error(), "truncated: expected 6 bytes of labels, got 2");
+}
+
+static void test_idx_corrupt_gzip(void **state) {
+  const TempDir *t = *state;
+  const char *images = temp_path(t, "c-images-idx3-ubyte.gz");
+  write_idx_set(images, temp_path(t, "c-labels-idx1-ubyte.gz"), 1, SET_N, SET_N);
+  size_t n;
+  uint8_t *bytes = read_whole(images, &n);
+  // Past the 10-byte gzip header: the deflate data, and the CRC at the end catches what still
+  // inflates.
+  for (size_t i = 12; i < n - 8; i += 3) bytes[i] ^= 0x5a;
+  write_bytes(images, bytes, n, 0);
+  free(bytes);
+  assert_load_idx_fails(images, images);
+}
+
+static void test_idx_label_mismatch(void **state) {
+  const TempDir *t = *state;
+  const char *images = temp_path(t, "m-images-idx3-ubyte.gz");
+  const char *labels = temp_path(t, "m-labels-idx1-ubyte.gz");
+  write_idx_set(images, labels, 1, SET_N, SET_N - 1);
+  assert_load_idx_fails(images, labels);
+  assert_contains(tl_last_error(), "5 labels for the 6 images");
+}
+
+static void test_fashion_mnist(void **state) {
+  (void)state;
+  const char *path = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz";
+  if (access(path, R_OK) != 0) skip();
+  Dataset ds;
+  if (dataset_load_idx(&ds, path, 1, 0) != 0) fail_msg("%s", tl_last_error());
+  assert_int_equal(ds.n, 10000);
+  assert_int_equal(ds.h, 28);
+  assert_int_equal(ds.w, 28);
+  assert_int_equal(ds.n_classes, 10);
+  // The test set is balanced: 1000 images of each of the 10 classes.
+  int per_class[10] = {0};
+  for (int i = 0; i < ds.n; i++) {
+    assert_in_range(ds.labels[i], 0, 9);
+    per_class[ds.labels[i]]++;
+  }
+  for (int k = 0; k < 10; k++) assert_int_equal(per_class[k], 1000);
+  dataset_free(&ds);
+}
+
+// ---------------------------------------------------------------------------------------------
+// In-memory datasets for the transforms and the loader
+
+static Dataset make_dataset(int n, int h, int w, int c, uint64_t seed) {
+  Dataset ds = {.n = n, .h = h, .w = w, .c = c, .n_classes = 4};
+  ds.pixels = tl_alloc((size_t)n * h * w * c, MEM_DATA, COMP_OTHER);
+  ds.labels = tl_alloc(sizeof *ds.labels * n, MEM_DATA, COMP_OTHER);
+  Rng r = rng_stream(seed, RNG_TEST, 0, 0);
+  for (size_t i = 0; i < (size_t)n * h * w * c; i++) ds.pixels[i] = (uint8_t)rng_below(&r, 256);
+  for (int i = 0; i < n; i++) ds.labels[i] = i % 4;
+  return ds;
+}
+
+static AugmentParams plain_params(int out_size) {
+  AugmentParams p = {.out_size = out_size,
+                     .crop_scale_min = 1,
+                     .crop_scale_max = 1,
+                     .crop_ratio_min = 1,
+                     .crop_ratio_max = 1,
+                     .mean = {0.5f, 0.25f, 0.75f},
+                     .std = {0.25f, 0.5f, 2.0f}};
+  return p;
+}
+
+static AugmentParams ssl_params(int out_size) {
+  AugmentParams p = {.out_size = out_size,
+                     .crop_scale_min = 0.2f,
+                     .crop_scale_max = 1.0f,
+                     .crop_ratio_min = 3.0f / 4.0f,
+                     .crop_ratio_max = 4.0f / 3.0f,
+                     .flip_prob = 0.5f,
+                     .jitter_strength = 0.4f,
+                     .jitter_prob = 0.8f,
+                     .grayscale_prob = 0.2f,
+                     .mean = {0.5f, 0.5f, 0.5f},
+                     .std = {0.25f, 0.25f, 0.25f}};
+  return p;
+}
+
+// Textbook bilinear with half-pixel centres and edge clamping (OpenCV INTER_LINEAR, PyTorch
+// align_corners=False), valid when enlarging.
+static float reference_bilinear(const uint8_t *img, int h, int w, int c, int ch, int oy, int ox,
+                                int out_h, int out_w) {
+  float sy = ((float)oy + 0.5f) * h / out_h - 0.5f, sx = ((float)ox + 0.5f) * w / out_w - 0.5f;
+  sy = sy < 0 ? 0 : sy;
+  sx = sx < 0 ? 0 : sx;
+  int y0 = (int)sy, x0 = (int)sx;
+  int y1 = y0 + 1 < h ? y0 + 1 : h - 1, x1 = x0 + 1 < w ? x0 + 1 : w - 1;
+  float fy = sy - y0, fx = sx - x0;
+#define PX(y, x) (float)img[((y)*w + (x)) * c + ch]
+  return (1 - fy) * ((1 - fx) * PX(y0, x0) + fx * PX(y0, x1)) +
+         fy * ((1 - fx) * PX(y1, x0) + fx * PX(y1, x1));
+#undef PX
+}
+
+static void test_resample(void **state) {
+  (void)state;
+  // Enlarging 3x4 (2 channels) to 7x5 matches the textbook formula.
+  Dataset ds = make_dataset(1, 3, 4, 2, 5);
+  float out[7 * 5 * 2];
+  image_resample_bilinear(ds.pixels, 3, 4, 2, 0, 0, 3, 4, out, 7, 5);
+  for (int oy = 0; oy < 7; oy++)
+    for (int ox = 0; ox < 5; ox++)
+      for (int ch = 0; ch < 2; ch++)
+        assert_float_equal(out[(oy * 5 + ox) * 2 + ch],
+                           reference_bilinear(ds.pixels, 3, 4, 2, ch, oy, ox, 7, 5), 1e-3);
+  // A crop at the same size is the sub-block, exactly.
+  float block[2 * 2 * 2];
+  image_resample_bilinear(ds.pixels, 3, 4, 2, 1, 2, 2, 2, block, 2, 2);
+  for (int y = 0; y < 2; y++)
+    for (int x = 0; x < 2; x++)
+      for (int ch = 0; ch < 2; ch++)
+        assert_true(block[(y * 2 + x) * 2 + ch] == ds.pixels[((1 + y) * 4 + 2 + x) * 2 + ch]);
+  dataset_free(&ds);
+  // Halving [0 40 80 120]: the triangle widens to 2 pixels. Output 0 is centred at 1.0, weights
+  // 0.75, 0.75, 0.25 on pixels 0..2; output 1 at 3.0, weights 0.25, 0.75, 0.75 on pixels 1..3.
+  const uint8_t row[4] = {0, 40, 80, 120};
+  float half[2];
+  image_resample_bilinear(row, 1, 4, 1, 0, 0, 1, 4, half, 1, 2);
+  assert_float_equal(half[0], (0.75f * 0 + 0.75f * 40 + 0.25f * 80) / 1.75f, 1e-4);
+  assert_float_equal(half[1], (0.25f * 40 + 0.75f * 80 + 0.75f * 120) / 1.75f, 1e-4);
+}
+
+static void test_channel_stats(void **state) {
+  (void)state;
+  // Channel 0: 0, 255, 255, 255 -> mean 0.75, std sqrt(0.75 * 0.25). Channel 1: 51 everywhere.
+  Dataset ds = make_dataset(2, 1, 2, 2, 1);
+  const uint8_t px[8] = {0, 51, 255, 51, 255, 51, 255, 51};
+  memcpy(ds.pixels, px, sizeof px);
+  float mean[2], std[2];
+  dataset_channel_stats(&ds, mean, std);
+  assert_float_equal(mean[0], 0.75, 1e-6);
+  assert_float_equal(std[0], sqrt(0.75 * 0.25), 1e-6);
+  assert_float_equal(mean[1], 0.2, 1e-6);
+  assert_float_equal(std[1], 0, 1e-3);
+  dataset_free(&ds);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Augmentations
+
+static void test_augment_determinism(void **state) {
+  (void)state;
+  Dataset ds = make_dataset(3, 12, 12, 3, 2);
+  AugmentParams p = ssl_params(10);
+  float a[10 * 10 * 3], b[10 * 10 * 3];
+  for (int index = 0; index < 3; index++) {
+    Rng r1 = rng_stream(42, RNG_AUGMENT, 7, (uint64_t)index);
+    Rng r2 = rng_stream(42, RNG_AUGMENT, 7, (uint64_t)index);
+    augment_view(&ds, index, &p, &r1, a);
+    augment_view(&ds, index, &p, &r2, b);
+    assert_memory_equal(a, b, sizeof a);
+    Rng r3 = rng_stream(42, RNG_AUGMENT, 8, (uint64_t)index);
+    augment_view(&ds, index, &p, &r3, b);
+    assert_memory_not_equal(a, b, sizeof a);
+  }
+  dataset_free(&ds);
+}
+
+// With the crop fixed to the whole image and no colour changes, a view is the normalized image,
+// mirrored when flipped: exactly.
+static void test_augment_flip_exact(void **state) {
+  (void)state;
+  // Odd and even widths: the middle column stays put only in the odd one.
+  for (int c = 1; c <= 3; c += 2) {
+    const int size = c == 1 ? 9 : 8, n_values = size * size * c;
+    Dataset ds = make_dataset(2, size, size, c, 3);
+    AugmentParams p = plain_params(size);
+    float out[9 * 9 * 3], eval[9 * 9 * 3];
+    const uint8_t *img = ds.pixels + n_values;  // image 1
+    for (int flip = 0; flip <= 1; flip++) {
+      p.flip_prob = (float)flip;
+      Rng r = rng_stream(1, RNG_AUGMENT, 0, 1);
+      augment_view(&ds, 1, &p, &r, out);
+      for (int y = 0; y < size; y++)
+        for (int x = 0; x < size; x++)
+          for (int ch = 0; ch < c; ch++) {
+            int src_x = flip ? size - 1 - x : x;
+            float v = img[(y * size + src_x) * c + ch] / 255.0f;
+            assert_true(out[(y * size + x) * c + ch] == (v - p.mean[ch]) / p.std[ch]);
+          }
+    }
+    // The evaluation view at the image's own size is the unflipped case.
+    eval_view(&ds, 1, &p, eval);
+    p.flip_prob = 0;
+    Rng r = rng_stream(1, RNG_AUGMENT, 0, 1);
+    augment_view(&ds, 1, &p, &r, out);
+    assert_memory_equal(eval, out, sizeof(float) * n_values);
+    dataset_free(&ds);
+  }
+}
+
+static void test_eval_view_resize(void **state) {
+  (void)state;
+  Dataset ds = make_dataset(2, 4, 4, 1, 4);
+  AugmentParams p = plain_params(10);
+  float out[100];
+  eval_view(&ds, 1, &p, out);
+  for (int oy = 0; oy < 10; oy++)
+    for (int ox = 0; ox < 10; ox++) {
+      float v = reference_bilinear(ds.pixels + 16, 4, 4, 1, 0, oy, ox, 10, 10) / 255.0f;
+      assert_float_equal(out[oy * 10 + ox], (v - 0.5f) / 0.25f, 1e-4);
+    }
+  dataset_free(&ds);
+}
+
+// Ramps make the crop readable from the output: red = 8x, green = 8y, so the first and last
+// output columns (rows) hold the crop's first and last source columns (rows) exactly.
+static void test_augment_crop_statistics(void **state) {
+  (void)state;
+  enum { S = 32, DRAWS = 400 };
+  Dataset ds = make_dataset(1, S, S, 3, 0);
+  for (int y = 0; y < S; y++)
+    for (int x = 0; x < S; x++) {
+      uint8_t *px = ds.pixels + (y * S + x) * 3;
+      px[0] = (uint8_t)(8 * x), px[1] = (uint8_t)(8 * y), px[2] = 0;
+    }
+  AugmentParams p = ssl_params(S);
+  p.jitter_prob = p.grayscale_prob = 0;
+  for (int ch = 0; ch < 3; ch++) p.mean[ch] = 0, p.std[ch] = 1;
+  static float out[S * S * 3];
+  double area_sum = 0;
+  int flips = 0, touches_left = 0, away_from_left = 0;
+  for (int d = 0; d < DRAWS; d++) {
+    Rng r = rng_stream(9, RNG_AUGMENT, (uint64_t)d, 0);
+    augment_view(&ds, 0, &p, &r, out);
+    float first_red = out[0] * 255 / 8, last_red = out[(S - 1) * 3] * 255 / 8;
+    float top_green = out[1] * 255 / 8, bottom_green = out[((S - 1) * S) * 3 + 1] * 255 / 8;
+    int flipped = first_red > last_red;
+    flips += flipped;
+    int x0 = (int)lrintf(flipped ? last_red : first_red);
+    int w = (int)lrintf(fabsf(last_red - first_red)) + 1;
+    int y0 = (int)lrintf(top_green), h = (int)lrintf(bottom_green - top_green) + 1;
+    assert_true(x0 >= 0 && x0 + w <= S && y0 >= 0 && y0 + h <= S);
+    float area = (float)(w * h) / (S * S), ratio = (float)w / h;
+    // Rounding the sides to whole pixels moves area and ratio a little past their ranges.
+    assert_true(area >= 0.17f && area <= 1.0f);
+    assert_true(ratio >= 0.75f - 0.1f && ratio <= 4.0f / 3.0f + 0.1f);
+    area_sum += area;
+    touches_left += x0 == 0;
+    away_from_left += x0 > 4;
+  }
+  // Uniform scale in [0.2, 1] has mean 0.6; boxes that overflow a side are redrawn, which pulls
+  // the mean down a little.
+  double mean_area = area_sum / DRAWS;
+  assert_true(mean_area > 0.45 && mean_area < 0.65);
+  assert_in_range(flips, DRAWS * 4 / 10, DRAWS * 6 / 10);
+  assert_true(touches_left > 0 && away_from_left > 0);
+  dataset_free(&ds);
+}
+
+// On a constant gray image contrast changes nothing, so the view is the pixel times the
+// brightness factor, which must spread over [1-s, 1+s].
+static void test_augment_brightness_range(void **state) {
+  (void)state;
+  Dataset ds = make_dataset(1, 6, 6, 1, 0);
+  memset(ds.pixels, 100, 36);
+  AugmentParams p = plain_params(6);
+  p.jitter_prob = 1;
+  p.jitter_strength = 0.4f;
+  p.mean[0] = 0, p.std[0] = 1;
+  float out[36], lowest = 2, highest = 0;
+  for (int d = 0; d < 200; d++) {
+    Rng r = rng_stream(3, RNG_AUGMENT, (uint64_t)d, 0);
+    augment_view(&ds, 0, &p, &r, out);
+    float factor = out[0] * 255 / 100;
+    for (int i = 1; i < 36; i++) assert_float_equal(out[i], out[0], 1e-6);
+    assert_true(factor >= 0.6f - 1e-4f && factor <= 1.4f + 1e-4f);
+    lowest = factor < lowest ? factor : lowest;
+    highest = factor > highest ? factor : highest;
+  }
+  assert_true(lowest < 0.65f && highest > 1.35f);
+  dataset_free(&ds);
+}
+
+static void test_augment_grayscale(void **state) {
+  (void)state;
+  Dataset ds = make_dataset(1, 5, 5, 3, 6);
+  AugmentParams p = plain_params(5);
+  p.grayscale_prob = 1;
+  for (int ch = 0; ch < 3; ch++) p.mean[ch] = 0, p.std[ch] = 1;
+  float out[75];
+  Rng r = rng_stream(1, RNG_AUGMENT, 0, 0);
+  augment_view(&ds, 0, &p, &r, out);
+  for (int i = 0; i < 25; i++) {
+    const uint8_t *px = ds.pixels + 3 * i;
+    float luma = (0.2989f * px[0] + 0.587f * px[1] + 0.114f * px[2]) / 255.0f;
+    for (int ch = 0; ch < 3; ch++) assert_float_equal(out[3 * i + ch], luma, 1e-5);
+  }
+  dataset_free(&ds);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ImageFolder
+
+static void write_png(const char *path, int w, int h, int c, const uint8_t *pixels) {
+  assert_int_not_equal(stbi_write_png(path, w, h, c, pixels, w * c), 0);
+}
+
+static uint8_t pattern(int y, int x, int ch) { return (uint8_t)(y * 29 + x * 13 + ch * 71); }
+
+// root/zebra/b.png (8x8 RGB pattern), root/zebra/a.png (12x6 constant RGB), root/ant/c.png
+// (8x8 gray pattern), plus files that are not images.
+static void write_image_tree(const TempDir *t) {
+  make_dir(temp_path(t, "zebra"));
+  make_dir(temp_path(t, "ant"));
+  uint8_t rgb[8 * 8 * 3], constant[12 * 6 * 3], gray[8 * 8];
+  for (int y = 0; y < 8; y++)
+    for (int x = 0; x < 8; x++) {
+      gray[y * 8 + x] = pattern(y, x, 2);
+      for (int ch = 0; ch < 3; ch++) rgb[(y * 8 + x) * 3 + ch] = pattern(y, x, ch);
+    }
+  for (int i = 0; i < 12 * 6; i++)
+    constant[3 * i] = 10, constant[3 * i + 1] = 200, constant[3 * i + 2] = 90;
+  write_png(temp_path(t, "zebra/b.png"), 8, 8, 3, rgb);
+  write_png(temp_path(t, "zebra/a.png"), 12, 6, 3, constant);
+  write_png(temp_path(t, "ant/c.png"), 8, 8, 1, gray);
+  write_bytes(temp_path(t, "zebra/notes.txt"), "not an image", 12, 0);
+  write_bytes(temp_path(t, "README"), "a file beside the classes", 25, 0);
+}
+
+static void test_imagefolder(void **state) {
+  const TempDir *t = *state;
+  write_image_tree(t);
+  size_t data_before = tl_mem_live(MEM_DATA);
+  Dataset ds;
+  if (dataset_load_imagefolder(&ds, t->dir, 8, 3, 0) != 0) fail_msg("%s", tl_last_error());
+  assert_int_equal(ds.n, 3);
+  assert_int_equal(ds.h, 8);
+  assert_int_equal(ds.w, 8);
+  assert_int_equal(ds.c, 3);
+  assert_int_equal(ds.n_classes, 2);
+  assert_string_equal(ds.class_names[0], "ant");
+  assert_string_equal(ds.class_names[1], "zebra");
+  // Order: ant/c.png, zebra/a.png, zebra/b.png.
+  assert_int_equal(ds.labels[0], 0);
+  assert_int_equal(ds.labels[1], 1);
+  assert_int_equal(ds.labels[2], 1);
+  const uint8_t *c_png = ds.pixels, *a_png = ds.pixels + 192, *b_png = ds.pixels + 384;
+  for (int y = 0; y < 8; y++)
+    for (int x = 0; x < 8; x++)
+      for (int ch = 0; ch < 3; ch++) {
+        int i = (y * 8 + x) * 3 + ch;
+        assert_int_equal(c_png[i], pattern(y, x, 2));                   // gray replicated
+        assert_int_equal(a_png[i], ch == 0 ? 10 : ch == 1 ? 200 : 90);  // resized constant
+        assert_int_equal(b_png[i], pattern(y, x, ch));                  // same size: untouched
+      }
+  dataset_free(&ds);
+
+  // One channel: RGB becomes luminance (stb's integer weights round slightly differently).
+  assert_int_equal(dataset_load_imagefolder(&ds, t->dir, 8, 1, 0), 0);
+  for (int y = 0; y < 8; y++)
+    for (int x = 0; x < 8; x++) {
+      float luma =
+          0.299f * pattern(y, x, 0) + 0.587f * pattern(y, x, 1) + 0.114f * pattern(y, x, 2);
+      assert_float_equal(ds.pixels[128 + y * 8 + x], luma, 1.5);
+    }
+  dataset_free(&ds);
+
+  // A limit of 2 keeps one image of each class, not the first two of the tree.
+  assert_int_equal(dataset_load_imagefolder(&ds, t->dir, 4, 3, 2), 0);
+  assert_int_equal(ds.n, 2);
+  assert_int_equal(ds.labels[0], 0);
+  assert_int_equal(ds.labels[1], 1);
+  dataset_free(&ds);
+  assert_int_equal(tl_mem_live(MEM_DATA), data_before);
+}
+
+static void assert_imagefolder_fails(const char *root, const char *expect_in_message) {
+  size_t data_before = tl_mem_live(MEM_DATA);
+  Dataset ds;
+  assert_int_equal(dataset_load_imagefolder(&ds, root, 8, 3, 0), -1);
+  assert_int_equal(tl_mem_live(MEM_DATA), data_before);
+  assert_contains(tl_last_error(), expect_in_message);
+}
+
+static void test_imagefolder_errors(void **state) {
+  const TempDir *t = *state;
+  write_image_tree(t);
+  // Not an image at all.
+  const char *garbage = temp_path(t, "zebra/d.png");
+  write_bytes(garbage, "this is not a png file at all", 29, 0);
+  assert_imagefolder_fails(t->dir, garbage);
+  remove(garbage);
+  // A PNG cut short: the header still reads, the pixels do not.
+  const char *whole = temp_path(t, "zebra/b.png");
+  const char *cut = temp_path(t, "zebra/e.png");
+  size_t n;
+  uint8_t *bytes = read_whole(whole, &n);
+  write_bytes(cut, bytes, n / 2, 0);
+  free(bytes);
+  assert_imagefolder_fails(t->dir, cut);
+  remove(cut);
+  // Larger than 16384 pixels on a side is refused before decoding.
+  const char *wide = temp_path(t, "ant/wide.png");
+  uint8_t *row = calloc(16385, 1);
+  write_png(wide, 16385, 1, 1, row);
+  free(row);
+  assert_imagefolder_fails(t->dir, wide);
+  remove(wide);
+  // An empty class folder, and a root that is missing.
+  make_dir(temp_path(t, "empty"));
+  assert_imagefolder_fails(t->dir, temp_path(t, "empty"));
+  assert_imagefolder_fails(temp_path(t, "nowhere"), temp_path(t, "nowhere"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loader
+
+static void test_loader_shard(void **state) {
+  (void)state;
+  int offset, size;
+  // 7 over 2: 4 + 3.
+  loader_shard(7, 0, 2, NULL, &offset, &size);
+  assert_true(offset == 0 && size == 4);
+  loader_shard(7, 1, 2, NULL, &offset, &size);
+  assert_true(offset == 4 && size == 3);
+  // 10 over 4: 3, 3, 2, 2.
+  const int expect_offset[4] = {0, 3, 6, 8}, expect_size[4] = {3, 3, 2, 2};
+  for (int r = 0; r < 4; r++) {
+    loader_shard(10, r, 4, NULL, &offset, &size);
+    assert_true(offset == expect_offset[r] && size == expect_size[r]);
+  }
+  const int weights[3] = {1, 0, 5};
+  loader_shard(6, 2, 3, weights, &offset, &size);
+  assert_true(offset == 1 && size == 5);
+}
+
+// Every rank's shard, view by view, laid side by side must be the world=1 batch.
+static void check_shards_concatenate(const Dataset *ds, const AugmentParams *p, int world,
+                                     const int *shard_sizes) {
+  enum { BATCH = 6, VIEWS = 2, STEPS = 5 };
+  const size_t view_floats = (size_t)p->out_size * p->out_size * ds->c;
+  Loader whole, parts[4];
+  assert_int_equal(loader_init(&whole, ds, p, VIEWS, BATCH, 11, 0, 1, NULL, 0), 0);
+  for (int r = 0; r < world; r++)
+    assert_int_equal(loader_init(&parts[r], ds, p, VIEWS, BATCH, 11, r, world, shard_sizes, 0), 0);
+  for (int s = 0; s < STEPS; s++) {
+    const Batch *w = loader_next(&whole, NULL);
+    assert_int_equal(w->n, BATCH);
+    int at = 0;
+    for (int r = 0; r < world; r++) {
+      const Batch *b = loader_next(&parts[r], NULL);
+      assert_int_equal(b->global_step, s);
+      assert_memory_equal(b->indices, w->indices + at, sizeof(int) * b->n);
+      assert_memory_equal(b->labels, w->labels + at, sizeof(int) * b->n);
+      for (int v = 0; v < VIEWS; v++)
+        assert_memory_equal(b->views + (size_t)v * b->n * view_floats,
+                            w->views + ((size_t)v * BATCH + at) * view_floats,
+                            sizeof(float) * b->n * view_floats);
+      at += b->n;
+    }
+    assert_int_equal(at, BATCH);
+  }
+  loader_destroy(&whole);
+  for (int r = 0; r < world; r++) loader_destroy(&parts[r]);
+}
+
+static void test_loader_shards_concatenate(void **state) {
+  (void)state;
+  Dataset ds = make_dataset(24, 10, 10, 1, 8);
+  AugmentParams p = ssl_params(8);
+  check_shards_concatenate(&ds, &p, 2, NULL);
+  check_shards_concatenate(&ds, &p, 2, (const int[]){1, 5});
+  check_shards_concatenate(&ds, &p, 3, (const int[]){2, 0, 4});
+  dataset_free(&ds);
+}
+
+static void test_loader_epochs(void **state) {
+  (void)state;
+  AugmentParams p = ssl_params(4);
+  // 22 images in batches of 5: 4 steps per epoch, 2 images left out each epoch.
+  for (int n = 20; n <= 22; n += 2) {
+    Dataset ds = make_dataset(n, 4, 4, 1, 1);
+    Loader l;
+    assert_int_equal(loader_init(&l, &ds, &p, 1, 5, 3, 0, 1, NULL, 0), 0);
+    assert_int_equal(l.steps_per_epoch, 4);
+    int first_of_epoch[3];
+    for (int e = 0; e < 3; e++) {
+      int seen[22] = {0};
+      for (int s = 0; s < 4; s++) {
+        const Batch *b = loader_next(&l, NULL);
+        assert_int_equal(b->global_step, e * 4 + s);
+        assert_int_equal(b->epoch, e);
+        if (s == 0) first_of_epoch[e] = b->indices[0];
+        for (int i = 0; i < b->n; i++) {
+          assert_in_range(b->indices[i], 0, n - 1);
+          assert_int_equal(b->labels[i], b->indices[i] % 4);
+          seen[b->indices[i]]++;
+        }
+      }
+      int visited = 0;
+      for (int i = 0; i < n; i++) {
+        assert_in_range(seen[i], 0, 1);
+        visited += seen[i];
+      }
+      assert_int_equal(visited, 20);
+    }
+    // Each epoch is its own permutation (the three first picks coinciding would be 1 in 400).
+    assert_false(first_of_epoch[0] == first_of_epoch[1] && first_of_epoch[1] == first_of_epoch[2]);
+    loader_destroy(&l);
+    dataset_free(&ds);
+  }
+}
+
+static void test_loader_threads_and_resume(void **state) {
+  (void)state;
+  Dataset ds = make_dataset(16, 12, 12, 3, 9);
+  AugmentParams p = ssl_params(10);
+  const size_t batch_floats = (size_t)2 * 4 * 10 * 10 * 3;
+  Loader one, two, resumed;
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  assert_int_equal(loader_init(&one, &ds, &p, 2, 4, 5, 0, 1, NULL, 0), 0);
+  omp_set_num_threads(2);
+  assert_int_equal(loader_init(&two, &ds, &p, 2, 4, 5, 0, 1, NULL, 0), 0);
+  assert_int_equal(loader_init(&resumed, &ds, &p, 2, 4, 5, 0, 1, NULL, 6), 0);
+  omp_set_num_threads(saved_threads);
+  for (int s = 0; s < 9; s++) {
+    double wait_ms = -1;
+    const Batch *a = loader_next(&one, &wait_ms);
+    const Batch *b = loader_next(&two, NULL);
+    assert_true(wait_ms >= 0);
+    assert_memory_equal(a->indices, b->indices, sizeof(int) * 4);
+    assert_memory_equal(a->views, b->views, sizeof(float) * batch_floats);
+    if (s >= 6) {
+      const Batch *c = loader_next(&resumed, NULL);
+      assert_int_equal(c->global_step, s);
+      assert_memory_equal(a->indices, c->indices, sizeof(int) * 4);
+      assert_memory_equal(a->views, c->views, sizeof(float) * batch_floats);
+    }
+  }
+  loader_destroy(&one);
+  loader_destroy(&two);
+  loader_destroy(&resumed);
+  dataset_free(&ds);
+}
+
+// Destroying at any moment (before the first batch, right after one, with the worker busy)
+// joins the worker and frees every batch buffer.
+static void test_loader_destroy_and_errors(void **state) {
+  (void)state;
+  size_t data_before = tl_mem_live(MEM_DATA);
+  Dataset ds = make_dataset(64, 32, 32, 3, 2);
+  AugmentParams p = ssl_params(32);
+  for (int takes = 0; takes < 3; takes++) {
+    Loader l;
+    assert_int_equal(loader_init(&l, &ds, &p, 2, 32, 1, 0, 1, NULL, 0), 0);
+    for (int s = 0; s < takes; s++) assert_non_null(loader_next(&l, NULL));
+    loader_destroy(&l);
+  }
+  Loader bad;
+  assert_int_equal(loader_init(&bad, &ds, &p, 2, 65, 1, 0, 1, NULL, 0), -1);
+  assert_contains(tl_last_error(), "global batch 65");
+  assert_int_equal(loader_init(&bad, &ds, &p, 2, 8, 1, 0, 2, (const int[]){3, 4}, 0), -1);
+  assert_contains(tl_last_error(), "sum to 7");
+  assert_int_equal(loader_init(&bad, &ds, &p, 2, 8, 1, 2, 2, NULL, 0), -1);
+  dataset_free(&ds);
+  assert_int_equal(tl_mem_live(MEM_DATA), data_before);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_idx_roundtrip, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_idx_missing_file, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_idx_bad_magic, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_idx_absurd_header, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_idx_truncated, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_idx_corrupt_gzip, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_idx_label_mismatch, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test(test_fashion_mnist),
+      cmocka_unit_test(test_resample),
+      cmocka_unit_test(test_channel_stats),
+      cmocka_unit_test(test_augment_determinism),
+      cmocka_unit_test(test_augment_flip_exact),
+      cmocka_unit_test(test_eval_view_resize),
+      cmocka_unit_test(test_augment_crop_statistics),
+      cmocka_unit_test(test_augment_brightness_range),
+      cmocka_unit_test(test_augment_grayscale),
+      cmocka_unit_test_setup_teardown(test_imagefolder, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_imagefolder_errors, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test(test_loader_shard),
+      cmocka_unit_test(test_loader_shards_concatenate),
+      cmocka_unit_test(test_loader_epochs),
+      cmocka_unit_test(test_loader_threads_and_resume),
+      cmocka_unit_test(test_loader_destroy_and_errors),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
