@@ -1,10 +1,310 @@
-// mae: masked autoencoder; the encoder sees only the visible patches, a light decoder
-// reconstructs the masked ones.
-#include "objectives/objective.h"
+// mae: masked autoencoder (He et al.). Each image loses mask_ratio of its patches at random; the
+// heavy encoder runs on the visible patches only, so its matmuls are (1 - r) * P tokens long;
+// a light decoder puts a shared mask token at every masked position, restores the order, adds
+// position embeddings and predicts the pixels of every patch. The loss is the mean squared error
+// on the masked patches, against per-patch normalized pixels (norm_pix_loss).
+#include "objectives/mae.h"
+
+#include <math.h>
+#include <stb/stb_image_write.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/timer.h"
+#include "nn/transformer.h"
+#include "nn/vit.h"
+
+typedef struct {
+  Objective base;
+  int b;                // images on this replica
+  int P, n_keep;        // patches per image, visible patches per image
+  int has_cls, Te, Td;  // encoder tokens (has_cls + n_keep), decoder tokens (has_cls + P)
+  int D, Dd, patch_dim, depth;
+  Vit *encoder;
+  Linear embed;                // (b*Te, D) -> (b*Te, Dd)
+  float *mask_token, *dmask_token;  // (Dd) parameter
+  float *dec_pos;              // (P, Dd) fixed sin-cos
+  TransformerBlock *blocks;    // (depth) on (b, Td, Dd)
+  LayerNorm norm;              // (b*Td, Dd)
+  Linear pred;                 // (b*Td, Dd) -> (b*Td, patch_dim)
+  int *keep;                   // (b, n_keep) visible patch indices
+  int *slot_of;                // (b, P) position of patch p among the visible tokens, or -1
+  unsigned char *masked;       // (b, P)
+  float *dec_in;               // (b, Td, Dd) decoder input, MEM_ACT decoder
+  float *target;               // (b, P, patch_dim) MEM_ACT loss
+  float *dpred;                // (b, Td, patch_dim) MEM_ACT_GRAD
+  float *dembed;               // (b, Te, Dd) MEM_ACT_GRAD
+  long step;
+} Mae;
+
+static int decoder_dim(const Config *cfg) { return cfg->objective.decoder_dim; }
+
+int mae_keep_count(int n_patches, float mask_ratio) {
+  // As in MAE: len_keep = int(L * (1 - mask_ratio)), at least one visible patch.
+  int k = (int)(n_patches * (1.0 - (double)mask_ratio));
+  return k < 1 ? 1 : k;
+}
+
+static size_t mae_param_count(const Config *cfg) {
+  const ModelSpec *s = &cfg->model.spec;
+  const int Dd = decoder_dim(cfg), S = cfg->data.image_size, C = cfg->data.channels;
+  const int patch_dim = s->patch_size * s->patch_size * C;
+  return vit_param_count(s, S, C) + linear_param_count(s->dim, Dd, 1) + (size_t)Dd +
+         (size_t)cfg->objective.decoder_depth * transformer_block_param_count(Dd, s->mlp_ratio) +
+         layernorm_param_count(Dd) + linear_param_count(Dd, patch_dim, 1);
+}
+
+static Objective *mae_create(const ObjectiveEnv *env) {
+  const Config *cfg = env->cfg;
+  const ModelSpec *spec = &cfg->model.spec;
+  if (strcmp(spec->type, "vit") != 0) {
+    tl_fail("%s: mae needs a vit backbone (this model is '%s')", cfg->model.file, spec->type);
+    return NULL;
+  }
+  if (decoder_dim(cfg) % 4 != 0) {
+    tl_fail("[objective] decoder_dim = %d: must be a multiple of 4 (sin-cos positions)",
+            decoder_dim(cfg));
+    return NULL;
+  }
+  Mae *o = calloc(1, sizeof *o);
+  if (!o) TL_DIE("out of memory");
+  o->base.env = *env;
+  o->b = env->local_batch;
+  const int S = cfg->data.image_size, C = cfg->data.channels, b = o->b;
+  Builder bld = {env->ctx, env->params, OP_TRAIN};
+
+  // The encoder: the same parameters, in the same order, as the vit backbone the kNN monitor
+  // builds, but sized for the visible patches only.
+  env->ctx->component = COMP_ENCODER;
+  int pad = spec->pad_to > S ? spec->pad_to : S;
+  o->P = (pad / spec->patch_size) * (pad / spec->patch_size);
+  o->n_keep = mae_keep_count(o->P, cfg->objective.mask_ratio);
+  o->encoder = vit_create_masked(spec, &bld, b, S, C, o->n_keep);
+  if (!o->encoder) {
+    free(o);
+    return NULL;
+  }
+  o->base.online = &o->encoder->base;
+  o->has_cls = o->encoder->has_cls;
+  o->Te = o->encoder->T;
+  o->Td = o->has_cls + o->P;
+  o->D = spec->dim;
+  o->Dd = decoder_dim(cfg);
+  o->patch_dim = o->encoder->patch_dim;
+  o->depth = cfg->objective.decoder_depth;
+
+  env->ctx->component = COMP_DECODER;
+  linear_init(&o->embed, &bld, "decoder.embed", b * o->Te, o->D, o->Dd, 1, 1, 0.0f);
+  o->mask_token = paramset_take(env->params, "decoder.mask_token", (size_t)o->Dd, 1,
+                                &o->dmask_token);
+  paramset_init_normal(env->params, o->mask_token, (size_t)o->Dd, 0.02f);
+  o->blocks = calloc((size_t)o->depth, sizeof *o->blocks);
+  for (int i = 0; i < o->depth; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "decoder.blocks.%d", i);
+    transformer_block_init(&o->blocks[i], &bld, name, b, o->Td, o->Dd,
+                           cfg->objective.decoder_heads, spec->mlp_ratio, 1);
+  }
+  layernorm_init(&o->norm, &bld, "decoder.norm", b * o->Td, o->Dd);
+  linear_init(&o->pred, &bld, "decoder.pred", b * o->Td, o->Dd, o->patch_dim, 1, 1, 0.0f);
+  o->dec_pos = tl_alloc(sizeof(float) * (size_t)o->P * o->Dd, MEM_PARAM, COMP_DECODER);
+  vit_sincos_pos_embed(o->dec_pos, pad / spec->patch_size, o->Dd);
+  o->dec_in = tl_alloc(sizeof(float) * (size_t)b * o->Td * o->Dd, MEM_ACT, COMP_DECODER);
+  o->dembed = tl_alloc(sizeof(float) * (size_t)b * o->Te * o->Dd, MEM_ACT_GRAD, COMP_DECODER);
+
+  env->ctx->component = COMP_LOSS;
+  o->keep = tl_alloc(sizeof(int) * (size_t)b * o->n_keep, MEM_ACT, COMP_LOSS);
+  o->slot_of = tl_alloc(sizeof(int) * (size_t)b * o->P, MEM_ACT, COMP_LOSS);
+  o->masked = tl_alloc((size_t)b * o->P, MEM_ACT, COMP_LOSS);
+  o->target = tl_alloc(sizeof(float) * (size_t)b * o->P * o->patch_dim, MEM_ACT, COMP_LOSS);
+  o->dpred = tl_alloc(sizeof(float) * (size_t)b * o->Td * o->patch_dim, MEM_ACT_GRAD, COMP_LOSS);
+  env->ctx->component = COMP_ENCODER;
+  TL_ASSERT(env->params->used == env->params->count);
+  return &o->base;
+}
+
+void mae_random_mask(uint64_t seed, long step, int image_index, int n_patches, int n_keep,
+                     int *keep, unsigned char *masked) {
+  // noise -> argsort ascending -> the first n_keep are kept (random_masking in models_mae.py).
+  float noise[4096];
+  int order[4096];
+  TL_ASSERT(n_patches <= 4096);
+  Rng r = rng_stream(seed, RNG_MASK, (uint64_t)step, (uint64_t)image_index);
+  for (int p = 0; p < n_patches; p++) {
+    noise[p] = rng_uniform(&r);
+    order[p] = p;
+  }
+  // Insertion sort keeps ties in index order; P is at most a few hundred.
+  for (int i = 1; i < n_patches; i++) {
+    int v = order[i], j = i - 1;
+    while (j >= 0 && noise[order[j]] > noise[v]) {
+      order[j + 1] = order[j];
+      j--;
+    }
+    order[j + 1] = v;
+  }
+  for (int p = 0; p < n_patches; p++) masked[p] = 1;
+  for (int i = 0; i < n_keep; i++) {
+    keep[i] = order[i];
+    masked[order[i]] = 0;
+  }
+}
+
+// MAE's norm_pix_loss target: each patch normalized by its own mean and (unbiased) variance.
+static void normalize_patches(float *patches, int n, int dim) {
+  for (int i = 0; i < n; i++) {
+    float *x = patches + (size_t)i * dim;
+    double mean = 0, var = 0;
+    for (int j = 0; j < dim; j++) mean += x[j];
+    mean /= dim;
+    for (int j = 0; j < dim; j++) var += (x[j] - mean) * (x[j] - mean);
+    var /= dim > 1 ? dim - 1 : 1;
+    double inv = 1.0 / sqrt(var + 1e-6);
+    for (int j = 0; j < dim; j++) x[j] = (float)((x[j] - mean) * inv);
+  }
+}
+
+static double mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
+  Mae *o = (Mae *)base;
+  const Config *cfg = base->env.cfg;
+  DnnlCtx *ctx = base->env.ctx;
+  Comm *comm = base->env.comm;
+  const int b = o->b, P = o->P, Dd = o->Dd, Te = o->Te, Td = o->Td, pd = o->patch_dim;
+  TL_ASSERT(batch->n == b && batch->n_views == 1);
+
+  double t0 = now_ms();
+  for (int i = 0; i < b; i++) {
+    mae_random_mask(cfg->train.seed, batch->global_step, batch->indices[i], P, o->n_keep,
+                    o->keep + (size_t)i * o->n_keep, o->masked + (size_t)i * P);
+    for (int p = 0; p < P; p++) o->slot_of[(size_t)i * P + p] = -1;
+    for (int j = 0; j < o->n_keep; j++) o->slot_of[(size_t)i * P + o->keep[(size_t)i * o->n_keep + j]] = j;
+  }
+  ctx->component = COMP_ENCODER;
+  vit_forward_visible(o->encoder, ctx, batch->views, o->keep);
+
+  // Decoder input: visible tokens back at their positions, the mask token elsewhere, plus
+  // position embeddings; the cls token (if any) stays first with no position embedding.
+  linear_forward(&o->embed, ctx, o->encoder->tokens);
+  for (int i = 0; i < b; i++) {
+    const float *emb = o->embed.out + (size_t)i * Te * Dd;
+    float *row = o->dec_in + (size_t)i * Td * Dd;
+    if (o->has_cls) memcpy(row, emb, sizeof(float) * Dd);
+    for (int p = 0; p < P; p++) {
+      int slot = o->slot_of[(size_t)i * P + p];
+      float *dst = row + (size_t)(o->has_cls + p) * Dd;
+      const float *src = slot >= 0 ? emb + (size_t)(o->has_cls + slot) * Dd : o->mask_token;
+      for (int c = 0; c < Dd; c++) dst[c] = src[c] + o->dec_pos[(size_t)p * Dd + c];
+    }
+  }
+  const float *x = o->dec_in;
+  for (int i = 0; i < o->depth; i++) x = transformer_block_forward(&o->blocks[i], ctx, x);
+  layernorm_forward(&o->norm, ctx, x);
+  linear_forward(&o->pred, ctx, o->norm.out);
+
+  vit_patchify(o->encoder, batch->views, o->target);
+  if (cfg->objective.norm_pix_loss) normalize_patches(o->target, b * P, pd);
+  // Mean over masked patches of the per-patch mean squared error.
+  long n_masked = 0;
+  for (size_t i = 0; i < (size_t)b * P; i++) n_masked += o->masked[i];
+  double loss_sum = 0;
+  memset(o->dpred, 0, sizeof(float) * (size_t)b * Td * pd);
+  const double scale = 2.0 / ((double)pd * n_masked);
+  for (int i = 0; i < b; i++)
+    for (int p = 0; p < P; p++) {
+      if (!o->masked[(size_t)i * P + p]) continue;
+      const float *y = o->pred.out + ((size_t)i * Td + o->has_cls + p) * pd;
+      const float *t = o->target + ((size_t)i * P + p) * pd;
+      float *dy = o->dpred + ((size_t)i * Td + o->has_cls + p) * pd;
+      double se = 0;
+      for (int c = 0; c < pd; c++) {
+        double diff = (double)y[c] - t[c];
+        se += diff * diff;
+        dy[c] = (float)(scale * diff);
+      }
+      loss_sum += se / pd;
+    }
+  ctx->flops_forward[COMP_LOSS] += 3.0 * n_masked * pd;
+  double t1 = now_ms();
+
+  linear_backward(&o->pred, ctx, o->dpred);
+  layernorm_backward(&o->norm, ctx, o->pred.din);
+  const float *d = o->norm.din;
+  for (int i = o->depth - 1; i >= 0; i--) d = transformer_block_backward(&o->blocks[i], ctx, d);
+  // Scatter the decoder input gradient back: visible rows to their tokens, masked rows into the
+  // shared mask token.
+  memset(o->dmask_token, 0, sizeof(float) * Dd);
+  for (int i = 0; i < b; i++) {
+    const float *drow = d + (size_t)i * Td * Dd;
+    float *demb = o->dembed + (size_t)i * Te * Dd;
+    if (o->has_cls) memcpy(demb, drow, sizeof(float) * Dd);
+    for (int p = 0; p < P; p++) {
+      int slot = o->slot_of[(size_t)i * P + p];
+      const float *src = drow + (size_t)(o->has_cls + p) * Dd;
+      if (slot >= 0)
+        memcpy(demb + (size_t)(o->has_cls + slot) * Dd, src, sizeof(float) * Dd);
+      else
+        for (int c = 0; c < Dd; c++) o->dmask_token[c] += src[c];
+    }
+  }
+  linear_backward(&o->embed, ctx, o->dembed);
+  ctx->component = COMP_ENCODER;
+  vit_backward_tokens(o->encoder, ctx, o->embed.din);
+  double t2 = now_ms();
+
+  double sums[2] = {loss_sum, (double)n_masked};
+  comm_allreduce_sum_f64(comm, sums, 2);
+
+  rec->forward_ms = t1 - t0;
+  rec->backward_ms = t2 - t1;
+  rec->images_source = b;
+  rec->views_grad = b;
+  rec->views_nograd = 0;
+  rec->patches_total = (long)b * P;
+  rec->patches_encoded = (long)b * o->n_keep;
+  rec->patches_decoded = (long)b * P;
+  rec->negatives_per_query = 0;
+  rec->positives_per_query = 0;
+  rec->encodings_next_new = (long)b * o->n_keep;
+  rec->encodings_next_reused = 0;
+  o->step = batch->global_step;
+  return sums[0] / sums[1];
+}
+
+static void mae_destroy(Objective *base) {
+  Mae *o = (Mae *)base;
+  base->online->destroy(base->online);
+  linear_destroy(&o->embed);
+  for (int i = 0; i < o->depth; i++) transformer_block_destroy(&o->blocks[i]);
+  free(o->blocks);
+  layernorm_destroy(&o->norm);
+  linear_destroy(&o->pred);
+  tl_free(o->dec_pos);
+  tl_free(o->dec_in);
+  tl_free(o->dembed);
+  tl_free(o->keep);
+  tl_free(o->slot_of);
+  tl_free(o->masked);
+  tl_free(o->target);
+  tl_free(o->dpred);
+  free(o);
+}
+
+const int *mae_last_keep(const Objective *o, int *n_keep) {
+  *n_keep = ((const Mae *)o)->n_keep;
+  return ((const Mae *)o)->keep;
+}
+
+int mae_encoder_tokens(const Objective *o) { return ((const Mae *)o)->encoder->T; }
 
 const ObjectiveDef objective_mae = {
     .name = "mae",
     .description = "Masked autoencoder: encoder on visible patches only, light decoder",
-    .implemented = 0,
+    .implemented = 1,
     .n_views = 1,
+    .param_count = mae_param_count,
+    .create = mae_create,
+    .step = mae_step,
+    .after_update = NULL,
+    .destroy = mae_destroy,
 };

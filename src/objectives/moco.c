@@ -10,6 +10,7 @@
 #include "nn/head.h"
 #include "objectives/infonce.h"
 #include "objectives/key_queue.h"
+#include "objectives/moco.h"
 #include "objectives/ntxent.h"
 #include "objectives/objective.h"
 
@@ -255,6 +256,10 @@ static void moco_destroy(Objective *base) {
   tl_free(o->perm);
   free(o);
 }
+
+const ParamSet *moco_key_params(const Objective *o) { return &((const Moco *)o)->key_params; }
+const KeyQueue *moco_queue(const Objective *o) { return &((const Moco *)o)->queue; }
+const float *moco_last_keys(const Objective *o) { return ((const Moco *)o)->k; }
 
 const ObjectiveDef objective_moco = {
     .name = "moco",

@@ -1,0 +1,359 @@
+// Whole objectives on a tiny network: the gradient each step leaves in the parameter block is
+// checked against finite differences of the loss it returns, and MoCo's mechanisms are pinned:
+// the key encoder has no gradient and moves exactly by the momentum rule, and the queue takes
+// each step's keys in FIFO order.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gradcheck.h"
+#include "objectives/mae.h"
+#include "objectives/moco.h"
+#include "objectives/objective.h"
+
+enum { B = 4, S = 8, C = 1 };
+
+typedef struct {
+  Config cfg;
+  DnnlCtx ctx;
+  LocalGroup *group;
+  Comm *comm;
+  ParamSet ps;
+  const ObjectiveDef *def;
+  Objective *obj;
+  Batch batch;
+  float views[2 * B * S * S * C];
+  int indices[B], labels[B];
+  LedgerRecord rec;
+} Fixture;
+
+static void tiny_config(Config *cfg, const char *backbone) {
+  config_defaults(cfg);
+  cfg->data.image_size = S;
+  cfg->data.channels = C;
+  ModelSpec *m = &cfg->model.spec;
+  if (strcmp(backbone, "resnet") == 0) {
+    strcpy(m->type, "resnet");
+    m->stem_channels = 4;
+    m->n_stages = 2;
+    m->stage_channels[0] = 4;
+    m->stage_channels[1] = 8;
+    m->stage_blocks[0] = m->stage_blocks[1] = 1;
+    m->stage_strides[0] = 1;
+    m->stage_strides[1] = 2;
+  } else {
+    strcpy(m->type, "vit");
+    m->patch_size = 4;
+    m->pad_to = 0;
+    m->dim = 8;
+    m->depth = 1;
+    m->heads = 2;
+    m->mlp_ratio = 2;
+    strcpy(m->pool, "cls");
+  }
+  cfg->model.head_hidden_dim = 16;
+  cfg->model.head_out_dim = 6;
+  cfg->train.batch_size = B;
+  cfg->objective.temperature = 0.5f;
+  cfg->objective.queue_size = 10;
+  cfg->objective.momentum = 0.9f;
+  cfg->objective.decoder_dim = 8;
+  cfg->objective.decoder_heads = 2;
+  cfg->objective.decoder_depth = 1;
+  cfg->objective.mask_ratio = 0.75f;
+}
+
+static Fixture *fixture_new(const char *objective, const char *backbone) {
+  const int b = B;
+  Fixture *f = calloc(1, sizeof *f);
+  tiny_config(&f->cfg, backbone);
+  dnnl_ctx_init(&f->ctx);
+  f->group = comm_local_group_create(1);
+  f->comm = comm_local_rank(f->group, 0);
+  f->def = objective_find(objective);
+  assert_non_null(f->def);
+  paramset_alloc(&f->ps, f->def->param_count(&f->cfg), 3);
+  ObjectiveEnv env = {&f->cfg, &f->ctx, f->comm, &f->ps, b, b, 100};
+  f->obj = f->def->create(&env);
+  assert_non_null(f->obj);
+  Rng r = rng_stream(11, RNG_TEST, 0, 0);
+  for (size_t i = 0; i < sizeof f->views / sizeof(float); i++) f->views[i] = rng_normal(&r);
+  f->batch = (Batch){.global_step = 0, .epoch = 0, .n = b, .n_views = f->def->n_views,
+                     .views = f->views, .indices = f->indices, .labels = f->labels};
+  return f;
+}
+
+
+static void fixture_free(Fixture *f) {
+  f->def->destroy(f->obj);
+  paramset_free(&f->ps);
+  comm_destroy(f->comm);
+  comm_local_group_destroy(f->group);
+  dnnl_ctx_destroy(&f->ctx);
+  free(f);
+}
+
+static double step_loss(void *arg) {
+  Fixture *f = arg;
+  return f->def->step(f->obj, &f->batch, &f->rec);
+}
+
+// Central difference of the step's loss with respect to x[i].
+static double numeric_grad(Fixture *f, float *x, float eps) {
+  float saved = *x;
+  *x = saved + eps;
+  double lp = step_loss(f);
+  *x = saved - eps;
+  double lm = step_loss(f);
+  *x = saved;
+  return (lp - lm) / (2.0 * eps);
+}
+
+// The step's gradient for a sample of every trainable tensor against central differences.
+// GELU is smooth, but a few entries can still sit where the loss curves sharply at the scale
+// of eps; they show up as quotients at eps and eps/2 that disagree with each other, and are
+// counted and skipped (at most a quarter). Gradients near zero are compared on an absolute scale of 1e-2, since float32 losses carry
+// ~1e-4 noise in their difference quotients.
+static void check_step_gradient(Fixture *f, const char *label) {
+  step_loss(f);
+  float *analytic = malloc(sizeof(float) * f->ps.count);
+  memcpy(analytic, f->ps.grad, sizeof(float) * f->ps.count);
+  Rng r = rng_stream(99, RNG_TEST, 1, 0);
+  int checked = 0, kinks = 0, bad = 0;
+  const float eps = 2e-3f;
+  for (int e = 0; e < f->ps.n_entries; e++) {
+    const ParamEntry *pe = &f->ps.entries[e];
+    if (pe->is_buffer) continue;  // running statistics do not affect a training-mode loss
+    for (int s = 0; s < 3; s++) {
+      size_t i = pe->offset + rng_below(&r, (uint32_t)pe->count);
+      double n1 = numeric_grad(f, f->ps.data + i, eps);
+      double n2 = numeric_grad(f, f->ps.data + i, eps / 2);
+      double a = analytic[i];
+      checked++;
+      if (fabs(n1 - n2) > 0.02 * (fabs(n1) + fabs(n2)) + 2e-4) {
+        kinks++;
+        continue;
+      }
+      double err = fabs(n2 - a) / fmax(1e-2, fabs(n2) + fabs(a));
+      if (err > 2e-2) {
+        bad++;
+        printf("%s: %s[%zu] numeric %.6g analytic %.6g\n", label, pe->name, i - pe->offset, n2, a);
+      }
+    }
+  }
+  printf("%s: %d gradient entries checked, %d mismatched, %d skipped at kinks\n", label, checked,
+         bad, kinks);
+  assert_int_equal(bad, 0);
+  assert_true(kinks <= checked / 4);
+  free(analytic);
+}
+
+// The objectives' own code is the same on every backbone and is checked end to end on ViT
+// (smooth, so finite differences hold everywhere). ResNet's wiring is checked here on its own:
+// with ReLUs every activation is a kink a difference quotient can straddle, so the network is
+// small and so is the batch.
+typedef struct {
+  DnnlCtx ctx;
+  ParamSet ps;
+  Backbone *bb;
+  float images[4 * S * S * C];
+  float R[4 * 8];
+} ResnetCase;
+
+static double resnet_loss(void *arg) {
+  ResnetCase *c = arg;
+  c->bb->forward(c->bb, &c->ctx, c->images);
+  double s = 0;
+  for (int i = 0; i < 4 * 8; i++) s += (double)c->bb->feature[i] * c->R[i];
+  return s;
+}
+
+static void test_resnet_backbone_gradient(void **state) {
+  (void)state;
+  ResnetCase *c = calloc(1, sizeof *c);
+  Config cfg;
+  tiny_config(&cfg, "resnet");
+  dnnl_ctx_init(&c->ctx);
+  paramset_alloc(&c->ps, backbone_param_count(&cfg.model.spec, S, C), 3);
+  Builder b = {&c->ctx, &c->ps, OP_TRAIN};
+  c->bb = backbone_create(&cfg.model.spec, &b, 4, S, C);
+  assert_int_equal(c->bb->feature_dim, 8);
+  assert_int_equal(c->ps.used, c->ps.count);
+  Rng r = rng_stream(11, RNG_TEST, 0, 0);
+  for (int i = 0; i < 4 * S * S * C; i++) c->images[i] = rng_normal(&r);
+  for (int i = 0; i < 4 * 8; i++) c->R[i] = rng_normal(&r);
+  resnet_loss(c);
+  c->bb->backward(c->bb, &c->ctx, c->R);
+  float *analytic = malloc(sizeof(float) * c->ps.count);
+  memcpy(analytic, c->ps.grad, sizeof(float) * c->ps.count);
+  for (int e = 0; e < c->ps.n_entries; e++) {
+    const ParamEntry *pe = &c->ps.entries[e];
+    if (pe->is_buffer) continue;
+    double err = gradcheck(resnet_loss, c, c->ps.data + pe->offset, analytic + pe->offset,
+                           pe->count, 8, 1e-3f, 1e-2, pe->name);
+    // float32 quotients near kinks: 5% of max(|g|, 1e-2); a wiring error is off by O(1).
+    assert_true(err < 5e-2);
+  }
+  free(analytic);
+  c->bb->destroy(c->bb);
+  paramset_free(&c->ps);
+  dnnl_ctx_destroy(&c->ctx);
+  free(c);
+}
+
+// What one step of each contrastive objective encodes and compares, on ResNet.
+static void test_contrastive_counts_resnet(void **state) {
+  (void)state;
+  Fixture *f = fixture_new("inbatch", "resnet");
+  double loss = f->def->step(f->obj, &f->batch, &f->rec);
+  assert_true(isfinite(loss));
+  assert_int_equal(f->rec.views_grad, 2 * B);
+  assert_int_equal(f->rec.views_nograd, 0);
+  assert_int_equal(f->rec.negatives_per_query, 2 * B - 2);
+  assert_int_equal(f->rec.encodings_next_reused, 0);
+  fixture_free(f);
+  f = fixture_new("moco", "resnet");
+  loss = f->def->step(f->obj, &f->batch, &f->rec);
+  assert_true(isfinite(loss));
+  assert_int_equal(f->rec.views_grad, B);
+  assert_int_equal(f->rec.views_nograd, B);
+  assert_int_equal(f->rec.negatives_per_query, 10);
+  assert_int_equal(f->rec.queue_random_vectors, 10);
+  assert_int_equal(f->rec.encodings_next_reused, 10);
+  fixture_free(f);
+}
+
+static void test_moco_momentum_rule_and_queue(void **state) {
+  (void)state;
+  Fixture *f = fixture_new("moco", "resnet");
+  const ParamSet *key = moco_key_params(f->obj);
+  // The key encoder has no gradient storage at all, and starts as an exact copy.
+  assert_null(key->grad);
+  assert_int_equal(key->count, f->ps.count);
+  assert_memory_equal(key->data, f->ps.data, sizeof(float) * f->ps.count);
+  const KeyQueue *q = moco_queue(f->obj);
+  const int d = f->cfg.model.head_out_dim;
+  float *key_before = malloc(sizeof(float) * key->count);
+  for (int step = 0; step < 4; step++) {
+    memcpy(key_before, key->data, sizeof(float) * key->count);
+    f->def->step(f->obj, &f->batch, &f->rec);
+    // A stand-in update of the online parameters, so the momentum rule has something to follow.
+    for (size_t i = 0; i < f->ps.count; i++) f->ps.data[i] -= 0.05f * f->ps.grad[i];
+    int next_before = q->next;
+    float keys[B * 6];
+    memcpy(keys, moco_last_keys(f->obj), sizeof keys);
+    f->def->after_update(f->obj, &f->batch, &f->rec);
+    const float m = 0.9f;
+    for (int e = 0; e < f->ps.n_entries; e++) {
+      const ParamEntry *pe = &f->ps.entries[e];
+      for (size_t i = pe->offset; i < pe->offset + pe->count; i++) {
+        float expect = pe->is_buffer ? key_before[i] : m * key_before[i] + (1 - m) * f->ps.data[i];
+        if (pe->is_buffer) continue;  // the key encoder keeps its own running statistics
+        assert_float_equal(key->data[i], expect, 1e-7);
+      }
+    }
+    // The step's B keys went into the B oldest slots, tagged with the step.
+    for (int i = 0; i < B; i++) {
+      int slot = (next_before + i) % q->capacity;
+      assert_int_equal(q->step_of[slot], step);
+      assert_memory_equal(q->keys + (size_t)slot * d, keys + i * d, sizeof(float) * d);
+    }
+    assert_int_equal(q->next, (next_before + B) % q->capacity);
+  }
+  // 4 steps of 4 keys through 10 slots: the newest 10 keys are from steps 3, 2 and 1.
+  KeyQueueStats st = key_queue_stats(q, 4, 0);
+  assert_int_equal(st.real, 10);
+  assert_int_equal(st.random, 0);
+  assert_float_equal(st.oldest_age_steps, 3, 0);  // two keys of step 1 remain
+  free(key_before);
+  fixture_free(f);
+}
+
+static void test_inbatch_vit_gradient(void **state) {
+  (void)state;
+  Fixture *f = fixture_new("inbatch", "vit");
+  check_step_gradient(f, "inbatch/vit");
+  fixture_free(f);
+}
+
+static void test_moco_vit_gradient(void **state) {
+  (void)state;
+  Fixture *f = fixture_new("moco", "vit");
+  check_step_gradient(f, "moco/vit");
+  fixture_free(f);
+}
+
+static void test_mae_gradient(void **state) {
+  (void)state;
+  Fixture *f = fixture_new("mae", "vit");
+  for (int i = 0; i < B; i++) f->indices[i] = 100 + i;
+  check_step_gradient(f, "mae/vit");
+  fixture_free(f);
+}
+
+// 8x8 images in 4x4 patches: P = 4; mask ratio 0.75 keeps 1 patch per image.
+static void test_mae_sees_only_visible_patches(void **state) {
+  (void)state;
+  Fixture *f = fixture_new("mae", "vit");
+  for (int i = 0; i < B; i++) f->indices[i] = 7 * i;
+  f->def->step(f->obj, &f->batch, &f->rec);
+  int n_keep;
+  const int *keep = mae_last_keep(f->obj, &n_keep);
+  assert_int_equal(n_keep, 1);
+  assert_int_equal(mae_encoder_tokens(f->obj), 1 + n_keep);  // cls + visible patches
+  assert_int_equal(f->rec.patches_total, B * 4);
+  assert_int_equal(f->rec.patches_encoded, B * 1);
+  assert_int_equal(f->rec.patches_decoded, B * 4);
+  // The kept patches are exactly the unmasked ones, recomputed from the seed.
+  for (int i = 0; i < B; i++) {
+    int k[4];
+    unsigned char masked[4];
+    mae_random_mask(f->cfg.train.seed, 0, f->indices[i], 4, 1, k, masked);
+    assert_int_equal(keep[i], k[0]);
+    assert_int_equal(masked[k[0]], 0);
+    int n_masked = 0;
+    for (int p = 0; p < 4; p++) n_masked += masked[p];
+    assert_int_equal(n_masked, 3);
+  }
+  fixture_free(f);
+}
+
+static void test_mae_mask_per_image_and_step(void **state) {
+  (void)state;
+  enum { P = 64, KEEP = 16 };
+  int a[KEEP], b[KEEP], c[KEEP], again[KEEP];
+  unsigned char ma[P], mb[P], mc[P], m_again[P];
+  mae_random_mask(5, 10, 3, P, KEEP, a, ma);
+  mae_random_mask(5, 10, 4, P, KEEP, b, mb);  // another image, same step
+  mae_random_mask(5, 11, 3, P, KEEP, c, mc);  // same image, next step
+  mae_random_mask(5, 10, 3, P, KEEP, again, m_again);
+  assert_memory_equal(a, again, sizeof a);  // reproducible from the seed
+  assert_memory_not_equal(ma, mb, sizeof ma);
+  assert_memory_not_equal(ma, mc, sizeof ma);
+  int n_masked = 0;
+  for (int p = 0; p < P; p++) n_masked += ma[p];
+  assert_int_equal(n_masked, P - KEEP);
+  for (int i = 0; i < KEEP; i++) assert_int_equal(ma[a[i]], 0);
+  assert_int_equal(mae_keep_count(64, 0.75f), 16);
+  assert_int_equal(mae_keep_count(49, 0.75f), 12);
+  assert_int_equal(mae_keep_count(64, 0.0f), 64);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_inbatch_vit_gradient),
+      cmocka_unit_test(test_moco_vit_gradient),
+      cmocka_unit_test(test_mae_gradient),
+      cmocka_unit_test(test_mae_sees_only_visible_patches),
+      cmocka_unit_test(test_mae_mask_per_image_and_step),
+      cmocka_unit_test(test_resnet_backbone_gradient),
+      cmocka_unit_test(test_contrastive_counts_resnet),
+      cmocka_unit_test(test_moco_momentum_rule_and_queue),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
