@@ -111,7 +111,7 @@ static const KeySpec recipe_keys[] = {
     INT_KEY(RECIPE(objective, png_every), "0", 0, INT_MAX),
 
     TEXT_KEY(RECIPE(parallel, backend), "local", "local|mpi"),
-    INT_KEY(RECIPE(parallel, replicas), "1", 1, 1024),
+    INT_KEY(RECIPE(parallel, replicas), "1", 1, CONFIG_MAX_REPLICAS),
     INT_KEY(RECIPE(parallel, checksum_every), "50", 1, INT_MAX),
     TEXT_KEY(RECIPE(parallel, shard_weights), "", NULL),
 

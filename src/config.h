@@ -6,6 +6,7 @@
 
 #define CONFIG_PATH_MAX 512
 #define CONFIG_MAX_STAGES 8
+#define CONFIG_MAX_REPLICAS 64  // local replicas (threads) in one process
 
 typedef struct {
   // [backbone] type = resnet | vit

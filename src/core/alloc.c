@@ -16,6 +16,12 @@ _Static_assert(sizeof(BlockHeader) <= ALIGN, "header must fit the alignment pad"
 
 static _Atomic size_t live_bytes[MEM_NCAT][COMP_NCOMP];
 static _Atomic size_t live_total, peak_total;
+static _Atomic int untouched;
+static _Thread_local int scope_category = -1;
+
+void tl_alloc_set_untouched(int on) { atomic_store(&untouched, on); }
+void tl_alloc_scope_begin(MemCategory cat) { scope_category = (int)cat; }
+void tl_alloc_scope_end(void) { scope_category = -1; }
 
 static const char *const category_names[MEM_NCAT] = {
     "param", "grad", "optimizer", "momentum_encoder", "activation",
@@ -27,6 +33,7 @@ const char *mem_category_name(MemCategory c) { return category_names[c]; }
 const char *mem_component_name(MemComponent c) { return component_names[c]; }
 
 void *tl_alloc(size_t bytes, MemCategory cat, MemComponent comp) {
+  if (scope_category >= 0) cat = (MemCategory)scope_category;
   size_t padded = (bytes + ALIGN - 1) / ALIGN * ALIGN;
   char *raw = aligned_alloc(ALIGN, padded + ALIGN);
   if (!raw) {
@@ -34,7 +41,7 @@ void *tl_alloc(size_t bytes, MemCategory cat, MemComponent comp) {
             category_names[cat], component_names[comp]);
     exit(1);
   }
-  memset(raw + ALIGN, 0, padded);
+  if (!atomic_load(&untouched)) memset(raw + ALIGN, 0, padded);
   BlockHeader *h = (BlockHeader *)raw;
   h->bytes = bytes;
   h->cat = cat;

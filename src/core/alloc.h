@@ -34,6 +34,15 @@ const char *mem_component_name(MemComponent c);
 void *tl_alloc(size_t bytes, MemCategory cat, MemComponent comp);
 void tl_free(void *p);
 
+// Planning: while set, new blocks are not zero-filled, so a model can be built to be measured
+// (`tally plan`) without its memory ever becoming resident.
+void tl_alloc_set_untouched(int untouched);
+
+// While a scope is open on this thread, every allocation is counted as `cat` whatever its
+// caller asked for (the kNN monitor's inference model is evaluation memory, not training's).
+void tl_alloc_scope_begin(MemCategory cat);
+void tl_alloc_scope_end(void);
+
 // Live and peak bytes, per category and component (thread-safe counters).
 size_t tl_mem_live(MemCategory cat);
 size_t tl_mem_live_comp(MemCategory cat, MemComponent comp);

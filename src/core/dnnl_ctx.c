@@ -7,6 +7,7 @@ void dnnl_ctx_init(DnnlCtx *ctx) {
   DNNL_CHECK(dnnl_engine_create(&ctx->engine, dnnl_cpu, 0));
   DNNL_CHECK(dnnl_stream_create(&ctx->stream, ctx->engine, dnnl_stream_default_flags));
   ctx->component = COMP_ENCODER;
+  ctx->scratchpad_category = MEM_WORKSPACE;
 }
 
 void dnnl_ctx_destroy(DnnlCtx *ctx) {
@@ -41,7 +42,7 @@ void dnnl_ctx_reserve_scratchpad(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd) {
   size_t need = dnnl_md_bytes(&md);
   if (need <= ctx->scratchpad_bytes) return;
   tl_free(ctx->scratchpad);
-  ctx->scratchpad = tl_alloc(need, MEM_WORKSPACE, COMP_OTHER);
+  ctx->scratchpad = tl_alloc(need, ctx->scratchpad_category, COMP_OTHER);
   ctx->scratchpad_bytes = need;
 }
 
@@ -75,6 +76,7 @@ int dnnl_md_equal(const dnnl_memory_desc_t *a, const dnnl_memory_desc_t *b) {
 
 void dnnl_ctx_exec(DnnlCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_desc_t pd, int nargs,
                    const dnnl_exec_arg_t *args) {
+  if (ctx->dry_run) return;
   enum { MAX_ARGS = 16 };
   TL_ASSERT(nargs < MAX_ARGS);
   dnnl_exec_arg_t all[MAX_ARGS];

@@ -20,8 +20,11 @@ typedef struct {
   // Shared scratchpad for all primitives of this replica; they run one at a time.
   void *scratchpad;
   size_t scratchpad_bytes;
+  MemCategory scratchpad_category;  // MEM_WORKSPACE; MEM_EVAL for the evaluation context
   // Component that buffers and FLOPs are attributed to while a model is built / run.
   MemComponent component;
+  // Planning: primitives are created and FLOPs counted, but nothing executes.
+  int dry_run;
   // Analytic FLOPs (multiply-add = 2) added by ops as they execute, reset by the trainer per step.
   double flops_forward[COMP_NCOMP];
   double flops_backward[COMP_NCOMP];

@@ -17,7 +17,11 @@ void knn_monitor_init(KnnMonitor *m, const Config *cfg, const Dataset *train, co
   m->n_train = limit_or_all(cfg->eval.knn_train_limit, train->n);
   m->n_test = test->n;
   m->batch = cfg->eval.batch_size;
+  // Everything the monitor allocates, its model's outputs and scratchpad included, is
+  // evaluation memory: the training ledger's workspace stays the training step's own.
+  tl_alloc_scope_begin(MEM_EVAL);
   dnnl_ctx_init(&m->ctx);
+  m->ctx.scratchpad_category = MEM_EVAL;
   const ModelSpec *spec = &cfg->model.spec;
   int S = cfg->data.image_size, C = cfg->data.channels;
   size_t count = backbone_param_count(spec, S, C);
@@ -28,6 +32,7 @@ void knn_monitor_init(KnnMonitor *m, const Config *cfg, const Dataset *train, co
   m->images = tl_alloc(sizeof(float) * (size_t)m->batch * S * S * C, MEM_EVAL, COMP_OTHER);
   m->train_feat = tl_alloc(sizeof(float) * (size_t)m->n_train * D, MEM_EVAL, COMP_OTHER);
   m->test_feat = tl_alloc(sizeof(float) * (size_t)m->n_test * D, MEM_EVAL, COMP_OTHER);
+  tl_alloc_scope_end();
 }
 
 // Encodes the first n images of ds into feat (n, D); the last partial batch is zero-padded.

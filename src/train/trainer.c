@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
@@ -26,10 +27,10 @@ typedef struct {
   Dataset train, test;
   AugmentParams aug;
   int world, global_batch, steps_per_epoch, total_steps;
-  int shard_sizes[64];
+  int shard_sizes[CONFIG_MAX_REPLICAS];
   int has_shard_sizes;
   LocalGroup *group;
-  char path_jsonl[4096], path_csv[4096], path_ckpt[4096], path_summary[4096];
+  char path_jsonl[4096], path_csv[4096], path_ckpt[4096], path_summary[4096], path_eval[4096];
   // Written by rank 0 only.
   int exit_code;
   double final_loss, images_per_s, train_seconds;
@@ -37,6 +38,7 @@ typedef struct {
   int knn_done, knn_start_done;
   KnnResult knn, knn_start, knn_raw;
   int steps_done;
+  int quiet_rank;  // an MPI rank other than 0: trains, but writes and prints nothing
 } Run;
 
 typedef struct {
@@ -55,6 +57,39 @@ static void format_duration(double seconds, char *buf, size_t n) {
     snprintf(buf, n, "%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
   else
     snprintf(buf, n, "%ld:%02ld", s / 60, s % 60);
+}
+
+// Replicas must stay identical; this is checked, not assumed. The checksum is an order-dependent
+// hash of the parameters' bits, so any divergence, even in the last bit, shows.
+static uint64_t params_checksum(const ParamSet *ps) {
+  uint64_t h = 1469598103934665603ULL;
+  const uint32_t *bits = (const uint32_t *)ps->data;
+  for (size_t i = 0; i < ps->count; i++) h = (h ^ bits[i]) * 1099511628211ULL;
+  return h;
+}
+
+// BatchNorm running statistics are per replica (each normalizes its own shard); averaging them
+// by sample count after every step keeps the replicas identical for evaluation and checkpoints.
+static void average_buffers(Comm *comm, ParamSet *ps, int samples) {
+  for (int e = 0; e < ps->n_entries; e++) {
+    const ParamEntry *pe = &ps->entries[e];
+    if (pe->is_buffer) comm_allreduce_weighted(comm, ps->data + pe->offset, pe->count, samples);
+  }
+}
+
+// Gathers every replica's checksum; returns the first rank that differs from rank 0, or -1.
+static int check_replicas_identical(Comm *comm, const ParamSet *ps) {
+  int world = comm_size(comm);
+  uint64_t mine = params_checksum(ps);
+  // Exchanged as two floats' worth of bits per 32-bit half, through the float allgather.
+  float local[2], *all = calloc((size_t)world * 2, sizeof(float));
+  memcpy(local, &mine, sizeof mine);
+  comm_allgather(comm, local, 2, all, NULL);
+  int differs = -1;
+  for (int r = 1; r < world && differs < 0; r++)
+    if (memcmp(all + 2 * r, all, sizeof mine) != 0) differs = r;
+  free(all);
+  return differs;
 }
 
 static void fill_memory(LedgerRecord *rec) {
@@ -76,12 +111,22 @@ static void print_knn(const char *what, KnnResult r) {
   fflush(stdout);
 }
 
+// Appends one evaluation to eval.jsonl: {"step", "knn_top1", "knn_top1_k20", "seconds"}.
+static void record_eval(const Run *run, const char *what, long step, KnnResult r) {
+  FILE *f = fopen(run->path_eval, "a");
+  if (!f) return;
+  fprintf(f, "{\"step\":%ld,\"what\":\"%s\",\"knn_top1\":%.6f,\"knn_top1_k20\":%.6f,\"seconds\":%.3f}\n",
+          step, what, r.top1, r.top1_k20, r.seconds);
+  fclose(f);
+}
+
 // Rank 0's evaluation; the other replicas wait at the barrier that follows.
 static void evaluate(Run *run, KnnMonitor *mon, int step) {
   KnnResult r = knn_monitor_run(mon);
   char what[64];
   snprintf(what, sizeof what, "after step %d:", step);
   print_knn(what, r);
+  record_eval(run, "encoder", step, r);
   run->knn = r;
   run->knn_done = 1;
 }
@@ -153,10 +198,12 @@ static void *replica_main(void *arg) {
     knn_monitor_init(&mon, cfg, &run->train, &run->test, &run->aug, ps.data);
     run->knn_raw = knn_monitor_raw_pixels(&mon);
     print_knn("raw pixels (baseline):", run->knn_raw);
+    record_eval(run, "raw_pixels", 0, run->knn_raw);
     if (run->opt->knn_at_start) {
       run->knn_start = knn_monitor_run(&mon);
       run->knn_start_done = 1;
       print_knn("untrained encoder:", run->knn_start);
+      record_eval(run, "encoder", 0, run->knn_start);
     }
     jsonl = fopen(run->path_jsonl, "w");
     csv = fopen(run->path_csv, "w");
@@ -194,8 +241,20 @@ static void *replica_main(void *arg) {
     comm_allreduce_weighted(comm, ps.grad, ps.count, (double)batch->n);
     double t2 = now_ms();
     optim_step(optim, lr);
+    if (world > 1) average_buffers(comm, &ps, batch->n);
     if (run->def->after_update) run->def->after_update(obj, batch, &rec);
     double t3 = now_ms();
+    if (world > 1 && cfg->parallel.checksum_every > 0 &&
+        (step + 1) % cfg->parallel.checksum_every == 0) {
+      int r = check_replicas_identical(comm, &ps);
+      if (r >= 0) {
+        char why[160];
+        snprintf(why, sizeof why,
+                 "step %d: replica %d's parameters differ from replica 0's; stopping", step, r);
+        comm_abort(comm, why);
+        break;
+      }
+    }
     images_done += run->global_batch;
 
     if (rank == 0) {
@@ -300,6 +359,8 @@ static int make_run_dir(const char *dir, Run *run) {
   snprintf(run->path_csv, sizeof run->path_csv, "%s/ledger.csv", dir);
   snprintf(run->path_ckpt, sizeof run->path_ckpt, "%s/checkpoint.bin", dir);
   snprintf(run->path_summary, sizeof run->path_summary, "%s/summary.json", dir);
+  snprintf(run->path_eval, sizeof run->path_eval, "%s/eval.jsonl", dir);
+  unlink(run->path_eval);
   // A previous summary would look like this run's result if this run fails.
   unlink(run->path_summary);
   char path[4200];
@@ -314,9 +375,9 @@ static int make_run_dir(const char *dir, Run *run) {
 static int parse_shard_weights(Run *run) {
   const char *s = run->cfg->parallel.shard_weights;
   if (!s[0]) return 0;
-  double w[64], total = 0;
+  double w[CONFIG_MAX_REPLICAS], total = 0;
   int n = 0;
-  for (const char *p = s; *p && n < 64;) {
+  for (const char *p = s; *p && n < CONFIG_MAX_REPLICAS;) {
     char *end;
     w[n] = strtod(p, &end);
     if (end == p || w[n] <= 0) return tl_fail("[parallel] shard_weights = '%s': not positive numbers", s);
@@ -344,6 +405,7 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
   run->opt = opt;
   run->def = objective_find(opt->objective);
   int rc = 1;
+  Comm *mpi = NULL;
   if (!run->def) {
     fprintf(stderr, "tally: unknown objective '%s' (choose one of: %s)\n", opt->objective,
             objective_names());
@@ -355,13 +417,17 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     rc = 2;
     goto out;
   }
-  if (strcmp(cfg->parallel.backend, "local") != 0) {
-    fprintf(stderr, "tally: [parallel] backend '%s' is not available in this build yet\n",
-            cfg->parallel.backend);
-    rc = 2;
-    goto out;
+  if (strcmp(cfg->parallel.backend, "mpi") == 0) {
+    mpi = comm_mpi_create(NULL, NULL);
+    if (!mpi) {
+      fprintf(stderr, "tally: %s\n", tl_last_error());
+      goto out;
+    }
+    run->world = comm_size(mpi);
+    run->quiet_rank = comm_rank(mpi) != 0;
+  } else {
+    run->world = cfg->parallel.replicas;
   }
-  run->world = cfg->parallel.replicas;
   run->global_batch = cfg->train.batch_size;
 
   double t0 = now_ms();
@@ -407,33 +473,41 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
   a->grayscale_prob = cfg->augment.grayscale_prob;
   dataset_channel_stats(&run->train, a->mean, a->std);
 
-  printf("tally train: objective %s, backbone %s (%s), %d training images (%dx%dx%d), "
+  if (!run->quiet_rank)
+    printf("tally train: objective %s, backbone %s (%s), %d training images (%dx%dx%d), "
          "batch %d, %d steps (%d per epoch), %d replica%s\n",
          run->def->name, cfg->model.spec.type, cfg->model.file, run->train.n, run->train.h,
          run->train.w, run->train.c, run->global_batch, run->total_steps, run->steps_per_epoch,
          run->world, run->world == 1 ? "" : "s");
-  printf("data loaded in %.1f s; run folder %s\n", (now_ms() - t0) / 1e3, opt->out_dir);
-  fflush(stdout);
-
-  if (make_run_dir(opt->out_dir, run) != 0) {
-    fprintf(stderr, "tally: %s\n", tl_last_error());
-    goto out;
+  if (!run->quiet_rank) {
+    printf("data loaded in %.1f s; run folder %s\n", (now_ms() - t0) / 1e3, opt->out_dir);
+    fflush(stdout);
+    if (make_run_dir(opt->out_dir, run) != 0) {
+      fprintf(stderr, "tally: %s\n", tl_last_error());
+      goto out;
+    }
   }
 
-  run->group = comm_local_group_create(run->world);
-  Replica reps[64];
-  pthread_t threads[64];
-  for (int r = 0; r < run->world; r++) {
-    reps[r] = (Replica){run, r, comm_local_rank(run->group, r)};
-    if (r > 0) pthread_create(&threads[r], NULL, replica_main, &reps[r]);
+  if (mpi) {
+    // One replica per process: this process's rank is its replica.
+    Replica rep = {run, comm_rank(mpi), mpi};
+    replica_main(&rep);
+  } else {
+    run->group = comm_local_group_create(run->world);
+    Replica reps[CONFIG_MAX_REPLICAS];
+    pthread_t threads[CONFIG_MAX_REPLICAS];
+    for (int r = 0; r < run->world; r++) {
+      reps[r] = (Replica){run, r, comm_local_rank(run->group, r)};
+      if (r > 0) pthread_create(&threads[r], NULL, replica_main, &reps[r]);
+    }
+    replica_main(&reps[0]);
+    for (int r = 1; r < run->world; r++) pthread_join(threads[r], NULL);
+    for (int r = 0; r < run->world; r++) comm_destroy(reps[r].comm);
+    comm_local_group_destroy(run->group);
   }
-  replica_main(&reps[0]);
-  for (int r = 1; r < run->world; r++) pthread_join(threads[r], NULL);
-  for (int r = 0; r < run->world; r++) comm_destroy(reps[r].comm);
-  comm_local_group_destroy(run->group);
 
   rc = run->exit_code;
-  if (rc == 0) {
+  if (rc == 0 && !run->quiet_rank) {
     if (write_summary(run) != 0) {
       fprintf(stderr, "tally: %s\n", tl_last_error());
       rc = 1;
@@ -445,6 +519,7 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     }
   }
 out:
+  if (mpi) comm_destroy(mpi);
   dataset_free(&run->train);
   dataset_free(&run->test);
   free(run);
