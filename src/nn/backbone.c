@@ -3,10 +3,10 @@
 #include <string.h>
 
 #include "nn/resnet.h"
-
+#include "nn/vit.h"
 
 size_t backbone_param_count(const ModelSpec *spec, int image_size, int channels) {
-  if (strcmp(spec->type, "vit") == 0) TL_DIE("vit pending");
+  if (strcmp(spec->type, "vit") == 0) return vit_param_count(spec, image_size, channels);
   return resnet_param_count(spec, channels);
 }
 
@@ -16,6 +16,6 @@ int backbone_feature_dim(const ModelSpec *spec) {
 }
 
 Backbone *backbone_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels) {
-  if (strcmp(spec->type, "vit") == 0) TL_DIE("vit pending");
+  if (strcmp(spec->type, "vit") == 0) return vit_create(spec, b, N, image_size, channels);
   return resnet_create(spec, b, N, image_size, channels);
 }

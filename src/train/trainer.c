@@ -103,6 +103,7 @@ static void fill_memory(LedgerRecord *rec) {
   rec->momentum_encoder_bytes = tl_mem_live(MEM_MOMENTUM);
   rec->workspace_bytes = tl_mem_live(MEM_WORKSPACE);
   rec->data_bytes = tl_mem_live(MEM_DATA);
+  rec->eval_bytes = tl_mem_live(MEM_EVAL);
   rec->peak_rss_bytes = tl_peak_rss_bytes();
 }
 
@@ -152,7 +153,10 @@ static int write_summary(Run *run) {
     fprintf(f, "  \"knn_top1\": null,\n");
   if (run->knn_start_done)
     fprintf(f, "  \"knn_top1_untrained\": %.6f,\n", run->knn_start.top1);
-  fprintf(f, "  \"knn_top1_raw_pixels\": %.6f\n}\n", run->knn_raw.top1);
+  if (run->opt->no_knn)
+    fprintf(f, "  \"knn_top1_raw_pixels\": null\n}\n");
+  else
+    fprintf(f, "  \"knn_top1_raw_pixels\": %.6f\n}\n", run->knn_raw.top1);
   int ok = fclose(f) == 0;
   if (!ok || rename(tmp, run->path_summary) != 0)
     return tl_fail("%s: cannot write: %s", run->path_summary, strerror(errno));
@@ -194,7 +198,8 @@ static void *replica_main(void *arg) {
 
   KnnMonitor mon;
   FILE *jsonl = NULL, *csv = NULL;
-  if (rank == 0 && loader_ok) {
+  const int use_knn = rank == 0 && loader_ok && !run->opt->no_knn;
+  if (use_knn) {
     knn_monitor_init(&mon, cfg, &run->train, &run->test, &run->aug, ps.data);
     run->knn_raw = knn_monitor_raw_pixels(&mon);
     print_knn("raw pixels (baseline):", run->knn_raw);
@@ -205,6 +210,8 @@ static void *replica_main(void *arg) {
       print_knn("untrained encoder:", run->knn_start);
       record_eval(run, "encoder", 0, run->knn_start);
     }
+  }
+  if (rank == 0 && loader_ok) {
     jsonl = fopen(run->path_jsonl, "w");
     csv = fopen(run->path_csv, "w");
     if (!jsonl || !csv) comm_abort(comm, "cannot create ledger files in the run folder");
@@ -315,7 +322,7 @@ static void *replica_main(void *arg) {
         run->steps_done = step + 1;
         if (checkpoint_save(run->path_ckpt, step + 1, ps.data, ps.count) != 0)
           fprintf(stderr, "tally: %s\n", tl_last_error());
-        if (last || (epoch_end && epoch % cfg->eval.knn_every_epochs == 0)) {
+        if (use_knn && (last || (epoch_end && epoch % cfg->eval.knn_every_epochs == 0))) {
           double te = now_ms();
           evaluate(run, &mon, step + 1);
           t_train0 += now_ms() - te;  // evaluation time is not training time
@@ -328,7 +335,7 @@ static void *replica_main(void *arg) {
   if (rank == 0) {
     if (jsonl) fclose(jsonl);
     if (csv) fclose(csv);
-    if (loader_ok) knn_monitor_destroy(&mon);
+    if (use_knn) knn_monitor_destroy(&mon);
     run->peak_rss = tl_peak_rss_bytes();
     if (comm_failed(comm) && run->exit_code == 0) {
       fprintf(stderr, "tally: %s\n", comm_failure(comm));
@@ -375,25 +382,8 @@ static int make_run_dir(const char *dir, Run *run) {
 static int parse_shard_weights(Run *run) {
   const char *s = run->cfg->parallel.shard_weights;
   if (!s[0]) return 0;
-  double w[CONFIG_MAX_REPLICAS], total = 0;
-  int n = 0;
-  for (const char *p = s; *p && n < CONFIG_MAX_REPLICAS;) {
-    char *end;
-    w[n] = strtod(p, &end);
-    if (end == p || w[n] <= 0) return tl_fail("[parallel] shard_weights = '%s': not positive numbers", s);
-    total += w[n++];
-    p = *end == ',' ? end + 1 : end;
-  }
-  if (n != run->world)
-    return tl_fail("[parallel] shard_weights has %d entries for %d replicas", n, run->world);
-  int assigned = 0;
-  for (int r = 0; r < n; r++) {
-    run->shard_sizes[r] = r + 1 == n ? run->global_batch - assigned
-                                     : (int)floor(run->global_batch * w[r] / total + 0.5);
-    if (run->shard_sizes[r] < 1)
-      return tl_fail("[parallel] shard_weights gives replica %d no samples", r);
-    assigned += run->shard_sizes[r];
-  }
+  if (loader_shard_sizes_from_weights(s, run->world, run->global_batch, run->shard_sizes) != 0)
+    return -1;
   run->has_shard_sizes = 1;
   return 0;
 }

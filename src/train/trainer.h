@@ -7,6 +7,7 @@ typedef struct {
   const char *out_dir;    // run folder (created; must not already hold a finished run)
   int knn_at_start;       // also evaluate the untrained encoder (a baseline) before step 0
   int quiet;              // no progress lines
+  int no_knn;             // skip the kNN monitor (benchmarks)
 } TrainOptions;
 
 // Runs a whole training job. Returns 0 on success; on failure prints one line saying what went
