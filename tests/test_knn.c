@@ -1,10 +1,10 @@
 // The kNN monitor on hand-checked 2-D cases and against a naive full-sort reference.
-#include <cmocka.h>
-#include <math.h>
-#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,12 +1,12 @@
 // Optimizers against hand-derived values and independent double-precision trajectories; the
 // learning-rate schedule at its key steps.
-#include <cmocka.h>
-#include <math.h>
-#include <omp.h>
-#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "core/error.h"

@@ -110,6 +110,22 @@ size_t knn_eval_bytes(int n_train, int n_test, int d) {
   return sizeof(float) * ((size_t)n_train * d + block * d + block * (size_t)n_train);
 }
 
+// One primitive for the full block shape and one for the last, shorter block; returns the rows
+// of that last block (0: there is none and `tail` is left unset).
+static int similarity_matmuls(Matmul *full, Matmul *tail, DnnlCtx *ctx, int n_train, int n_test,
+                              int d) {
+  const int block = block_rows(n_test), tail_rows = n_test % block;
+  matmul_init(full, ctx, block, d, n_train, 0, 1, COMP_OTHER, 0);
+  if (tail_rows) matmul_init(tail, ctx, tail_rows, d, n_train, 0, 1, COMP_OTHER, 0);
+  return tail_rows;
+}
+
+void knn_reserve_scratchpad(DnnlCtx *ctx, int n_train, int n_test, int d) {
+  Matmul full, tail;
+  if (similarity_matmuls(&full, &tail, ctx, n_train, n_test, d)) matmul_destroy(&tail);
+  matmul_destroy(&full);
+}
+
 int knn_top1_multi(const float *train_feat, const int *train_labels, int n_train,
                    const float *test_feat, const int *test_labels, int n_test, int d, int n_classes,
                    const int *ks, int n_k, float temperature, DnnlCtx *ctx, double *accuracy,
@@ -127,11 +143,8 @@ int knn_top1_multi(const float *train_feat, const int *train_labels, int n_train
   float *sims = tl_alloc(sizeof(float) * (size_t)block * n_train, MEM_EVAL, COMP_OTHER);
   normalize_rows(bank, train_feat, n_train, d);
 
-  // One primitive for the full block shape and one for the last, shorter block.
   Matmul full, tail;
-  const int tail_rows = n_test % block;
-  matmul_init(&full, ctx, block, d, n_train, 0, 1, COMP_OTHER, 0);
-  if (tail_rows) matmul_init(&tail, ctx, tail_rows, d, n_train, 0, 1, COMP_OTHER, 0);
+  const int tail_rows = similarity_matmuls(&full, &tail, ctx, n_train, n_test, d);
 
   long *correct = calloc((size_t)n_k, sizeof *correct);
   if (!correct) TL_DIE("out of memory");

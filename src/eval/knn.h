@@ -26,3 +26,6 @@ int knn_top1_multi(const float *train_feat /*(n_train, d)*/, const int *train_la
 // MEM_EVAL bytes a call holds at its peak (the normalized bank, one block of normalized test rows
 // and its similarity rows); the oneDNN scratchpad is the context's (MEM_WORKSPACE).
 size_t knn_eval_bytes(int n_train, int n_test, int d);
+// Grows ctx's scratchpad as a call with these sizes would (its matmul primitives are created and
+// destroyed), so `tally plan` sees the scratchpad an evaluation leaves behind.
+void knn_reserve_scratchpad(DnnlCtx *ctx, int n_train, int n_test, int d);

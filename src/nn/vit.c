@@ -1,0 +1,272 @@
+#include "nn/vit.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int vit_padded_size(const ModelSpec *spec, int image_size) {
+  return spec->pad_to ? spec->pad_to : image_size;
+}
+
+int vit_check_spec(const ModelSpec *spec, int image_size, int channels) {
+  if (strcmp(spec->type, "vit") != 0) return tl_fail("vit: backbone type is %s", spec->type);
+  if (image_size <= 0 || channels <= 0)
+    return tl_fail("vit: bad image geometry %dx%d with %d channels", image_size, image_size,
+                   channels);
+  int padded = vit_padded_size(spec, image_size);
+  if (padded < image_size)
+    return tl_fail("vit: pad_to = %d is smaller than the image size %d", spec->pad_to, image_size);
+  if (spec->patch_size <= 0 || padded % spec->patch_size)
+    return tl_fail("vit: patch_size = %d does not divide the padded image size %d",
+                   spec->patch_size, padded);
+  if (spec->dim <= 0 || spec->dim % 4)
+    return tl_fail("vit: dim = %d must be a positive multiple of 4 (2-D sin-cos positions)",
+                   spec->dim);
+  if (spec->heads <= 0 || spec->dim % spec->heads)
+    return tl_fail("vit: dim = %d is not divisible by heads = %d", spec->dim, spec->heads);
+  if (spec->depth < 0 || spec->mlp_ratio < 1)
+    return tl_fail("vit: bad depth = %d or mlp_ratio = %d", spec->depth, spec->mlp_ratio);
+  if (strcmp(spec->pool, "cls") != 0 && strcmp(spec->pool, "mean") != 0)
+    return tl_fail("vit: pool = %s (expected cls or mean)", spec->pool);
+  return 0;
+}
+
+size_t vit_param_count(const ModelSpec *spec, int image_size, int channels) {
+  (void)image_size;  // the sin-cos positions are fixed, so the grid size adds no parameters
+  size_t patch_dim = (size_t)spec->patch_size * spec->patch_size * channels;
+  size_t cls = strcmp(spec->pool, "cls") == 0 ? (size_t)spec->dim : 0;
+  return linear_param_count((int)patch_dim, spec->dim, 1) + cls +
+         (size_t)spec->depth * transformer_block_param_count(spec->dim, spec->mlp_ratio) +
+         layernorm_param_count(spec->dim);
+}
+
+void vit_sincos_pos_embed(float *table, int grid, int dim) {
+  TL_ASSERT(dim % 4 == 0);
+  int quarter = dim / 4;
+  for (int gy = 0; gy < grid; gy++)
+    for (int gx = 0; gx < grid; gx++) {
+      float *row = table + ((size_t)gy * grid + gx) * dim;
+      for (int k = 0; k < quarter; k++) {
+        double omega = pow(10000.0, -(double)k / quarter);
+        row[k] = (float)sin(gx * omega);
+        row[quarter + k] = (float)cos(gx * omega);
+        row[2 * quarter + k] = (float)sin(gy * omega);
+        row[3 * quarter + k] = (float)cos(gy * omega);
+      }
+    }
+}
+
+// patches (N, n_keep, P*P*C): patch keep_idx[n][k] (k when keep_idx is NULL) of image n, read
+// from the zero-padded image without materializing it.
+static void patchify_gather(const Vit *v, const float *images, const int *keep_idx, int n_keep,
+                            float *patches) {
+  int S = v->image_size, C = v->channels, P = v->patch_size, G = v->grid;
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < v->N; n++)
+    for (int k = 0; k < n_keep; k++) {
+      int patch = keep_idx ? keep_idx[(size_t)n * n_keep + k] : k;
+      int gy = patch / G, gx = patch % G;
+      float *dst = patches + ((size_t)n * n_keep + k) * v->patch_dim;
+      for (int py = 0; py < P; py++) {
+        int y = gy * P + py - v->pad_before;
+        for (int px = 0; px < P; px++) {
+          int x = gx * P + px - v->pad_before;
+          float *d = dst + ((size_t)py * P + px) * C;
+          if (y < 0 || y >= S || x < 0 || x >= S)
+            memset(d, 0, sizeof(float) * (size_t)C);
+          else
+            memcpy(d, images + (((size_t)n * S + y) * S + x) * C, sizeof(float) * (size_t)C);
+        }
+      }
+    }
+}
+
+void vit_patchify(const Vit *v, const float *images, float *patches) {
+  patchify_gather(v, images, NULL, v->n_patches, patches);
+}
+
+void vit_forward_visible(Vit *v, DnnlCtx *ctx, const float *images, const int *keep_idx) {
+  if (!keep_idx && v->n_keep != v->n_patches)
+    TL_DIE("vit_forward_visible: keep_idx is required when encoding %d of %d patches", v->n_keep,
+           v->n_patches);
+  size_t n_idx = (size_t)v->N * v->n_keep;
+  if (keep_idx)
+    for (size_t i = 0; i < n_idx; i++)
+      if (keep_idx[i] < 0 || keep_idx[i] >= v->n_patches)
+        TL_DIE("vit_forward_visible: keep_idx[%zu] = %d outside [0, %d)", i, keep_idx[i],
+               v->n_patches);
+  int D = v->D, T = v->T;
+  patchify_gather(v, images, keep_idx, v->n_keep, v->patches);
+  linear_forward(&v->patch_embed, ctx, v->patches);
+  for (int n = 0; n < v->N; n++) {
+    float *tok = v->embedded + (size_t)n * T * D;
+    if (v->has_cls) memcpy(tok, v->cls, sizeof(float) * (size_t)D);
+    for (int k = 0; k < v->n_keep; k++) {
+      int patch = keep_idx ? keep_idx[(size_t)n * v->n_keep + k] : k;
+      const float *emb = v->patch_embed.out + ((size_t)n * v->n_keep + k) * D;
+      const float *pos = v->pos_embed + (size_t)patch * D;
+      float *dst = tok + (size_t)(v->has_cls + k) * D;
+      for (int d = 0; d < D; d++) dst[d] = emb[d] + pos[d];
+    }
+  }
+  ctx->flops_forward[v->comp] += (double)n_idx * D;  // position embedding adds
+
+  const float *x = v->embedded;
+  for (int i = 0; i < v->depth; i++) x = transformer_block_forward(&v->blocks[i], ctx, x);
+  layernorm_forward(&v->norm, ctx, x);
+
+  for (int n = 0; n < v->N; n++) {
+    const float *tok = v->tokens + (size_t)n * T * D;
+    float *f = v->feature + (size_t)n * D;
+    if (v->has_cls) {
+      memcpy(f, tok, sizeof(float) * (size_t)D);
+      continue;
+    }
+    for (int d = 0; d < D; d++) f[d] = 0;
+    for (int t = 0; t < T; t++)
+      for (int d = 0; d < D; d++) f[d] += tok[(size_t)t * D + d];
+    for (int d = 0; d < D; d++) f[d] /= (float)T;
+  }
+  if (!v->has_cls) ctx->flops_forward[v->comp] += (double)v->N * T * D;
+}
+
+void vit_backward_tokens(Vit *v, DnnlCtx *ctx, const float *dtokens) {
+  if (v->mode != OP_TRAIN) TL_DIE("vit_backward_tokens on a ViT built without backward");
+  int D = v->D, T = v->T;
+  layernorm_backward(&v->norm, ctx, dtokens);
+  const float *d = v->norm.din;
+  for (int i = v->depth - 1; i >= 0; i--) d = transformer_block_backward(&v->blocks[i], ctx, d);
+  // d: (N, T, D) gradient of the embedded tokens. The position table is fixed, so the patch
+  // rows go straight to the patch embedding; the cls rows sum into the cls token.
+  const float *dpatch = d;
+  if (v->has_cls) {
+    memset(v->dcls, 0, sizeof(float) * (size_t)D);
+    for (int n = 0; n < v->N; n++) {
+      const float *row = d + (size_t)n * T * D;
+      for (int e = 0; e < D; e++) v->dcls[e] += row[e];
+      memcpy(v->dpatch_tokens + (size_t)n * v->n_keep * D, row + D,
+             sizeof(float) * (size_t)v->n_keep * D);
+    }
+    ctx->flops_backward[v->comp] += (double)v->N * D;
+    dpatch = v->dpatch_tokens;
+  }
+  linear_backward(&v->patch_embed, ctx, dpatch);
+}
+
+static void vit_backbone_forward(Backbone *bb, DnnlCtx *ctx, const float *images) {
+  Vit *v = (Vit *)bb;
+  if (v->n_keep != v->n_patches)
+    TL_DIE("vit: this encoder sees %d of %d patches; use vit_forward_visible", v->n_keep,
+           v->n_patches);
+  vit_forward_visible(v, ctx, images, NULL);
+}
+
+// The feature's gradient spread back over the tokens it was read from.
+static void vit_backbone_backward(Backbone *bb, DnnlCtx *ctx, const float *dfeature) {
+  Vit *v = (Vit *)bb;
+  if (v->mode != OP_TRAIN) TL_DIE("vit: backward on a ViT built without backward");
+  int D = v->D, T = v->T;
+  for (int n = 0; n < v->N; n++) {
+    float *dtok = v->dtokens_from_feature + (size_t)n * T * D;
+    const float *df = dfeature + (size_t)n * D;
+    if (v->has_cls) {
+      memcpy(dtok, df, sizeof(float) * (size_t)D);
+      memset(dtok + D, 0, sizeof(float) * (size_t)(T - 1) * D);
+      continue;
+    }
+    for (int t = 0; t < T; t++)
+      for (int d = 0; d < D; d++) dtok[(size_t)t * D + d] = df[d] / (float)T;
+  }
+  if (!v->has_cls) ctx->flops_backward[v->comp] += (double)v->N * T * D;
+  vit_backward_tokens(v, ctx, v->dtokens_from_feature);
+}
+
+static void vit_destroy(Backbone *bb) {
+  Vit *v = (Vit *)bb;
+  tl_free(v->pos_embed);
+  tl_free(v->patches);
+  linear_destroy(&v->patch_embed);
+  tl_free(v->embedded);
+  for (int i = 0; i < v->depth; i++) transformer_block_destroy(&v->blocks[i]);
+  free(v->blocks);
+  layernorm_destroy(&v->norm);
+  tl_free(v->feature);
+  tl_free(v->dtokens_from_feature);
+  tl_free(v->dpatch_tokens);
+  free(v);
+}
+
+Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size, int channels,
+                       int n_keep) {
+  if (vit_check_spec(spec, image_size, channels)) return NULL;
+  int padded = vit_padded_size(spec, image_size), grid = padded / spec->patch_size;
+  if (N <= 0 || n_keep < 1 || n_keep > grid * grid) {
+    tl_fail("vit: %d images with %d of %d patches kept", N, n_keep, grid * grid);
+    return NULL;
+  }
+  Vit *v = calloc(1, sizeof *v);
+  if (!v) TL_DIE("out of memory");
+  DnnlCtx *ctx = b->ctx;
+  int train = b->mode == OP_TRAIN;
+  MemCategory out_cat = builder_out_category(b);
+  v->N = N;
+  v->image_size = image_size;
+  v->channels = channels;
+  v->padded_size = padded;
+  v->pad_before = (padded - image_size) / 2;
+  v->patch_size = spec->patch_size;
+  v->grid = grid;
+  v->n_patches = grid * grid;
+  v->patch_dim = spec->patch_size * spec->patch_size * channels;
+  v->n_keep = n_keep;
+  v->has_cls = strcmp(spec->pool, "cls") == 0;
+  v->T = v->has_cls + n_keep;
+  v->D = spec->dim;
+  v->depth = spec->depth;
+  v->mode = b->mode;
+  v->comp = ctx->component;
+  size_t D = (size_t)v->D, tokens = (size_t)N * v->T;
+
+  v->pos_embed = tl_alloc((size_t)v->n_patches * D * sizeof(float), MEM_WORKSPACE, v->comp);
+  vit_sincos_pos_embed(v->pos_embed, grid, v->D);
+  v->patches = tl_alloc((size_t)N * n_keep * v->patch_dim * sizeof(float), out_cat, v->comp);
+  linear_init(&v->patch_embed, b, "patch_embed", N * n_keep, v->patch_dim, v->D, 1, 0, 0.0f);
+  if (v->has_cls) {
+    // Like a bias, the cls token is exempt from weight decay.
+    v->cls = paramset_take(b->params, "cls_token", D, 1, &v->dcls);
+    paramset_init_normal(b->params, v->cls, D, 0.02f);
+  }
+  v->embedded = tl_alloc(tokens * D * sizeof(float), out_cat, v->comp);
+  v->blocks = calloc((size_t)v->depth, sizeof *v->blocks);
+  if (!v->blocks && v->depth) TL_DIE("out of memory");
+  for (int i = 0; i < v->depth; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "blocks.%d", i);
+    transformer_block_init(&v->blocks[i], b, name, N, v->T, v->D, spec->heads, spec->mlp_ratio,
+                           train);
+  }
+  layernorm_init(&v->norm, b, "norm", N * v->T, v->D);
+  v->tokens = v->norm.out;
+  v->feature = tl_alloc((size_t)N * D * sizeof(float), out_cat, v->comp);
+  if (train) {
+    v->dtokens_from_feature = tl_alloc(tokens * D * sizeof(float), MEM_ACT_GRAD, v->comp);
+    if (v->has_cls)
+      v->dpatch_tokens = tl_alloc((size_t)N * n_keep * D * sizeof(float), MEM_ACT_GRAD, v->comp);
+  }
+  v->base = (Backbone){.kind = "vit",
+                       .N = N,
+                       .feature_dim = v->D,
+                       .feature = v->feature,
+                       .forward = vit_backbone_forward,
+                       .backward = vit_backbone_backward,
+                       .destroy = vit_destroy};
+  return v;
+}
+
+Backbone *vit_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels) {
+  if (vit_check_spec(spec, image_size, channels)) return NULL;
+  int grid = vit_padded_size(spec, image_size) / spec->patch_size;
+  Vit *v = vit_create_masked(spec, b, N, image_size, channels, grid * grid);
+  return v ? &v->base : NULL;
+}

@@ -1,0 +1,243 @@
+#include "ops/attention.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+// Per attention-matrix element: forward scale (1), row max (1), subtract (1), exp (1), row sum
+// (1), normalize (1) = 6; backward sum of dP*P (2), subtract (1), multiply by P (1), scale (1) = 5.
+enum { SOFTMAX_FWD_FLOPS_PER_ELEM = 6, SOFTMAX_BWD_FLOPS_PER_ELEM = 5 };
+
+// Where Q, K, V live for the matmuls. oneDNN 2.6 runs its fast (brgemm) matmul only on operands
+// without gaps; head views into qkv have gaps, so they fall back to gemm:jit. Measured here
+// (N = 256, D = 128 or 64, 4 heads, forward + backward with reorders, one thread, best of 15,
+// side by side in one process): a reorder into dense heads wins below T ~ 32 (T = 17: 6.3-9.9 ms
+// dense vs 9.5-12.9 ms strided); strided views win above (T = 65: 45-49 vs 52-56 ms) and keep no
+// second copy of qkv for backward.
+enum { DENSE_HEADS_MAX_T = 32 };
+
+// One batched matmul dst = scale * src x weights over (N, H) batches of strided views. The
+// 1/sqrt(Dh) scale rides on the matmul as an output scale instead of a separate pass.
+typedef struct {
+  dnnl_primitive_desc_t pd;
+  dnnl_primitive_t prim;
+  dnnl_memory_t src, weights, dst;
+} HeadMatmul;
+
+struct AttentionPrivate {
+  HeadMatmul scores;   // S = Q K^T * scale
+  HeadMatmul context;  // out_h = P V
+  HeadMatmul dprobs;   // dP = dO V^T
+  HeadMatmul dvalue;   // dV = P^T dO
+  HeadMatmul dquery;   // dQ = dS K * scale
+  HeadMatmul dkey;     // dK = dS^T Q * scale
+  dnnl_primitive_desc_t softmax_fwd_pd, softmax_bwd_pd;
+  dnnl_primitive_t softmax_fwd, softmax_bwd;
+  dnnl_memory_t probs_mem, dprobs_mem;
+  // (N, H, T, T): scores, turned into probabilities in place by the softmax (kept for backward)
+  float *probs;
+  // (N, H, T, T): dP, turned into dS (gradient of the scaled scores) in place; OP_TRAIN only
+  float *dprobs_buf;
+  // T < DENSE_HEADS_MAX_T: Q, K, V as dense (3, N, H, T, Dh) heads, and their gradients.
+  int dense_heads;
+  dnnl_dim_t part_offset;  // floats from Q to K to V in whichever buffer holds them
+  DnnlReorder to_heads, from_heads;
+  float *heads;   // (3, N, H, T, Dh), kept for backward
+  float *dheads;  // (3, N, H, T, Dh), OP_TRAIN only
+};
+
+double attention_flops_forward(int N, int T, int D, int heads) {
+  double scores = (double)N * heads * T * T;
+  return 2 * (2.0 * N * T * (double)T * D) + SOFTMAX_FWD_FLOPS_PER_ELEM * scores;
+}
+
+double attention_flops_backward(int N, int T, int D, int heads) {
+  double scores = (double)N * heads * T * T;
+  return 4 * (2.0 * N * T * (double)T * D) + SOFTMAX_BWD_FLOPS_PER_ELEM * scores;
+}
+
+// A (N, H, rows, cols) view with explicit strides (in floats).
+static dnnl_memory_desc_t head_view(int N, int H, int rows, int cols, dnnl_dim_t batch_stride,
+                                    dnnl_dim_t head_stride, dnnl_dim_t row_stride,
+                                    dnnl_dim_t col_stride) {
+  dnnl_memory_desc_t md;
+  dnnl_dims_t dims = {N, H, rows, cols};
+  dnnl_dims_t strides = {batch_stride, head_stride, row_stride, col_stride};
+  DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md, 4, dims, dnnl_f32, strides));
+  return md;
+}
+
+static void head_matmul_init(HeadMatmul *m, DnnlCtx *ctx, const dnnl_memory_desc_t *src,
+                             const dnnl_memory_desc_t *weights, const dnnl_memory_desc_t *dst,
+                             float scale) {
+  dnnl_primitive_attr_t attr;
+  DNNL_CHECK(dnnl_primitive_attr_clone(&attr, dnnl_ctx_attr()));
+  if (scale != 1.0f) DNNL_CHECK(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &scale));
+  dnnl_matmul_desc_t desc;
+  DNNL_CHECK(dnnl_matmul_desc_init(&desc, src, weights, NULL, dst));
+  DNNL_CHECK(dnnl_primitive_desc_create(&m->pd, &desc, attr, ctx->engine, NULL));
+  DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
+  DNNL_CHECK(dnnl_primitive_create(&m->prim, m->pd));
+  dnnl_ctx_reserve_scratchpad(ctx, m->pd);
+  m->src = dnnl_mem_new(ctx, src);
+  m->weights = dnnl_mem_new(ctx, weights);
+  m->dst = dnnl_mem_new(ctx, dst);
+}
+
+static void head_matmul_run(HeadMatmul *m, DnnlCtx *ctx, const float *src, const float *weights,
+                            float *dst) {
+  dnnl_mem_bind(m->src, src);
+  dnnl_mem_bind(m->weights, weights);
+  dnnl_mem_bind(m->dst, dst);
+  dnnl_exec_arg_t args[] = {
+      {DNNL_ARG_SRC, m->src}, {DNNL_ARG_WEIGHTS, m->weights}, {DNNL_ARG_DST, m->dst}};
+  dnnl_ctx_exec(ctx, m->prim, m->pd, 3, args);
+}
+
+static void head_matmul_destroy(HeadMatmul *m) {
+  if (m->prim) dnnl_primitive_destroy(m->prim);
+  if (m->pd) dnnl_primitive_desc_destroy(m->pd);
+  dnnl_memory_t mems[] = {m->src, m->weights, m->dst};
+  for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++)
+    if (mems[i]) dnnl_memory_destroy(mems[i]);
+}
+
+void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
+  if (N <= 0 || T <= 0 || heads <= 0 || D <= 0 || D % heads != 0)
+    TL_DIE("attention: bad shape N=%d T=%d D=%d heads=%d", N, T, D, heads);
+  DnnlCtx *ctx = b->ctx;
+  memset(a, 0, sizeof *a);
+  a->N = N;
+  a->T = T;
+  a->D = D;
+  a->H = heads;
+  a->mode = b->mode;
+  a->comp = ctx->component;
+  struct AttentionPrivate *p = calloc(1, sizeof *p);
+  if (!p) TL_DIE("out of memory");
+  a->priv = p;
+
+  int H = heads, Dh = D / heads, train = b->mode == OP_TRAIN;
+  dnnl_dim_t qkv_row = 3 * (dnnl_dim_t)D, qkv_image = (dnnl_dim_t)T * qkv_row;
+  dnnl_dim_t out_image = (dnnl_dim_t)T * D, probs_head = (dnnl_dim_t)T * T;
+  dnnl_dim_t probs_image = H * probs_head;
+  size_t qkv_count = (size_t)N * (size_t)qkv_image;
+  // Q, K, V (and dQ, dK, dV) heads as (T, Dh) matrices, either rows of qkv or dense; K^T and V^T
+  // read the same memory with the last two strides swapped.
+  p->dense_heads = T < DENSE_HEADS_MAX_T;
+  dnnl_memory_desc_t qkv_head, qkv_head_t;
+  if (p->dense_heads) {
+    dnnl_dim_t head = (dnnl_dim_t)T * Dh;
+    qkv_head = head_view(N, H, T, Dh, H * head, head, Dh, 1);
+    qkv_head_t = head_view(N, H, Dh, T, H * head, head, 1, Dh);
+    p->part_offset = (dnnl_dim_t)N * out_image;
+    dnnl_memory_desc_t fused, split;
+    dnnl_dims_t dims = {3, N, H, T, Dh}, fused_strides = {D, qkv_image, Dh, qkv_row, 1};
+    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&fused, 5, dims, dnnl_f32, fused_strides));
+    DNNL_CHECK(dnnl_memory_desc_init_by_tag(&split, 5, dims, dnnl_f32, dnnl_abcde));
+    dnnl_reorder_init(&p->to_heads, ctx, &fused, &split);
+    p->heads = tl_alloc(qkv_count * sizeof(float), builder_out_category(b), a->comp);
+    if (train) {
+      dnnl_reorder_init(&p->from_heads, ctx, &split, &fused);
+      p->dheads = tl_alloc(qkv_count * sizeof(float), MEM_ACT_GRAD, a->comp);
+    }
+  } else {
+    qkv_head = head_view(N, H, T, Dh, qkv_image, Dh, qkv_row, 1);
+    qkv_head_t = head_view(N, H, Dh, T, qkv_image, Dh, 1, qkv_row);
+    p->part_offset = D;
+  }
+  dnnl_memory_desc_t out_head = head_view(N, H, T, Dh, out_image, Dh, D, 1);
+  dnnl_memory_desc_t probs = head_view(N, H, T, T, probs_image, probs_head, T, 1);
+  dnnl_memory_desc_t probs_t = head_view(N, H, T, T, probs_image, probs_head, 1, T);
+  float scale = 1.0f / sqrtf((float)Dh);
+
+  head_matmul_init(&p->scores, ctx, &qkv_head, &qkv_head_t, &probs, scale);
+  head_matmul_init(&p->context, ctx, &probs, &qkv_head, &out_head, 1.0f);
+  dnnl_softmax_desc_t softmax_fwd_desc;
+  DNNL_CHECK(dnnl_softmax_forward_desc_init(
+      &softmax_fwd_desc, train ? dnnl_forward_training : dnnl_forward_inference, &probs, 3));
+  DNNL_CHECK(dnnl_primitive_desc_create(&p->softmax_fwd_pd, &softmax_fwd_desc, dnnl_ctx_attr(),
+                                        ctx->engine, NULL));
+  DNNL_CHECK(dnnl_primitive_create(&p->softmax_fwd, p->softmax_fwd_pd));
+  dnnl_ctx_reserve_scratchpad(ctx, p->softmax_fwd_pd);
+  p->probs_mem = dnnl_mem_new(ctx, &probs);
+  size_t probs_count = (size_t)N * (size_t)probs_image;
+  p->probs = tl_alloc(probs_count * sizeof(float), builder_out_category(b), a->comp);
+  a->out =
+      tl_alloc((size_t)N * (size_t)out_image * sizeof(float), builder_out_category(b), a->comp);
+  if (!train) return;
+
+  head_matmul_init(&p->dprobs, ctx, &out_head, &qkv_head_t, &probs, 1.0f);
+  head_matmul_init(&p->dvalue, ctx, &probs_t, &out_head, &qkv_head, 1.0f);
+  head_matmul_init(&p->dquery, ctx, &probs, &qkv_head, &qkv_head, scale);
+  head_matmul_init(&p->dkey, ctx, &probs_t, &qkv_head, &qkv_head, scale);
+  dnnl_softmax_desc_t softmax_bwd_desc;
+  DNNL_CHECK(dnnl_softmax_backward_desc_init(&softmax_bwd_desc, &probs, &probs, 3));
+  DNNL_CHECK(dnnl_primitive_desc_create(&p->softmax_bwd_pd, &softmax_bwd_desc, dnnl_ctx_attr(),
+                                        ctx->engine, p->softmax_fwd_pd));
+  DNNL_CHECK(dnnl_primitive_create(&p->softmax_bwd, p->softmax_bwd_pd));
+  dnnl_ctx_reserve_scratchpad(ctx, p->softmax_bwd_pd);
+  p->dprobs_mem = dnnl_mem_new(ctx, &probs);
+  p->dprobs_buf = tl_alloc(probs_count * sizeof(float), MEM_ACT_GRAD, a->comp);
+  a->din = tl_alloc(qkv_count * sizeof(float), MEM_ACT_GRAD, a->comp);
+}
+
+void attention_forward(Attention *a, DnnlCtx *ctx, const float *qkv) {
+  struct AttentionPrivate *p = a->priv;
+  a->qkv = qkv;
+  if (p->dense_heads) dnnl_reorder_run(&p->to_heads, ctx, qkv, p->heads);
+  const float *q = p->dense_heads ? p->heads : qkv;
+  const float *k = q + p->part_offset, *v = q + 2 * p->part_offset;
+  head_matmul_run(&p->scores, ctx, q, k, p->probs);
+  dnnl_mem_bind(p->probs_mem, p->probs);
+  dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, p->probs_mem}, {DNNL_ARG_DST, p->probs_mem}};
+  dnnl_ctx_exec(ctx, p->softmax_fwd, p->softmax_fwd_pd, 2, args);
+  head_matmul_run(&p->context, ctx, p->probs, v, a->out);
+  ctx->flops_forward[a->comp] += attention_flops_forward(a->N, a->T, a->D, a->H);
+}
+
+void attention_backward(Attention *a, DnnlCtx *ctx, const float *dout) {
+  struct AttentionPrivate *p = a->priv;
+  if (a->mode != OP_TRAIN) TL_DIE("attention_backward on an op built without backward");
+  TL_ASSERT(a->qkv);
+  const float *q = p->dense_heads ? p->heads : a->qkv;
+  const float *k = q + p->part_offset, *v = q + 2 * p->part_offset;
+  float *dq = p->dense_heads ? p->dheads : a->din;
+  float *dk = dq + p->part_offset, *dv = dq + 2 * p->part_offset;
+  head_matmul_run(&p->dprobs, ctx, dout, v, p->dprobs_buf);
+  head_matmul_run(&p->dvalue, ctx, p->probs, dout, dv);
+  dnnl_mem_bind(p->probs_mem, p->probs);
+  dnnl_mem_bind(p->dprobs_mem, p->dprobs_buf);
+  dnnl_exec_arg_t args[] = {{DNNL_ARG_DST, p->probs_mem},
+                            {DNNL_ARG_DIFF_DST, p->dprobs_mem},
+                            {DNNL_ARG_DIFF_SRC, p->dprobs_mem}};
+  dnnl_ctx_exec(ctx, p->softmax_bwd, p->softmax_bwd_pd, 3, args);
+  head_matmul_run(&p->dquery, ctx, p->dprobs_buf, k, dq);
+  head_matmul_run(&p->dkey, ctx, p->dprobs_buf, q, dk);
+  if (p->dense_heads) dnnl_reorder_run(&p->from_heads, ctx, p->dheads, a->din);
+  ctx->flops_backward[a->comp] += attention_flops_backward(a->N, a->T, a->D, a->H);
+}
+
+void attention_destroy(Attention *a) {
+  struct AttentionPrivate *p = a->priv;
+  if (p) {
+    HeadMatmul *mms[] = {&p->scores, &p->context, &p->dprobs, &p->dvalue, &p->dquery, &p->dkey};
+    for (size_t i = 0; i < sizeof mms / sizeof mms[0]; i++) head_matmul_destroy(mms[i]);
+    if (p->softmax_fwd) dnnl_primitive_destroy(p->softmax_fwd);
+    if (p->softmax_fwd_pd) dnnl_primitive_desc_destroy(p->softmax_fwd_pd);
+    if (p->softmax_bwd) dnnl_primitive_destroy(p->softmax_bwd);
+    if (p->softmax_bwd_pd) dnnl_primitive_desc_destroy(p->softmax_bwd_pd);
+    if (p->probs_mem) dnnl_memory_destroy(p->probs_mem);
+    if (p->dprobs_mem) dnnl_memory_destroy(p->dprobs_mem);
+    tl_free(p->probs);
+    tl_free(p->dprobs_buf);
+    dnnl_reorder_destroy(&p->to_heads);
+    dnnl_reorder_destroy(&p->from_heads);
+    tl_free(p->heads);
+    tl_free(p->dheads);
+    free(p);
+  }
+  tl_free(a->out);
+  tl_free(a->din);
+  memset(a, 0, sizeof *a);
+}

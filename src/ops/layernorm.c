@@ -1,0 +1,153 @@
+#include "ops/layernorm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// Per element, forward: mean (1 add), variance ((x - mean)^2 summed: 3), normalize (2), scale and
+// shift (2) = 8. Backward: dbeta (1), dgamma (2), dxhat = dy gamma (1), its row sum (1), the row
+// sum of dxhat xhat (2), dx = (dxhat - mean1 - xhat mean2) rstd (4) = 11.
+enum { LN_FWD_FLOPS_PER_ELEM = 8, LN_BWD_FLOPS_PER_ELEM = 11 };
+
+struct LayerNormPrivate {
+  dnnl_primitive_desc_t fwd_pd, bwd_pd;
+  dnnl_primitive_t fwd, bwd;
+  dnnl_memory_t src, dst, scale, shift, mean, variance;  // forward
+  dnnl_memory_t diff_dst, diff_src, diff_scale, diff_shift;
+  float *mean_buf, *variance_buf;  // (M) each, OP_TRAIN: the statistics backward reuses
+};
+
+size_t layernorm_param_count(int D) { return 2 * (size_t)D; }
+
+double layernorm_flops_forward(int M, int D) { return LN_FWD_FLOPS_PER_ELEM * (double)M * D; }
+double layernorm_flops_backward(int M, int D) { return LN_BWD_FLOPS_PER_ELEM * (double)M * D; }
+
+void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
+  if (M <= 0 || D <= 0) TL_DIE("layernorm %s: bad shape (%d, %d)", name, M, D);
+  DnnlCtx *ctx = b->ctx;
+  memset(l, 0, sizeof *l);
+  l->M = M;
+  l->D = D;
+  l->mode = b->mode;
+  l->comp = ctx->component;
+  l->eps = 1e-6f;
+
+  char pname[64];
+  snprintf(pname, sizeof pname, "%s.gamma", name);
+  l->gamma = paramset_take(b->params, pname, (size_t)D, 1, &l->dgamma);
+  paramset_init_const(b->params, l->gamma, (size_t)D, 1.0f);
+  snprintf(pname, sizeof pname, "%s.beta", name);
+  l->beta = paramset_take(b->params, pname, (size_t)D, 1, &l->dbeta);
+  paramset_init_const(b->params, l->beta, (size_t)D, 0.0f);
+
+  struct LayerNormPrivate *p = calloc(1, sizeof *p);
+  if (!p) TL_DIE("out of memory");
+  l->priv = p;
+  dnnl_dims_t data_dims = {M, D}, param_dims = {D}, stat_dims = {M};
+  dnnl_memory_desc_t data_md = dnnl_md_plain(2, data_dims, dnnl_ab);
+  dnnl_memory_desc_t param_md = dnnl_md_plain(1, param_dims, dnnl_a);
+  dnnl_memory_desc_t stat_md = dnnl_md_plain(1, stat_dims, dnnl_a);
+  // Separate scale and shift (not the older packed dnnl_use_scaleshift), so gamma and beta are
+  // two independent slices of the parameter block.
+  unsigned flags = dnnl_use_scale | dnnl_use_shift;
+  int train = b->mode == OP_TRAIN;
+
+  dnnl_layer_normalization_desc_t fwd_desc;
+  DNNL_CHECK(dnnl_layer_normalization_forward_desc_init(
+      &fwd_desc, train ? dnnl_forward_training : dnnl_forward_inference, &data_md, &stat_md, l->eps,
+      flags));
+  DNNL_CHECK(dnnl_primitive_desc_create(&p->fwd_pd, &fwd_desc, dnnl_ctx_attr(), ctx->engine, NULL));
+  DNNL_CHECK(dnnl_primitive_create(&p->fwd, p->fwd_pd));
+  dnnl_ctx_reserve_scratchpad(ctx, p->fwd_pd);
+  p->src = dnnl_mem_new(ctx, &data_md);
+  p->dst = dnnl_mem_new(ctx, &data_md);
+  p->scale = dnnl_mem_new(ctx, &param_md);
+  p->shift = dnnl_mem_new(ctx, &param_md);
+  l->out = tl_alloc((size_t)M * (size_t)D * sizeof(float), builder_out_category(b), l->comp);
+  if (!train) return;
+
+  p->mean = dnnl_mem_new(ctx, &stat_md);
+  p->variance = dnnl_mem_new(ctx, &stat_md);
+  p->mean_buf = tl_alloc((size_t)M * sizeof(float), MEM_ACT, l->comp);
+  p->variance_buf = tl_alloc((size_t)M * sizeof(float), MEM_ACT, l->comp);
+  dnnl_layer_normalization_desc_t bwd_desc;
+  DNNL_CHECK(dnnl_layer_normalization_backward_desc_init(&bwd_desc, dnnl_backward, &data_md,
+                                                         &data_md, &stat_md, l->eps, flags));
+  DNNL_CHECK(
+      dnnl_primitive_desc_create(&p->bwd_pd, &bwd_desc, dnnl_ctx_attr(), ctx->engine, p->fwd_pd));
+  DNNL_CHECK(dnnl_primitive_create(&p->bwd, p->bwd_pd));
+  dnnl_ctx_reserve_scratchpad(ctx, p->bwd_pd);
+  p->diff_dst = dnnl_mem_new(ctx, &data_md);
+  p->diff_src = dnnl_mem_new(ctx, &data_md);
+  p->diff_scale = dnnl_mem_new(ctx, &param_md);
+  p->diff_shift = dnnl_mem_new(ctx, &param_md);
+  l->din = tl_alloc((size_t)M * (size_t)D * sizeof(float), MEM_ACT_GRAD, l->comp);
+}
+
+void layernorm_forward(LayerNorm *l, DnnlCtx *ctx, const float *in) {
+  struct LayerNormPrivate *p = l->priv;
+  l->in = in;
+  dnnl_mem_bind(p->src, in);
+  dnnl_mem_bind(p->dst, l->out);
+  dnnl_mem_bind(p->scale, l->gamma);
+  dnnl_mem_bind(p->shift, l->beta);
+  dnnl_exec_arg_t args[6] = {{DNNL_ARG_SRC, p->src},
+                             {DNNL_ARG_DST, p->dst},
+                             {DNNL_ARG_SCALE, p->scale},
+                             {DNNL_ARG_SHIFT, p->shift}};
+  int nargs = 4;
+  if (l->mode == OP_TRAIN) {
+    dnnl_mem_bind(p->mean, p->mean_buf);
+    dnnl_mem_bind(p->variance, p->variance_buf);
+    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_MEAN, p->mean};
+    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_VARIANCE, p->variance};
+  }
+  dnnl_ctx_exec(ctx, p->fwd, p->fwd_pd, nargs, args);
+  ctx->flops_forward[l->comp] += layernorm_flops_forward(l->M, l->D);
+}
+
+void layernorm_backward(LayerNorm *l, DnnlCtx *ctx, const float *dout) {
+  struct LayerNormPrivate *p = l->priv;
+  if (l->mode != OP_TRAIN) TL_DIE("layernorm_backward on a layer built without backward");
+  TL_ASSERT(l->in);
+  dnnl_mem_bind(p->src, l->in);
+  dnnl_mem_bind(p->scale, l->gamma);
+  // oneDNN 2.6 rejects the backward call without the shift argument when dnnl_use_shift is set,
+  // although the gradient does not depend on it.
+  dnnl_mem_bind(p->shift, l->beta);
+  dnnl_mem_bind(p->diff_dst, dout);
+  dnnl_mem_bind(p->diff_src, l->din);
+  dnnl_mem_bind(p->diff_scale, l->dgamma);
+  dnnl_mem_bind(p->diff_shift, l->dbeta);
+  dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, p->src},
+                            {DNNL_ARG_MEAN, p->mean},
+                            {DNNL_ARG_VARIANCE, p->variance},
+                            {DNNL_ARG_SCALE, p->scale},
+                            {DNNL_ARG_SHIFT, p->shift},
+                            {DNNL_ARG_DIFF_DST, p->diff_dst},
+                            {DNNL_ARG_DIFF_SRC, p->diff_src},
+                            {DNNL_ARG_DIFF_SCALE, p->diff_scale},
+                            {DNNL_ARG_DIFF_SHIFT, p->diff_shift}};
+  dnnl_ctx_exec(ctx, p->bwd, p->bwd_pd, (int)(sizeof args / sizeof args[0]), args);
+  ctx->flops_backward[l->comp] += layernorm_flops_backward(l->M, l->D);
+}
+
+void layernorm_destroy(LayerNorm *l) {
+  struct LayerNormPrivate *p = l->priv;
+  if (p) {
+    if (p->fwd) dnnl_primitive_destroy(p->fwd);
+    if (p->fwd_pd) dnnl_primitive_desc_destroy(p->fwd_pd);
+    if (p->bwd) dnnl_primitive_destroy(p->bwd);
+    if (p->bwd_pd) dnnl_primitive_desc_destroy(p->bwd_pd);
+    dnnl_memory_t mems[] = {p->src,      p->dst,      p->scale,    p->shift,      p->mean,
+                            p->variance, p->diff_dst, p->diff_src, p->diff_scale, p->diff_shift};
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++)
+      if (mems[i]) dnnl_memory_destroy(mems[i]);
+    tl_free(p->mean_buf);
+    tl_free(p->variance_buf);
+    free(p);
+  }
+  tl_free(l->out);
+  tl_free(l->din);
+  memset(l, 0, sizeof *l);
+}

@@ -1,0 +1,29 @@
+// Layer normalization over the last dimension of (M, D) rows (oneDNN layer_normalization with
+// separate scale and shift): out = gamma * (in - mean) / sqrt(var + eps) + beta, per row.
+#pragma once
+#include "ops/builder.h"
+
+typedef struct {
+  int M, D;
+  OpMode mode;
+  MemComponent comp;
+  float eps;              // 1e-6
+  float *gamma, *dgamma;  // (D) scale, init 1, no weight decay
+  float *beta, *dbeta;    // (D) shift, init 0, no weight decay
+  const float *in;        // (M, D) remembered from forward
+  float *out;             // (M, D)
+  // (M, D), OP_TRAIN only: oneDNN's backward with scale/shift gradients always produces it.
+  float *din;
+  struct LayerNormPrivate *priv;  // primitives and the per-row mean/variance kept for backward
+} LayerNorm;
+
+void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D);
+size_t layernorm_param_count(int D);  // gamma, beta
+void layernorm_forward(LayerNorm *l, DnnlCtx *ctx, const float *in);
+// din, dgamma and dbeta (overwritten).
+void layernorm_backward(LayerNorm *l, DnnlCtx *ctx, const float *dout);
+void layernorm_destroy(LayerNorm *l);
+
+// Analytic FLOPs of one call (counts per element in layernorm.c), for plans and tests.
+double layernorm_flops_forward(int M, int D);
+double layernorm_flops_backward(int M, int D);
