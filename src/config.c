@@ -672,6 +672,9 @@ static int validate_model(const Config *cfg) {
     if (m->dim % m->heads)
       return tl_fail("%s: [backbone] dim = %d is not divisible by heads = %d", where, m->dim,
                      m->heads);
+    if (m->dim % 4)
+      return tl_fail("%s: [backbone] dim = %d: must be a multiple of 4 (2-D sin-cos positions)",
+                     where, m->dim);
     return 0;
   }
   int channels = list_length(m->stage_channels), blocks = list_length(m->stage_blocks),
@@ -705,6 +708,10 @@ int config_validate(const Config *cfg) {
   if (cfg->objective.decoder_dim % cfg->objective.decoder_heads)
     return tl_fail("%s: [objective] decoder_dim = %d is not divisible by decoder_heads = %d", where,
                    cfg->objective.decoder_dim, cfg->objective.decoder_heads);
+  if (cfg->objective.decoder_dim % 4)
+    return tl_fail("%s: [objective] decoder_dim = %d: must be a multiple of 4 (2-D sin-cos "
+                   "positions)",
+                   where, cfg->objective.decoder_dim);
   if (cfg->eval.knn_train_limit && cfg->eval.knn_k > cfg->eval.knn_train_limit)
     return tl_fail("%s: [eval] knn_k = %d is larger than knn_train_limit = %d", where,
                    cfg->eval.knn_k, cfg->eval.knn_train_limit);

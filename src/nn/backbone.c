@@ -16,6 +16,11 @@ int backbone_feature_dim(const ModelSpec *spec) {
 }
 
 Backbone *backbone_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels) {
-  if (strcmp(spec->type, "vit") == 0) return vit_create(spec, b, N, image_size, channels);
+  if (strcmp(spec->type, "vit") == 0) {
+    // config_validate has checked the spec against the data, so a refusal here is a bug.
+    Backbone *bb = vit_create(spec, b, N, image_size, channels);
+    if (!bb) TL_DIE("%s", tl_last_error());
+    return bb;
+  }
   return resnet_create(spec, b, N, image_size, channels);
 }

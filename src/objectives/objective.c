@@ -1,5 +1,6 @@
 #include "objectives/objective.h"
 
+#include <stdio.h>
 #include <string.h>
 
 extern const ObjectiveDef objective_inbatch;
@@ -16,4 +17,11 @@ const ObjectiveDef *objective_find(const char *name) {
   return NULL;
 }
 
-const char *objective_names(void) { return "inbatch, moco, mae"; }
+const char *objective_names(void) {
+  static char names[256];
+  if (!names[0])
+    for (int i = 0; i < N_OBJECTIVES; i++)
+      snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
+               objective_table[i]->name);
+  return names;
+}
