@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fixtures/mae_loss_reference.h"
 #include "gradcheck.h"
 #include "objectives/mae.h"
 #include "objectives/moco.h"
@@ -78,7 +79,7 @@ static Fixture *fixture_new(const char *objective, const char *backbone) {
   f->def = objective_find(objective);
   assert_non_null(f->def);
   paramset_alloc(&f->ps, f->def->param_count(&f->cfg), 3);
-  ObjectiveEnv env = {&f->cfg, &f->ctx, f->comm, &f->ps, b, b, 100};
+  ObjectiveEnv env = {&f->cfg, &f->ctx, f->comm, &f->ps, b, b, 100, NULL};
   f->obj = f->def->create(&env);
   assert_non_null(f->obj);
   Rng r = rng_stream(11, RNG_TEST, 0, 0);
@@ -323,6 +324,28 @@ static void test_mae_sees_only_visible_patches(void **state) {
   fixture_free(f);
 }
 
+// The loss against models_mae.py's forward_loss (norm_pix_loss) run by PyTorch; the decoder's
+// output here has a cls row first, as in the real decoder, which the loss must skip.
+static void test_mae_loss_reference(void **state) {
+  (void)state;
+  enum { N = MAE_REF_N, L = MAE_REF_L, D = MAE_REF_D, ROWS = L + 1 };
+  float pred[N * ROWS * D], target[N * L * D], dpred[N * ROWS * D];
+  for (int i = 0; i < N; i++) {
+    for (int c = 0; c < D; c++) pred[(i * ROWS) * D + c] = 100.0f;  // cls row: ignored
+    memcpy(pred + (i * ROWS + 1) * D, mae_ref_pred + i * L * D, sizeof(float) * L * D);
+  }
+  memcpy(target, mae_ref_target, sizeof target);
+  long n_masked;
+  double sum = mae_masked_mse(pred, ROWS, 1, target, mae_ref_masked, N, L, D, 1, dpred, &n_masked);
+  assert_int_equal(n_masked, 4 + 4 + 5);
+  assert_float_equal(sum / n_masked, MAE_REF_LOSS, 1e-6);
+  for (int i = 0; i < N; i++) {
+    for (int c = 0; c < D; c++) assert_float_equal(dpred[(i * ROWS) * D + c], 0.0f, 0);
+    for (int k = 0; k < L * D; k++)
+      assert_float_equal(dpred[(i * ROWS + 1) * D + k], mae_ref_dpred[i * L * D + k], 1e-6);
+  }
+}
+
 static void test_mae_mask_per_image_and_step(void **state) {
   (void)state;
   enum { P = 64, KEEP = 16 };
@@ -350,6 +373,7 @@ int main(void) {
       cmocka_unit_test(test_moco_vit_gradient),
       cmocka_unit_test(test_mae_gradient),
       cmocka_unit_test(test_mae_sees_only_visible_patches),
+      cmocka_unit_test(test_mae_loss_reference),
       cmocka_unit_test(test_mae_mask_per_image_and_step),
       cmocka_unit_test(test_resnet_backbone_gradient),
       cmocka_unit_test(test_contrastive_counts_resnet),

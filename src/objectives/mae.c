@@ -165,6 +165,103 @@ static void normalize_patches(float *patches, int n, int dim) {
   }
 }
 
+// Patches (n_patches, P*P*C) of one image back into a (G*P, G*P, C) image (vit_patchify's order).
+static void unpatchify(const float *patches, int grid, int patch, int channels, float *image) {
+  const int side = grid * patch;
+  for (int gy = 0; gy < grid; gy++)
+    for (int gx = 0; gx < grid; gx++)
+      for (int py = 0; py < patch; py++)
+        for (int px = 0; px < patch; px++)
+          for (int c = 0; c < channels; c++)
+            image[((size_t)(gy * patch + py) * side + gx * patch + px) * channels + c] =
+                patches[((size_t)(gy * grid + gx) * patch * patch + py * patch + px) * channels + c];
+}
+
+// Writes RUN/mae-step-NNNNNN.png: for up to 8 images of this step, the original, the masked input
+// (masked patches grey) and the reconstruction (predicted patches where masked, with norm_pix
+// mapped back through each patch's own mean and std).
+static void write_reconstruction_grid(Mae *o, const Batch *batch, long step) {
+  const Config *cfg = o->base.env.cfg;
+  const int P = o->P, pd = o->patch_dim, C = cfg->data.channels, patch = cfg->model.spec.patch_size;
+  const int grid = o->encoder->grid, side = grid * patch, scale = 3, rows = o->b < 8 ? o->b : 8;
+  const int panel = side * scale, width = 3 * panel + 2 * scale, height = rows * (panel + scale);
+  unsigned char *png = calloc((size_t)width * height * C, 1);
+  float *patches = malloc(sizeof(float) * (size_t)P * pd * 3);
+  float *image = malloc(sizeof(float) * (size_t)side * side * C);
+  float *all = malloc(sizeof(float) * (size_t)o->b * P * pd);
+  if (!png || !patches || !image || !all) TL_DIE("out of memory");
+  vit_patchify(o->encoder, batch->views, all);
+  for (int i = 0; i < rows; i++) {
+    const float *orig = all + (size_t)i * P * pd;
+    float *masked_in = patches + (size_t)P * pd, *recon = patches + 2 * (size_t)P * pd;
+    memcpy(patches, orig, sizeof(float) * (size_t)P * pd);
+    float lo = orig[0], hi = orig[0];
+    for (int k = 0; k < P * pd; k++) lo = fminf(lo, orig[k]), hi = fmaxf(hi, orig[k]);
+    for (int p = 0; p < P; p++) {
+      const float *src = orig + (size_t)p * pd;
+      const float *pred = o->pred.out + ((size_t)i * o->Td + o->has_cls + p) * pd;
+      int is_masked = o->masked[(size_t)i * P + p];
+      double mean = 0, var = 0;
+      for (int c = 0; c < pd; c++) mean += src[c];
+      mean /= pd;
+      for (int c = 0; c < pd; c++) var += (src[c] - mean) * (src[c] - mean);
+      double std = sqrt(var / (pd > 1 ? pd - 1 : 1) + 1e-6);
+      for (int c = 0; c < pd; c++) {
+        float y = cfg->objective.norm_pix_loss ? (float)(pred[c] * std + mean) : pred[c];
+        masked_in[(size_t)p * pd + c] = is_masked ? 0.5f * (lo + hi) : src[c];
+        recon[(size_t)p * pd + c] = is_masked ? y : src[c];
+      }
+    }
+    for (int k = 0; k < 3; k++) {
+      unpatchify(patches + (size_t)k * P * pd, grid, patch, C, image);
+      for (int y = 0; y < panel; y++)
+        for (int x = 0; x < panel; x++)
+          for (int c = 0; c < C; c++) {
+            float v = image[((size_t)(y / scale) * side + x / scale) * C + c];
+            float u = hi > lo ? (v - lo) / (hi - lo) : 0.5f;
+            u = u < 0 ? 0 : u > 1 ? 1 : u;
+            size_t at = ((size_t)(i * (panel + scale) + y) * width + k * (panel + scale) + x) * C + c;
+            png[at] = (unsigned char)(255.0f * u + 0.5f);
+          }
+    }
+  }
+  char path[4096];
+  snprintf(path, sizeof path, "%s/mae-step-%06ld.png", o->base.env.out_dir, step);
+  if (!stbi_write_png(path, width, height, C, png, width * C))
+    fprintf(stderr, "tally: %s: could not write the reconstruction grid\n", path);
+  free(png);
+  free(patches);
+  free(image);
+  free(all);
+}
+
+double mae_masked_mse(const float *pred, int rows_per_image, int first_row, float *target,
+                      const unsigned char *masked, int n_images, int n_patches, int dim,
+                      int norm_pix, float *dpred, long *n_masked) {
+  if (norm_pix) normalize_patches(target, n_images * n_patches, dim);
+  long count = 0;
+  for (size_t i = 0; i < (size_t)n_images * n_patches; i++) count += masked[i];
+  memset(dpred, 0, sizeof(float) * (size_t)n_images * rows_per_image * dim);
+  const double scale = 2.0 / ((double)dim * count);
+  double loss_sum = 0;
+  for (int i = 0; i < n_images; i++)
+    for (int p = 0; p < n_patches; p++) {
+      if (!masked[(size_t)i * n_patches + p]) continue;
+      size_t row = (size_t)i * rows_per_image + first_row + p;
+      const float *y = pred + row * dim, *t = target + ((size_t)i * n_patches + p) * dim;
+      float *dy = dpred + row * dim;
+      double se = 0;
+      for (int c = 0; c < dim; c++) {
+        double diff = (double)y[c] - t[c];
+        se += diff * diff;
+        dy[c] = (float)(scale * diff);
+      }
+      loss_sum += se / dim;
+    }
+  *n_masked = count;
+  return loss_sum;
+}
+
 static double mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Mae *o = (Mae *)base;
   const Config *cfg = base->env.cfg;
@@ -203,27 +300,9 @@ static double mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   linear_forward(&o->pred, ctx, o->norm.out);
 
   vit_patchify(o->encoder, batch->views, o->target);
-  if (cfg->objective.norm_pix_loss) normalize_patches(o->target, b * P, pd);
-  // Mean over masked patches of the per-patch mean squared error.
-  long n_masked = 0;
-  for (size_t i = 0; i < (size_t)b * P; i++) n_masked += o->masked[i];
-  double loss_sum = 0;
-  memset(o->dpred, 0, sizeof(float) * (size_t)b * Td * pd);
-  const double scale = 2.0 / ((double)pd * n_masked);
-  for (int i = 0; i < b; i++)
-    for (int p = 0; p < P; p++) {
-      if (!o->masked[(size_t)i * P + p]) continue;
-      const float *y = o->pred.out + ((size_t)i * Td + o->has_cls + p) * pd;
-      const float *t = o->target + ((size_t)i * P + p) * pd;
-      float *dy = o->dpred + ((size_t)i * Td + o->has_cls + p) * pd;
-      double se = 0;
-      for (int c = 0; c < pd; c++) {
-        double diff = (double)y[c] - t[c];
-        se += diff * diff;
-        dy[c] = (float)(scale * diff);
-      }
-      loss_sum += se / pd;
-    }
+  long n_masked;
+  double loss_sum = mae_masked_mse(o->pred.out, Td, o->has_cls, o->target, o->masked, b, P, pd,
+                                   cfg->objective.norm_pix_loss, o->dpred, &n_masked);
   ctx->flops_forward[COMP_LOSS] += 3.0 * n_masked * pd;
   double t1 = now_ms();
 
@@ -251,6 +330,10 @@ static double mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   ctx->component = COMP_ENCODER;
   vit_backward_tokens(o->encoder, ctx, o->embed.din);
   double t2 = now_ms();
+  // After the timed phases: the grid is output, not training.
+  if (base->env.out_dir && cfg->objective.png_every > 0 &&
+      batch->global_step % cfg->objective.png_every == 0)
+    write_reconstruction_grid(o, batch, batch->global_step);
 
   double sums[2] = {loss_sum, (double)n_masked};
   comm_allreduce_sum_f64(comm, sums, 2);

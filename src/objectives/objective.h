@@ -18,6 +18,7 @@ typedef struct {
   int local_batch;     // samples this replica trains on per step
   int global_batch;    // samples over all replicas per step
   long total_steps;    // steps in the run (schedules)
+  const char *out_dir; // run folder for the objective's own outputs (images); NULL = none
 } ObjectiveEnv;
 
 typedef struct ObjectiveDef ObjectiveDef;

@@ -181,7 +181,8 @@ static void *replica_main(void *arg) {
   // Every replica initializes from the same seed, so all start identical.
   ParamSet ps;
   paramset_alloc(&ps, run->def->param_count(cfg), cfg->train.seed);
-  ObjectiveEnv env = {cfg, &ctx, comm, &ps, local_batch, run->global_batch, run->total_steps};
+  ObjectiveEnv env = {cfg,          &ctx,          comm, &ps, local_batch, run->global_batch,
+                      run->total_steps, rank == 0 ? run->opt->out_dir : NULL};
   Objective *obj = run->def->create(&env);
   Optimizer *optim = obj ? optim_create_from_config(cfg, &ps) : NULL;
   Loader loader;
