@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <stb/stb_image_write.h>
 #include <zlib.h>
 
 static char tmpdir[256];
@@ -190,6 +191,39 @@ static void test_unreadable_image(void **state) {
   assert_false(exists("%s/summary.json", dir));
 }
 
+// A tiny ImageFolder of RGB PNGs in two classes (stripes one way or the other), converted to
+// grayscale and resized on load, trains end to end.
+static void test_imagefolder_training(void **state) {
+  (void)state;
+  char root[300], cls[400], path[500], dir[300], out[16384];
+  snprintf(root, sizeof root, "%s/stripes", tmpdir);
+  mkdir(root, 0755);
+  const char *classes[2] = {"horizontal", "vertical"};
+  unsigned char img[20 * 24 * 3];
+  for (int c = 0; c < 2; c++) {
+    snprintf(cls, sizeof cls, "%s/%s", root, classes[c]);
+    mkdir(cls, 0755);
+    for (int k = 0; k < 16; k++) {
+      for (int y = 0; y < 20; y++)
+        for (int x = 0; x < 24; x++)
+          for (int ch = 0; ch < 3; ch++)
+            img[(y * 24 + x) * 3 + ch] = (unsigned char)((((c ? x : y) + k) / 3 % 2) ? 220 : 30);
+      snprintf(path, sizeof path, "%s/%02d.png", cls, k);
+      assert_true(stbi_write_png(path, 24, 20, 3, img, 24 * 3));
+    }
+  }
+  snprintf(dir, sizeof dir, "%s/imagefolder-run", tmpdir);
+  int rc = run(out, sizeof out,
+               "train --objective=inbatch --steps 2 --set data.format=imagefolder "
+               "--set data.train=%s --set data.test=%s --set data.image_size=16 "
+               "--set train.batch_size=8 --set eval.knn_k=10 --set eval.batch_size=8 --out %s",
+               root, root, dir);
+  if (rc != 0) fprintf(stderr, "%s", out);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "32 training images (16x16x1)"));
+  assert_true(exists("%s/summary.json", dir));
+}
+
 int main(void) {
   bin = getenv("TALLY_BIN");
   if (!bin) bin = "build/tally";
@@ -202,6 +236,7 @@ int main(void) {
       cmocka_unit_test(test_truncated_gz),
       cmocka_unit_test(test_malformed_ini),
       cmocka_unit_test(test_unreadable_image),
+      cmocka_unit_test(test_imagefolder_training),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   char cmd[300];
