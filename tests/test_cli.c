@@ -224,6 +224,45 @@ static void test_imagefolder_training(void **state) {
   assert_true(exists("%s/summary.json", dir));
 }
 
+// A loss that becomes NaN stops the run at that step with exit code 3; the checkpoint of the
+// last finished epoch stays as it was, and no summary claims the run finished.
+static void test_nan_loss_stops_and_keeps_checkpoint(void **state) {
+  (void)state;
+  char out[16384], dir[300], path[400];
+  snprintf(dir, sizeof dir, "%s/nan", tmpdir);
+  // A finished run first, so the folder holds a summary.json that the failing rerun must remove.
+  int rc = run(out, sizeof out,
+               "train --objective=inbatch --steps 6 --set data.limit=64 --set train.batch_size=32 "
+               "--set data.test_limit=100 --set eval.knn_train_limit=64 --set eval.knn_k=10 "
+               "--set eval.batch_size=100 --set eval.knn_every_epochs=100 --quiet --out %s",
+               dir);
+  assert_int_equal(rc, 0);
+  assert_true(exists("%s/summary.json", dir));
+  // The same run again, with the loss of step 3 (the second step of epoch 2) poisoned.
+  setenv("TALLY_INJECT_NAN_AT_STEP", "3", 1);
+  rc = run(out, sizeof out,
+           "train --objective=inbatch --steps 6 --set data.limit=64 --set train.batch_size=32 "
+           "--set data.test_limit=100 --set eval.knn_train_limit=64 --set eval.knn_k=10 "
+           "--set eval.batch_size=100 --set eval.knn_every_epochs=100 --quiet --out %s",
+           dir);
+  unsetenv("TALLY_INJECT_NAN_AT_STEP");
+  assert_int_equal(rc, 3);
+  assert_non_null(strstr(out, "step 3"));
+  assert_false(exists("%s/summary.json", dir));
+  assert_false(exists("%s/checkpoint.bin.tmp", dir));
+  // The checkpoint is the one written at the end of epoch 1 (after step index 1, so step 2).
+  snprintf(path, sizeof path, "%s/checkpoint.bin", dir);
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  char magic[8];
+  uint64_t header[2];
+  assert_int_equal(fread(magic, 1, 8, f), 8);
+  assert_int_equal(fread(header, sizeof header, 1, f), 1);
+  fclose(f);
+  assert_memory_equal(magic, "TALLYCK1", 8);
+  assert_int_equal(header[0], 2);
+}
+
 int main(void) {
   bin = getenv("TALLY_BIN");
   if (!bin) bin = "build/tally";
@@ -237,6 +276,7 @@ int main(void) {
       cmocka_unit_test(test_malformed_ini),
       cmocka_unit_test(test_unreadable_image),
       cmocka_unit_test(test_imagefolder_training),
+      cmocka_unit_test(test_nan_loss_stops_and_keeps_checkpoint),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   char cmd[300];

@@ -220,6 +220,9 @@ static void *replica_main(void *arg) {
   }
   comm_barrier(comm);
 
+  // Fault injection for tests of the divergence path: the loss of this step is replaced by NaN.
+  const char *inject = getenv("TALLY_INJECT_NAN_AT_STEP");
+  const long nan_step = inject ? strtol(inject, NULL, 10) : -1;
   double t_train0 = now_ms(), images_done = 0, last_log_ms = t_train0;
   int last_log_step = 0;
   for (int step = 0; step < run->total_steps && !comm_failed(comm); step++) {
@@ -235,6 +238,7 @@ static void *replica_main(void *arg) {
     dnnl_ctx_reset_flops(&ctx);
     comm_stats_reset(comm);
     double loss = run->def->step(obj, batch, &rec);
+    if (step == nan_step) loss = NAN;
     if (comm_failed(comm)) break;
     if (!isfinite(loss)) {
       if (rank == 0) {
