@@ -37,6 +37,15 @@ dnnl_primitive_attr_t dnnl_ctx_attr(void) {
   return attr;
 }
 
+dnnl_primitive_t dnnl_ctx_make(DnnlCtx *ctx, const void *op_desc, const_dnnl_primitive_desc_t hint,
+                               dnnl_primitive_desc_t *pd) {
+  dnnl_primitive_t prim;
+  DNNL_CHECK(dnnl_primitive_desc_create(pd, op_desc, dnnl_ctx_attr(), ctx->engine, hint));
+  DNNL_CHECK(dnnl_primitive_create(&prim, *pd));
+  dnnl_ctx_reserve_scratchpad(ctx, *pd);
+  return prim;
+}
+
 void dnnl_ctx_reserve_scratchpad(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd) {
   dnnl_memory_desc_t md = dnnl_pd_md(pd, dnnl_query_scratchpad_md, 0);
   size_t need = dnnl_md_bytes(&md);

@@ -38,6 +38,11 @@ double dnnl_ctx_total_flops(const DnnlCtx *ctx);
 // Attribute with user-managed scratchpad: every primitive descriptor is created with this.
 dnnl_primitive_attr_t dnnl_ctx_attr(void);
 
+// Creates the primitive descriptor for `op_desc` (user-managed scratchpad; `hint` is the forward
+// descriptor for backward primitives, or NULL) and its primitive, and reserves its scratchpad.
+dnnl_primitive_t dnnl_ctx_make(DnnlCtx *ctx, const void *op_desc, const_dnnl_primitive_desc_t hint,
+                               dnnl_primitive_desc_t *pd);
+
 // Grows the shared scratchpad to at least what `pd` asks for (call once at op creation).
 void dnnl_ctx_reserve_scratchpad(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd);
 

@@ -24,9 +24,7 @@ void add_init(Add *l, Builder *b, size_t n, MemCategory cat, int is_backward) {
   dnnl_memory_desc_t md = dnnl_md_plain(1, dims, dnnl_a);
   dnnl_binary_desc_t desc;
   DNNL_CHECK(dnnl_binary_desc_init(&desc, dnnl_binary_add, &md, &md, &md));
-  DNNL_CHECK(dnnl_primitive_desc_create(&p->pd, &desc, dnnl_ctx_attr(), ctx->engine, NULL));
-  DNNL_CHECK(dnnl_primitive_create(&p->prim, p->pd));
-  dnnl_ctx_reserve_scratchpad(ctx, p->pd);
+  p->prim = dnnl_ctx_make(ctx, &desc, NULL, &p->pd);
   p->a = dnnl_mem_new(ctx, &md);
   p->b = dnnl_mem_new(ctx, &md);
   p->out = dnnl_mem_new(ctx, &md);

@@ -156,10 +156,7 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   dnnl_softmax_desc_t softmax_fwd_desc;
   DNNL_CHECK(dnnl_softmax_forward_desc_init(
       &softmax_fwd_desc, train ? dnnl_forward_training : dnnl_forward_inference, &probs, 3));
-  DNNL_CHECK(dnnl_primitive_desc_create(&p->softmax_fwd_pd, &softmax_fwd_desc, dnnl_ctx_attr(),
-                                        ctx->engine, NULL));
-  DNNL_CHECK(dnnl_primitive_create(&p->softmax_fwd, p->softmax_fwd_pd));
-  dnnl_ctx_reserve_scratchpad(ctx, p->softmax_fwd_pd);
+  p->softmax_fwd = dnnl_ctx_make(ctx, &softmax_fwd_desc, NULL, &p->softmax_fwd_pd);
   p->probs_mem = dnnl_mem_new(ctx, &probs);
   size_t probs_count = (size_t)N * (size_t)probs_image;
   p->probs = tl_alloc(probs_count * sizeof(float), builder_out_category(b), a->comp);
@@ -173,10 +170,7 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   head_matmul_init(&p->dkey, ctx, &probs_t, &qkv_head, &qkv_head, scale);
   dnnl_softmax_desc_t softmax_bwd_desc;
   DNNL_CHECK(dnnl_softmax_backward_desc_init(&softmax_bwd_desc, &probs, &probs, 3));
-  DNNL_CHECK(dnnl_primitive_desc_create(&p->softmax_bwd_pd, &softmax_bwd_desc, dnnl_ctx_attr(),
-                                        ctx->engine, p->softmax_fwd_pd));
-  DNNL_CHECK(dnnl_primitive_create(&p->softmax_bwd, p->softmax_bwd_pd));
-  dnnl_ctx_reserve_scratchpad(ctx, p->softmax_bwd_pd);
+  p->softmax_bwd = dnnl_ctx_make(ctx, &softmax_bwd_desc, p->softmax_fwd_pd, &p->softmax_bwd_pd);
   p->dprobs_mem = dnnl_mem_new(ctx, &probs);
   p->dprobs_buf = tl_alloc(probs_count * sizeof(float), MEM_ACT_GRAD, a->comp);
   a->din = tl_alloc(qkv_count * sizeof(float), MEM_ACT_GRAD, a->comp);

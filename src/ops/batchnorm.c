@@ -77,9 +77,7 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   DNNL_CHECK(dnnl_batch_normalization_forward_desc_init(
       &fwd_desc, infer ? dnnl_forward_inference : dnnl_forward_training, &data_md, l->eps,
       flags | (infer ? dnnl_use_global_stats : 0u)));
-  DNNL_CHECK(dnnl_primitive_desc_create(&p->fwd_pd, &fwd_desc, dnnl_ctx_attr(), ctx->engine, NULL));
-  DNNL_CHECK(dnnl_primitive_create(&p->fwd, p->fwd_pd));
-  dnnl_ctx_reserve_scratchpad(ctx, p->fwd_pd);
+  p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
   p->src = dnnl_mem_new(ctx, &data_md);
   p->dst = dnnl_mem_new(ctx, &data_md);
   p->scale = dnnl_mem_new(ctx, &c_md);
@@ -104,10 +102,7 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   dnnl_batch_normalization_desc_t bwd_desc;
   DNNL_CHECK(dnnl_batch_normalization_backward_desc_init(&bwd_desc, dnnl_backward, &data_md,
                                                          &data_md, l->eps, flags));
-  DNNL_CHECK(
-      dnnl_primitive_desc_create(&p->bwd_pd, &bwd_desc, dnnl_ctx_attr(), ctx->engine, p->fwd_pd));
-  DNNL_CHECK(dnnl_primitive_create(&p->bwd, p->bwd_pd));
-  dnnl_ctx_reserve_scratchpad(ctx, p->bwd_pd);
+  p->bwd = dnnl_ctx_make(ctx, &bwd_desc, p->fwd_pd, &p->bwd_pd);
   p->diff_src = dnnl_mem_new(ctx, &data_md);
   p->dscale = dnnl_mem_new(ctx, &c_md);
   p->dshift = dnnl_mem_new(ctx, &c_md);

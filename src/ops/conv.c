@@ -24,13 +24,6 @@ struct ConvPrivate {
   int bwd_data_shares_fwd_w;  // backward-data layout equals forward's: reuse its reordered copy
 };
 
-static void conv_make_prim(DnnlCtx *ctx, const void *op_desc, const_dnnl_primitive_desc_t hint,
-                           dnnl_primitive_desc_t *pd, dnnl_primitive_t *prim) {
-  DNNL_CHECK(dnnl_primitive_desc_create(pd, op_desc, dnnl_ctx_attr(), ctx->engine, hint));
-  DNNL_CHECK(dnnl_primitive_create(prim, *pd));
-  dnnl_ctx_reserve_scratchpad(ctx, *pd);
-}
-
 // Sets up the oihw <-> primitive-layout reorder for one weights tensor. `to_plain` selects the
 // direction (the weight gradient goes from the primitive's layout back to oihw).
 static void weight_layout_init(WeightLayout *w, DnnlCtx *ctx, const dnnl_memory_desc_t *plain,
@@ -119,7 +112,7 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   DNNL_CHECK(dnnl_convolution_forward_desc_init(
       &fwd_desc, b->mode == OP_TRAIN ? dnnl_forward_training : dnnl_forward_inference,
       dnnl_convolution_direct, &src_md, &w_any, b_md_or_null, &dst_md, strides, padding, padding));
-  conv_make_prim(ctx, &fwd_desc, NULL, &p->fwd_pd, &p->fwd);
+  p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
   dnnl_memory_desc_t w_fwd_md = dnnl_pd_md(p->fwd_pd, dnnl_query_weights_md, 0);
   weight_layout_init(&p->fwd_w, ctx, &w_plain, &w_fwd_md, 0, l->comp);
   p->src = dnnl_mem_new(ctx, &src_md);
@@ -135,7 +128,7 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
     dnnl_convolution_desc_t bd_desc;
     DNNL_CHECK(dnnl_convolution_backward_data_desc_init(&bd_desc, dnnl_convolution_direct, &src_md,
                                                         &w_any, &dst_md, strides, padding, padding));
-    conv_make_prim(ctx, &bd_desc, p->fwd_pd, &p->bwd_data_pd, &p->bwd_data);
+    p->bwd_data = dnnl_ctx_make(ctx, &bd_desc, p->fwd_pd, &p->bwd_data_pd);
     dnnl_memory_desc_t w_bd_md = dnnl_pd_md(p->bwd_data_pd, dnnl_query_weights_md, 0);
     p->bwd_data_shares_fwd_w = dnnl_md_equal(&w_bd_md, &w_fwd_md);
     if (!p->bwd_data_shares_fwd_w)
@@ -148,7 +141,7 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&bw_desc, dnnl_convolution_direct,
                                                          &src_md, &w_any, b_md_or_null, &dst_md,
                                                          strides, padding, padding));
-  conv_make_prim(ctx, &bw_desc, p->fwd_pd, &p->bwd_weights_pd, &p->bwd_weights);
+  p->bwd_weights = dnnl_ctx_make(ctx, &bw_desc, p->fwd_pd, &p->bwd_weights_pd);
   dnnl_memory_desc_t dw_md = dnnl_pd_md(p->bwd_weights_pd, dnnl_query_diff_weights_md, 0);
   weight_layout_init(&p->dw, ctx, &w_plain, &dw_md, 1, l->comp);
   p->dwei = dnnl_mem_new(ctx, &dw_md);

@@ -40,9 +40,7 @@ void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_d
   dnnl_eltwise_desc_t fwd_desc;
   DNNL_CHECK(dnnl_eltwise_forward_desc_init(
       &fwd_desc, l->need_din ? dnnl_forward_training : dnnl_forward_inference, alg, &md, 0.f, 0.f));
-  DNNL_CHECK(dnnl_primitive_desc_create(&p->fwd_pd, &fwd_desc, dnnl_ctx_attr(), ctx->engine, NULL));
-  DNNL_CHECK(dnnl_primitive_create(&p->fwd, p->fwd_pd));
-  dnnl_ctx_reserve_scratchpad(ctx, p->fwd_pd);
+  p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
   p->src = dnnl_mem_new(ctx, &md);
   p->dst = dnnl_mem_new(ctx, &md);
   l->out = tl_alloc(n * sizeof(float), builder_out_category(b), l->comp);
@@ -50,10 +48,7 @@ void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_d
 
   dnnl_eltwise_desc_t bwd_desc;
   DNNL_CHECK(dnnl_eltwise_backward_desc_init(&bwd_desc, alg, &md, &md, 0.f, 0.f));
-  DNNL_CHECK(
-      dnnl_primitive_desc_create(&p->bwd_pd, &bwd_desc, dnnl_ctx_attr(), ctx->engine, p->fwd_pd));
-  DNNL_CHECK(dnnl_primitive_create(&p->bwd, p->bwd_pd));
-  dnnl_ctx_reserve_scratchpad(ctx, p->bwd_pd);
+  p->bwd = dnnl_ctx_make(ctx, &bwd_desc, p->fwd_pd, &p->bwd_pd);
   p->diff_dst = dnnl_mem_new(ctx, &md);
   p->diff_src = dnnl_mem_new(ctx, &md);
   l->din = tl_alloc(n * sizeof(float), MEM_ACT_GRAD, l->comp);

@@ -56,9 +56,7 @@ void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   DNNL_CHECK(dnnl_layer_normalization_forward_desc_init(
       &fwd_desc, train ? dnnl_forward_training : dnnl_forward_inference, &data_md, &stat_md, l->eps,
       flags));
-  DNNL_CHECK(dnnl_primitive_desc_create(&p->fwd_pd, &fwd_desc, dnnl_ctx_attr(), ctx->engine, NULL));
-  DNNL_CHECK(dnnl_primitive_create(&p->fwd, p->fwd_pd));
-  dnnl_ctx_reserve_scratchpad(ctx, p->fwd_pd);
+  p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
   p->src = dnnl_mem_new(ctx, &data_md);
   p->dst = dnnl_mem_new(ctx, &data_md);
   p->scale = dnnl_mem_new(ctx, &param_md);
@@ -73,10 +71,7 @@ void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   dnnl_layer_normalization_desc_t bwd_desc;
   DNNL_CHECK(dnnl_layer_normalization_backward_desc_init(&bwd_desc, dnnl_backward, &data_md,
                                                          &data_md, &stat_md, l->eps, flags));
-  DNNL_CHECK(
-      dnnl_primitive_desc_create(&p->bwd_pd, &bwd_desc, dnnl_ctx_attr(), ctx->engine, p->fwd_pd));
-  DNNL_CHECK(dnnl_primitive_create(&p->bwd, p->bwd_pd));
-  dnnl_ctx_reserve_scratchpad(ctx, p->bwd_pd);
+  p->bwd = dnnl_ctx_make(ctx, &bwd_desc, p->fwd_pd, &p->bwd_pd);
   p->diff_dst = dnnl_mem_new(ctx, &data_md);
   p->diff_src = dnnl_mem_new(ctx, &data_md);
   p->diff_scale = dnnl_mem_new(ctx, &param_md);

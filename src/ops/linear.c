@@ -25,16 +25,6 @@ size_t linear_param_count(int IC, int OC, int has_bias) {
   return (size_t)OC * (size_t)IC + (has_bias ? (size_t)OC : 0);
 }
 
-static dnnl_primitive_t linear_primitive(DnnlCtx *ctx, const void *desc,
-                                         const_dnnl_primitive_desc_t hint,
-                                         dnnl_primitive_desc_t *pd) {
-  dnnl_primitive_t prim;
-  DNNL_CHECK(dnnl_primitive_desc_create(pd, desc, dnnl_ctx_attr(), ctx->engine, hint));
-  DNNL_CHECK(dnnl_primitive_create(&prim, *pd));
-  dnnl_ctx_reserve_scratchpad(ctx, *pd);
-  return prim;
-}
-
 void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC, int has_bias,
                  int need_din, float init_std) {
   if (M <= 0 || IC <= 0 || OC <= 0) TL_DIE("linear %s: bad shape (%d, %d) -> %d", name, M, IC, OC);
@@ -77,7 +67,7 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   DNNL_CHECK(dnnl_inner_product_forward_desc_init(
       &fwd_desc, b->mode == OP_TRAIN ? dnnl_forward_training : dnnl_forward_inference, &src_md,
       &any_weight_md, bias_or_none, &dst_md));
-  p->fwd = linear_primitive(ctx, &fwd_desc, NULL, &p->fwd_pd);
+  p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
   dnnl_memory_desc_t fwd_weight_md = dnnl_pd_md(p->fwd_pd, dnnl_query_weights_md, 0);
   dnnl_reorder_init(&p->weight_reorder, ctx, &weight_md, &fwd_weight_md);
   if (dnnl_reorder_needed(&p->weight_reorder))
@@ -92,7 +82,7 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   dnnl_inner_product_desc_t bwd_weights_desc;
   DNNL_CHECK(dnnl_inner_product_backward_weights_desc_init(&bwd_weights_desc, &src_md, &weight_md,
                                                            bias_or_none, &dst_md));
-  p->bwd_weights = linear_primitive(ctx, &bwd_weights_desc, p->fwd_pd, &p->bwd_weights_pd);
+  p->bwd_weights = dnnl_ctx_make(ctx, &bwd_weights_desc, p->fwd_pd, &p->bwd_weights_pd);
   p->diff_dst = dnnl_mem_new(ctx, &dst_md);
   p->diff_weight = dnnl_mem_new(ctx, &weight_md);
   if (has_bias) p->diff_bias = dnnl_mem_new(ctx, &bias_md);
@@ -101,7 +91,7 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   dnnl_inner_product_desc_t bwd_data_desc;
   DNNL_CHECK(
       dnnl_inner_product_backward_data_desc_init(&bwd_data_desc, &src_md, &weight_md, &dst_md));
-  p->bwd_data = linear_primitive(ctx, &bwd_data_desc, p->fwd_pd, &p->bwd_data_pd);
+  p->bwd_data = dnnl_ctx_make(ctx, &bwd_data_desc, p->fwd_pd, &p->bwd_data_pd);
   p->weight = dnnl_mem_new(ctx, &weight_md);
   p->diff_src = dnnl_mem_new(ctx, &src_md);
   l->din = tl_alloc((size_t)M * (size_t)IC * sizeof(float), MEM_ACT_GRAD, l->comp);

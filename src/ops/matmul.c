@@ -23,9 +23,7 @@ void matmul_init(Matmul *m, DnnlCtx *ctx, int M, int K, int N, int trans_a, int 
   dnnl_memory_desc_t a = md_2d(M, K, trans_a), b = md_2d(K, N, trans_b), c = md_2d(M, N, 0);
   dnnl_matmul_desc_t desc;
   DNNL_CHECK(dnnl_matmul_desc_init(&desc, &a, &b, NULL, &c));
-  DNNL_CHECK(dnnl_primitive_desc_create(&m->pd, &desc, dnnl_ctx_attr(), ctx->engine, NULL));
-  DNNL_CHECK(dnnl_primitive_create(&m->prim, m->pd));
-  dnnl_ctx_reserve_scratchpad(ctx, m->pd);
+  m->prim = dnnl_ctx_make(ctx, &desc, NULL, &m->pd);
   m->a = dnnl_mem_new(ctx, &a);
   m->b = dnnl_mem_new(ctx, &b);
   m->c = dnnl_mem_new(ctx, &c);

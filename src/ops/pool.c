@@ -34,9 +34,7 @@ void gap_init(GlobalAvgPool *l, Builder *b, int N, int H, int W, int C, int need
   DNNL_CHECK(dnnl_pooling_forward_desc_init(
       &fwd_desc, l->need_din ? dnnl_forward_training : dnnl_forward_inference,
       dnnl_pooling_avg_exclude_padding, &src_md, &dst_md, strides, kernel, padding, padding));
-  DNNL_CHECK(dnnl_primitive_desc_create(&p->fwd_pd, &fwd_desc, dnnl_ctx_attr(), ctx->engine, NULL));
-  DNNL_CHECK(dnnl_primitive_create(&p->fwd, p->fwd_pd));
-  dnnl_ctx_reserve_scratchpad(ctx, p->fwd_pd);
+  p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
   p->src = dnnl_mem_new(ctx, &src_md);
   p->dst = dnnl_mem_new(ctx, &dst_md);
   l->out = tl_alloc((size_t)N * C * sizeof(float), builder_out_category(b), l->comp);
@@ -45,10 +43,7 @@ void gap_init(GlobalAvgPool *l, Builder *b, int N, int H, int W, int C, int need
   dnnl_pooling_desc_t bwd_desc;
   DNNL_CHECK(dnnl_pooling_backward_desc_init(&bwd_desc, dnnl_pooling_avg_exclude_padding, &src_md,
                                              &dst_md, strides, kernel, padding, padding));
-  DNNL_CHECK(
-      dnnl_primitive_desc_create(&p->bwd_pd, &bwd_desc, dnnl_ctx_attr(), ctx->engine, p->fwd_pd));
-  DNNL_CHECK(dnnl_primitive_create(&p->bwd, p->bwd_pd));
-  dnnl_ctx_reserve_scratchpad(ctx, p->bwd_pd);
+  p->bwd = dnnl_ctx_make(ctx, &bwd_desc, p->fwd_pd, &p->bwd_pd);
   l->din = tl_alloc((size_t)N * H * W * C * sizeof(float), MEM_ACT_GRAD, l->comp);
 }
 
