@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config libdnnl-dev libstb-dev libcmocka-dev libinih-dev
-          zlib1g-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist)
+          zlib1g-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

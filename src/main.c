@@ -8,6 +8,8 @@
 
 #include "config.h"
 #include "core/error.h"
+#include "ledger/plan.h"
+#include "ledger/report.h"
 #include "objectives/objective.h"
 #include "train/trainer.h"
 
@@ -22,16 +24,20 @@ static void usage_main(FILE *f) {
           "\n"
           "commands:\n"
           "  train    train an encoder with an objective (inbatch, moco, mae)\n"
+          "  plan     the ledger a configuration will produce, before training (no data, no\n"
+          "           compute); --memory-budget finds the largest batch or queue that fits\n"
+          "  report   one self-contained HTML report (charts, cost table) from run folders\n"
           "\n"
           "options:\n"
-          "  -h, --help     this help; `tally train --help` for the command's options\n"
+          "  -h, --help     this help; `tally COMMAND --help` for a command's options\n"
           "  --version      print the version\n");
 }
 
 static void usage_train(FILE *f) {
   fprintf(f,
           "usage: tally train [--objective=NAME] [--config FILE] [--set section.key=value]...\n"
-          "                   [--steps N] [--epochs N] [--out DIR] [--knn-at-start] [--quiet]\n"
+          "                   [--steps N] [--epochs N] [--out DIR] [--knn-at-start] [--no-knn]\n"
+          "                   [--quiet]\n"
           "\n"
           "  --objective=NAME  %s (default inbatch)\n"
           "  --config FILE     INI recipe; default configs/NAME.ini when it exists, else the\n"
@@ -42,6 +48,7 @@ static void usage_train(FILE *f) {
           "  --out DIR         run folder (default runs/NAME-YYYYmmdd-HHMMSS): receives\n"
           "                    config.ini, ledger.jsonl, ledger.csv, checkpoint.bin, summary.json\n"
           "  --knn-at-start    also report the kNN accuracy of the untrained encoder\n"
+          "  --no-knn          skip the kNN monitor (benchmarks)\n"
           "  --quiet           no progress lines\n"
           "\n"
           "Exit codes: 0 success, 1 error (bad input, I/O), 2 usage or not available,\n"
@@ -64,42 +71,38 @@ static const char *option_value(int argc, char **argv, int *i, const char *name)
   return NULL;
 }
 
-static int cmd_train(int argc, char **argv) {
-  const char *objective = "inbatch", *config_path = NULL, *out_dir = NULL;
+// The options that say which configuration to run, shared by train and plan.
+typedef struct {
+  const char *config_path;  // NULL: configs/NAME.ini when it exists, else the built-in defaults
   const char *sets[256];
-  int n_sets = 0;
-  char steps_set[64] = "", epochs_set[64] = "";
-  TrainOptions opt = {0};
-  for (int i = 0; i < argc; i++) {
-    const char *v;
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage_train(stdout);
-      return 0;
-    } else if ((v = option_value(argc, argv, &i, "--objective"))) {
-      objective = v;
-    } else if ((v = option_value(argc, argv, &i, "--config"))) {
-      config_path = v;
-    } else if ((v = option_value(argc, argv, &i, "--set"))) {
-      if (n_sets == 256) {
-        fprintf(stderr, "tally: too many --set options\n");
-        return 2;
-      }
-      sets[n_sets++] = v;
-    } else if ((v = option_value(argc, argv, &i, "--steps"))) {
-      snprintf(steps_set, sizeof steps_set, "train.steps=%s", v);
-    } else if ((v = option_value(argc, argv, &i, "--epochs"))) {
-      snprintf(epochs_set, sizeof epochs_set, "train.epochs=%s", v);
-    } else if ((v = option_value(argc, argv, &i, "--out"))) {
-      out_dir = v;
-    } else if (!strcmp(argv[i], "--knn-at-start")) {
-      opt.knn_at_start = 1;
-    } else if (!strcmp(argv[i], "--quiet")) {
-      opt.quiet = 1;
-    } else {
-      fprintf(stderr, "tally train: unknown option '%s' (see tally train --help)\n", argv[i]);
-      return 2;
+  int n_sets;
+  char steps_set[64], epochs_set[64];
+} ConfigArgs;
+
+// Consumes argv[*i] if it is --config, --set, --steps or --epochs. Returns 1 if consumed, 0 if
+// not, -1 on error (printed).
+static int config_arg(int argc, char **argv, int *i, ConfigArgs *a) {
+  const char *v;
+  if ((v = option_value(argc, argv, i, "--config"))) {
+    a->config_path = v;
+  } else if ((v = option_value(argc, argv, i, "--set"))) {
+    if (a->n_sets == 256) {
+      fprintf(stderr, "tally: too many --set options\n");
+      return -1;
     }
+    a->sets[a->n_sets++] = v;
+  } else if ((v = option_value(argc, argv, i, "--steps"))) {
+    snprintf(a->steps_set, sizeof a->steps_set, "train.steps=%s", v);
+  } else if ((v = option_value(argc, argv, i, "--epochs"))) {
+    snprintf(a->epochs_set, sizeof a->epochs_set, "train.epochs=%s", v);
+  } else {
+    return 0;
   }
+  return 1;
+}
+
+// 0 if `objective` names an implemented objective; otherwise prints why and returns 2.
+static int check_objective(const char *objective) {
   const ObjectiveDef *def = objective_find(objective);
   if (!def) {
     fprintf(stderr, "tally: unknown objective '%s' (choose one of: %s)\n", objective,
@@ -110,24 +113,63 @@ static int cmd_train(int argc, char **argv) {
     fprintf(stderr, "tally: objective '%s' is not implemented yet\n", objective);
     return 2;
   }
+  return 0;
+}
 
-  static Config cfg;
-  config_defaults(&cfg);
+// The configuration `tally train --objective=NAME` runs with these options, validated. Prints
+// the error and returns 1 on failure.
+static int load_config(const char *objective, const ConfigArgs *a, Config *cfg) {
+  const char *config_path = a->config_path;
+  config_defaults(cfg);
   char default_name[256], default_path[CONFIG_PATH_MAX];
   snprintf(default_name, sizeof default_name, "configs/%s.ini", objective);
   config_resolve_path(default_name, default_path, sizeof default_path);
   if (!config_path && access(default_path, R_OK) == 0) config_path = default_path;
-  int rc = config_path ? config_load(&cfg, config_path) : config_load_model(&cfg, cfg.model.file);
-  for (int i = 0; rc == 0 && i < n_sets; i++) rc = config_set(&cfg, sets[i]);
+  int rc = config_path ? config_load(cfg, config_path) : config_load_model(cfg, cfg->model.file);
+  for (int i = 0; rc == 0 && i < a->n_sets; i++) rc = config_set(cfg, a->sets[i]);
   // --epochs alone means "train for epochs", so it clears a step count from the recipe.
-  if (rc == 0 && epochs_set[0] && !steps_set[0]) rc = config_set(&cfg, "train.steps=0");
-  if (rc == 0 && epochs_set[0]) rc = config_set(&cfg, epochs_set);
-  if (rc == 0 && steps_set[0]) rc = config_set(&cfg, steps_set);
-  if (rc == 0) rc = config_validate(&cfg);
+  if (rc == 0 && a->epochs_set[0] && !a->steps_set[0]) rc = config_set(cfg, "train.steps=0");
+  if (rc == 0 && a->epochs_set[0]) rc = config_set(cfg, a->epochs_set);
+  if (rc == 0 && a->steps_set[0]) rc = config_set(cfg, a->steps_set);
+  if (rc == 0) rc = config_validate(cfg);
   if (rc != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 1;
   }
+  return 0;
+}
+
+static int cmd_train(int argc, char **argv) {
+  const char *objective = "inbatch", *out_dir = NULL;
+  ConfigArgs ca = {0};
+  TrainOptions opt = {0};
+  for (int i = 0; i < argc; i++) {
+    const char *v;
+    int used = config_arg(argc, argv, &i, &ca);
+    if (used < 0) return 2;
+    if (used) continue;
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage_train(stdout);
+      return 0;
+    } else if ((v = option_value(argc, argv, &i, "--objective"))) {
+      objective = v;
+    } else if ((v = option_value(argc, argv, &i, "--out"))) {
+      out_dir = v;
+    } else if (!strcmp(argv[i], "--knn-at-start")) {
+      opt.knn_at_start = 1;
+    } else if (!strcmp(argv[i], "--quiet")) {
+      opt.quiet = 1;
+    } else if (!strcmp(argv[i], "--no-knn")) {
+      opt.no_knn = 1;
+    } else {
+      fprintf(stderr, "tally train: unknown option '%s' (see tally train --help)\n", argv[i]);
+      return 2;
+    }
+  }
+  int rc = check_objective(objective);
+  if (rc) return rc;
+  static Config cfg;
+  if (load_config(objective, &ca, &cfg) != 0) return 1;
 
   char default_out[128];
   if (!out_dir) {
@@ -142,6 +184,190 @@ static int cmd_train(int argc, char **argv) {
   opt.objective = objective;
   opt.out_dir = out_dir;
   return train_run(&cfg, &opt);
+}
+
+static void usage_plan(FILE *f) {
+  fprintf(f,
+          "usage: tally plan [--objective=NAME[,NAME...]] [--config FILE] [--set S.K=V]...\n"
+          "                  [--steps N] [--epochs N] [--step S] [--json]\n"
+          "                  [--memory-budget SIZE] [--no-knn] [--knn-at-start]\n"
+          "\n"
+          "Prints the ledger a training run will write, before it runs: the real models are\n"
+          "built with oneDNN in dry-run mode (nothing computed, memory never touched) and one\n"
+          "step runs on a stand-in batch, so every counted field equals what `tally train`\n"
+          "measures with the same options. Time, loss and drift are `measured only`.\n"
+          "\n"
+          "  --objective=A,B   one column per objective (default inbatch): %s\n"
+          "  --config FILE     one recipe for every column (same data and backbone); without\n"
+          "                    it each objective uses configs/NAME.ini, as `tally train` does\n"
+          "  --set, --steps, --epochs   as for `tally train` (applied to every column)\n"
+          "  --step S          the 0-based step to plan (default: the run's last step); moco's\n"
+          "                    queue fills with the global batch's keys every step\n"
+          "  --json            one JSON object per objective, with ledger.jsonl's field names\n"
+          "                    (measured-only fields null) plus planned_* totals\n"
+          "  --memory-budget SIZE  the largest batch (inbatch, mae) or queue_size (moco) whose\n"
+          "                    planned peak fits SIZE (2GiB, 512MiB, 3GB, bytes), searched\n"
+          "                    for over plans; prints the plan that proves it\n"
+          "  --no-knn, --knn-at-start   plan a run started with these train options\n",
+          objective_names());
+}
+
+static int cmd_plan(int argc, char **argv) {
+  const char *objectives = "inbatch", *budget_text = NULL, *step_text = NULL;
+  ConfigArgs ca = {0};
+  PlanOptions popt = {0};
+  int json = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *v;
+    int used = config_arg(argc, argv, &i, &ca);
+    if (used < 0) return 2;
+    if (used) continue;
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage_plan(stdout);
+      return 0;
+    } else if ((v = option_value(argc, argv, &i, "--objective"))) {
+      objectives = v;
+    } else if ((v = option_value(argc, argv, &i, "--memory-budget"))) {
+      budget_text = v;
+    } else if ((v = option_value(argc, argv, &i, "--step"))) {
+      step_text = v;
+    } else if (!strcmp(argv[i], "--json")) {
+      json = 1;
+    } else if (!strcmp(argv[i], "--no-knn")) {
+      popt.no_knn = 1;
+    } else if (!strcmp(argv[i], "--knn-at-start")) {
+      popt.knn_at_start = 1;
+    } else {
+      fprintf(stderr, "tally plan: unknown option '%s' (see tally plan --help)\n", argv[i]);
+      return 2;
+    }
+  }
+  size_t budget = 0;
+  if (budget_text && plan_parse_size(budget_text, &budget) != 0) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
+    return 2;
+  }
+  long step = PLAN_LAST_STEP;
+  if (step_text) {
+    char *end;
+    step = strtol(step_text, &end, 10);
+    if (end == step_text || *end || step < 0) {
+      fprintf(stderr, "tally: --step '%s': expected a step number (0, 1, ...)\n", step_text);
+      return 2;
+    }
+  }
+
+  enum { MAX_COLUMNS = 8 };
+  char names_buf[256];
+  snprintf(names_buf, sizeof names_buf, "%s", objectives);
+  const char *names[MAX_COLUMNS];
+  int n = 0;
+  for (char *save, *tok = strtok_r(names_buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    if (n == MAX_COLUMNS) {
+      fprintf(stderr, "tally: at most %d objectives side by side\n", MAX_COLUMNS);
+      return 2;
+    }
+    int rc = check_objective(tok);
+    if (rc) return rc;
+    names[n++] = tok;
+  }
+  if (n == 0) return check_objective("");
+
+  static Config cfgs[MAX_COLUMNS], fitted;
+  LedgerRecord recs[MAX_COLUMNS];
+  PlanTotals totals[MAX_COLUMNS];
+  for (int j = 0; j < n; j++) {
+    if (load_config(names[j], &ca, &cfgs[j]) != 0) return 1;
+    const Config *cfg = &cfgs[j];
+    if (budget_text) {
+      long value;
+      if (plan_fit_budget(cfg, names[j], budget, &popt, &fitted, &value) != 0) {
+        fprintf(stderr, "tally: %s: %s\n", names[j], tl_last_error());
+        return 1;
+      }
+      cfgs[j] = fitted;
+      char have[32];
+      plan_format_bytes((double)budget, have, sizeof have);
+      if (!json)
+        printf("%s: the largest %s within %s is %ld\n", names[j], plan_budget_key(names[j]),
+               have, value);
+    }
+    if (plan_build(cfg, names[j], step, &popt, &recs[j], &totals[j]) != 0) {
+      fprintf(stderr, "tally: %s: %s\n", names[j], tl_last_error());
+      return 1;
+    }
+    if (!json && budget_text && totals[j].patches_per_image)
+      printf("%s: mask ratio %g, %d of %d patches encoded per image\n", names[j],
+             cfg->objective.mask_ratio, totals[j].patches_visible, totals[j].patches_per_image);
+  }
+  if (json) {
+    for (int j = 0; j < n; j++) plan_print_json(stdout, &recs[j], &totals[j]);
+    return 0;
+  }
+  for (int j = 1; j < n; j++)
+    if (strcmp(totals[j].backbone, totals[0].backbone) != 0) {
+      printf("note: the columns use different backbones (each objective's own recipe); pass\n"
+             "      --config FILE to compare them on one backbone and dataset\n");
+      break;
+    }
+  int same_step = 1;
+  for (int j = 1; j < n; j++) same_step &= recs[j].step == recs[0].step;
+  if (same_step)
+    printf("tally plan: step %ld (epoch %d)", recs[0].step, recs[0].epoch);
+  else
+    printf("tally plan: each column's last step");
+  printf(", %d replica%s\n", totals[0].world, totals[0].world == 1 ? "" : "s");
+  plan_print_table(stdout, n, names, recs, totals);
+  return 0;
+}
+
+static void usage_report(FILE *f) {
+  fprintf(f,
+          "usage: tally report RUN_DIR [RUN_DIR...] [--out FILE]\n"
+          "\n"
+          "Writes one self-contained HTML page (inline SVG; no network, scripts or fonts) from\n"
+          "run folders: loss, kNN accuracy, images/s and memory by category over the steps,\n"
+          "and with several runs a side-by-side table of what a step of each costs.\n"
+          "\n"
+          "  --out FILE   where to write it (default RUN_DIR/report.html of the first run)\n");
+}
+
+static int cmd_report(int argc, char **argv) {
+  const char *out = NULL;
+  const char **dirs = calloc((size_t)argc + 1, sizeof *dirs);
+  if (!dirs) return 1;
+  int n = 0, rc = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *v;
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage_report(stdout);
+      free(dirs);
+      return 0;
+    } else if ((v = option_value(argc, argv, &i, "--out"))) {
+      out = v;
+    } else if (argv[i][0] == '-' && argv[i][1]) {
+      fprintf(stderr, "tally report: unknown option '%s' (see tally report --help)\n", argv[i]);
+      rc = 2;
+    } else {
+      dirs[n++] = argv[i];
+    }
+  }
+  if (rc == 0 && n == 0) {
+    fprintf(stderr, "tally report: name at least one run folder (see tally report --help)\n");
+    rc = 2;
+  }
+  char default_out[4200];
+  if (rc == 0 && !out) {
+    snprintf(default_out, sizeof default_out, "%s/report.html", dirs[0]);
+    out = default_out;
+  }
+  if (rc == 0 && report_write(n, dirs, out) != 0) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
+    rc = 1;
+  }
+  if (rc == 0) printf("report written to %s\n", out);
+  free(dirs);
+  return rc;
 }
 
 // The project root is the build folder's parent: recipes and models are found there when the
@@ -176,6 +402,8 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
+  if (!strcmp(cmd, "plan")) return cmd_plan(argc - 2, argv + 2);
+  if (!strcmp(cmd, "report")) return cmd_report(argc - 2, argv + 2);
   fprintf(stderr, "tally: unknown command '%s' (see tally --help)\n", cmd);
   return 2;
 }

@@ -17,6 +17,10 @@ void dataset_free(Dataset *ds) {
   memset(ds, 0, sizeof *ds);
 }
 
+size_t dataset_bytes(int n, int h, int w, int c) {
+  return (size_t)n * h * w * c + sizeof(int) * (size_t)n;
+}
+
 void dataset_channel_stats(const Dataset *ds, float *mean, float *std) {
   const size_t pixels_per_channel = (size_t)ds->n * ds->h * ds->w;
   for (int ch = 0; ch < ds->c; ch++) {

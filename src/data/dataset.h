@@ -1,6 +1,7 @@
 // Image datasets held in memory as 8-bit pixels: Fashion-MNIST style IDX files (gzip through zlib)
 // and ImageFolder trees (root/<class>/*.png|jpg through stb_image).
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct {
@@ -25,6 +26,15 @@ int dataset_load_imagefolder(Dataset *ds, const char *root, int image_size, int 
                              int limit);
 
 void dataset_free(Dataset *ds);
+
+// Sizing without loading (`tally plan`). The IDX header of an images file: image count and size
+// (before any limit), read without touching the pixels; same errors as dataset_load_idx.
+int dataset_idx_peek(const char *images_path, int *n, int *h, int *w);
+// Images an ImageFolder tree holds under `limit` (as dataset_load_imagefolder would keep), from
+// the directory listing alone.
+int dataset_imagefolder_count(const char *root, int limit, int *n);
+// MEM_DATA bytes a loaded dataset of n images (h, w, c) holds: pixels and labels.
+size_t dataset_bytes(int n, int h, int w, int c);
 
 // Per-channel mean and std of the pixel values in [0,1] over the whole dataset (c entries each).
 void dataset_channel_stats(const Dataset *ds, float *mean, float *std);

@@ -133,6 +133,24 @@ static int check_image_header(const char *path, const uint32_t *dims, int channe
   return 0;
 }
 
+int dataset_idx_peek(const char *images_path, int *n, int *h, int *w) {
+  gzFile gz = open_idx(images_path);
+  if (!gz) return -1;
+  uint32_t dims[3];
+  // Channels do not matter to the header's own bounds; 1 keeps the pixel-bytes check unscaled.
+  int rc = read_header(gz, images_path, IDX_MAGIC_IMAGES, 3, dims) < 0 ||
+                   check_image_header(images_path, dims, 1) < 0
+               ? -1
+               : 0;
+  gzclose(gz);
+  if (rc == 0) {
+    *n = (int)dims[0];
+    *h = (int)dims[1];
+    *w = (int)dims[2];
+  }
+  return rc;
+}
+
 int dataset_load_idx(Dataset *ds, const char *images_path, int channels, int limit) {
   memset(ds, 0, sizeof *ds);
   if (channels != 1 && channels != 3)

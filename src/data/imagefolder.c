@@ -111,6 +111,34 @@ static void class_quotas(const NameList *files, int n_classes, int limit, int *k
       if (keep[k] < files[k].n) keep[k]++, left--;
 }
 
+int dataset_imagefolder_count(const char *root, int limit, int *n) {
+  NameList classes = {0};
+  if (list_dir(root, 1, &classes) < 0) return -1;
+  if (classes.n == 0) {
+    names_free(&classes);
+    return tl_fail("%s: no class subfolders", root);
+  }
+  NameList *files = calloc(classes.n, sizeof *files);
+  int *keep = calloc(classes.n, sizeof *keep);
+  if (!files || !keep) TL_DIE("out of memory");
+  int rc = 0;
+  for (int k = 0; k < classes.n && rc == 0; k++) {
+    char *dir = join_path(root, classes.names[k]);
+    rc = list_dir(dir, 0, &files[k]);
+    free(dir);
+  }
+  if (rc == 0) {
+    class_quotas(files, classes.n, limit, keep);
+    *n = 0;
+    for (int k = 0; k < classes.n; k++) *n += keep[k];
+  }
+  for (int k = 0; k < classes.n; k++) names_free(&files[k]);
+  free(files);
+  free(keep);
+  names_free(&classes);
+  return rc;
+}
+
 int dataset_load_imagefolder(Dataset *ds, const char *root, int image_size, int channels,
                              int limit) {
   memset(ds, 0, sizeof *ds);

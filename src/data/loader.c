@@ -3,6 +3,7 @@
 // stays valid until the following call).
 #include "data/loader.h"
 
+#include <math.h>
 #include <omp.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -42,6 +43,29 @@ void loader_shard(int global_batch, int rank, int world, const int *shard_sizes,
   const int base = global_batch / world, extra = global_batch % world;
   *size = base + (rank < extra);
   *offset = rank * base + (rank < extra ? rank : extra);
+}
+
+int loader_shard_sizes_from_weights(const char *weights, int world, int global_batch,
+                                    int *sizes) {
+  double w[LOADER_MAX_SHARDS], total = 0;
+  int n = 0;
+  for (const char *p = weights; *p && n < LOADER_MAX_SHARDS;) {
+    char *end;
+    w[n] = strtod(p, &end);
+    if (end == p || w[n] <= 0)
+      return tl_fail("[parallel] shard_weights = '%s': not positive numbers", weights);
+    total += w[n++];
+    p = *end == ',' ? end + 1 : end;
+  }
+  if (n != world)
+    return tl_fail("[parallel] shard_weights has %d entries for %d replicas", n, world);
+  int assigned = 0;
+  for (int r = 0; r < n; r++) {
+    sizes[r] = r + 1 == n ? global_batch - assigned : (int)floor(global_batch * w[r] / total + 0.5);
+    if (sizes[r] < 1) return tl_fail("[parallel] shard_weights gives replica %d no samples", r);
+    assigned += sizes[r];
+  }
+  return 0;
 }
 
 // Fisher-Yates from the epoch's own stream: every replica derives the same order.
@@ -110,6 +134,29 @@ static void *prefetch_main(void *arg) {
   return NULL;
 }
 
+// Bytes of one slot's buffers and of the epoch permutation: loader_init allocates exactly these,
+// and loader_buffer_bytes adds them up for `tally plan`.
+typedef struct {
+  size_t views;        // (n_views, shard, S, S, C) floats
+  size_t indices;      // (shard) ints
+  size_t labels;       // (shard) ints
+  size_t permutation;  // (dataset_n) ints
+} LoaderSizes;
+
+static LoaderSizes loader_sizes(int dataset_n, int shard_size, int n_views, int out_size,
+                                int channels) {
+  const size_t view_floats = (size_t)out_size * out_size * channels;
+  return (LoaderSizes){sizeof(float) * n_views * (size_t)shard_size * view_floats,
+                       sizeof(int) * (size_t)shard_size, sizeof(int) * (size_t)shard_size,
+                       sizeof(int) * (size_t)dataset_n};
+}
+
+size_t loader_buffer_bytes(int dataset_n, int shard_size, int n_views, int out_size,
+                           int channels) {
+  LoaderSizes z = loader_sizes(dataset_n, shard_size, n_views, out_size, channels);
+  return N_SLOTS * (z.views + z.indices + z.labels) + z.permutation;
+}
+
 static int check_args(const Dataset *ds, const AugmentParams *aug, int n_views, int global_batch,
                       int rank, int world, const int *shard_sizes, int start_step) {
   if (n_views < 1) return tl_fail("loader: n_views must be at least 1, got %d", n_views);
@@ -156,18 +203,18 @@ int loader_init(Loader *l, const Dataset *ds, const AugmentParams *aug, int n_vi
   l->priv = pv;
   int size;
   loader_shard(global_batch, rank, world, shard_sizes, &pv->shard_offset, &size);
-  const size_t view_floats = (size_t)aug->out_size * aug->out_size * ds->c;
+  const LoaderSizes z = loader_sizes(ds->n, size, n_views, aug->out_size, ds->c);
   for (int s = 0; s < N_SLOTS; s++) {
     Batch *b = &pv->slots[s];
     b->n = size;
     b->n_views = n_views;
     // views: (n_views, n, S, S, C)
-    b->views = tl_alloc(sizeof *b->views * n_views * size * view_floats, MEM_DATA, COMP_OTHER);
-    b->indices = tl_alloc(sizeof *b->indices * size, MEM_DATA, COMP_OTHER);
-    b->labels = tl_alloc(sizeof *b->labels * size, MEM_DATA, COMP_OTHER);
+    b->views = tl_alloc(z.views, MEM_DATA, COMP_OTHER);
+    b->indices = tl_alloc(z.indices, MEM_DATA, COMP_OTHER);
+    b->labels = tl_alloc(z.labels, MEM_DATA, COMP_OTHER);
     pv->ready_step[s] = -1;
   }
-  pv->permutation = tl_alloc(sizeof *pv->permutation * ds->n, MEM_DATA, COMP_OTHER);
+  pv->permutation = tl_alloc(z.permutation, MEM_DATA, COMP_OTHER);
   pv->permutation_epoch = -1;
   pv->slot_in_use = -1;
   pv->next_fill_step = pv->next_take_step = start_step;

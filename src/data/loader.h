@@ -41,6 +41,15 @@ int loader_init(Loader *l, const Dataset *ds, const AugmentParams *aug, int n_vi
 const Batch *loader_next(Loader *l, double *wait_ms);
 void loader_destroy(Loader *l);
 
+// Shard sizes from [parallel] shard_weights ("1,3": proportional, rounded, the last takes the
+// rest): sizes (world) sum to global_batch. -1 with tl_last_error() on a bad list or an empty shard.
+enum { LOADER_MAX_SHARDS = 64 };
+int loader_shard_sizes_from_weights(const char *weights, int world, int global_batch, int *sizes);
+
+// MEM_DATA bytes loader_init allocates for one replica (both prefetch slots and the epoch
+// permutation), from sizes alone: `tally plan` adds this without starting a loader.
+size_t loader_buffer_bytes(int dataset_n, int shard_size, int n_views, int out_size, int channels);
+
 // Shard of replica `rank` in a global batch: its first sample's offset and its size.
 void loader_shard(int global_batch, int rank, int world, const int *shard_sizes, int *offset,
                   int *size);

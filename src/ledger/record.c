@@ -1,85 +1,110 @@
 #include "ledger/record.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
-// One table drives both writers, so JSON and CSV can never disagree on names or values.
+// One table drives both writers, the reader and the plan, so they can never disagree on names.
 typedef enum { F_LONG, F_INT, F_SIZE, F_DOUBLE, F_STRING } FieldType;
 typedef struct {
-  const char *name;
+  LedgerFieldInfo info;
   FieldType type;
   size_t offset;
 } Field;
 
-#define FIELD(name, type) {#name, type, offsetof(LedgerRecord, name)}
-#define FIELD_AT(label, member, type) {label, type, offsetof(LedgerRecord, member)}
+// Counted quantities: planned exactly.
+#define FIELD(name, type, group, unit) \
+  { {#name, group, unit, 0}, type, offsetof(LedgerRecord, name) }
+#define FIELD_AT(label, member, type, group, unit) \
+  { {label, group, unit, 0}, type, offsetof(LedgerRecord, member) }
+// Known only once the step has run.
+#define MEASURED(name, type, group, unit) \
+  { {#name, group, unit, 1}, type, offsetof(LedgerRecord, name) }
 
 static const Field fields[] = {
-    FIELD(step, F_LONG),
-    FIELD(epoch, F_INT),
-    FIELD(objective, F_STRING),
-    FIELD(replicas, F_INT),
-    FIELD(lr, F_DOUBLE),
-    FIELD(loss, F_DOUBLE),
-    FIELD(images_source, F_LONG),
-    FIELD(views_grad, F_LONG),
-    FIELD(views_nograd, F_LONG),
-    FIELD(patches_total, F_LONG),
-    FIELD(patches_encoded, F_LONG),
-    FIELD(patches_decoded, F_LONG),
-    FIELD(negatives_per_query, F_LONG),
-    FIELD(positives_per_query, F_LONG),
-    FIELD(activation_bytes, F_SIZE),
-    FIELD_AT("activation_encoder_bytes", activation_bytes_by[COMP_ENCODER], F_SIZE),
-    FIELD_AT("activation_head_bytes", activation_bytes_by[COMP_HEAD], F_SIZE),
-    FIELD_AT("activation_decoder_bytes", activation_bytes_by[COMP_DECODER], F_SIZE),
-    FIELD_AT("activation_loss_bytes", activation_bytes_by[COMP_LOSS], F_SIZE),
-    FIELD(activation_grad_bytes, F_SIZE),
-    FIELD(param_bytes, F_SIZE),
-    FIELD(grad_bytes, F_SIZE),
-    FIELD(optimizer_bytes, F_SIZE),
-    FIELD(momentum_encoder_bytes, F_SIZE),
-    FIELD(workspace_bytes, F_SIZE),
-    FIELD(data_bytes, F_SIZE),
-    FIELD(queue_vectors, F_LONG),
-    FIELD(queue_random_vectors, F_LONG),
-    FIELD(queue_bytes, F_SIZE),
-    FIELD(queue_oldest_age_steps, F_DOUBLE),
-    FIELD(queue_mean_age_steps, F_DOUBLE),
-    FIELD(momentum_distance, F_DOUBLE),
-    FIELD(encodings_next_new, F_LONG),
-    FIELD(encodings_next_reused, F_LONG),
-    FIELD(flops_forward, F_DOUBLE),
-    FIELD(flops_backward, F_DOUBLE),
-    FIELD_AT("flops_forward_encoder", flops_forward_by[COMP_ENCODER], F_DOUBLE),
-    FIELD_AT("flops_forward_head", flops_forward_by[COMP_HEAD], F_DOUBLE),
-    FIELD_AT("flops_forward_decoder", flops_forward_by[COMP_DECODER], F_DOUBLE),
-    FIELD_AT("flops_forward_loss", flops_forward_by[COMP_LOSS], F_DOUBLE),
-    FIELD_AT("flops_backward_encoder", flops_backward_by[COMP_ENCODER], F_DOUBLE),
-    FIELD_AT("flops_backward_head", flops_backward_by[COMP_HEAD], F_DOUBLE),
-    FIELD_AT("flops_backward_decoder", flops_backward_by[COMP_DECODER], F_DOUBLE),
-    FIELD_AT("flops_backward_loss", flops_backward_by[COMP_LOSS], F_DOUBLE),
-    FIELD(comm_bytes, F_DOUBLE),
-    FIELD(comm_allreduce_bytes, F_DOUBLE),
-    FIELD(comm_allgather_bytes, F_DOUBLE),
-    FIELD(shard_samples, F_INT),
-    FIELD(shard_weight, F_DOUBLE),
-    FIELD(data_ms, F_DOUBLE),
-    FIELD(forward_ms, F_DOUBLE),
-    FIELD(backward_ms, F_DOUBLE),
-    FIELD(comm_ms, F_DOUBLE),
-    FIELD(optimizer_ms, F_DOUBLE),
-    FIELD(step_ms, F_DOUBLE),
-    FIELD(images_per_s, F_DOUBLE),
-    FIELD(peak_rss_bytes, F_SIZE),
+    FIELD(step, F_LONG, LEDGER_IDENTITY, UNIT_COUNT),
+    FIELD(epoch, F_INT, LEDGER_IDENTITY, UNIT_COUNT),
+    FIELD(objective, F_STRING, LEDGER_IDENTITY, UNIT_TEXT),
+    FIELD(replicas, F_INT, LEDGER_IDENTITY, UNIT_COUNT),
+    FIELD(lr, F_DOUBLE, LEDGER_IDENTITY, UNIT_RATIO),
+    MEASURED(loss, F_DOUBLE, LEDGER_IDENTITY, UNIT_RATIO),
+    FIELD(images_source, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
+    FIELD(views_grad, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
+    FIELD(views_nograd, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
+    FIELD(patches_total, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
+    FIELD(patches_encoded, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
+    FIELD(patches_decoded, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
+    FIELD(negatives_per_query, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
+    FIELD(positives_per_query, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
+    FIELD(activation_bytes, F_SIZE, LEDGER_HELD, UNIT_BYTES),
+    FIELD_AT("activation_encoder_bytes", activation_bytes_by[COMP_ENCODER], F_SIZE, LEDGER_HELD,
+             UNIT_BYTES),
+    FIELD_AT("activation_head_bytes", activation_bytes_by[COMP_HEAD], F_SIZE, LEDGER_HELD,
+             UNIT_BYTES),
+    FIELD_AT("activation_decoder_bytes", activation_bytes_by[COMP_DECODER], F_SIZE, LEDGER_HELD,
+             UNIT_BYTES),
+    FIELD_AT("activation_loss_bytes", activation_bytes_by[COMP_LOSS], F_SIZE, LEDGER_HELD,
+             UNIT_BYTES),
+    FIELD(activation_grad_bytes, F_SIZE, LEDGER_HELD, UNIT_BYTES),
+    FIELD(param_bytes, F_SIZE, LEDGER_HELD, UNIT_BYTES),
+    FIELD(grad_bytes, F_SIZE, LEDGER_HELD, UNIT_BYTES),
+    FIELD(optimizer_bytes, F_SIZE, LEDGER_HELD, UNIT_BYTES),
+    FIELD(momentum_encoder_bytes, F_SIZE, LEDGER_HELD, UNIT_BYTES),
+    FIELD(workspace_bytes, F_SIZE, LEDGER_HELD, UNIT_BYTES),
+    FIELD(data_bytes, F_SIZE, LEDGER_HELD, UNIT_BYTES),
+    FIELD(eval_bytes, F_SIZE, LEDGER_HELD, UNIT_BYTES),
+    FIELD(queue_vectors, F_LONG, LEDGER_CACHED, UNIT_COUNT),
+    FIELD(queue_random_vectors, F_LONG, LEDGER_CACHED, UNIT_COUNT),
+    FIELD(queue_bytes, F_SIZE, LEDGER_CACHED, UNIT_BYTES),
+    FIELD(queue_oldest_age_steps, F_DOUBLE, LEDGER_CACHED, UNIT_STEPS),
+    FIELD(queue_mean_age_steps, F_DOUBLE, LEDGER_CACHED, UNIT_STEPS),
+    MEASURED(momentum_distance, F_DOUBLE, LEDGER_CACHED, UNIT_RATIO),
+    FIELD(encodings_next_new, F_LONG, LEDGER_NEXT, UNIT_COUNT),
+    FIELD(encodings_next_reused, F_LONG, LEDGER_NEXT, UNIT_COUNT),
+    FIELD(flops_forward, F_DOUBLE, LEDGER_COST, UNIT_FLOPS),
+    FIELD(flops_backward, F_DOUBLE, LEDGER_COST, UNIT_FLOPS),
+    FIELD_AT("flops_forward_encoder", flops_forward_by[COMP_ENCODER], F_DOUBLE, LEDGER_COST,
+             UNIT_FLOPS),
+    FIELD_AT("flops_forward_head", flops_forward_by[COMP_HEAD], F_DOUBLE, LEDGER_COST, UNIT_FLOPS),
+    FIELD_AT("flops_forward_decoder", flops_forward_by[COMP_DECODER], F_DOUBLE, LEDGER_COST,
+             UNIT_FLOPS),
+    FIELD_AT("flops_forward_loss", flops_forward_by[COMP_LOSS], F_DOUBLE, LEDGER_COST, UNIT_FLOPS),
+    FIELD_AT("flops_backward_encoder", flops_backward_by[COMP_ENCODER], F_DOUBLE, LEDGER_COST,
+             UNIT_FLOPS),
+    FIELD_AT("flops_backward_head", flops_backward_by[COMP_HEAD], F_DOUBLE, LEDGER_COST,
+             UNIT_FLOPS),
+    FIELD_AT("flops_backward_decoder", flops_backward_by[COMP_DECODER], F_DOUBLE, LEDGER_COST,
+             UNIT_FLOPS),
+    FIELD_AT("flops_backward_loss", flops_backward_by[COMP_LOSS], F_DOUBLE, LEDGER_COST,
+             UNIT_FLOPS),
+    FIELD(comm_bytes, F_DOUBLE, LEDGER_COST, UNIT_BYTES),
+    FIELD(comm_allreduce_bytes, F_DOUBLE, LEDGER_COST, UNIT_BYTES),
+    FIELD(comm_allgather_bytes, F_DOUBLE, LEDGER_COST, UNIT_BYTES),
+    FIELD(shard_samples, F_INT, LEDGER_COST, UNIT_COUNT),
+    FIELD(shard_weight, F_DOUBLE, LEDGER_COST, UNIT_RATIO),
+    MEASURED(data_ms, F_DOUBLE, LEDGER_TIME, UNIT_MS),
+    MEASURED(forward_ms, F_DOUBLE, LEDGER_TIME, UNIT_MS),
+    MEASURED(backward_ms, F_DOUBLE, LEDGER_TIME, UNIT_MS),
+    MEASURED(comm_ms, F_DOUBLE, LEDGER_TIME, UNIT_MS),
+    MEASURED(optimizer_ms, F_DOUBLE, LEDGER_TIME, UNIT_MS),
+    MEASURED(step_ms, F_DOUBLE, LEDGER_TIME, UNIT_MS),
+    MEASURED(images_per_s, F_DOUBLE, LEDGER_TIME, UNIT_RATE),
+    MEASURED(peak_rss_bytes, F_SIZE, LEDGER_TIME, UNIT_BYTES),
 };
 enum { N_FIELDS = sizeof fields / sizeof fields[0] };
 
 static void write_value(FILE *f, const LedgerRecord *r, const Field *fd, int json) {
   const char *p = (const char *)r + fd->offset;
   switch (fd->type) {
-    case F_LONG: fprintf(f, "%ld", *(const long *)p); break;
-    case F_INT: fprintf(f, "%d", *(const int *)p); break;
-    case F_SIZE: fprintf(f, "%zu", *(const size_t *)p); break;
+    case F_LONG:
+      fprintf(f, "%ld", *(const long *)p);
+      break;
+    case F_INT:
+      fprintf(f, "%d", *(const int *)p);
+      break;
+    case F_SIZE:
+      fprintf(f, "%zu", *(const size_t *)p);
+      break;
     case F_DOUBLE: {
       double v = *(const double *)p;
       if (isfinite(v))
@@ -96,17 +121,24 @@ static void write_value(FILE *f, const LedgerRecord *r, const Field *fd, int jso
   }
 }
 
+void ledger_write_json_members(FILE *f, const LedgerRecord *r, int planned) {
+  for (int i = 0; i < N_FIELDS; i++) {
+    fprintf(f, "%s\"%s\":", i ? "," : "", fields[i].info.name);
+    if (planned && fields[i].info.measured_only)
+      fputs("null", f);
+    else
+      write_value(f, r, &fields[i], 1);
+  }
+}
+
 void ledger_write_json(FILE *f, const LedgerRecord *r) {
   fputc('{', f);
-  for (int i = 0; i < N_FIELDS; i++) {
-    fprintf(f, "%s\"%s\":", i ? "," : "", fields[i].name);
-    write_value(f, r, &fields[i], 1);
-  }
+  ledger_write_json_members(f, r, 0);
   fputs("}\n", f);
 }
 
 void ledger_write_csv_header(FILE *f) {
-  for (int i = 0; i < N_FIELDS; i++) fprintf(f, "%s%s", i ? "," : "", fields[i].name);
+  for (int i = 0; i < N_FIELDS; i++) fprintf(f, "%s%s", i ? "," : "", fields[i].info.name);
   fputc('\n', f);
 }
 
@@ -116,4 +148,114 @@ void ledger_write_csv(FILE *f, const LedgerRecord *r) {
     write_value(f, r, &fields[i], 0);
   }
   fputc('\n', f);
+}
+
+int ledger_field_count(void) { return N_FIELDS; }
+const LedgerFieldInfo *ledger_field_info(int i) { return &fields[i].info; }
+
+int ledger_field_find(const char *name) {
+  for (int i = 0; i < N_FIELDS; i++)
+    if (strcmp(fields[i].info.name, name) == 0) return i;
+  return -1;
+}
+
+double ledger_field_value(const LedgerRecord *r, int i) {
+  const char *p = (const char *)r + fields[i].offset;
+  switch (fields[i].type) {
+    case F_LONG:
+      return (double)*(const long *)p;
+    case F_INT:
+      return *(const int *)p;
+    case F_SIZE:
+      return (double)*(const size_t *)p;
+    case F_DOUBLE:
+      return *(const double *)p;
+    case F_STRING:
+      break;
+  }
+  return NAN;
+}
+
+const char *ledger_group_title(LedgerGroup g) {
+  static const char *const titles[LEDGER_NGROUPS] = {"Step",
+                                                     "What is encoded this step",
+                                                     "What is held (memory)",
+                                                     "What is cached from earlier steps",
+                                                     "What the next step must redo",
+                                                     "Cost",
+                                                     "Time (measured only)"};
+  return titles[g];
+}
+
+static void set_value(LedgerRecord *r, const Field *fd, double v) {
+  char *p = (char *)r + fd->offset;
+  int missing = isnan(v);
+  switch (fd->type) {
+    case F_LONG:
+      *(long *)p = missing ? 0 : (long)v;
+      break;
+    case F_INT:
+      *(int *)p = missing ? 0 : (int)v;
+      break;
+    case F_SIZE:
+      *(size_t *)p = missing || v < 0 ? 0 : (size_t)v;
+      break;
+    case F_DOUBLE:
+      *(double *)p = v;
+      break;
+    case F_STRING:
+      break;
+  }
+}
+
+static const char *skip_space(const char *p) {
+  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+  return p;
+}
+
+// A JSON string's end (the closing quote), escapes skipped; NULL when unterminated.
+static const char *string_end(const char *p) {
+  for (; *p && *p != '"'; p++)
+    if (*p == '\\' && p[1]) p++;
+  return *p ? p : NULL;
+}
+
+int ledger_read_json(const char *line, LedgerRecord *r) {
+  const char *p = skip_space(line);
+  if (*p++ != '{') return -1;
+  int set = 0;
+  for (;;) {
+    p = skip_space(p);
+    if (*p == '}') return set;
+    if (*p++ != '"') return -1;
+    const char *name = p, *name_end = string_end(p);
+    if (!name_end) return -1;
+    p = skip_space(name_end + 1);
+    if (*p++ != ':') return -1;
+    p = skip_space(p);
+    const Field *fd = NULL;
+    for (int i = 0; i < N_FIELDS && !fd; i++)
+      if (strlen(fields[i].info.name) == (size_t)(name_end - name) &&
+          strncmp(fields[i].info.name, name, (size_t)(name_end - name)) == 0)
+        fd = &fields[i];
+    if (*p == '"') {
+      const char *end = string_end(p + 1);
+      if (!end) return -1;
+      p = end + 1;
+    } else if (strncmp(p, "null", 4) == 0) {
+      if (fd) set_value(r, fd, NAN), set++;
+      p += 4;
+    } else {
+      char *end;
+      double v = strtod(p, &end);
+      if (end == p) return -1;
+      if (fd) set_value(r, fd, v), set++;
+      p = end;
+    }
+    p = skip_space(p);
+    if (*p == ',')
+      p++;
+    else if (*p != '}')
+      return -1;
+  }
 }

@@ -18,29 +18,30 @@ typedef struct {
   double loss;
 
   // encoded this step (this replica)
-  long images_source;         // distinct source images loaded
-  long views_grad;            // views through the online encoder with gradient
-  long views_nograd;          // views through the momentum encoder, forward only
-  long patches_total;         // patches in the views that were patchified (0 for CNNs)
-  long patches_encoded;       // patches the encoder actually processed
-  long patches_decoded;       // positions the decoder processed
-  long negatives_per_query;   // comparison candidates per query
+  long images_source;        // distinct source images loaded
+  long views_grad;           // views through the online encoder with gradient
+  long views_nograd;         // views through the momentum encoder, forward only
+  long patches_total;        // patches in the views that were patchified (0 for CNNs)
+  long patches_encoded;      // patches the encoder actually processed
+  long patches_decoded;      // positions the decoder processed
+  long negatives_per_query;  // comparison candidates per query
   long positives_per_query;
 
   // held (bytes, from the accounting allocator)
-  size_t activation_bytes;                  // retained for backward, all components
-  size_t activation_bytes_by[COMP_NCOMP];   // by component
+  size_t activation_bytes;                 // retained for backward, all components
+  size_t activation_bytes_by[COMP_NCOMP];  // by component
   size_t activation_grad_bytes;
   size_t param_bytes, grad_bytes, optimizer_bytes, momentum_encoder_bytes;
   size_t workspace_bytes, data_bytes;
+  size_t eval_bytes;  // the kNN monitor's model, feature banks and scratchpad (MEM_EVAL)
 
   // cached from earlier steps
-  long queue_vectors;             // real keys in the queue (random initial entries excluded)
-  long queue_random_vectors;      // initial random entries not yet replaced
+  long queue_vectors;         // real keys in the queue (random initial entries excluded)
+  long queue_random_vectors;  // initial random entries not yet replaced
   size_t queue_bytes;
   double queue_oldest_age_steps;
   double queue_mean_age_steps;
-  double momentum_distance;       // ||theta_k - theta_q|| / ||theta_q||
+  double momentum_distance;  // ||theta_k - theta_q|| / ||theta_q||
 
   // the next step
   long encodings_next_new;     // encodings the next step computes anew
@@ -51,8 +52,8 @@ typedef struct {
   double flops_forward_by[COMP_NCOMP], flops_backward_by[COMP_NCOMP];
   double comm_bytes;
   double comm_allreduce_bytes, comm_allgather_bytes;
-  int shard_samples;     // this replica's samples
-  double shard_weight;   // its weight in the gradient average
+  int shard_samples;    // this replica's samples
+  double shard_weight;  // its weight in the gradient average
 
   // time
   double data_ms, forward_ms, backward_ms, comm_ms, optimizer_ms, step_ms;
@@ -60,8 +61,55 @@ typedef struct {
   size_t peak_rss_bytes;
 } LedgerRecord;
 
+// The record's fields as one table (the writers, the reader, `tally plan` and `tally report` all
+// walk it), grouped by the question each answers.
+typedef enum {
+  LEDGER_IDENTITY,  // step, objective, lr, loss
+  LEDGER_ENCODED,   // what was encoded this step
+  LEDGER_HELD,      // what is held for backward (and the rest of memory)
+  LEDGER_CACHED,    // what is cached from earlier steps
+  LEDGER_NEXT,      // what the next step must redo
+  LEDGER_COST,      // FLOPs, communication, shards
+  LEDGER_TIME,      // wall time and throughput
+  LEDGER_NGROUPS
+} LedgerGroup;
+
+typedef enum {
+  UNIT_COUNT,
+  UNIT_BYTES,
+  UNIT_FLOPS,
+  UNIT_MS,
+  UNIT_STEPS,
+  UNIT_RATIO,
+  UNIT_RATE,
+  UNIT_TEXT
+} LedgerUnit;
+
+typedef struct {
+  const char *name;  // as written in ledger.jsonl / ledger.csv
+  LedgerGroup group;
+  LedgerUnit unit;
+  // 1: only a real run can know it (time, loss, RSS, momentum drift); `tally plan` leaves it null.
+  int measured_only;
+} LedgerFieldInfo;
+
+int ledger_field_count(void);
+const LedgerFieldInfo *ledger_field_info(int i);
+// Index of the field called `name`, or -1.
+int ledger_field_find(const char *name);
+// The field's value as a double (NaN for text and for a non-finite double).
+double ledger_field_value(const LedgerRecord *r, int i);
+const char *ledger_group_title(LedgerGroup g);
+
 // JSON Lines: one object per record, field names with units.
 void ledger_write_json(FILE *f, const LedgerRecord *r);
+// The members of that object without the braces, so a caller can add its own; with
+// `planned`, measured-only fields are written as null.
+void ledger_write_json_members(FILE *f, const LedgerRecord *r, int planned);
+// Reads one line written by ledger_write_json: known fields are set, unknown names skipped, nulls
+// read as NaN (doubles) or 0; text fields are left NULL. Returns the number of fields set, or -1
+// when the line is not a flat JSON object.
+int ledger_read_json(const char *line, LedgerRecord *r);
 // CSV: a header line once, then one row per record, same names.
 void ledger_write_csv_header(FILE *f);
 void ledger_write_csv(FILE *f, const LedgerRecord *r);

@@ -1,0 +1,664 @@
+#include "ledger/plan.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "core/error.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "eval/knn.h"
+#include "eval/monitor.h"
+#include "objectives/mae.h"
+#include "objectives/objective.h"
+#include "parallel/comm.h"
+#include "train/optim.h"
+
+typedef size_t MemSnapshot[MEM_NCAT][COMP_NCOMP];
+
+static void snapshot(MemSnapshot s) {
+  for (int c = 0; c < MEM_NCAT; c++)
+    for (int k = 0; k < COMP_NCOMP; k++)
+      s[c][k] = tl_mem_live_comp((MemCategory)c, (MemComponent)k);
+}
+
+static void snapshot_sub(MemSnapshot out, MemSnapshot a, MemSnapshot b) {
+  for (int c = 0; c < MEM_NCAT; c++)
+    for (int k = 0; k < COMP_NCOMP; k++) out[c][k] = a[c][k] - b[c][k];
+}
+
+static size_t snapshot_cat(MemSnapshot s, MemCategory c) {
+  size_t sum = 0;
+  for (int k = 0; k < COMP_NCOMP; k++) sum += s[c][k];
+  return sum;
+}
+
+// What the replicas of one plan share. They are built one at a time in rank order (turn), so the
+// memory of rank 0 alone is known (a process's own under the mpi backend); then they step together.
+typedef struct {
+  const Config *cfg;
+  PlanOptions opt;
+  const ObjectiveDef *def;
+  long step;  // < 0: memory only
+  int world, global_batch, steps_per_epoch, n_train, n_test;
+  long total_steps;
+  int shard_sizes[LOADER_MAX_SHARDS];
+  int has_shard_sizes;
+  LocalGroup *group;
+  pthread_mutex_t mutex;
+  pthread_cond_t turn_changed;
+  int turn;              // rank whose build is under way; world once all are built
+  int failed;            // some replica could not build its objective or optimizer
+  MemSnapshot baseline;  // live before the plan started (a test process may hold memory)
+  MemSnapshot rank0;     // allocated by rank 0's build
+  MemSnapshot stepped;   // live during the step, whole process, fake batches excluded
+  // MEM_EVAL (rank 0): live after the raw-pixel baseline, live after an encoder evaluation, and
+  // the highest it reaches inside a vote.
+  size_t eval_before_first, eval_after_first, eval_peak;
+  LedgerRecord rec;  // rank 0's step: counts, FLOPs, communication
+} Plan;
+
+typedef struct {
+  Plan *plan;
+  int rank;
+  Comm *comm;
+} PlanReplica;
+
+// The kNN monitor as the trainer builds it, and the evaluation memory its passes reach. Only the
+// image counts of the datasets are read while building.
+static void plan_monitor(Plan *pl, KnnMonitor *mon, float *params) {
+  const Config *cfg = pl->cfg;
+  const int S = cfg->data.image_size, C = cfg->data.channels, px = S * S * C;
+  static const AugmentParams no_aug;
+  Dataset train = {.n = pl->n_train, .h = S, .w = S, .c = C};
+  Dataset test = {.n = pl->n_test, .h = S, .w = S, .c = C};
+  const size_t base = snapshot_cat(pl->baseline, MEM_EVAL);
+  knn_monitor_init(mon, cfg, &train, &test, &no_aug, params);
+  const int nt = mon->n_train, ne = mon->n_test, D = mon->encoder->feature_dim;
+  // knn_monitor_raw_pixels: both banks of raw pixels, then a vote over px-wide features.
+  knn_reserve_scratchpad(&mon->ctx, nt, ne, px);
+  size_t raw = sizeof(float) * ((size_t)nt * px + (size_t)ne * px) + knn_eval_bytes(nt, ne, px);
+  pl->eval_before_first = tl_mem_live(MEM_EVAL) - base;
+  size_t peak_raw = pl->eval_before_first + raw;
+  // knn_monitor_run: a vote over D-wide features into the banks the monitor holds.
+  knn_reserve_scratchpad(&mon->ctx, nt, ne, D);
+  pl->eval_after_first = tl_mem_live(MEM_EVAL) - base;
+  size_t peak_run = pl->eval_after_first + knn_eval_bytes(nt, ne, D);
+  pl->eval_peak = peak_raw > peak_run ? peak_raw : peak_run;
+}
+
+// BatchNorm running statistics are averaged after every step with several replicas (the
+// trainer's average_buffers): one weighted allreduce per buffer entry.
+static void average_buffers(Comm *comm, ParamSet *ps, int samples) {
+  for (int e = 0; e < ps->n_entries; e++) {
+    const ParamEntry *pe = &ps->entries[e];
+    if (pe->is_buffer) comm_allreduce_weighted(comm, ps->data + pe->offset, pe->count, samples);
+  }
+}
+
+static void wait_turn(Plan *pl, int turn) {
+  pthread_mutex_lock(&pl->mutex);
+  while (pl->turn < turn) pthread_cond_wait(&pl->turn_changed, &pl->mutex);
+  pthread_mutex_unlock(&pl->mutex);
+}
+
+// The trainer's step, on a stand-in batch: views of the right size (never written), the shard's
+// dataset indices, labels 0.
+static void plan_step(Plan *pl, PlanReplica *rep, Objective *obj, ParamSet *ps, DnnlCtx *ctx,
+                      int offset, int local) {
+  const Config *cfg = pl->cfg;
+  const int S = cfg->data.image_size, C = cfg->data.channels;
+  Batch batch = {
+      (int)pl->step, (int)(pl->step / pl->steps_per_epoch), local, pl->def->n_views, NULL, NULL,
+      NULL};
+  batch.views =
+      tl_alloc(sizeof(float) * (size_t)batch.n_views * local * S * S * C, MEM_DATA, COMP_OTHER);
+  batch.indices = tl_alloc(sizeof(int) * (size_t)local, MEM_DATA, COMP_OTHER);
+  batch.labels = tl_alloc(sizeof(int) * (size_t)local, MEM_DATA, COMP_OTHER);
+  for (int i = 0; i < local; i++) {
+    batch.indices[i] = (offset + i) % pl->n_train;
+    batch.labels[i] = 0;
+  }
+  LedgerRecord rec = {0};
+  dnnl_ctx_reset_flops(ctx);
+  comm_stats_reset(rep->comm);
+  pl->def->step(obj, &batch, &rec);
+  comm_allreduce_weighted(rep->comm, ps->grad, ps->count, (double)local);
+  if (pl->world > 1) average_buffers(rep->comm, ps, local);
+  if (pl->def->after_update) pl->def->after_update(obj, &batch, &rec);
+  if (pl->world > 1 && cfg->parallel.checksum_every > 0 &&
+      (pl->step + 1) % cfg->parallel.checksum_every == 0) {
+    // The replica checksum: two floats' worth of bits from every replica.
+    float mine[2] = {0, 0}, all[2 * LOADER_MAX_SHARDS];
+    comm_allgather(rep->comm, mine, 2, all, NULL);
+  }
+  comm_barrier(rep->comm);
+  if (rep->rank == 0) {
+    CommStats cs = comm_stats(rep->comm);
+    for (int c = 0; c < COMP_NCOMP; c++) {
+      rec.flops_forward_by[c] = ctx->flops_forward[c];
+      rec.flops_backward_by[c] = ctx->flops_backward[c];
+      rec.flops_forward += ctx->flops_forward[c];
+      rec.flops_backward += ctx->flops_backward[c];
+    }
+    rec.comm_allreduce_bytes = cs.bytes[COLL_ALLREDUCE];
+    rec.comm_allgather_bytes = cs.bytes[COLL_ALLGATHER];
+    rec.comm_bytes = cs.bytes[COLL_ALLREDUCE] + cs.bytes[COLL_ALLGATHER] + cs.bytes[COLL_BROADCAST];
+    rec.shard_samples = local;
+    rec.shard_weight = (double)local / pl->global_batch;
+    pl->rec = rec;
+    MemSnapshot now;
+    snapshot(now);
+    snapshot_sub(pl->stepped, now, pl->baseline);
+  }
+  comm_barrier(rep->comm);
+  tl_free(batch.views);
+  tl_free(batch.indices);
+  tl_free(batch.labels);
+}
+
+static void *plan_replica(void *arg) {
+  PlanReplica *rep = arg;
+  Plan *pl = rep->plan;
+  const Config *cfg = pl->cfg;
+  const int rank = rep->rank;
+
+  // The trainer splits the cores among replicas; oneDNN sizes scratchpads for the threads it gets.
+  int ncores = omp_get_num_procs();
+  omp_set_num_threads(ncores / pl->world > 0 ? ncores / pl->world : 1);
+  wait_turn(pl, rank);
+  MemSnapshot before, after;
+  snapshot(before);
+  DnnlCtx ctx;
+  dnnl_ctx_init(&ctx);
+  ctx.dry_run = 1;
+  int offset, local;
+  loader_shard(pl->global_batch, rank, pl->world, pl->has_shard_sizes ? pl->shard_sizes : NULL,
+               &offset, &local);
+  ParamSet ps;
+  paramset_alloc(&ps, pl->def->param_count(cfg), cfg->train.seed);
+  // No run folder: a plan writes no images.
+  ObjectiveEnv env = {cfg, &ctx, rep->comm, &ps, local, pl->global_batch, pl->total_steps, NULL};
+  Objective *obj = pl->def->create(&env);
+  Optimizer *optim = obj ? optim_create_from_config(cfg, &ps) : NULL;
+  KnnMonitor mon;
+  const int use_knn = rank == 0 && optim && !pl->opt.no_knn;
+  if (use_knn) plan_monitor(pl, &mon, ps.data);
+  snapshot(after);
+  pthread_mutex_lock(&pl->mutex);
+  if (rank == 0) snapshot_sub(pl->rank0, after, before);
+  if (!optim) pl->failed = 1;
+  pl->turn++;
+  pthread_cond_broadcast(&pl->turn_changed);
+  pthread_mutex_unlock(&pl->mutex);
+
+  // Every replica decides on the same shared outcome, so none waits in a collective alone.
+  wait_turn(pl, pl->world);
+  if (!pl->failed) {
+    if (pl->step >= 0) {
+      plan_step(pl, rep, obj, &ps, &ctx, offset, local);
+    } else if (rank == 0) {
+      MemSnapshot now;
+      snapshot(now);
+      snapshot_sub(pl->stepped, now, pl->baseline);
+    }
+  }
+
+  if (use_knn) knn_monitor_destroy(&mon);
+  if (optim) optim_destroy(optim);
+  if (obj) pl->def->destroy(obj);
+  paramset_free(&ps);
+  dnnl_ctx_destroy(&ctx);
+  return NULL;
+}
+
+// MoCo's FIFO at `step`: every earlier step pushed keys_per_step keys (the global batch's), and
+// the queue keeps the last K of them, so the contents follow from arithmetic alone. Ages are
+// counted at `step`, as the step's own loss sees the queue (before its push).
+static void plan_queue(LedgerRecord *r, long K, long keys_per_step, long max_age, long step) {
+  long pushed = step * keys_per_step;
+  long real = pushed < K ? pushed : K;
+  long full_steps = real / keys_per_step, partial = real % keys_per_step;
+  // Keys from step - j are j steps old: keys_per_step of each age 1..full_steps, then the
+  // surviving `partial` keys of the step before.
+  double age_sum = (double)keys_per_step * full_steps * (full_steps + 1) / 2.0 +
+                   (double)partial * (full_steps + 1);
+  r->queue_vectors = real;
+  r->queue_random_vectors = K - real;
+  r->queue_oldest_age_steps = (double)(partial ? full_steps + 1 : full_steps);
+  r->queue_mean_age_steps = real ? age_sum / real : 0;
+  long young = max_age > 0 && max_age * keys_per_step < real ? max_age * keys_per_step : real;
+  r->negatives_per_query = (K - real) + young;
+}
+
+static int peek_dataset(const Config *cfg, const char *path, int limit, int *n) {
+  if (strcmp(cfg->data.format, "idx") != 0) return dataset_imagefolder_count(path, limit, n);
+  int all, h, w;
+  if (dataset_idx_peek(path, &all, &h, &w) != 0) return -1;
+  if (h != cfg->data.image_size || w != cfg->data.image_size)
+    return tl_fail("%s: images are %dx%d but [data] image_size = %d", path, h, w,
+                   cfg->data.image_size);
+  *n = limit > 0 && limit < all ? limit : all;
+  return 0;
+}
+
+static void fill_memory(LedgerRecord *r, MemSnapshot m) {
+  r->activation_bytes = snapshot_cat(m, MEM_ACT);
+  for (int k = 0; k < COMP_NCOMP; k++) r->activation_bytes_by[k] = m[MEM_ACT][k];
+  r->activation_grad_bytes = snapshot_cat(m, MEM_ACT_GRAD);
+  r->param_bytes = snapshot_cat(m, MEM_PARAM);
+  r->grad_bytes = snapshot_cat(m, MEM_GRAD);
+  r->optimizer_bytes = snapshot_cat(m, MEM_OPTIM);
+  r->momentum_encoder_bytes = snapshot_cat(m, MEM_MOMENTUM);
+  r->workspace_bytes = snapshot_cat(m, MEM_WORKSPACE);
+}
+
+int plan_build(const Config *cfg, const char *objective, long step, const PlanOptions *opt,
+               LedgerRecord *out, PlanTotals *totals) {
+  static const PlanOptions defaults;
+  Plan *pl = calloc(1, sizeof *pl);
+  if (!pl) TL_DIE("out of memory");
+  pl->cfg = cfg;
+  pl->opt = opt ? *opt : defaults;
+  pl->step = step;
+  int rc = -1;
+  if (config_validate(cfg) != 0) goto out;
+  pl->def = objective_find(objective);
+  if (!pl->def || !pl->def->implemented) {
+    tl_fail("unknown objective '%s' (choose one of: %s)", objective, objective_names());
+    goto out;
+  }
+  const int mpi = strcmp(cfg->parallel.backend, "mpi") == 0;
+  pl->world = cfg->parallel.replicas;
+  pl->global_batch = cfg->train.batch_size;
+  if (peek_dataset(cfg, cfg->data.train, cfg->data.limit, &pl->n_train) != 0 ||
+      peek_dataset(cfg, cfg->data.test, cfg->data.test_limit, &pl->n_test) != 0)
+    goto out;
+  if (pl->n_train < pl->global_batch) {
+    tl_fail("%s: %d training images, fewer than one batch of %d", cfg->data.train, pl->n_train,
+            pl->global_batch);
+    goto out;
+  }
+  if (pl->world > LOADER_MAX_SHARDS) {
+    tl_fail("[parallel] replicas = %d: at most %d", pl->world, LOADER_MAX_SHARDS);
+    goto out;
+  }
+  pl->steps_per_epoch = pl->n_train / pl->global_batch;
+  pl->total_steps =
+      cfg->train.steps > 0 ? cfg->train.steps : (long)cfg->train.epochs * pl->steps_per_epoch;
+  if (step == PLAN_LAST_STEP) {
+    step = pl->total_steps - 1;
+    pl->step = step;
+  } else if (step >= pl->total_steps) {
+    tl_fail("step %ld is past the end of the run (%ld steps; steps count from 0)", step,
+            pl->total_steps);
+    goto out;
+  }
+  if (cfg->parallel.shard_weights[0]) {
+    if (loader_shard_sizes_from_weights(cfg->parallel.shard_weights, pl->world, pl->global_batch,
+                                        pl->shard_sizes) != 0)
+      goto out;
+    pl->has_shard_sizes = 1;
+  }
+
+  pthread_mutex_init(&pl->mutex, NULL);
+  pthread_cond_init(&pl->turn_changed, NULL);
+  snapshot(pl->baseline);
+  tl_alloc_set_untouched(1);
+  pl->group = comm_local_group_create(pl->world);
+  PlanReplica reps[LOADER_MAX_SHARDS];
+  pthread_t threads[LOADER_MAX_SHARDS];
+  for (int r = 0; r < pl->world; r++) {
+    reps[r] = (PlanReplica){pl, r, comm_local_rank(pl->group, r)};
+    if (r > 0 && pthread_create(&threads[r], NULL, plan_replica, &reps[r]) != 0)
+      TL_DIE("cannot start a thread");
+  }
+  // Rank 0 runs here, as in the trainer: an objective's error message stays on this thread.
+  plan_replica(&reps[0]);
+  for (int r = 1; r < pl->world; r++) pthread_join(threads[r], NULL);
+  for (int r = 0; r < pl->world; r++) comm_destroy(reps[r].comm);
+  comm_local_group_destroy(pl->group);
+  tl_alloc_set_untouched(0);
+  pthread_mutex_destroy(&pl->mutex);
+  pthread_cond_destroy(&pl->turn_changed);
+  if (pl->failed) goto out;
+
+  // The process's memory: every local replica, or one replica's under mpi (its own process).
+  MemSnapshot *mem = mpi ? &pl->rank0 : &pl->stepped;
+  LedgerRecord r = pl->rec;
+  r.step = step < 0 ? 0 : step;
+  r.epoch = (int)(r.step / pl->steps_per_epoch);
+  r.objective = pl->def->name;
+  r.replicas = pl->world;
+  r.lr = lr_at_step(cfg->optim.lr, (int)r.step, cfg->optim.warmup_steps, (int)pl->total_steps,
+                    cfg->optim.schedule);
+  r.loss = NAN;
+  fill_memory(&r, *mem);
+  PlanTotals t = {0};
+  t.dataset_bytes =
+      dataset_bytes(pl->n_train, cfg->data.image_size, cfg->data.image_size, cfg->data.channels) +
+      dataset_bytes(pl->n_test, cfg->data.image_size, cfg->data.image_size, cfg->data.channels);
+  for (int rank = 0; rank < (mpi ? 1 : pl->world); rank++) {
+    int offset, local;
+    loader_shard(pl->global_batch, rank, pl->world, pl->has_shard_sizes ? pl->shard_sizes : NULL,
+                 &offset, &local);
+    t.loader_bytes += loader_buffer_bytes(pl->n_train, local, pl->def->n_views,
+                                          cfg->data.image_size, cfg->data.channels);
+  }
+  r.data_bytes = t.dataset_bytes + t.loader_bytes;
+  // The first encoder evaluation follows the last step of the first evaluated epoch (or comes
+  // before step 0); it can leave a larger scratchpad behind.
+  long first_eval_after = (long)pl->steps_per_epoch * cfg->eval.knn_every_epochs;
+  r.eval_bytes = pl->opt.knn_at_start || r.step >= first_eval_after ? pl->eval_after_first
+                                                                    : pl->eval_before_first;
+  if (strcmp(pl->def->name, "moco") == 0) {
+    long keys_per_step = (cfg->objective.symmetric ? 2L : 1L) * pl->global_batch;
+    plan_queue(&r, cfg->objective.queue_size, keys_per_step, cfg->objective.queue_max_age_steps,
+               r.step);
+    r.momentum_distance = NAN;
+  }
+  t.queue_size = strcmp(pl->def->name, "moco") == 0 ? cfg->objective.queue_size : 0;
+  t.mask_ratio = strcmp(pl->def->name, "mae") == 0 ? cfg->objective.mask_ratio : 0;
+  r.data_ms = r.forward_ms = r.backward_ms = r.comm_ms = r.optimizer_ms = r.step_ms = NAN;
+  r.images_per_s = NAN;
+  r.peak_rss_bytes = 0;
+
+  t.n_train = pl->n_train;
+  t.n_test = pl->n_test;
+  t.image_size = cfg->data.image_size;
+  t.channels = cfg->data.channels;
+  t.world = pl->world;
+  t.global_batch = pl->global_batch;
+  loader_shard(pl->global_batch, 0, pl->world, pl->has_shard_sizes ? pl->shard_sizes : NULL,
+               &(int){0}, &t.local_batch);
+  t.steps_per_epoch = pl->steps_per_epoch;
+  t.total_steps = pl->total_steps;
+  t.param_count = pl->def->param_count(cfg);
+  const ModelSpec *spec = &cfg->model.spec;
+  const char *slash = strrchr(cfg->model.file, '/');
+  snprintf(t.backbone, sizeof t.backbone, "%.63s", slash ? slash + 1 : cfg->model.file);
+  char *dot = strrchr(t.backbone, '.');
+  if (dot && strcmp(dot, ".ini") == 0) *dot = 0;
+  if (strcmp(spec->type, "vit") == 0) {
+    int padded = spec->pad_to > cfg->data.image_size ? spec->pad_to : cfg->data.image_size;
+    t.patches_per_image = (padded / spec->patch_size) * (padded / spec->patch_size);
+    t.patches_visible = strcmp(pl->def->name, "mae") == 0
+                            ? mae_keep_count(t.patches_per_image, cfg->objective.mask_ratio)
+                            : t.patches_per_image;
+  }
+  for (int c = 0; c < MEM_NCAT; c++) t.category_bytes[c] = snapshot_cat(*mem, (MemCategory)c);
+  t.category_bytes[MEM_DATA] = r.data_bytes;
+  t.category_bytes[MEM_EVAL] = pl->eval_after_first;
+  t.eval_peak_bytes = pl->eval_peak;
+  for (int c = 0; c < MEM_NCAT; c++) t.total_bytes += c == MEM_EVAL ? 0 : t.category_bytes[c];
+  t.total_bytes += t.eval_peak_bytes;
+  if (out) *out = r;
+  if (totals) *totals = t;
+  rc = 0;
+out:
+  free(pl);
+  return rc;
+}
+
+const char *plan_budget_key(const char *objective) {
+  return strcmp(objective, "moco") == 0 ? "objective.queue_size" : "train.batch_size";
+}
+
+// Plans cfg with key = value; *fits says whether its total is within the budget.
+static int probe(const Config *cfg, const char *objective, const char *key, long value,
+                 size_t budget, const PlanOptions *opt, Config *with, int *fits, size_t *total) {
+  *with = *cfg;
+  char assignment[96];
+  snprintf(assignment, sizeof assignment, "%s=%ld", key, value);
+  if (config_set(with, assignment) != 0) return -1;
+  PlanTotals t;
+  if (plan_build(with, objective, -1, opt, NULL, &t) != 0) return -1;
+  *fits = t.total_bytes <= budget;
+  *total = t.total_bytes;
+  return 0;
+}
+
+int plan_fit_budget(const Config *cfg, const char *objective, size_t budget_bytes,
+                    const PlanOptions *opt, Config *fitted, long *value) {
+  const char *key = plan_budget_key(objective);
+  const int queue = strcmp(key, "objective.queue_size") == 0;
+  PlanTotals t;
+  if (plan_build(cfg, objective, -1, opt, NULL, &t) != 0) return -1;
+  // The loader needs one batch of images; the queue is capped by its config range.
+  const long smallest = queue ? 1 : cfg->parallel.replicas;
+  const long largest = queue ? 1L << 24 : t.n_train;
+  Config *with = malloc(sizeof *with);
+  if (!with) TL_DIE("out of memory");
+  int fits, rc = -1;
+  size_t total;
+  long lo, hi = -1;  // lo fits; hi does not (-1: none found yet)
+  if (probe(cfg, objective, key, smallest, budget_bytes, opt, with, &fits, &total) != 0) goto out;
+  if (!fits) {
+    char need[32], have[32];
+    plan_format_bytes((double)total, need, sizeof need);
+    plan_format_bytes((double)budget_bytes, have, sizeof have);
+    tl_fail("even %s = %ld plans %s, more than the budget of %s", key, smallest, need, have);
+    goto out;
+  }
+  // Memory grows with either key, nearly in proportion, so the boundary is found by secant
+  // steps from two plans and then checked from both sides; bisection takes over whenever an
+  // interpolation fails to halve the interval (a primitive that changes algorithm with size).
+  lo = smallest;
+  double f_lo = (double)total, x_prev = (double)smallest, f_prev = f_lo, f_hi = 0;
+  long start = queue ? cfg->objective.queue_size : cfg->train.batch_size;
+  long next = start > lo ? (start < largest ? start : largest) : (lo < largest ? lo + 1 : lo);
+  while (hi < 0 && next > lo) {
+    if (probe(cfg, objective, key, next, budget_bytes, opt, with, &fits, &total) != 0) goto out;
+    if (!fits) {
+      hi = next, f_hi = (double)total;
+      break;
+    }
+    x_prev = (double)lo, f_prev = f_lo;
+    lo = next, f_lo = (double)total;
+    // Extrapolate along the last two fitting plans, at most 4 times further each round.
+    double slope = (f_lo - f_prev) / ((double)lo - x_prev);
+    double guess = slope > 0 ? (double)lo + ((double)budget_bytes - f_lo) / slope : 4.0 * lo;
+    next = guess > 4.0 * lo ? 4 * lo : (long)guess;
+    if (next <= lo) next = lo + 1;
+    if (next > largest) next = largest;
+  }
+  int bisect = 0;
+  while (hi > lo + 1) {
+    long width = hi - lo;
+    long mid = bisect ? lo + width / 2
+                      : lo + (long)(((double)budget_bytes - f_lo) / (f_hi - f_lo) * (double)width);
+    if (mid <= lo) mid = lo + 1;
+    if (mid >= hi) mid = hi - 1;
+    if (probe(cfg, objective, key, mid, budget_bytes, opt, with, &fits, &total) != 0) goto out;
+    if (fits)
+      lo = mid, f_lo = (double)total;
+    else
+      hi = mid, f_hi = (double)total;
+    bisect = hi - lo > width / 2;
+  }
+  if (probe(cfg, objective, key, lo, budget_bytes, opt, fitted, &fits, &total) != 0) goto out;
+  *value = lo;
+  rc = 0;
+out:
+  free(with);
+  return rc;
+}
+
+int plan_parse_size(const char *text, size_t *bytes) {
+  static const struct {
+    const char *unit;
+    double scale;
+  } units[] = {{"", 1},         {"b", 1},    {"kib", 0x1p10}, {"mib", 0x1p20}, {"gib", 0x1p30},
+               {"tib", 0x1p40}, {"kb", 1e3}, {"mb", 1e6},     {"gb", 1e9},     {"tb", 1e12}};
+  char *end;
+  double v = strtod(text, &end);
+  if (end == text || !(v >= 0))
+    return tl_fail("--memory-budget '%s': expected a size such as 2GiB, 512MiB or 4000000000",
+                   text);
+  while (isspace((unsigned char)*end)) end++;
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+    if (strcasecmp(end, units[i].unit) == 0) {
+      double b = v * units[i].scale;
+      if (b >= 0x1p63) return tl_fail("--memory-budget '%s': too large", text);
+      *bytes = (size_t)b;
+      return 0;
+    }
+  return tl_fail("--memory-budget '%s': unknown unit '%s' (KiB, MiB, GiB, TiB, KB, MB, GB, TB)",
+                 text, end);
+}
+
+void plan_format_bytes(double bytes, char *buf, size_t n) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (fabs(bytes) >= 1024 && u < 4) bytes /= 1024, u++;
+  if (u == 0)
+    snprintf(buf, n, "%.0f B", bytes);
+  else
+    snprintf(buf, n, "%.*f %s", fabs(bytes) < 10 ? 2 : fabs(bytes) < 100 ? 1 : 0, bytes, units[u]);
+}
+
+static void format_value(const LedgerFieldInfo *fi, double v, char *buf, size_t n) {
+  if (isnan(v)) {
+    snprintf(buf, n, "-");
+    return;
+  }
+  switch (fi->unit) {
+    case UNIT_BYTES:
+      if (v == 0)
+        snprintf(buf, n, "0");
+      else
+        plan_format_bytes(v, buf, n);
+      break;
+    case UNIT_FLOPS:
+      if (v >= 1e9)
+        snprintf(buf, n, "%.2f GFLOP", v / 1e9);
+      else if (v >= 1e6)
+        snprintf(buf, n, "%.2f MFLOP", v / 1e6);
+      else if (v >= 1e3)
+        snprintf(buf, n, "%.2f kFLOP", v / 1e3);
+      else
+        snprintf(buf, n, "%.0f", v);
+      break;
+    case UNIT_COUNT:
+      snprintf(buf, n, "%.0f", v);
+      break;
+    default:
+      snprintf(buf, n, "%.4g", v);
+      break;
+  }
+}
+
+enum { LABEL_WIDTH = 30, COLUMN_WIDTH = 17 };
+
+static void print_row(FILE *f, const char *label, int n, char cells[][48]) {
+  fprintf(f, "  %-*s", LABEL_WIDTH, label);
+  for (int j = 0; j < n; j++) fprintf(f, "%*s", COLUMN_WIDTH, cells[j]);
+  fputc('\n', f);
+}
+
+// A plan's row of memory totals, by name.
+static double total_row(const PlanTotals *t, int row) {
+  switch (row) {
+    case 0:
+      return (double)t->dataset_bytes;
+    case 1:
+      return (double)t->loader_bytes;
+    case 2:
+      return (double)t->category_bytes[MEM_EVAL];
+    case 3:
+      return (double)t->eval_peak_bytes;
+    default:
+      return (double)t->total_bytes;
+  }
+}
+
+void plan_print_table(FILE *f, int n, const char *const *names, const LedgerRecord *recs,
+                      const PlanTotals *totals) {
+  char(*cells)[48] = calloc((size_t)n, sizeof *cells);
+  if (!cells) TL_DIE("out of memory");
+  for (int j = 0; j < n; j++) snprintf(cells[j], sizeof cells[j], "%s", names[j]);
+  print_row(f, "", n, cells);
+  fprintf(f, "%s\n", "Configuration");
+  for (int j = 0; j < n; j++) snprintf(cells[j], sizeof cells[j], "%s", totals[j].backbone);
+  print_row(f, "backbone", n, cells);
+  for (int j = 0; j < n; j++) snprintf(cells[j], sizeof cells[j], "%zu", totals[j].param_count);
+  print_row(f, "parameters", n, cells);
+  for (int j = 0; j < n; j++)
+    snprintf(cells[j], sizeof cells[j], "%d/%d", totals[j].n_train, totals[j].n_test);
+  print_row(f, "images (train/test)", n, cells);
+  for (int j = 0; j < n; j++)
+    snprintf(cells[j], sizeof cells[j], "%d (%d)", totals[j].global_batch, totals[j].local_batch);
+  print_row(f, "batch (rank 0's shard)", n, cells);
+  for (int j = 0; j < n; j++)
+    snprintf(cells[j], sizeof cells[j], "%ld (%d/epoch)", totals[j].total_steps,
+             totals[j].steps_per_epoch);
+  print_row(f, "steps in the run", n, cells);
+  int any_vit = 0;
+  for (int j = 0; j < n; j++) any_vit |= totals[j].patches_per_image > 0;
+  if (any_vit) {
+    for (int j = 0; j < n; j++)
+      if (totals[j].patches_per_image)
+        snprintf(cells[j], sizeof cells[j], "%d/%d", totals[j].patches_visible,
+                 totals[j].patches_per_image);
+      else
+        snprintf(cells[j], sizeof cells[j], "-");
+    print_row(f, "patches encoded/per image", n, cells);
+  }
+  const int nf = ledger_field_count();
+  for (int g = 0; g < LEDGER_TIME; g++) {
+    fprintf(f, "%s\n", ledger_group_title((LedgerGroup)g));
+    for (int i = 0; i < nf; i++) {
+      const LedgerFieldInfo *fi = ledger_field_info(i);
+      if (fi->group != (LedgerGroup)g || fi->unit == UNIT_TEXT) continue;
+      int nonzero = 0;
+      for (int j = 0; j < n; j++) {
+        double v = ledger_field_value(&recs[j], i);
+        if (fi->measured_only && v != 0) v = NAN;
+        nonzero |= v != 0;
+        if (fi->measured_only && isnan(v))
+          snprintf(cells[j], sizeof cells[j], "measured only");
+        else
+          format_value(fi, v, cells[j], sizeof cells[j]);
+      }
+      // A quantity that is 0 for every column (patches of a CNN, a decoder's FLOPs) is left out.
+      if (nonzero) print_row(f, fi->name, n, cells);
+    }
+  }
+  fprintf(f, "%s: ", ledger_group_title(LEDGER_TIME));
+  for (int i = 0, first = 1; i < nf; i++)
+    if (ledger_field_info(i)->group == LEDGER_TIME) {
+      fprintf(f, "%s%s", first ? "" : ", ", ledger_field_info(i)->name);
+      first = 0;
+    }
+  fputc('\n', f);
+  fprintf(f, "Memory totals\n");
+  static const char *const total_names[] = {"dataset (train + test)", "loader buffers",
+                                            "evaluation (kNN monitor)", "evaluation at its peak",
+                                            "planned peak (all memory)"};
+  for (int row = 0; row < 5; row++) {
+    for (int j = 0; j < n; j++) plan_format_bytes(total_row(&totals[j], row), cells[j], 48);
+    print_row(f, total_names[row], n, cells);
+  }
+  free(cells);
+}
+
+void plan_print_json(FILE *f, const LedgerRecord *rec, const PlanTotals *t) {
+  fputc('{', f);
+  ledger_write_json_members(f, rec, 1);
+  fprintf(f,
+          ",\"planned_total_bytes\":%zu,\"planned_eval_peak_bytes\":%zu,"
+          "\"planned_dataset_bytes\":%zu,\"planned_loader_bytes\":%zu,"
+          "\"planned_activation_grad_bytes\":%zu,\"planned_queue_bytes\":%zu,"
+          "\"param_count\":%zu,\"n_train\":%d,\"n_test\":%d,\"global_batch\":%d,"
+          "\"local_batch\":%d,\"steps_per_epoch\":%d,\"total_steps\":%ld,"
+          "\"patches_per_image\":%d,\"patches_visible\":%d,\"queue_size\":%d,"
+          "\"mask_ratio\":%g}\n",
+          t->total_bytes, t->eval_peak_bytes, t->dataset_bytes, t->loader_bytes,
+          t->category_bytes[MEM_ACT_GRAD], t->category_bytes[MEM_QUEUE], t->param_count, t->n_train,
+          t->n_test, t->global_batch, t->local_batch, t->steps_per_epoch, t->total_steps,
+          t->patches_per_image, t->patches_visible, t->queue_size, t->mask_ratio);
+}

@@ -1,0 +1,75 @@
+// `tally plan`: the ledger a configuration will produce, drawn up before training without data or
+// compute. The plan is measured, not estimated: the real objective, optimizer and kNN monitor are
+// built exactly as the trainer builds them, with oneDNN in dry-run mode (primitives created, FLOPs
+// counted, nothing executed) and the accounting allocator leaving memory untouched; one step runs
+// on a stand-in batch to collect the counts. What the trainer holds beyond them (dataset, loader
+// buffers) comes from the same sizing functions its allocations use.
+#pragma once
+#include <limits.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "config.h"
+#include "ledger/record.h"
+
+typedef struct {
+  int no_knn;        // as `tally train --no-knn`: no kNN monitor, no evaluation memory
+  int knn_at_start;  // as `tally train --knn-at-start`: the encoder is evaluated before step 0
+} PlanOptions;
+
+typedef struct {
+  // What the plan was drawn from.
+  char backbone[64];    // the model file's name, e.g. resnet-small
+  int n_train, n_test;  // images after [data] limit / test_limit
+  int image_size, channels;
+  int world;  // [parallel] replicas (under the mpi backend: set it to the rank count)
+  int global_batch, local_batch;  // local: rank 0's shard
+  int steps_per_epoch;
+  long total_steps;
+  size_t param_count;                      // trainable floats (and buffers) of the online model
+  int patches_per_image, patches_visible;  // vit backbones (mae: visible after masking); else 0
+  int queue_size;                          // moco's K; 0 for objectives without a queue
+  double mask_ratio;                       // mae's; 0 otherwise
+  // Memory in bytes, as the ledger counts it: the whole process (every local replica; one
+  // replica's process under the mpi backend).
+  size_t category_bytes[MEM_NCAT];  // live while training, MEM_EVAL after every evaluation
+  size_t dataset_bytes;             // training and test images and labels (in MEM_DATA)
+  size_t loader_bytes;              // prefetch buffers and epoch permutations (in MEM_DATA)
+  size_t eval_peak_bytes;           // MEM_EVAL at its highest, inside a kNN vote
+  size_t total_bytes;               // the planned peak: every category, MEM_EVAL at its peak
+} PlanTotals;
+
+// As the step of plan_build: the run's last step.
+#define PLAN_LAST_STEP LONG_MAX
+
+// Draws up the record of 0-based `step` of a run of `objective` under cfg (validated here).
+// step < 0 plans memory only (no step is run; counts, FLOPs and communication stay 0), which is
+// what a memory budget search needs; PLAN_LAST_STEP plans the run's last step. opt NULL: the
+// trainer's defaults. Returns 0, or -1 with tl_last_error() set (unknown objective, unreadable
+// data, an objective that rejects the model).
+int plan_build(const Config *cfg, const char *objective, long step, const PlanOptions *opt,
+               LedgerRecord *out, PlanTotals *totals);
+
+// The config key a memory budget is spent on: train.batch_size, or objective.queue_size for
+// objectives with a queue (moco), where the batch stays fixed.
+const char *plan_budget_key(const char *objective);
+// Finds the largest value of plan_budget_key(objective) whose planned total fits `budget_bytes`,
+// by bisection over plan_build. fitted receives cfg with that value set; *value the value.
+// Returns 0, or -1 with tl_last_error() set (even the smallest value does not fit, or a build
+// fails).
+int plan_fit_budget(const Config *cfg, const char *objective, size_t budget_bytes,
+                    const PlanOptions *opt, Config *fitted, long *value);
+
+// "2GiB", "512 MiB", "1.5GB", "4096": binary (KiB, MiB, GiB, TiB) and decimal (KB, MB, GB, TB)
+// units, case-insensitive, or plain bytes. Returns 0, or -1 with tl_last_error() set.
+int plan_parse_size(const char *text, size_t *bytes);
+// "1.5 GiB", "312 KiB", "17 B".
+void plan_format_bytes(double bytes, char *buf, size_t n);
+
+// One column per plan, rows grouped by the ledger's four questions, cost, time and memory totals.
+// names: the column titles (objectives).
+void plan_print_table(FILE *f, int n, const char *const *names, const LedgerRecord *recs,
+                      const PlanTotals *totals);
+// One JSON object: the ledger's fields under their ledger.jsonl names (measured-only fields
+// null), then the totals as planned_* members. One line, like a ledger.jsonl line.
+void plan_print_json(FILE *f, const LedgerRecord *rec, const PlanTotals *totals);

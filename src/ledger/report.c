@@ -1,0 +1,618 @@
+#include "ledger/report.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "ledger/plan.h"
+#include "ledger/record.h"
+
+typedef struct {
+  double step, top1, top1_k20;
+} Eval;
+
+typedef struct {
+  const char *dir;
+  char name[256];  // the folder's last component
+  char objective[32];
+  char backbone[32];
+  LedgerRecord *recs;  // (n_recs) ledger.jsonl
+  int n_recs;
+  Eval *evals;  // (n_evals) encoder evaluations from eval.jsonl
+  int n_evals;
+  double knn_raw;    // raw-pixel baseline, NaN when absent
+  double knn_final;  // summary.json's knn_top1, NaN when absent
+  double peak_rss;   // summary.json, NaN when absent
+  int batch_size;
+} Run;
+
+// Series colours, one per run (and per memory category), readable on white.
+static const char *const palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e",
+                                      "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"};
+enum { N_COLORS = sizeof palette / sizeof palette[0] };
+
+// The value after "key": in a flat JSON object, or NULL.
+static const char *json_value(const char *text, const char *key) {
+  char pattern[96];
+  snprintf(pattern, sizeof pattern, "\"%s\":", key);
+  const char *p = strstr(text, pattern);
+  if (!p) return NULL;
+  p += strlen(pattern);
+  while (*p == ' ') p++;
+  return p;
+}
+
+static double json_number(const char *text, const char *key) {
+  const char *p = json_value(text, key);
+  if (!p) return NAN;
+  char *end;
+  double v = strtod(p, &end);
+  return end == p ? NAN : v;
+}
+
+static void json_string(const char *text, const char *key, char *out, size_t n) {
+  const char *p = json_value(text, key);
+  out[0] = 0;
+  if (!p || *p != '"') return;
+  const char *end = strchr(p + 1, '"');
+  if (!end) return;
+  snprintf(out, n, "%.*s", (int)(end - p - 1), p + 1);
+}
+
+// A whole small file as a string, or NULL if it cannot be read.
+static char *read_text(const char *dir, const char *file) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", dir, file);
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap);
+  if (!buf) TL_DIE("out of memory");
+  for (size_t got; (got = fread(buf + len, 1, cap - len - 1, f)) > 0;) {
+    len += got;
+    if (cap - len - 1 == 0) {
+      cap *= 2;
+      if (!(buf = realloc(buf, cap))) TL_DIE("out of memory");
+    }
+  }
+  buf[len] = 0;
+  fclose(f);
+  return buf;
+}
+
+static int load_run(Run *run, const char *dir) {
+  memset(run, 0, sizeof *run);
+  run->dir = dir;
+  run->knn_raw = run->knn_final = run->peak_rss = NAN;
+  size_t len = strlen(dir);
+  while (len > 1 && dir[len - 1] == '/') len--;
+  const char *start = dir + len;
+  while (start > dir && start[-1] != '/') start--;
+  snprintf(run->name, sizeof run->name, "%.*s", (int)(dir + len - start), start);
+
+  char *ledger = read_text(dir, "ledger.jsonl");
+  if (!ledger) return tl_fail("%s/ledger.jsonl: cannot read: %s", dir, strerror(errno));
+  int lines = 0;
+  for (const char *p = ledger; *p; p++) lines += *p == '\n';
+  run->recs = calloc((size_t)lines + 1, sizeof *run->recs);
+  if (!run->recs) TL_DIE("out of memory");
+  int line_no = 0;
+  for (char *save, *line = strtok_r(ledger, "\n", &save); line;
+       line = strtok_r(NULL, "\n", &save)) {
+    line_no++;
+    if (!run->n_recs) json_string(line, "objective", run->objective, sizeof run->objective);
+    if (ledger_read_json(line, &run->recs[run->n_recs]) < 0) {
+      free(ledger);
+      return tl_fail("%s/ledger.jsonl:%d: not a ledger record", dir, line_no);
+    }
+    run->n_recs++;
+  }
+  free(ledger);
+  if (run->n_recs == 0) return tl_fail("%s/ledger.jsonl: no records", dir);
+
+  char *evals = read_text(dir, "eval.jsonl");
+  if (evals) {
+    int n = 0;
+    for (const char *p = evals; *p; p++) n += *p == '\n';
+    run->evals = calloc((size_t)n + 1, sizeof *run->evals);
+    if (!run->evals) TL_DIE("out of memory");
+    for (char *save, *line = strtok_r(evals, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+      char what[32];
+      json_string(line, "what", what, sizeof what);
+      if (strcmp(what, "raw_pixels") == 0) {
+        run->knn_raw = json_number(line, "knn_top1");
+      } else {
+        Eval *e = &run->evals[run->n_evals++];
+        e->step = json_number(line, "step");
+        e->top1 = json_number(line, "knn_top1");
+        e->top1_k20 = json_number(line, "knn_top1_k20");
+      }
+    }
+    free(evals);
+  }
+  char *summary = read_text(dir, "summary.json");
+  if (summary) {
+    json_string(summary, "backbone", run->backbone, sizeof run->backbone);
+    run->knn_final = json_number(summary, "knn_top1");
+    run->peak_rss = json_number(summary, "peak_rss_bytes");
+    run->batch_size = (int)json_number(summary, "batch_size");
+    free(summary);
+  }
+  return 0;
+}
+
+static void run_free(Run *run) {
+  free(run->recs);
+  free(run->evals);
+}
+
+static void html_text(FILE *f, const char *s) {
+  for (; *s; s++) switch (*s) {
+      case '<':
+        fputs("&lt;", f);
+        break;
+      case '>':
+        fputs("&gt;", f);
+        break;
+      case '&':
+        fputs("&amp;", f);
+        break;
+      case '"':
+        fputs("&quot;", f);
+        break;
+      default:
+        fputc(*s, f);
+    }
+}
+
+// ---- charts ----
+
+typedef struct {
+  const char *label;
+  const char *color;
+  int n;
+  const double *x, *y;  // (n); NaN y values are gaps
+  int dashed;           // a reference line (a baseline), drawn dashed without markers
+} Series;
+
+enum { CHART_W = 720, CHART_H = 280, MARGIN_L = 70, MARGIN_R = 20, MARGIN_T = 30, MARGIN_B = 42 };
+
+// A "nice" tick step (1, 2 or 5 times a power of ten) giving about `target` ticks over span.
+static double nice_step(double span, int target) {
+  double raw = span / target, mag = pow(10, floor(log10(raw))), r = raw / mag;
+  return (r < 1.5 ? 1 : r < 3.5 ? 2 : r < 7.5 ? 5 : 10) * mag;
+}
+
+typedef struct {
+  double x0, x1, y0, y1;
+} Range;
+
+static double px_x(const Range *r, double x) {
+  double w = CHART_W - MARGIN_L - MARGIN_R;
+  return MARGIN_L + (r->x1 > r->x0 ? (x - r->x0) / (r->x1 - r->x0) : 0.5) * w;
+}
+static double px_y(const Range *r, double y) {
+  double h = CHART_H - MARGIN_T - MARGIN_B;
+  return MARGIN_T + h - (r->y1 > r->y0 ? (y - r->y0) / (r->y1 - r->y0) : 0.5) * h;
+}
+
+typedef void (*TickFormat)(double v, char *buf, size_t n);
+static void fmt_plain(double v, char *buf, size_t n) { snprintf(buf, n, "%g", v); }
+static void fmt_bytes(double v, char *buf, size_t n) { plan_format_bytes(v, buf, n); }
+static void fmt_percent(double v, char *buf, size_t n) { snprintf(buf, n, "%g%%", v * 100); }
+
+// Opens an <svg> with its title, axes, grid and tick labels for the range (widened to nice ticks).
+static void chart_open(FILE *f, const char *title, const char *x_label, Range *r, TickFormat fmt) {
+  if (!(r->x1 > r->x0)) r->x1 = r->x0 + 1;
+  if (!(r->y1 > r->y0)) r->y1 = r->y0 + (r->y0 ? fabs(r->y0) : 1);
+  // Byte axes tick at round MiB or GiB, not at round decimal numbers of bytes.
+  double unit = fmt != fmt_bytes ? 1 : r->y1 - r->y0 >= 0x1p30 ? 0x1p30 : 0x1p20;
+  double ys = nice_step((r->y1 - r->y0) / unit, 5) * unit;
+  r->y0 = floor(r->y0 / ys) * ys;
+  r->y1 = ceil(r->y1 / ys) * ys;
+  fprintf(f,
+          "<figure><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+          "viewBox=\"0 0 %d %d\" role=\"img\">\n<title>",
+          CHART_W, CHART_H, CHART_W, CHART_H);
+  html_text(f, title);
+  fprintf(f, "</title>\n<text x=\"%d\" y=\"18\" class=\"title\">", MARGIN_L);
+  html_text(f, title);
+  fputs("</text>\n", f);
+  char buf[48];
+  for (double y = r->y0; y <= r->y1 + ys * 1e-6; y += ys) {
+    double py = px_y(r, y);
+    fmt(fabs(y) < ys * 1e-9 ? 0 : y, buf, sizeof buf);
+    fprintf(f,
+            "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" class=\"grid\"/>"
+            "<text x=\"%d\" y=\"%.1f\" class=\"tick\" text-anchor=\"end\">%s</text>\n",
+            MARGIN_L, CHART_W - MARGIN_R, py, py, MARGIN_L - 6, py + 4, buf);
+  }
+  double xs = nice_step(r->x1 - r->x0, 8);
+  if (xs < 1) xs = 1;  // steps are whole numbers
+  for (double x = ceil(r->x0 / xs) * xs; x <= r->x1 + 1e-9; x += xs)
+    fprintf(f, "<text x=\"%.1f\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">%g</text>\n",
+            px_x(r, x), CHART_H - MARGIN_B + 16, x);
+  fprintf(f,
+          "<line x1=\"%d\" x2=\"%d\" y1=\"%d\" y2=\"%d\" class=\"axis\"/>"
+          "<text x=\"%d\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">%s</text>\n",
+          MARGIN_L, CHART_W - MARGIN_R, CHART_H - MARGIN_B, CHART_H - MARGIN_B,
+          (MARGIN_L + CHART_W - MARGIN_R) / 2, CHART_H - 6, x_label);
+}
+
+static void legend(FILE *f, int n, const char *const *labels, const char *const *colors) {
+  fputs("<figcaption>", f);
+  for (int i = 0; i < n; i++) {
+    fprintf(f, "<span class=\"key\"><span class=\"swatch\" style=\"background:%s\"></span>",
+            colors[i]);
+    html_text(f, labels[i]);
+    fputs("</span> ", f);
+  }
+  fputs("</figcaption></figure>\n", f);
+}
+
+static void line_chart(FILE *f, const char *title, const char *x_label, const Series *s, int ns,
+                       TickFormat fmt, int from_zero) {
+  Range r = {INFINITY, -INFINITY, from_zero ? 0 : INFINITY, -INFINITY};
+  int points = 0;
+  for (int k = 0; k < ns; k++)
+    for (int i = 0; i < s[k].n; i++) {
+      if (!isfinite(s[k].y[i])) continue;
+      points++;
+      r.x0 = fmin(r.x0, s[k].x[i]), r.x1 = fmax(r.x1, s[k].x[i]);
+      r.y0 = fmin(r.y0, s[k].y[i]), r.y1 = fmax(r.y1, s[k].y[i]);
+    }
+  if (points == 0) {
+    fprintf(f, "<p class=\"none\">%s: nothing recorded.</p>\n", title);
+    return;
+  }
+  chart_open(f, title, x_label, &r, fmt);
+  for (int k = 0; k < ns; k++) {
+    fprintf(f, "<polyline class=\"series%s\" stroke=\"%s\" points=\"",
+            s[k].dashed ? " reference" : "", s[k].color);
+    for (int i = 0; i < s[k].n; i++)
+      if (isfinite(s[k].y[i])) fprintf(f, "%.1f,%.1f ", px_x(&r, s[k].x[i]), px_y(&r, s[k].y[i]));
+    fputs("\"/>\n", f);
+    // Markers where points are few enough to tell apart (evaluations, short runs).
+    if (s[k].n <= 60 && !s[k].dashed)
+      for (int i = 0; i < s[k].n; i++)
+        if (isfinite(s[k].y[i]))
+          fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", px_x(&r, s[k].x[i]),
+                  px_y(&r, s[k].y[i]), s[k].color);
+  }
+  fputs("</svg>\n", f);
+  const char *labels[16], *colors[16];
+  for (int k = 0; k < ns && k < 16; k++) labels[k] = s[k].label, colors[k] = s[k].color;
+  legend(f, ns < 16 ? ns : 16, labels, colors);
+}
+
+// The memory categories of the ledger, bottom of the stack first.
+static const struct {
+  const char *field, *label;
+} memory_bands[] = {
+    {"param_bytes", "parameters"},
+    {"grad_bytes", "gradients"},
+    {"optimizer_bytes", "optimizer"},
+    {"momentum_encoder_bytes", "momentum encoder"},
+    {"activation_bytes", "activations"},
+    {"activation_grad_bytes", "activation gradients"},
+    {"queue_bytes", "queue"},
+    {"workspace_bytes", "workspace"},
+    {"data_bytes", "data"},
+    {"eval_bytes", "evaluation"},
+};
+enum { N_BANDS = sizeof memory_bands / sizeof memory_bands[0] };
+
+static void memory_chart(FILE *f, const Run *run) {
+  const int n = run->n_recs;
+  double *x = malloc(sizeof(double) * n), *lower = calloc((size_t)n, sizeof(double));
+  double *upper = malloc(sizeof(double) * n);
+  if (!x || !lower || !upper) TL_DIE("out of memory");
+  int step_field = ledger_field_find("step");
+  Range r = {INFINITY, -INFINITY, 0, 0};
+  for (int i = 0; i < n; i++) {
+    x[i] = ledger_field_value(&run->recs[i], step_field);
+    r.x0 = fmin(r.x0, x[i]), r.x1 = fmax(r.x1, x[i]);
+    double total = 0;
+    for (int b = 0; b < N_BANDS; b++) {
+      double v = ledger_field_value(&run->recs[i], ledger_field_find(memory_bands[b].field));
+      total += isfinite(v) ? v : 0;
+    }
+    r.y1 = fmax(r.y1, total);
+  }
+  char title[400];
+  snprintf(title, sizeof title, "Memory by category: %s (%s)", run->name, run->objective);
+  chart_open(f, title, "step", &r, fmt_bytes);
+  const char *labels[N_BANDS], *colors[N_BANDS];
+  int shown = 0;
+  for (int b = 0; b < N_BANDS; b++) {
+    int field = ledger_field_find(memory_bands[b].field);
+    double most = 0;
+    for (int i = 0; i < n; i++) {
+      double v = ledger_field_value(&run->recs[i], field);
+      upper[i] = lower[i] + (isfinite(v) ? v : 0);
+      most = fmax(most, upper[i] - lower[i]);
+    }
+    if (most > 0) {
+      const char *color = palette[b % N_COLORS];
+      // A band: along the top edge, then back along the bottom edge. A single record is drawn
+      // as a bar of the plot's width so it still shows.
+      fprintf(f, "<path class=\"band\" fill=\"%s\" d=\"", color);
+      double xl = n == 1 ? MARGIN_L : 0, xr = n == 1 ? CHART_W - MARGIN_R : 0;
+      if (n == 1) {
+        fprintf(f, "M%.1f,%.1f L%.1f,%.1f L%.1f,%.1f L%.1f,%.1f Z", xl, px_y(&r, upper[0]), xr,
+                px_y(&r, upper[0]), xr, px_y(&r, lower[0]), xl, px_y(&r, lower[0]));
+      } else {
+        for (int i = 0; i < n; i++)
+          fprintf(f, "%c%.1f,%.1f ", i ? 'L' : 'M', px_x(&r, x[i]), px_y(&r, upper[i]));
+        for (int i = n - 1; i >= 0; i--)
+          fprintf(f, "L%.1f,%.1f ", px_x(&r, x[i]), px_y(&r, lower[i]));
+        fputc('Z', f);
+      }
+      fputs("\"/>\n", f);
+      labels[shown] = memory_bands[b].label;
+      colors[shown++] = color;
+    }
+    memcpy(lower, upper, sizeof(double) * n);
+  }
+  fputs("</svg>\n", f);
+  legend(f, shown, labels, colors);
+  free(x);
+  free(lower);
+  free(upper);
+}
+
+// ---- the cost table ----
+
+static double median_field(const Run *run, const char *name) {
+  int field = ledger_field_find(name), n = 0;
+  double *v = malloc(sizeof(double) * run->n_recs);
+  if (!v) TL_DIE("out of memory");
+  for (int i = 0; i < run->n_recs; i++) {
+    double x = ledger_field_value(&run->recs[i], field);
+    if (isfinite(x)) v[n++] = x;
+  }
+  // Insertion sort: ledgers are a few thousand lines at most.
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+      double t = v[j];
+      v[j] = v[j - 1];
+      v[j - 1] = t;
+    }
+  double m = n == 0 ? NAN : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  free(v);
+  return m;
+}
+
+static double last_field(const Run *run, const char *name) {
+  return ledger_field_value(&run->recs[run->n_recs - 1], ledger_field_find(name));
+}
+
+static void cell(FILE *f, const char *text) {
+  fputs("<td>", f);
+  html_text(f, text);
+  fputs("</td>", f);
+}
+
+static void cost_table(FILE *f, const Run *runs, int n) {
+  fputs("<table>\n<thead><tr><th>per step</th>", f);
+  for (int k = 0; k < n; k++) {
+    fputs("<th>", f);
+    html_text(f, runs[k].objective);
+    fputs("<br><span class=\"sub\">", f);
+    html_text(f, runs[k].name);
+    fputs("</span></th>", f);
+  }
+  fputs("</tr></thead>\n<tbody>\n<tr><th>backbone</th>", f);
+  for (int k = 0; k < n; k++) cell(f, runs[k].backbone[0] ? runs[k].backbone : "-");
+  fputs("</tr>\n", f);
+  static const struct {
+    const char *label, *field;
+    int kind;  // 0 count, 1 bytes, 2 flops, 3 ms, 4 rate
+  } rows[] = {
+      {"views with gradient", "views_grad", 0},
+      {"views without gradient", "views_nograd", 0},
+      {"patches encoded", "patches_encoded", 0},
+      {"negatives per query", "negatives_per_query", 0},
+      {"activations held for backward", "activation_bytes", 1},
+      {"FLOPs forward", "flops_forward", 2},
+      {"FLOPs backward", "flops_backward", 2},
+      {"ms per step (median)", "step_ms", 3},
+      {"images/s (median)", "images_per_s", 4},
+  };
+  char buf[64];
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    fprintf(f, "<tr><th>%s</th>", rows[i].label);
+    for (int k = 0; k < n; k++) {
+      double v = rows[i].kind >= 3 ? median_field(&runs[k], rows[i].field)
+                                   : last_field(&runs[k], rows[i].field);
+      if (!isfinite(v))
+        snprintf(buf, sizeof buf, "-");
+      else if (rows[i].kind == 1)
+        plan_format_bytes(v, buf, sizeof buf);
+      else if (rows[i].kind == 2)
+        snprintf(buf, sizeof buf, "%.2f GFLOP", v / 1e9);
+      else if (rows[i].kind == 3)
+        snprintf(buf, sizeof buf, "%.1f", v);
+      else
+        snprintf(buf, sizeof buf, "%.0f", v);
+      cell(f, buf);
+    }
+    fputs("</tr>\n", f);
+  }
+  fputs("<tr><th>kNN top-1 (last evaluation)</th>", f);
+  for (int k = 0; k < n; k++) {
+    const Run *r = &runs[k];
+    double v = r->n_evals ? r->evals[r->n_evals - 1].top1 : r->knn_final;
+    if (isfinite(v))
+      snprintf(buf, sizeof buf, "%.2f%%", 100 * v);
+    else
+      snprintf(buf, sizeof buf, "-");
+    cell(f, buf);
+  }
+  fputs("</tr>\n<tr><th>peak resident memory</th>", f);
+  for (int k = 0; k < n; k++) {
+    double v =
+        isfinite(runs[k].peak_rss) ? runs[k].peak_rss : last_field(&runs[k], "peak_rss_bytes");
+    plan_format_bytes(v, buf, sizeof buf);
+    cell(f, buf);
+  }
+  fputs("</tr>\n</tbody></table>\n", f);
+}
+
+static const char style[] =
+    "body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif;"
+    "margin:2em auto;max-width:780px;color:#222;line-height:1.4}"
+    "h1{font-size:1.6em;margin-bottom:.2em}h2{font-size:1.2em;margin-top:1.6em;"
+    "border-bottom:1px solid #ddd;padding-bottom:.2em}"
+    "figure{margin:1em 0}svg{background:#fff;max-width:100%;height:auto}"
+    "svg .title{font-size:14px;font-weight:600;fill:#222}"
+    "svg .tick{font-size:11px;fill:#555}svg .grid{stroke:#e6e6e6}svg .axis{stroke:#888}"
+    "svg .series{fill:none;stroke-width:2}svg .reference{stroke-dasharray:6 4;stroke-width:1.5}svg "
+    ".band{stroke:#fff;stroke-width:.5;opacity:.9}"
+    "figcaption{font-size:.85em;color:#444}.key{margin-right:1em;white-space:nowrap}"
+    ".swatch{display:inline-block;width:.9em;height:.9em;margin-right:.3em;"
+    "vertical-align:-.1em;border-radius:2px}"
+    "table{border-collapse:collapse;font-size:.9em;margin:1em 0}"
+    "th,td{border:1px solid #ddd;padding:.3em .6em;text-align:right}"
+    "thead th{background:#f4f4f4;text-align:center}tbody th{text-align:left;font-weight:normal}"
+    ".sub{font-weight:normal;color:#666;font-size:.85em}.none{color:#888}"
+    "ul.runs{padding-left:1.2em}";
+
+static void write_page(FILE *f, const Run *runs, int n) {
+  fprintf(f,
+          "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+          "<title>Tally report</title>\n<style>%s</style></head><body>\n",
+          style);
+  fputs("<h1>Tally report</h1>\n<ul class=\"runs\">\n", f);
+  for (int k = 0; k < n; k++) {
+    const Run *r = &runs[k];
+    fprintf(f, "<li><span class=\"swatch\" style=\"background:%s\"></span><b>",
+            palette[k % N_COLORS]);
+    html_text(f, r->name);
+    fputs("</b>: ", f);
+    html_text(f, r->objective);
+    if (r->backbone[0]) {
+      fputs(" on ", f);
+      html_text(f, r->backbone);
+    }
+    fprintf(f, ", %d ledger records", r->n_recs);
+    if (r->batch_size > 0) fprintf(f, ", batch %d", r->batch_size);
+    if (isfinite(r->knn_raw)) fprintf(f, ", kNN on raw pixels %.2f%%", 100 * r->knn_raw);
+    fputs("</li>\n", f);
+  }
+  fputs("</ul>\n", f);
+
+  Series *s = calloc((size_t)n, sizeof *s);
+  double **xs = calloc((size_t)n, sizeof *xs), **ys = calloc((size_t)n, sizeof *ys);
+  char(*labels)[300] = calloc((size_t)n, sizeof *labels);
+  if (!s || !xs || !ys || !labels) TL_DIE("out of memory");
+  static const struct {
+    const char *heading, *title, *field;
+    TickFormat fmt;
+    int from_zero;
+  } per_step[] = {
+      {"Loss", "Training loss", "loss", fmt_plain, 0},
+      {"Throughput", "Images per second", "images_per_s", fmt_plain, 1},
+  };
+  for (size_t c = 0; c < sizeof per_step / sizeof per_step[0]; c++) {
+    int step_field = ledger_field_find("step"), field = ledger_field_find(per_step[c].field);
+    for (int k = 0; k < n; k++) {
+      xs[k] = malloc(sizeof(double) * runs[k].n_recs);
+      ys[k] = malloc(sizeof(double) * runs[k].n_recs);
+      if (!xs[k] || !ys[k]) TL_DIE("out of memory");
+      for (int i = 0; i < runs[k].n_recs; i++) {
+        xs[k][i] = ledger_field_value(&runs[k].recs[i], step_field);
+        ys[k][i] = ledger_field_value(&runs[k].recs[i], field);
+      }
+      snprintf(labels[k], sizeof labels[k], "%s (%s)", runs[k].name, runs[k].objective);
+      s[k] = (Series){labels[k], palette[k % N_COLORS], runs[k].n_recs, xs[k], ys[k], 0};
+    }
+    fprintf(f, "<h2>%s</h2>\n", per_step[c].heading);
+    line_chart(f, per_step[c].title, "step", s, n, per_step[c].fmt, per_step[c].from_zero);
+    for (int k = 0; k < n; k++) free(xs[k]), free(ys[k]);
+  }
+
+  // kNN accuracy after each evaluation (the step it followed, top-1 at the configured k), over
+  // the whole run, with the raw-pixel baseline as a dashed line: one when every run has the same
+  // (the same data), else one per run.
+  Series *knn = calloc(2 * (size_t)n, sizeof *knn);
+  double(*base)[4] = calloc((size_t)n, sizeof *base);  // x0, x1, y, y
+  if (!knn || !base) TL_DIE("out of memory");
+  int nk = 0, same_baseline = 1;
+  double last_step = 0;
+  for (int k = 0; k < n; k++) {
+    last_step = fmax(last_step, last_field(&runs[k], "step") + 1);
+    same_baseline &= runs[k].knn_raw == runs[0].knn_raw;
+  }
+  for (int k = 0; k < n; k++) {
+    xs[k] = malloc(sizeof(double) * (runs[k].n_evals + 1));
+    ys[k] = malloc(sizeof(double) * (runs[k].n_evals + 1));
+    if (!xs[k] || !ys[k]) TL_DIE("out of memory");
+    for (int i = 0; i < runs[k].n_evals; i++) {
+      xs[k][i] = runs[k].evals[i].step;
+      ys[k][i] = runs[k].evals[i].top1;
+    }
+    knn[nk++] = (Series){labels[k], palette[k % N_COLORS], runs[k].n_evals, xs[k], ys[k], 0};
+  }
+  static char raw_label[] = "raw pixels (baseline)";
+  for (int k = 0; k < (same_baseline ? 1 : n); k++) {
+    if (!isfinite(runs[k].knn_raw)) continue;
+    base[k][0] = 0, base[k][1] = last_step, base[k][2] = base[k][3] = runs[k].knn_raw;
+    knn[nk++] = (Series){same_baseline ? raw_label : labels[k],
+                         same_baseline ? "#777777" : palette[k % N_COLORS],
+                         2,
+                         base[k],
+                         base[k] + 2,
+                         1};
+  }
+  fputs("<h2>kNN accuracy</h2>\n", f);
+  line_chart(f, "kNN top-1 accuracy of the encoder", "step", knn, nk, fmt_percent, 1);
+  for (int k = 0; k < n; k++) free(xs[k]), free(ys[k]);
+  free(knn);
+  free(base);
+
+  fputs("<h2>Memory</h2>\n", f);
+  for (int k = 0; k < n; k++) memory_chart(f, &runs[k]);
+
+  fputs("<h2>Cost of a step</h2>\n", f);
+  cost_table(f, runs, n);
+  fputs(
+      "<p class=\"sub\">Counts, bytes and FLOPs are the last ledger record's; times are "
+      "medians over the run. Every counted quantity can be drawn up before training with "
+      "<code>tally plan</code>.</p>\n</body></html>\n",
+      f);
+  free(s);
+  free(xs);
+  free(ys);
+  free(labels);
+}
+
+int report_write(int n_runs, const char *const *run_dirs, const char *out_path) {
+  Run *runs = calloc((size_t)n_runs, sizeof *runs);
+  if (!runs) TL_DIE("out of memory");
+  int rc = -1, loaded = 0;
+  for (; loaded < n_runs; loaded++)
+    if (load_run(&runs[loaded], run_dirs[loaded]) != 0) goto out;
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp", out_path);
+  FILE *f = fopen(tmp, "w");
+  if (!f) {
+    tl_fail("%s: cannot write: %s", out_path, strerror(errno));
+    goto out;
+  }
+  write_page(f, runs, n_runs);
+  if (fclose(f) != 0 || rename(tmp, out_path) != 0) {
+    tl_fail("%s: cannot write: %s", out_path, strerror(errno));
+    goto out;
+  }
+  rc = 0;
+out:
+  for (int k = 0; k < loaded; k++) run_free(&runs[k]);
+  if (loaded < n_runs) run_free(&runs[loaded]);
+  free(runs);
+  return rc;
+}

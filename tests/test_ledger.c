@@ -1,0 +1,401 @@
+// The plan and the measured ledger are one ledger: `tally plan --json` must print, field for field,
+// what `tally train` then writes to ledger.jsonl, and peak RSS must come within 15% of the planned
+// total. Then the trade-offs the ledger exists to show, checked against arithmetic written here:
+// inbatch back-propagates 2B views to get 2B - 2 negatives, moco back-propagates B and reads K from
+// its queue, mae's encoder sees (1 - r) of the patches; and the ResNet's conv FLOPs.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "core/error.h"
+#include "ledger/plan.h"
+
+static char tmpdir[256];
+static const char *bin;
+
+// Small real runs: a slice of Fashion-MNIST, batches of 32. The kNN monitor keeps its default
+// batch of 500, so accounted memory (about 1 GiB, mostly its inference model) dwarfs the fixed
+// part of RSS that no allocator sees (program text, libraries, oneDNN's JIT code, thread stacks).
+static const char *tiny =
+    "--steps 3 --set train.batch_size=32 --set data.limit=256 "
+    "--set data.test_limit=128";
+
+// Runs a shell command; returns its stdout (malloc'd) and checks the exit code is 0.
+static char *run_ok(const char *fmt, ...) {
+  char cmd[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t cap = 1 << 16, len = 0;
+  char *out = malloc(cap);
+  for (size_t got; (got = fread(out + len, 1, cap - len - 1, p)) > 0;) {
+    len += got;
+    if (len + 1 == cap) out = realloc(out, cap *= 2);
+  }
+  out[len] = 0;
+  int status = pclose(p);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) fail_msg("`%s` failed:\n%s", cmd, out);
+  return out;
+}
+
+// The JSON value of `key` in a flat one-line object: 1 with *v set for a number, 0 for null, -1
+// when the key is absent.
+static int json_get(const char *line, const char *key, double *v) {
+  char pattern[128];
+  snprintf(pattern, sizeof pattern, "\"%s\":", key);
+  const char *p = strstr(line, pattern);
+  if (!p) return -1;
+  p += strlen(pattern);
+  if (strncmp(p, "null", 4) == 0) return 0;
+  char *end;
+  *v = strtod(p, &end);
+  return end == p ? -1 : 1;
+}
+
+// Every quantity the ledger counts rather than times. The plan must give each of them (not null)
+// and the run must have written the same value.
+static const char *const counted[] = {"step",
+                                      "epoch",
+                                      "replicas",
+                                      "lr",
+                                      "images_source",
+                                      "views_grad",
+                                      "views_nograd",
+                                      "patches_total",
+                                      "patches_encoded",
+                                      "patches_decoded",
+                                      "negatives_per_query",
+                                      "positives_per_query",
+                                      "activation_bytes",
+                                      "activation_encoder_bytes",
+                                      "activation_head_bytes",
+                                      "activation_decoder_bytes",
+                                      "activation_loss_bytes",
+                                      "activation_grad_bytes",
+                                      "param_bytes",
+                                      "grad_bytes",
+                                      "optimizer_bytes",
+                                      "momentum_encoder_bytes",
+                                      "workspace_bytes",
+                                      "data_bytes",
+                                      "eval_bytes",
+                                      "queue_vectors",
+                                      "queue_random_vectors",
+                                      "queue_bytes",
+                                      "queue_oldest_age_steps",
+                                      "queue_mean_age_steps",
+                                      "encodings_next_new",
+                                      "encodings_next_reused",
+                                      "flops_forward",
+                                      "flops_backward",
+                                      "flops_forward_encoder",
+                                      "flops_forward_head",
+                                      "flops_forward_decoder",
+                                      "flops_forward_loss",
+                                      "flops_backward_encoder",
+                                      "flops_backward_head",
+                                      "flops_backward_decoder",
+                                      "flops_backward_loss",
+                                      "comm_bytes",
+                                      "comm_allreduce_bytes",
+                                      "comm_allgather_bytes",
+                                      "shard_samples",
+                                      "shard_weight"};
+static const char *const timed[] = {"loss", "step_ms", "forward_ms", "images_per_s",
+                                    "peak_rss_bytes"};
+
+// Trains `objective` for 3 steps with `extra` settings, plans the same steps, and compares.
+// Returns the run's peak RSS over the planned total.
+static double check_plan_matches_run(const char *name, const char *objective, const char *extra) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/%s", tmpdir, name);
+  free(run_ok("%s train --objective=%s %s %s --quiet --out %s 2>&1", bin, objective, tiny, extra,
+              dir));
+  char path[600];
+  snprintf(path, sizeof path, "%s/ledger.jsonl", dir);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char measured[8192];
+  double planned_total = 0;
+  for (int step = 0; step < 3; step++) {
+    assert_non_null(fgets(measured, sizeof measured, f));
+    char *plan =
+        run_ok("%s plan --objective=%s %s %s --json --step %d", bin, objective, tiny, extra, step);
+    for (size_t i = 0; i < sizeof counted / sizeof counted[0]; i++) {
+      double p, m;
+      if (json_get(plan, counted[i], &p) != 1)
+        fail_msg("%s: plan of step %d gives no %s", name, step, counted[i]);
+      assert_int_equal(json_get(measured, counted[i], &m), 1);
+      if (p != m)
+        fail_msg("%s step %d: %s planned %.9g, measured %.9g", name, step, counted[i], p, m);
+    }
+    for (size_t i = 0; i < sizeof timed / sizeof timed[0]; i++) {
+      double v;
+      assert_int_equal(json_get(plan, timed[i], &v), 0);  // null: measured only
+    }
+    assert_int_equal(json_get(plan, "planned_total_bytes", &planned_total), 1);
+    free(plan);
+  }
+  fclose(f);
+  double rss;
+  snprintf(path, sizeof path, "%s/summary.json", dir);
+  f = fopen(path, "r");
+  assert_non_null(f);
+  char summary[4096];
+  size_t n = fread(summary, 1, sizeof summary - 1, f);
+  summary[n] = 0;
+  fclose(f);
+  char *p = strstr(summary, "\"peak_rss_bytes\":");
+  assert_non_null(p);
+  rss = strtod(p + strlen("\"peak_rss_bytes\":"), NULL);
+  print_message("%s: peak RSS %.1f MiB, planned %.1f MiB (%.3f)\n", name, rss / 1048576,
+                planned_total / 1048576, rss / planned_total);
+  return rss / planned_total;
+}
+
+static void test_inbatch_plan_equals_run(void **state) {
+  (void)state;
+  double r = check_plan_matches_run("inbatch", "inbatch", "");
+  assert_true(r > 0.85 && r < 1.15);
+}
+
+// A queue of 48 with 32 keys a step wraps at step 2, and an age limit of 1 step leaves only the
+// newest keys usable there: both are predicted by arithmetic and must match the FIFO.
+static void test_moco_plan_equals_run(void **state) {
+  (void)state;
+  double r = check_plan_matches_run(
+      "moco", "moco", "--set objective.queue_size=48 --set objective.queue_max_age_steps=1");
+  assert_true(r > 0.85 && r < 1.15);
+}
+
+static void test_mae_plan_equals_run(void **state) {
+  (void)state;
+  double r = check_plan_matches_run("mae", "mae", "");
+  assert_true(r > 0.85 && r < 1.15);
+}
+
+// Two local replicas with uneven shards: gathered features (inbatch) and keys with ShuffleBN
+// (moco), the gradient and BatchNorm-statistics allreduces, and the replica checksum every 2nd
+// step all show in the communication bytes.
+static void test_two_replicas_plan_equals_run(void **state) {
+  (void)state;
+  const char *two =
+      "--set parallel.replicas=2 --set parallel.shard_weights=1,3 "
+      "--set parallel.checksum_every=2 --no-knn";
+  check_plan_matches_run("inbatch2", "inbatch", two);
+  check_plan_matches_run("moco2", "moco", two);
+}
+
+// ---- trade-offs, in-process through plan_build ----
+
+static Config base_config(const char *model) {
+  Config c;
+  config_defaults(&c);
+  char path[CONFIG_PATH_MAX];
+  snprintf(path, sizeof path, "models/%s.ini", model);
+  if (config_load_model(&c, path) != 0) fail_msg("%s", tl_last_error());
+  const char *sets[] = {"data.limit=256", "data.test_limit=128", "train.batch_size=32",
+                        "train.steps=3"};
+  for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+    if (config_set(&c, sets[i]) != 0) fail_msg("%s", tl_last_error());
+  return c;
+}
+
+static void plan(const Config *c, const char *objective, long step, LedgerRecord *r,
+                 PlanTotals *t) {
+  static const PlanOptions no_knn = {.no_knn = 1};
+  if (plan_build(c, objective, step, &no_knn, r, t) != 0) fail_msg("%s", tl_last_error());
+}
+
+static void test_contrast_tradeoffs(void **state) {
+  (void)state;
+  const long B = 32, K = 4096;
+  Config c = base_config("resnet-small");
+  LedgerRecord in, mo;
+  PlanTotals t;
+  plan(&c, "inbatch", 0, &in, &t);
+  plan(&c, "moco", 0, &mo, &t);
+  assert_int_equal(in.views_grad, 2 * B);
+  assert_int_equal(in.views_nograd, 0);
+  assert_int_equal(in.negatives_per_query, 2 * B - 2);
+  assert_int_equal(in.encodings_next_new, 2 * B);
+  assert_int_equal(mo.views_grad, B);
+  assert_int_equal(mo.views_nograd, B);
+  assert_int_equal(mo.negatives_per_query, K);
+  assert_int_equal(mo.encodings_next_reused, K);
+  // The queue: K keys of d floats plus one step number (a long) per slot.
+  assert_int_equal(mo.queue_bytes, K * (64 * sizeof(float) + sizeof(long)));
+  // moco holds activations for B views, inbatch for 2B: about half. What does not halve: the
+  // (B, K) logits moco keeps for its loss, against inbatch's (2B, 2B).
+  double ratio = (double)mo.activation_bytes / (double)in.activation_bytes;
+  print_message("moco / inbatch activation bytes: %.3f\n", ratio);
+  assert_true(ratio >= 0.4 && ratio <= 0.6);
+  // Same backbone, half the images with backward: backward encoder FLOPs halve exactly.
+  assert_true(fabs(mo.flops_backward_by[COMP_ENCODER] * 2 - in.flops_backward_by[COMP_ENCODER]) <
+              1e-6 * in.flops_backward_by[COMP_ENCODER]);
+}
+
+// The FIFO by hand: K = 100 slots, 32 keys a step. Before step 4, 128 keys were pushed; the last
+// 100 are kept: 32 each from steps 3, 2, 1 (ages 1, 2, 3) and 4 from step 0 (age 4).
+static void test_queue_arithmetic(void **state) {
+  (void)state;
+  Config c = base_config("resnet-small");
+  assert_int_equal(config_set(&c, "objective.queue_size=100"), 0);
+  assert_int_equal(config_set(&c, "objective.queue_max_age_steps=2"), 0);
+  assert_int_equal(config_set(&c, "train.steps=10"), 0);
+  LedgerRecord r;
+  PlanTotals t;
+  plan(&c, "moco", 4, &r, &t);
+  assert_int_equal(r.queue_vectors, 100);
+  assert_int_equal(r.queue_random_vectors, 0);
+  assert_true(r.queue_oldest_age_steps == 4);
+  assert_true(fabs(r.queue_mean_age_steps - (32 * (1 + 2 + 3) + 4 * 4) / 100.0) < 1e-12);
+  assert_int_equal(r.negatives_per_query, 64);  // ages 1 and 2 only
+  plan(&c, "moco", 1, &r, &t);
+  assert_int_equal(r.queue_vectors, 32);
+  assert_int_equal(r.queue_random_vectors, 68);
+  assert_int_equal(r.negatives_per_query, 100);  // random slots always count
+}
+
+// MAE with r = 0.75 on vit-tiny (64 patches, cls token) against the same model with nothing
+// masked (mask_ratio 0 is outside the config's range, so it is set directly: the plain
+// autoencoder every patch goes through).
+static void test_mae_tradeoffs(void **state) {
+  (void)state;
+  const long B = 32, P = 64;
+  const double r = 0.75;
+  Config c = base_config("vit-tiny");
+  LedgerRecord masked, full;
+  PlanTotals t;
+  plan(&c, "mae", 0, &masked, &t);
+  assert_int_equal(masked.patches_total, P * B);
+  assert_int_equal(masked.patches_encoded, (long)((1 - r) * P) * B);
+  assert_int_equal(masked.patches_decoded, P * B);
+  c.objective.mask_ratio = 0;
+  plan(&c, "mae", 0, &full, &t);
+  assert_int_equal(full.patches_encoded, P * B);
+  // Per-token work and buffers scale with the tokens: 1 + 16 against 1 + 64 (the cls token is
+  // encoded either way), 0.26. Attention's (T, T) scores scale with the square, 0.07, and pull
+  // the FLOPs ratio down a little. The activation ratio comes out higher: below 32 tokens the
+  // attention op keeps a second, dense copy of Q, K and V for speed (ops/attention.c), 3 D
+  // floats per token and block that the 65-token encoder does not hold. The decoder, which sees
+  // every position in both, is not in these numbers.
+  double flops = masked.flops_forward_by[COMP_ENCODER] / full.flops_forward_by[COMP_ENCODER];
+  double act = (double)masked.activation_bytes_by[COMP_ENCODER] /
+               (double)full.activation_bytes_by[COMP_ENCODER];
+  print_message("mae encoder forward FLOPs ratio %.3f, activation ratio %.3f (1 - r = %.2f)\n",
+                flops, act, 1 - r);
+  assert_true(flops > (1 - r) - 0.05 && flops < (1 - r) + 0.03);
+  assert_true(act > (1 - r) - 0.05 && act < (1 - r) + 0.05);
+}
+
+// 2 * OH * OW * OC * IC * K * K FLOPs per image for one convolution pass.
+static double conv_flops(int out_side, int oc, int ic, int k) {
+  return 2.0 * out_side * out_side * oc * ic * k * k;
+}
+
+// resnet-small on 28x28x1: stem 3x3 1->32 at 28; stage 1: 3x3 32->32 twice at 28; stage 2:
+// 3x3 32->64 stride 2 to 14, 3x3 64->64 at 14, 1x1 projection 32->64 at 14; stage 3: the same
+// from 64 to 128 at 7. Everything else (batch norm, ReLU, sums, pooling) is elementwise, under
+// 2% here.
+static void test_resnet_conv_flops(void **state) {
+  (void)state;
+  const int B = 32, N = 2 * B;  // inbatch encodes both views
+  double stem = conv_flops(28, 32, 1, 3);
+  double per_image = stem + 2 * conv_flops(28, 32, 32, 3) + conv_flops(14, 64, 32, 3) +
+                     conv_flops(14, 64, 64, 3) + conv_flops(14, 64, 32, 1) +
+                     conv_flops(7, 128, 64, 3) + conv_flops(7, 128, 128, 3) +
+                     conv_flops(7, 128, 64, 1);
+  Config c = base_config("resnet-small");
+  LedgerRecord r;
+  PlanTotals t;
+  plan(&c, "inbatch", 0, &r, &t);
+  double fwd = r.flops_forward_by[COMP_ENCODER], bwd = r.flops_backward_by[COMP_ENCODER];
+  print_message("conv forward %.4g, encoder forward %.4g (x%.4f)\n", N * per_image, fwd,
+                fwd / (N * per_image));
+  assert_true(fwd >= N * per_image && fwd <= 1.02 * N * per_image);
+  // Backward: data and weight gradients for every conv, except the stem's data gradient (the
+  // images need none).
+  double conv_bwd = N * (2 * per_image - stem);
+  assert_true(bwd >= conv_bwd && bwd <= 1.02 * conv_bwd);
+}
+
+static void test_memory_budget(void **state) {
+  (void)state;
+  size_t two_gib, b;
+  assert_int_equal(plan_parse_size("2GiB", &two_gib), 0);
+  assert_true(two_gib == 2ull << 30);
+  assert_int_equal(plan_parse_size("512 MiB", &b), 0);
+  assert_true(b == 512ull << 20);
+  assert_int_equal(plan_parse_size("3GB", &b), 0);
+  assert_true(b == 3000000000ull);
+  assert_int_equal(plan_parse_size("1.5kb", &b), 0);
+  assert_true(b == 1500);
+  assert_int_equal(plan_parse_size("4096", &b), 0);
+  assert_true(b == 4096);
+  assert_int_equal(plan_parse_size("2 parsecs", &b), -1);
+  assert_int_equal(plan_parse_size("", &b), -1);
+
+  // The boundary is exact: the found batch fits, one more does not.
+  static const PlanOptions no_knn = {.no_knn = 1};
+  const size_t budget = 256ull << 20;
+  Config c = base_config("resnet-small"), fitted, more;
+  long value;
+  assert_int_equal(plan_fit_budget(&c, "inbatch", budget, &no_knn, &fitted, &value), 0);
+  assert_int_equal(fitted.train.batch_size, value);
+  PlanTotals t;
+  assert_int_equal(plan_build(&fitted, "inbatch", -1, &no_knn, NULL, &t), 0);
+  assert_true(t.total_bytes <= budget);
+  more = fitted;
+  more.train.batch_size = (int)value + 1;
+  assert_int_equal(plan_build(&more, "inbatch", -1, &no_knn, NULL, &t), 0);
+  assert_true(t.total_bytes > budget);
+  // moco spends the budget on its queue, the batch stays.
+  assert_int_equal(plan_fit_budget(&c, "moco", budget, &no_knn, &fitted, &value), 0);
+  assert_int_equal(fitted.train.batch_size, 32);
+  assert_int_equal(fitted.objective.queue_size, value);
+  assert_int_equal(plan_build(&fitted, "moco", -1, &no_knn, NULL, &t), 0);
+  assert_true(t.total_bytes <= budget);
+  more = fitted;
+  more.objective.queue_size = (int)value + 1;
+  assert_int_equal(plan_build(&more, "moco", -1, &no_knn, NULL, &t), 0);
+  assert_true(t.total_bytes > budget);
+  // A budget below the smallest configuration is an error that says so.
+  assert_int_equal(plan_fit_budget(&c, "inbatch", 1 << 20, &no_knn, &fitted, &value), -1);
+  assert_non_null(strstr(tl_last_error(), "more than the budget"));
+}
+
+int main(void) {
+  bin = getenv("TALLY_BIN");
+  if (!bin) bin = "build/tally";
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/tally-ledger-XXXXXX");
+  if (!mkdtemp(tmpdir)) return 1;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_contrast_tradeoffs),
+      cmocka_unit_test(test_queue_arithmetic),
+      cmocka_unit_test(test_mae_tradeoffs),
+      cmocka_unit_test(test_resnet_conv_flops),
+      cmocka_unit_test(test_memory_budget),
+      cmocka_unit_test(test_inbatch_plan_equals_run),
+      cmocka_unit_test(test_moco_plan_equals_run),
+      cmocka_unit_test(test_mae_plan_equals_run),
+      cmocka_unit_test(test_two_replicas_plan_equals_run),
+  };
+  int failed = cmocka_run_group_tests(tests, NULL, NULL);
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+  if (system(cmd) != 0) return 1;
+  return failed;
+}

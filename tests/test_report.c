@@ -1,0 +1,205 @@
+// `tally report` from two run folders written here (ledger.jsonl through the ledger's own writer,
+// eval.jsonl and summary.json by hand): the page must be self-contained (no scripts, no fetched
+// resources), and once a real browser (headless Chromium) has parsed it, its DOM must hold the
+// charts (SVG polylines for loss, throughput and kNN accuracy, stacked paths for memory) and the
+// cost table with the numbers written into the ledgers.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ledger/record.h"
+
+static char tmpdir[256];
+static const char *bin;
+
+// A run of `steps` records: B samples, objective-like counts, a falling loss, memory growing
+// by category.
+static void write_run(const char *name, const char *objective, int B, int views_grad, int negatives,
+                      int steps) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+  assert_int_equal(mkdir(path, 0755), 0);
+  snprintf(path, sizeof path, "%s/%s/ledger.jsonl", tmpdir, name);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  for (int s = 0; s < steps; s++) {
+    LedgerRecord r = {0};
+    r.step = s;
+    r.objective = objective;
+    r.replicas = 1;
+    r.loss = 5.0 - 0.1 * s;
+    r.images_source = B;
+    r.views_grad = views_grad;
+    r.views_nograd = 2 * B - views_grad;
+    r.negatives_per_query = negatives;
+    r.activation_bytes = (size_t)views_grad << 20;
+    r.param_bytes = 1 << 20;
+    r.grad_bytes = 1 << 20;
+    r.workspace_bytes = (size_t)(4 + s) << 20;
+    r.data_bytes = 50 << 20;
+    r.eval_bytes = 600 << 20;
+    r.flops_forward = 9.5e9;
+    r.flops_backward = 1.9e10;
+    r.step_ms = 700 + 10 * s;
+    r.images_per_s = B / (r.step_ms / 1e3);
+    ledger_write_json(f, &r);
+  }
+  fclose(f);
+  snprintf(path, sizeof path, "%s/%s/eval.jsonl", tmpdir, name);
+  f = fopen(path, "w");
+  assert_non_null(f);
+  fprintf(f,
+          "{\"step\":0,\"what\":\"raw_pixels\",\"knn_top1\":0.8178,\"knn_top1_k20\":0.85,"
+          "\"seconds\":1}\n");
+  for (int e = 1; e <= 3; e++)
+    fprintf(f,
+            "{\"step\":%d,\"what\":\"encoder\",\"knn_top1\":%.4f,\"knn_top1_k20\":0.7,"
+            "\"seconds\":1}\n",
+            e * steps / 3, 0.6 + 0.05 * e);
+  fclose(f);
+  snprintf(path, sizeof path, "%s/%s/summary.json", tmpdir, name);
+  f = fopen(path, "w");
+  assert_non_null(f);
+  fprintf(f,
+          "{\n  \"objective\": \"%s\",\n  \"backbone\": \"resnet\",\n  \"batch_size\": %d,\n"
+          "  \"peak_rss_bytes\": 1000000000,\n  \"knn_top1\": 0.75\n}\n",
+          objective, B);
+  fclose(f);
+}
+
+static char *read_all(const char *path) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = malloc((size_t)n + 1);
+  assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
+  s[n] = 0;
+  fclose(f);
+  return s;
+}
+
+static int count(const char *s, const char *what) {
+  int n = 0;
+  for (const char *p = s; (p = strstr(p, what)); p += strlen(what)) n++;
+  return n;
+}
+
+static int run(const char *fmt, ...) {
+  char cmd[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  int status = system(cmd);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static char report[600];
+
+static int setup(void **state) {
+  (void)state;
+  write_run("inbatch-run", "inbatch", 32, 64, 62, 12);
+  write_run("moco-run", "moco", 32, 32, 4096, 12);
+  snprintf(report, sizeof report, "%s/report.html", tmpdir);
+  return run("%s report %s/inbatch-run %s/moco-run --out %s > /dev/null", bin, tmpdir, tmpdir,
+             report);
+}
+
+static void test_self_contained(void **state) {
+  (void)state;
+  char *html = read_all(report);
+  assert_non_null(strstr(html, "<!DOCTYPE html>"));
+  // Nothing to fetch or run: no scripts, no external references (the SVG namespace is a name).
+  assert_null(strstr(html, "<script"));
+  assert_null(strstr(html, "src="));
+  assert_null(strstr(html, "href="));
+  assert_null(strstr(html, "url("));
+  assert_null(strstr(html, "@import"));
+  assert_null(strstr(html, "https:"));
+  assert_int_equal(count(html, "http:"), count(html, "xmlns=\"http://www.w3.org/2000/svg\""));
+  free(html);
+}
+
+static void test_default_output_and_errors(void **state) {
+  (void)state;
+  assert_int_equal(run("%s report %s/moco-run > /dev/null", bin, tmpdir), 0);
+  char path[700];
+  snprintf(path, sizeof path, "%s/moco-run/report.html", tmpdir);
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  // A folder without a ledger is an error naming it.
+  assert_int_equal(run("mkdir -p %s/empty", tmpdir), 0);
+  assert_int_not_equal(run("%s report %s/empty > %s/err.txt 2>&1", bin, tmpdir, tmpdir), 0);
+  snprintf(path, sizeof path, "%s/err.txt", tmpdir);
+  char *err = read_all(path);
+  assert_non_null(strstr(err, "empty/ledger.jsonl"));
+  free(err);
+}
+
+static int have_chromium(void) { return run("command -v chromium > /dev/null 2>&1") == 0; }
+
+static void test_dom_in_browser(void **state) {
+  (void)state;
+  if (!have_chromium()) {
+    print_message("chromium is not installed (scripts/setup.sh installs it)\n");
+    skip();
+  }
+  char dom_path[700];
+  snprintf(dom_path, sizeof dom_path, "%s/dom.html", tmpdir);
+  assert_int_equal(run("timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-quic "
+                       "--no-first-run --disable-background-networking --disable-component-update "
+                       "--disable-sync --user-data-dir=%s/chrome --dump-dom file://%s > %s "
+                       "2> /dev/null",
+                       tmpdir, report, dom_path),
+                   0);
+  char *dom = read_all(dom_path);
+  // Loss, throughput and kNN charts: one polyline per run each, plus the raw-pixel baseline both
+  // runs share (dashed); memory: one chart per run with a stacked band per category present
+  // (parameters, gradients, activations, workspace, data, evaluation).
+  assert_int_equal(count(dom, "<svg"), 5);
+  assert_int_equal(count(dom, "<polyline"), 7);
+  assert_int_equal(count(dom, "class=\"series reference\""), 1);
+  assert_non_null(strstr(dom, "raw pixels (baseline)"));
+  assert_int_equal(count(dom, "class=\"band\""), 12);
+  assert_non_null(strstr(dom, "Training loss"));
+  assert_non_null(strstr(dom, "kNN top-1 accuracy"));
+  assert_non_null(strstr(dom, "Memory by category: moco-run (moco)"));
+  // The cost table, side by side: views with gradient 64 against 32, negatives 62 against 4096,
+  // activations 64 MiB against 32 MiB, the last kNN evaluation 75%.
+  const char *table = strstr(dom, "<table");
+  assert_non_null(table);
+  assert_non_null(strstr(table, "<td>64</td><td>32</td>"));
+  assert_non_null(strstr(table, "<td>62</td><td>4096</td>"));
+  assert_non_null(strstr(table, "<td>64.0 MiB</td><td>32.0 MiB</td>"));
+  assert_non_null(strstr(table, "<td>75.00%</td><td>75.00%</td>"));
+  // Median step time of 700, 710, ..., 810 ms.
+  assert_non_null(strstr(table, "<td>755.0</td>"));
+  free(dom);
+}
+
+int main(void) {
+  bin = getenv("TALLY_BIN");
+  if (!bin) bin = "build/tally";
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/tally-report-XXXXXX");
+  if (!mkdtemp(tmpdir)) return 1;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_self_contained),
+      cmocka_unit_test(test_default_output_and_errors),
+      cmocka_unit_test(test_dom_in_browser),
+  };
+  int failed = cmocka_run_group_tests(tests, setup, NULL);
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+  if (system(cmd) != 0) return 1;
+  return failed;
+}
