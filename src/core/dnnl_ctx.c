@@ -1,5 +1,7 @@
 #include "core/dnnl_ctx.h"
 
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 void dnnl_ctx_init(DnnlCtx *ctx) {
@@ -28,13 +30,22 @@ double dnnl_ctx_total_flops(const DnnlCtx *ctx) {
   return s;
 }
 
+// One attribute for the whole process (read-only once made), destroyed at exit.
+static dnnl_primitive_attr_t user_scratchpad_attr;
+static pthread_once_t attr_once = PTHREAD_ONCE_INIT;
+
+static void destroy_attr(void) { dnnl_primitive_attr_destroy(user_scratchpad_attr); }
+
+static void make_attr(void) {
+  DNNL_CHECK(dnnl_primitive_attr_create(&user_scratchpad_attr));
+  DNNL_CHECK(
+      dnnl_primitive_attr_set_scratchpad_mode(user_scratchpad_attr, dnnl_scratchpad_mode_user));
+  atexit(destroy_attr);
+}
+
 dnnl_primitive_attr_t dnnl_ctx_attr(void) {
-  static _Thread_local dnnl_primitive_attr_t attr;
-  if (!attr) {
-    DNNL_CHECK(dnnl_primitive_attr_create(&attr));
-    DNNL_CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
-  }
-  return attr;
+  pthread_once(&attr_once, make_attr);
+  return user_scratchpad_attr;
 }
 
 dnnl_primitive_t dnnl_ctx_make(DnnlCtx *ctx, const void *op_desc, const_dnnl_primitive_desc_t hint,

@@ -583,7 +583,7 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
   for (int j = 0; j < n; j++) snprintf(cells[j], sizeof cells[j], "%s", names[j]);
   print_row(f, "", n, cells);
   fprintf(f, "%s\n", "Configuration");
-  for (int j = 0; j < n; j++) snprintf(cells[j], sizeof cells[j], "%s", totals[j].backbone);
+  for (int j = 0; j < n; j++) snprintf(cells[j], sizeof cells[j], "%.47s", totals[j].backbone);
   print_row(f, "backbone", n, cells);
   for (int j = 0; j < n; j++) snprintf(cells[j], sizeof cells[j], "%zu", totals[j].param_count);
   print_row(f, "parameters", n, cells);
