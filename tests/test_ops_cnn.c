@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "gradcheck.h"
+#include "op_test_util.h"
 #include "ops/add.h"
 #include "ops/batchnorm.h"
 #include "ops/conv.h"
@@ -35,30 +36,6 @@
 // 8, with running statistics 4, backward 10, plus 1 each way for a fused ReLU.
 // GELU's (src/ops/eltwise.c): 18 forward, 28 backward.
 enum { BN_FWD = 8, BN_FWD_GLOBAL = 4, BN_BWD = 10, GELU_FWD = 18, GELU_BWD = 28 };
-
-typedef struct {
-  DnnlCtx ctx;
-  ParamSet ps;
-  Builder b;
-} Env;
-
-static void env_init(Env *e, size_t n_params, OpMode mode) {
-  dnnl_ctx_init(&e->ctx);
-  paramset_alloc(&e->ps, n_params, 7);
-  e->b = (Builder){&e->ctx, &e->ps, mode};
-}
-
-static void env_destroy(Env *e) {
-  paramset_free(&e->ps);
-  dnnl_ctx_destroy(&e->ctx);
-}
-
-static float *new_tensor(size_t n) { return tl_alloc(n * sizeof(float), MEM_DATA, COMP_OTHER); }
-
-static void fill_uniform(float *x, size_t n, float lo, float hi, uint64_t stream) {
-  Rng r = rng_stream(42, RNG_TEST, stream, 0);
-  for (size_t i = 0; i < n; i++) x[i] = rng_uniform_range(&r, lo, hi);
-}
 
 // Magnitudes in [KINK_MARGIN, 1] with random signs: no value near ReLU's kink.
 static void fill_away_from_zero(float *x, size_t n, uint64_t stream) {

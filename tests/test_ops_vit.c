@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "gradcheck.h"
+#include "op_test_util.h"
 #include "ops/attention.h"
 #include "ops/layernorm.h"
 #include "ops/linear.h"
@@ -28,30 +29,6 @@
 // Attention's softmax per attention-matrix element (src/ops/attention.c): 6 forward, 5 backward.
 enum { LN_FWD = 8, LN_BWD = 11, SOFTMAX_FWD = 6, SOFTMAX_BWD = 5 };
 
-typedef struct {
-  DnnlCtx ctx;
-  ParamSet ps;
-  Builder b;
-} Env;
-
-static void env_init(Env *e, size_t n_params) {
-  dnnl_ctx_init(&e->ctx);
-  paramset_alloc(&e->ps, n_params, 7);
-  e->b = (Builder){&e->ctx, &e->ps, OP_TRAIN};
-}
-
-static void env_destroy(Env *e) {
-  paramset_free(&e->ps);
-  dnnl_ctx_destroy(&e->ctx);
-}
-
-static float *new_tensor(size_t n) { return tl_alloc(n * sizeof(float), MEM_DATA, COMP_OTHER); }
-
-static void fill_uniform(float *x, size_t n, float lo, float hi, uint64_t stream) {
-  Rng r = rng_stream(42, RNG_TEST, stream, 0);
-  for (size_t i = 0; i < n; i++) x[i] = rng_uniform_range(&r, lo, hi);
-}
-
 static void expect_close(const float *got, const double *want, size_t n, double atol) {
   double worst = 0;
   for (size_t i = 0; i < n; i++) {
@@ -60,12 +37,6 @@ static void expect_close(const float *got, const double *want, size_t n, double 
   }
   if (worst >= atol) printf("forward mismatch: worst abs error %.3e\n", worst);
   assert_true(worst < atol);
-}
-
-static double dot_out(const float *out, const float *r, size_t n) {
-  double s = 0;
-  for (size_t i = 0; i < n; i++) s += (double)out[i] * r[i];
-  return s;
 }
 
 static void check_grad(gradcheck_loss_fn loss, void *c, float *x, const float *g, size_t n,
@@ -92,7 +63,7 @@ static double linear_loss(void *p) {
 static void test_linear(void **state) {
   (void)state;
   LinearCase c;
-  env_init(&c.env, linear_param_count(LIN_IC, LIN_OC, 1));
+  env_init(&c.env, linear_param_count(LIN_IC, LIN_OC, 1), OP_TRAIN);
   linear_init(&c.l, &c.env.b, "fc", LIN_M, LIN_IC, LIN_OC, 1, 1, 0.0f);
   // Xavier-uniform bound sqrt(6 / (fan_in + fan_out)), zero bias.
   float bound = sqrtf(6.0f / (LIN_IC + LIN_OC));
@@ -133,7 +104,7 @@ static void test_linear_normal_init_no_bias(void **state) {
   (void)state;
   enum { IC = 64, OC = 64 };
   Env env;
-  env_init(&env, linear_param_count(IC, OC, 0));
+  env_init(&env, linear_param_count(IC, OC, 0), OP_TRAIN);
   Linear l;
   linear_init(&l, &env.b, "proj", 3, IC, OC, 0, 0, 0.02f);
   assert_int_equal(env.ps.used, IC * OC);
@@ -165,7 +136,7 @@ static double layernorm_loss(void *p) {
 static void test_layernorm(void **state) {
   (void)state;
   LayerNormCase c;
-  env_init(&c.env, layernorm_param_count(LN_D));
+  env_init(&c.env, layernorm_param_count(LN_D), OP_TRAIN);
   layernorm_init(&c.ln, &c.env.b, "ln", LN_M, LN_D);
   for (int d = 0; d < LN_D; d++) assert_true(c.ln.gamma[d] == 1.0f && c.ln.beta[d] == 0.0f);
   assert_true(c.env.ps.entries[0].no_decay && c.env.ps.entries[1].no_decay);
@@ -249,8 +220,7 @@ static void attention_reference(int N, int T, const float *qkv, double *out) {
 
 static void check_attention(int N, int T, OpMode mode, size_t grad_samples) {
   AttentionCase c = {.N = N, .T = T};
-  env_init(&c.env, 1);
-  c.env.b.mode = mode;
+  env_init(&c.env, 1, mode);
   attention_init(&c.a, &c.env.b, N, T, AT_D, AT_H);
   size_t n_qkv = (size_t)N * T * 3 * AT_D, n_out = (size_t)N * T * AT_D;
   c.qkv = new_tensor(n_qkv);

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "gradcheck.h"
+#include "op_test_util.h"
 #include "nn/transformer.h"
 #include "nn/vit.h"
 
@@ -27,13 +28,6 @@
 // (src/ops/eltwise.c); an add is 1.
 enum { LN_FWD = 8, LN_BWD = 11, SOFTMAX_FWD = 6, SOFTMAX_BWD = 5, GELU_FWD = 18, GELU_BWD = 28 };
 
-static float *new_tensor(size_t n) { return tl_alloc(n * sizeof(float), MEM_DATA, COMP_OTHER); }
-
-static void fill_uniform(float *x, size_t n, float lo, float hi, uint64_t stream) {
-  Rng r = rng_stream(42, RNG_TEST, stream, 0);
-  for (size_t i = 0; i < n; i++) x[i] = rng_uniform_range(&r, lo, hi);
-}
-
 static double max_abs_diff(const float *a, const float *b, size_t n) {
   double worst = 0;
   for (size_t i = 0; i < n; i++) {
@@ -41,12 +35,6 @@ static double max_abs_diff(const float *a, const float *b, size_t n) {
     if (d > worst) worst = d;
   }
   return worst;
-}
-
-static double dot_out(const float *out, const float *r, size_t n) {
-  double s = 0;
-  for (size_t i = 0; i < n; i++) s += (double)out[i] * r[i];
-  return s;
 }
 
 static void check_grad(gradcheck_loss_fn loss, void *c, float *x, const float *g, size_t n,
