@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+
+#include "cli_test_util.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,8 +17,6 @@
 #include <stb/stb_image_write.h>
 #include <zlib.h>
 
-static char tmpdir[256];
-static const char *bin;
 
 // Runs `tally ARGS` and returns its exit code; its stdout+stderr is left in `out`.
 static int run(char *out, size_t cap, const char *fmt, ...) {
@@ -264,10 +264,7 @@ static void test_nan_loss_stops_and_keeps_checkpoint(void **state) {
 }
 
 int main(void) {
-  bin = getenv("TALLY_BIN");
-  if (!bin) bin = "build/tally";
-  snprintf(tmpdir, sizeof tmpdir, "/tmp/tally-cli-XXXXXX");
-  if (!mkdtemp(tmpdir)) return 1;
+  if (cli_test_init("cli") != 0) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_help),
       cmocka_unit_test(test_short_training_run),

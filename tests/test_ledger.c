@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+
+#include "cli_test_util.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,8 +21,6 @@
 #include "core/error.h"
 #include "ledger/plan.h"
 
-static char tmpdir[256];
-static const char *bin;
 
 // Small real runs: a slice of Fashion-MNIST, batches of 32. The kNN monitor keeps its default
 // batch of 500, so accounted memory (about 1 GiB, mostly its inference model) dwarfs the fixed
@@ -378,10 +378,7 @@ static void test_memory_budget(void **state) {
 }
 
 int main(void) {
-  bin = getenv("TALLY_BIN");
-  if (!bin) bin = "build/tally";
-  snprintf(tmpdir, sizeof tmpdir, "/tmp/tally-ledger-XXXXXX");
-  if (!mkdtemp(tmpdir)) return 1;
+  if (cli_test_init("ledger") != 0) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_contrast_tradeoffs),
       cmocka_unit_test(test_queue_arithmetic),

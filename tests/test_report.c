@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+
+#include "cli_test_util.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +19,6 @@
 
 #include "ledger/record.h"
 
-static char tmpdir[256];
-static const char *bin;
 
 // A run of `steps` records: B samples, objective-like counts, a falling loss, memory growing
 // by category.
@@ -94,16 +94,6 @@ static int count(const char *s, const char *what) {
   return n;
 }
 
-static int run(const char *fmt, ...) {
-  char cmd[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof cmd, fmt, ap);
-  va_end(ap);
-  int status = system(cmd);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 static char report[600];
 
 static int setup(void **state) {
@@ -111,7 +101,7 @@ static int setup(void **state) {
   write_run("inbatch-run", "inbatch", 32, 64, 62, 12);
   write_run("moco-run", "moco", 32, 32, 4096, 12);
   snprintf(report, sizeof report, "%s/report.html", tmpdir);
-  return run("%s report %s/inbatch-run %s/moco-run --out %s > /dev/null", bin, tmpdir, tmpdir,
+  return sh("%s report %s/inbatch-run %s/moco-run --out %s > /dev/null", bin, tmpdir, tmpdir,
              report);
 }
 
@@ -132,21 +122,21 @@ static void test_self_contained(void **state) {
 
 static void test_default_output_and_errors(void **state) {
   (void)state;
-  assert_int_equal(run("%s report %s/moco-run > /dev/null", bin, tmpdir), 0);
+  assert_int_equal(sh("%s report %s/moco-run > /dev/null", bin, tmpdir), 0);
   char path[700];
   snprintf(path, sizeof path, "%s/moco-run/report.html", tmpdir);
   struct stat st;
   assert_int_equal(stat(path, &st), 0);
   // A folder without a ledger is an error naming it.
-  assert_int_equal(run("mkdir -p %s/empty", tmpdir), 0);
-  assert_int_not_equal(run("%s report %s/empty > %s/err.txt 2>&1", bin, tmpdir, tmpdir), 0);
+  assert_int_equal(sh("mkdir -p %s/empty", tmpdir), 0);
+  assert_int_not_equal(sh("%s report %s/empty > %s/err.txt 2>&1", bin, tmpdir, tmpdir), 0);
   snprintf(path, sizeof path, "%s/err.txt", tmpdir);
   char *err = read_all(path);
   assert_non_null(strstr(err, "empty/ledger.jsonl"));
   free(err);
 }
 
-static int have_chromium(void) { return run("command -v chromium > /dev/null 2>&1") == 0; }
+static int have_chromium(void) { return sh("command -v chromium > /dev/null 2>&1") == 0; }
 
 static void test_dom_in_browser(void **state) {
   (void)state;
@@ -156,7 +146,7 @@ static void test_dom_in_browser(void **state) {
   }
   char dom_path[700];
   snprintf(dom_path, sizeof dom_path, "%s/dom.html", tmpdir);
-  assert_int_equal(run("timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-quic "
+  assert_int_equal(sh("timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-quic "
                        "--no-first-run --disable-background-networking --disable-component-update "
                        "--disable-sync --user-data-dir=%s/chrome --dump-dom file://%s > %s "
                        "2> /dev/null",
@@ -188,10 +178,7 @@ static void test_dom_in_browser(void **state) {
 }
 
 int main(void) {
-  bin = getenv("TALLY_BIN");
-  if (!bin) bin = "build/tally";
-  snprintf(tmpdir, sizeof tmpdir, "/tmp/tally-report-XXXXXX");
-  if (!mkdtemp(tmpdir)) return 1;
+  if (cli_test_init("report") != 0) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_self_contained),
       cmocka_unit_test(test_default_output_and_errors),

@@ -1,0 +1,30 @@
+// For the tests that run the tally binary as a user does: where it is (TALLY_BIN, set by ctest),
+// a scratch folder for the runs, and a shell command's exit code.
+#pragma once
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+static char tmpdir[256];
+static const char *bin;
+
+// Finds the binary and makes /tmp/tally-NAME-XXXXXX. Returns 0, or -1 if no folder was made.
+static inline int cli_test_init(const char *name) {
+  bin = getenv("TALLY_BIN");
+  if (!bin) bin = "build/tally";
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/tally-%s-XXXXXX", name);
+  return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+// Runs a shell command (printf-style) and returns its exit code (-1 if it did not exit).
+static inline int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline int sh(const char *fmt, ...) {
+  char cmd[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  int status = system(cmd);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
