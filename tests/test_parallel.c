@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+
+#include "cli_test_util.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,24 +17,13 @@
 
 enum { STEPS = 10 };
 
-static char tmpdir[256];
-static const char *bin, *mpiexec;
+static const char *mpiexec;
 
 static const char *common =
     "train --objective=mae --config configs/mae.ini --steps 10 --set train.batch_size=16 "
     "--set data.limit=256 --set data.test_limit=100 --set eval.knn_train_limit=256 "
     "--set eval.batch_size=100 --set optim.warmup_steps=2 --set parallel.checksum_every=1 "
     "--quiet";
-
-static int sh(const char *fmt, ...) {
-  char cmd[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof cmd, fmt, ap);
-  va_end(ap);
-  int status = system(cmd);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 static void read_losses(const char *run, double *loss) {
   char path[512], line[8192];
@@ -128,16 +119,37 @@ static void test_two_mpi_ranks(void **state) {
   expect_same_training("one", "mpi2");
 }
 
+// A replica that fails stops every replica, with an error and no summary, and nothing hangs
+// (timeout(1) turns a hang into exit code 124). Locally the failing replica reports an error;
+// under MPI it dies as a killed process would.
+static void test_failed_replica_stops_all(void **state) {
+  (void)state;
+  const char *small = "train --objective=mae --config configs/mae.ini --steps 6 "
+                      "--set train.batch_size=16 --set data.limit=256 --no-knn --quiet";
+  int rc = sh("TALLY_INJECT_FAIL=1:2 timeout 120 %s %s --set parallel.replicas=2 --out %s/fail "
+              "> %s/fail.log 2>&1",
+              bin, small, tmpdir, tmpdir);
+  assert_int_equal(rc, 1);
+  assert_int_equal(sh("grep -q 'replica failed' %s/fail.log", tmpdir), 0);
+  assert_int_not_equal(sh("test -e %s/fail/summary.json", tmpdir), 0);
+  if (!mpiexec || !mpiexec[0]) return;
+  rc = sh("ASAN_OPTIONS=detect_leaks=0 timeout 120 %s --allow-run-as-root --oversubscribe -np 2 "
+          "-x TALLY_INJECT_FAIL=1:2 %s %s --set parallel.backend=mpi --out %s/failmpi "
+          "> %s/failmpi.log 2>&1",
+          mpiexec, bin, small, tmpdir, tmpdir);
+  assert_int_not_equal(rc, 0);
+  assert_int_not_equal(rc, 124);
+  assert_int_not_equal(sh("test -e %s/failmpi/summary.json", tmpdir), 0);
+}
+
 int main(void) {
-  bin = getenv("TALLY_BIN");
-  if (!bin) bin = "build/tally";
   mpiexec = getenv("MPIEXEC");
-  snprintf(tmpdir, sizeof tmpdir, "/tmp/tally-parallel-XXXXXX");
-  if (!mkdtemp(tmpdir)) return 1;
+  if (cli_test_init("parallel") != 0) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_one_vs_two_local_replicas),
       cmocka_unit_test(test_uneven_shards),
       cmocka_unit_test(test_two_mpi_ranks),
+      cmocka_unit_test(test_failed_replica_stops_all),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   if (!failed) sh("rm -rf %s", tmpdir);

@@ -66,6 +66,13 @@ float *paramset_take_buffer(ParamSet *ps, const char *name, size_t n) {
   return p;
 }
 
+void paramset_grad_ready(const ParamSet *ps, const float *grad, size_t count) {
+  if (!ps->grad_ready || !grad) return;
+  TL_ASSERT(grad >= ps->grad && count <= ps->count &&
+            (size_t)(grad - ps->grad) <= ps->count - count);
+  ps->grad_ready(ps->grad_ready_user, (size_t)(grad - ps->grad), count);
+}
+
 static Rng stream_for(ParamSet *ps, const float *p) {
   return rng_stream(ps->seed, RNG_INIT, (uint64_t)(p - ps->data), 0);
 }

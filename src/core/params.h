@@ -23,6 +23,11 @@ typedef struct {
   int n_entries, cap_entries;
   int owns;  // 1: allocated here; 0: bound to another set's data
   uint64_t seed;  // initialization stream
+  // Optional: told when backward has finished writing gradient floats [offset, offset + count)
+  // for this step, so their averaging across replicas can start while backward goes on
+  // (parallel/grad_sync.h installs it). NULL: nobody listens.
+  void (*grad_ready)(void *user, size_t offset, size_t count);
+  void *grad_ready_user;
 } ParamSet;
 
 // Allocates data (MEM_PARAM) and grad (MEM_GRAD) for exactly `count` floats.
@@ -40,6 +45,11 @@ float *paramset_take(ParamSet *ps, const char *name, size_t n, int no_decay, flo
 // Takes a non-trainable buffer (BatchNorm running statistics): its gradient slice stays zero and
 // the optimizer skips it.
 float *paramset_take_buffer(ParamSet *ps, const char *name, size_t n);
+
+// Every op that writes parameter gradients calls this right after writing them, once per taken
+// slice: `grad` is the slice paramset_take handed out, `count` its length. Never for buffers
+// (they have no gradient). No-op without a callback or when grad is NULL.
+void paramset_grad_ready(const ParamSet *ps, const float *grad, size_t count);
 
 // Initialization helpers for an owned set (no-ops on a bound set). Each tensor gets its own
 // RNG stream keyed by its entry index, so initialization does not depend on build details.

@@ -148,6 +148,7 @@ void vit_backward_tokens(Vit *v, DnnlCtx *ctx, const float *dtokens) {
       memcpy(v->dpatch_tokens + (size_t)n * v->n_keep * D, row + D,
              sizeof(float) * (size_t)v->n_keep * D);
     }
+    paramset_grad_ready(v->params, v->dcls, (size_t)D);
     ctx->flops_backward[v->comp] += (double)v->N * D;
     dpatch = v->dpatch_tokens;
   }
@@ -225,6 +226,7 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
   v->D = spec->dim;
   v->depth = spec->depth;
   v->mode = b->mode;
+  v->params = b->params;
   v->comp = ctx->component;
   size_t D = (size_t)v->D, tokens = (size_t)N * v->T;
 

@@ -42,6 +42,7 @@ typedef struct {
   MemComponent comp;
   float *pos_embed;          // (G*G, D) fixed sin-cos table, not a parameter
   float *cls, *dcls;         // (D), when has_cls
+  const ParamSet *params;    // the block cls comes from: told when dcls is ready
   float *patches;            // (N, n_keep, P*P*C) the patches encoded by the last forward
   Linear patch_embed;        // (N*n_keep, P*P*C) -> (N*n_keep, D)
   float *embedded;           // (N, T, D) input of the first block

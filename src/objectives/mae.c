@@ -326,6 +326,7 @@ static double mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
         for (int c = 0; c < Dd; c++) o->dmask_token[c] += src[c];
     }
   }
+  paramset_grad_ready(base->env.params, o->dmask_token, (size_t)Dd);
   linear_backward(&o->embed, ctx, o->dembed);
   ctx->component = COMP_ENCODER;
   vit_backward_tokens(o->encoder, ctx, o->embed.din);

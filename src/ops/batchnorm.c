@@ -27,6 +27,8 @@ struct BatchNormPrivate {
   float *batch_mean, *batch_var;
   void *relu_ws;       // fused-ReLU mask written in forward, read in backward
   float *din_discard;  // diff_src target when need_din = 0: oneDNN always computes it
+  // Told when dgamma and dbeta are ready.
+  const ParamSet *params;
 };
 
 size_t batchnorm_param_count(int C) { return 4 * (size_t)C; }
@@ -66,6 +68,7 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   struct BatchNormPrivate *p = calloc(1, sizeof *p);
   if (!p) TL_DIE("out of memory");
   l->priv = p;
+  p->params = b->params;
 
   dnnl_dims_t data_dims = {N, C, H, W}, c_dims = {C};
   dnnl_memory_desc_t data_md = dnnl_md_plain(4, data_dims, dnnl_nhwc);
@@ -174,6 +177,8 @@ void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout) {
     args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WORKSPACE, p->ws};
   }
   dnnl_ctx_exec(ctx, p->bwd, p->bwd_pd, nargs, args);
+  paramset_grad_ready(p->params, l->dgamma, (size_t)l->C);
+  paramset_grad_ready(p->params, l->dbeta, (size_t)l->C);
   int per_elem = BN_BWD_FLOPS_PER_ELEM + (l->fuse_relu ? BN_RELU_FLOPS_PER_ELEM : 0);
   ctx->flops_backward[l->comp] += per_elem * (double)bn_elems(l);
 }

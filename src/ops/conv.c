@@ -22,6 +22,7 @@ struct ConvPrivate {
   dnnl_memory_t wei_fwd, wei_bwd_data, dwei;
   WeightLayout fwd_w, bwd_data_w, dw;
   int bwd_data_shares_fwd_w;  // backward-data layout equals forward's: reuse its reordered copy
+  const ParamSet *params;     // told when dweight and dbias are ready
 };
 
 // Sets up the oihw <-> primitive-layout reorder for one weights tensor. `to_plain` selects the
@@ -95,6 +96,7 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   struct ConvPrivate *p = calloc(1, sizeof *p);
   if (!p) TL_DIE("out of memory");
   l->priv = p;
+  p->params = b->params;
 
   // oneDNN describes tensors in NCHW dimension order; the tag gives the actual nhwc layout.
   dnnl_dims_t src_dims = {N, IC, IH, IW}, dst_dims = {N, OC, l->OH, l->OW};
@@ -197,6 +199,8 @@ void conv2d_backward(Conv2d *l, DnnlCtx *ctx, const float *dout) {
   }
   dnnl_ctx_exec(ctx, p->bwd_weights, p->bwd_weights_pd, nargs, args);
   if (p->dw.buf) dnnl_reorder_run(&p->dw.to_prim, ctx, p->dw.buf, l->dweight);
+  paramset_grad_ready(p->params, l->dweight, (size_t)l->OC * l->IC * l->K * l->K);
+  if (l->has_bias) paramset_grad_ready(p->params, l->dbias, (size_t)l->OC);
   ctx->flops_backward[l->comp] += conv_pass_flops(l) + conv_bias_flops(l);
 }
 

@@ -15,6 +15,7 @@ struct LayerNormPrivate {
   dnnl_memory_t src, dst, scale, shift, mean, variance;  // forward
   dnnl_memory_t diff_dst, diff_src, diff_scale, diff_shift;
   float *mean_buf, *variance_buf;  // (M) each, OP_TRAIN: the statistics backward reuses
+  const ParamSet *params;          // told when dgamma and dbeta are ready
 };
 
 size_t layernorm_param_count(int D) { return 2 * (size_t)D; }
@@ -43,6 +44,7 @@ void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   struct LayerNormPrivate *p = calloc(1, sizeof *p);
   if (!p) TL_DIE("out of memory");
   l->priv = p;
+  p->params = b->params;
   dnnl_dims_t data_dims = {M, D}, param_dims = {D}, stat_dims = {M};
   dnnl_memory_desc_t data_md = dnnl_md_plain(2, data_dims, dnnl_ab);
   dnnl_memory_desc_t param_md = dnnl_md_plain(1, param_dims, dnnl_a);
@@ -124,6 +126,8 @@ void layernorm_backward(LayerNorm *l, DnnlCtx *ctx, const float *dout) {
                             {DNNL_ARG_DIFF_SCALE, p->diff_scale},
                             {DNNL_ARG_DIFF_SHIFT, p->diff_shift}};
   dnnl_ctx_exec(ctx, p->bwd, p->bwd_pd, (int)(sizeof args / sizeof args[0]), args);
+  paramset_grad_ready(p->params, l->dgamma, (size_t)l->D);
+  paramset_grad_ready(p->params, l->dbeta, (size_t)l->D);
   ctx->flops_backward[l->comp] += layernorm_flops_backward(l->M, l->D);
 }
 

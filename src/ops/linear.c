@@ -19,6 +19,7 @@ struct LinearPrivate {
   float *fwd_weight_buf;                     // the reordered weights, when a reorder is needed
   dnnl_memory_t diff_dst, weight, diff_src;  // backward data (diff_dst also for weights)
   dnnl_memory_t diff_weight, diff_bias;      // backward weights
+  const ParamSet *params;                    // told when dweight and dbias are ready
 };
 
 size_t linear_param_count(int IC, int OC, int has_bias) {
@@ -55,6 +56,7 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   struct LinearPrivate *p = calloc(1, sizeof *p);
   if (!p) TL_DIE("out of memory");
   l->priv = p;
+  p->params = b->params;
   dnnl_dims_t src_dims = {M, IC}, weight_dims = {OC, IC}, bias_dims = {OC}, dst_dims = {M, OC};
   dnnl_memory_desc_t src_md = dnnl_md_plain(2, src_dims, dnnl_ab);
   dnnl_memory_desc_t weight_md = dnnl_md_plain(2, weight_dims, dnnl_oi);
@@ -137,6 +139,8 @@ void linear_backward(Linear *l, DnnlCtx *ctx, const float *dout) {
     wargs[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_BIAS, p->diff_bias};
   }
   dnnl_ctx_exec(ctx, p->bwd_weights, p->bwd_weights_pd, nargs, wargs);
+  paramset_grad_ready(p->params, l->dweight, (size_t)l->OC * l->IC);
+  if (l->has_bias) paramset_grad_ready(p->params, l->dbias, (size_t)l->OC);
   ctx->flops_backward[l->comp] += linear_flops(l);
   if (!l->need_din) return;
 

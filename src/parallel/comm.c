@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/error.h"
 #include "core/timer.h"
 #include "parallel/comm_backend.h"
 
@@ -76,6 +77,33 @@ void comm_broadcast(Comm *c, void *buf, size_t bytes, int root) {
 void comm_barrier(Comm *c) {
   if (comm_failed(c)) return;
   c->backend->barrier(c);
+}
+
+int comm_has_async(const Comm *c) { return c->backend->iallreduce_sum_f32 != NULL; }
+
+void comm_iallreduce_sum(Comm *c, float *buf, size_t n) {
+  if (!comm_has_async(c))
+    TL_DIE("comm_iallreduce_sum: the %s backend has no non-blocking collectives", c->backend->name);
+  if (comm_failed(c)) return;
+  double start_ms = now_ms();
+  if (c->backend->iallreduce_sum_f32(c, buf, n) == 0) {
+    c->started_payload_bytes += n * sizeof *buf;
+    account(c, COLL_ALLREDUCE, 0, start_ms);
+  }
+}
+
+void comm_test_all(Comm *c) {
+  if (!c->backend->test_all || comm_failed(c)) return;
+  double start_ms = now_ms();
+  if (c->backend->test_all(c) == 0) account(c, COLL_ALLREDUCE, 0, start_ms);
+}
+
+void comm_wait_all(Comm *c) {
+  if (!c->backend->wait_all || comm_failed(c)) return;
+  double start_ms = now_ms();
+  if (c->backend->wait_all(c) == 0)
+    account(c, COLL_ALLREDUCE, comm_allreduce_bytes(c->world, c->started_payload_bytes), start_ms);
+  c->started_payload_bytes = 0;
 }
 
 void comm_abort(Comm *c, const char *why) { c->backend->abort(c, why); }

@@ -14,7 +14,8 @@ typedef struct Comm Comm;
 
 typedef struct {
   double bytes[COLL_NKINDS];  // bytes this rank sent + received, per kind, since the last reset
-  double ms[COLL_NKINDS];     // wall time inside the collective, per kind
+  double ms[COLL_NKINDS];     // wall time inside the collective, per kind; for non-blocking
+                              // ones, inside the start, test and wait calls (see below)
 } CommStats;
 
 // Local backend: creates the shared state for `world` thread replicas; each thread then calls
@@ -43,6 +44,23 @@ void comm_allgather(Comm *c, const float *local, size_t n_local, float *out, siz
 // buf on every rank <- buf on rank `root`.
 void comm_broadcast(Comm *c, void *buf, size_t bytes, int root);
 void comm_barrier(Comm *c);
+
+// Non-blocking sums, so gradient averaging can overlap backward (parallel/grad_sync.h). Only
+// backends that have them (mpi) say so here; on the others (local) callers use the blocking
+// collectives. Like every collective, each rank starts the same sums in the same order.
+// Accounting, under COLL_ALLREDUCE: bytes as for one blocking allreduce of all the sums'
+// payloads together, counted when comm_wait_all completes them; time is what this rank spends
+// inside comm_iallreduce_sum, comm_test_all and comm_wait_all, i.e. the communication that
+// computation did not hide.
+int comm_has_async(const Comm *c);
+// Starts buf <- sum_r buf_r in place. buf must stay untouched until comm_wait_all returns.
+void comm_iallreduce_sum(Comm *c, float *buf, size_t n);
+// Lets the started sums advance without waiting: MPI moves data only inside MPI calls when it
+// runs no progress thread, so call this between pieces of computation.
+void comm_test_all(Comm *c);
+// Returns when every started sum is complete.
+void comm_wait_all(Comm *c);
+
 // Stops every rank: any rank may call it; the others return from their next collective with
 // a nonzero comm_failed(). Used so that one replica's error never leaves the others hanging.
 void comm_abort(Comm *c, const char *why);

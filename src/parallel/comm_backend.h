@@ -19,6 +19,12 @@ typedef struct {
   // NULL while the group is healthy, else why it failed.
   const char *(*failure)(const Comm *c);
   void (*destroy)(Comm *c);
+  // Non-blocking collectives, NULL when the backend has none (then comm_has_async is 0).
+  // iallreduce_sum_f32 starts buf <- sum_r buf_r in place; test_all advances every started one
+  // without blocking; wait_all completes them all. Same return convention as above.
+  int (*iallreduce_sum_f32)(Comm *c, float *buf, size_t n);
+  int (*test_all)(Comm *c);
+  int (*wait_all)(Comm *c);
 } CommBackend;
 
 // Every backend's handle embeds this as its first member, so a Comm * is also a pointer to the
@@ -27,6 +33,10 @@ struct Comm {
   const CommBackend *backend;
   int rank, world;
   CommStats stats;
+  // Payload of the non-blocking sums started and not yet waited for: their bytes are counted as
+  // one allreduce of the total, so they equal the blocking allreduce's bit for bit (the plan
+  // predicts that one).
+  size_t started_payload_bytes;
 };
 
 // Length of a failure message, reason included.

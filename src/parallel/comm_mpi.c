@@ -1,7 +1,9 @@
 // MPI backend: one replica per process under mpirun. Collectives run on a duplicate of
 // MPI_COMM_WORLD whose error handler returns error codes, so an MPI error becomes a comm_abort
 // with a message saying which collective failed and why. Only the thread that created the handle
-// calls MPI (MPI_THREAD_FUNNELED): OpenMP threads compute, they never communicate.
+// calls MPI (MPI_THREAD_FUNNELED): OpenMP threads compute, they never communicate. With no
+// progress thread, non-blocking sums advance only while that thread is inside an MPI call, which
+// is why comm_test_all exists.
 #include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -15,6 +17,8 @@ typedef struct {
   MPI_Comm comm;
   unsigned long long *gathered_counts;  // [world] allgather: floats contributed by each rank
   int *recv_counts, *displs;            // [world] the same, and offsets, as MPI wants them
+  MPI_Request *started;                 // [cap_started] non-blocking sums not yet waited for
+  int n_started, cap_started;
   char failure[COMM_FAILURE_CHARS];
 } MpiComm;
 
@@ -84,6 +88,39 @@ static int mpi_allreduce_sum_f64(Comm *c, double *buf, size_t n) {
                "allreduce_sum_f64: MPI_Allreduce");
 }
 
+static int mpi_iallreduce_sum_f32(Comm *c, float *buf, size_t n) {
+  MpiComm *m = mpi_of(c);
+  if (!fits_int(c, n, "iallreduce_sum")) return -1;
+  if (m->n_started == m->cap_started) {
+    m->cap_started = m->cap_started ? 2 * m->cap_started : 16;
+    m->started = realloc(m->started, sizeof *m->started * (size_t)m->cap_started);
+    if (!m->started) TL_DIE("out of memory for %d MPI requests", m->cap_started);
+  }
+  MPI_Request *request = &m->started[m->n_started];
+  if (check(c, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, m->comm, request),
+            "iallreduce_sum: MPI_Iallreduce"))
+    return -1;
+  m->n_started++;
+  return 0;
+}
+
+static int mpi_test_all(Comm *c) {
+  MpiComm *m = mpi_of(c);
+  int all_done = 0;
+  if (check(c, MPI_Testall(m->n_started, m->started, &all_done, MPI_STATUSES_IGNORE),
+            "iallreduce_sum: MPI_Testall"))
+    return -1;
+  if (all_done) m->n_started = 0;
+  return 0;
+}
+
+static int mpi_wait_all(Comm *c) {
+  MpiComm *m = mpi_of(c);
+  int rc = MPI_Waitall(m->n_started, m->started, MPI_STATUSES_IGNORE);
+  m->n_started = 0;
+  return check(c, rc, "iallreduce_sum: MPI_Waitall");
+}
+
 static int mpi_allgather(Comm *c, const float *local, size_t n_local, float *out, size_t *offset,
                          size_t *total_count) {
   MpiComm *m = mpi_of(c);
@@ -126,10 +163,13 @@ static const char *mpi_failure(const Comm *c) {
 
 static void mpi_destroy(Comm *c) {
   MpiComm *m = mpi_of(c);
+  // MPI_Finalize must not find a request still pending.
+  if (m->n_started) mpi_wait_all(c);
   MPI_Comm_free(&m->comm);
   free(m->gathered_counts);
   free(m->recv_counts);
   free(m->displs);
+  free(m->started);
   free(m);
   live_handles--;
   release_mpi();
@@ -145,6 +185,9 @@ static const CommBackend mpi_backend = {
     .abort = mpi_abort,
     .failure = mpi_failure,
     .destroy = mpi_destroy,
+    .iallreduce_sum_f32 = mpi_iallreduce_sum_f32,
+    .test_all = mpi_test_all,
+    .wait_all = mpi_wait_all,
 };
 
 Comm *comm_mpi_create(int *argc, char ***argv) {

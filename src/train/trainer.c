@@ -16,6 +16,7 @@
 #include "eval/monitor.h"
 #include "objectives/objective.h"
 #include "parallel/comm.h"
+#include "parallel/grad_sync.h"
 #include "train/checkpoint.h"
 #include "train/optim.h"
 
@@ -185,6 +186,10 @@ static void *replica_main(void *arg) {
                       run->total_steps, rank == 0 ? run->opt->out_dir : NULL};
   Objective *obj = run->def->create(&env);
   Optimizer *optim = obj ? optim_create_from_config(cfg, &ps) : NULL;
+  // Where the backend can, gradient averaging overlaps backward (parallel/grad_sync.h).
+  GradSync *grad_sync = obj && world > 1 && comm_has_async(comm)
+                            ? grad_sync_create(comm, &ps, GRAD_SYNC_BUCKET_BYTES)
+                            : NULL;
   Loader loader;
   int loader_ok = 0;
   if (!obj || !optim) {
@@ -220,12 +225,23 @@ static void *replica_main(void *arg) {
   }
   comm_barrier(comm);
 
-  // Fault injection for tests of the divergence path: the loss of this step is replaced by NaN.
+  // Fault injection for the tests of failure paths. TALLY_INJECT_NAN_AT_STEP=S: the loss of
+  // step S becomes NaN. TALLY_INJECT_FAIL=R:S: replica R fails at step S, as a killed process
+  // (MPI) or a replica that reports an error (local threads).
   const char *inject = getenv("TALLY_INJECT_NAN_AT_STEP");
   const long nan_step = inject ? strtol(inject, NULL, 10) : -1;
+  int fail_rank = -1;
+  long fail_step = -1;
+  const char *inject_fail = getenv("TALLY_INJECT_FAIL");
+  if (inject_fail && sscanf(inject_fail, "%d:%ld", &fail_rank, &fail_step) != 2) fail_rank = -1;
   double t_train0 = now_ms(), images_done = 0, last_log_ms = t_train0;
   int last_log_step = 0;
   for (int step = 0; step < run->total_steps && !comm_failed(comm); step++) {
+    if (rank == fail_rank && step == fail_step) {
+      if (strcmp(comm_backend(comm), "mpi") == 0) _exit(9);
+      comm_abort(comm, "replica failed (injected fault)");
+      break;
+    }
     double t0 = now_ms();
     LedgerRecord rec = {0};
     const Batch *batch = loader_next(&loader, &rec.data_ms);
@@ -237,6 +253,7 @@ static void *replica_main(void *arg) {
                           cfg->optim.schedule);
     dnnl_ctx_reset_flops(&ctx);
     comm_stats_reset(comm);
+    if (grad_sync) grad_sync_begin(grad_sync, batch->n, run->global_batch);
     double loss = run->def->step(obj, batch, &rec);
     if (step == nan_step) loss = NAN;
     if (comm_failed(comm)) break;
@@ -250,7 +267,10 @@ static void *replica_main(void *arg) {
       break;
     }
     double t1 = now_ms();
-    comm_allreduce_weighted(comm, ps.grad, ps.count, (double)batch->n);
+    if (grad_sync)
+      grad_sync_finish(grad_sync);
+    else
+      comm_allreduce_weighted(comm, ps.grad, ps.count, (double)batch->n);
     double t2 = now_ms();
     optim_step(optim, lr);
     if (world > 1) average_buffers(comm, &ps, batch->n);
@@ -348,6 +368,7 @@ static void *replica_main(void *arg) {
     }
   }
   if (loader_ok) loader_destroy(&loader);
+  grad_sync_destroy(grad_sync);
   if (optim) optim_destroy(optim);
   if (obj) run->def->destroy(obj);
   paramset_free(&ps);
