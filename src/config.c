@@ -113,6 +113,7 @@ static const KeySpec recipe_keys[] = {
     TEXT_KEY(RECIPE(parallel, backend), "local", "local|mpi"),
     INT_KEY(RECIPE(parallel, replicas), "1", 1, CONFIG_MAX_REPLICAS),
     INT_KEY(RECIPE(parallel, checksum_every), "50", 1, INT_MAX),
+    INT_KEY(RECIPE(parallel, bucket_kib), "1024", 1, 1048576),
     TEXT_KEY(RECIPE(parallel, shard_weights), "", NULL),
 
     INT_KEY(RECIPE(eval, knn_k), "200", 1, 100000),

@@ -94,6 +94,7 @@ typedef struct {
     char backend[16];     // local | mpi
     int replicas;         // 1 (local backend)
     int checksum_every;   // 50
+    int bucket_kib;       // 1024: gradient buckets summed while backward runs (MPI)
     char shard_weights[128];  // "" = even split; e.g. "1,3" for tests
   } parallel;
 

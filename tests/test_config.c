@@ -124,6 +124,7 @@ static void defaults_match_the_header(void **state) {
   assert_string_equal(c.parallel.backend, "local");
   assert_int_equal(c.parallel.replicas, 1);
   assert_int_equal(c.parallel.checksum_every, 50);
+  assert_int_equal(c.parallel.bucket_kib, 1024);
   assert_string_equal(c.parallel.shard_weights, "");
   assert_int_equal(c.eval.knn_k, 200);
   assert_true(c.eval.knn_temperature == 0.1f);
@@ -450,6 +451,7 @@ static const char *const every_key[][2] = {
     {"parallel.backend", "mpi"},
     {"parallel.replicas", "2"},
     {"parallel.checksum_every", "10"},
+    {"parallel.bucket_kib", "256"},
     {"parallel.shard_weights", "1,3"},
     {"eval.knn_k", "20"},
     {"eval.knn_temperature", "0.07"},

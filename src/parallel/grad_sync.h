@@ -20,7 +20,6 @@
 #include "core/params.h"
 #include "parallel/comm.h"
 
-enum { GRAD_SYNC_BUCKET_BYTES = 4 << 20 };  // the default bucket size
 
 typedef struct GradSync GradSync;
 

@@ -188,7 +188,7 @@ static void *replica_main(void *arg) {
   Optimizer *optim = obj ? optim_create_from_config(cfg, &ps) : NULL;
   // Where the backend can, gradient averaging overlaps backward (parallel/grad_sync.h).
   GradSync *grad_sync = obj && world > 1 && comm_has_async(comm)
-                            ? grad_sync_create(comm, &ps, GRAD_SYNC_BUCKET_BYTES)
+                            ? grad_sync_create(comm, &ps, (size_t)cfg->parallel.bucket_kib * 1024)
                             : NULL;
   Loader loader;
   int loader_ok = 0;
