@@ -13,6 +13,7 @@ void dnnl_ctx_init(DnnlCtx *ctx) {
 }
 
 void dnnl_ctx_destroy(DnnlCtx *ctx) {
+  if (ctx->scratchpad_mem) dnnl_memory_destroy(ctx->scratchpad_mem);
   tl_free(ctx->scratchpad);
   dnnl_stream_destroy(ctx->stream);
   dnnl_engine_destroy(ctx->engine);
@@ -64,6 +65,13 @@ void dnnl_ctx_reserve_scratchpad(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd) {
   tl_free(ctx->scratchpad);
   ctx->scratchpad = tl_alloc(need, ctx->scratchpad_category, COMP_OTHER);
   ctx->scratchpad_bytes = need;
+  // One memory object for the buffer, made here rather than at every execution: a primitive
+  // uses the first bytes it asked for.
+  if (ctx->scratchpad_mem) dnnl_memory_destroy(ctx->scratchpad_mem);
+  dnnl_memory_desc_t whole;
+  dnnl_dims_t dims = {(dnnl_dim_t)need};
+  DNNL_CHECK(dnnl_memory_desc_init_by_tag(&whole, 1, dims, dnnl_u8, dnnl_a));
+  DNNL_CHECK(dnnl_memory_create(&ctx->scratchpad_mem, &whole, ctx->engine, ctx->scratchpad));
 }
 
 dnnl_memory_t dnnl_mem_new(DnnlCtx *ctx, const dnnl_memory_desc_t *md) {
@@ -101,16 +109,13 @@ void dnnl_ctx_exec(DnnlCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_des
   TL_ASSERT(nargs < MAX_ARGS);
   dnnl_exec_arg_t all[MAX_ARGS];
   memcpy(all, args, sizeof(dnnl_exec_arg_t) * (size_t)nargs);
-  dnnl_memory_t scratch = NULL;
   dnnl_memory_desc_t smd = dnnl_pd_md(pd, dnnl_query_scratchpad_md, 0);
   if (dnnl_md_bytes(&smd) > 0) {
     TL_ASSERT(dnnl_md_bytes(&smd) <= ctx->scratchpad_bytes);
-    DNNL_CHECK(dnnl_memory_create(&scratch, &smd, ctx->engine, ctx->scratchpad));
-    all[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, scratch};
+    all[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, ctx->scratchpad_mem};
   }
   DNNL_CHECK(dnnl_primitive_execute(prim, ctx->stream, nargs, all));
   DNNL_CHECK(dnnl_stream_wait(ctx->stream));
-  if (scratch) dnnl_memory_destroy(scratch);
 }
 
 void dnnl_reorder_init(DnnlReorder *r, DnnlCtx *ctx, const dnnl_memory_desc_t *src_md,
