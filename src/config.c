@@ -120,7 +120,7 @@ static const KeySpec recipe_keys[] = {
     FLOAT_KEY(RECIPE(eval, knn_temperature), "0.1", 0, 100, OPEN_MIN),
     INT_KEY(RECIPE(eval, knn_every_epochs), "1", 1, INT_MAX),
     INT_KEY(RECIPE(eval, knn_train_limit), "0", 0, INT_MAX),
-    INT_KEY(RECIPE(eval, batch_size), "500", 1, 65536),
+    INT_KEY(RECIPE(eval, batch_size), "128", 1, 65536),
 
     INT_KEY(RECIPE(ledger, every), "1", 1, INT_MAX),
     INT_KEY(RECIPE(ledger, console_every), "10", 1, INT_MAX),

@@ -103,7 +103,7 @@ typedef struct {
     float knn_temperature;  // 0.1
     int knn_every_epochs;   // 1
     int knn_train_limit;    // 0 = the whole training set as the memory bank
-    int batch_size;         // 500, forward-only evaluation batch
+    int batch_size;         // 128, forward-only evaluation batch (its activations are eval memory)
   } eval;
 
   struct {

@@ -130,7 +130,7 @@ static void defaults_match_the_header(void **state) {
   assert_true(c.eval.knn_temperature == 0.1f);
   assert_int_equal(c.eval.knn_every_epochs, 1);
   assert_int_equal(c.eval.knn_train_limit, 0);
-  assert_int_equal(c.eval.batch_size, 500);
+  assert_int_equal(c.eval.batch_size, 128);
   assert_int_equal(c.ledger.every, 1);
   assert_int_equal(c.ledger.console_every, 10);
   // The spec defaults are resnet-small's, without reading the file.
