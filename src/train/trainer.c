@@ -164,215 +164,281 @@ static int write_summary(Run *run) {
   return 0;
 }
 
-static void *replica_main(void *arg) {
-  Replica *rep = arg;
-  Run *run = rep->run;
-  const Config *cfg = run->cfg;
-  const int rank = rep->rank, world = run->world;
-  Comm *comm = rep->comm;
-  int ncores = omp_get_num_procs();
-  omp_set_num_threads(ncores / world > 0 ? ncores / world : 1);
+// Faults injected by tests of the failure paths. TALLY_INJECT_NAN_AT_STEP=S: the loss of step S
+// becomes NaN. TALLY_INJECT_FAIL=R:S: replica R fails at step S, as a killed process (MPI) or a
+// replica that reports an error (local threads).
+typedef struct {
+  long nan_step;
+  int fail_rank;
+  long fail_step;
+} Faults;
 
+static Faults faults_from_env(void) {
+  Faults f = {-1, -1, -1};
+  const char *nan = getenv("TALLY_INJECT_NAN_AT_STEP");
+  if (nan) f.nan_step = strtol(nan, NULL, 10);
+  const char *fail = getenv("TALLY_INJECT_FAIL");
+  if (fail && sscanf(fail, "%d:%ld", &f.fail_rank, &f.fail_step) != 2) f.fail_rank = -1;
+  return f;
+}
+
+// One replica's training state.
+typedef struct {
+  Run *run;
+  const Config *cfg;
+  int rank, world;
+  Comm *comm;
   DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
-  int offset, local_batch;
-  loader_shard(run->global_batch, rank, world, run->has_shard_sizes ? run->shard_sizes : NULL,
-               &offset, &local_batch);
-
-  // Every replica initializes from the same seed, so all start identical.
   ParamSet ps;
-  paramset_alloc(&ps, run->def->param_count(cfg), cfg->train.seed);
-  ObjectiveEnv env = {cfg,          &ctx,          comm, &ps, local_batch, run->global_batch,
-                      run->total_steps, rank == 0 ? run->opt->out_dir : NULL};
-  Objective *obj = run->def->create(&env);
-  Optimizer *optim = obj ? optim_create_from_config(cfg, &ps) : NULL;
-  // Where the backend can, gradient averaging overlaps backward (parallel/grad_sync.h).
-  GradSync *grad_sync = obj && world > 1 && comm_has_async(comm)
-                            ? grad_sync_create(comm, &ps, (size_t)cfg->parallel.bucket_kib * 1024)
-                            : NULL;
+  Objective *obj;
+  Optimizer *optim;
+  GradSync *grad_sync;  // overlapped gradient averaging, where the backend can
   Loader loader;
-  int loader_ok = 0;
-  if (!obj || !optim) {
-    comm_abort(comm, tl_last_error());
-  } else if (loader_init(&loader, &run->train, &run->aug, run->def->n_views, run->global_batch,
-                         cfg->train.seed, rank, world,
-                         run->has_shard_sizes ? run->shard_sizes : NULL, 0) != 0) {
-    comm_abort(comm, tl_last_error());
-  } else {
-    loader_ok = 1;
-  }
+  int loader_ok;
+  KnnMonitor mon;  // rank 0
+  int use_knn;
+  FILE *jsonl, *csv;  // rank 0
+  Faults faults;
+  double train_start_ms, images_done, last_log_ms;
+  int last_log_step;
+} ReplicaState;
 
-  KnnMonitor mon;
-  FILE *jsonl = NULL, *csv = NULL;
-  const int use_knn = rank == 0 && loader_ok && !run->opt->no_knn;
-  if (use_knn) {
-    knn_monitor_init(&mon, cfg, &run->train, &run->test, &run->aug, ps.data);
-    run->knn_raw = knn_monitor_raw_pixels(&mon);
+// Builds the replica's model, optimizer and loader; rank 0 also its monitor and ledger files.
+// A failure aborts the collective group, so every replica stops.
+static void replica_open(ReplicaState *r) {
+  Run *run = r->run;
+  const Config *cfg = r->cfg;
+  dnnl_ctx_init(&r->ctx);
+  int offset, local_batch;
+  const int *shards = run->has_shard_sizes ? run->shard_sizes : NULL;
+  loader_shard(run->global_batch, r->rank, r->world, shards, &offset, &local_batch);
+  // Every replica initializes from the same seed, so all start identical.
+  paramset_alloc(&r->ps, run->def->param_count(cfg), cfg->train.seed);
+  ObjectiveEnv env = {cfg,          &r->ctx,          r->comm, &r->ps, local_batch, run->global_batch,
+                      run->total_steps, r->rank == 0 ? run->opt->out_dir : NULL};
+  r->obj = run->def->create(&env);
+  r->optim = r->obj ? optim_create_from_config(cfg, &r->ps) : NULL;
+  if (r->obj && r->world > 1 && comm_has_async(r->comm))
+    r->grad_sync = grad_sync_create(r->comm, &r->ps, (size_t)cfg->parallel.bucket_kib * 1024);
+  if (!r->obj || !r->optim) {
+    comm_abort(r->comm, tl_last_error());
+  } else if (loader_init(&r->loader, &run->train, &run->aug, run->def->n_views, run->global_batch,
+                         cfg->train.seed, r->rank, r->world, shards, 0) != 0) {
+    comm_abort(r->comm, tl_last_error());
+  } else {
+    r->loader_ok = 1;
+  }
+  if (r->rank != 0 || !r->loader_ok) return;
+  r->use_knn = !run->opt->no_knn;
+  if (r->use_knn) {
+    knn_monitor_init(&r->mon, cfg, &run->train, &run->test, &run->aug, r->ps.data);
+    run->knn_raw = knn_monitor_raw_pixels(&r->mon);
     print_knn("raw pixels (baseline):", run->knn_raw);
     record_eval(run, "raw_pixels", 0, run->knn_raw);
     if (run->opt->knn_at_start) {
-      run->knn_start = knn_monitor_run(&mon);
+      run->knn_start = knn_monitor_run(&r->mon);
       run->knn_start_done = 1;
       print_knn("untrained encoder:", run->knn_start);
       record_eval(run, "encoder", 0, run->knn_start);
     }
   }
-  if (rank == 0 && loader_ok) {
-    jsonl = fopen(run->path_jsonl, "w");
-    csv = fopen(run->path_csv, "w");
-    if (!jsonl || !csv) comm_abort(comm, "cannot create ledger files in the run folder");
-    else ledger_write_csv_header(csv);
+  r->jsonl = fopen(run->path_jsonl, "w");
+  r->csv = fopen(run->path_csv, "w");
+  if (!r->jsonl || !r->csv)
+    comm_abort(r->comm, "cannot create ledger files in the run folder");
+  else
+    ledger_write_csv_header(r->csv);
+}
+
+// The step's phase times, for the ledger.
+typedef struct {
+  double start, computed, averaged, updated;
+} StepTimes;
+
+// Load, encode, compare, backward, average, update. Returns 0 to go on, 1 to stop (a failure or
+// a non-finite loss; the reason is recorded).
+static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, double *loss,
+                      const Batch **batch_out, StepTimes *t) {
+  Run *run = r->run;
+  if (r->rank == r->faults.fail_rank && step == r->faults.fail_step) {
+    if (strcmp(comm_backend(r->comm), "mpi") == 0) _exit(9);
+    comm_abort(r->comm, "replica failed (injected fault)");
+    return 1;
   }
-  comm_barrier(comm);
+  t->start = now_ms();
+  const Batch *batch = loader_next(&r->loader, &rec->data_ms);
+  if (!batch) {
+    comm_abort(r->comm, tl_last_error());
+    return 1;
+  }
+  *batch_out = batch;
+  dnnl_ctx_reset_flops(&r->ctx);
+  comm_stats_reset(r->comm);
+  if (r->grad_sync) grad_sync_begin(r->grad_sync, batch->n, run->global_batch);
+  *loss = run->def->step(r->obj, batch, rec);
+  if (step == r->faults.nan_step) *loss = NAN;
+  if (comm_failed(r->comm)) return 1;
+  // The loss is global, so every replica sees the same value and stops at the same step.
+  if (!isfinite(*loss)) {
+    if (r->rank == 0) {
+      fprintf(stderr,
+              "tally: step %d: loss is %g; stopping. The last good checkpoint (%s) is kept.\n",
+              step, *loss, run->path_ckpt);
+      run->exit_code = 3;
+    }
+    return 1;
+  }
+  t->computed = now_ms();
+  if (r->grad_sync)
+    grad_sync_finish(r->grad_sync);
+  else
+    comm_allreduce_weighted(r->comm, r->ps.grad, r->ps.count, (double)batch->n);
+  t->averaged = now_ms();
+  optim_step(r->optim, lr);
+  if (r->world > 1) average_buffers(r->comm, &r->ps, batch->n);
+  if (run->def->after_update) run->def->after_update(r->obj, batch, rec);
+  t->updated = now_ms();
+  if (r->world > 1 && r->cfg->parallel.checksum_every > 0 &&
+      (step + 1) % r->cfg->parallel.checksum_every == 0) {
+    int differs = check_replicas_identical(r->comm, &r->ps);
+    if (differs >= 0) {
+      char why[160];
+      snprintf(why, sizeof why,
+               "step %d: replica %d's parameters differ from replica 0's; stopping", step, differs);
+      comm_abort(r->comm, why);
+      return 1;
+    }
+  }
+  r->images_done += run->global_batch;
+  return 0;
+}
 
-  // Fault injection for the tests of failure paths. TALLY_INJECT_NAN_AT_STEP=S: the loss of
-  // step S becomes NaN. TALLY_INJECT_FAIL=R:S: replica R fails at step S, as a killed process
-  // (MPI) or a replica that reports an error (local threads).
-  const char *inject = getenv("TALLY_INJECT_NAN_AT_STEP");
-  const long nan_step = inject ? strtol(inject, NULL, 10) : -1;
-  int fail_rank = -1;
-  long fail_step = -1;
-  const char *inject_fail = getenv("TALLY_INJECT_FAIL");
-  if (inject_fail && sscanf(inject_fail, "%d:%ld", &fail_rank, &fail_step) != 2) fail_rank = -1;
-  double t_train0 = now_ms(), images_done = 0, last_log_ms = t_train0;
-  int last_log_step = 0;
-  for (int step = 0; step < run->total_steps && !comm_failed(comm); step++) {
-    if (rank == fail_rank && step == fail_step) {
-      if (strcmp(comm_backend(comm), "mpi") == 0) _exit(9);
-      comm_abort(comm, "replica failed (injected fault)");
-      break;
-    }
-    double t0 = now_ms();
-    LedgerRecord rec = {0};
-    const Batch *batch = loader_next(&loader, &rec.data_ms);
-    if (!batch) {
-      comm_abort(comm, tl_last_error());
-      break;
-    }
-    float lr = lr_at_step(cfg->optim.lr, step, cfg->optim.warmup_steps, run->total_steps,
-                          cfg->optim.schedule);
-    dnnl_ctx_reset_flops(&ctx);
-    comm_stats_reset(comm);
-    if (grad_sync) grad_sync_begin(grad_sync, batch->n, run->global_batch);
-    double loss = run->def->step(obj, batch, &rec);
-    if (step == nan_step) loss = NAN;
-    if (comm_failed(comm)) break;
-    if (!isfinite(loss)) {
-      if (rank == 0) {
-        fprintf(stderr,
-                "tally: step %d: loss is %g; stopping. The last good checkpoint (%s) is kept.\n",
-                step, loss, run->path_ckpt);
-        run->exit_code = 3;
-      }
-      break;
-    }
-    double t1 = now_ms();
-    if (grad_sync)
-      grad_sync_finish(grad_sync);
-    else
-      comm_allreduce_weighted(comm, ps.grad, ps.count, (double)batch->n);
-    double t2 = now_ms();
-    optim_step(optim, lr);
-    if (world > 1) average_buffers(comm, &ps, batch->n);
-    if (run->def->after_update) run->def->after_update(obj, batch, &rec);
-    double t3 = now_ms();
-    if (world > 1 && cfg->parallel.checksum_every > 0 &&
-        (step + 1) % cfg->parallel.checksum_every == 0) {
-      int r = check_replicas_identical(comm, &ps);
-      if (r >= 0) {
-        char why[160];
-        snprintf(why, sizeof why,
-                 "step %d: replica %d's parameters differ from replica 0's; stopping", step, r);
-        comm_abort(comm, why);
-        break;
-      }
-    }
-    images_done += run->global_batch;
+// The trainer's part of the ledger record: identity, memory, FLOPs, communication and time.
+static void account_step(ReplicaState *r, int step, float lr, double loss, const Batch *batch,
+                         const StepTimes *t, LedgerRecord *rec) {
+  Run *run = r->run;
+  CommStats cs = comm_stats(r->comm);
+  rec->step = step;
+  rec->epoch = step / run->steps_per_epoch;
+  rec->objective = run->def->name;
+  rec->replicas = r->world;
+  rec->lr = lr;
+  rec->loss = loss;
+  fill_memory(rec);
+  for (int c = 0; c < COMP_NCOMP; c++) {
+    rec->flops_forward_by[c] = r->ctx.flops_forward[c];
+    rec->flops_backward_by[c] = r->ctx.flops_backward[c];
+    rec->flops_forward += r->ctx.flops_forward[c];
+    rec->flops_backward += r->ctx.flops_backward[c];
+  }
+  rec->comm_allreduce_bytes = cs.bytes[COLL_ALLREDUCE];
+  rec->comm_allgather_bytes = cs.bytes[COLL_ALLGATHER];
+  rec->comm_bytes = cs.bytes[COLL_ALLREDUCE] + cs.bytes[COLL_ALLGATHER] + cs.bytes[COLL_BROADCAST];
+  rec->comm_ms = cs.ms[COLL_ALLREDUCE] + cs.ms[COLL_ALLGATHER] + cs.ms[COLL_BROADCAST];
+  rec->shard_samples = batch->n;
+  rec->shard_weight = (double)batch->n / run->global_batch;
+  rec->optimizer_ms = t->updated - t->averaged;
+  rec->step_ms = t->updated - t->start;
+  rec->images_per_s = run->global_batch / (rec->step_ms / 1e3);
+  if (step % r->cfg->ledger.every == 0 && r->jsonl) {
+    ledger_write_json(r->jsonl, rec);
+    ledger_write_csv(r->csv, rec);
+  }
+  run->final_loss = loss;
+}
 
-    if (rank == 0) {
-      CommStats cs = comm_stats(comm);
-      rec.step = step;
-      rec.epoch = step / run->steps_per_epoch;
-      rec.objective = run->def->name;
-      rec.replicas = world;
-      rec.lr = lr;
-      rec.loss = loss;
-      fill_memory(&rec);
-      for (int c = 0; c < COMP_NCOMP; c++) {
-        rec.flops_forward_by[c] = ctx.flops_forward[c];
-        rec.flops_backward_by[c] = ctx.flops_backward[c];
-        rec.flops_forward += ctx.flops_forward[c];
-        rec.flops_backward += ctx.flops_backward[c];
-      }
-      rec.comm_allreduce_bytes = cs.bytes[COLL_ALLREDUCE];
-      rec.comm_allgather_bytes = cs.bytes[COLL_ALLGATHER];
-      rec.comm_bytes = cs.bytes[COLL_ALLREDUCE] + cs.bytes[COLL_ALLGATHER] + cs.bytes[COLL_BROADCAST];
-      rec.comm_ms = cs.ms[COLL_ALLREDUCE] + cs.ms[COLL_ALLGATHER] + cs.ms[COLL_BROADCAST];
-      rec.shard_samples = batch->n;
-      rec.shard_weight = (double)batch->n / run->global_batch;
-      rec.optimizer_ms = t3 - t2;
-      rec.step_ms = t3 - t0;
-      rec.images_per_s = run->global_batch / (rec.step_ms / 1e3);
-      if (step % cfg->ledger.every == 0 && jsonl) {
-        ledger_write_json(jsonl, &rec);
-        ledger_write_csv(csv, &rec);
-      }
-      run->final_loss = loss;
-      int last = step + 1 == run->total_steps;
-      if (!run->opt->quiet && ((step + 1) % cfg->train.log_every == 0 || last || step == 0)) {
-        double now = now_ms();
-        double per_step_ms = step == 0 ? rec.step_ms : (now - last_log_ms) / (step - last_log_step);
-        double rate = run->global_batch / (per_step_ms / 1e3);
-        char eta[32];
-        format_duration((run->total_steps - step - 1) * per_step_ms / 1e3, eta, sizeof eta);
-        printf("step %*d/%d  epoch %d  loss %.4f  lr %.4g  %.0f img/s  act %.0f MiB  "
-               "%.1f GFLOP  ETA %s\n",
-               (int)snprintf(NULL, 0, "%d", run->total_steps), step + 1, run->total_steps,
-               rec.epoch + 1, loss, lr, rate, rec.activation_bytes / 1048576.0,
-               (rec.flops_forward + rec.flops_backward) / 1e9, eta);
-        fflush(stdout);
-        last_log_ms = now;
-        last_log_step = step;
-      }
-      (void)t1;
-    }
+// A progress line with the rate since the last line and the ETA it implies.
+static void print_progress(ReplicaState *r, int step, const LedgerRecord *rec) {
+  Run *run = r->run;
+  int last = step + 1 == run->total_steps;
+  if (run->opt->quiet || !((step + 1) % r->cfg->train.log_every == 0 || last || step == 0)) return;
+  double now = now_ms();
+  double per_step_ms =
+      step == 0 ? rec->step_ms : (now - r->last_log_ms) / (step - r->last_log_step);
+  char eta[32];
+  format_duration((run->total_steps - step - 1) * per_step_ms / 1e3, eta, sizeof eta);
+  printf("step %*d/%d  epoch %d  loss %.4f  lr %.4g  %.0f img/s  act %.0f MiB  %.1f GFLOP  ETA %s\n",
+         (int)snprintf(NULL, 0, "%d", run->total_steps), step + 1, run->total_steps,
+         rec->epoch + 1, rec->loss, rec->lr, run->global_batch / (per_step_ms / 1e3),
+         rec->activation_bytes / 1048576.0, (rec->flops_forward + rec->flops_backward) / 1e9, eta);
+  fflush(stdout);
+  r->last_log_ms = now;
+  r->last_log_step = step;
+}
 
-    int epoch_end = (step + 1) % run->steps_per_epoch == 0;
+// At an epoch's end (and the run's): checkpoint and, when due, the kNN monitor (rank 0); every
+// replica waits for it.
+static void end_of_epoch(ReplicaState *r, int step) {
+  Run *run = r->run;
+  int epoch_end = (step + 1) % run->steps_per_epoch == 0;
+  int last = step + 1 == run->total_steps;
+  if (!epoch_end && !last) return;
+  if (r->rank == 0) {
+    run->train_seconds = (now_ms() - r->train_start_ms) / 1e3;
+    run->images_per_s = r->images_done / run->train_seconds;
+    run->steps_done = step + 1;
+    if (checkpoint_save(run->path_ckpt, step + 1, r->ps.data, r->ps.count) != 0)
+      fprintf(stderr, "tally: %s\n", tl_last_error());
     int epoch = (step + 1) / run->steps_per_epoch;
-    int last = step + 1 == run->total_steps;
-    if (epoch_end || last) {
-      if (rank == 0) {
-        run->train_seconds = (now_ms() - t_train0) / 1e3;
-        run->images_per_s = images_done / run->train_seconds;
-        run->steps_done = step + 1;
-        if (checkpoint_save(run->path_ckpt, step + 1, ps.data, ps.count) != 0)
-          fprintf(stderr, "tally: %s\n", tl_last_error());
-        if (use_knn && (last || (epoch_end && epoch % cfg->eval.knn_every_epochs == 0))) {
-          double te = now_ms();
-          evaluate(run, &mon, step + 1);
-          t_train0 += now_ms() - te;  // evaluation time is not training time
-        }
-      }
-      comm_barrier(comm);
+    if (r->use_knn && (last || (epoch_end && epoch % r->cfg->eval.knn_every_epochs == 0))) {
+      double te = now_ms();
+      evaluate(run, &r->mon, step + 1);
+      r->train_start_ms += now_ms() - te;  // evaluation time is not training time
     }
   }
+  comm_barrier(r->comm);
+}
 
-  if (rank == 0) {
-    if (jsonl) fclose(jsonl);
-    if (csv) fclose(csv);
-    if (use_knn) knn_monitor_destroy(&mon);
+static void replica_close(ReplicaState *r) {
+  Run *run = r->run;
+  if (r->rank == 0) {
+    if (r->jsonl) fclose(r->jsonl);
+    if (r->csv) fclose(r->csv);
+    if (r->use_knn) knn_monitor_destroy(&r->mon);
     run->peak_rss = tl_peak_rss_bytes();
-    if (comm_failed(comm) && run->exit_code == 0) {
-      fprintf(stderr, "tally: %s\n", comm_failure(comm));
+    if (comm_failed(r->comm) && run->exit_code == 0) {
+      fprintf(stderr, "tally: %s\n", comm_failure(r->comm));
       run->exit_code = 1;
     }
   }
-  if (loader_ok) loader_destroy(&loader);
-  grad_sync_destroy(grad_sync);
-  if (optim) optim_destroy(optim);
-  if (obj) run->def->destroy(obj);
-  paramset_free(&ps);
-  dnnl_ctx_destroy(&ctx);
+  if (r->loader_ok) loader_destroy(&r->loader);
+  grad_sync_destroy(r->grad_sync);
+  if (r->optim) optim_destroy(r->optim);
+  if (r->obj) run->def->destroy(r->obj);
+  paramset_free(&r->ps);
+  dnnl_ctx_destroy(&r->ctx);
+}
+
+static void *replica_main(void *arg) {
+  Replica *rep = arg;
+  Run *run = rep->run;
+  ReplicaState *r = calloc(1, sizeof *r);
+  if (!r) TL_DIE("out of memory");
+  *r = (ReplicaState){.run = run, .cfg = run->cfg, .rank = rep->rank, .world = run->world,
+                      .comm = rep->comm, .faults = faults_from_env()};
+  int ncores = omp_get_num_procs();
+  omp_set_num_threads(ncores / r->world > 0 ? ncores / r->world : 1);
+
+  replica_open(r);
+  comm_barrier(r->comm);
+  r->train_start_ms = r->last_log_ms = now_ms();
+  for (int step = 0; step < run->total_steps && !comm_failed(r->comm); step++) {
+    const Config *cfg = r->cfg;
+    float lr = lr_at_step(cfg->optim.lr, step, cfg->optim.warmup_steps, run->total_steps,
+                          cfg->optim.schedule);
+    LedgerRecord rec = {0};
+    StepTimes t;
+    const Batch *batch = NULL;
+    double loss;
+    if (train_step(r, step, lr, &rec, &loss, &batch, &t)) break;
+    if (r->rank == 0) {
+      account_step(r, step, lr, loss, batch, &t, &rec);
+      print_progress(r, step, &rec);
+    }
+    end_of_epoch(r, step);
+  }
+  replica_close(r);
+  free(r);
   return NULL;
 }
 
