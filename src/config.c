@@ -568,7 +568,9 @@ void config_defaults(Config *cfg) {
 
 static char search_root[CONFIG_PATH_MAX];
 
-void config_set_search_root(const char *dir) { snprintf(search_root, sizeof search_root, "%s", dir); }
+void config_set_search_root(const char *dir) {
+  snprintf(search_root, sizeof search_root, "%s", dir);
+}
 
 int config_resolve_path(const char *path, char *out, size_t cap) {
   if (path[0] != '/' && access(path, R_OK) != 0 && search_root[0]) {
@@ -710,9 +712,10 @@ int config_validate(const Config *cfg) {
     return tl_fail("%s: [objective] decoder_dim = %d is not divisible by decoder_heads = %d", where,
                    cfg->objective.decoder_dim, cfg->objective.decoder_heads);
   if (cfg->objective.decoder_dim % 4)
-    return tl_fail("%s: [objective] decoder_dim = %d: must be a multiple of 4 (2-D sin-cos "
-                   "positions)",
-                   where, cfg->objective.decoder_dim);
+    return tl_fail(
+        "%s: [objective] decoder_dim = %d: must be a multiple of 4 (2-D sin-cos "
+        "positions)",
+        where, cfg->objective.decoder_dim);
   if (cfg->eval.knn_train_limit && cfg->eval.knn_k > cfg->eval.knn_train_limit)
     return tl_fail("%s: [eval] knn_k = %d is larger than knn_train_limit = %d", where,
                    cfg->eval.knn_k, cfg->eval.knn_train_limit);

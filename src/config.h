@@ -12,11 +12,11 @@ typedef struct {
   // [backbone] type = resnet | vit
   char type[16];
   // resnet: 3x3 stem, stages of basic residual blocks, global average pool.
-  int stem_channels;                          // 32
-  int n_stages;                               // length of the lists below
-  int stage_channels[CONFIG_MAX_STAGES];      // 32,64,128
-  int stage_blocks[CONFIG_MAX_STAGES];        // 1,1,1
-  int stage_strides[CONFIG_MAX_STAGES];       // 1,2,2
+  int stem_channels;                      // 32
+  int n_stages;                           // length of the lists below
+  int stage_channels[CONFIG_MAX_STAGES];  // 32,64,128
+  int stage_blocks[CONFIG_MAX_STAGES];    // 1,1,1
+  int stage_strides[CONFIG_MAX_STAGES];   // 1,2,2
   // vit: patch embedding, pre-norm transformer blocks, fixed 2-D sin-cos positions, cls token.
   int patch_size;  // 4
   int pad_to;      // 32: images are zero-padded to this size (0 = no padding)
@@ -31,13 +31,13 @@ typedef struct {
   char source_path[CONFIG_PATH_MAX];  // recipe file, "" when built from defaults only
 
   struct {
-    char format[16];                 // idx | imagefolder
-    char train[CONFIG_PATH_MAX];     // IDX images file, or ImageFolder root
+    char format[16];              // idx | imagefolder
+    char train[CONFIG_PATH_MAX];  // IDX images file, or ImageFolder root
     char test[CONFIG_PATH_MAX];
-    int image_size;                  // 28
-    int channels;                    // 1 or 3
-    int limit;                       // 0 = all training images
-    int test_limit;                  // 0 = all test images
+    int image_size;  // 28
+    int channels;    // 1 or 3
+    int limit;       // 0 = all training images
+    int test_limit;  // 0 = all test images
   } data;
 
   struct {
@@ -56,45 +56,45 @@ typedef struct {
   } model;
 
   struct {
-    int batch_size;   // 256, global across replicas
-    int epochs;       // 1
-    int steps;        // 0 = epochs * steps per epoch; > 0 overrides epochs
+    int batch_size;           // 256, global across replicas
+    int epochs;               // 1
+    int steps;                // 0 = epochs * steps per epoch; > 0 overrides epochs
     unsigned long long seed;  // 0
-    int log_every;    // 10 steps between progress lines
+    int log_every;            // 10 steps between progress lines
   } train;
 
   struct {
-    char name[16];        // sgd | lars | adamw
-    float lr;             // peak learning rate (absolute)
-    float momentum;       // 0.9 (sgd, lars)
-    float weight_decay;   // 5e-4
-    int warmup_steps;     // 0
-    char schedule[16];    // cosine | constant
-    float beta1, beta2;   // 0.9, 0.95 (adamw)
-    float eps;            // 1e-8 (adamw)
-    float lars_eta;       // 0.001 trust coefficient
+    char name[16];       // sgd | lars | adamw
+    float lr;            // peak learning rate (absolute)
+    float momentum;      // 0.9 (sgd, lars)
+    float weight_decay;  // 5e-4
+    int warmup_steps;    // 0
+    char schedule[16];   // cosine | constant
+    float beta1, beta2;  // 0.9, 0.95 (adamw)
+    float eps;           // 1e-8 (adamw)
+    float lars_eta;      // 0.001 trust coefficient
   } optim;
 
   struct {
-    float temperature;         // 0.2
-    int queue_size;            // 4096 (moco)
-    float momentum;            // 0.99 (moco key encoder)
+    float temperature;           // 0.2
+    int queue_size;              // 4096 (moco)
+    float momentum;              // 0.99 (moco key encoder)
     char momentum_schedule[16];  // constant | cosine (to 1)
-    int queue_max_age_steps;   // 0 = off
-    int symmetric;             // 0
-    float mask_ratio;          // 0.75 (mae)
-    int norm_pix_loss;         // 1
-    int decoder_dim;           // 64
-    int decoder_depth;         // 1
-    int decoder_heads;         // 4
-    int png_every;             // 0 = never; steps between reconstruction grids
+    int queue_max_age_steps;     // 0 = off
+    int symmetric;               // 0
+    float mask_ratio;            // 0.75 (mae)
+    int norm_pix_loss;           // 1
+    int decoder_dim;             // 64
+    int decoder_depth;           // 1
+    int decoder_heads;           // 4
+    int png_every;               // 0 = never; steps between reconstruction grids
   } objective;
 
   struct {
-    char backend[16];     // local | mpi
-    int replicas;         // 1 (local backend)
-    int checksum_every;   // 50
-    int bucket_kib;       // 1024: gradient buckets summed while backward runs (MPI)
+    char backend[16];         // local | mpi
+    int replicas;             // 1 (local backend)
+    int checksum_every;       // 50
+    int bucket_kib;           // 1024: gradient buckets summed while backward runs (MPI)
     char shard_weights[128];  // "" = even split; e.g. "1,3" for tests
   } parallel;
 

@@ -289,8 +289,8 @@ static int cmd_plan(int argc, char **argv) {
       char have[32];
       plan_format_bytes((double)budget, have, sizeof have);
       if (!json)
-        printf("%s: the largest %s within %s is %ld\n", names[j], plan_budget_key(names[j]),
-               have, value);
+        printf("%s: the largest %s within %s is %ld\n", names[j], plan_budget_key(names[j]), have,
+               value);
     }
     if (plan_build(cfg, names[j], step, &popt, &recs[j], &totals[j]) != 0) {
       fprintf(stderr, "tally: %s: %s\n", names[j], tl_last_error());
@@ -306,8 +306,9 @@ static int cmd_plan(int argc, char **argv) {
   }
   for (int j = 1; j < n; j++)
     if (strcmp(totals[j].backbone, totals[0].backbone) != 0) {
-      printf("note: the columns use different backbones (each objective's own recipe); pass\n"
-             "      --config FILE to compare them on one backbone and dataset\n");
+      printf(
+          "note: the columns use different backbones (each objective's own recipe); pass\n"
+          "      --config FILE to compare them on one backbone and dataset\n");
       break;
     }
   int same_step = 1;

@@ -17,7 +17,6 @@
 #include <stb/stb_image_write.h>
 #include <zlib.h>
 
-
 // Runs `tally ARGS` and returns its exit code; its stdout+stderr is left in `out`.
 static int run(char *out, size_t cap, const char *fmt, ...) {
   char args[2048], cmd[4096];
@@ -111,8 +110,8 @@ static void test_missing_dataset(void **state) {
   char out[8192], dir[300];
   snprintf(dir, sizeof dir, "%s/missing", tmpdir);
   int rc = run(out, sizeof out,
-               "train --set data.train=%s/nope/train-images-idx3-ubyte.gz --out %s --quiet",
-               tmpdir, dir);
+               "train --set data.train=%s/nope/train-images-idx3-ubyte.gz --out %s --quiet", tmpdir,
+               dir);
   assert_int_not_equal(rc, 0);
   assert_non_null(strstr(out, "nope/train-images-idx3-ubyte.gz"));
   assert_non_null(strstr(out, "dataset-fashion-mnist"));

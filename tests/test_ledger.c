@@ -21,7 +21,6 @@
 #include "core/error.h"
 #include "ledger/plan.h"
 
-
 // Small real runs: a slice of Fashion-MNIST, batches of 32. The kNN monitor keeps its default
 // batch of 500, so accounted memory (about 1 GiB, mostly its inference model) dwarfs the fixed
 // part of RSS that no allocator sees (program text, libraries, oneDNN's JIT code, thread stacks).

@@ -60,7 +60,8 @@ static void test_infonce_unusable_is_absent(void **state) {
   l2norm_forward(infonce_ref_zq, q, norms, N, D);
   int kb = 0;
   for (int j = 0; j < K; j++)
-    if (infonce_ref_usable[j]) memcpy(bank_b + D * kb++, infonce_ref_bank + D * j, sizeof(float) * D);
+    if (infonce_ref_usable[j])
+      memcpy(bank_b + D * kb++, infonce_ref_bank + D * j, sizeof(float) * D);
   infonce_init(&all, &ctx, N, K, D, 0.2f);
   infonce_init(&fewer, &ctx, N, kb, D, 0.2f);
   double la = infonce_forward_backward(&all, &ctx, q, infonce_ref_k, infonce_ref_bank,

@@ -84,11 +84,15 @@ static Fixture *fixture_new(const char *objective, const char *backbone) {
   assert_non_null(f->obj);
   Rng r = rng_stream(11, RNG_TEST, 0, 0);
   for (size_t i = 0; i < sizeof f->views / sizeof(float); i++) f->views[i] = rng_normal(&r);
-  f->batch = (Batch){.global_step = 0, .epoch = 0, .n = b, .n_views = f->def->n_views,
-                     .views = f->views, .indices = f->indices, .labels = f->labels};
+  f->batch = (Batch){.global_step = 0,
+                     .epoch = 0,
+                     .n = b,
+                     .n_views = f->def->n_views,
+                     .views = f->views,
+                     .indices = f->indices,
+                     .labels = f->labels};
   return f;
 }
-
 
 static void fixture_free(Fixture *f) {
   f->def->destroy(f->obj);
@@ -118,8 +122,8 @@ static double numeric_grad(Fixture *f, float *x, float eps) {
 // The step's gradient for a sample of every trainable tensor against central differences.
 // GELU is smooth, but a few entries can still sit where the loss curves sharply at the scale
 // of eps; they show up as quotients at eps and eps/2 that disagree with each other, and are
-// counted and skipped (at most a quarter). Gradients near zero are compared on an absolute scale of 1e-2, since float32 losses carry
-// ~1e-4 noise in their difference quotients.
+// counted and skipped (at most a quarter). Gradients near zero are compared on an absolute scale of
+// 1e-2, since float32 losses carry ~1e-4 noise in their difference quotients.
 static void check_step_gradient(Fixture *f, const char *label) {
   step_loss(f);
   float *analytic = malloc(sizeof(float) * f->ps.count);

@@ -144,8 +144,8 @@ static void check_conv(const ConvCase *c) {
   double pass = 2.0 * c->N * OH * OW * c->OC * c->IC * c->K * c->K;
   double bias = c->has_bias ? (double)c->N * OH * OW * c->OC : 0.0;
   assert_float_equal(e.ctx.flops_forward[COMP_ENCODER], pass + bias, 0.5);
-  assert_float_equal(e.ctx.flops_backward[COMP_ENCODER],
-                     (c->need_din ? pass : 0.0) + pass + bias, 0.5);
+  assert_float_equal(e.ctx.flops_backward[COMP_ENCODER], (c->need_din ? pass : 0.0) + pass + bias,
+                     0.5);
 
   LossCtx lc = {conv_fwd, &l, &e.ctx, in, l.out, R, n_out};
   if (c->need_din) expect_grad(&lc, in, l.din, n_in, EPS_LINEAR, "conv din");
@@ -161,28 +161,60 @@ static void check_conv(const ConvCase *c) {
 
 static void test_conv_stride1_pad1_bias(void **state) {
   (void)state;
-  check_conv(&(ConvCase){.N = 2, .IC = 3, .IH = 5, .IW = 5, .OC = 4, .K = 3, .stride = 1,
-                         .pad = 1, .has_bias = 1, .need_din = 1});
+  check_conv(&(ConvCase){.N = 2,
+                         .IC = 3,
+                         .IH = 5,
+                         .IW = 5,
+                         .OC = 4,
+                         .K = 3,
+                         .stride = 1,
+                         .pad = 1,
+                         .has_bias = 1,
+                         .need_din = 1});
 }
 
 static void test_conv_stride2_pad1_nobias(void **state) {
   (void)state;
-  check_conv(&(ConvCase){.N = 2, .IC = 3, .IH = 6, .IW = 6, .OC = 4, .K = 3, .stride = 2,
-                         .pad = 1, .has_bias = 0, .need_din = 1});
+  check_conv(&(ConvCase){.N = 2,
+                         .IC = 3,
+                         .IH = 6,
+                         .IW = 6,
+                         .OC = 4,
+                         .K = 3,
+                         .stride = 2,
+                         .pad = 1,
+                         .has_bias = 0,
+                         .need_din = 1});
 }
 
 // Non-square, no padding, and a stride that leaves the last input row and column unused.
 static void test_conv_stride2_nopad_uneven(void **state) {
   (void)state;
-  check_conv(&(ConvCase){.N = 3, .IC = 2, .IH = 6, .IW = 5, .OC = 3, .K = 2, .stride = 2,
-                         .pad = 0, .has_bias = 1, .need_din = 1});
+  check_conv(&(ConvCase){.N = 3,
+                         .IC = 2,
+                         .IH = 6,
+                         .IW = 5,
+                         .OC = 3,
+                         .K = 2,
+                         .stride = 2,
+                         .pad = 0,
+                         .has_bias = 1,
+                         .need_din = 1});
 }
 
 // First layer: no input gradient, weight gradients still computed.
 static void test_conv_first_layer_no_din(void **state) {
   (void)state;
-  check_conv(&(ConvCase){.N = 2, .IC = 3, .IH = 5, .IW = 5, .OC = 4, .K = 3, .stride = 1,
-                         .pad = 1, .has_bias = 1, .need_din = 0});
+  check_conv(&(ConvCase){.N = 2,
+                         .IC = 3,
+                         .IH = 5,
+                         .IW = 5,
+                         .OC = 4,
+                         .K = 3,
+                         .stride = 1,
+                         .pad = 1,
+                         .has_bias = 1,
+                         .need_din = 0});
 }
 
 static void test_conv_init_and_infer_mode(void **state) {
@@ -302,16 +334,56 @@ static void check_batchnorm(int N, int C, int H, int W, int relu) {
 // optimized kernels handle differently from the smallest cases above, and the stem (1 channel).
 static void test_conv_training_shapes(void **state) {
   (void)state;
-  check_conv(&(ConvCase){.N = 8, .IC = 4, .IH = 8, .IW = 8, .OC = 4, .K = 3, .stride = 1,
-                         .pad = 1, .has_bias = 0, .need_din = 1});
-  check_conv(&(ConvCase){.N = 8, .IC = 4, .IH = 8, .IW = 8, .OC = 8, .K = 3, .stride = 2,
-                         .pad = 1, .has_bias = 0, .need_din = 1});
-  check_conv(&(ConvCase){.N = 8, .IC = 8, .IH = 6, .IW = 6, .OC = 16, .K = 3, .stride = 1,
-                         .pad = 1, .has_bias = 0, .need_din = 1});
-  check_conv(&(ConvCase){.N = 8, .IC = 1, .IH = 8, .IW = 8, .OC = 4, .K = 3, .stride = 1,
-                         .pad = 1, .has_bias = 0, .need_din = 0});
-  check_conv(&(ConvCase){.N = 8, .IC = 4, .IH = 8, .IW = 8, .OC = 8, .K = 1, .stride = 2,
-                         .pad = 0, .has_bias = 0, .need_din = 1});
+  check_conv(&(ConvCase){.N = 8,
+                         .IC = 4,
+                         .IH = 8,
+                         .IW = 8,
+                         .OC = 4,
+                         .K = 3,
+                         .stride = 1,
+                         .pad = 1,
+                         .has_bias = 0,
+                         .need_din = 1});
+  check_conv(&(ConvCase){.N = 8,
+                         .IC = 4,
+                         .IH = 8,
+                         .IW = 8,
+                         .OC = 8,
+                         .K = 3,
+                         .stride = 2,
+                         .pad = 1,
+                         .has_bias = 0,
+                         .need_din = 1});
+  check_conv(&(ConvCase){.N = 8,
+                         .IC = 8,
+                         .IH = 6,
+                         .IW = 6,
+                         .OC = 16,
+                         .K = 3,
+                         .stride = 1,
+                         .pad = 1,
+                         .has_bias = 0,
+                         .need_din = 1});
+  check_conv(&(ConvCase){.N = 8,
+                         .IC = 1,
+                         .IH = 8,
+                         .IW = 8,
+                         .OC = 4,
+                         .K = 3,
+                         .stride = 1,
+                         .pad = 1,
+                         .has_bias = 0,
+                         .need_din = 0});
+  check_conv(&(ConvCase){.N = 8,
+                         .IC = 4,
+                         .IH = 8,
+                         .IW = 8,
+                         .OC = 8,
+                         .K = 1,
+                         .stride = 2,
+                         .pad = 0,
+                         .has_bias = 0,
+                         .need_din = 1});
 }
 
 static void test_bn_4d(void **state) {

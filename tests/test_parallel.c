@@ -110,10 +110,11 @@ static void test_two_mpi_ranks(void **state) {
   if (!mpiexec || !mpiexec[0]) skip();
   // Open MPI does not free all of its own allocations at MPI_Finalize (inside its dynamically
   // loaded components), so leak checking is off for the ranks under a sanitizer build.
-  int rc = sh("ASAN_OPTIONS=detect_leaks=0 %s --allow-run-as-root --oversubscribe -np 2 %s %s "
-              "--set parallel.backend=mpi "
-              "--out %s/mpi2 > %s/mpi2.log 2>&1",
-              mpiexec, bin, common, tmpdir, tmpdir);
+  int rc =
+      sh("ASAN_OPTIONS=detect_leaks=0 %s --allow-run-as-root --oversubscribe -np 2 %s %s "
+         "--set parallel.backend=mpi "
+         "--out %s/mpi2 > %s/mpi2.log 2>&1",
+         mpiexec, bin, common, tmpdir, tmpdir);
   if (rc != 0) sh("cat %s/mpi2.log", tmpdir);
   assert_int_equal(rc, 0);
   expect_same_training("one", "mpi2");
@@ -124,19 +125,22 @@ static void test_two_mpi_ranks(void **state) {
 // under MPI it dies as a killed process would.
 static void test_failed_replica_stops_all(void **state) {
   (void)state;
-  const char *small = "train --objective=mae --config configs/mae.ini --steps 6 "
-                      "--set train.batch_size=16 --set data.limit=256 --no-knn --quiet";
-  int rc = sh("TALLY_INJECT_FAIL=1:2 timeout 120 %s %s --set parallel.replicas=2 --out %s/fail "
-              "> %s/fail.log 2>&1",
-              bin, small, tmpdir, tmpdir);
+  const char *small =
+      "train --objective=mae --config configs/mae.ini --steps 6 "
+      "--set train.batch_size=16 --set data.limit=256 --no-knn --quiet";
+  int rc =
+      sh("TALLY_INJECT_FAIL=1:2 timeout 120 %s %s --set parallel.replicas=2 --out %s/fail "
+         "> %s/fail.log 2>&1",
+         bin, small, tmpdir, tmpdir);
   assert_int_equal(rc, 1);
   assert_int_equal(sh("grep -q 'replica failed' %s/fail.log", tmpdir), 0);
   assert_int_not_equal(sh("test -e %s/fail/summary.json", tmpdir), 0);
   if (!mpiexec || !mpiexec[0]) return;
-  rc = sh("ASAN_OPTIONS=detect_leaks=0 timeout 120 %s --allow-run-as-root --oversubscribe -np 2 "
-          "-x TALLY_INJECT_FAIL=1:2 %s %s --set parallel.backend=mpi --out %s/failmpi "
-          "> %s/failmpi.log 2>&1",
-          mpiexec, bin, small, tmpdir, tmpdir);
+  rc =
+      sh("ASAN_OPTIONS=detect_leaks=0 timeout 120 %s --allow-run-as-root --oversubscribe -np 2 "
+         "-x TALLY_INJECT_FAIL=1:2 %s %s --set parallel.backend=mpi --out %s/failmpi "
+         "> %s/failmpi.log 2>&1",
+         mpiexec, bin, small, tmpdir, tmpdir);
   assert_int_not_equal(rc, 0);
   assert_int_not_equal(rc, 124);
   assert_int_not_equal(sh("test -e %s/failmpi/summary.json", tmpdir), 0);

@@ -19,7 +19,6 @@
 
 #include "ledger/record.h"
 
-
 // A run of `steps` records: B samples, objective-like counts, a falling loss, memory growing
 // by category.
 static void write_run(const char *name, const char *objective, int B, int views_grad, int negatives,
@@ -102,7 +101,7 @@ static int setup(void **state) {
   write_run("moco-run", "moco", 32, 32, 4096, 12);
   snprintf(report, sizeof report, "%s/report.html", tmpdir);
   return sh("%s report %s/inbatch-run %s/moco-run --out %s > /dev/null", bin, tmpdir, tmpdir,
-             report);
+            report);
 }
 
 static void test_self_contained(void **state) {
@@ -147,10 +146,10 @@ static void test_dom_in_browser(void **state) {
   char dom_path[700];
   snprintf(dom_path, sizeof dom_path, "%s/dom.html", tmpdir);
   assert_int_equal(sh("timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-quic "
-                       "--no-first-run --disable-background-networking --disable-component-update "
-                       "--disable-sync --user-data-dir=%s/chrome --dump-dom file://%s > %s "
-                       "2> /dev/null",
-                       tmpdir, report, dom_path),
+                      "--no-first-run --disable-background-networking --disable-component-update "
+                      "--disable-sync --user-data-dir=%s/chrome --dump-dom file://%s > %s "
+                      "2> /dev/null",
+                      tmpdir, report, dom_path),
                    0);
   char *dom = read_all(dom_path);
   // Loss, throughput and kNN charts: one polyline per run each, plus the raw-pixel baseline both

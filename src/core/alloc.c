@@ -24,10 +24,10 @@ void tl_alloc_scope_begin(MemCategory cat) { scope_category = (int)cat; }
 void tl_alloc_scope_end(void) { scope_category = -1; }
 
 static const char *const category_names[MEM_NCAT] = {
-    "param", "grad", "optimizer", "momentum_encoder", "activation",
-    "activation_grad", "queue", "workspace", "data", "eval"};
+    "param",     "grad", "optimizer", "momentum_encoder", "activation", "activation_grad", "queue",
+    "workspace", "data", "eval"};
 static const char *const component_names[COMP_NCOMP] = {"encoder", "head", "decoder", "loss",
-                                                          "other"};
+                                                        "other"};
 
 const char *mem_category_name(MemCategory c) { return category_names[c]; }
 const char *mem_component_name(MemComponent c) { return component_names[c]; }

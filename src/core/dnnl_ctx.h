@@ -7,11 +7,11 @@
 #include "core/alloc.h"
 #include "core/error.h"
 
-#define DNNL_CHECK(call)                                                      \
-  do {                                                                        \
-    dnnl_status_t status_ = (call);                                           \
-    if (status_ != dnnl_success)                                              \
-      TL_DIE("oneDNN call failed (status %d): %s", (int)status_, #call);      \
+#define DNNL_CHECK(call)                                                 \
+  do {                                                                   \
+    dnnl_status_t status_ = (call);                                      \
+    if (status_ != dnnl_success)                                         \
+      TL_DIE("oneDNN call failed (status %d): %s", (int)status_, #call); \
   } while (0)
 
 typedef struct {
@@ -20,7 +20,7 @@ typedef struct {
   // Shared scratchpad for all primitives of this replica; they run one at a time.
   void *scratchpad;
   size_t scratchpad_bytes;
-  dnnl_memory_t scratchpad_mem;  // the whole buffer as one u8 memory, passed to every primitive
+  dnnl_memory_t scratchpad_mem;     // the whole buffer as one u8 memory, passed to every primitive
   MemCategory scratchpad_category;  // MEM_WORKSPACE; MEM_EVAL for the evaluation context
   // Component that buffers and FLOPs are attributed to while a model is built / run.
   MemComponent component;

@@ -15,7 +15,7 @@ const char *tl_last_error(void);
 // Unrecoverable programming or library errors: print with location and abort the process.
 _Noreturn void tl_die(const char *file, int line, const char *fmt, ...) TL_PRINTF(3, 4);
 #define TL_DIE(...) tl_die(__FILE__, __LINE__, __VA_ARGS__)
-#define TL_ASSERT(cond)                                     \
-  do {                                                      \
-    if (!(cond)) TL_DIE("assertion failed: %s", #cond);     \
+#define TL_ASSERT(cond)                                 \
+  do {                                                  \
+    if (!(cond)) TL_DIE("assertion failed: %s", #cond); \
   } while (0)

@@ -21,7 +21,7 @@ typedef struct {
   size_t count, used;
   ParamEntry *entries;
   int n_entries, cap_entries;
-  int owns;  // 1: allocated here; 0: bound to another set's data
+  int owns;       // 1: allocated here; 0: bound to another set's data
   uint64_t seed;  // initialization stream
   // Optional: told when backward has finished writing gradient floats [offset, offset + count)
   // for this step, so their averaging across replicas can start while backward goes on

@@ -12,10 +12,10 @@ typedef struct {
 // Streams are named by up to three ids (e.g. purpose, step, sample index).
 Rng rng_stream(uint64_t seed, uint64_t a, uint64_t b, uint64_t c);
 uint64_t rng_next_u64(Rng *r);
-float rng_uniform(Rng *r);                  // [0, 1)
+float rng_uniform(Rng *r);  // [0, 1)
 float rng_uniform_range(Rng *r, float lo, float hi);
-float rng_normal(Rng *r);                   // standard normal (Box-Muller)
-uint32_t rng_below(Rng *r, uint32_t n);     // uniform integer in [0, n)
+float rng_normal(Rng *r);                // standard normal (Box-Muller)
+uint32_t rng_below(Rng *r, uint32_t n);  // uniform integer in [0, n)
 
 // Purposes, so that streams for different uses never collide.
 enum {

@@ -45,8 +45,7 @@ void loader_shard(int global_batch, int rank, int world, const int *shard_sizes,
   *offset = rank * base + (rank < extra ? rank : extra);
 }
 
-int loader_shard_sizes_from_weights(const char *weights, int world, int global_batch,
-                                    int *sizes) {
+int loader_shard_sizes_from_weights(const char *weights, int world, int global_batch, int *sizes) {
   double w[LOADER_MAX_SHARDS], total = 0;
   int n = 0;
   for (const char *p = weights; *p && n < LOADER_MAX_SHARDS;) {
@@ -151,8 +150,7 @@ static LoaderSizes loader_sizes(int dataset_n, int shard_size, int n_views, int 
                        sizeof(int) * (size_t)dataset_n};
 }
 
-size_t loader_buffer_bytes(int dataset_n, int shard_size, int n_views, int out_size,
-                           int channels) {
+size_t loader_buffer_bytes(int dataset_n, int shard_size, int n_views, int out_size, int channels) {
   LoaderSizes z = loader_sizes(dataset_n, shard_size, n_views, out_size, channels);
   return N_SLOTS * (z.views + z.indices + z.labels) + z.permutation;
 }

@@ -10,13 +10,13 @@
 #include "data/dataset.h"
 
 typedef struct {
-  int global_step;   // step this batch belongs to
-  int epoch;         // epoch it was drawn from
-  int n;             // samples in this replica's shard
-  int n_views;       // views per sample
-  float *views;      // (n_views, n, S, S, C): view-major, so view 0 of all samples comes first
-  int *indices;      // (n) dataset indices
-  int *labels;       // (n)
+  int global_step;  // step this batch belongs to
+  int epoch;        // epoch it was drawn from
+  int n;            // samples in this replica's shard
+  int n_views;      // views per sample
+  float *views;     // (n_views, n, S, S, C): view-major, so view 0 of all samples comes first
+  int *indices;     // (n) dataset indices
+  int *labels;      // (n)
 } Batch;
 
 typedef struct {
@@ -26,9 +26,9 @@ typedef struct {
   int global_batch;     // samples per step over all replicas
   int steps_per_epoch;  // floor(ds->n / global_batch): the last partial batch is dropped
   uint64_t seed;
-  int rank, world;            // this replica's shard
-  const int *shard_sizes;     // (world) samples per replica per step, summing to global_batch;
-                              // NULL = as even as possible (the first ranks get one more)
+  int rank, world;             // this replica's shard
+  const int *shard_sizes;      // (world) samples per replica per step, summing to global_batch;
+                               // NULL = as even as possible (the first ranks get one more)
   struct LoaderPrivate *priv;  // thread, double buffer, permutation
 } Loader;
 
@@ -42,7 +42,8 @@ const Batch *loader_next(Loader *l, double *wait_ms);
 void loader_destroy(Loader *l);
 
 // Shard sizes from [parallel] shard_weights ("1,3": proportional, rounded, the last takes the
-// rest): sizes (world) sum to global_batch. -1 with tl_last_error() on a bad list or an empty shard.
+// rest): sizes (world) sum to global_batch. -1 with tl_last_error() on a bad list or an empty
+// shard.
 enum { LOADER_MAX_SHARDS = 64 };
 int loader_shard_sizes_from_weights(const char *weights, int world, int global_batch, int *sizes);
 

@@ -44,7 +44,8 @@ static void encode_all(KnnMonitor *m, const Dataset *ds, int n, float *feat) {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < count; i++) eval_view(ds, start + i, m->aug, m->images + i * image_floats);
     if (count < m->batch)
-      memset(m->images + count * image_floats, 0, (m->batch - count) * image_floats * sizeof(float));
+      memset(m->images + count * image_floats, 0,
+             (m->batch - count) * image_floats * sizeof(float));
     m->encoder->forward(m->encoder, &m->ctx, m->images);
     memcpy(feat + (size_t)start * D, m->encoder->feature, sizeof(float) * (size_t)count * D);
   }

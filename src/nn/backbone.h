@@ -9,7 +9,7 @@ struct Backbone {
   const char *kind;  // "resnet" | "vit"
   int N;             // images per forward call (fixed at creation)
   int feature_dim;
-  float *feature;    // (N, feature_dim), owned by the backbone
+  float *feature;  // (N, feature_dim), owned by the backbone
   // images: (N, S, S, C) NHWC floats, S = data.image_size.
   void (*forward)(Backbone *bb, DnnlCtx *ctx, const float *images);
   // dfeature: (N, feature_dim). Fills the parameter gradients of the backbone (OP_TRAIN only).

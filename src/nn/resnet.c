@@ -15,11 +15,11 @@ typedef struct {
   BatchNorm bn1;        // with fused ReLU
   BatchNorm bn2;        // no ReLU: the ReLU comes after the residual sum
   int has_projection;
-  Conv2d proj;          // 1x1 stride s, when the shape changes
+  Conv2d proj;  // 1x1 stride s, when the shape changes
   BatchNorm proj_bn;
-  Add sum;              // (N, H, W, OC) residual sum
-  Eltwise relu;         // (N, H, W, OC) block output
-  Add dsum;             // (N, IH, IW, IC) gradient reaching the block input from both paths
+  Add sum;       // (N, H, W, OC) residual sum
+  Eltwise relu;  // (N, H, W, OC) block output
+  Add dsum;      // (N, IH, IW, IC) gradient reaching the block input from both paths
   int train;
   const float *in;
 } BasicBlock;
@@ -54,8 +54,8 @@ size_t resnet_param_count(const ModelSpec *spec, int channels) {
   return n;
 }
 
-static void block_init(BasicBlock *blk, Builder *b, const char *name, int N, int IC, int IH,
-                       int IW, int OC, int stride) {
+static void block_init(BasicBlock *blk, Builder *b, const char *name, int N, int IC, int IH, int IW,
+                       int OC, int stride) {
   char nm[64];
   int train = b->mode == OP_TRAIN;
   blk->train = train;

@@ -12,14 +12,14 @@
 
 typedef struct {
   Objective base;
-  int b;               // samples on this replica; rows = 2b views
+  int b;  // samples on this replica; rows = 2b views
   ProjectionHead head;
   NtXent loss;
-  float *u_local;      // (2b, out) normalized projections, MEM_ACT loss
-  float *norms;        // (2b) MEM_ACT loss
-  float *u_all;        // (2B, out) gathered from all replicas, MEM_ACT loss
-  float *du_local;     // (2b, out) MEM_ACT_GRAD
-  float *dz;           // (2b, out) MEM_ACT_GRAD
+  float *u_local;   // (2b, out) normalized projections, MEM_ACT loss
+  float *norms;     // (2b) MEM_ACT loss
+  float *u_all;     // (2B, out) gathered from all replicas, MEM_ACT loss
+  float *du_local;  // (2b, out) MEM_ACT_GRAD
+  float *dz;        // (2b, out) MEM_ACT_GRAD
 } InBatch;
 
 static Objective *inbatch_create(const ObjectiveEnv *env) {

@@ -7,10 +7,10 @@
 typedef struct {
   int n, K, d;
   float temperature;
-  Matmul neg;        // (n, d) x (K, d)^T -> (n, K)
-  Matmul grad;       // (n, K) x (K, d)   -> (n, d)
-  float *neg_logits; // (n, K) logits, then probabilities; MEM_ACT loss
-  float *pos_prob;   // (n)
+  Matmul neg;         // (n, d) x (K, d)^T -> (n, K)
+  Matmul grad;        // (n, K) x (K, d)   -> (n, d)
+  float *neg_logits;  // (n, K) logits, then probabilities; MEM_ACT loss
+  float *pos_prob;    // (n)
 } InfoNce;
 
 void infonce_init(InfoNce *l, DnnlCtx *ctx, int n, int K, int d, float temperature);

@@ -9,11 +9,11 @@
 #define KEY_QUEUE_RANDOM (-1L)
 
 typedef struct {
-  int capacity;       // K
-  int dim;            // d
-  int next;           // slot the next key goes into (the oldest)
-  float *keys;        // (K, d), MEM_QUEUE
-  long *step_of;      // (K) step that encoded the key, KEY_QUEUE_RANDOM for initial entries
+  int capacity;   // K
+  int dim;        // d
+  int next;       // slot the next key goes into (the oldest)
+  float *keys;    // (K, d), MEM_QUEUE
+  long *step_of;  // (K) step that encoded the key, KEY_QUEUE_RANDOM for initial entries
 } KeyQueue;
 
 void key_queue_init(KeyQueue *q, int capacity, int dim, uint64_t seed);
@@ -23,9 +23,9 @@ void key_queue_push(KeyQueue *q, const float *keys, int n, long step);
 size_t key_queue_bytes(const KeyQueue *q);
 
 typedef struct {
-  long real;            // slots holding keys from training
-  long random;          // initial random slots not yet replaced
-  long usable;          // slots used as negatives (real + random, minus those too old)
+  long real;                // slots holding keys from training
+  long random;              // initial random slots not yet replaced
+  long usable;              // slots used as negatives (real + random, minus those too old)
   double oldest_age_steps;  // over real keys; 0 when there are none
   double mean_age_steps;
 } KeyQueueStats;

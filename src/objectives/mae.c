@@ -22,19 +22,19 @@ typedef struct {
   int has_cls, Te, Td;  // encoder tokens (has_cls + n_keep), decoder tokens (has_cls + P)
   int D, Dd, patch_dim, depth;
   Vit *encoder;
-  Linear embed;                // (b*Te, D) -> (b*Te, Dd)
+  Linear embed;                     // (b*Te, D) -> (b*Te, Dd)
   float *mask_token, *dmask_token;  // (Dd) parameter
-  float *dec_pos;              // (P, Dd) fixed sin-cos
-  TransformerBlock *blocks;    // (depth) on (b, Td, Dd)
-  LayerNorm norm;              // (b*Td, Dd)
-  Linear pred;                 // (b*Td, Dd) -> (b*Td, patch_dim)
-  int *keep;                   // (b, n_keep) visible patch indices
-  int *slot_of;                // (b, P) position of patch p among the visible tokens, or -1
-  unsigned char *masked;       // (b, P)
-  float *dec_in;               // (b, Td, Dd) decoder input, MEM_ACT decoder
-  float *target;               // (b, P, patch_dim) MEM_ACT loss
-  float *dpred;                // (b, Td, patch_dim) MEM_ACT_GRAD
-  float *dembed;               // (b, Te, Dd) MEM_ACT_GRAD
+  float *dec_pos;                   // (P, Dd) fixed sin-cos
+  TransformerBlock *blocks;         // (depth) on (b, Td, Dd)
+  LayerNorm norm;                   // (b*Td, Dd)
+  Linear pred;                      // (b*Td, Dd) -> (b*Td, patch_dim)
+  int *keep;                        // (b, n_keep) visible patch indices
+  int *slot_of;                     // (b, P) position of patch p among the visible tokens, or -1
+  unsigned char *masked;            // (b, P)
+  float *dec_in;                    // (b, Td, Dd) decoder input, MEM_ACT decoder
+  float *target;                    // (b, P, patch_dim) MEM_ACT loss
+  float *dpred;                     // (b, Td, patch_dim) MEM_ACT_GRAD
+  float *dembed;                    // (b, Te, Dd) MEM_ACT_GRAD
   long step;
 } Mae;
 
@@ -96,15 +96,15 @@ static Objective *mae_create(const ObjectiveEnv *env) {
 
   env->ctx->component = COMP_DECODER;
   linear_init(&o->embed, &bld, "decoder.embed", b * o->Te, o->D, o->Dd, 1, 1, 0.0f);
-  o->mask_token = paramset_take(env->params, "decoder.mask_token", (size_t)o->Dd, 1,
-                                &o->dmask_token);
+  o->mask_token =
+      paramset_take(env->params, "decoder.mask_token", (size_t)o->Dd, 1, &o->dmask_token);
   paramset_init_normal(env->params, o->mask_token, (size_t)o->Dd, 0.02f);
   o->blocks = calloc((size_t)o->depth, sizeof *o->blocks);
   for (int i = 0; i < o->depth; i++) {
     char name[32];
     snprintf(name, sizeof name, "decoder.blocks.%d", i);
-    transformer_block_init(&o->blocks[i], &bld, name, b, o->Td, o->Dd,
-                           cfg->objective.decoder_heads, spec->mlp_ratio, 1);
+    transformer_block_init(&o->blocks[i], &bld, name, b, o->Td, o->Dd, cfg->objective.decoder_heads,
+                           spec->mlp_ratio, 1);
   }
   layernorm_init(&o->norm, &bld, "decoder.norm", b * o->Td, o->Dd);
   linear_init(&o->pred, &bld, "decoder.pred", b * o->Td, o->Dd, o->patch_dim, 1, 1, 0.0f);
@@ -174,7 +174,8 @@ static void unpatchify(const float *patches, int grid, int patch, int channels, 
         for (int px = 0; px < patch; px++)
           for (int c = 0; c < channels; c++)
             image[((size_t)(gy * patch + py) * side + gx * patch + px) * channels + c] =
-                patches[((size_t)(gy * grid + gx) * patch * patch + py * patch + px) * channels + c];
+                patches[((size_t)(gy * grid + gx) * patch * patch + py * patch + px) * channels +
+                        c];
 }
 
 // Writes RUN/mae-step-NNNNNN.png: for up to 8 images of this step, the original, the masked input
@@ -220,7 +221,8 @@ static void write_reconstruction_grid(Mae *o, const Batch *batch, long step) {
             float v = image[((size_t)(y / scale) * side + x / scale) * C + c];
             float u = hi > lo ? (v - lo) / (hi - lo) : 0.5f;
             u = u < 0 ? 0 : u > 1 ? 1 : u;
-            size_t at = ((size_t)(i * (panel + scale) + y) * width + k * (panel + scale) + x) * C + c;
+            size_t at =
+                ((size_t)(i * (panel + scale) + y) * width + k * (panel + scale) + x) * C + c;
             png[at] = (unsigned char)(255.0f * u + 0.5f);
           }
     }
@@ -275,7 +277,8 @@ static double mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
     mae_random_mask(cfg->train.seed, batch->global_step, batch->indices[i], P, o->n_keep,
                     o->keep + (size_t)i * o->n_keep, o->masked + (size_t)i * P);
     for (int p = 0; p < P; p++) o->slot_of[(size_t)i * P + p] = -1;
-    for (int j = 0; j < o->n_keep; j++) o->slot_of[(size_t)i * P + o->keep[(size_t)i * o->n_keep + j]] = j;
+    for (int j = 0; j < o->n_keep; j++)
+      o->slot_of[(size_t)i * P + o->keep[(size_t)i * o->n_keep + j]] = j;
   }
   ctx->component = COMP_ENCODER;
   vit_forward_visible(o->encoder, ctx, batch->views, o->keep);

@@ -16,9 +16,9 @@
 
 typedef struct {
   Objective base;
-  int b;            // samples on this replica
-  int n_query;      // b, or 2b with the symmetric loss
-  int image_floats; // S*S*C
+  int b;             // samples on this replica
+  int n_query;       // b, or 2b with the symmetric loss
+  int image_floats;  // S*S*C
   ProjectionHead head;
   ParamSet key_params;  // momentum copy of the online parameters, no gradients
   Backbone *key_backbone;
@@ -26,18 +26,18 @@ typedef struct {
   InfoNce loss;
   KeyQueue queue;
   long step;
-  float *q;          // (n_query, d) normalized queries, MEM_ACT loss
-  float *q_norms;    // (n_query)
-  float *k;          // (n_query, d) normalized keys for this replica's queries
+  float *q;        // (n_query, d) normalized queries, MEM_ACT loss
+  float *q_norms;  // (n_query)
+  float *k;        // (n_query, d) normalized keys for this replica's queries
   float *k_norms;
-  float *dq;         // (n_query, d) MEM_ACT_GRAD
-  float *dz;         // (n_query, d) MEM_ACT_GRAD
+  float *dq;              // (n_query, d) MEM_ACT_GRAD
+  float *dz;              // (n_query, d) MEM_ACT_GRAD
   unsigned char *usable;  // (K) negatives in use this step
   float *key_images;      // (n_query, S, S, C): the views the key encoder sees, MEM_WORKSPACE
   // ShuffleBN across replicas: all key images, and all keys, of the global batch.
-  float *all_images;      // (n_query_global, S, S, C)
-  float *all_keys;        // (n_query_global, d)
-  int *perm;              // (n_query_global)
+  float *all_images;  // (n_query_global, S, S, C)
+  float *all_keys;    // (n_query_global, d)
+  int *perm;          // (n_query_global)
 } Moco;
 
 static Objective *moco_create(const ObjectiveEnv *env) {
@@ -56,8 +56,8 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   Builder online = {env->ctx, env->params, OP_TRAIN};
   env->ctx->component = COMP_ENCODER;
   o->base.online = backbone_create(spec, &online, nq, S, C);
-  head_init(&o->head, &online, "head", nq, o->base.online->feature_dim,
-            cfg->model.head_hidden_dim, d);
+  head_init(&o->head, &online, "head", nq, o->base.online->feature_dim, cfg->model.head_hidden_dim,
+            d);
 
   // The key encoder starts as an exact copy and then only follows the momentum rule.
   paramset_alloc_nograd(&o->key_params, env->params->count, cfg->train.seed, MEM_MOMENTUM);
@@ -78,11 +78,11 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   o->dq = tl_alloc(sizeof(float) * qd, MEM_ACT_GRAD, COMP_LOSS);
   o->dz = tl_alloc(sizeof(float) * qd, MEM_ACT_GRAD, COMP_LOSS);
   o->usable = tl_alloc((size_t)K, MEM_WORKSPACE, COMP_LOSS);
-  o->key_images = tl_alloc(sizeof(float) * (size_t)nq * o->image_floats, MEM_WORKSPACE,
-                           COMP_ENCODER);
+  o->key_images =
+      tl_alloc(sizeof(float) * (size_t)nq * o->image_floats, MEM_WORKSPACE, COMP_ENCODER);
   if (comm_size(env->comm) > 1) {
-    o->all_images = tl_alloc(sizeof(float) * (size_t)nq_global * o->image_floats, MEM_WORKSPACE,
-                             COMP_ENCODER);
+    o->all_images =
+        tl_alloc(sizeof(float) * (size_t)nq_global * o->image_floats, MEM_WORKSPACE, COMP_ENCODER);
     o->all_keys = tl_alloc(sizeof(float) * (size_t)nq_global * d, MEM_WORKSPACE, COMP_LOSS);
     o->perm = tl_alloc(sizeof(int) * (size_t)nq_global, MEM_WORKSPACE, COMP_OTHER);
   }
@@ -144,7 +144,8 @@ static double moco_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
   // Queries: view 0 (and view 1 when symmetric). Keys: the other view of each query.
   const float *query_images = batch->views;  // [view 0; view 1] is already contiguous
   memcpy(o->key_images, view1, sizeof(float) * (size_t)b * f);
-  if (cfg->objective.symmetric) memcpy(o->key_images + (size_t)b * f, view0, sizeof(float) * (size_t)b * f);
+  if (cfg->objective.symmetric)
+    memcpy(o->key_images + (size_t)b * f, view0, sizeof(float) * (size_t)b * f);
   ctx->component = COMP_ENCODER;
   if (comm_size(comm) > 1)
     encode_keys_shuffled(o, ctx);

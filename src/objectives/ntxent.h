@@ -7,9 +7,9 @@
 #include "ops/matmul.h"
 
 typedef struct {
-  int M;      // gathered rows (2B over all replicas)
-  int rows;   // this replica's rows (2b)
-  int d;      // feature dimension
+  int M;     // gathered rows (2B over all replicas)
+  int rows;  // this replica's rows (2b)
+  int d;     // feature dimension
   float temperature;
   Matmul sim;       // S = U_local U_all^T                (rows, M)
   Matmul grad_row;  // dU_row = dS U_all                  (rows, d)

@@ -12,13 +12,13 @@
 typedef struct {
   const Config *cfg;
   DnnlCtx *ctx;
-  Comm *comm;          // collectives: gathered features (inbatch), gathered keys (moco)
-  ParamSet *params;    // online trainable parameters, allocated to def->param_count; the
-                       // backbone's come first so an evaluation copy can bind to them
-  int local_batch;     // samples this replica trains on per step
-  int global_batch;    // samples over all replicas per step
-  long total_steps;    // steps in the run (schedules)
-  const char *out_dir; // run folder for the objective's own outputs (images); NULL = none
+  Comm *comm;           // collectives: gathered features (inbatch), gathered keys (moco)
+  ParamSet *params;     // online trainable parameters, allocated to def->param_count; the
+                        // backbone's come first so an evaluation copy can bind to them
+  int local_batch;      // samples this replica trains on per step
+  int global_batch;     // samples over all replicas per step
+  long total_steps;     // steps in the run (schedules)
+  const char *out_dir;  // run folder for the objective's own outputs (images); NULL = none
 } ObjectiveEnv;
 
 typedef struct ObjectiveDef ObjectiveDef;

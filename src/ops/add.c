@@ -36,8 +36,7 @@ void add_forward(Add *l, DnnlCtx *ctx, const float *a, const float *bb) {
   dnnl_mem_bind(p->a, a);
   dnnl_mem_bind(p->b, bb);
   dnnl_mem_bind(p->out, l->out);
-  dnnl_exec_arg_t args[] = {
-      {DNNL_ARG_SRC_0, p->a}, {DNNL_ARG_SRC_1, p->b}, {DNNL_ARG_DST, p->out}};
+  dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC_0, p->a}, {DNNL_ARG_SRC_1, p->b}, {DNNL_ARG_DST, p->out}};
   dnnl_ctx_exec(ctx, p->prim, p->pd, 3, args);
   double *flops = l->is_backward ? ctx->flops_backward : ctx->flops_forward;
   flops[l->comp] += (double)l->n;

@@ -190,8 +190,8 @@ void batchnorm_destroy(BatchNorm *l) {
     if (p->fwd_pd) dnnl_primitive_desc_destroy(p->fwd_pd);
     if (p->bwd) dnnl_primitive_destroy(p->bwd);
     if (p->bwd_pd) dnnl_primitive_desc_destroy(p->bwd_pd);
-    dnnl_memory_t mems[] = {p->src,  p->dst,  p->diff_src, p->scale, p->shift,
-                            p->mean, p->var,  p->ws,       p->dscale, p->dshift};
+    dnnl_memory_t mems[] = {p->src,  p->dst, p->diff_src, p->scale,  p->shift,
+                            p->mean, p->var, p->ws,       p->dscale, p->dshift};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++)
       if (mems[i]) dnnl_memory_destroy(mems[i]);
     tl_free(p->batch_mean);

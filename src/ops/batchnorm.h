@@ -7,14 +7,14 @@ typedef struct {
   int N, C, H, W, fuse_relu, need_din;
   OpMode mode;
   MemComponent comp;
-  float eps, momentum;       // 1e-5, running stats updated as r = (1-momentum) r + momentum batch
-  float *gamma, *dgamma;     // (C) scale, init 1, no weight decay
-  float *beta, *dbeta;       // (C) shift, init 0, no weight decay
-  float *running_mean;       // (C) buffer in the parameter block (paramset_take_buffer)
-  float *running_var;        // (C)
-  const float *in;           // (N, H, W, C)
-  float *out;                // (N, H, W, C)
-  float *din;                // (N, H, W, C), when need_din
+  float eps, momentum;    // 1e-5, running stats updated as r = (1-momentum) r + momentum batch
+  float *gamma, *dgamma;  // (C) scale, init 1, no weight decay
+  float *beta, *dbeta;    // (C) shift, init 0, no weight decay
+  float *running_mean;    // (C) buffer in the parameter block (paramset_take_buffer)
+  float *running_var;     // (C)
+  const float *in;        // (N, H, W, C)
+  float *out;             // (N, H, W, C)
+  float *din;             // (N, H, W, C), when need_din
   struct BatchNormPrivate *priv;
 } BatchNorm;
 

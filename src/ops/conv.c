@@ -33,9 +33,8 @@ static void weight_layout_init(WeightLayout *w, DnnlCtx *ctx, const dnnl_memory_
     dnnl_reorder_init(&w->to_prim, ctx, prim_md, plain);
   else
     dnnl_reorder_init(&w->to_prim, ctx, plain, prim_md);
-  w->buf = dnnl_reorder_needed(&w->to_prim)
-               ? tl_alloc(dnnl_md_bytes(prim_md), MEM_WORKSPACE, comp)
-               : NULL;
+  w->buf = dnnl_reorder_needed(&w->to_prim) ? tl_alloc(dnnl_md_bytes(prim_md), MEM_WORKSPACE, comp)
+                                            : NULL;
 }
 
 static void weight_layout_destroy(WeightLayout *w) {
@@ -69,8 +68,8 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
                  int K, int stride, int pad, int has_bias, int need_din) {
   if (N <= 0 || IC <= 0 || OC <= 0 || K <= 0 || stride <= 0 || pad < 0 || IH + 2 * pad < K ||
       IW + 2 * pad < K)
-    TL_DIE("conv %s: invalid shape N=%d IC=%d IH=%d IW=%d OC=%d K=%d stride=%d pad=%d", name, N,
-           IC, IH, IW, OC, K, stride, pad);
+    TL_DIE("conv %s: invalid shape N=%d IC=%d IH=%d IW=%d OC=%d K=%d stride=%d pad=%d", name, N, IC,
+           IH, IW, OC, K, stride, pad);
   DnnlCtx *ctx = b->ctx;
   memset(l, 0, sizeof *l);
   l->N = N, l->IC = IC, l->IH = IH, l->IW = IW, l->OC = OC, l->K = K;
@@ -122,14 +121,14 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   p->wei_fwd = dnnl_mem_new(ctx, &w_fwd_md);
   if (has_bias) p->bias = dnnl_mem_new(ctx, &b_md);
 
-  l->out = tl_alloc((size_t)N * l->OH * l->OW * OC * sizeof(float), builder_out_category(b),
-                    l->comp);
+  l->out =
+      tl_alloc((size_t)N * l->OH * l->OW * OC * sizeof(float), builder_out_category(b), l->comp);
   if (b->mode != OP_TRAIN) return;
 
   if (l->need_din) {
     dnnl_convolution_desc_t bd_desc;
-    DNNL_CHECK(dnnl_convolution_backward_data_desc_init(&bd_desc, dnnl_convolution_direct, &src_md,
-                                                        &w_any, &dst_md, strides, padding, padding));
+    DNNL_CHECK(dnnl_convolution_backward_data_desc_init(
+        &bd_desc, dnnl_convolution_direct, &src_md, &w_any, &dst_md, strides, padding, padding));
     p->bwd_data = dnnl_ctx_make(ctx, &bd_desc, p->fwd_pd, &p->bwd_data_pd);
     dnnl_memory_desc_t w_bd_md = dnnl_pd_md(p->bwd_data_pd, dnnl_query_weights_md, 0);
     p->bwd_data_shares_fwd_w = dnnl_md_equal(&w_bd_md, &w_fwd_md);
@@ -140,9 +139,9 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   }
 
   dnnl_convolution_desc_t bw_desc;
-  DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&bw_desc, dnnl_convolution_direct,
-                                                         &src_md, &w_any, b_md_or_null, &dst_md,
-                                                         strides, padding, padding));
+  DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&bw_desc, dnnl_convolution_direct, &src_md,
+                                                         &w_any, b_md_or_null, &dst_md, strides,
+                                                         padding, padding));
   p->bwd_weights = dnnl_ctx_make(ctx, &bw_desc, p->fwd_pd, &p->bwd_weights_pd);
   dnnl_memory_desc_t dw_md = dnnl_pd_md(p->bwd_weights_pd, dnnl_query_diff_weights_md, 0);
   weight_layout_init(&p->dw, ctx, &w_plain, &dw_md, 1, l->comp);

@@ -7,15 +7,16 @@ typedef struct {
   int N, IC, IH, IW, OC, OH, OW, K, stride, pad, has_bias, need_din;
   OpMode mode;
   MemComponent comp;
-  float *weight, *dweight;  // (OC, IC, K, K) plain oihw
-  float *bias, *dbias;      // (OC), when has_bias
-  const float *in;          // (N, IH, IW, IC) remembered from forward
-  float *out;               // (N, OH, OW, OC)
-  float *din;               // (N, IH, IW, IC), when need_din
+  float *weight, *dweight;   // (OC, IC, K, K) plain oihw
+  float *bias, *dbias;       // (OC), when has_bias
+  const float *in;           // (N, IH, IW, IC) remembered from forward
+  float *out;                // (N, OH, OW, OC)
+  float *din;                // (N, IH, IW, IC), when need_din
   struct ConvPrivate *priv;  // primitives, memories, weight layout reorders
 } Conv2d;
 
-// Weights initialized Kaiming-normal (fan_in, ReLU gain); bias zero. OH = (IH + 2*pad - K)/stride + 1.
+// Weights initialized Kaiming-normal (fan_in, ReLU gain); bias zero. OH = (IH + 2*pad - K)/stride
+// + 1.
 void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH, int IW, int OC,
                  int K, int stride, int pad, int has_bias, int need_din);
 size_t conv2d_param_count(int IC, int OC, int K, int has_bias);

@@ -33,8 +33,8 @@ void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_d
 
   // ReLU's gradient is recoverable from its output (dst > 0), which is kept for the next layer
   // anyway, so the input need not be; GELU's needs the input.
-  dnnl_alg_kind_t alg = kind == ELTWISE_RELU ? dnnl_eltwise_relu_use_dst_for_bwd
-                                             : dnnl_eltwise_gelu_erf;
+  dnnl_alg_kind_t alg =
+      kind == ELTWISE_RELU ? dnnl_eltwise_relu_use_dst_for_bwd : dnnl_eltwise_gelu_erf;
   dnnl_dims_t dims = {(dnnl_dim_t)n};
   dnnl_memory_desc_t md = dnnl_md_plain(1, dims, dnnl_a);
   dnnl_eltwise_desc_t fwd_desc;

@@ -18,7 +18,12 @@ static dnnl_memory_desc_t md_2d(int rows, int cols, int transposed) {
 void matmul_init(Matmul *m, DnnlCtx *ctx, int M, int K, int N, int trans_a, int trans_b,
                  MemComponent comp, int is_backward) {
   memset(m, 0, sizeof *m);
-  *m = (Matmul){.M = M, .K = K, .N = N, .trans_a = trans_a, .trans_b = trans_b, .comp = comp,
+  *m = (Matmul){.M = M,
+                .K = K,
+                .N = N,
+                .trans_a = trans_a,
+                .trans_b = trans_b,
+                .comp = comp,
                 .is_backward = is_backward};
   dnnl_memory_desc_t a = md_2d(M, K, trans_a), b = md_2d(K, N, trans_b), c = md_2d(M, N, 0);
   dnnl_matmul_desc_t desc;

@@ -20,7 +20,6 @@
 #include "core/params.h"
 #include "parallel/comm.h"
 
-
 typedef struct GradSync GradSync;
 
 // Lays the buckets out over ps's grad block, from its entries: a bucket is closed at the first

@@ -117,8 +117,10 @@ static void print_knn(const char *what, KnnResult r) {
 static void record_eval(const Run *run, const char *what, long step, KnnResult r) {
   FILE *f = fopen(run->path_eval, "a");
   if (!f) return;
-  fprintf(f, "{\"step\":%ld,\"what\":\"%s\",\"knn_top1\":%.6f,\"knn_top1_k20\":%.6f,\"seconds\":%.3f}\n",
-          step, what, r.top1, r.top1_k20, r.seconds);
+  fprintf(
+      f,
+      "{\"step\":%ld,\"what\":\"%s\",\"knn_top1\":%.6f,\"knn_top1_k20\":%.6f,\"seconds\":%.3f}\n",
+      step, what, r.top1, r.top1_k20, r.seconds);
   fclose(f);
 }
 
@@ -152,8 +154,7 @@ static int write_summary(Run *run) {
             run->knn.top1_k20);
   else
     fprintf(f, "  \"knn_top1\": null,\n");
-  if (run->knn_start_done)
-    fprintf(f, "  \"knn_top1_untrained\": %.6f,\n", run->knn_start.top1);
+  if (run->knn_start_done) fprintf(f, "  \"knn_top1_untrained\": %.6f,\n", run->knn_start.top1);
   if (run->opt->no_knn)
     fprintf(f, "  \"knn_top1_raw_pixels\": null\n}\n");
   else
@@ -214,8 +215,9 @@ static void replica_open(ReplicaState *r) {
   loader_shard(run->global_batch, r->rank, r->world, shards, &offset, &local_batch);
   // Every replica initializes from the same seed, so all start identical.
   paramset_alloc(&r->ps, run->def->param_count(cfg), cfg->train.seed);
-  ObjectiveEnv env = {cfg,          &r->ctx,          r->comm, &r->ps, local_batch, run->global_batch,
-                      run->total_steps, r->rank == 0 ? run->opt->out_dir : NULL};
+  ObjectiveEnv env = {
+      cfg,         &r->ctx,           r->comm,          &r->ps,
+      local_batch, run->global_batch, run->total_steps, r->rank == 0 ? run->opt->out_dir : NULL};
   r->obj = run->def->create(&env);
   r->optim = r->obj ? optim_create_from_config(cfg, &r->ps) : NULL;
   if (r->obj && r->world > 1 && comm_has_async(r->comm))
@@ -357,10 +359,11 @@ static void print_progress(ReplicaState *r, int step, const LedgerRecord *rec) {
       step == 0 ? rec->step_ms : (now - r->last_log_ms) / (step - r->last_log_step);
   char eta[32];
   format_duration((run->total_steps - step - 1) * per_step_ms / 1e3, eta, sizeof eta);
-  printf("step %*d/%d  epoch %d  loss %.4f  lr %.4g  %.0f img/s  act %.0f MiB  %.1f GFLOP  ETA %s\n",
-         (int)snprintf(NULL, 0, "%d", run->total_steps), step + 1, run->total_steps,
-         rec->epoch + 1, rec->loss, rec->lr, run->global_batch / (per_step_ms / 1e3),
-         rec->activation_bytes / 1048576.0, (rec->flops_forward + rec->flops_backward) / 1e9, eta);
+  printf(
+      "step %*d/%d  epoch %d  loss %.4f  lr %.4g  %.0f img/s  act %.0f MiB  %.1f GFLOP  ETA %s\n",
+      (int)snprintf(NULL, 0, "%d", run->total_steps), step + 1, run->total_steps, rec->epoch + 1,
+      rec->loss, rec->lr, run->global_batch / (per_step_ms / 1e3),
+      rec->activation_bytes / 1048576.0, (rec->flops_forward + rec->flops_backward) / 1e9, eta);
   fflush(stdout);
   r->last_log_ms = now;
   r->last_log_step = step;
@@ -414,8 +417,12 @@ static void *replica_main(void *arg) {
   Run *run = rep->run;
   ReplicaState *r = calloc(1, sizeof *r);
   if (!r) TL_DIE("out of memory");
-  *r = (ReplicaState){.run = run, .cfg = run->cfg, .rank = rep->rank, .world = run->world,
-                      .comm = rep->comm, .faults = faults_from_env()};
+  *r = (ReplicaState){.run = run,
+                      .cfg = run->cfg,
+                      .rank = rep->rank,
+                      .world = run->world,
+                      .comm = rep->comm,
+                      .faults = faults_from_env()};
   int ncores = omp_get_num_procs();
   omp_set_num_threads(ncores / r->world > 0 ? ncores / r->world : 1);
 
@@ -531,8 +538,8 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     goto out;
   }
   if (run->train.n < run->global_batch) {
-    fprintf(stderr, "tally: %s: %d training images, fewer than one batch of %d\n",
-            cfg->data.train, run->train.n, run->global_batch);
+    fprintf(stderr, "tally: %s: %d training images, fewer than one batch of %d\n", cfg->data.train,
+            run->train.n, run->global_batch);
     goto out;
   }
   run->steps_per_epoch = run->train.n / run->global_batch;
@@ -556,11 +563,12 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
   dataset_channel_stats(&run->train, a->mean, a->std);
 
   if (!run->quiet_rank)
-    printf("tally train: objective %s, backbone %s (%s), %d training images (%dx%dx%d), "
-         "batch %d, %d steps (%d per epoch), %d replica%s\n",
-         run->def->name, cfg->model.spec.type, cfg->model.file, run->train.n, run->train.h,
-         run->train.w, run->train.c, run->global_batch, run->total_steps, run->steps_per_epoch,
-         run->world, run->world == 1 ? "" : "s");
+    printf(
+        "tally train: objective %s, backbone %s (%s), %d training images (%dx%dx%d), "
+        "batch %d, %d steps (%d per epoch), %d replica%s\n",
+        run->def->name, cfg->model.spec.type, cfg->model.file, run->train.n, run->train.h,
+        run->train.w, run->train.c, run->global_batch, run->total_steps, run->steps_per_epoch,
+        run->world, run->world == 1 ? "" : "s");
   if (!run->quiet_rank) {
     printf("data loaded in %.1f s; run folder %s\n", (now_ms() - t0) / 1e3, opt->out_dir);
     fflush(stdout);
@@ -594,10 +602,11 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
       fprintf(stderr, "tally: %s\n", tl_last_error());
       rc = 1;
     } else {
-      printf("done: %d steps in %.1f s (%.0f images/s), final loss %.4f, peak RSS %.0f MiB; "
-             "summary in %s\n",
-             run->steps_done, run->train_seconds, run->images_per_s, run->final_loss,
-             run->peak_rss / 1048576.0, run->path_summary);
+      printf(
+          "done: %d steps in %.1f s (%.0f images/s), final loss %.4f, peak RSS %.0f MiB; "
+          "summary in %s\n",
+          run->steps_done, run->train_seconds, run->images_per_s, run->final_loss,
+          run->peak_rss / 1048576.0, run->path_summary);
     }
   }
 out:
