@@ -164,10 +164,20 @@ static double check_plan_matches_run(const char *name, const char *objective, co
   return rss / planned_total;
 }
 
+// Peak RSS against the planned total, within 15%. A sanitizer build adds shadow memory and
+// redzones no plan can count, so there only the counted fields are compared.
+static void expect_rss_near_plan(double ratio) {
+#if defined(__SANITIZE_ADDRESS__)
+  (void)ratio;
+#else
+  assert_true(ratio > 0.85 && ratio < 1.15);
+#endif
+}
+
 static void test_inbatch_plan_equals_run(void **state) {
   (void)state;
   double r = check_plan_matches_run("inbatch", "inbatch", "");
-  assert_true(r > 0.85 && r < 1.15);
+  expect_rss_near_plan(r);
 }
 
 // A queue of 48 with 32 keys a step wraps at step 2, and an age limit of 1 step leaves only the
@@ -176,13 +186,13 @@ static void test_moco_plan_equals_run(void **state) {
   (void)state;
   double r = check_plan_matches_run(
       "moco", "moco", "--set objective.queue_size=48 --set objective.queue_max_age_steps=1");
-  assert_true(r > 0.85 && r < 1.15);
+  expect_rss_near_plan(r);
 }
 
 static void test_mae_plan_equals_run(void **state) {
   (void)state;
   double r = check_plan_matches_run("mae", "mae", "");
-  assert_true(r > 0.85 && r < 1.15);
+  expect_rss_near_plan(r);
 }
 
 // Two local replicas with uneven shards: gathered features (inbatch) and keys with ShuffleBN
