@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 steps=${1:-25}
 shift || true
 recipes=("$@")
-[ ${#recipes[@]} -gt 0 ] || recipes=(inbatch moco mae inbatch-vit)
+[ ${#recipes[@]} -gt 0 ] || recipes=(inbatch moco mae inbatch-vit moco-vit)
 warmup=5
 [ "$steps" -gt $((warmup + 1)) ] || { echo "bench: need more than $((warmup + 1)) steps" >&2; exit 2; }
 [ -x build/tally ] || scripts/setup.sh

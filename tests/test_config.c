@@ -181,6 +181,11 @@ static void shipped_recipes_load(void **state) {
   assert_string_equal(c.model.spec.type, "vit");
   assert_string_equal(c.optim.name, "adamw");
   assert_true(c.optim.lr == 1e-3f);
+
+  load_recipe(&c, "configs/moco-vit.ini");
+  assert_string_equal(c.model.spec.type, "vit");
+  assert_string_equal(c.optim.name, "adamw");
+  assert_int_equal(c.objective.queue_size, 4096);
 }
 
 static void shipped_models_load(void **state) {
