@@ -126,6 +126,11 @@ static void record_eval(const Run *run, const char *what, long step, KnnResult r
 
 // Rank 0's evaluation; the other replicas wait at the barrier that follows.
 static void evaluate(Run *run, KnnMonitor *mon, int step) {
+  // Encoding the memory bank takes a while: say so before it starts.
+  if (!run->opt->quiet) {
+    printf("kNN monitor: encoding %d training and %d test images...\n", mon->n_train, mon->n_test);
+    fflush(stdout);
+  }
   KnnResult r = knn_monitor_run(mon);
   char what[64];
   snprintf(what, sizeof what, "after step %d:", step);
@@ -238,6 +243,7 @@ static void replica_open(ReplicaState *r) {
     print_knn("raw pixels (baseline):", run->knn_raw);
     record_eval(run, "raw_pixels", 0, run->knn_raw);
     if (run->opt->knn_at_start) {
+      if (!run->opt->quiet) printf("kNN monitor: encoding with the untrained encoder...\n");
       run->knn_start = knn_monitor_run(&r->mon);
       run->knn_start_done = 1;
       print_knn("untrained encoder:", run->knn_start);
