@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Throughput and memory per objective: trains each recipe for a few steps on Fashion-MNIST at
-# its configured batch (256) and prints images/s (median step after warm-up) and peak RSS.
+# batch 256 (TALLY_BENCH_BATCH to change it) and prints images/s (median step after warm-up),
+# GFLOP per step and peak RSS.
 #   scripts/bench.sh [STEPS] [RECIPE...]     e.g. scripts/bench.sh 25 inbatch moco mae
 # Extra settings go through TALLY_BENCH_SET, e.g. TALLY_BENCH_SET="parallel.replicas=2".
 set -euo pipefail
@@ -12,7 +13,8 @@ recipes=("$@")
 warmup=5
 [ "$steps" -gt $((warmup + 1)) ] || { echo "bench: need more than $((warmup + 1)) steps" >&2; exit 2; }
 [ -x build/tally ] || scripts/setup.sh
-extra=()
+# Batch 256 by default whatever the recipe says, so the numbers compare with the reference's.
+extra=(--set "train.batch_size=${TALLY_BENCH_BATCH:-256}")
 for kv in ${TALLY_BENCH_SET:-}; do extra+=(--set "$kv"); done
 
 out=bench-results/$(date +%Y%m%d-%H%M%S)
