@@ -159,62 +159,25 @@ static void check_conv(const ConvCase *c) {
   env_destroy(&e);
 }
 
-static void test_conv_stride1_pad1_bias(void **state) {
-  (void)state;
-  check_conv(&(ConvCase){.N = 2,
-                         .IC = 3,
-                         .IH = 5,
-                         .IW = 5,
-                         .OC = 4,
-                         .K = 3,
-                         .stride = 1,
-                         .pad = 1,
-                         .has_bias = 1,
-                         .need_din = 1});
-}
+// Convolution cases: N, IC, IH, IW, OC, K, stride, pad, has_bias, need_din.
+static const ConvCase conv_cases[] = {
+    {2, 3, 5, 5, 4, 3, 1, 1, 1, 1},  // stride 1, padding, bias
+    {2, 3, 6, 6, 4, 3, 2, 1, 0, 1},  // stride 2, padding, no bias
+    // non-square, no padding, a stride that leaves the last input row and column unused
+    {3, 2, 6, 5, 3, 2, 2, 0, 1, 1},
+    {2, 3, 5, 5, 4, 3, 1, 1, 1, 0},  // first layer: no input gradient, weight gradients kept
+    // The shapes of a real (tiny) network: wider batches and channel counts that oneDNN's
+    // optimized kernels handle differently, the 1-channel stem, a 1x1 strided projection.
+    {8, 4, 8, 8, 4, 3, 1, 1, 0, 1},
+    {8, 4, 8, 8, 8, 3, 2, 1, 0, 1},
+    {8, 8, 6, 6, 16, 3, 1, 1, 0, 1},
+    {8, 1, 8, 8, 4, 3, 1, 1, 0, 0},
+    {8, 4, 8, 8, 8, 1, 2, 0, 0, 1},
+};
 
-static void test_conv_stride2_pad1_nobias(void **state) {
+static void test_conv_cases(void **state) {
   (void)state;
-  check_conv(&(ConvCase){.N = 2,
-                         .IC = 3,
-                         .IH = 6,
-                         .IW = 6,
-                         .OC = 4,
-                         .K = 3,
-                         .stride = 2,
-                         .pad = 1,
-                         .has_bias = 0,
-                         .need_din = 1});
-}
-
-// Non-square, no padding, and a stride that leaves the last input row and column unused.
-static void test_conv_stride2_nopad_uneven(void **state) {
-  (void)state;
-  check_conv(&(ConvCase){.N = 3,
-                         .IC = 2,
-                         .IH = 6,
-                         .IW = 5,
-                         .OC = 3,
-                         .K = 2,
-                         .stride = 2,
-                         .pad = 0,
-                         .has_bias = 1,
-                         .need_din = 1});
-}
-
-// First layer: no input gradient, weight gradients still computed.
-static void test_conv_first_layer_no_din(void **state) {
-  (void)state;
-  check_conv(&(ConvCase){.N = 2,
-                         .IC = 3,
-                         .IH = 5,
-                         .IW = 5,
-                         .OC = 4,
-                         .K = 3,
-                         .stride = 1,
-                         .pad = 1,
-                         .has_bias = 1,
-                         .need_din = 0});
+  for (size_t i = 0; i < sizeof conv_cases / sizeof conv_cases[0]; i++) check_conv(&conv_cases[i]);
 }
 
 static void test_conv_init_and_infer_mode(void **state) {
@@ -328,62 +291,6 @@ static void check_batchnorm(int N, int C, int H, int W, int relu) {
   tl_free(ref);
   batchnorm_destroy(&l);
   env_destroy(&e);
-}
-
-// The shapes of a real (tiny) network: wider batches and channel counts that oneDNN's
-// optimized kernels handle differently from the smallest cases above, and the stem (1 channel).
-static void test_conv_training_shapes(void **state) {
-  (void)state;
-  check_conv(&(ConvCase){.N = 8,
-                         .IC = 4,
-                         .IH = 8,
-                         .IW = 8,
-                         .OC = 4,
-                         .K = 3,
-                         .stride = 1,
-                         .pad = 1,
-                         .has_bias = 0,
-                         .need_din = 1});
-  check_conv(&(ConvCase){.N = 8,
-                         .IC = 4,
-                         .IH = 8,
-                         .IW = 8,
-                         .OC = 8,
-                         .K = 3,
-                         .stride = 2,
-                         .pad = 1,
-                         .has_bias = 0,
-                         .need_din = 1});
-  check_conv(&(ConvCase){.N = 8,
-                         .IC = 8,
-                         .IH = 6,
-                         .IW = 6,
-                         .OC = 16,
-                         .K = 3,
-                         .stride = 1,
-                         .pad = 1,
-                         .has_bias = 0,
-                         .need_din = 1});
-  check_conv(&(ConvCase){.N = 8,
-                         .IC = 1,
-                         .IH = 8,
-                         .IW = 8,
-                         .OC = 4,
-                         .K = 3,
-                         .stride = 1,
-                         .pad = 1,
-                         .has_bias = 0,
-                         .need_din = 0});
-  check_conv(&(ConvCase){.N = 8,
-                         .IC = 4,
-                         .IH = 8,
-                         .IW = 8,
-                         .OC = 8,
-                         .K = 1,
-                         .stride = 2,
-                         .pad = 0,
-                         .has_bias = 0,
-                         .need_din = 1});
 }
 
 static void test_bn_4d(void **state) {
@@ -588,11 +495,7 @@ static void test_global_avg_pool(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_conv_training_shapes),
-      cmocka_unit_test(test_conv_stride1_pad1_bias),
-      cmocka_unit_test(test_conv_stride2_pad1_nobias),
-      cmocka_unit_test(test_conv_stride2_nopad_uneven),
-      cmocka_unit_test(test_conv_first_layer_no_din),
+      cmocka_unit_test(test_conv_cases),
       cmocka_unit_test(test_conv_init_and_infer_mode),
       cmocka_unit_test(test_bn_4d),
       cmocka_unit_test(test_bn_4d_relu),
