@@ -16,6 +16,7 @@
 #include "objectives/mae.h"
 #include "objectives/objective.h"
 #include "parallel/comm.h"
+#include "parallel/replica_sync.h"
 #include "train/optim.h"
 
 typedef size_t MemSnapshot[MEM_NCAT][COMP_NCOMP];
@@ -91,15 +92,6 @@ static void plan_monitor(Plan *pl, KnnMonitor *mon, float *params) {
   pl->eval_peak = peak_raw > peak_run ? peak_raw : peak_run;
 }
 
-// BatchNorm running statistics are averaged after every step with several replicas (the
-// trainer's average_buffers): one weighted allreduce per buffer entry.
-static void average_buffers(Comm *comm, ParamSet *ps, int samples) {
-  for (int e = 0; e < ps->n_entries; e++) {
-    const ParamEntry *pe = &ps->entries[e];
-    if (pe->is_buffer) comm_allreduce_weighted(comm, ps->data + pe->offset, pe->count, samples);
-  }
-}
-
 static void wait_turn(Plan *pl, int turn) {
   pthread_mutex_lock(&pl->mutex);
   while (pl->turn < turn) pthread_cond_wait(&pl->turn_changed, &pl->mutex);
@@ -128,13 +120,12 @@ static void plan_step(Plan *pl, PlanReplica *rep, Objective *obj, ParamSet *ps, 
   comm_stats_reset(rep->comm);
   pl->def->step(obj, &batch, &rec);
   comm_allreduce_weighted(rep->comm, ps->grad, ps->count, (double)local);
-  if (pl->world > 1) average_buffers(rep->comm, ps, local);
+  if (pl->world > 1) replica_average_buffers(rep->comm, ps, local);
   if (pl->def->after_update) pl->def->after_update(obj, &batch, &rec);
   if (pl->world > 1 && cfg->parallel.checksum_every > 0 &&
       (pl->step + 1) % cfg->parallel.checksum_every == 0) {
-    // The replica checksum: two floats' worth of bits from every replica.
-    float mine[2] = {0, 0}, all[2 * LOADER_MAX_SHARDS];
-    comm_allgather(rep->comm, mine, 2, all, NULL);
+    // The same exchange as the trainer's; the planned (untouched) parameters' verdict is moot.
+    (void)replica_check_identical(rep->comm, ps);
   }
   comm_barrier(rep->comm);
   if (rep->rank == 0) {

@@ -17,6 +17,7 @@
 #include "objectives/objective.h"
 #include "parallel/comm.h"
 #include "parallel/grad_sync.h"
+#include "parallel/replica_sync.h"
 #include "train/checkpoint.h"
 #include "train/optim.h"
 
@@ -58,39 +59,6 @@ static void format_duration(double seconds, char *buf, size_t n) {
     snprintf(buf, n, "%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
   else
     snprintf(buf, n, "%ld:%02ld", s / 60, s % 60);
-}
-
-// Replicas must stay identical; this is checked, not assumed. The checksum is an order-dependent
-// hash of the parameters' bits, so any divergence, even in the last bit, shows.
-static uint64_t params_checksum(const ParamSet *ps) {
-  uint64_t h = 1469598103934665603ULL;
-  const uint32_t *bits = (const uint32_t *)ps->data;
-  for (size_t i = 0; i < ps->count; i++) h = (h ^ bits[i]) * 1099511628211ULL;
-  return h;
-}
-
-// BatchNorm running statistics are per replica (each normalizes its own shard); averaging them
-// by sample count after every step keeps the replicas identical for evaluation and checkpoints.
-static void average_buffers(Comm *comm, ParamSet *ps, int samples) {
-  for (int e = 0; e < ps->n_entries; e++) {
-    const ParamEntry *pe = &ps->entries[e];
-    if (pe->is_buffer) comm_allreduce_weighted(comm, ps->data + pe->offset, pe->count, samples);
-  }
-}
-
-// Gathers every replica's checksum; returns the first rank that differs from rank 0, or -1.
-static int check_replicas_identical(Comm *comm, const ParamSet *ps) {
-  int world = comm_size(comm);
-  uint64_t mine = params_checksum(ps);
-  // Exchanged as two floats' worth of bits per 32-bit half, through the float allgather.
-  float local[2], *all = calloc((size_t)world * 2, sizeof(float));
-  memcpy(local, &mine, sizeof mine);
-  comm_allgather(comm, local, 2, all, NULL);
-  int differs = -1;
-  for (int r = 1; r < world && differs < 0; r++)
-    if (memcmp(all + 2 * r, all, sizeof mine) != 0) differs = r;
-  free(all);
-  return differs;
 }
 
 static void fill_memory(LedgerRecord *rec) {
@@ -303,12 +271,12 @@ static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, do
     comm_allreduce_weighted(r->comm, r->ps.grad, r->ps.count, (double)batch->n);
   t->averaged = now_ms();
   optim_step(r->optim, lr);
-  if (r->world > 1) average_buffers(r->comm, &r->ps, batch->n);
+  if (r->world > 1) replica_average_buffers(r->comm, &r->ps, batch->n);
   if (run->def->after_update) run->def->after_update(r->obj, batch, rec);
   t->updated = now_ms();
   if (r->world > 1 && r->cfg->parallel.checksum_every > 0 &&
       (step + 1) % r->cfg->parallel.checksum_every == 0) {
-    int differs = check_replicas_identical(r->comm, &r->ps);
+    int differs = replica_check_identical(r->comm, &r->ps);
     if (differs >= 0) {
       char why[160];
       snprintf(why, sizeof why,

@@ -1,0 +1,37 @@
+#include "parallel/replica_sync.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+// Replicas must stay identical; this is checked, not assumed. The checksum is an order-dependent
+// hash of the parameters' bits, so any divergence, even in the last bit, shows.
+static uint64_t params_checksum(const ParamSet *ps) {
+  uint64_t h = 1469598103934665603ULL;
+  const uint32_t *bits = (const uint32_t *)ps->data;
+  for (size_t i = 0; i < ps->count; i++) h = (h ^ bits[i]) * 1099511628211ULL;
+  return h;
+}
+
+// BatchNorm running statistics are per replica (each normalizes its own shard); averaging them
+// by sample count after every step keeps the replicas identical for evaluation and checkpoints.
+void replica_average_buffers(Comm *comm, ParamSet *ps, int samples) {
+  for (int e = 0; e < ps->n_entries; e++) {
+    const ParamEntry *pe = &ps->entries[e];
+    if (pe->is_buffer) comm_allreduce_weighted(comm, ps->data + pe->offset, pe->count, samples);
+  }
+}
+
+// Gathers every replica's checksum; returns the first rank that differs from rank 0, or -1.
+int replica_check_identical(Comm *comm, const ParamSet *ps) {
+  int world = comm_size(comm);
+  uint64_t mine = params_checksum(ps);
+  // Exchanged as two floats' worth of bits per 32-bit half, through the float allgather.
+  float local[2], *all = calloc((size_t)world * 2, sizeof(float));
+  memcpy(local, &mine, sizeof mine);
+  comm_allgather(comm, local, 2, all, NULL);
+  int differs = -1;
+  for (int r = 1; r < world && differs < 0; r++)
+    if (memcmp(all + 2 * r, all, sizeof mine) != 0) differs = r;
+  free(all);
+  return differs;
+}
