@@ -123,7 +123,6 @@ static const KeySpec recipe_keys[] = {
     INT_KEY(RECIPE(eval, batch_size), "128", 1, 65536),
 
     INT_KEY(RECIPE(ledger, every), "1", 1, INT_MAX),
-    INT_KEY(RECIPE(ledger, console_every), "10", 1, INT_MAX),
 };
 
 // List entries are at least 1, so the zeros after a list's end mark its length (see

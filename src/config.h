@@ -60,7 +60,7 @@ typedef struct {
     int epochs;               // 1
     int steps;                // 0 = epochs * steps per epoch; > 0 overrides epochs
     unsigned long long seed;  // 0
-    int log_every;            // 10 steps between progress lines
+    int log_every;            // 10 steps between progress lines (the console view of the ledger)
   } train;
 
   struct {
@@ -107,8 +107,7 @@ typedef struct {
   } eval;
 
   struct {
-    int every;          // 1: a ledger record every N steps
-    int console_every;  // 10
+    int every;  // 1: a ledger record every N steps
   } ledger;
 } Config;
 

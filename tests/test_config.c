@@ -132,7 +132,6 @@ static void defaults_match_the_header(void **state) {
   assert_int_equal(c.eval.knn_train_limit, 0);
   assert_int_equal(c.eval.batch_size, 128);
   assert_int_equal(c.ledger.every, 1);
-  assert_int_equal(c.ledger.console_every, 10);
   // The spec defaults are resnet-small's, without reading the file.
   const ModelSpec *m = &c.model.spec;
   assert_resnet_small(m);
@@ -244,7 +243,7 @@ static void unknown_names_suggest_the_closest(void **state) {
   expect_load_error("[objectiv]\ntemperature = 0.1\n",
                     ":2: unknown section [objectiv] (did you mean [objective]?)");
   // Nothing close: the known names instead of a wild guess.
-  expect_load_error_part("[ledger]\nqqqqqqqq = 1\n", 2, "(known keys: every, console_every)");
+  expect_load_error_part("[ledger]\nqqqqqqqq = 1\n", 2, "(known keys: every)");
   expect_load_error_part("\n[train]\nepochs = 2\n[zzzzzzzz]\nx = 1\n", 5,
                          "unknown section [zzzzzzzz] (known sections: data, augment, model");
   expect_load_error(";\nlr = 0.1\n",
@@ -464,7 +463,6 @@ static const char *const every_key[][2] = {
     {"eval.knn_train_limit", "5000"},
     {"eval.batch_size", "250"},
     {"ledger.every", "2"},
-    {"ledger.console_every", "5"},
 };
 #define N_KEYS (sizeof every_key / sizeof every_key[0])
 
