@@ -75,6 +75,8 @@ static const KeySpec recipe_keys[] = {
     FLOAT_KEY(RECIPE(augment, jitter_strength), "0.4", 0, 1, 0),
     FLOAT_KEY(RECIPE(augment, jitter_prob), "0.8", 0, 1, 0),
     FLOAT_KEY(RECIPE(augment, grayscale_prob), "0.2", 0, 1, 0),
+    FLOAT_KEY(RECIPE(augment, solarize_prob), "0", 0, 1, 0),
+    FLOAT_KEY(RECIPE(augment, blur_prob), "0", 0, 1, 0),
 
     TEXT_KEY(RECIPE(model, file), "models/resnet-small.ini", NULL),
     INT_KEY(RECIPE(model, head_hidden_dim), "256", 1, 65536),

@@ -46,6 +46,8 @@ typedef struct {
     float jitter_strength;                 // 0.4 (brightness and contrast; saturation/hue on RGB)
     float jitter_prob;                     // 0.8
     float grayscale_prob;                  // 0.2, RGB only
+    float solarize_prob;                   // 0
+    float blur_prob;                       // 0
   } augment;
 
   struct {

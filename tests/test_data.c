@@ -554,6 +554,69 @@ static void test_augment_grayscale(void **state) {
   dataset_free(&ds);
 }
 
+static void test_augment_solarize(void **state) {
+  (void)state;
+  Dataset ds = make_dataset(1, 6, 6, 1, 9);
+  for (int i = 0; i < 36; i++) ds.pixels[i] = (uint8_t)(i * 7);  // 0 .. 245: both sides of 0.5
+  AugmentParams p = plain_params(6);
+  p.solarize_prob = 1;
+  p.mean[0] = 0, p.std[0] = 1;
+  float out[36];
+  Rng r = rng_stream(1, RNG_AUGMENT, 0, 0);
+  augment_view(&ds, 0, &p, &r, out);
+  for (int i = 0; i < 36; i++) {
+    float v = ds.pixels[i] / 255.0f;
+    assert_float_equal(out[i], v >= 0.5f ? 1.0f - v : v, 1e-6);
+  }
+  dataset_free(&ds);
+}
+
+// Mirror index with the edge pixel not repeated (numpy/torch "reflect"), written out by cases.
+static int reflect_reference(int i, int n) {
+  if (i < 0) return -i;
+  if (i >= n) return 2 * n - 2 - i;
+  return i;
+}
+
+// The separable blur against a direct 2-D sum with weights exp(-d^2 / (2 sigma^2)) normalized
+// over the whole kernel, on an RGB image; and a constant image stays constant.
+static void test_gaussian_blur(void **state) {
+  (void)state;
+  enum { S = 7, C = 3 };
+  const float sigma = 1.3f;
+  float img[S * S * C], ref[S * S * C];
+  for (int i = 0; i < S * S * C; i++) img[i] = (float)((i * 37) % 101) / 100.0f;
+  for (int kernel = 3; kernel <= 5; kernel += 2) {
+    const int r = kernel / 2;
+    float blurred[S * S * C];
+    memcpy(blurred, img, sizeof img);
+    gaussian_blur(blurred, S, C, kernel, sigma);
+    double norm = 0;
+    for (int dy = -r; dy <= r; dy++)
+      for (int dx = -r; dx <= r; dx++) norm += exp(-(dx * dx + dy * dy) / (2.0 * sigma * sigma));
+    for (int y = 0; y < S; y++)
+      for (int x = 0; x < S; x++)
+        for (int ch = 0; ch < C; ch++) {
+          double acc = 0;
+          for (int dy = -r; dy <= r; dy++)
+            for (int dx = -r; dx <= r; dx++) {
+              int sy = reflect_reference(y + dy, S), sx = reflect_reference(x + dx, S);
+              acc += exp(-(dx * dx + dy * dy) / (2.0 * sigma * sigma)) * img[(sy * S + sx) * C + ch];
+            }
+          ref[(y * S + x) * C + ch] = (float)(acc / norm);
+        }
+    for (int i = 0; i < S * S * C; i++) assert_float_equal(blurred[i], ref[i], 1e-5);
+  }
+  float flat[S * S * C];
+  for (int i = 0; i < S * S * C; i++) flat[i] = 0.25f;
+  gaussian_blur(flat, S, C, 5, 2.0f);
+  for (int i = 0; i < S * S * C; i++) assert_float_equal(flat[i], 0.25f, 1e-6);
+  // SimCLR's kernel: 10% of the side, odd, at least 3.
+  assert_int_equal(augment_blur_kernel(28), 3);
+  assert_int_equal(augment_blur_kernel(96), 9);
+  assert_int_equal(augment_blur_kernel(224), 23);
+}
+
 // ---------------------------------------------------------------------------------------------
 // ImageFolder
 
@@ -841,6 +904,8 @@ int main(void) {
       cmocka_unit_test(test_augment_crop_statistics),
       cmocka_unit_test(test_augment_brightness_range),
       cmocka_unit_test(test_augment_grayscale),
+      cmocka_unit_test(test_augment_solarize),
+      cmocka_unit_test(test_gaussian_blur),
       cmocka_unit_test_setup_teardown(test_imagefolder, temp_dir_make, temp_dir_remove),
       cmocka_unit_test_setup_teardown(test_imagefolder_errors, temp_dir_make, temp_dir_remove),
       cmocka_unit_test(test_loader_shard),

@@ -119,6 +119,48 @@ static void color_jitter(float *img, int n_pixels, int c, float strength, Rng *r
     jitter(img, n_pixels, c, order[k], rng_uniform_range(rng, lo, 1.0f + strength));
 }
 
+static void solarize(float *img, size_t n_values) {
+  for (size_t i = 0; i < n_values; i++)
+    if (img[i] >= 0.5f) img[i] = 1.0f - img[i];
+}
+
+int augment_blur_kernel(int size) {
+  int k = size / 10 / 2 * 2 + 1;
+  return k < 3 ? 3 : k;
+}
+
+static int reflect(int i, int n) {
+  if (n == 1) return 0;
+  while (i < 0 || i >= n) i = i < 0 ? -i : 2 * (n - 1) - i;
+  return i;
+}
+
+// One 1-D pass along a line of n pixels (c values each, `stride` values apart), reflecting at
+// the ends; `line` holds a copy of the input line.
+static void blur_line(float *img, int n, int c, size_t stride, const float *w, int r,
+                      float *line) {
+  for (int i = 0; i < n; i++)
+    for (int ch = 0; ch < c; ch++) line[i * c + ch] = img[(size_t)i * stride + ch];
+  for (int i = 0; i < n; i++)
+    for (int ch = 0; ch < c; ch++) {
+      float acc = 0;
+      for (int k = -r; k <= r; k++) acc += w[k + r] * line[reflect(i + k, n) * c + ch];
+      img[(size_t)i * stride + ch] = acc;
+    }
+}
+
+void gaussian_blur(float *img, int size, int c, int kernel, float sigma) {
+  enum { MAX_KERNEL = 63, MAX_LINE = 4096 * 3 };
+  TL_ASSERT(kernel % 2 == 1 && kernel <= MAX_KERNEL && sigma > 0 && size * c <= MAX_LINE);
+  const int r = kernel / 2;
+  float w[MAX_KERNEL], line[MAX_LINE];
+  float sum = 0;
+  for (int k = -r; k <= r; k++) sum += w[k + r] = expf(-0.5f * (float)(k * k) / (sigma * sigma));
+  for (int k = 0; k < kernel; k++) w[k] /= sum;
+  for (int y = 0; y < size; y++) blur_line(img + (size_t)y * size * c, size, c, c, w, r, line);
+  for (int x = 0; x < size; x++) blur_line(img + (size_t)x * c, size, c, (size_t)size * c, w, r, line);
+}
+
 void augment_view(const Dataset *ds, int index, const AugmentParams *p, Rng *rng, float *out) {
   TL_ASSERT(p->crop_ratio_min > 0 && p->crop_ratio_max >= p->crop_ratio_min);
   const int size = p->out_size, n_pixels = size * size;
@@ -127,6 +169,13 @@ void augment_view(const Dataset *ds, int index, const AugmentParams *p, Rng *rng
   if (rng_uniform(rng) < p->jitter_prob)
     color_jitter(out, n_pixels, ds->c, p->jitter_strength, rng);
   if (ds->c == 3 && rng_uniform(rng) < p->grayscale_prob) to_grayscale(out, n_pixels);
+  // Drawn only when enabled, so recipes without them see the same views as before they existed.
+  if (p->blur_prob > 0 && rng_uniform(rng) < p->blur_prob) {
+    float sigma = rng_uniform_range(rng, 0.1f, 2.0f);
+    gaussian_blur(out, size, ds->c, augment_blur_kernel(size), sigma);
+  }
+  if (p->solarize_prob > 0 && rng_uniform(rng) < p->solarize_prob)
+    solarize(out, (size_t)n_pixels * ds->c);
   normalize(out, n_pixels, ds->c, p);
 }
 

@@ -1,5 +1,6 @@
 // Views of images as float tensors: the SSL augmentations (random resized crop, flip,
-// brightness/contrast jitter, and colour jitter / random grayscale for RGB), and the plain
+// brightness/contrast jitter, colour jitter / random grayscale for RGB, optional solarization and
+// Gaussian blur), and the plain
 // evaluation transform. All randomness comes from a counter-based stream keyed by
 // (seed, step, sample index, view), so a view is the same whichever thread or replica makes it.
 #pragma once
@@ -16,11 +17,19 @@ typedef struct {
   float jitter_strength;  // brightness and contrast factors in [1-s, 1+s]
   float jitter_prob;
   float grayscale_prob;   // RGB only
+  float solarize_prob;    // x -> 1 - x where x >= 0.5 (BYOL's solarization)
+  float blur_prob;        // Gaussian blur, sigma uniform in [0.1, 2] px (augment_blur_kernel)
   float mean[3], std[3];  // normalization applied last
 } AugmentParams;
 
 // One augmented view of image `index`, written as (out_size, out_size, c) floats (HWC).
 void augment_view(const Dataset *ds, int index, const AugmentParams *p, Rng *rng, float *out);
+
+// SimCLR's blur kernel side for an image side: 10% of it, odd, at least 3.
+int augment_blur_kernel(int size);
+// Separable Gaussian blur of an (size, size, c) image in place, reflecting at the borders
+// (torchvision's gaussian_blur); size * c <= 12288.
+void gaussian_blur(float *img, int size, int c, int kernel, float sigma);
 
 // The evaluation transform: resize to out_size if needed (bilinear), normalize. (HWC floats.)
 void eval_view(const Dataset *ds, int index, const AugmentParams *p, float *out);

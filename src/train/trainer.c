@@ -534,6 +534,8 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
   a->jitter_strength = cfg->augment.jitter_strength;
   a->jitter_prob = cfg->augment.jitter_prob;
   a->grayscale_prob = cfg->augment.grayscale_prob;
+  a->solarize_prob = cfg->augment.solarize_prob;
+  a->blur_prob = cfg->augment.blur_prob;
   dataset_channel_stats(&run->train, a->mean, a->std);
 
   if (!run->quiet_rank)
