@@ -422,6 +422,8 @@ static const char *const every_key[][2] = {
     {"augment.jitter_strength", "0.3"},
     {"augment.jitter_prob", "0.7"},
     {"augment.grayscale_prob", "0.1"},
+    {"augment.solarize_prob", "0.2"},
+    {"augment.blur_prob", "0.5"},
     {"model.file", "models/vit-tiny.ini"},
     {"model.head_hidden_dim", "512"},
     {"model.head_out_dim", "128"},
