@@ -137,8 +137,7 @@ static int reflect(int i, int n) {
 
 // One 1-D pass along a line of n pixels (c values each, `stride` values apart), reflecting at
 // the ends; `line` holds a copy of the input line.
-static void blur_line(float *img, int n, int c, size_t stride, const float *w, int r,
-                      float *line) {
+static void blur_line(float *img, int n, int c, size_t stride, const float *w, int r, float *line) {
   for (int i = 0; i < n; i++)
     for (int ch = 0; ch < c; ch++) line[i * c + ch] = img[(size_t)i * stride + ch];
   for (int i = 0; i < n; i++)
@@ -150,7 +149,7 @@ static void blur_line(float *img, int n, int c, size_t stride, const float *w, i
 }
 
 void gaussian_blur(float *img, int size, int c, int kernel, float sigma) {
-  enum { MAX_KERNEL = 63, MAX_LINE = 4096 * 3 };
+  enum { MAX_SIDE = 4096, MAX_KERNEL = MAX_SIDE / 10 + 1, MAX_LINE = MAX_SIDE * 3 };
   TL_ASSERT(kernel % 2 == 1 && kernel <= MAX_KERNEL && sigma > 0 && size * c <= MAX_LINE);
   const int r = kernel / 2;
   float w[MAX_KERNEL], line[MAX_LINE];
@@ -158,7 +157,8 @@ void gaussian_blur(float *img, int size, int c, int kernel, float sigma) {
   for (int k = -r; k <= r; k++) sum += w[k + r] = expf(-0.5f * (float)(k * k) / (sigma * sigma));
   for (int k = 0; k < kernel; k++) w[k] /= sum;
   for (int y = 0; y < size; y++) blur_line(img + (size_t)y * size * c, size, c, c, w, r, line);
-  for (int x = 0; x < size; x++) blur_line(img + (size_t)x * c, size, c, (size_t)size * c, w, r, line);
+  for (int x = 0; x < size; x++)
+    blur_line(img + (size_t)x * c, size, c, (size_t)size * c, w, r, line);
 }
 
 void augment_view(const Dataset *ds, int index, const AugmentParams *p, Rng *rng, float *out) {

@@ -1,8 +1,8 @@
 // Views of images as float tensors: the SSL augmentations (random resized crop, flip,
 // brightness/contrast jitter, colour jitter / random grayscale for RGB, optional solarization and
-// Gaussian blur), and the plain
-// evaluation transform. All randomness comes from a counter-based stream keyed by
-// (seed, step, sample index, view), so a view is the same whichever thread or replica makes it.
+// Gaussian blur), and the plain evaluation transform. All randomness comes from a counter-based
+// stream keyed by (seed, step, sample index, view), so a view is the same whichever thread or
+// replica makes it.
 #pragma once
 #include <stdint.h>
 
@@ -28,7 +28,7 @@ void augment_view(const Dataset *ds, int index, const AugmentParams *p, Rng *rng
 // SimCLR's blur kernel side for an image side: 10% of it, odd, at least 3.
 int augment_blur_kernel(int size);
 // Separable Gaussian blur of an (size, size, c) image in place, reflecting at the borders
-// (torchvision's gaussian_blur); size * c <= 12288.
+// (torchvision's gaussian_blur); kernel <= 410, size * c <= 4096 * 3 (the largest image_size).
 void gaussian_blur(float *img, int size, int c, int kernel, float sigma);
 
 // The evaluation transform: resize to out_size if needed (bilinear), normalize. (HWC floats.)
