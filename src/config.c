@@ -139,7 +139,7 @@ static const KeySpec model_keys[] = {
     STAGE_LIST(stage_blocks, "1,1,1", 1, 64),
     STAGE_LIST(stage_strides, "1,2,2", 1, 4),
     INT_KEY(BACKBONE(patch_size), "4", 1, 256),
-    INT_KEY(BACKBONE(pad_to), "32", 0, 4096),
+    INT_KEY(BACKBONE(pad_to), "0", 0, 4096),
     INT_KEY(BACKBONE(dim), "128", 1, 65536),
     INT_KEY(BACKBONE(depth), "4", 1, 256),
     INT_KEY(BACKBONE(heads), "4", 1, 256),
@@ -665,11 +665,11 @@ static int validate_shard_weights(const Config *cfg, const char *where) {
 static int validate_model(const Config *cfg) {
   const ModelSpec *m = &cfg->model.spec;
   const char *where = cfg->model.file;
+  if (m->pad_to && m->pad_to < cfg->data.image_size)
+    return tl_fail("%s: [backbone] pad_to = %d is smaller than [data] image_size = %d", where,
+                   m->pad_to, cfg->data.image_size);
   if (strcmp(m->type, "vit") == 0) {
     int size = m->pad_to ? m->pad_to : cfg->data.image_size;
-    if (m->pad_to && m->pad_to < cfg->data.image_size)
-      return tl_fail("%s: [backbone] pad_to = %d is smaller than [data] image_size = %d", where,
-                     m->pad_to, cfg->data.image_size);
     if (size % m->patch_size)
       return tl_fail("%s: [backbone] patch_size = %d does not divide the image size %d (%s)", where,
                      m->patch_size, size, m->pad_to ? "pad_to" : "[data] image_size");
@@ -681,6 +681,11 @@ static int validate_model(const Config *cfg) {
                      where, m->dim);
     return 0;
   }
+  if (m->pad_to && (m->pad_to - cfg->data.image_size) % 2)
+    return tl_fail(
+        "%s: [backbone] pad_to = %d: resnet pads evenly on both sides, so it must differ from "
+        "[data] image_size = %d by an even number",
+        where, m->pad_to, cfg->data.image_size);
   int channels = list_length(m->stage_channels), blocks = list_length(m->stage_blocks),
       strides = list_length(m->stage_strides);
   if (m->n_stages < 1)

@@ -19,7 +19,7 @@ typedef struct {
   int stage_strides[CONFIG_MAX_STAGES];   // 1,2,2
   // vit: patch embedding, pre-norm transformer blocks, fixed 2-D sin-cos positions, cls token.
   int patch_size;  // 4
-  int pad_to;      // 32: images are zero-padded to this size (0 = no padding)
+  int pad_to;      // 0 = no padding; else images are zero-padded (centred) to this size
   int dim;         // 128
   int depth;       // 4
   int heads;       // 4

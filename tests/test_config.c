@@ -136,7 +136,7 @@ static void defaults_match_the_header(void **state) {
   const ModelSpec *m = &c.model.spec;
   assert_resnet_small(m);
   assert_int_equal(m->patch_size, 4);
-  assert_int_equal(m->pad_to, 32);
+  assert_int_equal(m->pad_to, 0);
   assert_int_equal(m->dim, 128);
   assert_int_equal(m->depth, 4);
   assert_int_equal(m->heads, 4);
@@ -597,6 +597,14 @@ static void validate_cross_field(void **state) {
   memcpy(&c, &base, sizeof c);
   c.model.spec.pad_to = 24;
   expect_invalid(&c, "pad_to = 24 is smaller than [data] image_size = 28");
+  // resnet: padded to 32 is fine (the PyTorch reference's input); an odd margin is not.
+  load_recipe(&c, "configs/inbatch.ini");
+  c.model.spec.pad_to = 32;
+  assert_int_equal(config_validate(&c), 0);
+  c.model.spec.pad_to = 31;
+  expect_invalid(&c, "pad_to = 31: resnet pads evenly on both sides");
+  c.model.spec.pad_to = 26;
+  expect_invalid(&c, "pad_to = 26 is smaller than [data] image_size = 28");
   memcpy(&c, &base, sizeof c);
   c.model.spec.dim = 130;
   expect_invalid(&c, "dim = 130 is not divisible by heads = 4");

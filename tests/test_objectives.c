@@ -211,6 +211,63 @@ static void test_resnet_backbone_gradient(void **state) {
   free(c);
 }
 
+// pad_to on ResNet (the stem's padding grows by the margin) gives the features of the same
+// network run on images explicitly zero-padded to that size.
+static void test_resnet_pad_to_is_zero_padding(void **state) {
+  (void)state;
+  enum { P = S + 4, M = (P - S) / 2 };
+  Config cfg;
+  tiny_config(&cfg, "resnet");
+  float images[4 * S * S * C], padded[4 * P * P * C] = {0};
+  Rng r = rng_stream(12, RNG_TEST, 0, 0);
+  for (int n = 0; n < 4; n++)
+    for (int y = 0; y < S; y++)
+      for (int x = 0; x < S; x++)
+        for (int ch = 0; ch < C; ch++) {
+          float v = rng_normal(&r);
+          images[((n * S + y) * S + x) * C + ch] = v;
+          padded[((n * P + y + M) * P + x + M) * C + ch] = v;
+        }
+  float features[2][4 * 8];
+  for (int explicit_pad = 0; explicit_pad <= 1; explicit_pad++) {
+    DnnlCtx ctx;
+    ParamSet ps;
+    dnnl_ctx_init(&ctx);
+    cfg.model.spec.pad_to = explicit_pad ? 0 : P;
+    const int size = explicit_pad ? P : S;
+    // Same parameter count and the same seed: the same initial weights in both networks.
+    paramset_alloc(&ps, backbone_param_count(&cfg.model.spec, size, C), 3);
+    Builder b = {&ctx, &ps, OP_TRAIN};
+    Backbone *bb = backbone_create(&cfg.model.spec, &b, 4, size, C);
+    bb->forward(bb, &ctx, explicit_pad ? padded : images);
+    memcpy(features[explicit_pad], bb->feature, sizeof features[0]);
+    bb->destroy(bb);
+    paramset_free(&ps);
+    dnnl_ctx_destroy(&ctx);
+  }
+  double largest = 0;
+  for (int i = 0; i < 4 * 8; i++) {
+    assert_float_equal(features[0][i], features[1][i], 1e-5);
+    largest = fmax(largest, fabs(features[1][i]));
+  }
+  assert_true(largest > 0.1);  // the comparison is not between two zero vectors
+  // And the padding changes what the network sees: unpadded features differ.
+  cfg.model.spec.pad_to = 0;
+  DnnlCtx ctx;
+  ParamSet ps;
+  dnnl_ctx_init(&ctx);
+  paramset_alloc(&ps, backbone_param_count(&cfg.model.spec, S, C), 3);
+  Builder b = {&ctx, &ps, OP_TRAIN};
+  Backbone *bb = backbone_create(&cfg.model.spec, &b, 4, S, C);
+  bb->forward(bb, &ctx, images);
+  double diff = 0;
+  for (int i = 0; i < 4 * 8; i++) diff += fabs(bb->feature[i] - features[0][i]);
+  assert_true(diff > 1e-2);
+  bb->destroy(bb);
+  paramset_free(&ps);
+  dnnl_ctx_destroy(&ctx);
+}
+
 // What one step of each contrastive objective encodes and compares, on ResNet.
 static void test_contrastive_counts_resnet(void **state) {
   (void)state;
@@ -380,6 +437,7 @@ int main(void) {
       cmocka_unit_test(test_mae_loss_reference),
       cmocka_unit_test(test_mae_mask_per_image_and_step),
       cmocka_unit_test(test_resnet_backbone_gradient),
+      cmocka_unit_test(test_resnet_pad_to_is_zero_padding),
       cmocka_unit_test(test_contrastive_counts_resnet),
       cmocka_unit_test(test_moco_momentum_rule_and_queue),
   };

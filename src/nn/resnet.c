@@ -165,7 +165,12 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
   r->mode = b->mode;
   int train = b->mode == OP_TRAIN;
   int C = spec->stem_channels, H = image_size, W = image_size;
-  conv2d_init(&r->stem, b, "stem.conv", N, channels, H, W, C, 3, 1, 1, 0, 0);
+  // pad_to: the stem's zero padding grows by the margin, the same as convolving a zero-padded
+  // image without materializing it (validate_model keeps the margin even).
+  const int margin = spec->pad_to > image_size ? (spec->pad_to - image_size) / 2 : 0;
+  conv2d_init(&r->stem, b, "stem.conv", N, channels, H, W, C, 3, 1, 1 + margin, 0, 0);
+  H = r->stem.OH;
+  W = r->stem.OW;
   batchnorm_init(&r->stem_bn, b, "stem.bn", N, C, H, W, 1, train);
   for (int s = 0; s < spec->n_stages; s++) r->n_blocks += spec->stage_blocks[s];
   r->blocks = calloc((size_t)r->n_blocks, sizeof *r->blocks);
