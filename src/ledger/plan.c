@@ -13,6 +13,7 @@
 #include "data/loader.h"
 #include "eval/knn.h"
 #include "eval/monitor.h"
+#include "nn/vit.h"
 #include "objectives/mae.h"
 #include "objectives/objective.h"
 #include "parallel/comm.h"
@@ -375,8 +376,7 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   char *dot = strrchr(t.backbone, '.');
   if (dot && strcmp(dot, ".ini") == 0) *dot = 0;
   if (strcmp(spec->type, "vit") == 0) {
-    int padded = spec->pad_to > cfg->data.image_size ? spec->pad_to : cfg->data.image_size;
-    t.patches_per_image = (padded / spec->patch_size) * (padded / spec->patch_size);
+    t.patches_per_image = vit_patch_count(spec, cfg->data.image_size);
     t.patches_visible = strcmp(pl->def->name, "mae") == 0
                             ? mae_keep_count(t.patches_per_image, cfg->objective.mask_ratio)
                             : t.patches_per_image;

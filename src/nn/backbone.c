@@ -15,6 +15,10 @@ int backbone_feature_dim(const ModelSpec *spec) {
   return spec->stage_channels[spec->n_stages - 1];
 }
 
+int backbone_padded_size(const ModelSpec *spec, int image_size) {
+  return spec->pad_to ? spec->pad_to : image_size;
+}
+
 Backbone *backbone_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels) {
   if (strcmp(spec->type, "vit") == 0) {
     // config_validate has checked the spec against the data, so a refusal here is a bug.

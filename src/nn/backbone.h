@@ -20,6 +20,9 @@ struct Backbone {
 // Parameters (and buffers) a backbone takes from its ParamSet, computed from the spec alone.
 size_t backbone_param_count(const ModelSpec *spec, int image_size, int channels);
 int backbone_feature_dim(const ModelSpec *spec);
+// The side the network sees: [backbone] pad_to when set (images are zero-padded, centred), else
+// the image side. config_validate keeps pad_to >= the image side.
+int backbone_padded_size(const ModelSpec *spec, int image_size);
 
 // Builds the backbone named by spec->type. Takes its parameters from b->params in a fixed order.
 Backbone *backbone_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels);

@@ -166,8 +166,8 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
   int train = b->mode == OP_TRAIN;
   int C = spec->stem_channels, H = image_size, W = image_size;
   // pad_to: the stem's zero padding grows by the margin, the same as convolving a zero-padded
-  // image without materializing it (validate_model keeps the margin even).
-  const int margin = spec->pad_to > image_size ? (spec->pad_to - image_size) / 2 : 0;
+  // image without materializing it (config_validate keeps the margin even).
+  const int margin = (backbone_padded_size(spec, image_size) - image_size) / 2;
   conv2d_init(&r->stem, b, "stem.conv", N, channels, H, W, C, 3, 1, 1 + margin, 0, 0);
   H = r->stem.OH;
   W = r->stem.OW;

@@ -5,8 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int vit_padded_size(const ModelSpec *spec, int image_size) {
-  return spec->pad_to ? spec->pad_to : image_size;
+int vit_patch_count(const ModelSpec *spec, int image_size) {
+  int grid = backbone_padded_size(spec, image_size) / spec->patch_size;
+  return grid * grid;
 }
 
 int vit_check_spec(const ModelSpec *spec, int image_size, int channels) {
@@ -14,7 +15,7 @@ int vit_check_spec(const ModelSpec *spec, int image_size, int channels) {
   if (image_size <= 0 || channels <= 0)
     return tl_fail("vit: bad image geometry %dx%d with %d channels", image_size, image_size,
                    channels);
-  int padded = vit_padded_size(spec, image_size);
+  int padded = backbone_padded_size(spec, image_size);
   if (padded < image_size)
     return tl_fail("vit: pad_to = %d is smaller than the image size %d", spec->pad_to, image_size);
   if (spec->patch_size <= 0 || padded % spec->patch_size)
@@ -201,7 +202,7 @@ static void vit_destroy(Backbone *bb) {
 Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size, int channels,
                        int n_keep) {
   if (vit_check_spec(spec, image_size, channels)) return NULL;
-  int padded = vit_padded_size(spec, image_size), grid = padded / spec->patch_size;
+  int padded = backbone_padded_size(spec, image_size), grid = padded / spec->patch_size;
   if (N <= 0 || n_keep < 1 || n_keep > grid * grid) {
     tl_fail("vit: %d images with %d of %d patches kept", N, n_keep, grid * grid);
     return NULL;
@@ -268,7 +269,6 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
 
 Backbone *vit_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels) {
   if (vit_check_spec(spec, image_size, channels)) return NULL;
-  int grid = vit_padded_size(spec, image_size) / spec->patch_size;
-  Vit *v = vit_create_masked(spec, b, N, image_size, channels, grid * grid);
+  Vit *v = vit_create_masked(spec, b, N, image_size, channels, vit_patch_count(spec, image_size));
   return v ? &v->base : NULL;
 }

@@ -77,8 +77,7 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   // The encoder: the same parameters, in the same order, as the vit backbone the kNN monitor
   // builds, but sized for the visible patches only.
   env->ctx->component = COMP_ENCODER;
-  int pad = spec->pad_to > S ? spec->pad_to : S;
-  o->P = (pad / spec->patch_size) * (pad / spec->patch_size);
+  o->P = vit_patch_count(spec, S);
   o->n_keep = mae_keep_count(o->P, cfg->objective.mask_ratio);
   o->encoder = vit_create_masked(spec, &bld, b, S, C, o->n_keep);
   if (!o->encoder) {
@@ -109,7 +108,7 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   layernorm_init(&o->norm, &bld, "decoder.norm", b * o->Td, o->Dd);
   linear_init(&o->pred, &bld, "decoder.pred", b * o->Td, o->Dd, o->patch_dim, 1, 1, 0.0f);
   o->dec_pos = tl_alloc(sizeof(float) * (size_t)o->P * o->Dd, MEM_PARAM, COMP_DECODER);
-  vit_sincos_pos_embed(o->dec_pos, pad / spec->patch_size, o->Dd);
+  vit_sincos_pos_embed(o->dec_pos, o->encoder->grid, o->Dd);
   o->dec_in = tl_alloc(sizeof(float) * (size_t)b * o->Td * o->Dd, MEM_ACT, COMP_DECODER);
   o->dembed = tl_alloc(sizeof(float) * (size_t)b * o->Te * o->Dd, MEM_ACT_GRAD, COMP_DECODER);
 
