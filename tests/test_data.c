@@ -571,6 +571,39 @@ static void test_augment_solarize(void **state) {
   dataset_free(&ds);
 }
 
+// blur_prob = 1 in a view: the same crop smoothed (never more total variation, nearly the same
+// mean), visibly so in most draws (sigma near its 0.1 px minimum leaves the image as it was).
+static void test_augment_blur_applied(void **state) {
+  (void)state;
+  Dataset ds = make_dataset(1, 12, 12, 1, 10);
+  AugmentParams p = plain_params(12);
+  p.mean[0] = 0, p.std[0] = 1;
+  float sharp[144], blurred[144];
+  int smoothed = 0;
+  for (int d = 0; d < 20; d++) {
+    Rng r1 = rng_stream(4, RNG_AUGMENT, (uint64_t)d, 0), r2 = r1;
+    p.blur_prob = 0;
+    augment_view(&ds, 0, &p, &r1, sharp);
+    p.blur_prob = 1;
+    augment_view(&ds, 0, &p, &r2, blurred);
+    double tv_sharp = 0, tv_blurred = 0, mean_sharp = 0, mean_blurred = 0;
+    for (int y = 0; y < 12; y++)
+      for (int x = 0; x < 12; x++) {
+        mean_sharp += sharp[y * 12 + x] / 144.0;
+        mean_blurred += blurred[y * 12 + x] / 144.0;
+        if (x + 1 < 12) {
+          tv_sharp += fabs(sharp[y * 12 + x + 1] - sharp[y * 12 + x]);
+          tv_blurred += fabs(blurred[y * 12 + x + 1] - blurred[y * 12 + x]);
+        }
+      }
+    assert_true(tv_blurred <= tv_sharp + 1e-6);
+    smoothed += tv_blurred < 0.9 * tv_sharp;
+    assert_float_equal(mean_blurred, mean_sharp, 0.05);
+  }
+  assert_true(smoothed >= 10);
+  dataset_free(&ds);
+}
+
 // Mirror index with the edge pixel not repeated (numpy/torch "reflect"), written out by cases
 // (one reflection suffices for kernels up to 2 * S - 1).
 static int reflect_reference(int i, int n) {
@@ -908,6 +941,7 @@ int main(void) {
       cmocka_unit_test(test_augment_brightness_range),
       cmocka_unit_test(test_augment_grayscale),
       cmocka_unit_test(test_augment_solarize),
+      cmocka_unit_test(test_augment_blur_applied),
       cmocka_unit_test(test_gaussian_blur),
       cmocka_unit_test_setup_teardown(test_imagefolder, temp_dir_make, temp_dir_remove),
       cmocka_unit_test_setup_teardown(test_imagefolder_errors, temp_dir_make, temp_dir_remove),
