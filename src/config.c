@@ -87,6 +87,7 @@ static const KeySpec recipe_keys[] = {
     INT_KEY(RECIPE(train, steps), "0", 0, INT_MAX),
     U64_KEY(RECIPE(train, seed), "0"),
     INT_KEY(RECIPE(train, log_every), "10", 1, INT_MAX),
+    INT_KEY(RECIPE(train, checkpoint_every), "50", 0, INT_MAX),
 
     TEXT_KEY(RECIPE(optim, name), "sgd", "sgd|lars|adamw"),
     FLOAT_KEY(RECIPE(optim, lr), "0.06", 0, 100, 0),
@@ -533,13 +534,11 @@ static int handle_pair(void *user, const char *section, const char *name, const 
   return rc == 0;
 }
 
-static int parse_file(const Schema *schema, void *base, const char *path) {
-  IniParse p = {.schema = schema, .base = base, .path = path};
-  p.file = fopen(path, "r");
-  if (!p.file) return tl_fail("%s: cannot open: %s", path, strerror(errno));
+// `path` names the input in messages; `file` is read to its end.
+static int parse_stream(const Schema *schema, void *base, const char *path, FILE *file) {
+  IniParse p = {.schema = schema, .base = base, .path = path, .file = file};
   int first_error = ini_parse_stream(read_line, &p, handle_pair, &p);
   int read_failed = ferror(p.file);
-  fclose(p.file);
   if (read_failed) return tl_fail("%s: read error", path);
   // inih keeps going after an error and returns the first one's line: ours if it was a
   // handled key, otherwise a line it could not parse.
@@ -547,6 +546,22 @@ static int parse_file(const Schema *schema, void *base, const char *path) {
   if (first_error > 0) return tl_fail("%s:%d: malformed line", path, first_error);
   if (first_error < 0) return tl_fail("%s: inih failed (%d)", path, first_error);
   return 0;
+}
+
+static int parse_file(const Schema *schema, void *base, const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return tl_fail("%s: cannot open: %s", path, strerror(errno));
+  int rc = parse_stream(schema, base, path, f);
+  fclose(f);
+  return rc;
+}
+
+static int parse_text(const Schema *schema, void *base, const char *name, const char *text) {
+  FILE *f = fmemopen((void *)text, strlen(text), "r");
+  if (!f) return tl_fail("%s: cannot read: %s", name, strerror(errno));
+  int rc = parse_stream(schema, base, name, f);
+  fclose(f);
+  return rc;
 }
 
 static int copy_path(char *dst, const char *src) {
@@ -608,6 +623,20 @@ int config_load(Config *cfg, const char *path) {
   if (parse_file(&recipe_schema, &next, path)) return -1;
   // After the whole recipe, so [model] file may appear anywhere in it.
   if (config_load_model(&next, next.model.file)) return -1;
+  memcpy(cfg, &next, sizeof next);
+  return 0;
+}
+
+int config_load_text(Config *cfg, const char *name, const char *recipe, const char *model) {
+  Config next;
+  memcpy(&next, cfg, sizeof next);
+  if (copy_path(next.source_path, name)) return -1;
+  if (parse_text(&recipe_schema, &next, name, recipe)) return -1;
+  ModelSpec spec;
+  memset(&spec, 0, sizeof spec);
+  apply_defaults(&model_schema, &spec);
+  if (parse_text(&model_schema, &spec, name, model)) return -1;
+  next.model.spec = spec;
   memcpy(cfg, &next, sizeof next);
   return 0;
 }
@@ -749,4 +778,8 @@ void config_write(const Config *cfg, FILE *out) {
   // comments: the run folder documents the model and the file still loads.
   fprintf(out, "\n; Model file %s, as read:\n", cfg->model.file);
   write_schema(&model_schema, &cfg->model.spec, "; ", out);
+}
+
+void config_write_model(const Config *cfg, FILE *out) {
+  write_schema(&model_schema, &cfg->model.spec, "", out);
 }

@@ -63,6 +63,8 @@ typedef struct {
     int steps;                // 0 = epochs * steps per epoch; > 0 overrides epochs
     unsigned long long seed;  // 0
     int log_every;            // 10 steps between progress lines (the console view of the ledger)
+    int checkpoint_every;     // 50 steps between checkpoints (also at each epoch's end and the
+                              // run's); 0 = only those. A checkpoint costs ~10 ms here.
   } train;
 
   struct {
@@ -122,6 +124,11 @@ void config_defaults(Config *cfg);
 // key is unknown).
 int config_load(Config *cfg, const char *path);
 
+// Reads a configuration from texts written by config_write and config_write_model (a
+// checkpoint's own copy): the model comes from `model`, not from the file [model] names. `name`
+// labels the texts in messages.
+int config_load_text(Config *cfg, const char *name, const char *recipe, const char *model);
+
 // Applies one override "section.key=value"; same validation, error names "--set". Re-reads the
 // model file when model.file changes. Call config_load first.
 int config_set(Config *cfg, const char *assignment);
@@ -142,3 +149,5 @@ int config_validate(const Config *cfg);
 // Writes the resolved configuration as INI (every key, defaults included); the model spec
 // follows as comment lines, so the run folder documents it and the file stays loadable.
 void config_write(const Config *cfg, FILE *out);
+// Writes the model spec as a loadable [backbone] section.
+void config_write_model(const Config *cfg, FILE *out);

@@ -1,5 +1,10 @@
 // tally: self-supervised image representation training on the CPU, with a ledger of what every
 // step costs.
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,9 +13,13 @@
 
 #include "config.h"
 #include "core/error.h"
+#include "eval/evaluate.h"
+#include "io/npy.h"
 #include "ledger/plan.h"
 #include "ledger/report.h"
 #include "objectives/objective.h"
+#include "train/checkpoint.h"
+#include "train/export.h"
 #include "train/trainer.h"
 
 #define TALLY_VERSION "0.1.0"
@@ -27,6 +36,9 @@ static void usage_main(FILE *f) {
           "  plan     the ledger a configuration will produce, before training (no data, no\n"
           "           compute); --memory-budget finds the largest batch or queue that fits\n"
           "  report   one self-contained HTML report (charts, cost table) from run folders\n"
+          "  eval     score a trained encoder: kNN and a linear probe, next to raw pixels\n"
+          "  embed    write a trained encoder's features of a dataset as .npy\n"
+          "  export   write a trained encoder as safetensors with PyTorch names\n"
           "\n"
           "options:\n"
           "  -h, --help     this help; `tally COMMAND --help` for a command's options\n"
@@ -37,7 +49,8 @@ static void usage_train(FILE *f) {
   fprintf(f,
           "usage: tally train [--objective=NAME] [--config FILE] [--set section.key=value]...\n"
           "                   [--steps N] [--epochs N] [--out DIR] [--knn-at-start] [--no-knn]\n"
-          "                   [--quiet]\n"
+          "                   [--quiet] [--stop-at S] [--overwrite] [--init FILE]\n"
+          "       tally train --resume DIR [--steps N] [--stop-at S] [--set S.K=V]...\n"
           "\n"
           "  --objective=NAME  %s (default inbatch)\n"
           "  --config FILE     INI recipe; default configs/NAME.ini when it exists, else the\n"
@@ -46,13 +59,30 @@ static void usage_train(FILE *f) {
           "  --steps N         train N steps (same as --set train.steps=N)\n"
           "  --epochs N        train N epochs (same as --set train.epochs=N)\n"
           "  --out DIR         run folder (default runs/NAME-YYYYmmdd-HHMMSS): receives\n"
-          "                    config.ini, ledger.jsonl, ledger.csv, checkpoint.bin, summary.json\n"
+          "                    config.ini, ledger.jsonl, ledger.csv, checkpoint.safetensors,\n"
+          "                    eval.jsonl, and summary.json once the run has finished\n"
+          "  --overwrite       replace the run a folder already holds (else refused)\n"
+          "  --resume DIR      continue the run in DIR from its checkpoint, with its own\n"
+          "                    configuration; --set may change only what cannot change the\n"
+          "                    model, objective or data (train.steps, train.log_every,\n"
+          "                    train.checkpoint_every, eval.*, ...). A larger --steps\n"
+          "                    lengthens the run: the schedules follow the new length from\n"
+          "                    the step resumed\n"
+          "  --stop-at S       end after step S as an interruption would: checkpoint, exit 0,\n"
+          "                    no summary.json; --resume continues\n"
+          "  --init FILE       start from the weights in FILE (a checkpoint, or an export with\n"
+          "                    PyTorch names); every backbone tensor must be there\n"
           "  --knn-at-start    also report the kNN accuracy of the untrained encoder\n"
           "  --no-knn          skip the kNN monitor (benchmarks)\n"
           "  --quiet           no progress lines\n"
           "\n"
-          "Exit codes: 0 success, 1 error (bad input, I/O), 2 usage or not available,\n"
-          "3 the loss became NaN or infinite (the last good checkpoint is kept).\n",
+          "Checkpoints: every train.checkpoint_every steps (default 50), at each epoch's end, at\n"
+          "the end, and on SIGINT/SIGTERM (the step under way finishes first; a second\n"
+          "Ctrl-C stops at once).\n"
+          "\n"
+          "Exit codes: 0 success (or --stop-at), 1 error (bad input, I/O), 2 usage or not\n"
+          "available, 3 the loss became NaN or infinite (the last good checkpoint is kept),\n"
+          "130 stopped by SIGINT, 143 by SIGTERM (checkpoint written; --resume continues).\n",
           objective_names());
 }
 
@@ -139,8 +169,80 @@ static int load_config(const char *objective, const ConfigArgs *a, Config *cfg) 
   return 0;
 }
 
+// Keys a resumed run may change: none of them changes the model, the objective, the data or
+// the optimization of the steps already taken.
+static int resume_may_set(const char *assignment) {
+  static const char *const allowed[] = {
+      "train.steps=",      "train.epochs=",       "train.log_every=", "train.checkpoint_every=",
+      "eval.",             "objective.png_every=", "ledger.every=",    "parallel.checksum_every=",
+      "parallel.bucket_kib=", "parallel.replicas=", "parallel.backend="};
+  for (size_t i = 0; i < sizeof allowed / sizeof *allowed; i++)
+    if (strncmp(assignment, allowed[i], strlen(allowed[i])) == 0) return 1;
+  return 0;
+}
+
+// --resume DIR: the configuration, objective and step from DIR's checkpoint, with the overrides
+// a resumed run may take. Prints the error and returns its exit code on failure.
+static int resume_config(const char *dir, const ConfigArgs *ca, Config *cfg, char *objective,
+                         size_t objective_cap, char *ckpt_path, size_t ckpt_cap, long *step) {
+  if (ca->config_path) {
+    fprintf(stderr, "tally: --resume takes the run's own configuration; drop --config\n");
+    return 2;
+  }
+  snprintf(ckpt_path, ckpt_cap, "%s/%s", dir, CHECKPOINT_FILE);
+  StFile f;
+  if (checkpoint_read(&f, ckpt_path) != 0 || checkpoint_config(&f, ckpt_path, cfg) != 0) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
+    return 1;
+  }
+  const char *name = st_get_meta(&f, "objective");
+  snprintf(objective, objective_cap, "%s", name ? name : "");
+  *step = checkpoint_step(&f);
+  st_free(&f);
+  if (*step < 0) {
+    fprintf(stderr, "tally: %s: holds no step\n", ckpt_path);
+    return 1;
+  }
+  const char *sets[258];
+  int n = 0;
+  for (int i = 0; i < ca->n_sets; i++) sets[n++] = ca->sets[i];
+  if (ca->epochs_set[0] && !ca->steps_set[0]) sets[n++] = "train.steps=0";
+  if (ca->epochs_set[0]) sets[n++] = ca->epochs_set;
+  if (ca->steps_set[0]) sets[n++] = ca->steps_set;
+  for (int i = 0; i < n; i++) {
+    if (!resume_may_set(sets[i])) {
+      fprintf(stderr,
+              "tally: --set %s: a resumed run keeps its model, objective, data and optimizer; "
+              "start a new run to change it\n",
+              sets[i]);
+      return 2;
+    }
+    if (config_set(cfg, sets[i]) != 0) {
+      fprintf(stderr, "tally: %s\n", tl_last_error());
+      return 1;
+    }
+  }
+  if (config_validate(cfg) != 0) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
+    return 1;
+  }
+  return 0;
+}
+
+static int parse_count(const char *option, const char *text, long *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (end == text || *end || v <= 0 || errno) {
+    fprintf(stderr, "tally: %s '%s': expected a positive whole number\n", option, text);
+    return 2;
+  }
+  *out = v;
+  return 0;
+}
+
 static int cmd_train(int argc, char **argv) {
-  const char *objective = "inbatch", *out_dir = NULL;
+  const char *objective = NULL, *out_dir = NULL, *resume_dir = NULL;
   ConfigArgs ca = {0};
   TrainOptions opt = {0};
   for (int i = 0; i < argc; i++) {
@@ -155,6 +257,14 @@ static int cmd_train(int argc, char **argv) {
       objective = v;
     } else if ((v = option_value(argc, argv, &i, "--out"))) {
       out_dir = v;
+    } else if ((v = option_value(argc, argv, &i, "--resume"))) {
+      resume_dir = v;
+    } else if ((v = option_value(argc, argv, &i, "--init"))) {
+      opt.init_path = v;
+    } else if ((v = option_value(argc, argv, &i, "--stop-at"))) {
+      if (parse_count("--stop-at", v, &opt.stop_at)) return 2;
+    } else if (!strcmp(argv[i], "--overwrite")) {
+      opt.overwrite = 1;
     } else if (!strcmp(argv[i], "--knn-at-start")) {
       opt.knn_at_start = 1;
     } else if (!strcmp(argv[i], "--quiet")) {
@@ -166,10 +276,34 @@ static int cmd_train(int argc, char **argv) {
       return 2;
     }
   }
+  static Config cfg;
+  static char resumed_objective[64], ckpt_path[4200];
+  if (resume_dir) {
+    if (out_dir && strcmp(out_dir, resume_dir) != 0) {
+      fprintf(stderr, "tally: --resume continues the run in its own folder; drop --out\n");
+      return 2;
+    }
+    if (opt.init_path || opt.overwrite) {
+      fprintf(stderr, "tally: --resume cannot be combined with --%s\n",
+              opt.init_path ? "init" : "overwrite");
+      return 2;
+    }
+    int rc = resume_config(resume_dir, &ca, &cfg, resumed_objective, sizeof resumed_objective,
+                           ckpt_path, sizeof ckpt_path, &opt.start_step);
+    if (rc) return rc;
+    if (objective && strcmp(objective, resumed_objective) != 0) {
+      fprintf(stderr, "tally: %s was trained with --objective=%s, not %s\n", resume_dir,
+              resumed_objective, objective);
+      return 2;
+    }
+    objective = resumed_objective;
+    out_dir = resume_dir;
+    opt.resume_path = ckpt_path;
+  }
+  if (!objective) objective = "inbatch";
   int rc = check_objective(objective);
   if (rc) return rc;
-  static Config cfg;
-  if (load_config(objective, &ca, &cfg) != 0) return 1;
+  if (!resume_dir && load_config(objective, &ca, &cfg) != 0) return 1;
 
   char default_out[128];
   if (!out_dir) {
@@ -371,6 +505,264 @@ static int cmd_report(int argc, char **argv) {
   return rc;
 }
 
+static void usage_export(FILE *f) {
+  fprintf(f,
+          "usage: tally export RUN_DIR|CHECKPOINT [--out FILE] [--with-head]\n"
+          "\n"
+          "Writes the trained encoder as safetensors with PyTorch's names and layouts\n"
+          "(Conv2d weights (O, I, kh, kw), BatchNorm running_mean/running_var/\n"
+          "num_batches_tracked, ...), loadable with load_state_dict(strict=True) into the\n"
+          "module tree the README shows. The metadata carries the configuration and the\n"
+          "input normalization (input_mean, input_std).\n"
+          "\n"
+          "  --out FILE    default RUN_DIR/encoder.safetensors\n"
+          "  --with-head   also the projection head (inbatch, moco) or MAE's decoder\n");
+}
+
+// A run folder names its checkpoint; anything else is taken as a file.
+static void checkpoint_path(const char *src, char *out, size_t n) {
+  struct stat st;
+  if (stat(src, &st) == 0 && S_ISDIR(st.st_mode))
+    snprintf(out, n, "%s/%s", src, CHECKPOINT_FILE);
+  else
+    snprintf(out, n, "%s", src);
+}
+
+static int cmd_export(int argc, char **argv) {
+  const char *src = NULL, *out = NULL;
+  int with_head = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *v;
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage_export(stdout);
+      return 0;
+    } else if ((v = option_value(argc, argv, &i, "--out"))) {
+      out = v;
+    } else if (!strcmp(argv[i], "--with-head")) {
+      with_head = 1;
+    } else if (argv[i][0] != '-' && !src) {
+      src = argv[i];
+    } else {
+      fprintf(stderr, "tally export: unexpected '%s' (see tally export --help)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (!src) {
+    fprintf(stderr, "tally export: name a run folder or checkpoint (see tally export --help)\n");
+    return 2;
+  }
+  char ckpt[4200], default_out[4200];
+  checkpoint_path(src, ckpt, sizeof ckpt);
+  if (!out) {
+    snprintf(default_out, sizeof default_out, "%s", ckpt);
+    char *slash = strrchr(default_out, '/');
+    snprintf(slash ? slash + 1 : default_out,
+             sizeof default_out - (size_t)(slash ? slash + 1 - default_out : 0),
+             "encoder.safetensors");
+    out = default_out;
+  }
+  if (export_checkpoint(ckpt, out, with_head) != 0) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
+    return 1;
+  }
+  printf("encoder%s written to %s\n", with_head ? " and head" : "", out);
+  return 0;
+}
+
+static void usage_embed(FILE *f) {
+  fprintf(f,
+          "usage: tally embed RUN_DIR|FILE --data PATH [--out FILE.npy] [--limit N]\n"
+          "\n"
+          "Writes the encoder's features of every image in PATH (an IDX images file, an\n"
+          "ImageFolder root with class subfolders, or a folder of images) as an (N, D)\n"
+          "float32 .npy, with the evaluation transform the encoder was trained with, and\n"
+          "the labels beside it as FILE.labels.npy (int64) when PATH has them.\n"
+          "FILE is a checkpoint or an export.\n"
+          "\n"
+          "  --out FILE.npy   default embeddings.npy\n"
+          "  --limit N        only the first N images\n");
+}
+
+static int cmd_embed(int argc, char **argv) {
+  const char *src = NULL, *data = NULL, *out = "embeddings.npy";
+  long limit = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *v;
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage_embed(stdout);
+      return 0;
+    } else if ((v = option_value(argc, argv, &i, "--out"))) {
+      out = v;
+    } else if ((v = option_value(argc, argv, &i, "--data"))) {
+      data = v;
+    } else if ((v = option_value(argc, argv, &i, "--limit"))) {
+      if (parse_count("--limit", v, &limit) || limit > INT_MAX) return 2;
+    } else if (argv[i][0] != '-' && !src) {
+      src = argv[i];
+    } else {
+      fprintf(stderr, "tally embed: unexpected '%s' (see tally embed --help)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (!src || !data) {
+    fprintf(stderr, "tally embed: name the encoder and --data (see tally embed --help)\n");
+    return 2;
+  }
+  static FeatureEncoder enc;
+  Dataset ds = {0};
+  if (feature_encoder_open(&enc, src, 128) != 0) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
+    return 1;
+  }
+  int rc = feature_dataset_load(&enc, &ds, data, (int)limit);
+  if (rc == 0) {
+    const int D = feature_encoder_dim(&enc);
+    float *feat = tl_alloc(sizeof(float) * (size_t)ds.n * D, MEM_EVAL, COMP_OTHER);
+    feature_encoder_run(&enc, &ds, ds.n, feat);
+    rc = npy_write_f32(out, feat, (size_t)ds.n, (size_t)D);
+    tl_free(feat);
+    if (rc == 0 && ds.n_classes > 0) {
+      char labels_path[4200];
+      snprintf(labels_path, sizeof labels_path, "%.*s.labels.npy",
+               (int)(strlen(out) > 4 && !strcmp(out + strlen(out) - 4, ".npy") ? strlen(out) - 4
+                                                                               : strlen(out)),
+               out);
+      int64_t *labels = tl_alloc(sizeof(int64_t) * (size_t)ds.n, MEM_EVAL, COMP_OTHER);
+      for (int i = 0; i < ds.n; i++) labels[i] = ds.labels[i];
+      rc = npy_write_i64(labels_path, labels, (size_t)ds.n);
+      tl_free(labels);
+    }
+    if (rc == 0) printf("%d embeddings of dimension %d written to %s\n", ds.n, D, out);
+  }
+  if (rc != 0) fprintf(stderr, "tally: %s\n", tl_last_error());
+  dataset_free(&ds);
+  feature_encoder_close(&enc);
+  return rc ? 1 : 0;
+}
+
+static void usage_eval(FILE *f) {
+  fprintf(f,
+          "usage: tally eval RUN_DIR|FILE [--knn] [--linear] [--json] [--set S.K=V]...\n"
+          "\n"
+          "Scores a trained encoder (a run folder, a checkpoint or an export) on the labeled\n"
+          "training and test sets its configuration names ([data] train, test):\n"
+          "  kNN        cosine, temperature-weighted votes, k = eval.knn_k (200) and 20,\n"
+          "             memory bank = the training set\n"
+          "  linear     multinomial logistic regression on frozen, standardized features,\n"
+          "             L-BFGS to convergence, L2 strength chosen on a tenth of the training\n"
+          "             set held out, then refitted on all of it\n"
+          "each next to the same measure on raw pixels. Without --knn or --linear, both.\n"
+          "\n"
+          "  --set S.K=V  evaluate elsewhere: data.train, data.test, data.format, data.limit,\n"
+          "               data.test_limit, eval.knn_k, eval.knn_temperature\n"
+          "  --json       one JSON object: knn_top1 (k=200), knn_top1_k20, linear_top1,\n"
+          "               knn_top1_raw_pixels, linear_top1_raw_pixels, n_train, n_test,\n"
+          "               seconds, ...\n");
+}
+
+static int eval_may_set(const char *assignment) {
+  static const char *const allowed[] = {"data.train=", "data.test=",  "data.format=",
+                                        "data.limit=", "data.test_limit=", "eval.knn_k=",
+                                        "eval.knn_temperature="};
+  for (size_t i = 0; i < sizeof allowed / sizeof *allowed; i++)
+    if (strncmp(assignment, allowed[i], strlen(allowed[i])) == 0) return 1;
+  return 0;
+}
+
+static void json_number(const char *name, double v, int last) {
+  if (isfinite(v))
+    printf("\"%s\": %.6g%s", name, v, last ? "" : ", ");
+  else
+    printf("\"%s\": null%s", name, last ? "" : ", ");
+}
+
+static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json) {
+  if (json) {
+    printf("{\"source\": \"%s\", \"objective\": \"%s\", \"step\": %ld, ", enc->source,
+           enc->objective, enc->step);
+    printf("\"n_train\": %d, \"n_test\": %d, \"n_classes\": %d, \"feature_dim\": %d, ",
+           r->n_train, r->n_test, r->n_classes, r->feature_dim);
+    json_number("knn_top1", r->knn_top1, 0);
+    json_number("knn_top1_k20", r->knn_top1_k20, 0);
+    json_number("knn_top1_raw_pixels", r->knn_top1_raw_pixels, 0);
+    json_number("knn_top1_k20_raw_pixels", r->knn_top1_k20_raw_pixels, 0);
+    json_number("linear_top1", r->linear_top1, 0);
+    json_number("linear_top1_raw_pixels", r->linear_top1_raw_pixels, 0);
+    json_number("linear_lambda", r->linear_lambda, 0);
+    json_number("linear_lambda_raw_pixels", r->linear_lambda_raw_pixels, 0);
+    json_number("seconds", r->seconds, 1);
+    printf("}\n");
+    return;
+  }
+  printf("%s (%s, step %ld): %d training, %d test images, %d classes, %d-d features\n",
+         enc->source, enc->objective[0] ? enc->objective : "?", enc->step, r->n_train, r->n_test,
+         r->n_classes, r->feature_dim);
+  printf("%-24s %10s %12s\n", "", "encoder", "raw pixels");
+  if (isfinite(r->knn_top1)) {
+    printf("%-24s %10.4f %12.4f\n", "kNN top-1 (k=200)", r->knn_top1, r->knn_top1_raw_pixels);
+    printf("%-24s %10.4f %12.4f\n", "kNN top-1 (k=20)", r->knn_top1_k20,
+           r->knn_top1_k20_raw_pixels);
+  }
+  if (isfinite(r->linear_top1))
+    printf("%-24s %10.4f %12.4f   (L2 %g / %g)\n", "linear probe top-1", r->linear_top1,
+           r->linear_top1_raw_pixels, r->linear_lambda, r->linear_lambda_raw_pixels);
+  printf("%.1f s\n", r->seconds);
+}
+
+static int cmd_eval(int argc, char **argv) {
+  const char *src = NULL;
+  const char *sets[256];
+  int n_sets = 0, json = 0;
+  EvalOptions opt = {0};
+  for (int i = 0; i < argc; i++) {
+    const char *v;
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage_eval(stdout);
+      return 0;
+    } else if ((v = option_value(argc, argv, &i, "--set"))) {
+      if (!eval_may_set(v)) {
+        fprintf(stderr, "tally eval: --set %s: only data.* paths and limits and eval.knn_* "
+                        "can change (see tally eval --help)\n", v);
+        return 2;
+      }
+      if (n_sets == 256) return 2;
+      sets[n_sets++] = v;
+    } else if (!strcmp(argv[i], "--knn")) {
+      opt.knn = 1;
+    } else if (!strcmp(argv[i], "--linear")) {
+      opt.linear = 1;
+    } else if (!strcmp(argv[i], "--json")) {
+      json = 1;
+    } else if (argv[i][0] != '-' && !src) {
+      src = argv[i];
+    } else {
+      fprintf(stderr, "tally eval: unexpected '%s' (see tally eval --help)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (!src) {
+    fprintf(stderr, "tally eval: name a run folder, checkpoint or export (see --help)\n");
+    return 2;
+  }
+  if (!opt.knn && !opt.linear) opt.knn = opt.linear = 1;
+  opt.quiet = json;
+  static FeatureEncoder enc;
+  if (feature_encoder_open(&enc, src, 128) != 0) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
+    return 1;
+  }
+  int rc = 0;
+  for (int i = 0; rc == 0 && i < n_sets; i++) rc = config_set(&enc.cfg, sets[i]);
+  EvalResult r;
+  if (rc == 0) rc = evaluate_encoder(&enc, &opt, &r);
+  if (rc == 0)
+    print_eval(&enc, &r, json);
+  else
+    fprintf(stderr, "tally: %s\n", tl_last_error());
+  feature_encoder_close(&enc);
+  return rc ? 1 : 0;
+}
+
 // The project root is the build folder's parent: recipes and models are found there when the
 // current directory has none.
 static void set_search_root(void) {
@@ -405,6 +797,9 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
   if (!strcmp(cmd, "plan")) return cmd_plan(argc - 2, argv + 2);
   if (!strcmp(cmd, "report")) return cmd_report(argc - 2, argv + 2);
+  if (!strcmp(cmd, "eval")) return cmd_eval(argc - 2, argv + 2);
+  if (!strcmp(cmd, "embed")) return cmd_embed(argc - 2, argv + 2);
+  if (!strcmp(cmd, "export")) return cmd_export(argc - 2, argv + 2);
   fprintf(stderr, "tally: unknown command '%s' (see tally --help)\n", cmd);
   return 2;
 }

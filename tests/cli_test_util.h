@@ -4,7 +4,11 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
+
+#include "io/safetensors.h"
+#include "train/checkpoint.h"
 
 static char tmpdir[256];
 static const char *bin;
@@ -27,4 +31,25 @@ static inline int sh(const char *fmt, ...) {
   va_end(ap);
   int status = system(cmd);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The online parameters a checkpoint holds (its params.* tensors, in order) as one malloc'ed
+// block; *steps receives the steps it holds. NULL when the file cannot be read.
+static inline float *checkpoint_params(const char *path, size_t *count, long *steps) {
+  StFile f;
+  if (checkpoint_read(&f, path) != 0) return NULL;
+  size_t bytes = 0;
+  for (int i = 0; i < f.n_tensors; i++)
+    if (!strncmp(f.tensors[i].name, "params.", 7)) bytes += f.tensors[i].bytes;
+  float *p = malloc(bytes ? bytes : 1);
+  size_t at = 0;
+  for (int i = 0; p && i < f.n_tensors; i++)
+    if (!strncmp(f.tensors[i].name, "params.", 7)) {
+      memcpy((char *)p + at, f.tensors[i].data, f.tensors[i].bytes);
+      at += f.tensors[i].bytes;
+    }
+  *count = bytes / sizeof(float);
+  *steps = checkpoint_step(&f);
+  st_free(&f);
+  return p;
 }

@@ -77,7 +77,7 @@ static void test_short_training_run(void **state) {
   assert_true(exists("%s/config.ini", dir));
   assert_true(exists("%s/ledger.jsonl", dir));
   assert_true(exists("%s/ledger.csv", dir));
-  assert_true(exists("%s/checkpoint.bin", dir));
+  assert_true(exists("%s/checkpoint.safetensors", dir));
   char path[1024], text[8192];
   snprintf(path, sizeof path, "%s/summary.json", dir);
   FILE *f = fopen(path, "r");
@@ -242,24 +242,22 @@ static void test_nan_loss_stops_and_keeps_checkpoint(void **state) {
   rc = run(out, sizeof out,
            "train --objective=inbatch --steps 6 --set data.limit=64 --set train.batch_size=32 "
            "--set data.test_limit=100 --set eval.knn_train_limit=64 --set eval.knn_k=10 "
-           "--set eval.batch_size=100 --set eval.knn_every_epochs=100 --quiet --out %s",
+           "--set eval.batch_size=100 --set eval.knn_every_epochs=100 --quiet --overwrite "
+           "--out %s",
            dir);
   unsetenv("TALLY_INJECT_NAN_AT_STEP");
   assert_int_equal(rc, 3);
   assert_non_null(strstr(out, "step 3"));
   assert_false(exists("%s/summary.json", dir));
-  assert_false(exists("%s/checkpoint.bin.tmp", dir));
+  assert_int_equal(sh("ls %s | grep -q '\\.tmp'", dir), 1);
   // The checkpoint is the one written at the end of epoch 1 (after step index 1, so step 2).
-  snprintf(path, sizeof path, "%s/checkpoint.bin", dir);
-  FILE *f = fopen(path, "rb");
-  assert_non_null(f);
-  char magic[8];
-  uint64_t header[2];
-  assert_int_equal(fread(magic, 1, 8, f), 8);
-  assert_int_equal(fread(header, sizeof header, 1, f), 1);
-  fclose(f);
-  assert_memory_equal(magic, "TALLYCK1", 8);
-  assert_int_equal(header[0], 2);
+  snprintf(path, sizeof path, "%s/checkpoint.safetensors", dir);
+  size_t count;
+  long steps;
+  float *params = checkpoint_params(path, &count, &steps);
+  assert_non_null(params);
+  free(params);
+  assert_int_equal(steps, 2);
 }
 
 int main(void) {

@@ -434,6 +434,7 @@ static const char *const every_key[][2] = {
     {"train.steps", "123"},
     {"train.seed", "18446744073709551615"},
     {"train.log_every", "5"},
+    {"train.checkpoint_every", "7"},
     {"optim.name", "lars"},
     {"optim.lr", "0.123456789"},
     {"optim.momentum", "0.8"},

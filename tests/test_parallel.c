@@ -42,18 +42,11 @@ static void read_losses(const char *run, double *loss) {
 
 static float *read_params(const char *run, size_t *count) {
   char path[512];
-  snprintf(path, sizeof path, "%s/%s/checkpoint.bin", tmpdir, run);
-  FILE *f = fopen(path, "rb");
-  assert_non_null(f);
-  char magic[8];
-  uint64_t header[2];
-  assert_int_equal(fread(magic, 1, 8, f), 8);
-  assert_int_equal(fread(header, sizeof header, 1, f), 1);
-  assert_int_equal(header[0], STEPS);
-  *count = header[1];
-  float *p = malloc(sizeof(float) * *count);
-  assert_int_equal(fread(p, sizeof(float), *count, f), *count);
-  fclose(f);
+  snprintf(path, sizeof path, "%s/%s/checkpoint.safetensors", tmpdir, run);
+  long steps;
+  float *p = checkpoint_params(path, count, &steps);
+  assert_non_null(p);
+  assert_int_equal(steps, STEPS);
   return p;
 }
 

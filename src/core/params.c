@@ -55,6 +55,8 @@ float *paramset_take(ParamSet *ps, const char *name, size_t n, int no_decay, flo
   e->offset = ps->used;
   e->count = n;
   e->no_decay = no_decay;
+  e->ndim = 1;
+  e->shape[0] = (long)n;
   ps->used += n;
   if (grad) *grad = ps->grad ? ps->grad + e->offset : NULL;
   return ps->data + e->offset;
@@ -64,6 +66,16 @@ float *paramset_take_buffer(ParamSet *ps, const char *name, size_t n) {
   float *p = paramset_take(ps, name, n, 1, NULL);
   ps->entries[ps->n_entries - 1].is_buffer = 1;
   return p;
+}
+
+void paramset_set_shape(ParamSet *ps, int ndim, const long *shape) {
+  TL_ASSERT(ps->n_entries > 0 && ndim >= 1 && ndim <= PARAM_MAX_DIMS);
+  ParamEntry *e = &ps->entries[ps->n_entries - 1];
+  size_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+  TL_ASSERT(n == e->count);
+  e->ndim = ndim;
+  memcpy(e->shape, shape, sizeof(long) * (size_t)ndim);
 }
 
 void paramset_grad_ready(const ParamSet *ps, const float *grad, size_t count) {

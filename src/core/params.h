@@ -8,9 +8,13 @@
 #include "core/alloc.h"
 #include "core/rng.h"
 
+enum { PARAM_MAX_DIMS = 4 };
+
 typedef struct {
   char name[64];
   size_t offset, count;
+  int ndim;                         // 1 unless the op that took it says otherwise
+  long shape[PARAM_MAX_DIMS];       // conv (O, I, kh, kw), linear (O, I): PyTorch's layouts
   int no_decay;   // biases and normalization parameters: no weight decay, excluded from LARS
   int is_buffer;  // running statistics: saved and copied with the model, never optimized
 } ParamEntry;
@@ -45,6 +49,10 @@ float *paramset_take(ParamSet *ps, const char *name, size_t n, int no_decay, flo
 // Takes a non-trainable buffer (BatchNorm running statistics): its gradient slice stays zero and
 // the optimizer skips it.
 float *paramset_take_buffer(ParamSet *ps, const char *name, size_t n);
+
+// Gives the entry taken last its shape (the product must equal its count), for checkpoints and
+// exports.
+void paramset_set_shape(ParamSet *ps, int ndim, const long *shape);
 
 // Every op that writes parameter gradients calls this right after writing them, once per taken
 // slice: `grad` is the slice paramset_take handed out, `count` its length. Never for buffers

@@ -1,8 +1,13 @@
 #include "ledger/record.h"
 
+#include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
 
 // One table drives both writers, the reader and the plan, so they can never disagree on names.
 typedef enum { F_LONG, F_INT, F_SIZE, F_DOUBLE, F_STRING } FieldType;
@@ -258,4 +263,67 @@ int ledger_read_json(const char *line, LedgerRecord *r) {
     else if (*p != '}')
       return -1;
   }
+}
+
+// The integer after "key": in a JSON line, or -1.
+static long json_long_field(const char *line, const char *key) {
+  char pattern[64];
+  snprintf(pattern, sizeof pattern, "\"%s\":", key);
+  const char *p = strstr(line, pattern);
+  if (!p) return -1;
+  char *end;
+  long v = strtol(p + strlen(pattern), &end, 10);
+  return end == p + strlen(pattern) ? -1 : v;
+}
+
+// Keeps the whole lines (ending in a newline) of `path` that `keep` accepts; the first line is
+// kept as is when `header` is set.
+static int rewrite_lines(const char *path, int header, int (*keep)(const char *line, long limit),
+                         long limit) {
+  FILE *in = fopen(path, "r");
+  if (!in) return errno == ENOENT ? 0 : tl_fail("%s: cannot read: %s", path, strerror(errno));
+  AtomicFile out;
+  if (atomic_open(&out, path) != 0) {
+    fclose(in);
+    return -1;
+  }
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t n;
+  for (int i = 0; (n = getline(&line, &cap, in)) > 0; i++)
+    if (line[n - 1] == '\n' && ((header && i == 0) || keep(line, limit))) fputs(line, out.f);
+  free(line);
+  int read_failed = ferror(in);
+  fclose(in);
+  if (read_failed) {
+    atomic_abort(&out);
+    return tl_fail("%s: read error", path);
+  }
+  return atomic_commit(&out);
+}
+
+static int keep_record(const char *line, long limit) {
+  long step = json_long_field(line, "step");
+  return step >= 0 && step < limit;
+}
+
+static int keep_csv_row(const char *line, long limit) {
+  char *end;
+  long step = strtol(line, &end, 10);
+  return end != line && *end == ',' && step >= 0 && step < limit;
+}
+
+static int keep_eval(const char *line, long limit) {
+  long step = json_long_field(line, "step");
+  return step >= 0 && step <= limit && !strstr(line, "\"what\":\"raw_pixels\"");
+}
+
+int ledger_truncate_for_resume(const char *run_dir, long steps_done) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/ledger.jsonl", run_dir);
+  if (rewrite_lines(path, 0, keep_record, steps_done) != 0) return -1;
+  snprintf(path, sizeof path, "%s/ledger.csv", run_dir);
+  if (rewrite_lines(path, 1, keep_csv_row, steps_done) != 0) return -1;
+  snprintf(path, sizeof path, "%s/eval.jsonl", run_dir);
+  return rewrite_lines(path, 0, keep_eval, steps_done);
 }

@@ -113,3 +113,9 @@ int ledger_read_json(const char *line, LedgerRecord *r);
 // CSV: a header line once, then one row per record, same names.
 void ledger_write_csv_header(FILE *f);
 void ledger_write_csv(FILE *f, const LedgerRecord *r);
+
+// Resuming at `steps_done`: rewrites a run's ledger.jsonl and ledger.csv (atomically) keeping
+// the records of steps before it — the steps the checkpoint holds — and dropping later ones and
+// a last line cut off by a kill. eval.jsonl keeps evaluations up to and including it, except
+// the raw-pixel baseline, which the resumed run reports again. Missing files are fine.
+int ledger_truncate_for_resume(const char *run_dir, long steps_done);

@@ -13,6 +13,7 @@
 #include "objectives/moco.h"
 #include "objectives/ntxent.h"
 #include "objectives/objective.h"
+#include "train/checkpoint.h"
 
 typedef struct {
   Objective base;
@@ -258,6 +259,23 @@ static void moco_destroy(Objective *base) {
   free(o);
 }
 
+static void moco_params_loaded(Objective *base) {
+  Moco *o = (Moco *)base;
+  memcpy(o->key_params.data, base->env.params->data, sizeof(float) * base->env.params->count);
+}
+
+static void moco_state(Objective *base, StFile *s) {
+  Moco *o = (Moco *)base;
+  checkpoint_add_paramset(s, "moco.key.", &o->key_params);
+  int64_t kd[2] = {o->queue.capacity, o->queue.dim};
+  st_add(s, "moco.queue.keys", ST_F32, 2, kd, o->queue.keys);
+  _Static_assert(sizeof *o->queue.step_of == sizeof(int64_t), "step tags are saved as I64");
+  st_add(s, "moco.queue.step_of", ST_I64, 1, kd, o->queue.step_of);
+  st_add(s, "moco.queue.next", ST_I32, 0, NULL, &o->queue.next);
+  _Static_assert(sizeof o->step == sizeof(int64_t), "the step is saved as I64");
+  st_add(s, "moco.step", ST_I64, 0, NULL, &o->step);
+}
+
 const ParamSet *moco_key_params(const Objective *o) { return &((const Moco *)o)->key_params; }
 const KeyQueue *moco_queue(const Objective *o) { return &((const Moco *)o)->queue; }
 const float *moco_last_keys(const Objective *o) { return ((const Moco *)o)->k; }
@@ -272,4 +290,6 @@ const ObjectiveDef objective_moco = {
     .step = moco_step,
     .after_update = moco_after_update,
     .destroy = moco_destroy,
+    .state = moco_state,
+    .params_loaded = moco_params_loaded,
 };

@@ -5,6 +5,7 @@
 #pragma once
 #include "config.h"
 #include "data/loader.h"
+#include "io/safetensors.h"
 #include "ledger/record.h"
 #include "nn/backbone.h"
 #include "parallel/comm.h"
@@ -48,6 +49,13 @@ struct ObjectiveDef {
   // After the optimizer update (momentum encoder, queue). May be NULL.
   void (*after_update)(Objective *o, const Batch *batch, LedgerRecord *rec);
   void (*destroy)(Objective *o);
+  // Adds what the objective keeps between steps, beyond the online parameters, to a checkpoint
+  // list (tensors pointing at its live state, names prefixed with the objective's name), so a
+  // resumed run continues bit for bit. NULL: nothing is kept.
+  void (*state)(Objective *o, StFile *s);
+  // The online parameters were replaced after create (--init): copies of them, such as a
+  // momentum encoder, start again from them. NULL: nothing copies them.
+  void (*params_loaded)(Objective *o);
 };
 
 const ObjectiveDef *objective_find(const char *name);

@@ -84,6 +84,7 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   char pname[96];
   snprintf(pname, sizeof pname, "%s.weight", name);
   l->weight = paramset_take(b->params, pname, (size_t)OC * IC * K * K, 0, &l->dweight);
+  paramset_set_shape(b->params, 4, (long[]){OC, IC, K, K});
   paramset_init_normal(b->params, l->weight, (size_t)OC * IC * K * K,
                        sqrtf(2.0f / (float)(IC * K * K)));
   if (has_bias) {

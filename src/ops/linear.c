@@ -42,6 +42,7 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   char pname[64];
   snprintf(pname, sizeof pname, "%s.weight", name);
   l->weight = paramset_take(b->params, pname, (size_t)OC * (size_t)IC, 0, &l->dweight);
+  paramset_set_shape(b->params, 2, (long[]){OC, IC});
   if (init_std > 0)
     paramset_init_normal(b->params, l->weight, (size_t)OC * (size_t)IC, init_std);
   else

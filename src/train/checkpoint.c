@@ -1,55 +1,70 @@
 #include "train/checkpoint.h"
 
-#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "core/error.h"
 
-static const char MAGIC[8] = {'T', 'A', 'L', 'L', 'Y', 'C', 'K', '1'};
+void checkpoint_add_paramset(StFile *s, const char *prefix, const ParamSet *ps) {
+  for (int i = 0; i < ps->n_entries; i++) {
+    const ParamEntry *e = &ps->entries[i];
+    char name[ST_NAME_MAX];
+    snprintf(name, sizeof name, "%s%s", prefix, e->name);
+    int64_t dims[PARAM_MAX_DIMS];
+    for (int d = 0; d < e->ndim; d++) dims[d] = e->shape[d];
+    st_add(s, name, ST_F32, e->ndim, dims, ps->data + e->offset);
+  }
+}
 
-int checkpoint_save(const char *path, long step, const float *params, size_t count) {
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "wb");
-  if (!f) return tl_fail("%s: cannot write checkpoint: %s", tmp, strerror(errno));
-  uint64_t header[2] = {(uint64_t)step, (uint64_t)count};
-  int ok = fwrite(MAGIC, 1, sizeof MAGIC, f) == sizeof MAGIC &&
-           fwrite(header, sizeof header, 1, f) == 1 &&
-           fwrite(params, sizeof(float), count, f) == count;
-  ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
-  int saved_errno = errno;
-  if (fclose(f) != 0) ok = 0;
-  if (!ok || rename(tmp, path) != 0) {
-    if (ok) saved_errno = errno;
-    unlink(tmp);
-    return tl_fail("%s: checkpoint not written (%s); the previous one is kept", path,
-                   strerror(saved_errno));
+static int same_layout(const StTensor *a, const StTensor *b) {
+  if (a->dtype != b->dtype || a->ndim != b->ndim) return 0;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return 0;
+  return 1;
+}
+
+static void describe(const StTensor *t, char *buf, size_t n) {
+  int w = snprintf(buf, n, "%s [", st_dtype_name(t->dtype));
+  for (int d = 0; d < t->ndim && w > 0 && (size_t)w < n; d++)
+    w += snprintf(buf + w, n - (size_t)w, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+  if (w > 0 && (size_t)w < n) snprintf(buf + w, n - (size_t)w, "]");
+}
+
+int checkpoint_restore(const StFile *want, const StFile *have, const char *what) {
+  for (int i = 0; i < want->n_tensors; i++) {
+    const StTensor *w = &want->tensors[i];
+    const StTensor *h = st_find(have, w->name);
+    if (!h) return tl_fail("%s: has no tensor %s (a different model or objective?)", what, w->name);
+    if (!same_layout(w, h)) {
+      char a[96], b[96];
+      describe(h, a, sizeof a);
+      describe(w, b, sizeof b);
+      return tl_fail("%s: tensor %s is %s, the model needs %s", what, w->name, a, b);
+    }
+  }
+  for (int i = 0; i < want->n_tensors; i++) {
+    const StTensor *w = &want->tensors[i];
+    memcpy((void *)w->data, st_find(have, w->name)->data, w->bytes);
   }
   return 0;
 }
 
-int checkpoint_load(const char *path, long *step, float *params, size_t count) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return tl_fail("%s: cannot open checkpoint: %s", path, strerror(errno));
-  char magic[8];
-  uint64_t header[2];
-  int ok = fread(magic, 1, sizeof magic, f) == sizeof magic && memcmp(magic, MAGIC, 8) == 0 &&
-           fread(header, sizeof header, 1, f) == 1;
-  if (!ok) {
-    fclose(f);
-    return tl_fail("%s: not a Tally checkpoint", path);
+int checkpoint_read(StFile *s, const char *path) {
+  if (st_read(s, path, 0) != 0) return -1;
+  const char *format = st_get_meta(s, "format");
+  if (!format || strcmp(format, CHECKPOINT_FORMAT) != 0) {
+    st_free(s);
+    return tl_fail("%s: not a Tally checkpoint (format %s, expected %s)", path,
+                   format ? format : "missing", CHECKPOINT_FORMAT);
   }
-  if (header[1] != count) {
-    fclose(f);
-    return tl_fail("%s: checkpoint holds %llu parameters, the model has %zu", path,
-                   (unsigned long long)header[1], count);
-  }
-  ok = fread(params, sizeof(float), count, f) == count;
-  fclose(f);
-  if (!ok) return tl_fail("%s: truncated checkpoint", path);
-  *step = (long)header[0];
   return 0;
+}
+
+long checkpoint_step(const StFile *s) {
+  const StTensor *t = st_find(s, "train.step");
+  if (!t || t->dtype != ST_I64 || t->ndim != 0) return -1;
+  int64_t step;
+  memcpy(&step, t->data, sizeof step);
+  return step >= 0 ? (long)step : -1;
 }

@@ -1,9 +1,28 @@
-// Checkpoints: the parameter block (with BatchNorm running statistics) and the step, written
-// atomically (temporary file, fsync, rename) so a crash or a full disk never leaves a torn file
-// where the last good checkpoint was.
+// Checkpoints are safetensors files (io/safetensors.h): one format for resume and for export.
+// A checkpoint is a list of named tensors that point at a replica's live state — parameters
+// with BatchNorm running statistics, optimizer state, the objective's own state (moco's key
+// encoder and queue), the step — plus metadata: the resolved configuration and model, the
+// objective. Saving writes the list; restoring builds the same list from a freshly built
+// replica and copies each tensor into place, checking names, dtypes and shapes.
 #pragma once
 #include <stddef.h>
 
-int checkpoint_save(const char *path, long step, const float *params, size_t count);
-// Reads into params (count must match). Returns -1 with tl_last_error() on any mismatch.
-int checkpoint_load(const char *path, long *step, float *params, size_t count);
+#include "core/params.h"
+#include "io/safetensors.h"
+
+#define CHECKPOINT_FORMAT "tally-checkpoint-1"
+#define CHECKPOINT_FILE "checkpoint.safetensors"
+
+// Adds one tensor per entry of `ps`, named prefix + entry name, with the entry's shape.
+void checkpoint_add_paramset(StFile *s, const char *prefix, const ParamSet *ps);
+
+// Copies every tensor listed in `want` from `have` into the memory `want` points at. -1 with
+// tl_last_error() naming `what` and the first tensor that is missing or whose dtype or shape
+// differs; nothing is partially copied when the check fails.
+int checkpoint_restore(const StFile *want, const StFile *have, const char *what);
+
+// Reads a checkpoint and checks that it is one (format metadata). -1 with tl_last_error().
+int checkpoint_read(StFile *s, const char *path);
+
+// The step a checkpoint was written after (steps done), or -1 if it has none.
+long checkpoint_step(const StFile *s);

@@ -240,6 +240,15 @@ void optim_step(Optimizer *opt, float lr) {
   opt->steps_done++;
 }
 
+void optim_state(Optimizer *opt, StFile *s) {
+  int64_t n = (int64_t)opt->ps->count;
+  st_add(s, "optim.momentum", ST_F32, 1, &n, opt->momentum_buf);
+  if (opt->second_moment) st_add(s, "optim.second_moment", ST_F32, 1, &n, opt->second_moment);
+  // long is 64-bit on every platform Tally builds on (LP64).
+  _Static_assert(sizeof opt->steps_done == sizeof(int64_t), "steps_done is saved as I64");
+  st_add(s, "optim.steps_done", ST_I64, 0, NULL, &opt->steps_done);
+}
+
 void optim_destroy(Optimizer *opt) {
   if (!opt) return;
   tl_free(opt->momentum_buf);

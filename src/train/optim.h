@@ -8,6 +8,7 @@
 
 #include "config.h"
 #include "core/params.h"
+#include "io/safetensors.h"
 
 typedef enum { OPTIM_SGD, OPTIM_LARS, OPTIM_ADAMW } OptimKind;
 
@@ -38,6 +39,10 @@ void optim_step(Optimizer *opt, float lr);
 // Bytes of optimizer state for `param_count` floats of parameters, as optim_create allocates
 // them; 0 for an unknown name (config validation rejects those before planning).
 size_t optim_state_bytes(const char *name, size_t param_count);
+
+// Adds the optimizer's state to a checkpoint list: optim.momentum (and optim.second_moment for
+// adamw) over the whole block, and optim.steps_done.
+void optim_state(Optimizer *opt, StFile *s);
 
 void optim_destroy(Optimizer *opt);
 

@@ -1,10 +1,14 @@
 #include "train/trainer.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdint.h>
+#include <fcntl.h>
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,11 +18,13 @@
 #include "core/timer.h"
 #include "data/loader.h"
 #include "eval/monitor.h"
+#include "io/atomic_file.h"
 #include "objectives/objective.h"
 #include "parallel/comm.h"
 #include "parallel/grad_sync.h"
 #include "parallel/replica_sync.h"
 #include "train/checkpoint.h"
+#include "train/export.h"
 #include "train/optim.h"
 
 // What all replicas share: the read-only data, the plan of steps, and rank 0's outputs.
@@ -29,6 +35,10 @@ typedef struct {
   Dataset train, test;
   AugmentParams aug;
   int world, global_batch, steps_per_epoch, total_steps;
+  int start_step;  // 0, or the steps a resumed checkpoint holds
+  // The resolved configuration and model as INI text: written to config.ini and into every
+  // checkpoint, from which --resume reads them back.
+  char *config_text, *model_text;
   int shard_sizes[CONFIG_MAX_REPLICAS];
   int has_shard_sizes;
   LocalGroup *group;
@@ -38,6 +48,7 @@ typedef struct {
   double final_loss, images_per_s, train_seconds;
   size_t peak_rss;
   int knn_done, knn_start_done;
+  int stopped_early;  // 1: --stop-at or a signal ended the run before its last step
   KnnResult knn, knn_start, knn_raw;
   int steps_done;
   int quiet_rank;  // an MPI rank other than 0: trains, but writes and prints nothing
@@ -82,18 +93,22 @@ static void print_knn(const char *what, KnnResult r) {
 }
 
 // Appends one evaluation to eval.jsonl: {"step", "knn_top1", "knn_top1_k20", "seconds"}.
-static void record_eval(const Run *run, const char *what, long step, KnnResult r) {
+// Returns -1 with tl_last_error() when the line could not be written whole.
+static int record_eval(const Run *run, const char *what, long step, KnnResult r) {
   FILE *f = fopen(run->path_eval, "a");
-  if (!f) return;
+  if (!f) return tl_fail("%s: cannot write: %s", run->path_eval, strerror(errno));
   fprintf(
       f,
       "{\"step\":%ld,\"what\":\"%s\",\"knn_top1\":%.6f,\"knn_top1_k20\":%.6f,\"seconds\":%.3f}\n",
       step, what, r.top1, r.top1_k20, r.seconds);
-  fclose(f);
+  int ok = fflush(f) == 0 && !ferror(f);
+  int err = errno;
+  if (fclose(f) != 0) ok = 0;
+  return ok ? 0 : tl_fail("%s: cannot write: %s", run->path_eval, strerror(err ? err : EIO));
 }
 
 // Rank 0's evaluation; the other replicas wait at the barrier that follows.
-static void evaluate(Run *run, KnnMonitor *mon, int step) {
+static int evaluate(Run *run, KnnMonitor *mon, int step) {
   // Encoding the memory bank takes a while: say so before it starts.
   if (!run->opt->quiet) {
     printf("kNN monitor: encoding %d training and %d test images...\n", mon->n_train, mon->n_test);
@@ -103,16 +118,15 @@ static void evaluate(Run *run, KnnMonitor *mon, int step) {
   char what[64];
   snprintf(what, sizeof what, "after step %d:", step);
   print_knn(what, r);
-  record_eval(run, "encoder", step, r);
   run->knn = r;
   run->knn_done = 1;
+  return record_eval(run, "encoder", step, r);
 }
 
 static int write_summary(Run *run) {
-  char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.tmp", run->path_summary);
-  FILE *f = fopen(tmp, "w");
-  if (!f) return tl_fail("%s: cannot write: %s", tmp, strerror(errno));
+  AtomicFile a;
+  if (atomic_open(&a, run->path_summary) != 0) return -1;
+  FILE *f = a.f;
   const Config *cfg = run->cfg;
   fprintf(f, "{\n  \"objective\": \"%s\",\n  \"backbone\": \"%s\",\n", run->def->name,
           cfg->model.spec.type);
@@ -132,10 +146,7 @@ static int write_summary(Run *run) {
     fprintf(f, "  \"knn_top1_raw_pixels\": null\n}\n");
   else
     fprintf(f, "  \"knn_top1_raw_pixels\": %.6f\n}\n", run->knn_raw.top1);
-  int ok = fclose(f) == 0;
-  if (!ok || rename(tmp, run->path_summary) != 0)
-    return tl_fail("%s: cannot write: %s", run->path_summary, strerror(errno));
-  return 0;
+  return atomic_commit(&a);
 }
 
 // Faults injected by tests of the failure paths. TALLY_INJECT_NAN_AT_STEP=S: the loss of step S
@@ -177,8 +188,122 @@ typedef struct {
   int last_log_step;
 } ReplicaState;
 
-// Builds the replica's model, optimizer and loader; rank 0 also its monitor and ledger files.
-// A failure aborts the collective group, so every replica stops.
+// What a checkpoint holds of this replica, as tensors pointing at its live state. The
+// augmentation and mask streams need nothing here: they are keyed by (seed, step, image), so
+// the step alone puts them where they were.
+static void replica_state(ReplicaState *r, StFile *s, int64_t *steps_done) {
+  checkpoint_add_paramset(s, "params.", &r->ps);
+  optim_state(r->optim, s);
+  if (r->run->def->state) r->run->def->state(r->obj, s);
+  st_add(s, "train.step", ST_I64, 0, NULL, steps_done);
+}
+
+// Rank 0: writes the checkpoint after `steps_done` steps (atomically: the last good one stays
+// until the new one is whole).
+static int save_checkpoint(ReplicaState *r, long steps_done) {
+  Run *run = r->run;
+  StFile s = {0};
+  int64_t step = steps_done, channels = run->train.c;
+  replica_state(r, &s, &step);
+  // The input normalization the encoder was trained with, for export, embed and eval.
+  st_add(&s, "data.mean", ST_F32, 1, &channels, run->aug.mean);
+  st_add(&s, "data.std", ST_F32, 1, &channels, run->aug.std);
+  char text[32];
+  st_set_meta(&s, "format", CHECKPOINT_FORMAT);
+  st_set_meta(&s, "objective", run->def->name);
+  snprintf(text, sizeof text, "%ld", steps_done);
+  st_set_meta(&s, "step", text);
+  snprintf(text, sizeof text, "%d", run->total_steps);
+  st_set_meta(&s, "total_steps", text);
+  st_set_meta(&s, "config", run->config_text);
+  st_set_meta(&s, "model", run->model_text);
+  int rc = st_write(&s, run->path_ckpt);
+  st_free(&s);
+  return rc;
+}
+
+// Puts a freshly built replica where the checkpoint left its run.
+static int restore_checkpoint(ReplicaState *r, const char *path) {
+  StFile have, want = {0};
+  if (checkpoint_read(&have, path) != 0) return -1;
+  int64_t step = -1;
+  replica_state(r, &want, &step);
+  int rc = checkpoint_restore(&want, &have, path);
+  if (rc == 0 && step != r->run->start_step)
+    rc = tl_fail("%s: holds step %ld, expected %d", path, (long)step, r->run->start_step);
+  st_free(&want);
+  st_free(&have);
+  return rc;
+}
+
+// --init: the online parameters from a safetensors file (a Tally checkpoint or an export with
+// PyTorch names). The backbone's must all be there; the head's are taken when present.
+static int init_from_file(ReplicaState *r, const char *path) {
+  StFile f;
+  if (st_read(&f, path, 0) != 0) return -1;
+  const Config *cfg = r->cfg;
+  size_t backbone_floats =
+      backbone_param_count(&cfg->model.spec, cfg->data.image_size, cfg->data.channels);
+  int rc = 0, taken = 0;
+  for (int i = 0; rc == 0 && i < r->ps.n_entries; i++) {
+    const ParamEntry *e = &r->ps.entries[i];
+    int found = weights_find(&f, e, &cfg->model.spec, cfg->data.channels, r->ps.data + e->offset,
+                             path);
+    if (found < 0)
+      rc = -1;
+    else if (!found && e->offset < backbone_floats)
+      rc = tl_fail("%s: has no tensor for %s (PyTorch name %s)", path, e->name,
+                   torch_tensor_for(e, &cfg->model.spec, cfg->data.channels).name);
+    taken += found > 0;
+  }
+  st_free(&f);
+  if (rc != 0) return -1;
+  if (r->run->def->params_loaded) r->run->def->params_loaded(r->obj);
+  if (r->rank == 0 && !r->run->quiet_rank)
+    printf("initialized %d of %d parameter tensors from %s\n", taken, r->ps.n_entries, path);
+  return 0;
+}
+
+// Rank 0's ledger files: new, or appended to after a resume (ledger_truncate_for_resume kept
+// only the steps the checkpoint holds).
+static int open_ledger(ReplicaState *r) {
+  Run *run = r->run;
+  const char *mode = run->start_step > 0 ? "a" : "w";
+  r->jsonl = fopen(run->path_jsonl, mode);
+  r->csv = fopen(run->path_csv, mode);
+  if (!r->jsonl || !r->csv)
+    return tl_fail("%s: cannot write the ledger: %s", run->path_jsonl, strerror(errno));
+  if (run->start_step == 0) ledger_write_csv_header(r->csv);
+  return 0;
+}
+
+// Rank 0's monitor: the raw-pixel baseline, and the untrained encoder when asked.
+static int open_monitor(ReplicaState *r) {
+  Run *run = r->run;
+  r->use_knn = !run->opt->no_knn;
+  if (!r->use_knn) return 0;
+  knn_monitor_init(&r->mon, r->cfg, &run->train, &run->test, &run->aug, r->ps.data);
+  if (!run->opt->quiet) {
+    printf("kNN monitor: raw-pixel baseline on %d training and %d test images...\n",
+           r->mon.n_train, r->mon.n_test);
+    fflush(stdout);
+  }
+  run->knn_raw = knn_monitor_raw_pixels(&r->mon);
+  print_knn("raw pixels (baseline):", run->knn_raw);
+  if (record_eval(run, "raw_pixels", 0, run->knn_raw) != 0) return -1;
+  if (run->opt->knn_at_start && run->start_step == 0) {
+    if (!run->opt->quiet) printf("kNN monitor: encoding with the untrained encoder...\n");
+    run->knn_start = knn_monitor_run(&r->mon);
+    run->knn_start_done = 1;
+    print_knn("untrained encoder:", run->knn_start);
+    return record_eval(run, "encoder", 0, run->knn_start);
+  }
+  return 0;
+}
+
+// Builds the replica's model, optimizer and loader (and restores them from a checkpoint when
+// resuming); rank 0 also its monitor and ledger files. A failure aborts the collective group, so
+// every replica stops.
 static void replica_open(ReplicaState *r) {
   Run *run = r->run;
   const Config *cfg = r->cfg;
@@ -195,35 +320,18 @@ static void replica_open(ReplicaState *r) {
   r->optim = r->obj ? optim_create_from_config(cfg, &r->ps) : NULL;
   if (r->obj && r->world > 1 && comm_has_async(r->comm))
     r->grad_sync = grad_sync_create(r->comm, &r->ps, (size_t)cfg->parallel.bucket_kib * 1024);
-  if (!r->obj || !r->optim) {
-    comm_abort(r->comm, tl_last_error());
-  } else if (loader_init(&r->loader, &run->train, &run->aug, run->def->n_views, run->global_batch,
-                         cfg->train.seed, r->rank, r->world, shards, 0) != 0) {
-    comm_abort(r->comm, tl_last_error());
-  } else {
-    r->loader_ok = 1;
-  }
-  if (r->rank != 0 || !r->loader_ok) return;
-  r->use_knn = !run->opt->no_knn;
-  if (r->use_knn) {
-    knn_monitor_init(&r->mon, cfg, &run->train, &run->test, &run->aug, r->ps.data);
-    run->knn_raw = knn_monitor_raw_pixels(&r->mon);
-    print_knn("raw pixels (baseline):", run->knn_raw);
-    record_eval(run, "raw_pixels", 0, run->knn_raw);
-    if (run->opt->knn_at_start) {
-      if (!run->opt->quiet) printf("kNN monitor: encoding with the untrained encoder...\n");
-      run->knn_start = knn_monitor_run(&r->mon);
-      run->knn_start_done = 1;
-      print_knn("untrained encoder:", run->knn_start);
-      record_eval(run, "encoder", 0, run->knn_start);
-    }
-  }
-  r->jsonl = fopen(run->path_jsonl, "w");
-  r->csv = fopen(run->path_csv, "w");
-  if (!r->jsonl || !r->csv)
-    comm_abort(r->comm, "cannot create ledger files in the run folder");
-  else
-    ledger_write_csv_header(r->csv);
+  int ok = r->obj && r->optim;
+  // Every replica reads the checkpoint itself (under MPI the run folder must be readable on
+  // every host, like the data).
+  if (ok && run->opt->resume_path) ok = restore_checkpoint(r, run->opt->resume_path) == 0;
+  if (ok && !run->opt->resume_path && run->opt->init_path)
+    ok = init_from_file(r, run->opt->init_path) == 0;
+  if (ok)
+    ok = loader_init(&r->loader, &run->train, &run->aug, run->def->n_views, run->global_batch,
+                     cfg->train.seed, r->rank, r->world, shards, run->start_step) == 0;
+  r->loader_ok = ok;
+  if (ok && r->rank == 0) ok = open_monitor(r) == 0 && open_ledger(r) == 0;
+  if (!ok) comm_abort(r->comm, tl_last_error());
 }
 
 // The step's phase times, for the ledger.
@@ -317,8 +425,15 @@ static void account_step(ReplicaState *r, int step, float lr, double loss, const
   rec->step_ms = t->updated - t->start;
   rec->images_per_s = run->global_batch / (rec->step_ms / 1e3);
   if (step % r->cfg->ledger.every == 0 && r->jsonl) {
+    // Record by record: a kill loses at most the line being written, which readers skip.
     ledger_write_json(r->jsonl, rec);
     ledger_write_csv(r->csv, rec);
+    if (fflush(r->jsonl) != 0 || fflush(r->csv) != 0 || ferror(r->jsonl) || ferror(r->csv)) {
+      char why[4400];
+      snprintf(why, sizeof why, "%s: ledger record of step %d not written: %s", run->path_jsonl,
+               step, strerror(errno));
+      comm_abort(r->comm, why);
+    }
   }
   run->final_loss = loss;
 }
@@ -343,34 +458,84 @@ static void print_progress(ReplicaState *r, int step, const LedgerRecord *rec) {
   r->last_log_step = step;
 }
 
-// At an epoch's end (and the run's): checkpoint and, when due, the kNN monitor (rank 0); every
-// replica waits for it.
-static void end_of_epoch(ReplicaState *r, int step) {
+// The signal that asked the run to stop (SIGINT, SIGTERM), or 0. A second one ends the process
+// at once.
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) {
+  if (stop_signal) _exit(128 + sig);
+  stop_signal = sig;
+}
+
+static void install_stop_handlers(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+}
+
+// Rank 0's view of the stop signal, shared with every replica so all stop after the same step.
+// Its bytes fall outside the step's ledger record (counted after it, reset before the next).
+static int agreed_stop_signal(ReplicaState *r) {
+  int sig = r->rank == 0 ? (int)stop_signal : 0;
+  if (r->world > 1) comm_broadcast(r->comm, &sig, sizeof sig, 0);
+  return sig;
+}
+
+// After each step: a checkpoint when due (every train.checkpoint_every steps, at an epoch's end,
+// at the run's end, and when stopping early), then at an epoch's end the kNN monitor when due
+// (rank 0); every replica waits for it. Returns 0 to go on, 1 to stop.
+static int end_of_step(ReplicaState *r, int step) {
   Run *run = r->run;
-  int epoch_end = (step + 1) % run->steps_per_epoch == 0;
-  int last = step + 1 == run->total_steps;
-  if (!epoch_end && !last) return;
-  if (r->rank == 0) {
+  const int done = step + 1;
+  int epoch_end = done % run->steps_per_epoch == 0;
+  int last = done == run->total_steps;
+  int sig = agreed_stop_signal(r);
+  int stop_at = run->opt->stop_at > 0 && done == run->opt->stop_at && !last;
+  int every = r->cfg->train.checkpoint_every;
+  int due = epoch_end || last || sig || stop_at || (every > 0 && done % every == 0);
+  if (r->rank == 0 && due) {
     run->train_seconds = (now_ms() - r->train_start_ms) / 1e3;
     run->images_per_s = r->images_done / run->train_seconds;
-    run->steps_done = step + 1;
-    if (checkpoint_save(run->path_ckpt, step + 1, r->ps.data, r->ps.count) != 0)
-      fprintf(stderr, "tally: %s\n", tl_last_error());
-    int epoch = (step + 1) / run->steps_per_epoch;
-    if (r->use_knn && (last || (epoch_end && epoch % r->cfg->eval.knn_every_epochs == 0))) {
+    run->steps_done = done;
+    if (save_checkpoint(r, done) != 0) {
+      comm_abort(r->comm, tl_last_error());
+      return 1;
+    }
+    int epoch = done / run->steps_per_epoch;
+    if (!sig && r->use_knn && (last || (epoch_end && epoch % r->cfg->eval.knn_every_epochs == 0))) {
       double te = now_ms();
-      evaluate(run, &r->mon, step + 1);
+      if (evaluate(run, &r->mon, done) != 0) comm_abort(r->comm, tl_last_error());
       r->train_start_ms += now_ms() - te;  // evaluation time is not training time
     }
   }
-  comm_barrier(r->comm);
+  if (due) comm_barrier(r->comm);
+  if (comm_failed(r->comm)) return 1;
+  if (!sig && !stop_at) return 0;
+  run->stopped_early = 1;
+  if (r->rank == 0) {
+    run->exit_code = sig ? 128 + sig : 0;
+    if (!run->quiet_rank)
+      printf("%s at step %d of %d; checkpoint %s\ncontinue with: tally train --resume %s\n",
+             sig ? "interrupted" : "stopped as asked", done, run->total_steps, run->path_ckpt,
+             run->opt->out_dir);
+    fflush(stdout);
+  }
+  return 1;
 }
 
 static void replica_close(ReplicaState *r) {
   Run *run = r->run;
   if (r->rank == 0) {
-    if (r->jsonl) fclose(r->jsonl);
-    if (r->csv) fclose(r->csv);
+    int ledger_ok = (!r->jsonl || fclose(r->jsonl) == 0) & (!r->csv || fclose(r->csv) == 0);
+    if (!ledger_ok && run->exit_code == 0 && !comm_failed(r->comm)) {
+      fprintf(stderr, "tally: %s: ledger not written whole: %s\n", run->path_jsonl,
+              strerror(errno));
+      run->exit_code = 1;
+    }
     if (r->use_knn) knn_monitor_destroy(&r->mon);
     run->peak_rss = tl_peak_rss_bytes();
     if (comm_failed(r->comm) && run->exit_code == 0) {
@@ -403,7 +568,7 @@ static void *replica_main(void *arg) {
   replica_open(r);
   comm_barrier(r->comm);
   r->train_start_ms = r->last_log_ms = now_ms();
-  for (int step = 0; step < run->total_steps && !comm_failed(r->comm); step++) {
+  for (int step = run->start_step; step < run->total_steps && !comm_failed(r->comm); step++) {
     const Config *cfg = r->cfg;
     float lr = lr_at_step(cfg->optim.lr, step, cfg->optim.warmup_steps, run->total_steps,
                           cfg->optim.schedule);
@@ -416,40 +581,93 @@ static void *replica_main(void *arg) {
       account_step(r, step, lr, loss, batch, &t, &rec);
       print_progress(r, step, &rec);
     }
-    end_of_epoch(r, step);
+    if (end_of_step(r, step)) break;
   }
   replica_close(r);
   free(r);
   return NULL;
 }
 
-static int make_run_dir(const char *dir, Run *run) {
-  char cmd_dir[4096];
-  snprintf(cmd_dir, sizeof cmd_dir, "%s", dir);
-  // mkdir -p
-  for (char *p = cmd_dir + 1; *p; p++)
+// mkdir -p
+static int make_dirs(const char *dir) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s", dir);
+  for (char *p = path + 1; *p; p++)
     if (*p == '/') {
       *p = 0;
-      mkdir(cmd_dir, 0755);
+      mkdir(path, 0755);
       *p = '/';
     }
-  if (mkdir(cmd_dir, 0755) != 0 && errno != EEXIST)
+  if (mkdir(path, 0755) != 0 && errno != EEXIST)
     return tl_fail("%s: cannot create run folder: %s", dir, strerror(errno));
+  return 0;
+}
+
+// A run folder belongs to one run at a time: an exclusive lock on DIR/.lock, held until the
+// process ends (the kernel releases it however the process ends).
+static int lock_run_dir(const char *dir) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/.lock", dir);
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return tl_fail("%s: cannot create the run folder's lock: %s", path, strerror(errno));
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    close(fd);
+    return tl_fail("%s: another run is using this folder", dir);
+  }
+  return 0;  // fd stays open: the lock lasts as long as the process
+}
+
+static int exists(const char *dir, const char *name) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  return access(path, F_OK) == 0;
+}
+
+// Creates and locks the run folder. A folder that holds a run is refused unless the run is
+// being resumed or --overwrite says to replace it.
+static int make_run_dir(const char *dir, Run *run) {
+  if (make_dirs(dir) != 0 || lock_run_dir(dir) != 0) return -1;
+  int resuming = run->opt->resume_path != NULL;
+  if (!resuming && !run->opt->overwrite &&
+      (exists(dir, CHECKPOINT_FILE) || exists(dir, "ledger.jsonl") || exists(dir, "summary.json")))
+    return tl_fail("%s: holds a run already; continue it with --resume %s, or replace it with "
+                   "--overwrite",
+                   dir, dir);
   snprintf(run->path_jsonl, sizeof run->path_jsonl, "%s/ledger.jsonl", dir);
   snprintf(run->path_csv, sizeof run->path_csv, "%s/ledger.csv", dir);
-  snprintf(run->path_ckpt, sizeof run->path_ckpt, "%s/checkpoint.bin", dir);
+  snprintf(run->path_ckpt, sizeof run->path_ckpt, "%s/%s", dir, CHECKPOINT_FILE);
   snprintf(run->path_summary, sizeof run->path_summary, "%s/summary.json", dir);
   snprintf(run->path_eval, sizeof run->path_eval, "%s/eval.jsonl", dir);
-  unlink(run->path_eval);
   // A previous summary would look like this run's result if this run fails.
-  unlink(run->path_summary);
+  if (unlink(run->path_summary) != 0 && errno != ENOENT)
+    return tl_fail("%s: cannot remove: %s", run->path_summary, strerror(errno));
+  if (resuming) {
+    if (ledger_truncate_for_resume(dir, run->start_step) != 0) return -1;
+  } else if (unlink(run->path_eval) != 0 && errno != ENOENT) {
+    return tl_fail("%s: cannot remove: %s", run->path_eval, strerror(errno));
+  } else if (unlink(run->path_ckpt) != 0 && errno != ENOENT) {
+    return tl_fail("%s: cannot remove: %s", run->path_ckpt, strerror(errno));
+  }
   char path[4200];
   snprintf(path, sizeof path, "%s/config.ini", dir);
-  FILE *f = fopen(path, "w");
-  if (!f) return tl_fail("%s: cannot write: %s", path, strerror(errno));
+  AtomicFile a;
+  if (atomic_open(&a, path) != 0) return -1;
+  fputs(run->config_text, a.f);
+  return atomic_commit(&a);
+}
+
+// The configuration as INI texts: config.ini's content and the model section, both kept in
+// every checkpoint.
+static void config_texts(Run *run) {
+  size_t n;
+  FILE *f = open_memstream(&run->config_text, &n);
+  if (!f) TL_DIE("out of memory");
   config_write(run->cfg, f);
   fclose(f);
-  return 0;
+  f = open_memstream(&run->model_text, &n);
+  if (!f) TL_DIE("out of memory");
+  config_write_model(run->cfg, f);
+  fclose(f);
 }
 
 static int parse_shard_weights(Run *run) {
@@ -517,8 +735,28 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     goto out;
   }
   run->steps_per_epoch = run->train.n / run->global_batch;
-  run->total_steps =
-      cfg->train.steps > 0 ? cfg->train.steps : cfg->train.epochs * run->steps_per_epoch;
+  long total_steps =
+      cfg->train.steps > 0 ? cfg->train.steps : (long)cfg->train.epochs * run->steps_per_epoch;
+  if (total_steps > INT_MAX) {
+    fprintf(stderr, "tally: %ld steps (%d epochs of %d) is more than Tally counts (%d)\n",
+            total_steps, cfg->train.epochs, run->steps_per_epoch, INT_MAX);
+    goto out;
+  }
+  run->total_steps = (int)total_steps;
+  run->start_step = (int)opt->start_step;
+  if (run->start_step > run->total_steps) {
+    fprintf(stderr,
+            "tally: the checkpoint is at step %d, past the run's %d steps; give a larger "
+            "--steps to go on\n",
+            run->start_step, run->total_steps);
+    goto out;
+  }
+  if (opt->stop_at > 0 && opt->stop_at <= run->start_step) {
+    fprintf(stderr, "tally: --stop-at %ld: the run is already at step %d\n", opt->stop_at,
+            run->start_step);
+    rc = 2;
+    goto out;
+  }
   if (parse_shard_weights(run) != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     goto out;
@@ -547,13 +785,17 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
         run->world, run->world == 1 ? "" : "s");
   if (!run->quiet_rank) {
     printf("data loaded in %.1f s; run folder %s\n", (now_ms() - t0) / 1e3, opt->out_dir);
+    if (run->start_step > 0) printf("resuming at step %d of %d\n", run->start_step, run->total_steps);
     fflush(stdout);
+    config_texts(run);
     if (make_run_dir(opt->out_dir, run) != 0) {
       fprintf(stderr, "tally: %s\n", tl_last_error());
       goto out;
     }
   }
 
+  if (!run->config_text) config_texts(run);
+  install_stop_handlers();
   if (mpi) {
     // One replica per process: this process's rank is its replica.
     Replica rep = {run, comm_rank(mpi), mpi};
@@ -573,7 +815,8 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
   }
 
   rc = run->exit_code;
-  if (rc == 0 && !run->quiet_rank) {
+  // Only a finished run has a summary: an interrupted one has its checkpoint and ledger.
+  if (rc == 0 && !run->quiet_rank && !run->stopped_early) {
     if (write_summary(run) != 0) {
       fprintf(stderr, "tally: %s\n", tl_last_error());
       rc = 1;
@@ -589,6 +832,8 @@ out:
   if (mpi) comm_destroy(mpi);
   dataset_free(&run->train);
   dataset_free(&run->test);
+  free(run->config_text);
+  free(run->model_text);
   free(run);
   return rc;
 }

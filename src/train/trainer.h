@@ -8,8 +8,14 @@ typedef struct {
   int knn_at_start;       // also evaluate the untrained encoder (a baseline) before step 0
   int quiet;              // no progress lines
   int no_knn;             // skip the kNN monitor (benchmarks)
+  int overwrite;          // replace a run the folder already holds
+  const char *resume_path;  // checkpoint to continue from (the run folder's), or NULL
+  long start_step;          // the steps that checkpoint holds
+  const char *init_path;    // safetensors to take the starting weights from, or NULL
+  long stop_at;             // > 0: end after this many steps as an interruption would
 } TrainOptions;
 
-// Runs a whole training job. Returns 0 on success; on failure prints one line saying what went
-// wrong and where (file, path, step) and returns a nonzero exit code.
+// Runs a whole training job. Returns 0 on success (a finished run, or one stopped by --stop-at);
+// on failure prints one line saying what went wrong and where (file, path, step) and returns a
+// nonzero exit code; 128 + the signal when SIGINT or SIGTERM stopped it (after a checkpoint).
 int train_run(const Config *cfg, const TrainOptions *opt);

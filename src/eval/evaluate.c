@@ -1,0 +1,134 @@
+#include "eval/evaluate.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/timer.h"
+#include "eval/knn.h"
+#include "eval/linear_probe.h"
+
+// Test classes are scored against the training classes: ImageFolder classes are matched by
+// name (a test set may hold a subset), IDX labels must lie among the training labels.
+static int align_test_labels(const Dataset *train, Dataset *test, const char *test_path) {
+  if (train->n_classes <= 0) return tl_fail("%s: has no class labels to evaluate with", test_path);
+  if (train->class_names && test->class_names) {
+    int map[4096];
+    if (test->n_classes > 4096) return tl_fail("%s: more than 4096 classes", test_path);
+    for (int c = 0; c < test->n_classes; c++) {
+      map[c] = -1;
+      for (int t = 0; t < train->n_classes; t++)
+        if (strcmp(test->class_names[c], train->class_names[t]) == 0) map[c] = t;
+      if (map[c] < 0)
+        return tl_fail("%s: class '%s' is not among the training set's classes", test_path,
+                       test->class_names[c]);
+    }
+    for (int i = 0; i < test->n; i++) test->labels[i] = map[test->labels[i]];
+    return 0;
+  }
+  for (int i = 0; i < test->n; i++)
+    if (test->labels[i] < 0 || test->labels[i] >= train->n_classes)
+      return tl_fail("%s: image %d has label %d; the training set's labels are 0..%d", test_path,
+                     i, test->labels[i], train->n_classes - 1);
+  return 0;
+}
+
+static void say(const EvalOptions *opt, const char *what, int n) {
+  if (opt->quiet) return;
+  printf("tally eval: %s (%d images)...\n", what, n);
+  fflush(stdout);
+}
+
+// kNN at k = eval.knn_k and 20; accuracies into top1, top1_k20.
+static int knn(const Config *cfg, const float *train, const Dataset *tr, const float *test,
+               const Dataset *te, int d, DnnlCtx *ctx, double *top1, double *top1_k20) {
+  const int ks[2] = {cfg->eval.knn_k, 20};
+  double acc[2];
+  if (knn_top1_multi(train, tr->labels, tr->n, test, te->labels, te->n, d, tr->n_classes, ks, 2,
+                     cfg->eval.knn_temperature, ctx, acc, NULL) != 0)
+    return -1;
+  *top1 = acc[0];
+  *top1_k20 = acc[1];
+  return 0;
+}
+
+static int linear(const Dataset *tr, const float *train, const Dataset *te, const float *test,
+                  int d, uint64_t seed, DnnlCtx *ctx, double *top1, double *lambda) {
+  LinearProbeResult p;
+  if (linear_probe(train, tr->labels, tr->n, test, te->labels, te->n, d, tr->n_classes, seed, ctx,
+                   &p) != 0)
+    return -1;
+  *top1 = p.test_top1;
+  *lambda = p.lambda;
+  return 0;
+}
+
+// Raw pixels as features: the evaluation transform's output, flattened.
+static float *pixels(const FeatureEncoder *e, const Dataset *ds) {
+  const int S = e->cfg.data.image_size, d = S * S * e->cfg.data.channels;
+  float *px = tl_alloc(sizeof(float) * (size_t)ds->n * d, MEM_EVAL, COMP_OTHER);
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < ds->n; i++) eval_view(ds, i, &e->norm, px + (size_t)i * d);
+  return px;
+}
+
+static int score(FeatureEncoder *e, const EvalOptions *opt, const Dataset *tr, const Dataset *te,
+                 EvalResult *r) {
+  const Config *cfg = &e->cfg;
+  const int D = feature_encoder_dim(e), P = cfg->data.image_size * cfg->data.image_size *
+                                              cfg->data.channels;
+  say(opt, "encoding the training set", tr->n);
+  float *ftr = tl_alloc(sizeof(float) * (size_t)tr->n * D, MEM_EVAL, COMP_OTHER);
+  feature_encoder_run(e, tr, tr->n, ftr);
+  say(opt, "encoding the test set", te->n);
+  float *fte = tl_alloc(sizeof(float) * (size_t)te->n * D, MEM_EVAL, COMP_OTHER);
+  feature_encoder_run(e, te, te->n, fte);
+  float *ptr = pixels(e, tr), *pte = pixels(e, te);
+  int rc = 0;
+  if (opt->knn) {
+    say(opt, "kNN on the features and on raw pixels", te->n);
+    rc = knn(cfg, ftr, tr, fte, te, D, &e->ctx, &r->knn_top1, &r->knn_top1_k20);
+    if (rc == 0)
+      rc = knn(cfg, ptr, tr, pte, te, P, &e->ctx, &r->knn_top1_raw_pixels,
+               &r->knn_top1_k20_raw_pixels);
+  }
+  if (rc == 0 && opt->linear) {
+    say(opt, "linear probe on the features, then on raw pixels", tr->n);
+    rc = linear(tr, ftr, te, fte, D, cfg->train.seed, &e->ctx, &r->linear_top1, &r->linear_lambda);
+    if (rc == 0)
+      rc = linear(tr, ptr, te, pte, P, cfg->train.seed, &e->ctx, &r->linear_top1_raw_pixels,
+                  &r->linear_lambda_raw_pixels);
+  }
+  tl_free(ftr);
+  tl_free(fte);
+  tl_free(ptr);
+  tl_free(pte);
+  return rc;
+}
+
+int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r) {
+  double t0 = now_ms();
+  const double nan = NAN;
+  *r = (EvalResult){.knn_top1 = nan, .knn_top1_k20 = nan, .knn_top1_raw_pixels = nan,
+                    .knn_top1_k20_raw_pixels = nan, .linear_top1 = nan,
+                    .linear_top1_raw_pixels = nan, .linear_lambda = nan,
+                    .linear_lambda_raw_pixels = nan};
+  const Config *cfg = &e->cfg;
+  Dataset tr = {0}, te = {0};
+  say(opt, "loading the training and test sets", 0);
+  int rc = feature_dataset_load(e, &tr, cfg->data.train, cfg->data.limit);
+  if (rc == 0) rc = feature_dataset_load(e, &te, cfg->data.test, cfg->data.test_limit);
+  if (rc == 0) rc = align_test_labels(&tr, &te, cfg->data.test);
+  if (rc == 0) {
+    r->n_train = tr.n;
+    r->n_test = te.n;
+    r->n_classes = tr.n_classes;
+    r->feature_dim = feature_encoder_dim(e);
+    rc = score(e, opt, &tr, &te, r);
+  }
+  dataset_free(&tr);
+  dataset_free(&te);
+  r->seconds = (now_ms() - t0) / 1e3;
+  return rc;
+}

@@ -1,0 +1,23 @@
+// `tally eval`: how good a trained encoder's features are on a labeled dataset — weighted kNN
+// (k = 200 and 20, cosine, as the training monitor) and a linear probe on frozen features — next
+// to the same measures on raw pixels, the baseline a representation must beat.
+#pragma once
+#include "eval/features.h"
+
+typedef struct {
+  int knn, linear;  // which measures to run
+  int quiet;        // no progress lines
+} EvalOptions;
+
+typedef struct {
+  int n_train, n_test, n_classes, feature_dim;
+  double knn_top1, knn_top1_k20;  // the encoder, k = eval.knn_k (200) and k = 20
+  double knn_top1_raw_pixels, knn_top1_k20_raw_pixels;
+  double linear_top1, linear_top1_raw_pixels, linear_lambda, linear_lambda_raw_pixels;
+  double seconds;
+} EvalResult;
+
+// Encodes e's configured training set (the kNN memory bank, the probe's training rows) and test
+// set and scores them. Measures not asked for are NaN. -1 with tl_last_error() on bad data
+// (missing files, a test class the training set does not have).
+int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r);

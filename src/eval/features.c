@@ -1,0 +1,119 @@
+#include "eval/features.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/error.h"
+#include "train/checkpoint.h"
+#include "train/export.h"
+
+// Per-channel values from a tensor (checkpoint) or comma-separated metadata (export).
+static int read_channels(const StFile *f, const char *tensor, const char *meta, int c,
+                         float *out) {
+  const StTensor *t = st_find(f, tensor);
+  if (t && t->dtype == ST_F32 && t->bytes == sizeof(float) * (size_t)c) {
+    memcpy(out, t->data, t->bytes);
+    return 0;
+  }
+  const char *text = st_get_meta(f, meta);
+  for (int i = 0; text && i < c; i++) {
+    char *end;
+    out[i] = strtof(text, &end);
+    if (end == text) return -1;
+    text = *end == ',' ? end + 1 : end;
+  }
+  return text ? 0 : -1;
+}
+
+static int load_weights(FeatureEncoder *e, const StFile *f) {
+  const ModelSpec *spec = &e->cfg.model.spec;
+  for (int i = 0; i < e->ps.n_entries; i++) {
+    const ParamEntry *p = &e->ps.entries[i];
+    int found =
+        weights_find(f, p, spec, e->cfg.data.channels, e->ps.data + p->offset, e->source);
+    if (found < 0) return -1;
+    if (!found) return tl_fail("%s: has no tensor for %s", e->source, p->name);
+  }
+  return 0;
+}
+
+int feature_encoder_open(FeatureEncoder *e, const char *src, int batch) {
+  memset(e, 0, sizeof *e);
+  struct stat st;
+  if (stat(src, &st) == 0 && S_ISDIR(st.st_mode))
+    snprintf(e->source, sizeof e->source, "%s/%s", src, CHECKPOINT_FILE);
+  else
+    snprintf(e->source, sizeof e->source, "%s", src);
+  StFile f;
+  if (st_read(&f, e->source, 0) != 0) return -1;
+  int rc = checkpoint_config(&f, e->source, &e->cfg);
+  const char *objective = st_get_meta(&f, "objective");
+  snprintf(e->objective, sizeof e->objective, "%s", objective ? objective : "");
+  const char *step = st_get_meta(&f, "step");
+  e->step = step ? strtol(step, NULL, 10) : -1;
+  const Config *cfg = &e->cfg;
+  const int S = cfg->data.image_size, C = cfg->data.channels;
+  e->norm.out_size = S;
+  if (rc == 0 && (read_channels(&f, "data.mean", "input_mean", C, e->norm.mean) != 0 ||
+                  read_channels(&f, "data.std", "input_std", C, e->norm.std) != 0))
+    rc = tl_fail("%s: does not say how inputs were normalized", e->source);
+  if (rc == 0) {
+    e->batch = batch;
+    tl_alloc_scope_begin(MEM_EVAL);
+    dnnl_ctx_init(&e->ctx);
+    e->ctx.scratchpad_category = MEM_EVAL;
+    paramset_alloc_nograd(&e->ps, backbone_param_count(&cfg->model.spec, S, C), 0, MEM_EVAL);
+    Builder b = {&e->ctx, &e->ps, OP_INFER};
+    e->encoder = backbone_create(&cfg->model.spec, &b, batch, S, C);
+    e->images = tl_alloc(sizeof(float) * (size_t)batch * S * S * C, MEM_EVAL, COMP_OTHER);
+    tl_alloc_scope_end();
+    rc = load_weights(e, &f);
+    if (rc != 0) feature_encoder_close(e);
+  }
+  st_free(&f);
+  return rc;
+}
+
+int feature_encoder_dim(const FeatureEncoder *e) { return e->encoder->feature_dim; }
+
+void feature_encoder_run(FeatureEncoder *e, const Dataset *ds, int n, float *feat) {
+  const int S = e->cfg.data.image_size, C = e->cfg.data.channels, D = e->encoder->feature_dim;
+  const size_t image_floats = (size_t)S * S * C;
+  for (int start = 0; start < n; start += e->batch) {
+    int count = n - start < e->batch ? n - start : e->batch;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < count; i++) eval_view(ds, start + i, &e->norm, e->images + i * image_floats);
+    // The last partial batch is zero-padded (inference: rows do not interact).
+    if (count < e->batch)
+      memset(e->images + count * image_floats, 0,
+             (size_t)(e->batch - count) * image_floats * sizeof(float));
+    e->encoder->forward(e->encoder, &e->ctx, e->images);
+    memcpy(feat + (size_t)start * D, e->encoder->feature, sizeof(float) * (size_t)count * D);
+  }
+}
+
+void feature_encoder_close(FeatureEncoder *e) {
+  if (e->encoder) e->encoder->destroy(e->encoder);
+  tl_free(e->images);
+  paramset_free(&e->ps);
+  dnnl_ctx_destroy(&e->ctx);
+  e->encoder = NULL;
+  e->images = NULL;
+}
+
+int feature_dataset_load(const FeatureEncoder *e, Dataset *ds, const char *path, int limit) {
+  struct stat st;
+  if (stat(path, &st) != 0) return tl_fail("%s: does not exist", path);
+  int rc = S_ISDIR(st.st_mode) ? dataset_load_imagefolder(ds, path, e->cfg.data.image_size,
+                                                         e->cfg.data.channels, limit)
+                               : dataset_load_idx(ds, path, e->cfg.data.channels, limit);
+  if (rc != 0) return -1;
+  if (ds->h != e->cfg.data.image_size || ds->w != e->cfg.data.image_size) {
+    int h = ds->h, w = ds->w;
+    dataset_free(ds);
+    return tl_fail("%s: images are %dx%d, the encoder was trained on %dx%d", path, h, w,
+                   e->cfg.data.image_size, e->cfg.data.image_size);
+  }
+  return 0;
+}

@@ -1,0 +1,62 @@
+#include "io/atomic_file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/error.h"
+
+int fsync_parent_dir(const char *path) {
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash)
+    snprintf(dir, sizeof dir, ".");
+  else if (slash == dir)
+    dir[1] = 0;
+  else
+    *slash = 0;
+  int fd = open(dir, O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return -1;
+  int rc = fsync(fd);
+  close(fd);
+  return rc;
+}
+
+int atomic_open(AtomicFile *a, const char *path) {
+  // Unique per process and per call: two writers (threads, or a second run that got past the
+  // folder lock by mistake) never share a temporary file.
+  static atomic_uint counter;
+  memset(a, 0, sizeof *a);
+  snprintf(a->path, sizeof a->path, "%s", path);
+  snprintf(a->tmp, sizeof a->tmp, "%s.tmp.%ld.%u", path, (long)getpid(),
+           atomic_fetch_add(&counter, 1));
+  a->f = fopen(a->tmp, "wbx");
+  if (!a->f) return tl_fail("%s: cannot write: %s", path, strerror(errno));
+  return 0;
+}
+
+int atomic_commit(AtomicFile *a) {
+  int ok = fflush(a->f) == 0 && !ferror(a->f);
+  int err = errno;
+  if (ok && fsync(fileno(a->f)) != 0) ok = 0, err = errno;
+  if (fclose(a->f) != 0 && ok) ok = 0, err = errno;
+  a->f = NULL;
+  if (ok && rename(a->tmp, a->path) != 0) ok = 0, err = errno;
+  if (!ok) {
+    unlink(a->tmp);
+    return tl_fail("%s: not written (%s); any previous file is kept", a->path,
+                   strerror(err ? err : EIO));
+  }
+  fsync_parent_dir(a->path);
+  return 0;
+}
+
+void atomic_abort(AtomicFile *a) {
+  if (a->f) fclose(a->f);
+  a->f = NULL;
+  unlink(a->tmp);
+}

@@ -1,0 +1,446 @@
+#include "io/safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+
+// The header is metadata and names, never data: a bound keeps a hostile length from allocating.
+enum { ST_HEADER_MAX = 64 << 20 };
+
+static const char *const DTYPE_NAMES[] = {"F32", "I64", "I32"};
+static const size_t DTYPE_SIZES[] = {4, 8, 4};
+
+size_t st_dtype_size(StDtype d) { return DTYPE_SIZES[d]; }
+const char *st_dtype_name(StDtype d) { return DTYPE_NAMES[d]; }
+
+static void *grow(void *p, int *cap, int need, size_t item) {
+  if (need <= *cap) return p;
+  *cap = *cap ? 2 * *cap : 16;
+  if (*cap < need) *cap = need;
+  p = realloc(p, (size_t)*cap * item);
+  if (!p) TL_DIE("out of memory");
+  return p;
+}
+
+static char *dup_text(const char *s) {
+  char *d = strdup(s);
+  if (!d) TL_DIE("out of memory");
+  return d;
+}
+
+void st_add(StFile *s, const char *name, StDtype dtype, int ndim, const int64_t *dims,
+            const void *data) {
+  TL_ASSERT(ndim >= 0 && ndim <= ST_MAX_DIMS && strlen(name) < ST_NAME_MAX);
+  s->tensors = grow(s->tensors, &s->cap_tensors, s->n_tensors + 1, sizeof(StTensor));
+  StTensor *t = &s->tensors[s->n_tensors++];
+  memset(t, 0, sizeof *t);
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->dtype = dtype;
+  t->ndim = ndim;
+  size_t elems = 1;
+  for (int i = 0; i < ndim; i++) {
+    t->shape[i] = dims[i];
+    elems *= (size_t)dims[i];
+  }
+  t->data = data;
+  t->bytes = elems * st_dtype_size(dtype);
+}
+
+void st_set_meta(StFile *s, const char *key, const char *value) {
+  for (int i = 0; i < s->n_meta; i++)
+    if (strcmp(s->meta[i].key, key) == 0) {
+      free(s->meta[i].value);
+      s->meta[i].value = dup_text(value);
+      return;
+    }
+  s->meta = grow(s->meta, &s->cap_meta, s->n_meta + 1, sizeof(StMeta));
+  s->meta[s->n_meta++] = (StMeta){dup_text(key), dup_text(value)};
+}
+
+const char *st_get_meta(const StFile *s, const char *key) {
+  for (int i = 0; i < s->n_meta; i++)
+    if (strcmp(s->meta[i].key, key) == 0) return s->meta[i].value;
+  return NULL;
+}
+
+const StTensor *st_find(const StFile *s, const char *name) {
+  for (int i = 0; i < s->n_tensors; i++)
+    if (strcmp(s->tensors[i].name, name) == 0) return &s->tensors[i];
+  return NULL;
+}
+
+void st_free(StFile *s) {
+  for (int i = 0; i < s->n_meta; i++) {
+    free(s->meta[i].key);
+    free(s->meta[i].value);
+  }
+  free(s->meta);
+  free(s->tensors);
+  free(s->buffer);
+  memset(s, 0, sizeof *s);
+}
+
+// ---- writing
+
+// A JSON string: quotes, backslashes and control bytes escaped.
+static void put_json_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p == '"' || *p == '\\')
+      fprintf(f, "\\%c", *p);
+    else if (*p == '\n')
+      fputs("\\n", f);
+    else if (*p < 0x20)
+      fprintf(f, "\\u%04x", *p);
+    else
+      fputc(*p, f);
+  }
+  fputc('"', f);
+}
+
+static char *header_text(const StFile *s, uint32_t crc, size_t *len) {
+  char *text = NULL;
+  FILE *f = open_memstream(&text, len);
+  if (!f) TL_DIE("out of memory");
+  fputs("{\"__metadata__\":{", f);
+  for (int i = 0; i < s->n_meta; i++) {
+    if (strcmp(s->meta[i].key, "crc32") == 0) continue;
+    put_json_string(f, s->meta[i].key);
+    fputc(':', f);
+    put_json_string(f, s->meta[i].value);
+    fputc(',', f);
+  }
+  fprintf(f, "\"crc32\":\"%08" PRIx32 "\"}", crc);
+  size_t offset = 0;
+  for (int i = 0; i < s->n_tensors; i++) {
+    const StTensor *t = &s->tensors[i];
+    fputc(',', f);
+    put_json_string(f, t->name);
+    fprintf(f, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_name(t->dtype));
+    for (int d = 0; d < t->ndim; d++) fprintf(f, "%s%" PRId64, d ? "," : "", t->shape[d]);
+    fprintf(f, "],\"data_offsets\":[%zu,%zu]}", offset, offset + t->bytes);
+    offset += t->bytes;
+  }
+  fputc('}', f);
+  // Padded with spaces to a multiple of 8 so the data section starts aligned.
+  while ((ftell(f) + 8) % 8) fputc(' ', f);
+  if (fclose(f) != 0) TL_DIE("out of memory");
+  return text;
+}
+
+int st_write(const StFile *s, const char *path) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (int i = 0; i < s->n_tensors; i++)
+    crc = crc32_z(crc, (const Bytef *)s->tensors[i].data, s->tensors[i].bytes);
+  size_t len;
+  char *header = header_text(s, (uint32_t)crc, &len);
+  AtomicFile a;
+  if (atomic_open(&a, path) != 0) {
+    free(header);
+    return -1;
+  }
+  uint8_t len_le[8];
+  for (int i = 0; i < 8; i++) len_le[i] = (uint8_t)((uint64_t)len >> (8 * i));
+  fwrite(len_le, 1, 8, a.f);
+  fwrite(header, 1, len, a.f);
+  for (int i = 0; i < s->n_tensors; i++) fwrite(s->tensors[i].data, 1, s->tensors[i].bytes, a.f);
+  free(header);
+  return atomic_commit(&a);
+}
+
+// ---- reading: a small strict JSON reader for the header's shape of document
+
+typedef struct {
+  const char *p, *end, *what;
+  int failed;
+} Json;
+
+static int json_fail(Json *j, const char *why) {
+  if (!j->failed) tl_fail("%s: corrupt safetensors header (%s)", j->what, why);
+  j->failed = 1;
+  return -1;
+}
+
+static void skip_ws(Json *j) {
+  while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t'))
+    j->p++;
+}
+
+static int expect(Json *j, char c) {
+  skip_ws(j);
+  if (j->p >= j->end || *j->p != c) return json_fail(j, "unexpected character");
+  j->p++;
+  return 0;
+}
+
+static int peek(Json *j, char c) {
+  skip_ws(j);
+  return j->p < j->end && *j->p == c;
+}
+
+// Reads a string into a malloc'ed buffer (\uXXXX kept to one byte when below 0x80, else as
+// UTF-8).
+static char *json_string(Json *j) {
+  if (expect(j, '"')) return NULL;
+  size_t cap = 64, n = 0;
+  char *out = malloc(cap);
+  if (!out) TL_DIE("out of memory");
+  while (j->p < j->end && *j->p != '"') {
+    if (n + 4 >= cap && !(out = realloc(out, cap *= 2))) TL_DIE("out of memory");
+    char c = *j->p++;
+    if (c != '\\') {
+      out[n++] = c;
+      continue;
+    }
+    if (j->p >= j->end) break;
+    char e = *j->p++;
+    const char *plain = strchr("\"\\/bfnrt", e);
+    if (plain) {
+      out[n++] = "\"\\/\b\f\n\r\t"[plain - "\"\\/bfnrt"];
+    } else if (e == 'u' && j->end - j->p >= 4) {
+      unsigned v = 0;
+      for (int i = 0; i < 4; i++) {
+        char h = *j->p++;
+        int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+        if (d < 0) {
+          free(out);
+          json_fail(j, "bad \\u escape");
+          return NULL;
+        }
+        v = v * 16 + (unsigned)d;
+      }
+      if (v < 0x80) {
+        out[n++] = (char)v;
+      } else if (v < 0x800) {
+        out[n++] = (char)(0xc0 | (v >> 6));
+        out[n++] = (char)(0x80 | (v & 0x3f));
+      } else {
+        out[n++] = (char)(0xe0 | (v >> 12));
+        out[n++] = (char)(0x80 | ((v >> 6) & 0x3f));
+        out[n++] = (char)(0x80 | (v & 0x3f));
+      }
+    } else {
+      free(out);
+      json_fail(j, "bad escape");
+      return NULL;
+    }
+  }
+  if (j->p >= j->end) {
+    free(out);
+    json_fail(j, "unterminated string");
+    return NULL;
+  }
+  j->p++;
+  out[n] = 0;
+  return out;
+}
+
+static int json_uint(Json *j, uint64_t *v) {
+  skip_ws(j);
+  const char *start = j->p;
+  uint64_t x = 0;
+  while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
+    if (x > (UINT64_MAX - 9) / 10) return json_fail(j, "number too large");
+    x = x * 10 + (uint64_t)(*j->p++ - '0');
+  }
+  if (j->p == start) return json_fail(j, "expected a number");
+  *v = x;
+  return 0;
+}
+
+// [a, b, ...] of unsigned integers, at most `max` of them.
+static int json_uint_array(Json *j, uint64_t *vals, int max, int *n) {
+  *n = 0;
+  if (expect(j, '[')) return -1;
+  if (peek(j, ']')) return expect(j, ']');
+  do {
+    if (*n == max) return json_fail(j, "too many dimensions");
+    if (json_uint(j, &vals[(*n)++])) return -1;
+  } while (peek(j, ',') && !expect(j, ','));
+  return expect(j, ']');
+}
+
+static int parse_metadata(Json *j, StFile *s) {
+  if (expect(j, '{')) return -1;
+  if (peek(j, '}')) return expect(j, '}');
+  do {
+    char *k = json_string(j);
+    char *v = k && !expect(j, ':') ? json_string(j) : NULL;
+    if (k && v) st_set_meta(s, k, v);
+    free(k);
+    free(v);
+    if (!v) return json_fail(j, "metadata values must be strings");
+  } while (peek(j, ',') && !expect(j, ','));
+  return expect(j, '}');
+}
+
+static int parse_tensor(Json *j, StTensor *t, uint64_t offsets[2]) {
+  int have_dtype = 0, have_shape = 0, have_offsets = 0;
+  if (expect(j, '{')) return -1;
+  do {
+    char *k = json_string(j);
+    if (!k || expect(j, ':')) {
+      free(k);
+      return -1;
+    }
+    if (strcmp(k, "dtype") == 0) {
+      char *d = json_string(j);
+      have_dtype = -1;
+      for (int i = 0; d && i < 3; i++)
+        if (strcmp(d, DTYPE_NAMES[i]) == 0) t->dtype = (StDtype)i, have_dtype = 1;
+      if (have_dtype < 0 && d)
+        tl_fail("%s: tensor %s has dtype %s (Tally reads F32, I64, I32)", j->what, t->name, d),
+            j->failed = 1;
+      free(d);
+    } else if (strcmp(k, "shape") == 0) {
+      uint64_t dims[ST_MAX_DIMS];
+      have_shape = json_uint_array(j, dims, ST_MAX_DIMS, &t->ndim) == 0;
+      for (int i = 0; i < t->ndim; i++) t->shape[i] = (int64_t)dims[i];
+    } else if (strcmp(k, "data_offsets") == 0) {
+      int n;
+      have_offsets = json_uint_array(j, offsets, 2, &n) == 0 && n == 2;
+    } else {
+      free(k);
+      return json_fail(j, "unknown tensor field");
+    }
+    free(k);
+    if (j->failed) return -1;
+  } while (peek(j, ',') && !expect(j, ','));
+  if (expect(j, '}')) return -1;
+  if (have_dtype != 1 || !have_shape || !have_offsets)
+    return json_fail(j, "a tensor lacks dtype, shape or data_offsets");
+  return 0;
+}
+
+// Checks a tensor's byte range against its shape and the data section.
+static int check_extent(const char *what, StTensor *t, const uint64_t off[2], size_t data_bytes) {
+  uint64_t elems = 1;
+  for (int i = 0; i < t->ndim; i++) {
+    if (t->shape[i] < 0 || (t->shape[i] > 0 && elems > UINT64_MAX / 16 / (uint64_t)t->shape[i]))
+      return tl_fail("%s: tensor %s: absurd shape", what, t->name);
+    elems *= (uint64_t)t->shape[i];
+  }
+  uint64_t bytes = elems * st_dtype_size(t->dtype);
+  if (off[0] > off[1] || off[1] > data_bytes || off[1] - off[0] != bytes)
+    return tl_fail("%s: tensor %s: bytes [%" PRIu64 ", %" PRIu64 ") do not fit its shape or the "
+                   "file (truncated?)",
+                   what, t->name, off[0], off[1]);
+  t->bytes = (size_t)bytes;
+  return 0;
+}
+
+static int parse_header(StFile *s, Json *j, size_t data_bytes, const char *data) {
+  uint64_t covered = 0;
+  if (expect(j, '{')) return -1;
+  if (peek(j, '}')) return expect(j, '}');
+  do {
+    char *name = json_string(j);
+    if (!name || expect(j, ':')) {
+      free(name);
+      return -1;
+    }
+    if (strcmp(name, "__metadata__") == 0) {
+      free(name);
+      if (parse_metadata(j, s)) return -1;
+      continue;
+    }
+    if (strlen(name) >= ST_NAME_MAX || st_find(s, name)) {
+      free(name);
+      return json_fail(j, "tensor name too long or repeated");
+    }
+    s->tensors = grow(s->tensors, &s->cap_tensors, s->n_tensors + 1, sizeof(StTensor));
+    StTensor *t = &s->tensors[s->n_tensors++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    free(name);
+    uint64_t off[2];
+    if (parse_tensor(j, t, off) || check_extent(j->what, t, off, data_bytes)) return -1;
+    t->data = data + off[0];
+    covered += t->bytes;
+  } while (peek(j, ',') && !expect(j, ','));
+  if (expect(j, '}')) return -1;
+  skip_ws(j);
+  if (j->p != j->end) return json_fail(j, "text after the header");
+  // Ranges may not overlap and must cover the data exactly: anything else is a torn or
+  // tampered file.
+  if (covered != data_bytes)
+    return tl_fail("%s: the tensors cover %" PRIu64 " of %zu data bytes (truncated or corrupt)",
+                   j->what, covered, data_bytes);
+  return 0;
+}
+
+int st_parse(StFile *s, char *buf, size_t bytes, const char *what) {
+  memset(s, 0, sizeof *s);
+  s->buffer = buf;
+  s->buffer_bytes = bytes;
+  if (bytes < 8) {
+    st_free(s);
+    return tl_fail("%s: not a safetensors file (%zu bytes)", what, bytes);
+  }
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; i--) hlen = hlen << 8 | (uint8_t)buf[i];
+  if (hlen > ST_HEADER_MAX || hlen > bytes - 8) {
+    st_free(s);
+    return tl_fail("%s: not a safetensors file, or truncated (header of %" PRIu64
+                   " bytes in a file of %zu)",
+                   what, hlen, bytes);
+  }
+  Json j = {buf + 8, buf + 8 + hlen, what, 0};
+  const char *data = buf + 8 + hlen;
+  size_t data_bytes = bytes - 8 - (size_t)hlen;
+  if (parse_header(s, &j, data_bytes, data) != 0) {
+    st_free(s);
+    return -1;
+  }
+  const char *crc_text = st_get_meta(s, "crc32");
+  if (crc_text) {
+    uLong crc = crc32_z(crc32(0L, Z_NULL, 0), (const Bytef *)data, data_bytes);
+    char have[16];
+    snprintf(have, sizeof have, "%08lx", (unsigned long)crc);
+    if (strcmp(have, crc_text) != 0) {
+      st_free(s);
+      return tl_fail("%s: checksum mismatch (the file is corrupt)", what);
+    }
+  }
+  return 0;
+}
+
+int st_read(StFile *s, const char *path, size_t max_bytes) {
+  memset(s, 0, sizeof *s);
+  int fd = open(path, O_RDONLY | O_NONBLOCK);
+  if (fd < 0) return tl_fail("%s: cannot open: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return tl_fail("%s: not a regular file", path);
+  }
+  size_t size = (size_t)st.st_size;
+  if (max_bytes && size > max_bytes) {
+    close(fd);
+    return tl_fail("%s: %zu bytes, more than the %zu allowed", path, size, max_bytes);
+  }
+  char *buf = malloc(size ? size : 1);
+  if (!buf) TL_DIE("out of memory reading %s (%zu bytes)", path, size);
+  size_t got = 0;
+  while (got < size) {
+    ssize_t r = read(fd, buf + got, size - got);
+    if (r <= 0) break;
+    got += (size_t)r;
+  }
+  close(fd);
+  if (got != size) {
+    free(buf);
+    return tl_fail("%s: read %zu of %zu bytes", path, got, size);
+  }
+  return st_parse(s, buf, size, path);
+}
