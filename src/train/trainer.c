@@ -151,15 +151,19 @@ static int write_summary(Run *run) {
 
 // Faults injected by tests of the failure paths. TALLY_INJECT_NAN_AT_STEP=S: the loss of step S
 // becomes NaN. TALLY_INJECT_FAIL=R:S: replica R fails at step S, as a killed process (MPI) or a
-// replica that reports an error (local threads).
+// replica that reports an error (local threads). TALLY_INJECT_KILL_IN_CHECKPOINT=S: the process is
+// killed (SIGKILL) half way through writing the checkpoint after S steps.
 typedef struct {
   long nan_step;
   int fail_rank;
   long fail_step;
+  long kill_in_checkpoint;
 } Faults;
 
 static Faults faults_from_env(void) {
-  Faults f = {-1, -1, -1};
+  Faults f = {-1, -1, -1, -1};
+  const char *kill_at = getenv("TALLY_INJECT_KILL_IN_CHECKPOINT");
+  if (kill_at) f.kill_in_checkpoint = strtol(kill_at, NULL, 10);
   const char *nan = getenv("TALLY_INJECT_NAN_AT_STEP");
   if (nan) f.nan_step = strtol(nan, NULL, 10);
   const char *fail = getenv("TALLY_INJECT_FAIL");
@@ -217,6 +221,11 @@ static int save_checkpoint(ReplicaState *r, long steps_done) {
   st_set_meta(&s, "total_steps", text);
   st_set_meta(&s, "config", run->config_text);
   st_set_meta(&s, "model", run->model_text);
+  if (steps_done == r->faults.kill_in_checkpoint) {
+    AtomicFile a;
+    if (atomic_open(&a, run->path_ckpt) == 0) fwrite(run->config_text, 1, 100, a.f), fflush(a.f);
+    raise(SIGKILL);
+  }
   int rc = st_write(&s, run->path_ckpt);
   st_free(&s);
   return rc;

@@ -1,0 +1,407 @@
+"""Load a Tally encoder in PyTorch.
+
+`tally export RUN --out encoder.safetensors` writes a trained encoder under PyTorch's names and
+layouts; this module rebuilds the same network with torch.nn and loads it strictly:
+
+    import tally_torch
+    model = tally_torch.load_export("encoder.safetensors")     # eval() mode, strict load
+    x = model.preprocess(images)           # uint8 (N, H, W) or (N, H, W, C) -> float (N, C, S, S)
+    features = model(x)                    # (N, D), what `tally embed` writes
+
+The architecture is read from the file's own metadata (`config` and `model` are the INI texts of
+the run, `input_mean` / `input_std` its input normalization), so nothing has to be told twice.
+The networks mirror Tally's C code (src/nn/resnet.c, src/nn/vit.c, src/nn/transformer.c,
+src/nn/head.c, src/objectives/mae.c):
+
+resnet  3x3 conv stem (no bias) -> BatchNorm -> ReLU -> stages of basic blocks
+        [conv3x3(stride) -> BN -> ReLU -> conv3x3 -> BN, plus the input or a 1x1 conv + BN
+        projection when the shape changes, summed, ReLU] -> global average pool.
+        BatchNorm eps 1e-5, running statistics at inference.
+vit     patches of P x P (a Conv2d with kernel = stride = P) + fixed 2-D sin-cos positions
+        [cls token first, with no position, when pool = cls] -> pre-norm blocks
+        [x + proj(attn(norm1(x))), x + fc2(GELU(fc1(norm2(x))))] -> LayerNorm -> the cls token
+        or the mean of all tokens. LayerNorm eps 1e-6, exact (erf) GELU, qkv laid out
+        [q | k | v], each split into heads as [head 0 | head 1 | ...], scores scaled 1/sqrt(Dh).
+
+Both see the normalized image zero-padded (after normalization) to `pad_to` when the model file
+sets it: floor((pad_to - S) / 2) rows/columns above/left, the rest below/right.
+
+Only the Python standard library, NumPy and PyTorch are needed: a safetensors file is an 8-byte
+little-endian header length, a JSON header, then the raw little-endian tensor data.
+"""
+
+import configparser
+import json
+import math
+import struct
+from collections import OrderedDict
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+BATCHNORM_EPS = 1e-5  # src/ops/batchnorm.c
+LAYERNORM_EPS = 1e-6  # src/ops/layernorm.c
+
+# ---------------------------------------------------------------------------------------------
+# safetensors without the safetensors package
+
+_DTYPES = {
+    "F64": "<f8", "F32": "<f4", "F16": "<f2",
+    "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?",
+}
+
+
+def read_safetensors(path):
+    """Returns (tensors, metadata): {name: torch.Tensor} and the header's __metadata__ dict."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    if len(blob) < 8:
+        raise ValueError(f"{path}: too short for a safetensors file")
+    (header_len,) = struct.unpack("<Q", blob[:8])
+    if 8 + header_len > len(blob):
+        raise ValueError(f"{path}: header length {header_len} runs past the end of the file")
+    header = json.loads(blob[8:8 + header_len].decode("utf-8"))
+    metadata = header.pop("__metadata__", {}) or {}
+    data = memoryview(blob)[8 + header_len:]
+    tensors = OrderedDict()
+    for name, info in header.items():
+        if info["dtype"] not in _DTYPES:
+            raise ValueError(f"{path}: {name} has dtype {info['dtype']}, not read here")
+        begin, end = info["data_offsets"]
+        dtype = np.dtype(_DTYPES[info["dtype"]])
+        shape = tuple(info["shape"])
+        count = int(np.prod(shape)) if shape else 1
+        if end - begin != count * dtype.itemsize or end > len(data):
+            raise ValueError(f"{path}: {name} {info['dtype']}{list(shape)} has {end - begin} bytes")
+        array = np.frombuffer(data[begin:end], dtype=dtype, count=count).reshape(shape)
+        tensors[name] = torch.from_numpy(array.astype(dtype.newbyteorder("="), copy=True))
+    return tensors, metadata
+
+
+# ---------------------------------------------------------------------------------------------
+# The architecture, from the export's metadata
+
+
+def _ini(text):
+    parser = configparser.ConfigParser(interpolation=None, comment_prefixes=(";", "#"),
+                                       inline_comment_prefixes=None, strict=False)
+    parser.read_string(text)
+    return parser
+
+
+def _ints(text):
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+class Spec:
+    """What the network needs to know, read from an export's (or a checkpoint's) metadata."""
+
+    def __init__(self, metadata):
+        if "config" not in metadata or "model" not in metadata:
+            raise ValueError("the file's metadata has no config/model: not a Tally export")
+        config, model = _ini(metadata["config"]), _ini(metadata["model"])
+        bb = model["backbone"]
+        self.backbone = bb.get("type")
+        self.image_size = config.getint("data", "image_size")
+        self.channels = config.getint("data", "channels")
+        self.pad_to = bb.getint("pad_to", 0) or self.image_size
+        # resnet
+        self.stem_channels = bb.getint("stem_channels")
+        self.stage_channels = _ints(bb.get("stage_channels", ""))
+        self.stage_blocks = _ints(bb.get("stage_blocks", ""))
+        self.stage_strides = _ints(bb.get("stage_strides", ""))
+        # vit
+        self.patch_size = bb.getint("patch_size")
+        self.dim = bb.getint("dim")
+        self.depth = bb.getint("depth")
+        self.heads = bb.getint("heads")
+        self.mlp_ratio = bb.getint("mlp_ratio")
+        self.pool = bb.get("pool") if self.backbone == "vit" else "avg"
+        # projection head (inbatch, moco) and MAE decoder (mae): present with --with-head
+        self.head_hidden_dim = config.getint("model", "head_hidden_dim", fallback=0)
+        self.head_out_dim = config.getint("model", "head_out_dim", fallback=0)
+        self.decoder_dim = config.getint("objective", "decoder_dim", fallback=0)
+        self.decoder_depth = config.getint("objective", "decoder_depth", fallback=0)
+        self.decoder_heads = config.getint("objective", "decoder_heads", fallback=0)
+        # input normalization: (x / 255 - mean) / std per channel
+        self.mean = [float(v) for v in metadata.get("input_mean", "").split(",") if v]
+        self.std = [float(v) for v in metadata.get("input_std", "").split(",") if v]
+        if len(self.mean) != self.channels or len(self.std) != self.channels:
+            raise ValueError("the file's metadata lacks input_mean/input_std for every channel")
+
+    def pad(self):
+        """Zero rows/columns (before, after) around the image: floor above/left, rest after."""
+        before = (self.pad_to - self.image_size) // 2
+        return before, self.pad_to - self.image_size - before
+
+
+class Preprocess(nn.Module):
+    """uint8 images (N, H, W) or (N, H, W, C), H = W = image_size -> normalized (N, C, S, S),
+    as Tally's evaluation transform (no resize is needed at the training size)."""
+
+    def __init__(self, spec):
+        super().__init__()
+        self.size, self.channels = spec.image_size, spec.channels
+        shape = (1, spec.channels, 1, 1)
+        self.register_buffer("mean", torch.tensor(spec.mean).view(shape), persistent=False)
+        self.register_buffer("std", torch.tensor(spec.std).view(shape), persistent=False)
+
+    def forward(self, images):
+        x = torch.from_numpy(np.array(images, dtype=np.uint8))  # a copy: writable
+        if x.dim() == 3:
+            x = x.unsqueeze(-1)
+        if tuple(x.shape[1:]) != (self.size, self.size, self.channels):
+            raise ValueError(f"images are {tuple(x.shape[1:])}, the encoder takes "
+                             f"({self.size}, {self.size}, {self.channels}) uint8 HWC")
+        x = x.permute(0, 3, 1, 2).to(torch.float32) / 255.0
+        return (x - self.mean) / self.std
+
+
+def zero_pad(x, spec):
+    before, after = spec.pad()
+    return F.pad(x, (before, after, before, after)) if before or after else x
+
+
+# --- ResNet ----------------------------------------------------------------------------------
+
+
+class Stem(nn.Module):
+    def __init__(self, in_ch, out_ch):
+        super().__init__()
+        self.conv = nn.Conv2d(in_ch, out_ch, 3, stride=1, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(out_ch, eps=BATCHNORM_EPS)
+
+    def forward(self, x):
+        return F.relu(self.bn(self.conv(x)))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, in_ch, out_ch, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_ch, out_ch, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_ch, eps=BATCHNORM_EPS)
+        self.conv2 = nn.Conv2d(out_ch, out_ch, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_ch, eps=BATCHNORM_EPS)
+        self.has_projection = stride != 1 or in_ch != out_ch
+        if self.has_projection:
+            self.proj = nn.Conv2d(in_ch, out_ch, 1, stride=stride, padding=0, bias=False)
+            self.proj_bn = nn.BatchNorm2d(out_ch, eps=BATCHNORM_EPS)
+
+    def forward(self, x):
+        out = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+        shortcut = self.proj_bn(self.proj(x)) if self.has_projection else x
+        return F.relu(out + shortcut)
+
+
+class ResNet(nn.Module):
+    """Tally's resnet: state_dict keys stem.*, stage{s}.block{b}.*, as `tally export` names them."""
+
+    def __init__(self, spec):
+        super().__init__()
+        self.spec = spec
+        self.stem = Stem(spec.channels, spec.stem_channels)
+        ch = spec.stem_channels
+        for s, (width, blocks, stride) in enumerate(
+                zip(spec.stage_channels, spec.stage_blocks, spec.stage_strides), start=1):
+            stage = OrderedDict()
+            for b in range(1, blocks + 1):
+                stage[f"block{b}"] = BasicBlock(ch, width, stride if b == 1 else 1)
+                ch = width
+            self.add_module(f"stage{s}", nn.Sequential(stage))
+        self.num_stages = len(spec.stage_channels)
+        self.feature_dim = ch
+
+    def forward(self, x):
+        """x: normalized images (N, C, S, S) -> features (N, D)."""
+        # pad_to: Tally widens the stem convolution's zero padding, i.e. zeros after normalization.
+        x = self.stem(zero_pad(x, self.spec))
+        for s in range(1, self.num_stages + 1):
+            x = getattr(self, f"stage{s}")(x)
+        return x.mean(dim=(2, 3))
+
+
+# --- ViT -------------------------------------------------------------------------------------
+
+
+def sincos_pos_embed(grid, dim):
+    """(grid*grid, dim): row gy*grid+gx = [sin(gx w), cos(gx w), sin(gy w), cos(gy w)],
+    w_k = 10000^(-k / (dim/4)), k < dim/4 (src/nn/vit.c, vit_sincos_pos_embed)."""
+    quarter = dim // 4
+    omega = 10000.0 ** (-np.arange(quarter, dtype=np.float64) / quarter)
+    gy, gx = np.meshgrid(np.arange(grid, dtype=np.float64), np.arange(grid, dtype=np.float64),
+                         indexing="ij")
+    ax, ay = gx.reshape(-1, 1) * omega, gy.reshape(-1, 1) * omega
+    table = np.concatenate([np.sin(ax), np.cos(ax), np.sin(ay), np.cos(ay)], axis=1)
+    return torch.from_numpy(table.astype(np.float32))
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, channels, dim, patch):
+        super().__init__()
+        self.proj = nn.Conv2d(channels, dim, patch, stride=patch)
+
+    def forward(self, x):  # (N, C, H, W) -> (N, G*G, D), patches row-major over the grid
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.scale = (dim // heads) ** -0.5
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        N, T, D = x.shape
+        q, k, v = self.qkv(x).reshape(N, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        attn = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(N, T, D))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()  # exact (erf) form, as oneDNN's gelu_erf
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads, mlp_ratio):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=LAYERNORM_EPS)
+        self.attn = Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim, eps=LAYERNORM_EPS)
+        self.mlp = Mlp(dim, mlp_ratio * dim)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class ViT(nn.Module):
+    """Tally's vit: state_dict keys patch_embed.proj.*, cls_token (pool = cls), blocks.{i}.*, norm.*."""
+
+    def __init__(self, spec):
+        super().__init__()
+        self.spec = spec
+        D = spec.dim
+        self.patch_embed = PatchEmbed(spec.channels, D, spec.patch_size)
+        if spec.pool == "cls":
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
+        self.blocks = nn.ModuleList(Block(D, spec.heads, spec.mlp_ratio) for _ in range(spec.depth))
+        self.norm = nn.LayerNorm(D, eps=LAYERNORM_EPS)
+        self.grid = spec.pad_to // spec.patch_size
+        # Fixed, not a parameter: not in the state_dict.
+        self.register_buffer("pos_embed", sincos_pos_embed(self.grid, D), persistent=False)
+        self.feature_dim = D
+
+    def tokens(self, x):
+        """x: normalized images (N, C, S, S) -> final-LayerNorm tokens (N, T, D), cls first."""
+        x = self.patch_embed(zero_pad(x, self.spec)) + self.pos_embed
+        if self.spec.pool == "cls":  # the cls token has no position embedding
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+    def forward(self, x):
+        """x: normalized images (N, C, S, S) -> features (N, D)."""
+        t = self.tokens(x)
+        return t[:, 0] if self.spec.pool == "cls" else t.mean(dim=1)
+
+
+# --- What --with-head adds -------------------------------------------------------------------
+
+
+class ProjectionHead(nn.Module):
+    """inbatch/moco: Linear -> BatchNorm1d -> ReLU -> Linear (src/nn/head.c)."""
+
+    def __init__(self, in_dim, hidden, out_dim):
+        super().__init__()
+        self.fc1 = nn.Linear(in_dim, hidden)
+        self.bn = nn.BatchNorm1d(hidden, eps=BATCHNORM_EPS)
+        self.fc2 = nn.Linear(hidden, out_dim)
+
+    def forward(self, features):
+        return self.fc2(F.relu(self.bn(self.fc1(features))))
+
+
+class MaeDecoder(nn.Module):
+    """mae: the light decoder (src/objectives/mae.c). mask_token is (Dd,), as the export keeps it.
+    tests/test_torch_roundtrip.sh checks that it loads; its forward is not compared with Tally's."""
+
+    def __init__(self, spec):
+        super().__init__()
+        Dd = spec.decoder_dim
+        self.has_cls = spec.pool == "cls"
+        self.embed = nn.Linear(spec.dim, Dd)
+        self.mask_token = nn.Parameter(torch.zeros(Dd))
+        self.blocks = nn.ModuleList(
+            Block(Dd, spec.decoder_heads, spec.mlp_ratio) for _ in range(spec.decoder_depth))
+        self.norm = nn.LayerNorm(Dd, eps=LAYERNORM_EPS)
+        self.pred = nn.Linear(Dd, spec.patch_size * spec.patch_size * spec.channels)
+        grid = spec.pad_to // spec.patch_size
+        self.register_buffer("pos_embed", sincos_pos_embed(grid, Dd), persistent=False)
+
+    def forward(self, tokens, keep):
+        """tokens (N, has_cls + K, D): the encoder's on the visible patches `keep` (N, K), in
+        that order -> per-patch pixel predictions (N, G*G, P*P*C), each patch (py, px, c)."""
+        N, P = tokens.shape[0], self.pos_embed.shape[0]
+        emb = self.embed(tokens)
+        first = 1 if self.has_cls else 0
+        x = self.mask_token.expand(N, P, -1).clone()
+        x.scatter_(1, keep.unsqueeze(-1).expand(-1, -1, x.shape[2]), emb[:, first:])
+        x = x + self.pos_embed
+        if self.has_cls:
+            x = torch.cat([emb[:, :1], x], dim=1)
+        for block in self.blocks:
+            x = block(x)
+        return self.pred(self.norm(x))[:, first:]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def build_model(metadata, head=None):
+    """The encoder an export describes. head: None, "projection" (head.*) or "decoder" (MAE's
+    decoder.*), the module --with-head adds; it becomes the child `head` or `decoder`."""
+    spec = Spec(metadata)
+    if spec.backbone == "resnet":
+        model = ResNet(spec)
+    elif spec.backbone == "vit":
+        model = ViT(spec)
+    else:
+        raise ValueError(f"unknown backbone type {spec.backbone!r}")
+    model.preprocess = Preprocess(spec)
+    if head == "projection":
+        model.head = ProjectionHead(model.feature_dim, spec.head_hidden_dim, spec.head_out_dim)
+    elif head == "decoder":
+        model.decoder = MaeDecoder(spec)
+    elif head is not None:
+        raise ValueError(f"unknown head {head!r}")
+    return model
+
+
+def head_kind(tensors):
+    """Which --with-head part a state dict holds: None, "projection" or "decoder"."""
+    if any(name.startswith("head.") for name in tensors):
+        return "projection"
+    if any(name.startswith("decoder.") for name in tensors):
+        return "decoder"
+    return None
+
+
+def load_export(path, strict=True):
+    """Builds the encoder an export describes, loads it (strictly: every tensor in the file has
+    its module and every module its tensor) and returns it in eval() mode."""
+    tensors, metadata = read_safetensors(path)
+    model = build_model(metadata, head=head_kind(tensors))
+    model.load_state_dict(tensors, strict=strict)
+    return model.eval()
