@@ -1,21 +1,62 @@
 #!/usr/bin/env bash
-# Installs what Tally needs to build, test and train (Debian packages), then configures and
-# builds it in ./build. Safe to run again: installed packages are skipped.
+# Installs what Tally needs (Debian packages), then configures and builds it in ./build. Safe to
+# run again: installed packages are skipped.
+#
+#   scripts/setup.sh              to build and train (scripts/train.sh)
+#   scripts/setup.sh --for-tests  also what only tests need (scripts/test.sh): Chromium for the
+#                                 report's browser test, PyTorch and NumPy for the interop test
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config libdnnl-dev libstb-dev libcmocka-dev libinih-dev
-          zlib1g-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist chromium)
+          zlib1g-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist)
+test_packages=(chromium python3-torch python3-numpy)
+for arg in "$@"; do
+  case "$arg" in
+    --for-tests) packages+=("${test_packages[@]}") ;;
+    *)
+      echo "usage: scripts/setup.sh [--for-tests]" >&2
+      exit 2
+      ;;
+  esac
+done
+
+# Another package manager at work (unattended-upgrades on a fresh machine, a second setup) is
+# waited for, up to this long, instead of failing at once.
+lock_wait_s=600
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+apt_get() {
+  $SUDO env DEBIAN_FRONTEND=noninteractive LC_ALL=C \
+    apt-get -q -o DPkg::Lock::Timeout="$lock_wait_s" "$@"
+}
+
+# DPkg::Lock::Timeout makes `install` wait for dpkg's lock, but apt (2.6, bookworm) ignores it
+# for the package lists' lock that `update` takes: there, wait and try again.
+update_package_lists() {
+  local deadline=$((SECONDS + lock_wait_s)) err said=""
+  until err=$(apt_get update 2>&1 >&3); do
+    if [[ $err != *"Could not get lock"* ]] || ((SECONDS >= deadline)); then
+      echo "$err" >&2
+      return 1
+    fi
+    if [ -z "$said" ]; then
+      echo "setup: waiting for another package manager to finish"
+      said=1
+    fi
+    sleep 5
+  done 3>&1
+  [ -z "$err" ] || echo "$err" >&2
+}
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+  update_package_lists
+  apt_get install -y "${missing[@]}"
 fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > /dev/null

@@ -135,6 +135,64 @@ static void test_default_output_and_errors(void **state) {
   free(err);
 }
 
+// Runs `tally report` on tmpdir/RUN with its stderr in tmpdir/err.txt; returns the exit code
+// and, in *err, what it printed there (to free).
+static int report_run(const char *run, char **err) {
+  int rc = sh("%s report %s/%s > /dev/null 2> %s/err.txt", bin, tmpdir, run, tmpdir);
+  char path[700];
+  snprintf(path, sizeof path, "%s/err.txt", tmpdir);
+  *err = read_all(path);
+  return rc;
+}
+
+// A run killed mid-write (kill -9, a full disk) ends its ledger and eval.jsonl in half a line:
+// the report drops that line, says so once per file, and draws the rest.
+static void test_cut_off_last_line_is_skipped(void **state) {
+  (void)state;
+  assert_int_equal(sh("cp -r %s/moco-run %s/killed-run && cd %s/killed-run && "
+                      "head -c -40 ledger.jsonl > l && mv l ledger.jsonl && "
+                      "head -c -20 eval.jsonl > e && mv e eval.jsonl",
+                      tmpdir, tmpdir, tmpdir),
+                   0);
+  char *err;
+  assert_int_equal(report_run("killed-run", &err), 0);
+  assert_non_null(strstr(err, "killed-run/ledger.jsonl: ignored a cut-off last line (line 12)"));
+  assert_non_null(strstr(err, "killed-run/eval.jsonl: ignored a cut-off last line (line 4)"));
+  assert_int_equal(count(err, "cut-off"), 2);
+  free(err);
+  char path[700];
+  snprintf(path, sizeof path, "%s/killed-run/report.html", tmpdir);
+  char *html = read_all(path);
+  assert_non_null(strstr(html, "11 ledger records"));
+  // Two of the three encoder evaluations are left: 65% and 70%, no 75%.
+  assert_null(strstr(html, "75.00%"));
+  assert_non_null(strstr(html, "<td>70.00%</td>"));
+  free(html);
+}
+
+// A bad line with lines after it is not a kill but corruption: the report refuses the run and
+// names the file and line.
+static void test_bad_middle_line_is_an_error(void **state) {
+  (void)state;
+  assert_int_equal(sh("cp -r %s/moco-run %s/corrupt-ledger && "
+                      "sed -i '5s/.*/{\"step\":4,\"loss\":/' %s/corrupt-ledger/ledger.jsonl",
+                      tmpdir, tmpdir, tmpdir),
+                   0);
+  char *err;
+  assert_int_not_equal(report_run("corrupt-ledger", &err), 0);
+  assert_non_null(strstr(err, "corrupt-ledger/ledger.jsonl:5: "));
+  assert_null(strstr(err, "cut-off"));
+  free(err);
+
+  assert_int_equal(sh("cp -r %s/moco-run %s/corrupt-eval && "
+                      "sed -i '2s/.*/{\"step\":4,\"wh/' %s/corrupt-eval/eval.jsonl",
+                      tmpdir, tmpdir, tmpdir),
+                   0);
+  assert_int_not_equal(report_run("corrupt-eval", &err), 0);
+  assert_non_null(strstr(err, "corrupt-eval/eval.jsonl:2: "));
+  free(err);
+}
+
 static int have_chromium(void) { return sh("command -v chromium > /dev/null 2>&1") == 0; }
 
 static void test_dom_in_browser(void **state) {
@@ -181,6 +239,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_self_contained),
       cmocka_unit_test(test_default_output_and_errors),
+      cmocka_unit_test(test_cut_off_last_line_is_skipped),
+      cmocka_unit_test(test_bad_middle_line_is_an_error),
       cmocka_unit_test(test_dom_in_browser),
   };
   int failed = cmocka_run_group_tests(tests, setup, NULL);

@@ -139,8 +139,9 @@ static char *header_text(const StFile *s, uint32_t crc, size_t *len) {
 
 int st_write(const StFile *s, const char *path) {
   uLong crc = crc32(0L, Z_NULL, 0);
+  // Empty tensors are skipped: zlib restarts the CRC when handed a NULL buffer.
   for (int i = 0; i < s->n_tensors; i++)
-    crc = crc32_z(crc, (const Bytef *)s->tensors[i].data, s->tensors[i].bytes);
+    if (s->tensors[i].bytes) crc = crc32_z(crc, s->tensors[i].data, s->tensors[i].bytes);
   size_t len;
   char *header = header_text(s, (uint32_t)crc, &len);
   AtomicFile a;
@@ -339,11 +340,33 @@ static int check_extent(const char *what, StTensor *t, const uint64_t off[2], si
   return 0;
 }
 
+// Tensors in the order of their bytes (an empty one before a full one at the same offset).
+static int by_offset(const void *a, const void *b) {
+  const StTensor *x = *(const StTensor *const *)a, *y = *(const StTensor *const *)b;
+  if (x->data != y->data) return (const char *)x->data < (const char *)y->data ? -1 : 1;
+  return (x->bytes > y->bytes) - (x->bytes < y->bytes);
+}
+
+// Ranges inside the data section that add up to it cover it exactly unless two overlap.
+static int check_no_overlap(const StFile *s, const char *what) {
+  const StTensor **order = malloc(sizeof *order * (size_t)(s->n_tensors + 1));
+  if (!order) TL_DIE("out of memory");
+  for (int i = 0; i < s->n_tensors; i++) order[i] = &s->tensors[i];
+  qsort(order, (size_t)s->n_tensors, sizeof *order, by_offset);
+  int rc = 0;
+  for (int i = 1; i < s->n_tensors && rc == 0; i++)
+    if ((const char *)order[i]->data < (const char *)order[i - 1]->data + order[i - 1]->bytes)
+      rc = tl_fail("%s: tensors %s and %s overlap (corrupt)", what, order[i - 1]->name,
+                   order[i]->name);
+  free(order);
+  return rc;
+}
+
 static int parse_header(StFile *s, Json *j, size_t data_bytes, const char *data) {
   uint64_t covered = 0;
   if (expect(j, '{')) return -1;
-  if (peek(j, '}')) return expect(j, '}');
-  do {
+  // An empty header still goes through the checks below (text after it, data nobody holds).
+  if (!peek(j, '}')) do {
     char *name = json_string(j);
     if (!name || expect(j, ':')) {
       free(name);
@@ -376,7 +399,7 @@ static int parse_header(StFile *s, Json *j, size_t data_bytes, const char *data)
   if (covered != data_bytes)
     return tl_fail("%s: the tensors cover %" PRIu64 " of %zu data bytes (truncated or corrupt)",
                    j->what, covered, data_bytes);
-  return 0;
+  return check_no_overlap(s, j->what);
 }
 
 int st_parse(StFile *s, char *buf, size_t bytes, const char *what) {

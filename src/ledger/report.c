@@ -62,8 +62,8 @@ static void json_string(const char *text, const char *key, char *out, size_t n) 
   snprintf(out, n, "%.*s", (int)(end - p - 1), p + 1);
 }
 
-// A whole small file as a string, or NULL if it cannot be read.
-static char *read_text(const char *dir, const char *file) {
+// A whole small file as a string (its length in *len_out), or NULL if it cannot be read.
+static char *read_text(const char *dir, const char *file, size_t *len_out) {
   char path[4200];
   snprintf(path, sizeof path, "%s/%s", dir, file);
   FILE *f = fopen(path, "rb");
@@ -80,7 +80,66 @@ static char *read_text(const char *dir, const char *file) {
   }
   buf[len] = 0;
   fclose(f);
+  if (len_out) *len_out = len;
   return buf;
+}
+
+// Hands each line of DIR/FILE (text, len bytes) to `take`, which returns -1 when the line is not
+// a whole record. A run killed mid-write (kill -9, a full disk) leaves a last line without its
+// newline, or one that does not parse: it is skipped with a note on stderr. A bad line anywhere
+// else is corruption, and an error naming the file and line. Empty lines are skipped.
+static int each_line(char *text, size_t len, const char *dir, const char *file,
+                     int (*take)(Run *run, const char *line), Run *run) {
+  int line_no = 0;
+  for (char *line = text, *end = text + len, *next; line < end; line = next) {
+    line_no++;
+    char *newline = memchr(line, '\n', (size_t)(end - line));
+    next = newline ? newline + 1 : end;
+    size_t line_len = (size_t)(next - line) - (newline != NULL);
+    line[line_len] = 0;
+    if (line_len == 0) continue;
+    // A NUL byte (a file system that zero-fills after a crash) makes the line unreadable too.
+    if (newline && strlen(line) == line_len && take(run, line) == 0) continue;
+    if (next < end) return tl_fail("%s/%s:%d: not a whole record", dir, file, line_no);
+    fprintf(stderr, "tally report: %s/%s: ignored a cut-off last line (line %d)\n", dir, file,
+            line_no);
+  }
+  return 0;
+}
+
+static int lines_in(const char *text, size_t len) {
+  int lines = 1;
+  for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
+  return lines;
+}
+
+// One line of ledger.jsonl into the next record; the run's objective is the first record's.
+static int take_record(Run *run, const char *line) {
+  if (ledger_read_json(line, &run->recs[run->n_recs]) < 0) return -1;
+  if (!run->n_recs) json_string(line, "objective", run->objective, sizeof run->objective);
+  run->n_recs++;
+  return 0;
+}
+
+// One line of eval.jsonl, {"step", "what", "knn_top1", "knn_top1_k20", "seconds"}: the raw-pixel
+// baseline, or the next evaluation of the encoder.
+static int take_eval(Run *run, const char *line) {
+  size_t n = strlen(line);
+  while (n && (line[n - 1] == ' ' || line[n - 1] == '\r')) n--;
+  char what[32];
+  json_string(line, "what", what, sizeof what);
+  if (line[0] != '{' || line[n - 1] != '}' || !what[0] || !json_value(line, "knn_top1") ||
+      !isfinite(json_number(line, "step")))
+    return -1;
+  if (strcmp(what, "raw_pixels") == 0) {
+    run->knn_raw = json_number(line, "knn_top1");
+    return 0;
+  }
+  Eval *e = &run->evals[run->n_evals++];
+  e->step = json_number(line, "step");
+  e->top1 = json_number(line, "knn_top1");
+  e->top1_k20 = json_number(line, "knn_top1_k20");
+  return 0;
 }
 
 static int load_run(Run *run, const char *dir) {
@@ -93,48 +152,25 @@ static int load_run(Run *run, const char *dir) {
   while (start > dir && start[-1] != '/') start--;
   snprintf(run->name, sizeof run->name, "%.*s", (int)(dir + len - start), start);
 
-  char *ledger = read_text(dir, "ledger.jsonl");
+  size_t text_len;
+  char *ledger = read_text(dir, "ledger.jsonl", &text_len);
   if (!ledger) return tl_fail("%s/ledger.jsonl: cannot read: %s", dir, strerror(errno));
-  int lines = 0;
-  for (const char *p = ledger; *p; p++) lines += *p == '\n';
-  run->recs = calloc((size_t)lines + 1, sizeof *run->recs);
+  run->recs = calloc((size_t)lines_in(ledger, text_len), sizeof *run->recs);
   if (!run->recs) TL_DIE("out of memory");
-  int line_no = 0;
-  for (char *save, *line = strtok_r(ledger, "\n", &save); line;
-       line = strtok_r(NULL, "\n", &save)) {
-    line_no++;
-    if (!run->n_recs) json_string(line, "objective", run->objective, sizeof run->objective);
-    if (ledger_read_json(line, &run->recs[run->n_recs]) < 0) {
-      free(ledger);
-      return tl_fail("%s/ledger.jsonl:%d: not a ledger record", dir, line_no);
-    }
-    run->n_recs++;
-  }
+  int rc = each_line(ledger, text_len, dir, "ledger.jsonl", take_record, run);
   free(ledger);
+  if (rc != 0) return -1;
   if (run->n_recs == 0) return tl_fail("%s/ledger.jsonl: no records", dir);
 
-  char *evals = read_text(dir, "eval.jsonl");
+  char *evals = read_text(dir, "eval.jsonl", &text_len);
   if (evals) {
-    int n = 0;
-    for (const char *p = evals; *p; p++) n += *p == '\n';
-    run->evals = calloc((size_t)n + 1, sizeof *run->evals);
+    run->evals = calloc((size_t)lines_in(evals, text_len), sizeof *run->evals);
     if (!run->evals) TL_DIE("out of memory");
-    for (char *save, *line = strtok_r(evals, "\n", &save); line;
-         line = strtok_r(NULL, "\n", &save)) {
-      char what[32];
-      json_string(line, "what", what, sizeof what);
-      if (strcmp(what, "raw_pixels") == 0) {
-        run->knn_raw = json_number(line, "knn_top1");
-      } else {
-        Eval *e = &run->evals[run->n_evals++];
-        e->step = json_number(line, "step");
-        e->top1 = json_number(line, "knn_top1");
-        e->top1_k20 = json_number(line, "knn_top1_k20");
-      }
-    }
+    rc = each_line(evals, text_len, dir, "eval.jsonl", take_eval, run);
     free(evals);
+    if (rc != 0) return -1;
   }
-  char *summary = read_text(dir, "summary.json");
+  char *summary = read_text(dir, "summary.json", NULL);
   if (summary) {
     json_string(summary, "backbone", run->backbone, sizeof run->backbone);
     run->knn_final = json_number(summary, "knn_top1");
