@@ -66,6 +66,7 @@ static const KeySpec recipe_keys[] = {
              NULL),
     INT_KEY(RECIPE(data, image_size), "28", 1, 4096),
     INT_KEY(RECIPE(data, channels), "1", 1, 3),
+    TEXT_KEY(RECIPE(data, labels), "auto", "auto|none"),
     INT_KEY(RECIPE(data, limit), "0", 0, INT_MAX),
     INT_KEY(RECIPE(data, test_limit), "0", 0, INT_MAX),
 

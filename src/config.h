@@ -36,6 +36,8 @@ typedef struct {
     char test[CONFIG_PATH_MAX];
     int image_size;  // 28
     int channels;    // 1 or 3
+    char labels[8];  // auto: class subfolders / the IDX labels file; none: unlabeled images
+                     // (no kNN monitor, no test set; score with tally eval on labeled data)
     int limit;       // 0 = all training images
     int test_limit;  // 0 = all test images
   } data;

@@ -416,6 +416,7 @@ static const char *const every_key[][2] = {
     {"data.test", "some/test"},
     {"data.image_size", "32"},
     {"data.channels", "3"},
+    {"data.labels", "none"},
     {"data.limit", "1000"},
     {"data.test_limit", "500"},
     {"augment.crop_scale_min", "0.3"},

@@ -22,6 +22,7 @@ int dataset_load_idx(Dataset *ds, const char *images_path, int channels, int lim
 
 // Reads root/<class>/*.{png,jpg,jpeg,bmp} (classes sorted by name), converted to `channels` and
 // resized to image_size x image_size (bilinear). An unreadable image is an error naming its path.
+// A root without subfolders is unlabeled data: its own images, labels 0 and n_classes 0.
 int dataset_load_imagefolder(Dataset *ds, const char *root, int image_size, int channels,
                              int limit);
 

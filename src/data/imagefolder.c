@@ -1,4 +1,5 @@
-// ImageFolder trees: root/<class>/<image>, one class per subfolder. Decoding is stb_image's (the
+// ImageFolder trees: root/<class>/<image>, one class per subfolder; or, for unlabeled data, the
+// images directly under root (no subfolders at all): one group, n_classes 0. Decoding is stb_image's (the
 // system libstb exports it, so no implementation is compiled here); stbi_load's requested channel
 // count does the conversion: luminance for RGB -> gray, replication for gray -> RGB.
 #include <dirent.h>
@@ -111,13 +112,29 @@ static void class_quotas(const NameList *files, int n_classes, int limit, int *k
       if (keep[k] < files[k].n) keep[k]++, left--;
 }
 
+// The class subfolders of root, or, when it has none, root itself as one unlabeled group ("."),
+// provided it holds images. *labeled says which.
+static int list_groups(const char *root, NameList *groups, int *labeled) {
+  if (list_dir(root, 1, groups) < 0) return -1;
+  *labeled = groups->n > 0;
+  if (*labeled) return 0;
+  NameList images = {0};
+  int rc = list_dir(root, 0, &images);
+  int any = images.n > 0;
+  names_free(&images);
+  if (rc < 0) return -1;
+  if (!any)
+    return tl_fail("%s: no class subfolders and no .png, .jpg, .jpeg or .bmp images", root);
+  groups->names = malloc(sizeof *groups->names);
+  if (!groups->names || !(groups->names[0] = strdup("."))) TL_DIE("out of memory");
+  groups->n = groups->cap = 1;
+  return 0;
+}
+
 int dataset_imagefolder_count(const char *root, int limit, int *n) {
   NameList classes = {0};
-  if (list_dir(root, 1, &classes) < 0) return -1;
-  if (classes.n == 0) {
-    names_free(&classes);
-    return tl_fail("%s: no class subfolders", root);
-  }
+  int labeled;
+  if (list_groups(root, &classes, &labeled) < 0) return -1;
   NameList *files = calloc(classes.n, sizeof *files);
   int *keep = calloc(classes.n, sizeof *keep);
   if (!files || !keep) TL_DIE("out of memory");
@@ -148,11 +165,8 @@ int dataset_load_imagefolder(Dataset *ds, const char *root, int image_size, int 
     return tl_fail("%s: image size %d is outside 1..%d", root, image_size, max_image_size);
 
   NameList classes = {0};
-  if (list_dir(root, 1, &classes) < 0) return -1;
-  if (classes.n == 0) {
-    names_free(&classes);
-    return tl_fail("%s: no class subfolders", root);
-  }
+  int labeled;
+  if (list_groups(root, &classes, &labeled) < 0) return -1;
   const int n_classes = classes.n;
   int rc = -1;
   NameList *files = calloc(n_classes, sizeof *files);
@@ -203,9 +217,11 @@ int dataset_load_imagefolder(Dataset *ds, const char *root, int image_size, int 
     goto done;
   }
 
-  ds->n_classes = n_classes;
-  ds->class_names = classes.names;
-  classes = (NameList){0};
+  if (labeled) {
+    ds->n_classes = n_classes;
+    ds->class_names = classes.names;
+    classes = (NameList){0};
+  }
   rc = 0;
 
 done:

@@ -267,8 +267,11 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   const int mpi = strcmp(cfg->parallel.backend, "mpi") == 0;
   pl->world = cfg->parallel.replicas;
   pl->global_batch = cfg->train.batch_size;
+  // The test set is loaded only for the kNN monitor, which needs labels.
+  if (strcmp(cfg->data.labels, "none") == 0) pl->opt.no_knn = 1;
   if (peek_dataset(cfg, cfg->data.train, cfg->data.limit, &pl->n_train) != 0 ||
-      peek_dataset(cfg, cfg->data.test, cfg->data.test_limit, &pl->n_test) != 0)
+      (!pl->opt.no_knn &&
+       peek_dataset(cfg, cfg->data.test, cfg->data.test_limit, &pl->n_test) != 0))
     goto out;
   if (pl->n_train < pl->global_batch) {
     tl_fail("%s: %d training images, fewer than one batch of %d", cfg->data.train, pl->n_train,

@@ -49,6 +49,7 @@ typedef struct {
   size_t peak_rss;
   int knn_done, knn_start_done;
   int stopped_early;  // 1: --stop-at or a signal ended the run before its last step
+  int no_knn;         // the monitor is off: asked (--no-knn) or no labels to vote with
   KnnResult knn, knn_start, knn_raw;
   int steps_done;
   int quiet_rank;  // an MPI rank other than 0: trains, but writes and prints nothing
@@ -142,7 +143,7 @@ static int write_summary(Run *run) {
   else
     fprintf(f, "  \"knn_top1\": null,\n");
   if (run->knn_start_done) fprintf(f, "  \"knn_top1_untrained\": %.6f,\n", run->knn_start.top1);
-  if (run->opt->no_knn)
+  if (run->no_knn)
     fprintf(f, "  \"knn_top1_raw_pixels\": null\n}\n");
   else
     fprintf(f, "  \"knn_top1_raw_pixels\": %.6f\n}\n", run->knn_raw.top1);
@@ -289,7 +290,7 @@ static int open_ledger(ReplicaState *r) {
 // Rank 0's monitor: the raw-pixel baseline, and the untrained encoder when asked.
 static int open_monitor(ReplicaState *r) {
   Run *run = r->run;
-  r->use_knn = !run->opt->no_knn;
+  r->use_knn = !run->no_knn;
   if (!r->use_knn) return 0;
   knn_monitor_init(&r->mon, r->cfg, &run->train, &run->test, &run->aug, r->ps.data);
   if (!run->opt->quiet) {
@@ -719,16 +720,33 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     run->world = cfg->parallel.replicas;
   }
   run->global_batch = cfg->train.batch_size;
+  run->no_knn = opt->no_knn;
 
   double t0 = now_ms();
   int ch = cfg->data.channels;
-  int loaded = strcmp(cfg->data.format, "idx") == 0
-                   ? dataset_load_idx(&run->train, cfg->data.train, ch, cfg->data.limit) == 0 &&
-                         dataset_load_idx(&run->test, cfg->data.test, ch, cfg->data.test_limit) == 0
+  int idx = strcmp(cfg->data.format, "idx") == 0;
+  int loaded = idx ? dataset_load_idx(&run->train, cfg->data.train, ch, cfg->data.limit) == 0
                    : dataset_load_imagefolder(&run->train, cfg->data.train, cfg->data.image_size,
-                                              ch, cfg->data.limit) == 0 &&
-                         dataset_load_imagefolder(&run->test, cfg->data.test, cfg->data.image_size,
-                                                  ch, cfg->data.test_limit) == 0;
+                                              ch, cfg->data.limit) == 0;
+  // Unlabeled training data has nothing for the kNN monitor to vote with.
+  int unlabeled = strcmp(cfg->data.labels, "none") == 0;
+  if (loaded && !unlabeled && !run->train.n_classes) {
+    fprintf(stderr,
+            "tally: %s: no class subfolders; to train on unlabeled images set data.labels = "
+            "none\n",
+            cfg->data.train);
+    goto out;
+  }
+  if (loaded && unlabeled && !opt->no_knn) {
+    if (!run->quiet_rank)
+      printf("kNN monitor off: data.labels = none (score the encoder with `tally eval RUN --set "
+             "data.train=LABELED --set data.test=LABELED`)\n");
+    run->no_knn = 1;
+  }
+  if (loaded && !run->no_knn && !opt->no_knn)
+    loaded = idx ? dataset_load_idx(&run->test, cfg->data.test, ch, cfg->data.test_limit) == 0
+                 : dataset_load_imagefolder(&run->test, cfg->data.test, cfg->data.image_size, ch,
+                                            cfg->data.test_limit) == 0;
   if (!loaded) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     goto out;
