@@ -120,6 +120,7 @@ static const KeySpec recipe_keys[] = {
     INT_KEY(RECIPE(parallel, bucket_kib), "1024", 1, 1048576),
     TEXT_KEY(RECIPE(parallel, shard_weights), "", NULL),
 
+    BOOL_KEY(RECIPE(eval, linear), "0"),
     INT_KEY(RECIPE(eval, knn_k), "200", 1, 100000),
     FLOAT_KEY(RECIPE(eval, knn_temperature), "0.1", 0, 100, OPEN_MIN),
     INT_KEY(RECIPE(eval, knn_every_epochs), "1", 1, INT_MAX),

@@ -105,6 +105,7 @@ typedef struct {
   } parallel;
 
   struct {
+    int linear;             // 0; 1: the monitor also fits a linear probe (seconds per evaluation)
     int knn_k;              // 200
     float knn_temperature;  // 0.1
     int knn_every_epochs;   // 1

@@ -463,6 +463,7 @@ static const char *const every_key[][2] = {
     {"parallel.checksum_every", "10"},
     {"parallel.bucket_kib", "256"},
     {"parallel.shard_weights", "1,3"},
+    {"eval.linear", "1"},
     {"eval.knn_k", "20"},
     {"eval.knn_temperature", "0.07"},
     {"eval.knn_every_epochs", "2"},

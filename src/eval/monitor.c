@@ -1,9 +1,11 @@
 #include "eval/monitor.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "core/timer.h"
 #include "eval/knn.h"
+#include "eval/linear_probe.h"
 
 static int limit_or_all(int limit, int n) { return limit > 0 && limit < n ? limit : n; }
 
@@ -52,7 +54,7 @@ static void encode_all(KnnMonitor *m, const Dataset *ds, int n, float *feat) {
 }
 
 static KnnResult vote(KnnMonitor *m, const float *train_feat, const float *test_feat, int d) {
-  KnnResult r = {0};
+  KnnResult r = {.linear_top1 = NAN};
   const int ks[2] = {m->cfg->eval.knn_k, 20};
   double acc[2] = {-1, -1};
   if (knn_top1_multi(train_feat, m->train->labels, m->n_train, test_feat, m->test->labels,
@@ -61,6 +63,13 @@ static KnnResult vote(KnnMonitor *m, const float *train_feat, const float *test_
     TL_DIE("kNN monitor: %s", tl_last_error());
   r.top1 = acc[0];
   r.top1_k20 = acc[1];
+  if (m->cfg->eval.linear) {
+    LinearProbeResult p;
+    if (linear_probe(train_feat, m->train->labels, m->n_train, test_feat, m->test->labels,
+                     m->n_test, d, m->train->n_classes, m->cfg->train.seed, &m->ctx, &p) != 0)
+      TL_DIE("linear probe: %s", tl_last_error());
+    r.linear_top1 = p.test_top1;
+  }
   return r;
 }
 

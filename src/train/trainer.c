@@ -89,7 +89,9 @@ static void fill_memory(LedgerRecord *rec) {
 }
 
 static void print_knn(const char *what, KnnResult r) {
-  printf("kNN top-1 %-26s %.4f (k=20: %.4f)  [%.1f s]\n", what, r.top1, r.top1_k20, r.seconds);
+  printf("kNN top-1 %-26s %.4f (k=20: %.4f)", what, r.top1, r.top1_k20);
+  if (isfinite(r.linear_top1)) printf("  linear probe %.4f", r.linear_top1);
+  printf("  [%.1f s]\n", r.seconds);
   fflush(stdout);
 }
 
@@ -98,10 +100,10 @@ static void print_knn(const char *what, KnnResult r) {
 static int record_eval(const Run *run, const char *what, long step, KnnResult r) {
   FILE *f = fopen(run->path_eval, "a");
   if (!f) return tl_fail("%s: cannot write: %s", run->path_eval, strerror(errno));
-  fprintf(
-      f,
-      "{\"step\":%ld,\"what\":\"%s\",\"knn_top1\":%.6f,\"knn_top1_k20\":%.6f,\"seconds\":%.3f}\n",
-      step, what, r.top1, r.top1_k20, r.seconds);
+  fprintf(f, "{\"step\":%ld,\"what\":\"%s\",\"knn_top1\":%.6f,\"knn_top1_k20\":%.6f,", step, what,
+          r.top1, r.top1_k20);
+  if (isfinite(r.linear_top1)) fprintf(f, "\"linear_top1\":%.6f,", r.linear_top1);
+  fprintf(f, "\"seconds\":%.3f}\n", r.seconds);
   int ok = fflush(f) == 0 && !ferror(f);
   int err = errno;
   if (fclose(f) != 0) ok = 0;
@@ -142,6 +144,10 @@ static int write_summary(Run *run) {
             run->knn.top1_k20);
   else
     fprintf(f, "  \"knn_top1\": null,\n");
+  if (run->knn_done && isfinite(run->knn.linear_top1))
+    fprintf(f, "  \"linear_top1\": %.6f,\n", run->knn.linear_top1);
+  if (!run->no_knn && isfinite(run->knn_raw.linear_top1))
+    fprintf(f, "  \"linear_top1_raw_pixels\": %.6f,\n", run->knn_raw.linear_top1);
   if (run->knn_start_done) fprintf(f, "  \"knn_top1_untrained\": %.6f,\n", run->knn_start.top1);
   if (run->no_knn)
     fprintf(f, "  \"knn_top1_raw_pixels\": null\n}\n");
