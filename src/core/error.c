@@ -25,3 +25,14 @@ void tl_die(const char *file, int line, const char *fmt, ...) {
   fputc('\n', stderr);
   exit(70);
 }
+
+void tl_fatal_input(const char *fmt, ...) {
+  fputs("tally: ", stderr);
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  fflush(stderr);
+  exit(1);
+}

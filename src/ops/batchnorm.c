@@ -41,7 +41,9 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
     TL_DIE("batchnorm %s: invalid shape N=%d C=%d H=%d W=%d", name, N, C, H, W);
   // Like PyTorch: the unbiased running variance needs at least two values per channel.
   if (b->mode != OP_INFER && (long)N * H * W < 2)
-    TL_DIE("batchnorm %s: batch statistics need more than one value per channel", name);
+    tl_fatal_input("%s: BatchNorm over a shard of %d sample%s per replica has no batch statistics; "
+                   "use fewer replicas or a larger train.batch_size",
+                   name, N, N == 1 ? "" : "s");
   DnnlCtx *ctx = b->ctx;
   memset(l, 0, sizeof *l);
   l->N = N, l->C = C, l->H = H, l->W = W, l->fuse_relu = fuse_relu;

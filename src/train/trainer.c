@@ -50,6 +50,7 @@ typedef struct {
   int knn_done, knn_start_done;
   int stopped_early;  // 1: --stop-at or a signal ended the run before its last step
   int no_knn;         // the monitor is off: asked (--no-knn) or no labels to vote with
+  int started;        // the replicas were started (failures after it stop them through Comm)
   KnnResult knn, knn_start, knn_raw;
   int steps_done;
   int quiet_rank;  // an MPI rank other than 0: trains, but writes and prints nothing
@@ -727,6 +728,11 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
   }
   run->global_batch = cfg->train.batch_size;
   run->no_knn = opt->no_knn;
+  if (run->global_batch < run->world) {
+    fprintf(stderr, "tally: train.batch_size = %d cannot be split over %d replicas (a shard of 0)\n",
+            run->global_batch, run->world);
+    goto out;
+  }
 
   double t0 = now_ms();
   int ch = cfg->data.channels;
@@ -829,6 +835,7 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
 
   if (!run->config_text) config_texts(run);
   install_stop_handlers();
+  run->started = 1;
   if (mpi) {
     // One replica per process: this process's rank is its replica.
     Replica rep = {run, comm_rank(mpi), mpi};
@@ -862,6 +869,9 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     }
   }
 out:
+  // A rank that fails before training starts (its run folder, its data) must not leave the
+  // others waiting in their first collective: stop them all.
+  if (mpi && !run->started && rc != 0) comm_abort(mpi, "could not start (see the line above)");
   if (mpi) comm_destroy(mpi);
   dataset_free(&run->train);
   dataset_free(&run->test);
