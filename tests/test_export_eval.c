@@ -208,6 +208,13 @@ static void test_eval_matches_classes_by_name(void **state) {
   assert_int_equal(tally("eval %s/cd --knn --set data.test=%s --set eval.knn_k=4", tmpdir, test_ok), 0);
   assert_int_equal(tally("eval %s/cd --knn --set data.test=%s", tmpdir, test_bad), 1);
   assert_int_equal(sh("grep -q \"class 'zebra' is not among\" %s/last.log", tmpdir), 0);
+  // The training monitor checks the same before the first step.
+  assert_int_equal(tally("train --objective=inbatch --steps 2 --set data.format=imagefolder "
+                         "--set data.image_size=16 --set train.batch_size=8 --set "
+                         "data.train=%s --set data.test=%s --quiet --out %s/cz",
+                         train, test_bad, tmpdir),
+                   1);
+  assert_int_equal(sh("grep -q \"class 'zebra' is not among\" %s/last.log", tmpdir), 0);
 }
 
 // Unlabeled data: a folder of images with no class subfolders trains with data.labels = none

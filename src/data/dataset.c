@@ -98,3 +98,28 @@ void image_resample_bilinear(const uint8_t *src, int h, int w, int c, int y0, in
     }
   }
 }
+
+// Test classes are scored against the training classes: ImageFolder classes are matched by
+// name (a test set may hold a subset), IDX labels must lie among the training labels.
+int dataset_align_test_labels(const Dataset *train, Dataset *test, const char *test_path) {
+  if (train->n_classes <= 0) return tl_fail("%s: has no class labels to evaluate with", test_path);
+  if (train->class_names && test->class_names) {
+    int map[4096];
+    if (test->n_classes > 4096) return tl_fail("%s: more than 4096 classes", test_path);
+    for (int c = 0; c < test->n_classes; c++) {
+      map[c] = -1;
+      for (int t = 0; t < train->n_classes; t++)
+        if (strcmp(test->class_names[c], train->class_names[t]) == 0) map[c] = t;
+      if (map[c] < 0)
+        return tl_fail("%s: class '%s' is not among the training set's classes", test_path,
+                       test->class_names[c]);
+    }
+    for (int i = 0; i < test->n; i++) test->labels[i] = map[test->labels[i]];
+    return 0;
+  }
+  for (int i = 0; i < test->n; i++)
+    if (test->labels[i] < 0 || test->labels[i] >= train->n_classes)
+      return tl_fail("%s: image %d has label %d; the training set's labels are 0..%d", test_path,
+                     i, test->labels[i], train->n_classes - 1);
+  return 0;
+}

@@ -28,6 +28,11 @@ int dataset_load_imagefolder(Dataset *ds, const char *root, int image_size, int 
 
 void dataset_free(Dataset *ds);
 
+// Puts a test set's labels in the training set's terms before anything is scored: ImageFolder
+// classes are matched by name (a test set may hold a subset; a class the training set lacks is
+// an error naming it), IDX labels must lie among the training labels. -1 with tl_last_error().
+int dataset_align_test_labels(const Dataset *train, Dataset *test, const char *test_path);
+
 // Sizing without loading (`tally plan`). The IDX header of an images file: image count and size
 // (before any limit), read without touching the pixels; same errors as dataset_load_idx.
 int dataset_idx_peek(const char *images_path, int *n, int *h, int *w);

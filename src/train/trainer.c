@@ -759,6 +759,8 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     loaded = idx ? dataset_load_idx(&run->test, cfg->data.test, ch, cfg->data.test_limit) == 0
                  : dataset_load_imagefolder(&run->test, cfg->data.test, cfg->data.image_size, ch,
                                             cfg->data.test_limit) == 0;
+  if (loaded && !run->no_knn && !opt->no_knn)
+    loaded = dataset_align_test_labels(&run->train, &run->test, cfg->data.test) == 0;
   if (!loaded) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     goto out;
