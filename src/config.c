@@ -5,57 +5,20 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ini.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "core/error.h"
-
-typedef enum { KEY_INT, KEY_FLOAT, KEY_BOOL, KEY_U64, KEY_STRING, KEY_INT_LIST } KeyType;
-
-// Float bounds that are themselves invalid (a temperature of 0 divides by zero, beta = 1 never
-// decays): the range check excludes them.
-enum { OPEN_MIN = 1, OPEN_MAX = 2 };
-
-typedef struct {
-  const char *section, *key;
-  size_t offset;  // into the schema's struct (Config or ModelSpec)
-  size_t size;    // bytes of the field: string capacity, or list capacity * sizeof(int)
-  KeyType type;
-  const char *default_text;  // parsed by the same setter as user input
-  double min, max;           // inclusive unless `open` says otherwise; per element for lists;
-                             // u64 keys take their whole range
-  int open;
-  const char *choices;  // "a|b": the only values a string key accepts; NULL = free text
-  size_t count_offset;  // lists: the int that receives the number of entries
-} KeySpec;
-
-// Section and key names are the struct's own member names, stringized so they cannot drift.
-#define RECIPE(sec, name)                                              \
-  .section = #sec, .key = #name, .offset = offsetof(Config, sec.name), \
-  .size = sizeof(((Config *)0)->sec.name)
-#define BACKBONE(name)                                                      \
-  .section = "backbone", .key = #name, .offset = offsetof(ModelSpec, name), \
-  .size = sizeof(((ModelSpec *)0)->name)
-
-#define INT_KEY(at, def, lo, hi) \
-  { at, .type = KEY_INT, .default_text = def, .min = lo, .max = hi }
-#define FLOAT_KEY(at, def, lo, hi, open_ends) \
-  { at, .type = KEY_FLOAT, .default_text = def, .min = lo, .max = hi, .open = open_ends }
-#define BOOL_KEY(at, def) \
-  { at, .type = KEY_BOOL, .default_text = def }
-#define U64_KEY(at, def) \
-  { at, .type = KEY_U64, .default_text = def }
-#define TEXT_KEY(at, def, allowed) \
-  { at, .type = KEY_STRING, .default_text = def, .choices = allowed }
-#define LIST_KEY(at, def, lo, hi, count) \
-  { at, .type = KEY_INT_LIST, .default_text = def, .min = lo, .max = hi, .count_offset = count }
 
 static const KeySpec recipe_keys[] = {
     TEXT_KEY(RECIPE(data, format), "idx", "idx|imagefolder"),
@@ -101,19 +64,6 @@ static const KeySpec recipe_keys[] = {
     FLOAT_KEY(RECIPE(optim, eps), "1e-8", 0, 1, 0),
     FLOAT_KEY(RECIPE(optim, lars_eta), "0.001", 0, 1, 0),
 
-    FLOAT_KEY(RECIPE(objective, temperature), "0.2", 0, 100, OPEN_MIN),
-    INT_KEY(RECIPE(objective, queue_size), "4096", 1, 1 << 24),
-    FLOAT_KEY(RECIPE(objective, momentum), "0.99", 0, 1, 0),
-    TEXT_KEY(RECIPE(objective, momentum_schedule), "constant", "constant|cosine"),
-    INT_KEY(RECIPE(objective, queue_max_age_steps), "0", 0, INT_MAX),
-    BOOL_KEY(RECIPE(objective, symmetric), "0"),
-    FLOAT_KEY(RECIPE(objective, mask_ratio), "0.75", 0, 1, OPEN_MIN | OPEN_MAX),
-    BOOL_KEY(RECIPE(objective, norm_pix_loss), "1"),
-    INT_KEY(RECIPE(objective, decoder_dim), "64", 1, 65536),
-    INT_KEY(RECIPE(objective, decoder_depth), "1", 1, 64),
-    INT_KEY(RECIPE(objective, decoder_heads), "4", 1, 256),
-    INT_KEY(RECIPE(objective, png_every), "0", 0, INT_MAX),
-
     TEXT_KEY(RECIPE(parallel, backend), "local", "local|mpi"),
     INT_KEY(RECIPE(parallel, replicas), "1", 1, CONFIG_MAX_REPLICAS),
     INT_KEY(RECIPE(parallel, checksum_every), "50", 1, INT_MAX),
@@ -157,11 +107,47 @@ typedef struct {
 
 #define SCHEMA(table) \
   { table, sizeof table / sizeof table[0] }
-static const Schema recipe_schema = SCHEMA(recipe_keys);
 static const Schema model_schema = SCHEMA(model_keys);
 
+// The recipe's keys followed by every objective's own section, their offsets moved into the
+// objective's slot of Config.objective_settings: one table, so every walk below sees them all.
+#define MAX_RECIPE_KEYS 192
+static KeySpec all_recipe_keys[MAX_RECIPE_KEYS];
+static Schema recipe_schema_built;
+static const ConfigSection *objective_sections[CONFIG_MAX_OBJECTIVES];
+static const char *objective_section_names[CONFIG_MAX_OBJECTIVES];
+static int n_objective_sections;
+static pthread_once_t recipe_schema_once = PTHREAD_ONCE_INIT;
+
+static void build_recipe_schema(void) {
+  size_t n = sizeof recipe_keys / sizeof recipe_keys[0];
+  memcpy(all_recipe_keys, recipe_keys, sizeof recipe_keys);
+  n_objective_sections = objective_config_sections(objective_section_names, objective_sections,
+                                                   CONFIG_MAX_OBJECTIVES);
+  for (int o = 0; o < n_objective_sections; o++) {
+    const ConfigSection *sec = objective_sections[o];
+    if (!sec) continue;
+    if (sec->bytes > CONFIG_SETTINGS_BYTES || n + sec->n_keys > MAX_RECIPE_KEYS)
+      TL_DIE("objective %s: settings too large for Config", objective_section_names[o]);
+    for (size_t k = 0; k < sec->n_keys; k++) {
+      KeySpec key = sec->keys[k];
+      size_t slot = offsetof(Config, objective_settings) + (size_t)o * CONFIG_SETTINGS_BYTES;
+      key.offset += slot;
+      if (key.type == KEY_INT_LIST) key.count_offset += slot;
+      all_recipe_keys[n++] = key;
+    }
+  }
+  recipe_schema_built = (Schema){all_recipe_keys, n};
+}
+
+static const Schema *recipe_schema_get(void) {
+  pthread_once(&recipe_schema_once, build_recipe_schema);
+  return &recipe_schema_built;
+}
+#define recipe_schema (*recipe_schema_get())
+
 // Bounds the per-file "where was this key set" bookkeeping.
-#define MAX_KEYS 64
+#define MAX_KEYS MAX_RECIPE_KEYS
 _Static_assert(sizeof recipe_keys / sizeof recipe_keys[0] <= MAX_KEYS, "raise MAX_KEYS");
 _Static_assert(sizeof model_keys / sizeof model_keys[0] <= MAX_KEYS, "raise MAX_KEYS");
 
@@ -550,9 +536,32 @@ static int parse_stream(const Schema *schema, void *base, const char *path, FILE
   return 0;
 }
 
+// Opens a recipe or model file for reading, or NULL (error set). Regular files only, opened
+// without blocking: a FIFO would wait for a writer forever and a device (/dev/zero) never ends.
+// A configuration is a page of text, so a file beyond 1 MiB is refused before it is read.
+static FILE *open_config_file(const char *path) {
+  const long long max_bytes = 1 << 20;
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    tl_fail("%s: cannot open: %s", path, strerror(errno));
+    return NULL;
+  }
+  struct stat st;
+  FILE *f = NULL;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    tl_fail("%s: not a regular file", path);
+  else if (st.st_size > max_bytes)
+    tl_fail("%s: %lld bytes, more than the %lld a configuration file may have", path,
+            (long long)st.st_size, max_bytes);
+  else if (!(f = fdopen(fd, "r")))
+    tl_fail("%s: cannot open: %s", path, strerror(errno));
+  if (!f) close(fd);
+  return f;
+}
+
 static int parse_file(const Schema *schema, void *base, const char *path) {
-  FILE *f = fopen(path, "r");
-  if (!f) return tl_fail("%s: cannot open: %s", path, strerror(errno));
+  FILE *f = open_config_file(path);
+  if (!f) return -1;
   int rc = parse_stream(schema, base, path, f);
   fclose(f);
   return rc;
@@ -745,14 +754,11 @@ int config_validate(const Config *cfg) {
         "%s: [train] batch_size = %d is smaller than [parallel] replicas = %d "
         "(every replica needs at least one image)",
         where, cfg->train.batch_size, cfg->parallel.replicas);
-  if (cfg->objective.decoder_dim % cfg->objective.decoder_heads)
-    return tl_fail("%s: [objective] decoder_dim = %d is not divisible by decoder_heads = %d", where,
-                   cfg->objective.decoder_dim, cfg->objective.decoder_heads);
-  if (cfg->objective.decoder_dim % 4)
-    return tl_fail(
-        "%s: [objective] decoder_dim = %d: must be a multiple of 4 (2-D sin-cos "
-        "positions)",
-        where, cfg->objective.decoder_dim);
+  recipe_schema_get();
+  for (int o = 0; o < n_objective_sections; o++) {
+    const ConfigSection *sec = objective_sections[o];
+    if (sec && sec->validate && sec->validate(cfg->objective_settings[o], where)) return -1;
+  }
   if (cfg->eval.knn_train_limit && cfg->eval.knn_k > cfg->eval.knn_train_limit)
     return tl_fail("%s: [eval] knn_k = %d is larger than knn_train_limit = %d", where,
                    cfg->eval.knn_k, cfg->eval.knn_train_limit);
@@ -784,4 +790,16 @@ void config_write(const Config *cfg, FILE *out) {
 
 void config_write_model(const Config *cfg, FILE *out) {
   write_schema(&model_schema, &cfg->model.spec, "", out);
+}
+
+int config_get(const Config *cfg, const char *name, char *out, size_t cap) {
+  char section[64];
+  const char *dot = strchr(name, '.');
+  if (!dot || (size_t)(dot - name) >= sizeof section) return tl_fail("%s: expected section.key", name);
+  memcpy(section, name, (size_t)(dot - name));
+  section[dot - name] = 0;
+  const KeySpec *k = find_key(&recipe_schema, section, dot + 1);
+  if (!k) return unknown_name(&recipe_schema, "config_get", section, dot + 1);
+  format_value(k, cfg, out, cap);
+  return 0;
 }

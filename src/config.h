@@ -4,9 +4,12 @@
 #pragma once
 #include <stdio.h>
 
+#include "config_keys.h"
+
 #define CONFIG_PATH_MAX 512
 #define CONFIG_MAX_STAGES 8
 #define CONFIG_MAX_REPLICAS 64  // local replicas (threads) in one process
+#define CONFIG_MAX_OBJECTIVES 8
 
 typedef struct {
   // [backbone] type = resnet | vit
@@ -81,20 +84,9 @@ typedef struct {
     float lars_eta;      // 0.001 trust coefficient
   } optim;
 
-  struct {
-    float temperature;           // 0.2
-    int queue_size;              // 4096 (moco)
-    float momentum;              // 0.99 (moco key encoder)
-    char momentum_schedule[16];  // constant | cosine (to 1)
-    int queue_max_age_steps;     // 0 = off
-    int symmetric;               // 0
-    float mask_ratio;            // 0.75 (mae)
-    int norm_pix_loss;           // 1
-    int decoder_dim;             // 64
-    int decoder_depth;           // 1
-    int decoder_heads;           // 4
-    int png_every;               // 0 = never; steps between reconstruction grids
-  } objective;
+  // Each objective's own section ([inbatch], [moco], [mae], ...), one slot per objective in the
+  // registry's order, laid out as the objective's settings struct (objective_settings()).
+  _Alignas(16) unsigned char objective_settings[CONFIG_MAX_OBJECTIVES][CONFIG_SETTINGS_BYTES];
 
   struct {
     char backend[16];         // local | mpi
@@ -148,6 +140,9 @@ int config_load_model(Config *cfg, const char *path);
 
 // Cross-field checks after all overrides (e.g. batch at least one sample per replica, vit sizes).
 int config_validate(const Config *cfg);
+
+// The value of recipe key "section.key" as config_write writes it. -1 for an unknown key.
+int config_get(const Config *cfg, const char *name, char *out, size_t cap);
 
 // Writes the resolved configuration as INI (every key, defaults included); the model spec
 // follows as comment lines, so the run folder documents it and the file stays loadable.

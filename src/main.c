@@ -174,7 +174,7 @@ static int load_config(const char *objective, const ConfigArgs *a, Config *cfg) 
 static int resume_may_set(const char *assignment) {
   static const char *const allowed[] = {
       "train.steps=",      "train.epochs=",       "train.log_every=", "train.checkpoint_every=",
-      "eval.",             "objective.png_every=", "ledger.every=",    "parallel.checksum_every=",
+      "eval.",             "mae.png_every=", "ledger.every=",    "parallel.checksum_every=",
       "parallel.bucket_kib=", "parallel.replicas=", "parallel.backend="};
   for (size_t i = 0; i < sizeof allowed / sizeof *allowed; i++)
     if (strncmp(assignment, allowed[i], strlen(allowed[i])) == 0) return 1;
@@ -432,7 +432,7 @@ static int cmd_plan(int argc, char **argv) {
     }
     if (!json && budget_text && totals[j].patches_per_image)
       printf("%s: mask ratio %g, %d of %d patches encoded per image\n", names[j],
-             cfg->objective.mask_ratio, totals[j].patches_visible, totals[j].patches_per_image);
+             totals[j].mask_ratio, totals[j].patches_visible, totals[j].patches_per_image);
   }
   if (json) {
     for (int j = 0; j < n; j++) plan_print_json(stdout, &recs[j], &totals[j]);

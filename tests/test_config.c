@@ -20,6 +20,13 @@
 #include "core/error.h"
 
 // A file under $TMPDIR holding `text`; removed by the caller.
+// A key's value as config_write would write it.
+static const char *value_of(const Config *c, const char *name) {
+  static char value[256];
+  if (config_get(c, name, value, sizeof value) != 0) fail_msg("%s", tl_last_error());
+  return value;
+}
+
 static void write_temp(char *path, size_t cap, const char *text) {
   const char *dir = getenv("TMPDIR");
   snprintf(path, cap, "%s/tally-config-XXXXXX.ini", dir && *dir ? dir : "/tmp");
@@ -110,17 +117,16 @@ static void defaults_match_the_header(void **state) {
   assert_string_equal(c.optim.schedule, "cosine");
   assert_true(c.optim.beta1 == 0.9f && c.optim.beta2 == 0.95f && c.optim.eps == 1e-8f);
   assert_true(c.optim.lars_eta == 0.001f);
-  assert_true(c.objective.temperature == 0.2f && c.objective.momentum == 0.99f);
-  assert_int_equal(c.objective.queue_size, 4096);
-  assert_string_equal(c.objective.momentum_schedule, "constant");
-  assert_int_equal(c.objective.queue_max_age_steps, 0);
-  assert_int_equal(c.objective.symmetric, 0);
-  assert_true(c.objective.mask_ratio == 0.75f);
-  assert_int_equal(c.objective.norm_pix_loss, 1);
-  assert_int_equal(c.objective.decoder_dim, 64);
-  assert_int_equal(c.objective.decoder_depth, 1);
-  assert_int_equal(c.objective.decoder_heads, 4);
-  assert_int_equal(c.objective.png_every, 0);
+  const char *const objective_defaults[][2] = {
+      {"inbatch.temperature", "0.2"}, {"moco.temperature", "0.2"},
+      {"moco.momentum", "0.99"},      {"moco.queue_size", "4096"},
+      {"moco.momentum_schedule", "constant"}, {"moco.queue_max_age_steps", "0"},
+      {"moco.symmetric", "0"},        {"mae.mask_ratio", "0.75"},
+      {"mae.norm_pix_loss", "1"},     {"mae.decoder_dim", "64"},
+      {"mae.decoder_depth", "1"},     {"mae.decoder_heads", "4"},
+      {"mae.png_every", "0"}};
+  for (size_t i = 0; i < sizeof objective_defaults / sizeof *objective_defaults; i++)
+    assert_string_equal(value_of(&c, objective_defaults[i][0]), objective_defaults[i][1]);
   assert_string_equal(c.parallel.backend, "local");
   assert_int_equal(c.parallel.replicas, 1);
   assert_int_equal(c.parallel.checksum_every, 50);
@@ -161,12 +167,12 @@ static void shipped_recipes_load(void **state) {
   // Values that differ from the defaults, so they show the file was read.
   assert_true(c.optim.momentum == 0.7f && c.optim.lr == 0.36f);
   assert_true(c.augment.jitter_strength == 0.8f);
-  assert_true(c.objective.temperature == 0.2f);
+  assert_string_equal(value_of(&c, "inbatch.temperature"), "0.2");
 
   load_recipe(&c, "configs/moco.ini");
   assert_string_equal(c.model.spec.type, "resnet");
-  assert_int_equal(c.objective.queue_size, 4096);
-  assert_true(c.objective.momentum == 0.99f);
+  assert_string_equal(value_of(&c, "moco.queue_size"), "4096");
+  assert_string_equal(value_of(&c, "moco.momentum"), "0.99");
 
   load_recipe(&c, "configs/mae.ini");
   assert_string_equal(c.model.spec.type, "vit");
@@ -174,8 +180,8 @@ static void shipped_recipes_load(void **state) {
   assert_true(c.optim.lr == 1e-3f && c.optim.weight_decay == 0.05f);
   assert_true(c.optim.beta1 == 0.9f && c.optim.beta2 == 0.95f);
   assert_int_equal(c.optim.warmup_steps, 20);
-  assert_true(c.objective.mask_ratio == 0.75f);
-  assert_int_equal(c.objective.norm_pix_loss, 1);
+  assert_string_equal(value_of(&c, "mae.mask_ratio"), "0.75");
+  assert_string_equal(value_of(&c, "mae.norm_pix_loss"), "1");
   assert_true(c.augment.jitter_prob == 0.0f);
 
   load_recipe(&c, "configs/inbatch-vit.ini");
@@ -186,7 +192,7 @@ static void shipped_recipes_load(void **state) {
   load_recipe(&c, "configs/moco-vit.ini");
   assert_string_equal(c.model.spec.type, "vit");
   assert_string_equal(c.optim.name, "adamw");
-  assert_int_equal(c.objective.queue_size, 4096);
+  assert_string_equal(value_of(&c, "moco.queue_size"), "4096");
 }
 
 static void shipped_models_load(void **state) {
@@ -242,8 +248,8 @@ static void unknown_names_suggest_the_closest(void **state) {
                     ":2: unknown key 'batchsize' in [train] (did you mean 'batch_size'?)");
   expect_load_error("[optimizer]\nlr = 0.1\n",
                     ":2: unknown section [optimizer] (did you mean [optim]?)");
-  expect_load_error("[objectiv]\ntemperature = 0.1\n",
-                    ":2: unknown section [objectiv] (did you mean [objective]?)");
+  expect_load_error("[mocco]\ntemperature = 0.1\n",
+                    ":2: unknown section [mocco] (did you mean [moco]?)");
   // Nothing close: the known names instead of a wild guess.
   expect_load_error_part("[ledger]\nqqqqqqqq = 1\n", 2, "(known keys: every)");
   expect_load_error_part("\n[train]\nepochs = 2\n[zzzzzzzz]\nx = 1\n", 5,
@@ -259,8 +265,8 @@ static void numbers_out_of_range_or_malformed(void **state) {
   expect_load_error("[train]\nbatch_size = -3\n",
                     ":2: [train] batch_size = -3 is out of range (1..65536)");
   expect_load_error("[optim]\nbeta1 = 1\n", ":2: [optim] beta1 = 1 is out of range [0, 1)");
-  expect_load_error("[objective]\ntemperature = 0\n",
-                    ":2: [objective] temperature = 0 is out of range (0, 100]");
+  expect_load_error("[moco]\ntemperature = 0\n",
+                    ":2: [moco] temperature = 0 is out of range (0, 100]");
   expect_load_error("[optim]\nlr = abc\n", ":2: [optim] lr = 'abc' is not a number");
   expect_load_error("[optim]\nlr = 0.1x\n", ":2: [optim] lr = '0.1x' is not a number");
   expect_load_error("[optim]\nlr =\n", ":2: [optim] lr = '' is not a number");
@@ -271,8 +277,8 @@ static void numbers_out_of_range_or_malformed(void **state) {
                     ":2: [train] seed = '-1' is not a non-negative integer");
   expect_load_error("[optim]\nname = adam\n",
                     ":2: [optim] name = 'adam' is not one of sgd|lars|adamw");
-  expect_load_error_part("[objective]\nsymmetric = maybe\n", 2,
-                         "[objective] symmetric = 'maybe' is not a boolean");
+  expect_load_error_part("[moco]\nsymmetric = maybe\n", 2,
+                         "[moco] symmetric = 'maybe' is not a boolean");
 }
 
 static void lines_inih_cannot_parse(void **state) {
@@ -305,13 +311,13 @@ static void lines_inih_cannot_parse(void **state) {
   expect_load_error(long_text, ":3: [optim] lr = 'abc' is not a number");
   // Accepted spellings: ':' separator, inline comments, indented first key, any boolean form.
   write_temp(path, sizeof path,
-             "[optim]\n  lr: 0.5 ; peak\n[objective]\nsymmetric = yes\nnorm_pix_loss = off\n");
+             "[optim]\n  lr: 0.5 ; peak\n[moco]\nsymmetric = yes\n[mae]\nnorm_pix_loss = off\n");
   int rc = config_load(&c, path);
   unlink(path);
   if (rc) fail_msg("%s", tl_last_error());
   assert_true(c.optim.lr == 0.5f);
-  assert_int_equal(c.objective.symmetric, 1);
-  assert_int_equal(c.objective.norm_pix_loss, 0);
+  assert_string_equal(value_of(&c, "moco.symmetric"), "1");
+  assert_string_equal(value_of(&c, "mae.norm_pix_loss"), "0");
 }
 
 static void expect_set_error(Config *c, const char *assignment, const char *part) {
@@ -446,18 +452,19 @@ static const char *const every_key[][2] = {
     {"optim.beta2", "0.999"},
     {"optim.eps", "1e-6"},
     {"optim.lars_eta", "0.02"},
-    {"objective.temperature", "0.07"},
-    {"objective.queue_size", "1024"},
-    {"objective.momentum", "0.996"},
-    {"objective.momentum_schedule", "cosine"},
-    {"objective.queue_max_age_steps", "100"},
-    {"objective.symmetric", "1"},
-    {"objective.mask_ratio", "0.6"},
-    {"objective.norm_pix_loss", "0"},
-    {"objective.decoder_dim", "96"},
-    {"objective.decoder_depth", "2"},
-    {"objective.decoder_heads", "3"},
-    {"objective.png_every", "50"},
+    {"inbatch.temperature", "0.07"},
+    {"moco.temperature", "0.3"},
+    {"moco.queue_size", "1024"},
+    {"moco.momentum", "0.996"},
+    {"moco.momentum_schedule", "cosine"},
+    {"moco.queue_max_age_steps", "100"},
+    {"moco.symmetric", "1"},
+    {"mae.mask_ratio", "0.6"},
+    {"mae.norm_pix_loss", "0"},
+    {"mae.decoder_dim", "96"},
+    {"mae.decoder_depth", "2"},
+    {"mae.decoder_heads", "3"},
+    {"mae.png_every", "50"},
     {"parallel.backend", "mpi"},
     {"parallel.replicas", "2"},
     {"parallel.checksum_every", "10"},
@@ -561,7 +568,7 @@ static void validate_cross_field(void **state) {
   expect_invalid(&c, "crop_scale_min = 0.9 is larger than crop_scale_max = 0.5");
 
   memcpy(&c, &base, sizeof c);
-  c.objective.decoder_heads = 3;
+  assert_int_equal(config_set(&c, "mae.decoder_heads=3"), 0);
   expect_invalid(&c, "decoder_dim = 64 is not divisible by decoder_heads = 3");
 
   memcpy(&c, &base, sizeof c);

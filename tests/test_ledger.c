@@ -185,7 +185,7 @@ static void test_inbatch_plan_equals_run(void **state) {
 static void test_moco_plan_equals_run(void **state) {
   (void)state;
   double r = check_plan_matches_run(
-      "moco", "moco", "--set objective.queue_size=48 --set objective.queue_max_age_steps=1");
+      "moco", "moco", "--set moco.queue_size=48 --set moco.queue_max_age_steps=1");
   expect_rss_near_plan(r);
 }
 
@@ -261,8 +261,8 @@ static void test_contrast_tradeoffs(void **state) {
 static void test_queue_arithmetic(void **state) {
   (void)state;
   Config c = base_config("resnet-small");
-  assert_int_equal(config_set(&c, "objective.queue_size=100"), 0);
-  assert_int_equal(config_set(&c, "objective.queue_max_age_steps=2"), 0);
+  assert_int_equal(config_set(&c, "moco.queue_size=100"), 0);
+  assert_int_equal(config_set(&c, "moco.queue_max_age_steps=2"), 0);
   assert_int_equal(config_set(&c, "train.steps=10"), 0);
   LedgerRecord r;
   PlanTotals t;
@@ -292,9 +292,10 @@ static void test_mae_tradeoffs(void **state) {
   assert_int_equal(masked.patches_total, P * B);
   assert_int_equal(masked.patches_encoded, (long)((1 - r) * P) * B);
   assert_int_equal(masked.patches_decoded, P * B);
-  c.objective.mask_ratio = 0;
+  // The smallest ratio that masks nothing of 64 patches but one: int(64 * 0.99) = 63 kept.
+  assert_int_equal(config_set(&c, "mae.mask_ratio=0.01"), 0);
   plan(&c, "mae", 0, &full, &t);
-  assert_int_equal(full.patches_encoded, P * B);
+  assert_int_equal(full.patches_encoded, (P - 1) * B);
   // Per-token work and buffers scale with the tokens: 1 + 16 against 1 + 64 (the cls token is
   // encoded either way), 0.26. Attention's (T, T) scores scale with the square, 0.07, and pull
   // the FLOPs ratio down a little. The activation ratio comes out higher: below 32 tokens the
@@ -374,11 +375,14 @@ static void test_memory_budget(void **state) {
   // moco spends the budget on its queue, the batch stays.
   assert_int_equal(plan_fit_budget(&c, "moco", budget, &no_knn, &fitted, &value), 0);
   assert_int_equal(fitted.train.batch_size, 32);
-  assert_int_equal(fitted.objective.queue_size, value);
+  char queue[64];
+  assert_int_equal(config_get(&fitted, "moco.queue_size", queue, sizeof queue), 0);
+  assert_int_equal(strtol(queue, NULL, 10), value);
   assert_int_equal(plan_build(&fitted, "moco", -1, &no_knn, NULL, &t), 0);
   assert_true(t.total_bytes <= budget);
   more = fitted;
-  more.objective.queue_size = (int)value + 1;
+  snprintf(queue, sizeof queue, "moco.queue_size=%ld", value + 1);
+  assert_int_equal(config_set(&more, queue), 0);
   assert_int_equal(plan_build(&more, "moco", -1, &no_knn, NULL, &t), 0);
   assert_true(t.total_bytes > budget);
   // A budget below the smallest configuration is an error that says so.

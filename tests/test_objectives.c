@@ -60,13 +60,12 @@ static void tiny_config(Config *cfg, const char *backbone) {
   cfg->model.head_hidden_dim = 16;
   cfg->model.head_out_dim = 6;
   cfg->train.batch_size = B;
-  cfg->objective.temperature = 0.5f;
-  cfg->objective.queue_size = 10;
-  cfg->objective.momentum = 0.9f;
-  cfg->objective.decoder_dim = 8;
-  cfg->objective.decoder_heads = 2;
-  cfg->objective.decoder_depth = 1;
-  cfg->objective.mask_ratio = 0.75f;
+  const char *const settings[] = {"inbatch.temperature=0.5", "moco.temperature=0.5",
+                                   "moco.queue_size=10",      "moco.momentum=0.9",
+                                   "mae.decoder_dim=8",       "mae.decoder_heads=2",
+                                   "mae.decoder_depth=1",     "mae.mask_ratio=0.75"};
+  for (size_t i = 0; i < sizeof settings / sizeof *settings; i++)
+    if (config_set(cfg, settings[i]) != 0) fail_msg("%s", tl_last_error());
 }
 
 static Fixture *fixture_new(const char *objective, const char *backbone) {

@@ -23,7 +23,7 @@ static const char *mpiexec;
 // every second step, so a resumed queue must hold the right keys with the right step tags.
 static const char *objective_args(const char *objective) {
   if (!strcmp(objective, "moco"))
-    return "--objective=moco --set objective.queue_size=64 --set train.batch_size=32";
+    return "--objective=moco --set moco.queue_size=64 --set train.batch_size=32";
   if (!strcmp(objective, "mae"))
     return "--objective=mae --set train.batch_size=32 --set optim.warmup_steps=3";
   return "--objective=inbatch --set train.batch_size=32";

@@ -14,7 +14,6 @@
 #include "eval/knn.h"
 #include "eval/monitor.h"
 #include "nn/vit.h"
-#include "objectives/mae.h"
 #include "objectives/objective.h"
 #include "parallel/comm.h"
 #include "parallel/replica_sync.h"
@@ -211,22 +210,6 @@ static void *plan_replica(void *arg) {
 // MoCo's FIFO at `step`: every earlier step pushed keys_per_step keys (the global batch's), and
 // the queue keeps the last K of them, so the contents follow from arithmetic alone. Ages are
 // counted at `step`, as the step's own loss sees the queue (before its push).
-static void plan_queue(LedgerRecord *r, long K, long keys_per_step, long max_age, long step) {
-  long pushed = step * keys_per_step;
-  long real = pushed < K ? pushed : K;
-  long full_steps = real / keys_per_step, partial = real % keys_per_step;
-  // Keys from step - j are j steps old: keys_per_step of each age 1..full_steps, then the
-  // surviving `partial` keys of the step before.
-  double age_sum = (double)keys_per_step * full_steps * (full_steps + 1) / 2.0 +
-                   (double)partial * (full_steps + 1);
-  r->queue_vectors = real;
-  r->queue_random_vectors = K - real;
-  r->queue_oldest_age_steps = (double)(partial ? full_steps + 1 : full_steps);
-  r->queue_mean_age_steps = real ? age_sum / real : 0;
-  long young = max_age > 0 && max_age * keys_per_step < real ? max_age * keys_per_step : real;
-  r->negatives_per_query = (K - real) + young;
-}
-
 static int peek_dataset(const Config *cfg, const char *path, int limit, int *n) {
   if (strcmp(cfg->data.format, "idx") != 0) return dataset_imagefolder_count(path, limit, n);
   int all, h, w;
@@ -350,14 +333,12 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   long first_eval_after = (long)pl->steps_per_epoch * cfg->eval.knn_every_epochs;
   r.eval_bytes = pl->opt.knn_at_start || r.step >= first_eval_after ? pl->eval_after_first
                                                                     : pl->eval_before_first;
-  if (strcmp(pl->def->name, "moco") == 0) {
-    long keys_per_step = (cfg->objective.symmetric ? 2L : 1L) * pl->global_batch;
-    plan_queue(&r, cfg->objective.queue_size, keys_per_step, cfg->objective.queue_max_age_steps,
-               r.step);
-    r.momentum_distance = NAN;
-  }
-  t.queue_size = strcmp(pl->def->name, "moco") == 0 ? cfg->objective.queue_size : 0;
-  t.mask_ratio = strcmp(pl->def->name, "mae") == 0 ? cfg->objective.mask_ratio : 0;
+  ObjectivePlanFacts facts = {0};
+  facts.patches_visible = backbone_patch_count(&cfg->model.spec, cfg->data.image_size);
+  int patches_per_image = facts.patches_visible;
+  if (pl->def->plan) pl->def->plan(cfg, r.step, pl->global_batch, &r, &facts);
+  t.queue_size = facts.queue_size;
+  t.mask_ratio = facts.mask_ratio;
   r.data_ms = r.forward_ms = r.backward_ms = r.comm_ms = r.optimizer_ms = r.step_ms = NAN;
   r.images_per_s = NAN;
   r.peak_rss_bytes = 0;
@@ -373,17 +354,12 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   t.steps_per_epoch = pl->steps_per_epoch;
   t.total_steps = pl->total_steps;
   t.param_count = pl->def->param_count(cfg);
-  const ModelSpec *spec = &cfg->model.spec;
   const char *slash = strrchr(cfg->model.file, '/');
   snprintf(t.backbone, sizeof t.backbone, "%.63s", slash ? slash + 1 : cfg->model.file);
   char *dot = strrchr(t.backbone, '.');
   if (dot && strcmp(dot, ".ini") == 0) *dot = 0;
-  if (strcmp(spec->type, "vit") == 0) {
-    t.patches_per_image = vit_patch_count(spec, cfg->data.image_size);
-    t.patches_visible = strcmp(pl->def->name, "mae") == 0
-                            ? mae_keep_count(t.patches_per_image, cfg->objective.mask_ratio)
-                            : t.patches_per_image;
-  }
+  t.patches_per_image = patches_per_image;
+  t.patches_visible = facts.patches_visible;
   for (int c = 0; c < MEM_NCAT; c++) t.category_bytes[c] = snapshot_cat(*mem, (MemCategory)c);
   t.category_bytes[MEM_DATA] = r.data_bytes;
   t.category_bytes[MEM_EVAL] = pl->eval_after_first;
@@ -399,7 +375,8 @@ out:
 }
 
 const char *plan_budget_key(const char *objective) {
-  return strcmp(objective, "moco") == 0 ? "objective.queue_size" : "train.batch_size";
+  const ObjectiveDef *def = objective_find(objective);
+  return def && def->budget_key ? def->budget_key : "train.batch_size";
 }
 
 // Plans cfg with key = value; *fits says whether its total is within the budget.
@@ -419,12 +396,13 @@ static int probe(const Config *cfg, const char *objective, const char *key, long
 int plan_fit_budget(const Config *cfg, const char *objective, size_t budget_bytes,
                     const PlanOptions *opt, Config *fitted, long *value) {
   const char *key = plan_budget_key(objective);
-  const int queue = strcmp(key, "objective.queue_size") == 0;
+  // An objective's own key (a queue's size) or the batch.
+  const int own_key = strcmp(key, "train.batch_size") != 0;
   PlanTotals t;
   if (plan_build(cfg, objective, -1, opt, NULL, &t) != 0) return -1;
   // The loader needs one batch of images; the queue is capped by its config range.
-  const long smallest = queue ? 1 : cfg->parallel.replicas;
-  const long largest = queue ? 1L << 24 : t.n_train;
+  const long smallest = own_key ? 1 : cfg->parallel.replicas;
+  const long largest = own_key ? 1L << 24 : t.n_train;
   Config *with = malloc(sizeof *with);
   if (!with) TL_DIE("out of memory");
   int fits, rc = -1;
@@ -443,7 +421,7 @@ int plan_fit_budget(const Config *cfg, const char *objective, size_t budget_byte
   // interpolation fails to halve the interval (a primitive that changes algorithm with size).
   lo = smallest;
   double f_lo = (double)total, x_prev = (double)smallest, f_prev = f_lo, f_hi = 0;
-  long start = queue ? cfg->objective.queue_size : cfg->train.batch_size;
+  long start = own_key ? t.queue_size : cfg->train.batch_size;
   long next = start > lo ? (start < largest ? start : largest) : (lo < largest ? lo + 1 : lo);
   while (hi < 0 && next > lo) {
     if (probe(cfg, objective, key, next, budget_bytes, opt, with, &fits, &total) != 0) goto out;

@@ -50,7 +50,7 @@ typedef struct {
 int plan_build(const Config *cfg, const char *objective, long step, const PlanOptions *opt,
                LedgerRecord *out, PlanTotals *totals);
 
-// The config key a memory budget is spent on: train.batch_size, or objective.queue_size for
+// The config key a memory budget is spent on: train.batch_size, or moco.queue_size for
 // objectives with a queue (moco), where the batch stays fixed.
 const char *plan_budget_key(const char *objective);
 // Finds the largest value of plan_budget_key(objective) whose planned total fits `budget_bytes`,

@@ -15,6 +15,10 @@ int backbone_feature_dim(const ModelSpec *spec) {
   return spec->stage_channels[spec->n_stages - 1];
 }
 
+int backbone_patch_count(const ModelSpec *spec, int image_size) {
+  return strcmp(spec->type, "vit") == 0 ? vit_patch_count(spec, image_size) : 0;
+}
+
 int backbone_padded_size(const ModelSpec *spec, int image_size) {
   return spec->pad_to ? spec->pad_to : image_size;
 }

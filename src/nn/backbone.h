@@ -20,6 +20,8 @@ struct Backbone {
 // Parameters (and buffers) a backbone takes from its ParamSet, computed from the spec alone.
 size_t backbone_param_count(const ModelSpec *spec, int image_size, int channels);
 int backbone_feature_dim(const ModelSpec *spec);
+// Patches per image for token backbones (vit), 0 for the others.
+int backbone_patch_count(const ModelSpec *spec, int image_size);
 // The side the network sees: [backbone] pad_to when set (images are zero-padded, centred), else
 // the image side. config_validate keeps pad_to >= the image side.
 int backbone_padded_size(const ModelSpec *spec, int image_size);

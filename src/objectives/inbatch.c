@@ -10,6 +10,18 @@
 #include "objectives/ntxent.h"
 #include "objectives/objective.h"
 
+extern const ObjectiveDef objective_inbatch;
+
+// [inbatch]
+typedef struct {
+  float temperature;  // 0.2: NT-Xent's softmax temperature
+} InBatchSettings;
+
+static const KeySpec inbatch_keys[] = {
+    FLOAT_KEY(OWN(InBatchSettings, inbatch, temperature), "0.2", 0, 100, OPEN_MIN),
+};
+static const ConfigSection inbatch_settings = CONFIG_SECTION(inbatch_keys, InBatchSettings, NULL);
+
 typedef struct {
   Objective base;
   int b;  // samples on this replica; rows = 2b views
@@ -24,6 +36,7 @@ typedef struct {
 
 static Objective *inbatch_create(const ObjectiveEnv *env) {
   const Config *cfg = env->cfg;
+  const InBatchSettings *set = objective_settings(cfg, &objective_inbatch);
   InBatch *o = calloc(1, sizeof *o);
   if (!o) TL_DIE("out of memory");
   o->base.env = *env;
@@ -36,7 +49,7 @@ static Objective *inbatch_create(const ObjectiveEnv *env) {
   head_init(&o->head, &bld, "head", rows, o->base.online->feature_dim, cfg->model.head_hidden_dim,
             d);
   env->ctx->component = COMP_LOSS;
-  ntxent_init(&o->loss, env->ctx, M, rows, d, cfg->objective.temperature);
+  ntxent_init(&o->loss, env->ctx, M, rows, d, set->temperature);
   o->u_local = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT, COMP_LOSS);
   o->norms = tl_alloc(sizeof(float) * (size_t)rows, MEM_ACT, COMP_LOSS);
   o->u_all = tl_alloc(sizeof(float) * (size_t)M * d, MEM_ACT, COMP_LOSS);
@@ -110,6 +123,7 @@ static void inbatch_destroy(Objective *base) {
 
 const ObjectiveDef objective_inbatch = {
     .name = "inbatch",
+    .settings = &inbatch_settings,
     .description = "SimCLR NT-Xent: 2 views per image, negatives from the whole batch",
     .implemented = 1,
     .n_views = 2,

@@ -67,3 +67,22 @@ KeyQueueStats key_queue_stats(const KeyQueue *q, long step, int max_age_steps) {
   st.mean_age_steps = st.real ? age_sum / st.real : 0;
   return st;
 }
+
+KeyQueueStats key_queue_planned_stats(long K, long keys_per_step, long max_age_steps, long step) {
+  KeyQueueStats st = {0};
+  long pushed = step * keys_per_step;
+  long real = pushed < K ? pushed : K;
+  long full_steps = real / keys_per_step, partial = real % keys_per_step;
+  // Keys from step - j are j steps old: keys_per_step of each age 1..full_steps, then the
+  // surviving `partial` keys of the step before.
+  double age_sum = (double)keys_per_step * full_steps * (full_steps + 1) / 2.0 +
+                   (double)partial * (full_steps + 1);
+  st.real = real;
+  st.random = K - real;
+  st.oldest_age_steps = (double)(partial ? full_steps + 1 : full_steps);
+  st.mean_age_steps = real ? age_sum / real : 0;
+  long young =
+      max_age_steps > 0 && max_age_steps * keys_per_step < real ? max_age_steps * keys_per_step : real;
+  st.usable = (K - real) + young;
+  return st;
+}

@@ -34,3 +34,7 @@ typedef struct {
 KeyQueueStats key_queue_stats(const KeyQueue *q, long step, int max_age_steps);
 // 1 if slot i is used as a negative at `step`.
 int key_queue_usable(const KeyQueue *q, int i, long step, int max_age_steps);
+
+// The statistics key_queue_stats reports at `step` of a run that pushes keys_per_step keys every
+// step into a FIFO of capacity K, from arithmetic alone (`tally plan`).
+KeyQueueStats key_queue_planned_stats(long K, long keys_per_step, long max_age_steps, long step);

@@ -5,6 +5,7 @@
 // on the masked patches, against per-patch normalized pixels (norm_pix_loss).
 #include "objectives/mae.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stb/stb_image_write.h>
 #include <stdio.h>
@@ -38,7 +39,44 @@ typedef struct {
   long step;
 } Mae;
 
-static int decoder_dim(const Config *cfg) { return cfg->objective.decoder_dim; }
+extern const ObjectiveDef objective_mae;
+
+// [mae]
+typedef struct {
+  float mask_ratio;   // 0.75: fraction of patches hidden from the encoder
+  int norm_pix_loss;  // 1: targets are each patch's pixels normalized by their own mean and std
+  int decoder_dim;    // 64
+  int decoder_depth;  // 1
+  int decoder_heads;  // 4
+  int png_every;      // 0 = never; steps between reconstruction grids in the run folder
+} MaeSettings;
+
+static int mae_validate(const void *settings, const char *where) {
+  const MaeSettings *s = settings;
+  if (s->decoder_dim % s->decoder_heads)
+    return tl_fail("%s: [mae] decoder_dim = %d is not divisible by decoder_heads = %d", where,
+                   s->decoder_dim, s->decoder_heads);
+  if (s->decoder_dim % 4)
+    return tl_fail("%s: [mae] decoder_dim = %d: must be a multiple of 4 (2-D sin-cos positions)",
+                   where, s->decoder_dim);
+  return 0;
+}
+
+static const KeySpec mae_keys[] = {
+    FLOAT_KEY(OWN(MaeSettings, mae, mask_ratio), "0.75", 0, 1, OPEN_MIN | OPEN_MAX),
+    BOOL_KEY(OWN(MaeSettings, mae, norm_pix_loss), "1"),
+    INT_KEY(OWN(MaeSettings, mae, decoder_dim), "64", 1, 65536),
+    INT_KEY(OWN(MaeSettings, mae, decoder_depth), "1", 1, 64),
+    INT_KEY(OWN(MaeSettings, mae, decoder_heads), "4", 1, 256),
+    INT_KEY(OWN(MaeSettings, mae, png_every), "0", 0, INT_MAX),
+};
+static const ConfigSection mae_settings = CONFIG_SECTION(mae_keys, MaeSettings, mae_validate);
+
+static const MaeSettings *settings(const Config *cfg) {
+  return objective_settings(cfg, &objective_mae);
+}
+
+static int decoder_dim(const Config *cfg) { return settings(cfg)->decoder_dim; }
 
 int mae_keep_count(int n_patches, float mask_ratio) {
   // As in MAE: len_keep = int(L * (1 - mask_ratio)), at least one visible patch.
@@ -51,7 +89,7 @@ static size_t mae_param_count(const Config *cfg) {
   const int Dd = decoder_dim(cfg), S = cfg->data.image_size, C = cfg->data.channels;
   const int patch_dim = s->patch_size * s->patch_size * C;
   return vit_param_count(s, S, C) + linear_param_count(s->dim, Dd, 1) + (size_t)Dd +
-         (size_t)cfg->objective.decoder_depth * transformer_block_param_count(Dd, s->mlp_ratio) +
+         (size_t)settings(cfg)->decoder_depth * transformer_block_param_count(Dd, s->mlp_ratio) +
          layernorm_param_count(Dd) + linear_param_count(Dd, patch_dim, 1);
 }
 
@@ -60,11 +98,6 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   const ModelSpec *spec = &cfg->model.spec;
   if (strcmp(spec->type, "vit") != 0) {
     tl_fail("%s: mae needs a vit backbone (this model is '%s')", cfg->model.file, spec->type);
-    return NULL;
-  }
-  if (decoder_dim(cfg) % 4 != 0) {
-    tl_fail("[objective] decoder_dim = %d: must be a multiple of 4 (sin-cos positions)",
-            decoder_dim(cfg));
     return NULL;
   }
   Mae *o = calloc(1, sizeof *o);
@@ -78,7 +111,7 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   // builds, but sized for the visible patches only.
   env->ctx->component = COMP_ENCODER;
   o->P = vit_patch_count(spec, S);
-  o->n_keep = mae_keep_count(o->P, cfg->objective.mask_ratio);
+  o->n_keep = mae_keep_count(o->P, settings(cfg)->mask_ratio);
   o->encoder = vit_create_masked(spec, &bld, b, S, C, o->n_keep);
   if (!o->encoder) {
     free(o);
@@ -91,7 +124,7 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   o->D = spec->dim;
   o->Dd = decoder_dim(cfg);
   o->patch_dim = o->encoder->patch_dim;
-  o->depth = cfg->objective.decoder_depth;
+  o->depth = settings(cfg)->decoder_depth;
 
   env->ctx->component = COMP_DECODER;
   linear_init(&o->embed, &bld, "decoder.embed", b * o->Te, o->D, o->Dd, 1, 1, 0.0f);
@@ -102,7 +135,7 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   for (int i = 0; i < o->depth; i++) {
     char name[32];
     snprintf(name, sizeof name, "decoder.blocks.%d", i);
-    transformer_block_init(&o->blocks[i], &bld, name, b, o->Td, o->Dd, cfg->objective.decoder_heads,
+    transformer_block_init(&o->blocks[i], &bld, name, b, o->Td, o->Dd, settings(cfg)->decoder_heads,
                            spec->mlp_ratio, 1);
   }
   layernorm_init(&o->norm, &bld, "decoder.norm", b * o->Td, o->Dd);
@@ -207,7 +240,7 @@ static void write_reconstruction_grid(Mae *o, const Batch *batch, long step) {
       for (int c = 0; c < pd; c++) var += (src[c] - mean) * (src[c] - mean);
       double std = sqrt(var / (pd > 1 ? pd - 1 : 1) + 1e-6);
       for (int c = 0; c < pd; c++) {
-        float y = cfg->objective.norm_pix_loss ? (float)(pred[c] * std + mean) : pred[c];
+        float y = settings(cfg)->norm_pix_loss ? (float)(pred[c] * std + mean) : pred[c];
         masked_in[(size_t)p * pd + c] = is_masked ? 0.5f * (lo + hi) : src[c];
         recon[(size_t)p * pd + c] = is_masked ? y : src[c];
       }
@@ -304,7 +337,7 @@ static double mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   vit_patchify(o->encoder, batch->views, o->target);
   long n_masked;
   double loss_sum = mae_masked_mse(o->pred.out, Td, o->has_cls, o->target, o->masked, b, P, pd,
-                                   cfg->objective.norm_pix_loss, o->dpred, &n_masked);
+                                   settings(cfg)->norm_pix_loss, o->dpred, &n_masked);
   ctx->flops_forward[COMP_LOSS] += 3.0 * n_masked * pd;
   double t1 = now_ms();
 
@@ -334,8 +367,8 @@ static double mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   vit_backward_tokens(o->encoder, ctx, o->embed.din);
   double t2 = now_ms();
   // After the timed phases: the grid is output, not training.
-  if (base->env.out_dir && cfg->objective.png_every > 0 &&
-      batch->global_step % cfg->objective.png_every == 0)
+  if (base->env.out_dir && settings(cfg)->png_every > 0 &&
+      batch->global_step % settings(cfg)->png_every == 0)
     write_reconstruction_grid(o, batch, batch->global_step);
 
   double sums[2] = {loss_sum, (double)n_masked};
@@ -383,8 +416,17 @@ const int *mae_last_keep(const Objective *o, int *n_keep) {
 
 int mae_encoder_tokens(const Objective *o) { return ((const Mae *)o)->encoder->T; }
 
+static void mae_plan(const Config *cfg, long step, int global_batch, LedgerRecord *rec,
+                     ObjectivePlanFacts *facts) {
+  (void)step, (void)global_batch, (void)rec;
+  facts->mask_ratio = settings(cfg)->mask_ratio;
+  facts->patches_visible = mae_keep_count(facts->patches_visible, settings(cfg)->mask_ratio);
+}
+
 const ObjectiveDef objective_mae = {
     .name = "mae",
+    .settings = &mae_settings,
+    .plan = mae_plan,
     .description = "Masked autoencoder: encoder on visible patches only, light decoder",
     .implemented = 1,
     .n_views = 1,

@@ -2,6 +2,7 @@
 // copy (theta_k <- m theta_k + (1 - m) theta_q), forward only, holding nothing for backward.
 // The negatives are K keys from earlier steps in a FIFO queue, so each step encodes B keys and
 // reuses K, instead of encoding K images.
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,32 @@
 #include "objectives/ntxent.h"
 #include "objectives/objective.h"
 #include "train/checkpoint.h"
+
+extern const ObjectiveDef objective_moco;
+
+// [moco]
+typedef struct {
+  float temperature;           // 0.2
+  int queue_size;              // 4096: K keys held between steps
+  float momentum;              // 0.99: the key encoder's EMA coefficient m
+  char momentum_schedule[16];  // constant | cosine (m rises to 1 over the run, as MoCo v3)
+  int queue_max_age_steps;     // 0 = off; else keys older than this are not used as negatives
+  int symmetric;               // 0; 1: both views are queries (and keys for each other)
+} MocoSettings;
+
+static const KeySpec moco_keys[] = {
+    FLOAT_KEY(OWN(MocoSettings, moco, temperature), "0.2", 0, 100, OPEN_MIN),
+    INT_KEY(OWN(MocoSettings, moco, queue_size), "4096", 1, 1 << 24),
+    FLOAT_KEY(OWN(MocoSettings, moco, momentum), "0.99", 0, 1, 0),
+    TEXT_KEY(OWN(MocoSettings, moco, momentum_schedule), "constant", "constant|cosine"),
+    INT_KEY(OWN(MocoSettings, moco, queue_max_age_steps), "0", 0, INT_MAX),
+    BOOL_KEY(OWN(MocoSettings, moco, symmetric), "0"),
+};
+static const ConfigSection moco_settings = CONFIG_SECTION(moco_keys, MocoSettings, NULL);
+
+static const MocoSettings *settings(const Config *cfg) {
+  return objective_settings(cfg, &objective_moco);
+}
 
 typedef struct {
   Objective base;
@@ -47,10 +74,10 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   if (!o) TL_DIE("out of memory");
   o->base.env = *env;
   o->b = env->local_batch;
-  o->n_query = cfg->objective.symmetric ? 2 * o->b : o->b;
+  o->n_query = settings(cfg)->symmetric ? 2 * o->b : o->b;
   const int S = cfg->data.image_size, C = cfg->data.channels, d = cfg->model.head_out_dim;
-  const int K = cfg->objective.queue_size, nq = o->n_query;
-  const int nq_global = (cfg->objective.symmetric ? 2 : 1) * env->global_batch;
+  const int K = settings(cfg)->queue_size, nq = o->n_query;
+  const int nq_global = (settings(cfg)->symmetric ? 2 : 1) * env->global_batch;
   o->image_floats = S * S * C;
   const ModelSpec *spec = &cfg->model.spec;
 
@@ -69,7 +96,7 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   memcpy(o->key_params.data, env->params->data, sizeof(float) * env->params->count);
 
   env->ctx->component = COMP_LOSS;
-  infonce_init(&o->loss, env->ctx, nq, K, d, cfg->objective.temperature);
+  infonce_init(&o->loss, env->ctx, nq, K, d, settings(cfg)->temperature);
   key_queue_init(&o->queue, K, d, cfg->train.seed);
   size_t qd = (size_t)nq * d;
   o->q = tl_alloc(sizeof(float) * qd, MEM_ACT, COMP_LOSS);
@@ -145,7 +172,7 @@ static double moco_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
   // Queries: view 0 (and view 1 when symmetric). Keys: the other view of each query.
   const float *query_images = batch->views;  // [view 0; view 1] is already contiguous
   memcpy(o->key_images, view1, sizeof(float) * (size_t)b * f);
-  if (cfg->objective.symmetric)
+  if (settings(cfg)->symmetric)
     memcpy(o->key_images + (size_t)b * f, view0, sizeof(float) * (size_t)b * f);
   ctx->component = COMP_ENCODER;
   if (comm_size(comm) > 1)
@@ -156,7 +183,7 @@ static double moco_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
   base->online->forward(base->online, ctx, query_images);
   head_forward(&o->head, ctx, base->online->feature);
   l2norm_forward(o->head.out, o->q, o->q_norms, o->n_query, d);
-  const int max_age = cfg->objective.queue_max_age_steps;
+  const int max_age = settings(cfg)->queue_max_age_steps;
   for (int i = 0; i < o->queue.capacity; i++)
     o->usable[i] = (unsigned char)key_queue_usable(&o->queue, i, o->step, max_age);
   double loss_sum = infonce_forward_backward(&o->loss, ctx, o->q, o->k, o->queue.keys, o->usable,
@@ -190,8 +217,8 @@ static double moco_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
 
 // m_t: constant, or MoCo v3 / BYOL's cosine increase from m to 1 over the run.
 static float momentum_at(const Config *cfg, long step, long total_steps) {
-  float m = cfg->objective.momentum;
-  if (strcmp(cfg->objective.momentum_schedule, "cosine") != 0 || total_steps <= 0) return m;
+  float m = settings(cfg)->momentum;
+  if (strcmp(settings(cfg)->momentum_schedule, "cosine") != 0 || total_steps <= 0) return m;
   double progress = (double)step / (double)total_steps;
   if (progress > 1) progress = 1;
   return (float)(1.0 - (1.0 - m) * (cos(M_PI * progress) + 1.0) / 2.0);
@@ -259,6 +286,25 @@ static void moco_destroy(Objective *base) {
   free(o);
 }
 
+// Queries (and keys) per step over all replicas: the global batch, twice when symmetric.
+static long keys_per_step(const Config *cfg, int global_batch) {
+  return (settings(cfg)->symmetric ? 2L : 1L) * global_batch;
+}
+
+static void moco_plan(const Config *cfg, long step, int global_batch, LedgerRecord *rec,
+                      ObjectivePlanFacts *facts) {
+  const MocoSettings *set = settings(cfg);
+  KeyQueueStats qs = key_queue_planned_stats(set->queue_size, keys_per_step(cfg, global_batch),
+                                             set->queue_max_age_steps, step);
+  rec->queue_vectors = qs.real;
+  rec->queue_random_vectors = qs.random;
+  rec->queue_oldest_age_steps = qs.oldest_age_steps;
+  rec->queue_mean_age_steps = qs.mean_age_steps;
+  rec->negatives_per_query = qs.usable;
+  rec->momentum_distance = NAN;  // measured only
+  facts->queue_size = set->queue_size;
+}
+
 static void moco_params_loaded(Objective *base) {
   Moco *o = (Moco *)base;
   memcpy(o->key_params.data, base->env.params->data, sizeof(float) * base->env.params->count);
@@ -282,6 +328,9 @@ const float *moco_last_keys(const Objective *o) { return ((const Moco *)o)->k; }
 
 const ObjectiveDef objective_moco = {
     .name = "moco",
+    .settings = &moco_settings,
+    .plan = moco_plan,
+    .budget_key = "moco.queue_size",
     .description = "MoCo v2: momentum key encoder, FIFO queue of K keys as negatives",
     .implemented = 1,
     .n_views = 2,

@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/error.h"
+
 extern const ObjectiveDef objective_inbatch;
 extern const ObjectiveDef objective_moco;
 extern const ObjectiveDef objective_mae;
@@ -24,4 +26,23 @@ const char *objective_names(void) {
       snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
                objective_table[i]->name);
   return names;
+}
+
+static int objective_index(const ObjectiveDef *def) {
+  for (int i = 0; i < N_OBJECTIVES; i++)
+    if (objective_table[i] == def) return i;
+  TL_DIE("objective %s is not in the registry", def->name);
+}
+
+const void *objective_settings(const Config *cfg, const ObjectiveDef *def) {
+  return cfg->objective_settings[objective_index(def)];
+}
+
+int objective_config_sections(const char **names, const ConfigSection **sections, int max) {
+  _Static_assert(N_OBJECTIVES <= CONFIG_MAX_OBJECTIVES, "raise CONFIG_MAX_OBJECTIVES");
+  for (int i = 0; i < N_OBJECTIVES && i < max; i++) {
+    names[i] = objective_table[i]->name;
+    sections[i] = objective_table[i]->settings;
+  }
+  return N_OBJECTIVES;
 }

@@ -24,6 +24,13 @@ typedef struct {
 
 typedef struct ObjectiveDef ObjectiveDef;
 
+// What a plan says about an objective beyond the ledger fields.
+typedef struct {
+  int queue_size;        // keys held between steps; 0 = none
+  double mask_ratio;     // fraction of patches never encoded; 0 = none
+  int patches_visible;   // of patches_per_image (given), what the encoder sees
+} ObjectivePlanFacts;
+
 // Every objective's state begins with this.
 typedef struct {
   const ObjectiveDef *def;
@@ -32,8 +39,10 @@ typedef struct {
 } Objective;
 
 struct ObjectiveDef {
-  const char *name;
+  const char *name;  // also the name of its config section ([moco] queue_size = ...)
   const char *description;
+  // Its own config section: keys, defaults, ranges and cross-checks (config_keys.h). NULL: none.
+  const ConfigSection *settings;
   int implemented;  // 0: listed, answers "not implemented yet"
   int n_views;      // views per sample the loader prepares
   // Trainable parameter count (backbone first, then heads/decoders), from the config alone.
@@ -53,11 +62,22 @@ struct ObjectiveDef {
   // list (tensors pointing at its live state, names prefixed with the objective's name), so a
   // resumed run continues bit for bit. NULL: nothing is kept.
   void (*state)(Objective *o, StFile *s);
+  // Planning (`tally plan`): what the objective keeps between steps at 0-based `step` of a run,
+  // from arithmetic alone — the ledger fields its planned step cannot know (moco's queue
+  // contents and ages) — and the facts the plan prints. NULL: its step's record holds at every
+  // step and it has no such facts.
+  void (*plan)(const Config *cfg, long step, int global_batch, LedgerRecord *rec,
+               ObjectivePlanFacts *facts);
+  // The key `tally plan --memory-budget` searches for this objective (moco.queue_size); NULL:
+  // train.batch_size.
+  const char *budget_key;
   // The online parameters were replaced after create (--init): copies of them, such as a
   // momentum encoder, start again from them. NULL: nothing copies them.
   void (*params_loaded)(Objective *o);
 };
 
 const ObjectiveDef *objective_find(const char *name);
+// The objective's settings in cfg: its own struct (as declared by def->settings).
+const void *objective_settings(const Config *cfg, const ObjectiveDef *def);
 // Comma-separated names of all objectives, for help and error messages.
 const char *objective_names(void);

@@ -1,0 +1,72 @@
+// How a configuration key is described: one row per key (section, name, where it is stored,
+// type, default, range), in tables that loading, --set, defaults, validation messages and
+// config_write all walk. The recipe's own sections live in config.c; each objective declares
+// the section named after it in its own file (ObjectiveDef.settings), stored in its slot of
+// Config.objective_settings.
+#pragma once
+#include <stddef.h>
+
+typedef enum { KEY_INT, KEY_FLOAT, KEY_BOOL, KEY_U64, KEY_STRING, KEY_INT_LIST } KeyType;
+
+// Float bounds that are themselves invalid (a temperature of 0 divides by zero, beta = 1 never
+// decays): the range check excludes them.
+enum { OPEN_MIN = 1, OPEN_MAX = 2 };
+
+typedef struct {
+  const char *section, *key;
+  size_t offset;  // into the schema's struct (Config or ModelSpec)
+  size_t size;    // bytes of the field: string capacity, or list capacity * sizeof(int)
+  KeyType type;
+  const char *default_text;  // parsed by the same setter as user input
+  double min, max;           // inclusive unless `open` says otherwise; per element for lists;
+                             // u64 keys take their whole range
+  int open;
+  const char *choices;  // "a|b": the only values a string key accepts; NULL = free text
+  size_t count_offset;  // lists: the int that receives the number of entries
+} KeySpec;
+
+// Section and key names are the struct's own member names, stringized so they cannot drift.
+#define RECIPE(sec, name)                                              \
+  .section = #sec, .key = #name, .offset = offsetof(Config, sec.name), \
+  .size = sizeof(((Config *)0)->sec.name)
+#define BACKBONE(name)                                                      \
+  .section = "backbone", .key = #name, .offset = offsetof(ModelSpec, name), \
+  .size = sizeof(((ModelSpec *)0)->name)
+
+#define INT_KEY(at, def, lo, hi) \
+  { at, .type = KEY_INT, .default_text = def, .min = lo, .max = hi }
+#define FLOAT_KEY(at, def, lo, hi, open_ends) \
+  { at, .type = KEY_FLOAT, .default_text = def, .min = lo, .max = hi, .open = open_ends }
+#define BOOL_KEY(at, def) \
+  { at, .type = KEY_BOOL, .default_text = def }
+#define U64_KEY(at, def) \
+  { at, .type = KEY_U64, .default_text = def }
+#define TEXT_KEY(at, def, allowed) \
+  { at, .type = KEY_STRING, .default_text = def, .choices = allowed }
+#define LIST_KEY(at, def, lo, hi, count) \
+  { at, .type = KEY_INT_LIST, .default_text = def, .min = lo, .max = hi, .count_offset = count }
+
+// A key of an objective's own section: `type` is the objective's settings struct, `sec` its
+// section (the objective's name).
+#define OWN(type, sec, name)                                     \
+  .section = #sec, .key = #name, .offset = offsetof(type, name), \
+  .size = sizeof(((type *)0)->name)
+
+// The most bytes an objective's settings struct may take (Config reserves a slot for each).
+#define CONFIG_SETTINGS_BYTES 256
+
+// An objective's section: its keys (offsets into its settings struct) and the checks between
+// them, run by config_validate. `where` names the section for messages.
+typedef struct {
+  const KeySpec *keys;
+  size_t n_keys;
+  size_t bytes;  // sizeof the settings struct, <= CONFIG_SETTINGS_BYTES
+  int (*validate)(const void *settings, const char *where);
+} ConfigSection;
+
+#define CONFIG_SECTION(table, type, check) \
+  { table, sizeof table / sizeof table[0], sizeof(type), check }
+
+// The objectives' sections in registry order (src/objectives/objective.c): names[i] is objective
+// i's name and section, sections[i] its keys (NULL: it has none). Returns the count.
+int objective_config_sections(const char **names, const ConfigSection **sections, int max);
