@@ -9,6 +9,7 @@
 
 #include "core/timer.h"
 #include "nn/head.h"
+#include "objectives/ema.h"
 #include "objectives/infonce.h"
 #include "objectives/key_queue.h"
 #include "objectives/moco.h"
@@ -215,34 +216,6 @@ static double moco_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
   return sums[0] / sums[1];
 }
 
-// m_t: constant, or MoCo v3 / BYOL's cosine increase from m to 1 over the run.
-static float momentum_at(const Config *cfg, long step, long total_steps) {
-  float m = settings(cfg)->momentum;
-  if (strcmp(settings(cfg)->momentum_schedule, "cosine") != 0 || total_steps <= 0) return m;
-  double progress = (double)step / (double)total_steps;
-  if (progress > 1) progress = 1;
-  return (float)(1.0 - (1.0 - m) * (cos(M_PI * progress) + 1.0) / 2.0);
-}
-
-// theta_k <- m theta_k + (1 - m) theta_q over trainable entries; returns ||theta_k - theta_q|| /
-// ||theta_q|| after the update.
-static double momentum_update(ParamSet *key, const ParamSet *online, float m) {
-  double diff2 = 0, norm2 = 0;
-  for (int e = 0; e < online->n_entries; e++) {
-    const ParamEntry *pe = &online->entries[e];
-    if (pe->is_buffer) continue;
-    float *tk = key->data + pe->offset;
-    const float *tq = online->data + pe->offset;
-    for (size_t i = 0; i < pe->count; i++) {
-      tk[i] = m * tk[i] + (1.0f - m) * tq[i];
-      double dd = (double)tk[i] - tq[i];
-      diff2 += dd * dd;
-      norm2 += (double)tq[i] * tq[i];
-    }
-  }
-  return norm2 > 0 ? sqrt(diff2 / norm2) : 0;
-}
-
 static void moco_after_update(Objective *base, const Batch *batch, LedgerRecord *rec) {
   (void)batch;
   Moco *o = (Moco *)base;
@@ -250,8 +223,9 @@ static void moco_after_update(Objective *base, const Batch *batch, LedgerRecord 
   Comm *comm = base->env.comm;
   const int d = o->key_head.out_dim;
   long total = base->env.total_steps;
-  float m = momentum_at(cfg, o->step, total);
-  rec->momentum_distance = momentum_update(&o->key_params, base->env.params, m);
+  const MocoSettings *set = settings(cfg);
+  float m = ema_momentum_at(set->momentum, set->momentum_schedule, o->step, total);
+  rec->momentum_distance = ema_update(&o->key_params, base->env.params, m);
   // Every replica enqueues the keys of the whole global batch, so all queues stay identical.
   if (comm_size(comm) > 1) {
     comm_allgather(comm, o->k, (size_t)o->n_query * d, o->all_keys, NULL);
