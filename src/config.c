@@ -548,7 +548,7 @@ static FILE *open_config_file(const char *path) {
   }
   struct stat st;
   FILE *f = NULL;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+  if (fstat(fd, &st) != 0)
     tl_fail("%s: not a regular file", path);
   else if (st.st_size > max_bytes)
     tl_fail("%s: %lld bytes, more than the %lld a configuration file may have", path,
@@ -801,5 +801,14 @@ int config_get(const Config *cfg, const char *name, char *out, size_t cap) {
   const KeySpec *k = find_key(&recipe_schema, section, dot + 1);
   if (!k) return unknown_name(&recipe_schema, "config_get", section, dot + 1);
   format_value(k, cfg, out, cap);
+  return 0;
+}
+
+int config_total_steps(const Config *cfg, int steps_per_epoch, int *total) {
+  long steps = cfg->train.steps > 0 ? cfg->train.steps : (long)cfg->train.epochs * steps_per_epoch;
+  if (steps > INT_MAX)
+    return tl_fail("%ld steps (%d epochs of %d) is more than Tally counts (%d)", steps,
+                   cfg->train.epochs, steps_per_epoch, INT_MAX);
+  *total = (int)steps;
   return 0;
 }

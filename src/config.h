@@ -141,6 +141,10 @@ int config_load_model(Config *cfg, const char *path);
 // Cross-field checks after all overrides (e.g. batch at least one sample per replica, vit sizes).
 int config_validate(const Config *cfg);
 
+// The run's length in steps: train.steps, or train.epochs epochs of steps_per_epoch. -1 with
+// tl_last_error() when it does not fit the step counter.
+int config_total_steps(const Config *cfg, int steps_per_epoch, int *total);
+
 // The value of recipe key "section.key" as config_write writes it. -1 for an unknown key.
 int config_get(const Config *cfg, const char *name, char *out, size_t cap);
 

@@ -20,6 +20,7 @@ static _Atomic int untouched;
 static _Thread_local int scope_category = -1;
 
 void tl_alloc_set_untouched(int on) { atomic_store(&untouched, on); }
+int tl_alloc_untouched(void) { return atomic_load(&untouched); }
 void tl_alloc_scope_begin(MemCategory cat) { scope_category = (int)cat; }
 void tl_alloc_scope_end(void) { scope_category = -1; }
 

@@ -37,6 +37,8 @@ void tl_free(void *p);
 // Planning: while set, new blocks are not zero-filled, so a model can be built to be measured
 // (`tally plan`) without its memory ever becoming resident.
 void tl_alloc_set_untouched(int untouched);
+// 1 while planning: initializers may skip filling what they allocate (nothing will read it).
+int tl_alloc_untouched(void);
 
 // While a scope is open on this thread, every allocation is counted as `cat` whatever its
 // caller asked for (the kNN monitor's inference model is evaluation memory, not training's).

@@ -266,8 +266,9 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
     goto out;
   }
   pl->steps_per_epoch = pl->n_train / pl->global_batch;
-  pl->total_steps =
-      cfg->train.steps > 0 ? cfg->train.steps : (long)cfg->train.epochs * pl->steps_per_epoch;
+  int total_steps;
+  if (config_total_steps(cfg, pl->steps_per_epoch, &total_steps) != 0) goto out;
+  pl->total_steps = total_steps;
   if (step == PLAN_LAST_STEP) {
     step = pl->total_steps - 1;
     pl->step = step;

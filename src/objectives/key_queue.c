@@ -12,6 +12,8 @@ void key_queue_init(KeyQueue *q, int capacity, int dim, uint64_t seed) {
   q->dim = dim;
   q->keys = tl_alloc(sizeof(float) * (size_t)capacity * dim, MEM_QUEUE, COMP_LOSS);
   q->step_of = tl_alloc(sizeof(long) * (size_t)capacity, MEM_QUEUE, COMP_LOSS);
+  // A plan never reads the keys: filling them would make a dry run touch the whole queue.
+  if (tl_alloc_untouched()) return;
   for (int i = 0; i < capacity; i++) {
     Rng r = rng_stream(seed, RNG_QUEUE, (uint64_t)i, 0);
     float *k = q->keys + (size_t)i * dim;

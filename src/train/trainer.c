@@ -776,14 +776,10 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     goto out;
   }
   run->steps_per_epoch = run->train.n / run->global_batch;
-  long total_steps =
-      cfg->train.steps > 0 ? cfg->train.steps : (long)cfg->train.epochs * run->steps_per_epoch;
-  if (total_steps > INT_MAX) {
-    fprintf(stderr, "tally: %ld steps (%d epochs of %d) is more than Tally counts (%d)\n",
-            total_steps, cfg->train.epochs, run->steps_per_epoch, INT_MAX);
+  if (config_total_steps(cfg, run->steps_per_epoch, &run->total_steps) != 0) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
     goto out;
   }
-  run->total_steps = (int)total_steps;
   run->start_step = (int)opt->start_step;
   if (run->start_step > run->total_steps) {
     fprintf(stderr,
