@@ -111,7 +111,7 @@ static const Schema model_schema = SCHEMA(model_keys);
 
 // The recipe's keys followed by every objective's own section, their offsets moved into the
 // objective's slot of Config.objective_settings: one table, so every walk below sees them all.
-#define MAX_RECIPE_KEYS 192
+#define MAX_RECIPE_KEYS CONFIG_MAX_KEYS
 static KeySpec all_recipe_keys[MAX_RECIPE_KEYS];
 static Schema recipe_schema_built;
 static const ConfigSection *objective_sections[CONFIG_MAX_OBJECTIVES];
@@ -548,7 +548,7 @@ static FILE *open_config_file(const char *path) {
   }
   struct stat st;
   FILE *f = NULL;
-  if (fstat(fd, &st) != 0)
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
     tl_fail("%s: not a regular file", path);
   else if (st.st_size > max_bytes)
     tl_fail("%s: %lld bytes, more than the %lld a configuration file may have", path,
@@ -666,6 +666,8 @@ int config_set(Config *cfg, const char *assignment) {
   Config next;
   memcpy(&next, cfg, sizeof next);
   if (assign(&recipe_schema, &next, where, trim(buf), trim(dot + 1), trim(eq + 1))) return -1;
+  const KeySpec *k = find_key(&recipe_schema, trim(buf), trim(dot + 1));
+  next.set_by_option[k - recipe_schema.keys] = 1;
   if (strcmp(next.model.file, cfg->model.file) != 0 && config_load_model(&next, next.model.file)) {
     char reason[1024];
     snprintf(reason, sizeof reason, "%s", tl_last_error());
@@ -738,7 +740,32 @@ static int validate_model(const Config *cfg) {
   return 0;
 }
 
+// Where a cross-field check's values came from: "--set section.key=value" when the first key of
+// the list that --set gave did, else the recipe file. keys: "section.key" names; a name ending
+// in '.' stands for every key of that section.
+static const char *origin(const Config *cfg, const char *const *keys, int n, char *buf, size_t cap) {
+  const Schema *s = &recipe_schema;
+  for (int i = 0; i < n; i++) {
+    size_t len = strlen(keys[i]);
+    for (size_t k = 0; k < s->n_keys; k++) {
+      if (!cfg->set_by_option[k]) continue;
+      char name[128], value[256];
+      snprintf(name, sizeof name, "%s.%s", s->keys[k].section, s->keys[k].key);
+      if (keys[i][len - 1] == '.' ? strncmp(name, keys[i], len) : strcmp(name, keys[i])) continue;
+      format_value(&s->keys[k], cfg, value, sizeof value);
+      snprintf(buf, cap, "--set %s=%s", name, value);
+      return buf;
+    }
+  }
+  return cfg->source_path[0] ? cfg->source_path : "configuration";
+}
+#define ORIGIN(...) \
+  origin(cfg, (const char *const[]){__VA_ARGS__}, \
+         sizeof((const char *const[]){__VA_ARGS__}) / sizeof(const char *), where_buf, \
+         sizeof where_buf)
+
 int config_validate(const Config *cfg) {
+  char where_buf[512];
   const char *where = cfg->source_path[0] ? cfg->source_path : "configuration";
   if (!cfg->model.file[0])
     return tl_fail("%s: [model] file is empty (name a model file, e.g. models/resnet-small.ini)",
@@ -747,22 +774,29 @@ int config_validate(const Config *cfg) {
     return tl_fail("%s: [data] channels = %d: must be 1 (grayscale) or 3 (RGB)", where,
                    cfg->data.channels);
   if (cfg->augment.crop_scale_min > cfg->augment.crop_scale_max)
-    return tl_fail("%s: [augment] crop_scale_min = %g is larger than crop_scale_max = %g", where,
+    return tl_fail("%s: [augment] crop_scale_min = %g is larger than crop_scale_max = %g",
+                   ORIGIN("augment.crop_scale_min", "augment.crop_scale_max"),
                    cfg->augment.crop_scale_min, cfg->augment.crop_scale_max);
   if (cfg->train.batch_size < cfg->parallel.replicas)
     return tl_fail(
         "%s: [train] batch_size = %d is smaller than [parallel] replicas = %d "
         "(every replica needs at least one image)",
-        where, cfg->train.batch_size, cfg->parallel.replicas);
+        ORIGIN("train.batch_size", "parallel.replicas"), cfg->train.batch_size,
+        cfg->parallel.replicas);
   recipe_schema_get();
   for (int o = 0; o < n_objective_sections; o++) {
     const ConfigSection *sec = objective_sections[o];
-    if (sec && sec->validate && sec->validate(cfg->objective_settings[o], where)) return -1;
+    char section[64];
+    snprintf(section, sizeof section, "%s.", objective_section_names[o]);
+    if (sec && sec->validate && sec->validate(cfg->objective_settings[o], ORIGIN(section)))
+      return -1;
   }
   if (cfg->eval.knn_train_limit && cfg->eval.knn_k > cfg->eval.knn_train_limit)
-    return tl_fail("%s: [eval] knn_k = %d is larger than knn_train_limit = %d", where,
+    return tl_fail("%s: [eval] knn_k = %d is larger than knn_train_limit = %d",
+                   ORIGIN("eval.knn_k", "eval.knn_train_limit"),
                    cfg->eval.knn_k, cfg->eval.knn_train_limit);
-  if (validate_shard_weights(cfg, where)) return -1;
+  if (validate_shard_weights(cfg, ORIGIN("parallel.shard_weights", "parallel.replicas")))
+    return -1;
   return validate_model(cfg);
 }
 

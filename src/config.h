@@ -30,8 +30,13 @@ typedef struct {
   char pool[8];    // cls | mean: which token summary is the representation
 } ModelSpec;
 
+#define CONFIG_MAX_KEYS 192  // recipe keys, objectives' sections included
+
 typedef struct {
   char source_path[CONFIG_PATH_MAX];  // recipe file, "" when built from defaults only
+  // 1 for each recipe key (in the key table's order) last set by --set, so a message about a
+  // value names the --set that gave it rather than the recipe file.
+  unsigned char set_by_option[CONFIG_MAX_KEYS];
 
   struct {
     char format[16];              // idx | imagefolder
