@@ -320,6 +320,34 @@ static double conv_flops(int out_side, int oc, int ic, int k) {
 // 3x3 32->64 stride 2 to 14, 3x3 64->64 at 14, 1x1 projection 32->64 at 14; stage 3: the same
 // from 64 to 128 at 7. Everything else (batch norm, ReLU, sums, pooling) is elementwise, under
 // 2% here.
+// A standard ResNet-18 for small images is a model file, not code: its parameter count, planned
+// from models/resnet18-small-images.ini, equals torchvision's ResNet-18 with a 3x3 one-channel
+// stem and no classifier, counted here from the architecture's definition (conv weights, and per
+// BatchNorm channel its weight, bias, running mean and running variance), plus the head.
+static void test_resnet18_is_a_model_file(void **state) {
+  (void)state;
+  Config c = base_config("resnet18-small-images");
+  long bn = 4, params = 1 * 64 * 9 + 64 * bn;  // stem
+  const int widths[4] = {64, 128, 256, 512};
+  int in = 64;
+  for (int s = 0; s < 4; s++)
+    for (int b = 0; b < 2; b++) {
+      int out = widths[s], stride = s > 0 && b == 0 ? 2 : 1;
+      params += (long)in * out * 9 + out * bn + (long)out * out * 9 + out * bn;
+      if (in != out || stride != 1) params += (long)in * out + out * bn;  // projection shortcut
+      in = out;
+    }
+  // torchvision's resnet18 has 11,689,512 parameters: less its classifier (512 x 1000 + 1000) and
+  // its 3-channel 7x7 stem, plus our 1-channel 3x3 one and the BatchNorm buffers of 4800 channels.
+  assert_int_equal(params, 11689512 - 513000 - 9408 + 576 + 2 * 4800);
+  const int hidden = c.model.head_hidden_dim, out = c.model.head_out_dim;
+  long head = 512L * hidden + hidden + hidden * bn + (long)hidden * out + out;
+  LedgerRecord r;
+  PlanTotals t;
+  plan(&c, "inbatch", 0, &r, &t);
+  assert_int_equal(t.param_count, params + head);
+}
+
 static void test_resnet_conv_flops(void **state) {
   (void)state;
   const int B = 32, N = 2 * B;  // inbatch encodes both views
@@ -397,6 +425,7 @@ int main(void) {
       cmocka_unit_test(test_queue_arithmetic),
       cmocka_unit_test(test_mae_tradeoffs),
       cmocka_unit_test(test_resnet_conv_flops),
+      cmocka_unit_test(test_resnet18_is_a_model_file),
       cmocka_unit_test(test_memory_budget),
       cmocka_unit_test(test_inbatch_plan_equals_run),
       cmocka_unit_test(test_moco_plan_equals_run),
