@@ -181,10 +181,11 @@ static int resume_may_set(const char *assignment) {
   return 0;
 }
 
-// --resume DIR: the configuration, objective and step from DIR's checkpoint, with the overrides
-// a resumed run may take. Prints the error and returns its exit code on failure.
+// --resume DIR: the configuration, objective and step from DIR's checkpoint (and --no-knn when the
+// run was started with it), with the overrides a resumed run may take. Prints the error and returns its exit code on failure.
 static int resume_config(const char *dir, const ConfigArgs *ca, Config *cfg, char *objective,
-                         size_t objective_cap, char *ckpt_path, size_t ckpt_cap, long *step) {
+                         size_t objective_cap, char *ckpt_path, size_t ckpt_cap, long *step,
+                         int *resumed_no_knn) {
   if (ca->config_path) {
     fprintf(stderr, "tally: --resume takes the run's own configuration; drop --config\n");
     return 2;
@@ -198,6 +199,8 @@ static int resume_config(const char *dir, const ConfigArgs *ca, Config *cfg, cha
   const char *name = st_get_meta(&f, "objective");
   snprintf(objective, objective_cap, "%s", name ? name : "");
   *step = checkpoint_step(&f);
+  const char *no_knn = st_get_meta(&f, "no_knn");
+  if (no_knn && strcmp(no_knn, "1") == 0) *resumed_no_knn = 1;
   st_free(&f);
   if (*step < 0) {
     fprintf(stderr, "tally: %s: holds no step\n", ckpt_path);
@@ -289,7 +292,7 @@ static int cmd_train(int argc, char **argv) {
       return 2;
     }
     int rc = resume_config(resume_dir, &ca, &cfg, resumed_objective, sizeof resumed_objective,
-                           ckpt_path, sizeof ckpt_path, &opt.start_step);
+                           ckpt_path, sizeof ckpt_path, &opt.start_step, &opt.no_knn);
     if (rc) return rc;
     if (objective && strcmp(objective, resumed_objective) != 0) {
       fprintf(stderr, "tally: %s was trained with --objective=%s, not %s\n", resume_dir,

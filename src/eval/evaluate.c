@@ -11,7 +11,10 @@
 
 static void say(const EvalOptions *opt, const char *what, int n) {
   if (opt->quiet) return;
-  printf("tally eval: %s (%d images)...\n", what, n);
+  if (n > 0)
+    printf("tally eval: %s (%d images)...\n", what, n);
+  else
+    printf("tally eval: %s...\n", what);
   fflush(stdout);
 }
 

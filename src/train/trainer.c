@@ -229,6 +229,8 @@ static int save_checkpoint(ReplicaState *r, long steps_done) {
   st_set_meta(&s, "total_steps", text);
   st_set_meta(&s, "config", run->config_text);
   st_set_meta(&s, "model", run->model_text);
+  // Train options that are not configuration but that a resumed run should keep.
+  st_set_meta(&s, "no_knn", run->opt->no_knn ? "1" : "0");
   if (steps_done == r->faults.kill_in_checkpoint) {
     AtomicFile a;
     if (atomic_open(&a, run->path_ckpt) == 0) fwrite(run->config_text, 1, 100, a.f), fflush(a.f);

@@ -1,0 +1,645 @@
+#!/usr/bin/env bash
+# Fault injection: Tally run as a user would, with a fault injected, and what is left afterwards.
+#
+# Every case asserts the exit code (README, "Exit codes") and the run folder's state: which files
+# exist, that no summary.json claims success, that the last good checkpoint is whole (it loads in
+# `tally export` / `tally eval`) and that `--resume` continues from it. Every tally call runs under
+# `timeout 120`; a timeout (exit 124) is reported as a hang. Runs are tiny (256 or 512 images,
+# a few steps, --no-knn, also on --resume, which does not carry --no-knn over from the run).
+#
+#   1 full disk (tmpfs of 64 KiB, then 4 MiB)      6 MPI: rank 0 cannot create its folder, a killed
+#   2 unwritable folder (read-only fs, uid 65534)    rank, more ranks than samples, moco shard of one
+#   3 two runs on one folder; reuse, --overwrite   7 the loss becomes NaN
+#   4 SIGINT / SIGTERM / a second SIGINT           8 corrupt and truncated checkpoints
+#   5 kill -9 (during a step, during a write)      9 a step count beyond what Tally counts
+#
+# Prints `ok - NAME` or `not ok - NAME: why` per case, `SKIP: ...` for a case this machine cannot
+# run, then `N passed, M failed`; exits 1 if any case failed. Needs root for the tmpfs mounts
+# (without it the full-disk case falls back to RLIMIT_FSIZE). Run from anywhere; TALLY_BIN
+# defaults to build/tally.
+set -u
+
+cd "$(dirname "$0")/.." || exit 1
+TALLY_BIN=${TALLY_BIN:-build/tally}
+case $TALLY_BIN in /*) ;; *) TALLY_BIN=$PWD/$TALLY_BIN ;; esac
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader}
+export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
+MPIRUN=${MPIEXEC:-mpirun}
+LIMIT=120  # seconds for any one tally (or mpirun) call
+
+if [[ ! -x $TALLY_BIN ]]; then
+  echo "not ok - setup: TALLY_BIN=$TALLY_BIN is not an executable"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+
+TMP=$(mktemp -d)
+MOUNTS=()
+BG_PIDS=()
+cleanup() {
+  local p m
+  for p in "${BG_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  for m in "${MOUNTS[@]}"; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null; done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Small and quick: 256 images of 28x28, batches of 32 (8 steps per epoch), no kNN monitor.
+SMALL=(--set data.limit=256 --set train.batch_size=32 --no-knn --quiet)
+# 512 images: 16 steps per epoch, so an 8-step run has no epoch end (and no checkpoint) inside it.
+SMALL512=(--set data.limit=512 --set train.batch_size=32 --no-knn --quiet)
+# The files a run folder may hold (README, "Using it"); anything else is a stray file.
+KNOWN_FILES=" .lock config.ini ledger.jsonl ledger.csv checkpoint.safetensors eval.jsonl summary.json report.html encoder.safetensors "
+
+passed=0
+failed=0
+why=""
+
+bad() { why+="${why:+; }$*"; }
+
+# finish NAME: reports the case from $why (empty: ok) and resets it.
+finish() {
+  if [[ -z $why ]]; then
+    echo "ok - $1"
+    passed=$((passed + 1))
+  else
+    echo "not ok - $1: $why"
+    failed=$((failed + 1))
+  fi
+  why=""
+}
+
+skip() { echo "SKIP: $*"; }
+
+# t LABEL ARGS...: runs tally under the timeout, its output in $TMP/LABEL.out/.err; sets rc.
+t() {
+  local label=$1
+  shift
+  # (the braces keep bash's own "Killed" notice of a kill -9 out of the output)
+  { timeout "$LIMIT" "$TALLY_BIN" "$@" >"$TMP/$label.out" 2>"$TMP/$label.err"; rc=$?; } 2>/dev/null
+  last=$TMP/$label
+}
+
+# firstline FILE: the first non-empty line of FILE, shortened, for a failure message.
+firstline() {
+  local l
+  l=$(grep -m1 -v '^[[:space:]-]*$' "$1" 2>/dev/null | cut -c1-160)
+  printf '%s' "${l:-<no output>}"
+}
+
+# expect_rc WANT WHAT: the last call ($rc, $last) exited with WANT; a timeout is a hang.
+expect_rc() {
+  if [[ $rc == 124 ]]; then
+    bad "$2: hang (killed by timeout after ${LIMIT} s)"
+    return 1
+  fi
+  if [[ $rc != "$1" ]]; then
+    bad "$2: exit $rc, expected $1 (stderr: $(firstline "$last.err"))"
+    return 1
+  fi
+}
+
+# expect_nonzero WHAT: the last call failed, but not by the timeout.
+expect_nonzero() {
+  if [[ $rc == 124 ]]; then
+    bad "$1: hang (killed by timeout after ${LIMIT} s)"
+    return 1
+  fi
+  if [[ $rc == 0 ]]; then
+    bad "$1: exit 0, expected a failure"
+    return 1
+  fi
+}
+
+# said FILE REGEX WHAT: FILE (output of the last call) has a line matching REGEX (grep -E -i).
+said() {
+  grep -Eqi -- "$2" "$1" || bad "$3: no line matching /$2/ (stderr: $(firstline "${1%.*}.err"))"
+}
+
+# one_line_error FILE REGEX WHAT: FILE (stderr) is exactly one line, and it matches REGEX.
+one_line_error() {
+  local n
+  n=$(grep -c . "$1")
+  if [[ $n != 1 ]]; then
+    bad "$3: stderr has $n lines, expected one ($(firstline "$1"))"
+  fi
+  said "$1" "$2" "$3"
+}
+
+no_summary() {
+  [[ ! -e $1/summary.json ]] || bad "$1/summary.json exists after a failed or interrupted run"
+}
+
+has_summary() {
+  [[ -s $1/summary.json ]] || bad "no summary.json in $1 after a finished run"
+}
+
+# no_stray DIR: DIR holds only the files a run folder may hold (no temporary checkpoint left).
+no_stray() {
+  local f name
+  for f in "$1"/* "$1"/.[!.]*; do
+    [[ -e $f ]] || continue
+    name=${f##*/}
+    [[ $KNOWN_FILES == *" $name "* ]] || bad "stray file $name in the run folder"
+  done
+}
+
+# loads DIR: DIR's checkpoint exists and `tally export` reads it.
+loads() {
+  local saved_rc=$rc saved_last=$last
+  if [[ ! -s $1/checkpoint.safetensors ]]; then
+    bad "no checkpoint.safetensors in $1"
+  else
+    t load-check export "$1" --out "$TMP/export-check.safetensors"
+    expect_rc 0 "tally export of the checkpoint (does not load)"
+    rm -f "$TMP/export-check.safetensors"
+  fi
+  rc=$saved_rc
+  last=$saved_last
+}
+
+# ckpt_step DIR: sets step to the step of DIR's checkpoint as `tally eval` reports it (empty if
+# eval fails).
+ckpt_step() {
+  local saved_rc=$rc saved_last=$last
+  step=""
+  t eval-check eval "$1" --knn --set data.limit=256 --set data.test_limit=100
+  if expect_rc 0 "tally eval of the checkpoint (does not load)"; then
+    step=$(cat "$TMP/eval-check.out" "$TMP/eval-check.err" | grep -o 'step [0-9]*)' | head -1 |
+      grep -o '[0-9]*')
+    [[ -n $step ]] || bad "tally eval did not name the checkpoint's step"
+  fi
+  rc=$saved_rc
+  last=$saved_last
+}
+
+# ledger_steps DIR: the "step" fields of DIR/ledger.jsonl, space-separated.
+ledger_steps() {
+  grep -o '"step":[0-9]*' "$1/ledger.jsonl" 2>/dev/null | cut -d: -f2 | tr '\n' ' ' | sed 's/ $//'
+}
+
+# ledger_is DIR N: ledger.jsonl holds steps 0..N-1, each once, in order.
+ledger_is() {
+  local want got
+  want=$(seq 0 $(($2 - 1)) | tr '\n' ' ' | sed 's/ $//')
+  got=$(ledger_steps "$1")
+  [[ $got == "$want" ]] || bad "ledger.jsonl steps are [$got], expected 0..$(($2 - 1))"
+}
+
+summary_steps() {
+  grep -o '"steps": *[0-9]*' "$1/summary.json" 2>/dev/null | grep -o '[0-9]*$'
+}
+
+# start LABEL ARGS...: tally in the background under the timeout; sets tpid (timeout's pid).
+start() {
+  local label=$1
+  shift
+  timeout "$LIMIT" "$TALLY_BIN" "$@" >"$TMP/$label.out" 2>"$TMP/$label.err" &
+  tpid=$!
+  BG_PIDS+=("$tpid")
+  last=$TMP/$label
+}
+
+# child_of PID: the tally process under timeout PID. Signals go to it, not to timeout: timeout
+# passes a signal on to the child and again to its process group, which would be two SIGINTs.
+child_of() {
+  local c="" _
+  for _ in $(seq 1 50); do
+    c=$(pgrep -P "$1" 2>/dev/null | head -1)
+    [[ -n $c ]] && break
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.1
+  done
+  printf '%s' "$c"
+}
+
+# wait_lines FILE N PID: waits (up to 60 s) until FILE has N lines; 1 if PID ended first.
+wait_lines() {
+  local _
+  for _ in $(seq 1 600); do
+    [[ -f $1 && $(grep -c . "$1") -ge $2 ]] && return 0
+    kill -0 "$3" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+# finish_bg: waits for the background run; sets rc.
+finish_bg() {
+  { wait "$tpid"; rc=$?; } 2>/dev/null
+}
+
+# ---------------------------------------------------------------------------------------------
+# 1. Full disk.
+# TALLY_FAULTS_NO_MOUNT=1 takes the path of a machine where mount is refused.
+can_mount=0
+mkdir -p "$TMP/probe-mount"
+if [[ ${TALLY_FAULTS_NO_MOUNT:-0} != 1 ]] &&
+  mount -t tmpfs -o size=64k tmpfs "$TMP/probe-mount" 2>/dev/null; then
+  umount "$TMP/probe-mount"
+  can_mount=1
+fi
+
+# mount_tmpfs DIR OPTIONS
+mount_tmpfs() {
+  mkdir -p "$1" && mount -t tmpfs -o "$2" tmpfs "$1" && MOUNTS+=("$1")
+}
+
+name="1a full disk: 64 KiB for --out"
+run=$TMP/disk64/run
+if ((can_mount)); then
+  mount_tmpfs "$TMP/disk64" size=64k
+  t disk64 train "${SMALL[@]}" --steps 4 --out "$run"
+else
+  # No mount here: RLIMIT_FSIZE of 64 KiB, SIGXFSZ ignored so that writes fail with EFBIG.
+  mkdir -p "$TMP/disk64"
+  (
+    trap '' XFSZ
+    ulimit -f 64
+    exec timeout "$LIMIT" "$TALLY_BIN" train "${SMALL[@]}" --steps 4 --out "$run"
+  ) >"$TMP/disk64.out" 2>"$TMP/disk64.err"
+  rc=$?
+  last=$TMP/disk64
+  name+=" (ulimit -f: mount failed)"
+fi
+expect_rc 1 "train"
+one_line_error "$last.err" "$run/" "the error names no file in the run folder"
+no_summary "$run"
+[[ -d $run ]] && no_stray "$run"
+finish "$name"
+
+name="1b full disk: 4 MiB for --out, a checkpoint every step (room for one)"
+run=$TMP/disk4m/run
+if ((can_mount)); then
+  mount_tmpfs "$TMP/disk4m" size=4m
+  t disk4m train "${SMALL[@]}" --steps 6 --set train.checkpoint_every=1 --out "$run"
+  expect_rc 1 "train"
+  one_line_error "$last.err" "$run/" "the error names no file in the run folder"
+  no_summary "$run"
+  no_stray "$run"
+  loads "$run"
+  ckpt_step "$run"
+  [[ -z $step ]] || ((step >= 1 && step < 6)) || bad "the checkpoint kept is of step $step"
+  finish "$name"
+else
+  skip "$name: tmpfs cannot be mounted here (RLIMIT_FSIZE cannot fill a disk part way)"
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 2. Unwritable folder. Root ignores permission bits: a read-only tmpfs, and uid 65534.
+if ((can_mount)); then
+  mount_tmpfs "$TMP/ro" ro,size=64k
+
+  name="2a unwritable: --out inside a read-only filesystem"
+  t ro-new train "${SMALL[@]}" --steps 2 --out "$TMP/ro/run"
+  expect_rc 1 "train"
+  one_line_error "$last.err" "$TMP/ro/run.*(read-only|permission|cannot)" "no clear message"
+  [[ ! -e $TMP/ro/run ]] || bad "$TMP/ro/run exists"
+  finish "$name"
+
+  name="2b unwritable: --out is a read-only filesystem's root"
+  t ro-root train "${SMALL[@]}" --steps 2 --out "$TMP/ro"
+  expect_rc 1 "train"
+  one_line_error "$last.err" "$TMP/ro.*(read-only|permission|cannot)" "no clear message"
+  finish "$name"
+else
+  skip "2a/2b unwritable on a read-only filesystem: tmpfs cannot be mounted here"
+fi
+
+name="2c unwritable: chmod 555 parent, run as uid 65534"
+if command -v setpriv >/dev/null && [[ $(id -u) == 0 ]]; then
+  chmod 755 "$TMP"
+  mkdir -p "$TMP/r555"
+  chmod 555 "$TMP/r555"
+  setpriv --reuid=65534 --regid=65534 --clear-groups \
+    timeout "$LIMIT" "$TALLY_BIN" train "${SMALL[@]}" --steps 2 --out "$TMP/r555/run" \
+    >"$TMP/r555.out" 2>"$TMP/r555.err"
+  rc=$?
+  last=$TMP/r555
+  expect_rc 1 "train"
+  one_line_error "$last.err" "$TMP/r555/run.*(permission|cannot)" "no clear message"
+  [[ ! -e $TMP/r555/run ]] || bad "$TMP/r555/run exists"
+  finish "$name"
+  chmod 700 "$TMP"
+else
+  skip "$name: needs root and setpriv"
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 3. Two runs on one folder.
+name="3a two runs on one --out at once: one trains, one is refused"
+run=$TMP/shared
+start shared-a train "${SMALL[@]}" --steps 6 --out "$run"
+pid_a=$tpid
+start shared-b train "${SMALL[@]}" --steps 5 --out "$run"
+pid_b=$tpid
+{ wait "$pid_a"; rc_a=$?; } 2>/dev/null
+{ wait "$pid_b"; rc_b=$?; } 2>/dev/null
+if [[ $rc_a == 124 || $rc_b == 124 ]]; then
+  bad "hang (exits $rc_a and $rc_b)"
+elif [[ $rc_a == 0 && $rc_b == 1 ]]; then
+  winner=6
+  loser=$TMP/shared-b
+elif [[ $rc_a == 1 && $rc_b == 0 ]]; then
+  winner=5
+  loser=$TMP/shared-a
+else
+  bad "exits $rc_a (6 steps) and $rc_b (5 steps), expected one 0 and one 1"
+  winner=""
+fi
+if [[ -n ${winner:-} ]]; then
+  one_line_error "$loser.err" "another run is using this folder" "the refused run"
+  has_summary "$run"
+  [[ $(summary_steps "$run") == "$winner" ]] ||
+    bad "summary.json says $(summary_steps "$run") steps, the run that trained had $winner"
+  ledger_is "$run" "$winner"
+  grep -q "^steps = $winner\$" "$run/config.ini" || bad "config.ini is not the trained run's"
+  loads "$run"
+fi
+no_stray "$run"
+finish "$name"
+
+name="3b a run on a finished run's folder without --overwrite is refused"
+cp "$run/summary.json" "$TMP/summary-before.json" 2>/dev/null
+cp "$run/checkpoint.safetensors" "$TMP/ckpt-before.safetensors" 2>/dev/null
+t reuse train "${SMALL[@]}" --steps 3 --out "$run"
+expect_rc 1 "train"
+one_line_error "$last.err" "holds a run already" "the refusal"
+cmp -s "$run/summary.json" "$TMP/summary-before.json" || bad "summary.json changed"
+cmp -s "$run/checkpoint.safetensors" "$TMP/ckpt-before.safetensors" || bad "checkpoint changed"
+finish "$name"
+
+name="3c the same with --overwrite replaces the run"
+t overwrite train "${SMALL[@]}" --steps 3 --out "$run" --overwrite
+expect_rc 0 "train --overwrite"
+has_summary "$run"
+[[ $(summary_steps "$run") == 3 ]] || bad "summary.json says $(summary_steps "$run") steps, not 3"
+ledger_is "$run" 3
+no_stray "$run"
+finish "$name"
+
+# ---------------------------------------------------------------------------------------------
+# 4. SIGINT / SIGTERM during training, then --resume.
+signal_case() {  # signal_case SIG CODE
+  local sig=$1 code=$2 run=$TMP/sig-$1 child at
+  start "sig-$sig" train "${SMALL512[@]}" --steps 8 --out "$run"
+  if ! wait_lines "$run/ledger.jsonl" 2 "$tpid"; then
+    finish_bg
+    bad "the run ended (exit $rc) before 2 steps were logged: $(firstline "$last.err")"
+    return
+  fi
+  child=$(child_of "$tpid")
+  [[ -n $child ]] || { bad "no tally process under timeout"; finish_bg; return; }
+  kill -"$sig" "$child"
+  finish_bg
+  expect_rc "$code" "train stopped by SIG$sig"
+  said "$last.out" "interrupted at step" "the stop message"
+  at=$(cat "$last.out" "$last.err" | grep -o 'interrupted at step [0-9]*' | head -1 | grep -o '[0-9]*$')
+  no_summary "$run"
+  no_stray "$run"
+  loads "$run"
+  if [[ -n $at ]]; then
+    [[ $(ledger_steps "$run" | wc -w) == "$at" ]] ||
+      bad "stopped at step $at but ledger.jsonl holds [$(ledger_steps "$run")]"
+  fi
+  t "sig-$sig-report" report "$run"
+  expect_rc 0 "tally report of the interrupted run"
+  t "sig-$sig-resume" train --resume "$run" --no-knn --quiet
+  expect_rc 0 "train --resume"
+  has_summary "$run"
+  [[ $(summary_steps "$run") == 8 ]] || bad "summary.json says $(summary_steps "$run") steps, not 8"
+  ledger_is "$run" 8
+}
+
+name="4a SIGINT during training, then --resume"
+signal_case INT 130
+finish "$name"
+
+name="4b SIGTERM during training, then --resume"
+signal_case TERM 143
+finish "$name"
+
+name="4c a second SIGINT right after the first stops at once"
+run=$TMP/sig-twice
+# Steps of about a second (batches of 128) so that finishing one would be seen.
+start sig-twice train --set data.limit=512 --set train.batch_size=128 --no-knn --quiet \
+  --steps 8 --out "$run"
+if wait_lines "$run/ledger.jsonl" 1 "$tpid"; then
+  child=$(child_of "$tpid")
+  kill -INT "$child"
+  sleep 0.1
+  kill -INT "$child"
+  t0=$(date +%s%N)
+  finish_bg
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  expect_nonzero "train after two SIGINTs"
+  ((ms <= 1000)) || bad "exited ${ms} ms after the second SIGINT (a step takes about a second)"
+  no_summary "$run"
+  [[ ! -e $run/checkpoint.safetensors ]] || loads "$run"
+else
+  finish_bg
+  bad "the run ended (exit $rc) before a step was logged: $(firstline "$last.err")"
+fi
+finish "$name"
+
+# ---------------------------------------------------------------------------------------------
+# 5. kill -9, then --resume.
+name="5a kill -9 during training, then --resume"
+run=$TMP/kill9
+start kill9 train "${SMALL512[@]}" --steps 8 --set train.checkpoint_every=2 --out "$run"
+if wait_lines "$run/ledger.jsonl" 3 "$tpid"; then
+  child=$(child_of "$tpid")
+  kill -KILL "$child"
+  finish_bg
+  [[ $rc == 137 ]] || bad "train exited $rc before the kill -9 took it"
+  no_summary "$run"
+  loads "$run"
+  t kill9-resume train --resume "$run" --no-knn --quiet
+  expect_rc 0 "train --resume"
+  has_summary "$run"
+  [[ $(summary_steps "$run") == 8 ]] || bad "summary.json says $(summary_steps "$run") steps, not 8"
+  ledger_is "$run" 8
+else
+  finish_bg
+  bad "the run ended (exit $rc) before 3 steps were logged: $(firstline "$last.err")"
+fi
+finish "$name"
+
+name="5b kill -9 half way through a checkpoint write, then --resume"
+run=$TMP/kill-in-ckpt
+TALLY_INJECT_KILL_IN_CHECKPOINT=4 t kill-in-ckpt train "${SMALL512[@]}" --steps 6 \
+  --set train.checkpoint_every=2 --out "$run"
+[[ $rc == 124 ]] && bad "hang"
+[[ $rc == 137 ]] || bad "train exited $rc, expected 137 (killed in the write)"
+no_summary "$run"
+loads "$run"
+ckpt_step "$run"
+[[ -z $step || $step == 2 ]] || bad "the checkpoint left is of step $step, expected 2"
+t kill-in-ckpt-resume train --resume "$run" --no-knn --quiet
+expect_rc 0 "train --resume"
+has_summary "$run"
+ledger_is "$run" 6
+finish "$name"
+
+# ---------------------------------------------------------------------------------------------
+# 6. MPI.
+# mpi LABEL NP ARGS...: tally under mpirun, one thread per rank; sets rc.
+mpi() {
+  local label=$1 np=$2
+  shift 2
+  timeout "$LIMIT" "$MPIRUN" --allow-run-as-root --oversubscribe -np "$np" -x OMP_NUM_THREADS=1 \
+    "$@" >"$TMP/$label.out" 2>"$TMP/$label.err"
+  rc=$?
+  last=$TMP/$label
+}
+
+if command -v "$MPIRUN" >/dev/null 2>&1; then
+  name="6a mpi: rank 0 cannot create its folder"
+  mpi mpi-nofolder 2 "$TALLY_BIN" train --set parallel.backend=mpi "${SMALL[@]}" --steps 2 \
+    --out /etc/hostname/run
+  expect_nonzero "mpirun"
+  said "$last.err" "/etc/hostname/run" "no message naming the folder"
+  finish "$name"
+
+  name="6b mpi: rank 1 killed at step 2"
+  run=$TMP/mpi-killed
+  mpi mpi-killed 2 -x TALLY_INJECT_FAIL=1:2 "$TALLY_BIN" train --set parallel.backend=mpi \
+    "${SMALL[@]}" --steps 4 --out "$run"
+  expect_nonzero "mpirun"
+  # The fault must hit a run under way: steps 0 and 1 are done (and logged by rank 0) first.
+  [[ $(ledger_steps "$run" | wc -w) -ge 1 ]] ||
+    bad "no step was logged before the kill (stderr: $(firstline "$last.err"))"
+  no_summary "$run"
+  [[ ! -d $run ]] || no_stray "$run"
+  finish "$name"
+
+  name="6c mpi: more ranks than the global batch"
+  mpi mpi-shard0 2 "$TALLY_BIN" train --set parallel.backend=mpi --set data.limit=256 \
+    --set train.batch_size=1 --steps 2 --no-knn --quiet --out "$TMP/mpi-shard0"
+  expect_nonzero "mpirun"
+  said "$last.err" "shard" "no message about the shard"
+  no_summary "$TMP/mpi-shard0"
+  finish "$name"
+
+  name="6d mpi: moco with a shard of one sample"
+  mpi mpi-moco1 2 "$TALLY_BIN" train --set parallel.backend=mpi --objective=moco \
+    --set data.limit=256 --set train.batch_size=3 --steps 2 --no-knn --quiet \
+    --out "$TMP/mpi-moco1"
+  expect_rc 1 "mpirun"
+  said "$last.err" "batchnorm" "no BatchNorm message"
+  no_summary "$TMP/mpi-moco1"
+  finish "$name"
+else
+  skip "6a-6d mpi: $MPIRUN is missing"
+fi
+
+name="6e local replicas: moco with a shard of one sample"
+t local-moco1 train --set parallel.replicas=2 --objective=moco --set data.limit=256 \
+  --set train.batch_size=3 --steps 2 --no-knn --quiet --out "$TMP/local-moco1"
+expect_rc 1 "train"
+said "$last.err" "batchnorm" "no BatchNorm message"
+no_summary "$TMP/local-moco1"
+finish "$name"
+
+# ---------------------------------------------------------------------------------------------
+# 7. The loss becomes NaN (ledger steps count from 0: step 2 is the third; 2 steps are done).
+name="7 the loss becomes NaN at step 2"
+run=$TMP/nan
+TALLY_INJECT_NAN_AT_STEP=2 t nan train "${SMALL[@]}" --steps 4 --set train.checkpoint_every=1 \
+  --out "$run"
+expect_rc 3 "train"
+said "$last.err" "step 2\b" "no message naming step 2"
+no_summary "$run"
+no_stray "$run"
+loads "$run"
+ckpt_step "$run"
+[[ -z $step || $step == 2 ]] || bad "the checkpoint kept is of step $step, expected 2 (before the NaN)"
+finish "$name"
+
+# ---------------------------------------------------------------------------------------------
+# 8. Corrupt and truncated checkpoints: --resume refuses them with one line, and leaves them.
+run=$TMP/damaged
+t damaged train "${SMALL[@]}" --steps 4 --stop-at 2 --out "$run"
+if [[ $rc == 0 && -s $run/checkpoint.safetensors ]]; then
+  cp "$run/checkpoint.safetensors" "$TMP/good.safetensors"
+  size=$(stat -c %s "$TMP/good.safetensors")
+
+  name="8a corrupt checkpoint (bytes flipped near the end)"
+  printf '\xde\xad\xbe\xef' | dd of="$run/checkpoint.safetensors" bs=1 seek=$((size - 100)) \
+    conv=notrunc status=none
+  cp "$run/checkpoint.safetensors" "$TMP/corrupt.safetensors"
+  t corrupt train --resume "$run" --no-knn --quiet
+  expect_rc 1 "train --resume"
+  one_line_error "$last.err" "corrupt" "the refusal"
+  no_summary "$run"
+  cmp -s "$run/checkpoint.safetensors" "$TMP/corrupt.safetensors" ||
+    bad "the refused checkpoint was changed or removed"
+  finish "$name"
+
+  name="8b truncated checkpoint"
+  cp "$TMP/good.safetensors" "$run/checkpoint.safetensors"
+  truncate -s $((size / 2)) "$run/checkpoint.safetensors"
+  cp "$run/checkpoint.safetensors" "$TMP/truncated.safetensors"
+  t truncated train --resume "$run" --no-knn --quiet
+  expect_rc 1 "train --resume"
+  one_line_error "$last.err" "truncated" "the refusal"
+  no_summary "$run"
+  cmp -s "$run/checkpoint.safetensors" "$TMP/truncated.safetensors" ||
+    bad "the refused checkpoint was changed or removed"
+  finish "$name"
+else
+  why="setup: train --stop-at 2 exited $rc: $(firstline "$last.err")"
+  finish "8a corrupt checkpoint (bytes flipped near the end)"
+  why="setup failed (see 8a)"
+  finish "8b truncated checkpoint"
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 9. Step counts. 1000000 epochs of the full training set (60000 images) in batches of 16 are
+# 3.75e9 steps, more than an int holds: train must refuse (exit 1) rather than wrap to 0 steps,
+# and plan must agree (refuse too, or give the count train would run).
+name="9a 1000000 epochs of 3750 steps (past INT_MAX): train refuses, plan agrees"
+OVER=(--epochs 1000000 --set train.batch_size=16)
+t over train "${OVER[@]}" --no-knn --quiet --out "$TMP/over"
+expect_rc 1 "train"
+said "$last.err" "steps" "no message about the step count"
+no_summary "$TMP/over"
+t over-plan plan "${OVER[@]}" --json
+if [[ $rc == 0 ]]; then
+  count=$(grep -o '"total_steps":-*[0-9]*' "$TMP/over-plan.out" | head -1 | cut -d: -f2)
+  bad "train refuses but plan exits 0 with total_steps ${count:-?} (plan must refuse as train does)"
+elif [[ $rc == 124 ]]; then
+  bad "plan: hang"
+fi
+finish "$name"
+
+# The brief's own options: 256 images in batches of 16 are 16 steps per epoch, 16000000 steps in
+# all (fits an int): train must count them (not 0) and plan must give the same count. --stop-at 1
+# keeps the run to one step.
+name="9b 1000000 epochs of 16 steps: train counts them (not 0), plan gives the same count"
+MANY=(--epochs 1000000 --set train.batch_size=16 --set data.limit=256)
+t many train "${MANY[@]}" --no-knn --quiet --stop-at 1 --out "$TMP/many"
+train_count=""
+if [[ $rc == 1 ]]; then
+  said "$last.err" "steps" "no message about the step count"
+else
+  expect_rc 0 "train --stop-at 1"
+  train_count=$(cat "$last.out" "$last.err" | grep -o '[0-9]* steps (' | head -1 | cut -d' ' -f1)
+  [[ ${train_count:-0} -gt 0 ]] || bad "train announces ${train_count:-no} step count"
+fi
+t many-plan plan "${MANY[@]}" --json
+plan_count=$(grep -o '"total_steps":-*[0-9]*' "$TMP/many-plan.out" | head -1 | cut -d: -f2)
+if [[ -z $train_count ]]; then
+  [[ $rc != 0 ]] || bad "train refuses but plan gives total_steps $plan_count"
+else
+  expect_rc 0 "plan"
+  [[ $plan_count == "$train_count" ]] ||
+    bad "train counts $train_count steps, plan $plan_count"
+fi
+finish "$name"
+
+echo "$passed passed, $failed failed"
+((failed == 0))
