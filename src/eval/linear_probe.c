@@ -30,8 +30,12 @@ typedef struct {
   double grad_tol;  // stop when max |grad| < grad_tol * max(1, |loss|)
 } FitBudget;
 
-// The search only has to rank lambdas, so its fits stop earlier than the final one.
-static const FitBudget search_budget = {.max_iter = 100, .grad_tol = 1e-4};
+// The search only has to rank lambdas, so its fits stop earlier than the final one. On
+// Fashion-MNIST pixels, 3e-4 instead of 1e-4 moved no validation accuracy by more than 0.003 (the
+// 6000 validation rows' standard error is 0.0045) and saved a third of the probe's time. A side
+// effect: from the warm start, the smallest lambdas' fits may stop at once, tie with a larger
+// lambda, and lose the tie.
+static const FitBudget search_budget = {.max_iter = 100, .grad_tol = 3e-4};
 static const FitBudget final_budget = {.max_iter = 300, .grad_tol = 1e-5};
 
 typedef struct {
@@ -46,8 +50,11 @@ static double *alloc_doubles(size_t n) {
 }
 static float *alloc_floats(size_t n) { return tl_alloc(sizeof(float) * n, MEM_EVAL, COMP_OTHER); }
 
+// Vectorised (the simd reduction may reorder the sum): the Cholesky factorisation and the
+// triangular solves are made of these.
 static double dot(const double *a, const double *b, size_t n) {
   double s = 0;
+#pragma omp simd reduction(+ : s)
   for (size_t i = 0; i < n; i++) s += a[i] * b[i];
   return s;
 }
@@ -145,7 +152,7 @@ static void softmax_block(float *scores, const int *labels, int lo, int hi, int 
     const double z_label = row[labels[i]] + bias[labels[i]];
     double exp_sum = 0;
     for (int k = 0; k < K; k++) {
-      row[k] = (float)exp(row[k] + bias[k] - z_max);
+      row[k] = expf((float)(row[k] + bias[k] - z_max));  // float: the scores are float anyway
       exp_sum += row[k];
     }
     sums[0] += z_max + log(exp_sum) - z_label;
@@ -186,9 +193,10 @@ static double objective_eval(Objective *o, DnnlCtx *ctx, double lambda, const do
 
 // L-BFGS's starting inverse Hessian. Boehning's bound puts the softmax loss's Hessian below
 // (1/2)(I - 11^T / K) (x) E[x x^T], x = (features, 1); so for each class (E[x x^T] / 2 + lambda)^-1
-// undoes the correlations between features that make plain L-BFGS crawl (on standardised raw
-// pixels it had not converged after 300 iterations). Weights and bias of one class are one vector
-// (d + 1) here; classes are treated alike.
+// undoes the correlations between features that make plain L-BFGS crawl (standardised
+// Fashion-MNIST pixels, lambda 1e-2: max |grad| still 5e-5 after 300 iterations without it, 1e-5
+// after 87 with it). Weights and bias of one class are one vector (d + 1) here; classes are
+// treated alike.
 typedef struct {
   int size;        // d + 1
   double *moment;  // (d + 1, d + 1) E[x x^T] over the rows
@@ -239,12 +247,11 @@ static void preconditioner_set_lambda(Preconditioner *p, double lambda) {
   double *a = p->factor;
   for (size_t i = 0; i < (size_t)m * m; i++) a[i] = 0.5 * p->moment[i];
   for (int j = 0; j + 1 < m; j++) a[(size_t)j * m + j] += ridge;
-  // Column by column; row i's entries left of the diagonal are the factor's once column i-1 is
-  // done.
+  // Column by column (Cholesky-Crout). Every pivot is at least the ridge in exact arithmetic, but
+  // the Gram matrix, summed in float, may be slightly indefinite along collinear features.
   for (int j = 0; j < m; j++) {
     double *row_j = a + (size_t)j * m;
-    row_j[j] = sqrt(row_j[j] - dot(row_j, row_j, (size_t)j));
-#pragma omp parallel for schedule(static)
+    row_j[j] = sqrt(fmax(row_j[j] - dot(row_j, row_j, (size_t)j), ridge));
     for (int i = j + 1; i < m; i++) {
       double *row_i = a + (size_t)i * m;
       row_i[j] = (row_i[j] - dot(row_i, row_j, (size_t)j)) / row_j[j];
@@ -252,22 +259,33 @@ static void preconditioner_set_lambda(Preconditioner *p, double lambda) {
   }
 }
 
-// z = M^-1 q for params-shaped vectors (K * d + K; z may be q): one pair of triangular solves per
-// class with the factor L (L L^T = M).
+// z = M^-1 q for params-shaped vectors (K * d + K; z may be q): a pair of triangular solves with
+// the factor L (L L^T = M) for all classes at once, so each row of L is read once per solve.
 static void precondition(const Preconditioner *p, int n_classes, const double *q, double *z) {
   const int m = p->size, d = m - 1;
   const double *L = p->factor;
-#pragma omp parallel for schedule(static)
   for (int k = 0; k < n_classes; k++) {
     double *v = p->work + (size_t)k * m;
     memcpy(v, q + (size_t)k * d, sizeof(double) * (size_t)d);
     v[d] = q[(size_t)n_classes * d + k];
-    for (int i = 0; i < m; i++)  // L u = v
-      v[i] = (v[i] - dot(L + (size_t)i * m, v, (size_t)i)) / L[(size_t)i * m + i];
-    for (int i = m - 1; i >= 0; i--) {  // L^T z = u, one column of L^T (row of L) at a time
-      v[i] /= L[(size_t)i * m + i];
-      for (int j = 0; j < i; j++) v[j] -= L[(size_t)i * m + j] * v[i];
+  }
+  for (int i = 0; i < m; i++) {  // L u = v
+    const double *row = L + (size_t)i * m;
+    for (int k = 0; k < n_classes; k++) {
+      double *v = p->work + (size_t)k * m;
+      v[i] = (v[i] - dot(row, v, (size_t)i)) / row[i];
     }
+  }
+  for (int i = m - 1; i >= 0; i--) {  // L^T z = u, one column of L^T (row of L) at a time
+    const double *row = L + (size_t)i * m;
+    for (int k = 0; k < n_classes; k++) {
+      double *v = p->work + (size_t)k * m;
+      const double v_i = v[i] /= row[i];
+      for (int j = 0; j < i; j++) v[j] -= row[j] * v_i;
+    }
+  }
+  for (int k = 0; k < n_classes; k++) {
+    const double *v = p->work + (size_t)k * m;
     memcpy(z + (size_t)k * d, v, sizeof(double) * (size_t)d);
     z[(size_t)n_classes * d + k] = v[d];
   }
@@ -345,46 +363,55 @@ static int armijo_search(Objective *o, DnnlCtx *ctx, double lambda, const Point 
   return 0;
 }
 
+static void history_init(LbfgsHistory *h, size_t size, int n_classes) {
+  *h = (LbfgsHistory){.size = size, .n_classes = n_classes, .newest = LBFGS_MEMORY - 1};
+  h->s = alloc_doubles(LBFGS_MEMORY * size);
+  h->y = alloc_doubles(LBFGS_MEMORY * size);
+  h->scratch = alloc_doubles(size);
+}
+
+static void history_destroy(LbfgsHistory *h) {
+  tl_free(h->s);
+  tl_free(h->y);
+  tl_free(h->scratch);
+}
+
 // Minimises the objective from params (in place).
 static FitOutcome lbfgs_minimize(Objective *o, Preconditioner *p, DnnlCtx *ctx, double lambda,
                                  FitBudget budget, double *params) {
   preconditioner_set_lambda(p, lambda);
   const size_t n = param_count(o->forward.d, o->forward.n_classes);
-  LbfgsHistory h = {.size = n, .n_classes = o->forward.n_classes, .newest = LBFGS_MEMORY - 1};
-  h.s = alloc_doubles(LBFGS_MEMORY * n);
-  h.y = alloc_doubles(LBFGS_MEMORY * n);
-  h.scratch = alloc_doubles(n);
-  double *dir = alloc_doubles(n), *change = alloc_doubles(n);
+  LbfgsHistory h;
+  history_init(&h, n, o->forward.n_classes);
+  // dir, then the accepted step's parameter and gradient changes (n each)
+  double *dir = alloc_doubles(n), *param_change = alloc_doubles(n), *grad_change = alloc_doubles(n);
   Point at = {params, alloc_doubles(n), 0}, trial = {alloc_doubles(n), alloc_doubles(n), 0};
   at.loss = objective_eval(o, ctx, lambda, at.params, at.grad);
 
   FitOutcome out = {0, 0};
   for (;;) {
-    if (max_abs(at.grad, n) < budget.grad_tol * fmax(1.0, fabs(at.loss))) {
-      out.converged = 1;
-      break;
-    }
-    if (out.iterations == budget.max_iter) break;
+    out.converged = max_abs(at.grad, n) < budget.grad_tol * fmax(1.0, fabs(at.loss));
+    if (out.converged || out.iterations == budget.max_iter) break;
     history_direction(&h, p, at.grad, dir);
     if (!(dot(at.grad, dir, n) < 0)) {  // rounding broke the estimate: restart without pairs
       h.count = 0;
       history_direction(&h, p, at.grad, dir);
     }
     if (!armijo_search(o, ctx, lambda, &at, dir, &trial)) break;
-
-    for (size_t j = 0; j < n; j++) change[j] = trial.params[j] - at.params[j];
-    for (size_t j = 0; j < n; j++) dir[j] = trial.grad[j] - at.grad[j];
-    history_push(&h, p, change, dir);
+    for (size_t j = 0; j < n; j++) {
+      param_change[j] = trial.params[j] - at.params[j];
+      grad_change[j] = trial.grad[j] - at.grad[j];
+    }
+    history_push(&h, p, param_change, grad_change);
     memcpy(at.params, trial.params, sizeof(double) * n);
     memcpy(at.grad, trial.grad, sizeof(double) * n);
     at.loss = trial.loss;
     out.iterations++;
   }
-  tl_free(h.s);
-  tl_free(h.y);
-  tl_free(h.scratch);
+  history_destroy(&h);
   tl_free(dir);
-  tl_free(change);
+  tl_free(param_change);
+  tl_free(grad_change);
   tl_free(at.grad);
   tl_free(trial.params);
   tl_free(trial.grad);

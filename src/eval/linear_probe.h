@@ -1,10 +1,13 @@
 // The linear probe: multinomial logistic regression trained to convergence on frozen features,
 // the standard measure of how linearly separable a representation's classes are.
 //   loss(W, b) = (1/n) sum_i -log softmax(W x_i + b)[y_i] + (lambda / 2) ||W||^2   (b unpenalised)
-// Full batch, deterministic L-BFGS. Features are standardised per dimension with the training rows'
-// mean and std; lambda is chosen on a held-out tenth of the training rows, then the probe is
-// refitted on all of them and scored on the test rows. The (n, d) x (d, n_classes) products run
-// as oneDNN matmuls; their FLOPs are added to ctx->flops_forward[COMP_OTHER].
+// Full batch, deterministic L-BFGS, preconditioned by the features' second moment (one (d, d) Gram
+// product per call, one O(d^3) Cholesky factorisation per lambda: fine up to a few thousand d).
+// Features are standardised per dimension with the training rows' mean and std; lambda is chosen
+// on a held-out tenth of the training rows, then the probe is refitted on all of them and scored
+// on the test rows. The products with the features run as oneDNN matmuls; their FLOPs are added to
+// ctx->flops_forward[COMP_OTHER]. Memory (MEM_EVAL): standardised copies of the training and test
+// rows, and two (d + 1, d + 1) double matrices.
 // K = n_classes, d = feature dimension.
 #pragma once
 #include <stdint.h>
@@ -43,10 +46,10 @@ int linear_probe_loss_grad(const float *x /*(n, d)*/, const int *labels, int n, 
                            double *loss, double *grad);
 
 // Minimises the loss by L-BFGS starting from params (zeros: a cold start), which receive the
-// result. Stops when max |grad| < grad_tol * max(1, |loss|) (*converged = 1), after max_iter
-// iterations, or when the line search can make no more progress (both *converged = 0). Returns
-// the iterations taken, or -1 with tl_last_error() set (as linear_probe_loss_grad, or
-// max_iter < 1).
+// result; the preconditioner is built from x. Stops when max |grad| < grad_tol * max(1, |loss|)
+// (*converged = 1), after max_iter iterations, or when the line search can make no more progress
+// (both *converged = 0). Returns the iterations taken, or -1 with tl_last_error() set (as
+// linear_probe_loss_grad, or max_iter < 1).
 int linear_probe_fit(const float *x /*(n, d)*/, const int *labels, int n, int d, int n_classes,
                      double lambda, int max_iter, double grad_tol, DnnlCtx *ctx, double *params,
                      int *converged);
