@@ -196,10 +196,16 @@ static void test_idx_missing_file(void **state) {
   uint8_t pixel = 7;
   write_idx(images, 1, 0x803, (uint32_t[]){1, 1, 1}, 3, &pixel, 1);
   assert_load_idx_fails(images, temp_path(t, "train-labels-idx1-ubyte.gz"));
-  // A name that does not say where its labels are.
+  assert_contains(tl_last_error(), "no such file");
+  assert_contains(tl_last_error(), images);  // whose labels were looked for
+  // A name that does not say where its labels are: missing, it is missing (its labels are
+  // not looked for); present, its labels cannot be named.
   const char *odd = temp_path(t, "pictures.gz");
+  assert_load_idx_fails(odd, odd);
+  assert_contains(tl_last_error(), "no such file");
   write_idx(odd, 1, 0x803, (uint32_t[]){1, 1, 1}, 3, &pixel, 1);
   assert_load_idx_fails(odd, odd);
+  assert_contains(tl_last_error(), "cannot name the labels file");
 }
 
 static void test_idx_bad_magic(void **state) {
@@ -244,7 +250,7 @@ static void test_idx_truncated(void **state) {
   const char *raw = temp_path(t, "r-images-idx3-ubyte");
   write_idx_set(raw, temp_path(t, "r-labels-idx1-ubyte"), 0, 2, SET_N);
   assert_load_idx_fails(raw, raw);
-  assert_contains(tl_last_error(), "truncated: expected 120 bytes of pixels, got 40");
+  assert_contains(tl_last_error(), "truncated: header says 6 images of 4x5, the file holds 2");
   // Gzip: a whole stream cut in half.
   const char *gz = temp_path(t, "g-images-idx3-ubyte.gz");
   write_idx_set(gz, temp_path(t, "g-labels-idx1-ubyte.gz"), 1, SET_N, SET_N);
@@ -256,7 +262,14 @@ static void test_idx_truncated(void **state) {
   write_idx_set(images, labels, 1, SET_N, SET_N);
   write_idx(labels, 1, 0x801, (uint32_t[]){SET_N}, 1, (const uint8_t *)"\1\2", 2);
   assert_load_idx_fails(images, labels);
-  assert_contains(tl_last_error(), "truncated: expected 6 bytes of labels, got 2");
+  assert_contains(tl_last_error(), "truncated: header says 6 labels, the file holds 2");
+  // Plain labels with more bytes than declared.
+  const char *plain_images = temp_path(t, "p-images-idx3-ubyte");
+  const char *plain_labels = temp_path(t, "p-labels-idx1-ubyte");
+  write_idx_set(plain_images, plain_labels, 0, SET_N, SET_N);
+  write_idx(plain_labels, 0, 0x801, (uint32_t[]){SET_N}, 1, (const uint8_t *)"\1\2\0\1\2\0\1\2", 8);
+  assert_load_idx_fails(plain_images, plain_labels);
+  assert_contains(tl_last_error(), "more data than the header declares");
 }
 
 static void test_idx_corrupt_gzip(void **state) {
@@ -280,6 +293,111 @@ static void test_idx_label_mismatch(void **state) {
   write_idx_set(images, labels, 1, SET_N, SET_N - 1);
   assert_load_idx_fails(images, labels);
   assert_contains(tl_last_error(), "5 labels for the 6 images");
+}
+
+// A header that claims far more images than the file holds fails on what the file holds, and
+// memory is never allocated from the claim: a plain file's size is compared before anything is
+// allocated; a gzip file's claim must fit 1032 times its size (deflate's limit), and below that
+// its pixels are allocated as they arrive. 100 images of 28x28 (random, so gzip cannot shrink
+// them) under a header of 50000 (39 MB) or 2 million (1.5 GB).
+static void test_idx_lying_header(void **state) {
+  const TempDir *t = *state;
+  enum { REAL = 100, SIDE = 28 };
+  static uint8_t pixels[REAL * SIDE * SIDE], labels[REAL];
+  uint64_t noise = 42;
+  for (size_t i = 0; i < sizeof pixels; i++) {
+    noise = noise * 6364136223846793005ull + 1442695040888963407ull;
+    pixels[i] = (uint8_t)(noise >> 56);
+    if (i < REAL) labels[i] = pixels[i];
+  }
+  size_t live_before = tl_mem_live_total(), peak_before = tl_mem_peak_total();
+  static const struct {
+    int gzip;
+    uint32_t claimed;
+    const char *message;
+  } lies[] = {
+      {0, 50000, "truncated: header says 50000 images of 28x28, the file holds 100"},
+      {1, 50000, "truncated: header says 50000 images of 28x28, the file holds 100"},
+      {1, 2000000, "more than a gzip file of"},
+  };
+  for (size_t k = 0; k < sizeof lies / sizeof *lies; k++) {
+    const char *images =
+        temp_path(t, lies[k].gzip ? "l-images-idx3-ubyte.gz" : "l-images-idx3-ubyte");
+    const char *label_path =
+        temp_path(t, lies[k].gzip ? "l-labels-idx1-ubyte.gz" : "l-labels-idx1-ubyte");
+    // The labels tell the same lie, so the images are what fails.
+    write_idx(images, lies[k].gzip, 0x803, (uint32_t[]){lies[k].claimed, SIDE, SIDE}, 3, pixels,
+              sizeof pixels);
+    write_idx(label_path, lies[k].gzip, 0x801, (uint32_t[]){lies[k].claimed}, 1, labels, REAL);
+    assert_load_idx_fails(images, images);
+    assert_contains(tl_last_error(), lies[k].message);
+  }
+  // At most the first 4 MiB chunk of a gzip file was ever allocated (the earlier tests of this
+  // file allocate a few hundred bytes, so the peak before is no cover).
+  size_t bound = live_before + (5u << 20);
+  size_t peak = tl_mem_peak_total();
+  if (peak > (peak_before > bound ? peak_before : bound))
+    fail_msg("peak %zu bytes, more than %zu", peak, bound);
+  // The image count is checked by `tally plan`'s peek too.
+  int n, h, w;
+  const char *plain = temp_path(t, "l-images-idx3-ubyte");
+  assert_int_equal(dataset_idx_peek(plain, &n, &h, &w), -1);
+  assert_contains(tl_last_error(), "truncated: header says 50000 images");
+}
+
+// A true header over data that compresses far more than image data usually does (2000 flat
+// images: 1.5 MB in 2 KB of gzip) is believed as the data arrives: the block grows past its
+// first plausible size and everything loads, widened to 3 channels.
+static void test_idx_highly_compressed_loads(void **state) {
+  const TempDir *t = *state;
+  enum { N = 2000, SIDE = 28 };
+  uint8_t *pixels = malloc((size_t)N * SIDE * SIDE), labels[N];
+  for (int i = 0; i < N; i++) {
+    memset(pixels + (size_t)i * SIDE * SIDE, i % 251, SIDE * SIDE);
+    labels[i] = (uint8_t)(i % 10);
+  }
+  const char *images = temp_path(t, "z-images-idx3-ubyte.gz");
+  write_idx(images, 1, 0x803, (uint32_t[]){N, SIDE, SIDE}, 3, pixels, (size_t)N * SIDE * SIDE);
+  write_idx(temp_path(t, "z-labels-idx1-ubyte.gz"), 1, 0x801, (uint32_t[]){N}, 1, labels, N);
+  free(pixels);
+  assert_true(file_size(images) * 16 < (size_t)N * SIDE * SIDE);
+  Dataset ds;
+  if (dataset_load_idx(&ds, images, 3, 0) != 0) fail_msg("%s", tl_last_error());
+  assert_int_equal(ds.n, N);
+  assert_int_equal(ds.n_classes, 10);
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(ds.labels[i], i % 10);
+    const uint8_t *image = ds.pixels + (size_t)i * SIDE * SIDE * 3;
+    assert_int_equal(image[0], i % 251);
+    assert_int_equal(image[SIDE * SIDE * 3 - 1], i % 251);
+  }
+  dataset_free(&ds);
+}
+
+// Only regular files are read: a FIFO would block the open (or the first read) forever waiting
+// for a writer, and a device may never end. They are refused by name. The alarm turns a reader
+// that blocks into a failed test rather than a hung one.
+static void test_idx_not_regular(void **state) {
+  const TempDir *t = *state;
+  alarm(30);
+  const char *fifo = temp_path(t, "f-images-idx3-ubyte");
+  assert_int_equal(mkfifo(fifo, 0644), 0);
+  assert_load_idx_fails(fifo, "f-images-idx3-ubyte: not a regular file");
+  int n, h, w;
+  assert_int_equal(dataset_idx_peek(fifo, &n, &h, &w), -1);
+  assert_contains(tl_last_error(), "not a regular file");
+  assert_load_idx_fails("/dev/zero", "/dev/zero: not a regular file");
+  const char *dir = temp_path(t, "d-images-idx3-ubyte.gz");
+  make_dir(dir);
+  assert_load_idx_fails(dir, "d-images-idx3-ubyte.gz: not a regular file");
+  // Real images beside a FIFO of labels.
+  const char *images = temp_path(t, "g-images-idx3-ubyte.gz");
+  const char *labels = temp_path(t, "g-labels-idx1-ubyte.gz");
+  write_idx_set(images, labels, 1, SET_N, SET_N);
+  remove(labels);
+  assert_int_equal(mkfifo(labels, 0644), 0);
+  assert_load_idx_fails(images, "g-labels-idx1-ubyte.gz: not a regular file");
+  alarm(0);
 }
 
 static void test_fashion_mnist(void **state) {
@@ -660,6 +778,22 @@ static void write_png(const char *path, int w, int h, int c, const uint8_t *pixe
   assert_int_not_equal(stbi_write_png(path, w, h, c, pixels, w * c), 0);
 }
 
+// A PNG that is only its signature, an IHDR chunk claiming w x h RGB pixels (with its CRC, as a
+// decoder may check it) and IEND: enough for stbi_info, with none of the pixels.
+static void write_png_header(const char *path, uint32_t w, uint32_t h) {
+  uint8_t png[8 + 25 + 12] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  uint8_t *ihdr = png + 8, *iend = png + 33;
+  put_be32(ihdr, 13);
+  memcpy(ihdr + 4, "IHDR", 4);
+  put_be32(ihdr + 8, w);
+  put_be32(ihdr + 12, h);
+  ihdr[16] = 8, ihdr[17] = 2;  // 8 bits, RGB; compression, filter, interlace 0
+  put_be32(ihdr + 21, (uint32_t)crc32(0, ihdr + 4, 17));
+  memcpy(iend + 4, "IEND", 4);
+  put_be32(iend + 8, (uint32_t)crc32(0, iend + 4, 4));
+  write_bytes(path, png, sizeof png, 0);
+}
+
 static uint8_t pattern(int y, int x, int ch) { return (uint8_t)(y * 29 + x * 13 + ch * 71); }
 
 // root/zebra/b.png (8x8 RGB pattern), root/zebra/a.png (12x6 constant RGB), root/ant/c.png
@@ -729,6 +863,28 @@ static void test_imagefolder(void **state) {
   assert_int_equal(tl_mem_live(MEM_DATA), data_before);
 }
 
+// Images above 4 Mi pixels are decoded one at a time (bounding the memory of parallel decodes);
+// they load as any other. Two of them (2048x2049, gray) in one class, plus the small tree.
+static void test_imagefolder_large_images(void **state) {
+  const TempDir *t = *state;
+  write_image_tree(t);
+  uint8_t *big = malloc(2048 * 2049);
+  memset(big, 77, 2048 * 2049);
+  write_png(temp_path(t, "ant/big1.png"), 2048, 2049, 1, big);
+  memset(big, 99, 2048 * 2049);
+  write_png(temp_path(t, "ant/big2.png"), 2048, 2049, 1, big);
+  free(big);
+  Dataset ds;
+  if (dataset_load_imagefolder(&ds, t->dir, 8, 1, 0) != 0) fail_msg("%s", tl_last_error());
+  assert_int_equal(ds.n, 5);
+  // Order: ant/big1.png, ant/big2.png, ant/c.png, zebra/...
+  for (int i = 0; i < 64; i++) {
+    assert_int_equal(ds.pixels[i], 77);
+    assert_int_equal(ds.pixels[64 + i], 99);
+  }
+  dataset_free(&ds);
+}
+
 static void assert_imagefolder_fails(const char *root, const char *expect_in_message) {
   size_t data_before = tl_mem_live(MEM_DATA);
   Dataset ds;
@@ -761,6 +917,30 @@ static void test_imagefolder_errors(void **state) {
   free(row);
   assert_imagefolder_fails(t->dir, wide);
   remove(wide);
+  // A header claiming 9000x9000 (81 Mi pixels: each side passes, the whole does not) is refused
+  // from the header, before stb allocates anything.
+  const char *huge = temp_path(t, "ant/huge.png");
+  write_png_header(huge, 9000, 9000);
+  assert_imagefolder_fails(t->dir, huge);
+  assert_contains(tl_last_error(), "9000x9000 pixels");
+  remove(huge);
+  // Something named like an image that is not a regular file: a FIFO would block stb's fopen
+  // until a writer came. The alarm fails the test instead of hanging it.
+  const char *fifo = temp_path(t, "zebra/x.png");
+  assert_int_equal(mkfifo(fifo, 0644), 0);
+  alarm(30);
+  assert_imagefolder_fails(t->dir, "zebra/x.png: not a regular file");
+  int count;
+  assert_int_equal(dataset_imagefolder_count(t->dir, 0, &count), -1);
+  assert_contains(tl_last_error(), "zebra/x.png: not a regular file");
+  alarm(0);
+  remove(fifo);
+  // Control characters in a file name are shown escaped, not sent to the terminal.
+  const char *escape = temp_path(t, "zebra/\x1b[31mred.png");
+  write_bytes(escape, "not a png", 9, 0);
+  assert_imagefolder_fails(t->dir, "zebra/\\x1b[31mred.png: not a readable image");
+  assert_null(strchr(tl_last_error(), '\x1b'));
+  remove(escape);
   // An empty class folder, and a root that is missing.
   make_dir(temp_path(t, "empty"));
   assert_imagefolder_fails(t->dir, temp_path(t, "empty"));
@@ -931,6 +1111,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_idx_truncated, temp_dir_make, temp_dir_remove),
       cmocka_unit_test_setup_teardown(test_idx_corrupt_gzip, temp_dir_make, temp_dir_remove),
       cmocka_unit_test_setup_teardown(test_idx_label_mismatch, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_idx_lying_header, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_idx_not_regular, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_idx_highly_compressed_loads, temp_dir_make,
+                                      temp_dir_remove),
       cmocka_unit_test(test_fashion_mnist),
       cmocka_unit_test(test_resample),
       cmocka_unit_test(test_channel_stats),
@@ -945,6 +1129,8 @@ int main(void) {
       cmocka_unit_test(test_gaussian_blur),
       cmocka_unit_test_setup_teardown(test_imagefolder, temp_dir_make, temp_dir_remove),
       cmocka_unit_test_setup_teardown(test_imagefolder_errors, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_imagefolder_large_images, temp_dir_make,
+                                      temp_dir_remove),
       cmocka_unit_test(test_loader_shard),
       cmocka_unit_test(test_loader_shards_concatenate),
       cmocka_unit_test(test_loader_epochs),

@@ -19,16 +19,23 @@
 
 #include "ledger/record.h"
 
-// A run of `steps` records: B samples, objective-like counts, a falling loss, memory growing
-// by category.
-static void write_run(const char *name, const char *objective, int B, int views_grad, int negatives,
-                      int steps) {
+// Makes the run folder tmpdir/NAME and opens its ledger.jsonl for writing.
+static FILE *new_ledger(const char *name) {
   char path[600];
   snprintf(path, sizeof path, "%s/%s", tmpdir, name);
   assert_int_equal(mkdir(path, 0755), 0);
   snprintf(path, sizeof path, "%s/%s/ledger.jsonl", tmpdir, name);
   FILE *f = fopen(path, "w");
   assert_non_null(f);
+  return f;
+}
+
+// A run of `steps` records: B samples, objective-like counts, a falling loss, memory growing
+// by category.
+static void write_run(const char *name, const char *objective, int B, int views_grad, int negatives,
+                      int steps) {
+  char path[600];
+  FILE *f = new_ledger(name);
   for (int s = 0; s < steps; s++) {
     LedgerRecord r = {0};
     r.step = s;
@@ -145,6 +152,13 @@ static int report_run(const char *run, char **err) {
   return rc;
 }
 
+// The page `tally report` wrote for tmpdir/RUN (to free).
+static char *read_page(const char *run) {
+  char path[700];
+  snprintf(path, sizeof path, "%s/%s/report.html", tmpdir, run);
+  return read_all(path);
+}
+
 // A run killed mid-write (kill -9, a full disk) ends its ledger and eval.jsonl in half a line:
 // the report drops that line, says so once per file, and draws the rest.
 static void test_cut_off_last_line_is_skipped(void **state) {
@@ -160,9 +174,7 @@ static void test_cut_off_last_line_is_skipped(void **state) {
   assert_non_null(strstr(err, "killed-run/eval.jsonl: ignored a cut-off last line (line 4)"));
   assert_int_equal(count(err, "cut-off"), 2);
   free(err);
-  char path[700];
-  snprintf(path, sizeof path, "%s/killed-run/report.html", tmpdir);
-  char *html = read_all(path);
+  char *html = read_page("killed-run");
   assert_non_null(strstr(html, "11 ledger records"));
   // Two of the three encoder evaluations are left: 65% and 70%, no 75%.
   assert_null(strstr(html, "75.00%"));
@@ -191,6 +203,112 @@ static void test_bad_middle_line_is_an_error(void **state) {
   assert_int_not_equal(report_run("corrupt-eval", &err), 0);
   assert_non_null(strstr(err, "corrupt-eval/eval.jsonl:2: "));
   free(err);
+}
+
+// Ledgers with values at the edges of what a double holds: every one is charted in a bounded
+// page (ticks are counted, not accumulated until they pass the end), and values that are not
+// finite are left out with a note saying how many.
+static void test_extreme_values_finish(void **state) {
+  (void)state;
+  static const struct {
+    const char *run, *lines[3];
+  } ledgers[] = {
+      // Steps 16 apart at 1e17, where doubles are 16 apart: a tick step of 2 adds nothing.
+      {"huge-steps",
+       {"{\"step\":100000000000000000,\"loss\":1,\"images_per_s\":5,\"param_bytes\":1048576}",
+        "{\"step\":100000000000000016,\"loss\":0.9,\"images_per_s\":6,\"param_bytes\":1048576}"}},
+      // Losses one ulp apart: a range of 2e-16 around 1.
+      {"one-ulp",
+       {"{\"step\":1,\"loss\":1,\"images_per_s\":5}",
+        "{\"step\":2,\"loss\":1.0000000000000002,\"images_per_s\":5}"}},
+      // A range of 2e308, more than a double holds.
+      {"full-range",
+       {"{\"step\":1,\"loss\":-1e308,\"images_per_s\":1e308}",
+        "{\"step\":2,\"loss\":1e308,\"images_per_s\":5,\"param_bytes\":1e19}"}},
+      // A step of 2^63, beyond a long.
+      {"step-2p63",
+       {"{\"step\":9223372036854775808,\"loss\":1,\"images_per_s\":5}",
+        "{\"step\":1,\"loss\":0.5,\"images_per_s\":5}"}},
+      // NaN, infinities and nulls.
+      {"not-finite",
+       {"{\"step\":1,\"loss\":NaN,\"images_per_s\":5}",
+        "{\"step\":2,\"loss\":1e999,\"images_per_s\":-1e999}",
+        "{\"step\":3,\"loss\":1,\"images_per_s\":null}"}},
+  };
+  for (size_t k = 0; k < sizeof ledgers / sizeof *ledgers; k++) {
+    int n = 0;
+    while (n < 3 && ledgers[k].lines[n]) n++;
+    FILE *f = new_ledger(ledgers[k].run);
+    for (int i = 0; i < n; i++) fprintf(f, "%s\n", ledgers[k].lines[i]);
+    fclose(f);
+    char out[700];
+    snprintf(out, sizeof out, "%s/%s.html", tmpdir, ledgers[k].run);
+    int rc =
+        sh("timeout 20 %s report %s/%s --out %s > /dev/null", bin, tmpdir, ledgers[k].run, out);
+    if (rc != 0) fail_msg("%s: tally report exited with %d", ledgers[k].run, rc);
+    struct stat st;
+    assert_int_equal(stat(out, &st), 0);
+    // A few records make a page of a few kilobytes, whatever their values.
+    if (st.st_size > 64 * 1024) fail_msg("%s: %lld bytes", ledgers[k].run, (long long)st.st_size);
+    char *html = read_all(out);
+    assert_null(strstr(html, "inf\""));
+    assert_null(strstr(html, "nan"));
+    if (strcmp(ledgers[k].run, "not-finite") == 0) {
+      // The loss chart leaves out NaN and +inf, the throughput chart -inf and null.
+      assert_int_equal(count(html, "2 values not drawn (NaN or infinite)"), 2);
+    }
+    free(html);
+  }
+}
+
+// A ledger of 100k records (a long run logged every step): the report reads, charts and takes
+// medians of all of them. Step times are a permutation of 700..100699 ms in scrambled order (a
+// sorted input would hide a quadratic sort), so the median is known: 50699.5.
+static void test_long_ledger(void **state) {
+  (void)state;
+  enum { N = 100000 };
+  FILE *f = new_ledger("long-run");
+  for (long s = 0; s < N; s++) {
+    long step_ms = 700 + s * 7919 % N;  // 7919 is prime to 100000: each value once
+    fprintf(f,
+            "{\"step\":%ld,\"objective\":\"moco\",\"loss\":%.6f,\"images_per_s\":%.3f,"
+            "\"step_ms\":%ld,\"param_bytes\":1048576,\"grad_bytes\":1048576,"
+            "\"activation_bytes\":%ld,\"data_bytes\":52428800}\n",
+            s, 5.0 / (1 + s * 1e-4), 32e3 / step_ms, step_ms, (32L + s % 7) << 20);
+  }
+  fclose(f);
+  char *err;
+  assert_int_equal(report_run("long-run", &err), 0);
+  free(err);
+  char *html = read_page("long-run");
+  assert_non_null(strstr(html, "100000 ledger records"));
+  assert_non_null(strstr(html, "<td>50699.5</td>"));
+  free(html);
+}
+
+// Only regular files are read: a FIFO in place of ledger.jsonl (or eval.jsonl) would block the
+// report forever waiting for a writer; it is refused by name.
+static void test_fifo_refused(void **state) {
+  (void)state;
+  assert_int_equal(sh("mkdir %s/fifo-ledger && mkfifo %s/fifo-ledger/ledger.jsonl", tmpdir, tmpdir),
+                   0);
+  assert_int_equal(sh("cp -r %s/moco-run %s/fifo-eval && rm %s/fifo-eval/eval.jsonl && "
+                      "mkfifo %s/fifo-eval/eval.jsonl",
+                      tmpdir, tmpdir, tmpdir, tmpdir),
+                   0);
+  const char *runs[] = {"fifo-ledger", "fifo-eval"};
+  const char *files[] = {"fifo-ledger/ledger.jsonl: not a regular file",
+                         "fifo-eval/eval.jsonl: not a regular file"};
+  for (int k = 0; k < 2; k++) {
+    int rc =
+        sh("timeout 20 %s report %s/%s > /dev/null 2> %s/err.txt", bin, tmpdir, runs[k], tmpdir);
+    assert_int_equal(rc, 1);
+    char path[700];
+    snprintf(path, sizeof path, "%s/err.txt", tmpdir);
+    char *err = read_all(path);
+    assert_non_null(strstr(err, files[k]));
+    free(err);
+  }
 }
 
 static int have_chromium(void) { return sh("command -v chromium > /dev/null 2>&1") == 0; }
@@ -241,6 +359,9 @@ int main(void) {
       cmocka_unit_test(test_default_output_and_errors),
       cmocka_unit_test(test_cut_off_last_line_is_skipped),
       cmocka_unit_test(test_bad_middle_line_is_an_error),
+      cmocka_unit_test(test_extreme_values_finish),
+      cmocka_unit_test(test_long_ledger),
+      cmocka_unit_test(test_fifo_refused),
       cmocka_unit_test(test_dom_in_browser),
   };
   int failed = cmocka_run_group_tests(tests, setup, NULL);

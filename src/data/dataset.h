@@ -16,17 +16,26 @@ typedef struct {
 // Reads an IDX images file (optionally .gz) and the labels file beside it, found by the standard
 // name (train-images-idx3-ubyte.gz -> train-labels-idx1-ubyte.gz; t10k-images... likewise).
 // `limit` > 0 keeps only the first `limit` images. `channels` 1 or 3 (grayscale replicated).
-// Errors (missing file, truncated or corrupt gzip, bad magic, header sizes beyond sane bounds,
-// label count mismatch) return -1 with a one-line tl_last_error() naming the path.
+// Errors (missing file, not a regular file, truncated or corrupt gzip, bad magic, header sizes
+// beyond sane bounds or beyond what the file can hold, label count mismatch) return -1 with a
+// one-line tl_last_error() naming the path. Memory grows with the data actually read, never
+// from the header's counts alone.
 int dataset_load_idx(Dataset *ds, const char *images_path, int channels, int limit);
 
 // Reads root/<class>/*.{png,jpg,jpeg,bmp} (classes sorted by name), converted to `channels` and
-// resized to image_size x image_size (bilinear). An unreadable image is an error naming its path.
+// resized to image_size x image_size (bilinear). An unreadable image is an error naming its path,
+// as is an entry with an image's name that is not a regular file (a FIFO, a device), and an image
+// whose header claims more than 16384 pixels a side or 64 megapixels (refused before decoding).
 // A root without subfolders is unlabeled data: its own images, labels 0 and n_classes 0.
 int dataset_load_imagefolder(Dataset *ds, const char *root, int image_size, int channels,
                              int limit);
 
 void dataset_free(Dataset *ds);
+
+// Opens `path` read-only if it is a regular file, without blocking on a FIFO or a device:
+// the descriptor (its size in *bytes when not NULL), or -1 with tl_last_error() "PATH: no such
+// file" (errno ENOENT), "PATH: not a regular file" or "PATH: cannot open: reason".
+int dataset_open_regular(const char *path, int64_t *bytes);
 
 // Puts a test set's labels in the training set's terms before anything is scored: ImageFolder
 // classes are matched by name (a test set may hold a subset; a class the training set lacks is

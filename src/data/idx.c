@@ -1,10 +1,13 @@
 // IDX files (the MNIST family's format): a big-endian header, magic then one uint32 per dimension,
 // then the unsigned bytes. zlib's gz* functions read both gzip and uncompressed files.
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "core/alloc.h"
@@ -21,28 +24,69 @@ enum {
 static const uint32_t max_images = 10000000;
 static const uint32_t max_side_pixels = 4096;
 static const uint64_t max_pixel_bytes = 8ull << 30;
+// Deflate turns one byte into at most 1032 (zlib's documented limit), so a gzip file of S bytes
+// holds at most 1032 * S: a header claiming more is a lie, found before anything is allocated.
+static const uint64_t max_gzip_ratio = 1032;
+// Below that bound a claim is believed only as far as is plausible: image data compresses 2 to 5
+// times (Fashion-MNIST 1.8, MNIST 4.7), so up to 16 times the file's size (at least 1 MiB) is
+// allocated at once, which holds any real file whole, and beyond that the block doubles as data
+// arrives. A lying header costs memory only for the data really there.
+static const uint64_t plausible_gzip_ratio = 16;
+static const uint64_t first_block_bytes = 1u << 20;
 
 static const char missing_hint[] =
     "Fashion-MNIST: apt-get install dataset-fashion-mnist, or run scripts/setup.sh";
 static const char images_tag[] = "-images-idx3-";
 static const char labels_tag[] = "-labels-idx1-";
 
-static gzFile open_idx(const char *path) {
-  struct stat st;
-  if (stat(path, &st) != 0) {
-    if (errno == ENOENT)
-      tl_fail("%s: no such file (%s)", path, missing_hint);
+int dataset_open_regular(const char *path, int64_t *bytes) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    if (err == ENOENT)
+      tl_fail("%s: no such file", path);
     else
-      tl_fail("%s: %s", path, strerror(errno));
-    return NULL;
+      tl_fail("%s: cannot open: %s", path, strerror(err));
+    errno = err;
+    return -1;
   }
-  gzFile gz = gzopen(path, "rb");
-  if (!gz) {
-    tl_fail("%s: cannot open: %s", path, strerror(errno));
-    return NULL;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    tl_fail("%s: not a regular file", path);
+    errno = EINVAL;
+    return -1;
   }
-  gzbuffer(gz, 1u << 17);
-  return gz;
+  if (bytes) *bytes = st.st_size;
+  return fd;
+}
+
+// An IDX file being read: its gzip (or plain) stream and what the file system says of it.
+typedef struct {
+  const char *path;
+  gzFile gz;
+  int64_t file_bytes;
+  int compressed;  // gzip; otherwise zlib reads the bytes as they are
+} IdxFile;
+
+// `hint` follows "no such file" when the file is missing.
+static int open_idx(IdxFile *f, const char *path, const char *hint) {
+  memset(f, 0, sizeof *f);
+  f->path = path;
+  int fd = dataset_open_regular(path, &f->file_bytes);
+  if (fd < 0) return errno == ENOENT ? tl_fail("%s: no such file (%s)", path, hint) : -1;
+  if (!(f->gz = gzdopen(fd, "rb"))) {
+    close(fd);
+    return tl_fail("%s: cannot open: %s", path, strerror(errno));
+  }
+  gzbuffer(f->gz, 1u << 17);
+  f->compressed = !gzdirect(f->gz);
+  return 0;
+}
+
+static void close_idx(IdxFile *f) {
+  if (f->gz) gzclose(f->gz);
+  f->gz = NULL;
 }
 
 // zlib's reason for the last error, without the "path: " it prefixes (the caller names the path),
@@ -55,8 +99,9 @@ static const char *gz_reason(gzFile gz, const char *path) {
   return strncmp(msg, path, n) == 0 && msg[n] == ':' && msg[n + 1] == ' ' ? msg + n + 2 : msg;
 }
 
-// Reads exactly `bytes` or says why not. gzread counts in unsigned int, hence the chunks.
-static int read_exact(gzFile gz, const char *path, void *buf, size_t bytes, const char *what) {
+// Reads up to `bytes`, stopping early only at the end of the data: the bytes read, or -1 (error
+// set) when the stream is corrupt. gzread counts in unsigned int, hence the chunks.
+static int64_t read_upto(gzFile gz, const char *path, void *buf, size_t bytes) {
   const size_t max_chunk_bytes = 1u << 30;
   size_t got = 0;
   while (got < bytes) {
@@ -66,21 +111,35 @@ static int read_exact(gzFile gz, const char *path, void *buf, size_t bytes, cons
     if (n == 0) break;
     got += (size_t)n;
   }
-  if (got < bytes) {
-    const char *why = gz_reason(gz, path);
-    return tl_fail("%s: truncated: expected %zu bytes of %s, got %zu%s%s%s", path, bytes, what, got,
-                   why ? " (" : "", why ? why : "", why ? ")" : "");
+  return (int64_t)got;
+}
+
+// " (zlib's reason)" when zlib has one, else "".
+static void gz_reason_suffix(gzFile gz, const char *path, char *out, size_t cap) {
+  const char *why = gz_reason(gz, path);
+  snprintf(out, cap, why ? " (%s)" : "%s", why ? why : "");
+}
+
+// Reads exactly `bytes` of the header or says why not.
+static int read_exact(IdxFile *f, void *buf, size_t bytes, const char *what) {
+  int64_t got = read_upto(f->gz, f->path, buf, bytes);
+  if (got < 0) return -1;
+  if ((size_t)got < bytes) {
+    char why[256];
+    gz_reason_suffix(f->gz, f->path, why, sizeof why);
+    return tl_fail("%s: truncated: expected %zu bytes of %s, got %zu%s", f->path, bytes, what,
+                   (size_t)got, why);
   }
   return 0;
 }
 
 // After the last declared byte the stream must end; reading on also makes zlib check the gzip
 // CRC, which catches corruption that still inflates.
-static int expect_end(gzFile gz, const char *path) {
+static int expect_end(IdxFile *f) {
   char extra;
-  int n = gzread(gz, &extra, 1);
-  if (n < 0) return tl_fail("%s: corrupt data: %s", path, gz_reason(gz, path));
-  if (n > 0) return tl_fail("%s: more data than the header declares", path);
+  int n = gzread(f->gz, &extra, 1);
+  if (n < 0) return tl_fail("%s: corrupt data: %s", f->path, gz_reason(f->gz, f->path));
+  if (n > 0) return tl_fail("%s: more data than the header declares", f->path);
   return 0;
 }
 
@@ -90,16 +149,83 @@ static uint32_t big_endian_u32(const uint8_t *p) {
 
 // The magic is checked before the dimensions are read, so a file of the wrong kind says so
 // rather than looking truncated.
-static int read_header(gzFile gz, const char *path, uint32_t magic, int n_dims, uint32_t *dims) {
+static int read_header(IdxFile *f, uint32_t magic, int n_dims, uint32_t *dims) {
   uint8_t raw[4 * 3];
-  if (read_exact(gz, path, raw, 4, "magic") < 0) return -1;
+  if (read_exact(f, raw, 4, "magic") < 0) return -1;
   uint32_t found = big_endian_u32(raw);
   if (found != magic)
     return tl_fail("%s: bad magic 0x%08x, expected 0x%08x (IDX unsigned bytes, %d dimension%s)",
-                   path, found, magic, n_dims, n_dims > 1 ? "s" : "");
-  if (read_exact(gz, path, raw, (size_t)4 * n_dims, "dimensions") < 0) return -1;
+                   f->path, found, magic, n_dims, n_dims > 1 ? "s" : "");
+  if (read_exact(f, raw, (size_t)4 * n_dims, "dimensions") < 0) return -1;
   for (int k = 0; k < n_dims; k++) dims[k] = big_endian_u32(raw + 4 * k);
   return 0;
+}
+
+// What the header declares against what the file can hold, before anything is allocated:
+// `count` items ("images" of `shape`, or "labels") of `item_bytes` each after `header_bytes`.
+// A plain file must hold exactly that; a gzip file at most 1032 times its size.
+static int check_fits(const IdxFile *f, uint32_t count, size_t item_bytes, size_t header_bytes,
+                      const char *items, const char *shape) {
+  uint64_t declared = (uint64_t)count * item_bytes;
+  uint64_t payload =
+      f->file_bytes > (int64_t)header_bytes ? (uint64_t)f->file_bytes - header_bytes : 0;
+  if (f->compressed) {
+    if (declared / max_gzip_ratio <= (uint64_t)f->file_bytes) return 0;
+    return tl_fail(
+        "%s: truncated: header says %u %s%s (%llu bytes), more than a gzip file of "
+        "%lld bytes can hold (at most %llu times its size)",
+        f->path, count, items, shape, (unsigned long long)declared, (long long)f->file_bytes,
+        (unsigned long long)max_gzip_ratio);
+  }
+  if (payload < declared)
+    return tl_fail("%s: truncated: header says %u %s%s, the file holds %llu", f->path, count, items,
+                   shape, (unsigned long long)(payload / item_bytes));
+  if (payload > declared)
+    return tl_fail(
+        "%s: more data than the header declares: header says %u %s%s (%llu bytes), "
+        "the file holds %llu bytes",
+        f->path, count, items, shape, (unsigned long long)declared, (unsigned long long)payload);
+  return 0;
+}
+
+// Reads `wanted` items of `item_bytes` (of the `declared` the header gives) into a MEM_DATA
+// block with room for `wanted` items of `out_item_bytes` each (the caller widens in place), at
+// *out. A plain file's size was checked, so its block is allocated whole; a gzip file's as far
+// as is plausible, then growing as data arrives (doubling, each step copied).
+static int read_items(IdxFile *f, uint32_t wanted, uint32_t declared, size_t item_bytes,
+                      size_t out_item_bytes, const char *items, const char *shape, void **out) {
+  size_t cap = wanted;
+  if (f->compressed) {
+    uint64_t plausible = (uint64_t)f->file_bytes * plausible_gzip_ratio;
+    uint64_t first = (plausible > first_block_bytes ? plausible : first_block_bytes) / item_bytes;
+    if (first < cap) cap = first ? (size_t)first : 1;
+  }
+  uint8_t *buf = tl_alloc(cap * out_item_bytes, MEM_DATA, COMP_OTHER);
+  size_t have = 0;  // whole items read
+  for (;;) {
+    size_t want_bytes = (cap - have) * item_bytes;
+    int64_t got = read_upto(f->gz, f->path, buf + have * item_bytes, want_bytes);
+    if (got < 0) break;
+    have += (size_t)got / item_bytes;
+    if ((size_t)got < want_bytes) {
+      char why[256];
+      gz_reason_suffix(f->gz, f->path, why, sizeof why);
+      tl_fail("%s: truncated: header says %u %s%s, the file holds %zu%s", f->path, declared, items,
+              shape, have, why);
+      break;
+    }
+    if (cap == wanted) {
+      *out = buf;
+      return 0;
+    }
+    size_t grown = 2 * cap < wanted ? 2 * cap : wanted;
+    uint8_t *bigger = tl_alloc(grown * out_item_bytes, MEM_DATA, COMP_OTHER);
+    memcpy(bigger, buf, have * item_bytes);
+    tl_free(buf);
+    buf = bigger, cap = grown;
+  }
+  tl_free(buf);
+  return -1;
 }
 
 // The labels file sits beside the images with the standard name; NULL (error set) if the name
@@ -133,16 +259,26 @@ static int check_image_header(const char *path, const uint32_t *dims, int channe
   return 0;
 }
 
+enum { IMAGES_HEADER_BYTES = 16, LABELS_HEADER_BYTES = 8 };
+
+// Opens an images file and reads and checks its header (dims: n, rows, cols); `shape` receives
+// " of RxC" for messages.
+static int open_images(IdxFile *f, const char *path, int channels, uint32_t *dims, char *shape,
+                       size_t shape_cap) {
+  if (open_idx(f, path, missing_hint) < 0) return -1;
+  if (read_header(f, IDX_MAGIC_IMAGES, 3, dims) < 0 || check_image_header(path, dims, channels) < 0)
+    return -1;
+  snprintf(shape, shape_cap, " of %ux%u", dims[1], dims[2]);
+  return check_fits(f, dims[0], (size_t)dims[1] * dims[2], IMAGES_HEADER_BYTES, "images", shape);
+}
+
 int dataset_idx_peek(const char *images_path, int *n, int *h, int *w) {
-  gzFile gz = open_idx(images_path);
-  if (!gz) return -1;
+  IdxFile f;
   uint32_t dims[3];
+  char shape[32];
   // Channels do not matter to the header's own bounds; 1 keeps the pixel-bytes check unscaled.
-  int rc = read_header(gz, images_path, IDX_MAGIC_IMAGES, 3, dims) < 0 ||
-                   check_image_header(images_path, dims, 1) < 0
-               ? -1
-               : 0;
-  gzclose(gz);
+  int rc = open_images(&f, images_path, 1, dims, shape, sizeof shape);
+  close_idx(&f);
   if (rc == 0) {
     *n = (int)dims[0];
     *h = (int)dims[1];
@@ -155,39 +291,46 @@ int dataset_load_idx(Dataset *ds, const char *images_path, int channels, int lim
   memset(ds, 0, sizeof *ds);
   if (channels != 1 && channels != 3)
     return tl_fail("%s: channels must be 1 or 3, got %d", images_path, channels);
-  char *labels_path = labels_path_for(images_path);
-  if (!labels_path) return -1;
-
   int rc = -1;
-  gzFile images = NULL, labels = NULL;
+  IdxFile images = {0}, labels = {0};
   uint32_t dims[3], n_labels;
-  if (!(images = open_idx(images_path)) ||
-      read_header(images, images_path, IDX_MAGIC_IMAGES, 3, dims) < 0 ||
-      check_image_header(images_path, dims, channels) < 0 || !(labels = open_idx(labels_path)) ||
-      read_header(labels, labels_path, IDX_MAGIC_LABELS, 1, &n_labels) < 0)
+  char shape[32], labels_hint[4200], *labels_path = NULL;
+  void *pixels = NULL, *label_values = NULL;
+  // The images first, so a missing images file says so rather than anything about its labels.
+  if (open_images(&images, images_path, channels, dims, shape, sizeof shape) < 0) goto done;
+  if (!(labels_path = labels_path_for(images_path))) goto done;
+  snprintf(labels_hint, sizeof labels_hint, "the labels for %s are looked for there", images_path);
+  if (open_idx(&labels, labels_path, labels_hint) < 0 ||
+      read_header(&labels, IDX_MAGIC_LABELS, 1, &n_labels) < 0)
     goto done;
   if (n_labels != dims[0]) {
     tl_fail("%s: %u labels for the %u images of %s", labels_path, n_labels, dims[0], images_path);
     goto done;
   }
+  if (check_fits(&labels, n_labels, 1, LABELS_HEADER_BYTES, "labels", "") < 0) goto done;
 
-  const int n_all = (int)dims[0];
-  ds->n = limit > 0 && limit < n_all ? limit : n_all;
-  ds->h = (int)dims[1];
-  ds->w = (int)dims[2];
-  ds->c = channels;
-  const size_t gray_bytes = (size_t)ds->n * ds->h * ds->w;
-  // pixels: (n, h, w, c); labels: (n)
-  ds->pixels = tl_alloc(gray_bytes * channels, MEM_DATA, COMP_OTHER);
-  ds->labels = tl_alloc(sizeof *ds->labels * ds->n, MEM_DATA, COMP_OTHER);
-  uint8_t *label_bytes = (uint8_t *)ds->labels;
-  if (read_exact(images, images_path, ds->pixels, gray_bytes, "pixels") < 0 ||
-      (ds->n == n_all && expect_end(images, images_path) < 0) ||
-      read_exact(labels, labels_path, label_bytes, (size_t)ds->n, "labels") < 0 ||
-      (ds->n == n_all && expect_end(labels, labels_path) < 0)) {
+  const uint32_t n_all = dims[0];
+  const uint32_t n = limit > 0 && (uint32_t)limit < n_all ? (uint32_t)limit : n_all;
+  const size_t gray_bytes = (size_t)n * dims[1] * dims[2];
+  // pixels: (n, h, w, c), read as (n, h, w) and widened; labels: (n), read as bytes and widened
+  if (read_items(&images, n, n_all, (size_t)dims[1] * dims[2], (size_t)dims[1] * dims[2] * channels,
+                 "images", shape, &pixels) < 0)
+    goto done;
+  ds->pixels = pixels;
+  if ((n == n_all && expect_end(&images) < 0) ||
+      read_items(&labels, n, n_all, 1, sizeof *ds->labels, "labels", "", &label_values) < 0) {
     dataset_free(ds);
     goto done;
   }
+  ds->labels = label_values;
+  if (n == n_all && expect_end(&labels) < 0) {
+    dataset_free(ds);
+    goto done;
+  }
+  ds->n = (int)n;
+  ds->h = (int)dims[1];
+  ds->w = (int)dims[2];
+  ds->c = channels;
 
   // Both widenings run in place from the back: element i moves to a position >= i, so every
   // source byte is read before anything overwrites it.
@@ -196,14 +339,15 @@ int dataset_load_idx(Dataset *ds, const char *images_path, int channels, int lim
       uint8_t v = ds->pixels[i];
       ds->pixels[3 * i] = ds->pixels[3 * i + 1] = ds->pixels[3 * i + 2] = v;
     }
+  const uint8_t *label_bytes = (const uint8_t *)ds->labels;
   for (int i = ds->n; i-- > 0;) ds->labels[i] = label_bytes[i];
   for (int i = 0; i < ds->n; i++)
     if (ds->labels[i] >= ds->n_classes) ds->n_classes = ds->labels[i] + 1;
   rc = 0;
 
 done:
-  if (images) gzclose(images);
-  if (labels) gzclose(labels);
+  close_idx(&images);
+  close_idx(&labels);
   free(labels_path);
   return rc;
 }

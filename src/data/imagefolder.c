@@ -1,7 +1,8 @@
 // ImageFolder trees: root/<class>/<image>, one class per subfolder; or, for unlabeled data, the
-// images directly under root (no subfolders at all): one group, n_classes 0. Decoding is stb_image's (the
-// system libstb exports it, so no implementation is compiled here); stbi_load's requested channel
-// count does the conversion: luminance for RGB -> gray, replication for gray -> RGB.
+// images directly under root (no subfolders at all): one group, n_classes 0. Decoding is
+// stb_image's (the system libstb exports it, so no implementation is compiled here); stbi_load's
+// requested channel count does the conversion: luminance for RGB -> gray, replication for gray ->
+// RGB.
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -11,14 +12,23 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/error.h"
 #include "data/dataset.h"
 
 static const char *const image_extensions[] = {".png", ".jpg", ".jpeg", ".bmp"};
-// stb_image allocates the whole decoded image; this bounds it before decoding starts.
+// stb_image allocates the whole decoded image, so its size is checked (stbi_info reads only the
+// header) before decoding starts. 64 Mi pixels (8192x8192) is more than any camera's photo (a
+// 61 MP sensor's is 9504x6336 = 60.2 Mi); decoded at 8 bits in 4 channels that is 256 MiB, and a
+// PNG holds its inflated rows beside it while decoding. Long sides stay bounded on their own.
 static const int max_source_side_pixels = 16384;
+static const long long max_source_pixels = 64ll << 20;
+// Images are decoded in parallel; those above 4 Mi pixels (2048x2048, 16 MiB decoded at 4
+// channels) one at a time, so the memory of concurrent decodes stays within one large image plus
+// a small one per other thread.
+static const long long max_parallel_decode_pixels = 4ll << 20;
 static const int max_image_size = 4096;
 
 typedef struct {
@@ -50,18 +60,26 @@ static int compare_names(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-// Subdirectories (want_dirs) or image files of `dir`, sorted; hidden entries are skipped.
+// Subdirectories (want_dirs) or image files of `dir`, sorted; hidden entries are skipped. An
+// entry named like an image that is not a regular file (a FIFO, a device, a dangling link) is an
+// error naming it: reading it could block forever or never end.
 static int list_dir(const char *dir, int want_dirs, NameList *out) {
   DIR *d = opendir(dir);
   if (!d) return tl_fail("%s: cannot open directory: %s", dir, strerror(errno));
   struct dirent *e;
-  while ((e = readdir(d))) {
+  int rc = 0;
+  while (rc == 0 && (e = readdir(d))) {
     if (e->d_name[0] == '.') continue;
     char *full = join_path(dir, e->d_name);
     struct stat st;
-    int is_dir = stat(full, &st) == 0 && S_ISDIR(st.st_mode);
+    int found = stat(full, &st) == 0, is_dir = found && S_ISDIR(st.st_mode);
+    int image = !want_dirs && !is_dir && has_image_extension(e->d_name);
+    if (image && !found)
+      rc = tl_fail("%s: cannot read: %s", full, strerror(errno));
+    else if (image && !S_ISREG(st.st_mode))
+      rc = tl_fail("%s: not a regular file", full);
     free(full);
-    if (want_dirs ? !is_dir : is_dir || !has_image_extension(e->d_name)) continue;
+    if (rc != 0 || (want_dirs ? !is_dir : !image)) continue;
     if (out->n == out->cap) {
       out->cap = out->cap ? 2 * out->cap : 16;
       out->names = realloc(out->names, sizeof *out->names * out->cap);
@@ -70,31 +88,61 @@ static int list_dir(const char *dir, int want_dirs, NameList *out) {
     if (!(out->names[out->n++] = strdup(e->d_name))) TL_DIE("out of memory");
   }
   closedir(d);
+  if (rc != 0) {
+    names_free(out);
+    return -1;
+  }
   if (out->n > 1) qsort(out->names, out->n, sizeof *out->names, compare_names);
   return 0;
 }
 
+// stb_image's decode of the open file f (at `channels`), one large image at a time.
+static uint8_t *decode(FILE *f, long long pixels, int channels, int *w, int *h) {
+  int file_channels;
+  if (pixels <= max_parallel_decode_pixels)
+    return stbi_load_from_file(f, w, h, &file_channels, channels);
+  uint8_t *decoded;
+#pragma omp critical(imagefolder_large_decode)
+  decoded = stbi_load_from_file(f, w, h, &file_channels, channels);
+  return decoded;
+}
+
 // Decodes one image into out (size, size, channels), resized. Safe to call from several threads:
-// the error goes to this thread's tl_last_error().
+// the error goes to this thread's tl_last_error(). The file is opened once and checked to be
+// regular there, so what is decoded is what was checked.
 static int load_image(const char *path, int size, int channels, uint8_t *out) {
-  int w, h, file_channels;
-  if (!stbi_info(path, &w, &h, &file_channels))
-    return tl_fail("%s: not a readable image: %s", path, stbi_failure_reason());
-  if (w > max_source_side_pixels || h > max_source_side_pixels)
-    return tl_fail("%s: %dx%d pixels, more than %d per side", path, w, h, max_source_side_pixels);
-  uint8_t *decoded = stbi_load(path, &w, &h, &file_channels, channels);
-  if (!decoded) return tl_fail("%s: cannot decode: %s", path, stbi_failure_reason());
-  // resized: (size, size, channels) on the 0..255 scale
-  const size_t n_values = (size_t)size * size * channels;
-  float *resized = tl_alloc(sizeof *resized * n_values, MEM_DATA, COMP_OTHER);
-  image_resample_bilinear(decoded, h, w, channels, 0, 0, h, w, resized, size, size);
-  for (size_t i = 0; i < n_values; i++) {
-    float v = resized[i] + 0.5f;
-    out[i] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+  int fd = dataset_open_regular(path, NULL);
+  if (fd < 0) return -1;
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    close(fd);
+    return tl_fail("%s: cannot open: %s", path, strerror(errno));
   }
-  tl_free(resized);
-  stbi_image_free(decoded);
-  return 0;
+  int w, h, file_channels, rc = -1;
+  uint8_t *decoded = NULL;
+  if (!stbi_info_from_file(f, &w, &h, &file_channels)) {
+    tl_fail("%s: not a readable image: %s", path, stbi_failure_reason());
+  } else if (w > max_source_side_pixels || h > max_source_side_pixels ||
+             (long long)w * h > max_source_pixels) {
+    tl_fail("%s: %dx%d pixels, more than %d per side or %lld (8192x8192) in all", path, w, h,
+            max_source_side_pixels, max_source_pixels);
+  } else if (!(decoded = decode(f, (long long)w * h, channels, &w, &h))) {
+    tl_fail("%s: cannot decode: %s", path, stbi_failure_reason());
+  } else {
+    // resized: (size, size, channels) on the 0..255 scale
+    const size_t n_values = (size_t)size * size * channels;
+    float *resized = tl_alloc(sizeof *resized * n_values, MEM_DATA, COMP_OTHER);
+    image_resample_bilinear(decoded, h, w, channels, 0, 0, h, w, resized, size, size);
+    for (size_t i = 0; i < n_values; i++) {
+      float v = resized[i] + 0.5f;
+      out[i] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+    }
+    tl_free(resized);
+    stbi_image_free(decoded);
+    rc = 0;
+  }
+  fclose(f);
+  return rc;
 }
 
 // How many images of each class to keep under `limit`: round-robin over the classes, so a small
@@ -123,8 +171,7 @@ static int list_groups(const char *root, NameList *groups, int *labeled) {
   int any = images.n > 0;
   names_free(&images);
   if (rc < 0) return -1;
-  if (!any)
-    return tl_fail("%s: no class subfolders and no .png, .jpg, .jpeg or .bmp images", root);
+  if (!any) return tl_fail("%s: no class subfolders and no .png, .jpg, .jpeg or .bmp images", root);
   groups->names = malloc(sizeof *groups->names);
   if (!groups->names || !(groups->names[0] = strdup("."))) TL_DIE("out of memory");
   groups->n = groups->cap = 1;
@@ -201,19 +248,21 @@ int dataset_load_imagefolder(Dataset *ds, const char *root, int image_size, int 
 
   // The error reported is the first failing image in dataset order, whatever the thread timing.
   int first_failed = INT_MAX;
-  char first_error[1024] = "";
+  char *first_error = NULL;
 #pragma omp parallel for schedule(dynamic)
   for (int i = 0; i < ds->n; i++) {
     if (load_image(paths[i], image_size, channels, ds->pixels + image_bytes * i) < 0) {
 #pragma omp critical(imagefolder_first_error)
       if (i < first_failed) {
         first_failed = i;
-        snprintf(first_error, sizeof first_error, "%s", tl_last_error());
+        free(first_error);
+        if (!(first_error = strdup(tl_last_error()))) TL_DIE("out of memory");
       }
     }
   }
   if (first_failed != INT_MAX) {
     tl_fail("%s", first_error);
+    free(first_error);
     goto done;
   }
 

@@ -1,10 +1,14 @@
 #include "ledger/report.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "ledger/plan.h"
@@ -62,26 +66,36 @@ static void json_string(const char *text, const char *key, char *out, size_t n) 
   snprintf(out, n, "%.*s", (int)(end - p - 1), p + 1);
 }
 
-// A whole small file as a string (its length in *len_out), or NULL if it cannot be read.
-static char *read_text(const char *dir, const char *file, size_t *len_out) {
+// DIR/FILE whole as a string (its length in *len_out) at *text: 0, or 1 when there is no such
+// file, or -1 (error set) when it cannot be read. Regular files only, opened without blocking:
+// a FIFO would wait for a writer forever and a device may never end.
+static int read_text(const char *dir, const char *file, char **text, size_t *len_out) {
   char path[4200];
   snprintf(path, sizeof path, "%s/%s", dir, file);
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  size_t cap = 1 << 16, len = 0;
-  char *buf = malloc(cap);
-  if (!buf) TL_DIE("out of memory");
-  for (size_t got; (got = fread(buf + len, 1, cap - len - 1, f)) > 0;) {
-    len += got;
-    if (cap - len - 1 == 0) {
-      cap *= 2;
-      if (!(buf = realloc(buf, cap))) TL_DIE("out of memory");
-    }
+  *text = NULL;
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? 1 : tl_fail("%s: cannot read: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return tl_fail("%s: not a regular file", path);
+  }
+  // The size read is what fstat said; a file still growing (a live run) is read up to there.
+  size_t len = 0, size = (size_t)st.st_size;
+  char *buf = malloc(size + 1);
+  if (!buf) TL_DIE("out of memory reading %s (%zu bytes)", path, size);
+  ssize_t got = 1;
+  while (len < size && (got = read(fd, buf + len, size - len)) > 0) len += (size_t)got;
+  int read_errno = errno;
+  close(fd);
+  if (got < 0) {
+    free(buf);
+    return tl_fail("%s: cannot read: %s", path, strerror(read_errno));
   }
   buf[len] = 0;
-  fclose(f);
+  *text = buf;
   if (len_out) *len_out = len;
-  return buf;
+  return 0;
 }
 
 // Hands each line of DIR/FILE (text, len bytes) to `take`, which returns -1 when the line is not
@@ -107,10 +121,13 @@ static int each_line(char *text, size_t len, const char *dir, const char *file,
   return 0;
 }
 
-static int lines_in(const char *text, size_t len) {
-  int lines = 1;
-  for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
-  return lines;
+// Lines in text (the last may lack its newline), or -1 (error set) beyond what an int counts.
+static int lines_in(const char *text, size_t len, const char *dir, const char *file) {
+  size_t lines = 1;
+  for (const char *p = text, *end = text + len; (p = memchr(p, '\n', (size_t)(end - p))); p++)
+    lines++;
+  if (lines > INT_MAX) return tl_fail("%s/%s: more than %d lines", dir, file, INT_MAX);
+  return (int)lines;
 }
 
 // One line of ledger.jsonl into the next record; the run's objective is the first record's.
@@ -153,29 +170,43 @@ static int load_run(Run *run, const char *dir) {
   snprintf(run->name, sizeof run->name, "%.*s", (int)(dir + len - start), start);
 
   size_t text_len;
-  char *ledger = read_text(dir, "ledger.jsonl", &text_len);
-  if (!ledger) return tl_fail("%s/ledger.jsonl: cannot read: %s", dir, strerror(errno));
-  run->recs = calloc((size_t)lines_in(ledger, text_len), sizeof *run->recs);
+  char *ledger;
+  int rc = read_text(dir, "ledger.jsonl", &ledger, &text_len), n_lines;
+  if (rc > 0) return tl_fail("%s/ledger.jsonl: no such file", dir);
+  if (rc < 0 || (n_lines = lines_in(ledger, text_len, dir, "ledger.jsonl")) < 0) {
+    free(ledger);
+    return -1;
+  }
+  run->recs = calloc((size_t)n_lines, sizeof *run->recs);
   if (!run->recs) TL_DIE("out of memory");
-  int rc = each_line(ledger, text_len, dir, "ledger.jsonl", take_record, run);
+  rc = each_line(ledger, text_len, dir, "ledger.jsonl", take_record, run);
   free(ledger);
   if (rc != 0) return -1;
   if (run->n_recs == 0) return tl_fail("%s/ledger.jsonl: no records", dir);
 
-  char *evals = read_text(dir, "eval.jsonl", &text_len);
-  if (evals) {
-    run->evals = calloc((size_t)lines_in(evals, text_len), sizeof *run->evals);
+  char *evals;
+  rc = read_text(dir, "eval.jsonl", &evals, &text_len);
+  if (rc < 0) return -1;
+  if (rc == 0) {
+    if ((n_lines = lines_in(evals, text_len, dir, "eval.jsonl")) < 0) {
+      free(evals);
+      return -1;
+    }
+    run->evals = calloc((size_t)n_lines, sizeof *run->evals);
     if (!run->evals) TL_DIE("out of memory");
     rc = each_line(evals, text_len, dir, "eval.jsonl", take_eval, run);
     free(evals);
     if (rc != 0) return -1;
   }
-  char *summary = read_text(dir, "summary.json", NULL);
-  if (summary) {
+  char *summary;
+  rc = read_text(dir, "summary.json", &summary, NULL);
+  if (rc < 0) return -1;
+  if (rc == 0) {
     json_string(summary, "backbone", run->backbone, sizeof run->backbone);
     run->knn_final = json_number(summary, "knn_top1");
     run->peak_rss = json_number(summary, "peak_rss_bytes");
-    run->batch_size = (int)json_number(summary, "batch_size");
+    double batch = json_number(summary, "batch_size");  // NaN when absent: no cast then
+    run->batch_size = batch >= 1 && batch <= INT_MAX ? (int)batch : 0;
     free(summary);
   }
   return 0;
@@ -211,29 +242,73 @@ typedef struct {
   const char *label;
   const char *color;
   int n;
-  const double *x, *y;  // (n); NaN y values are gaps
+  const double *x, *y;  // (n); a point with a NaN or infinite coordinate is not drawn
   int dashed;           // a reference line (a baseline), drawn dashed without markers
 } Series;
 
 enum { CHART_W = 720, CHART_H = 280, MARGIN_L = 70, MARGIN_R = 20, MARGIN_T = 30, MARGIN_B = 42 };
 
 // A "nice" tick step (1, 2 or 5 times a power of ten) giving about `target` ticks over span.
-static double nice_step(double span, int target) {
+static double nice_step(double span, double target) {
   double raw = span / target, mag = pow(10, floor(log10(raw))), r = raw / mag;
   return (r < 1.5 ? 1 : r < 3.5 ? 2 : r < 7.5 ? 5 : 10) * mag;
 }
 
+// An axis: the range drawn and its ticks, tick i at (first_tick + i) * step for i < n_ticks. Ticks
+// are counted, never accumulated, so extreme values cannot make a tick loop run away.
+enum { MAX_TICKS = 16 };
 typedef struct {
-  double x0, x1, y0, y1;
-} Range;
+  double lo, hi;
+  double first_tick, step;
+  int n_ticks;
+} Axis;
 
-static double px_x(const Range *r, double x) {
-  double w = CHART_W - MARGIN_L - MARGIN_R;
-  return MARGIN_L + (r->x1 > r->x0 ? (x - r->x0) / (r->x1 - r->x0) : 0.5) * w;
+// The axis over finite values lo <= hi: about `target` ticks at multiples of `unit`, no closer
+// than min_step; `widen` extends the range to whole ticks. Differences are taken of halves, which
+// cannot overflow (a range from -1e308 to 1e308).
+static Axis make_axis(double lo, double hi, double target, double unit, double min_step,
+                      int widen) {
+  // One value, or values a billionth apart (one ulp; steps 1e17 and 1e17 + 16), cannot be told
+  // apart on a few hundred pixels nor by their tick labels: the range is opened by their size.
+  double size = fmax(fabs(lo), fabs(hi));
+  if (!(hi / 2 - lo / 2 > size * 0.5e-9)) {
+    double pad = size > 0 ? size : 1;
+    if (isfinite(hi + pad))
+      hi += pad;
+    else
+      lo -= pad;
+  }
+  double half = hi / 2 - lo / 2;
+  double step = fmax(nice_step(half / unit, target / 2) * unit, min_step);
+  if (!(step > 0 && isfinite(step))) step = half;
+  if (widen) {
+    double wide_lo = floor(lo / step) * step, wide_hi = ceil(hi / step) * step;
+    if (isfinite(wide_lo)) lo = wide_lo;
+    if (isfinite(wide_hi)) hi = wide_hi;
+  }
+  double first = ceil(lo / step - 1e-6), last = floor(hi / step + 1e-6);
+  double n = last - first + 1;  // NaN if the division overflowed: no ticks then
+  return (Axis){lo, hi, first, step, !(n >= 1) ? 0 : n > MAX_TICKS ? MAX_TICKS : (int)n};
 }
-static double px_y(const Range *r, double y) {
+
+static double axis_tick(const Axis *a, int i) { return (a->first_tick + i) * a->step; }
+
+// Where v falls between the axis' ends, 0 to 1 (halves again, against overflow).
+static double axis_fraction(const Axis *a, double v) {
+  double t = (v / 2 - a->lo / 2) / (a->hi / 2 - a->lo / 2);
+  return isfinite(t) ? t : 0.5;
+}
+
+typedef struct {
+  Axis x, y;
+} Plot;
+
+static double px_x(const Plot *p, double x) {
+  return MARGIN_L + axis_fraction(&p->x, x) * (CHART_W - MARGIN_L - MARGIN_R);
+}
+static double px_y(const Plot *p, double y) {
   double h = CHART_H - MARGIN_T - MARGIN_B;
-  return MARGIN_T + h - (r->y1 > r->y0 ? (y - r->y0) / (r->y1 - r->y0) : 0.5) * h;
+  return MARGIN_T + h - axis_fraction(&p->y, y) * h;
 }
 
 typedef void (*TickFormat)(double v, char *buf, size_t n);
@@ -241,15 +316,17 @@ static void fmt_plain(double v, char *buf, size_t n) { snprintf(buf, n, "%g", v)
 static void fmt_bytes(double v, char *buf, size_t n) { plan_format_bytes(v, buf, n); }
 static void fmt_percent(double v, char *buf, size_t n) { snprintf(buf, n, "%g%%", v * 100); }
 
-// Opens an <svg> with its title, axes, grid and tick labels for the range (widened to nice ticks).
-static void chart_open(FILE *f, const char *title, const char *x_label, Range *r, TickFormat fmt) {
-  if (!(r->x1 > r->x0)) r->x1 = r->x0 + 1;
-  if (!(r->y1 > r->y0)) r->y1 = r->y0 + (r->y0 ? fabs(r->y0) : 1);
-  // Byte axes tick at round MiB or GiB, not at round decimal numbers of bytes.
-  double unit = fmt != fmt_bytes ? 1 : r->y1 - r->y0 >= 0x1p30 ? 0x1p30 : 0x1p20;
-  double ys = nice_step((r->y1 - r->y0) / unit, 5) * unit;
-  r->y0 = floor(r->y0 / ys) * ys;
-  r->y1 = ceil(r->y1 / ys) * ys;
+// The plot of steps x0..x1 against values y0..y1 (finite): steps tick at whole numbers; values
+// widen to whole ticks, and byte values tick at round MiB or GiB (whole bytes at the least), not
+// at round decimal numbers of bytes.
+static Plot plot_for(double x0, double x1, double y0, double y1, TickFormat fmt) {
+  double unit = fmt != fmt_bytes ? 1 : y1 / 2 - y0 / 2 >= 0x1p29 ? 0x1p30 : 0x1p20;
+  return (Plot){make_axis(x0, x1, 8, 1, 1, 0), make_axis(y0, y1, 5, unit, unit > 1, 1)};
+}
+
+// Opens an <svg> with its title, axes, grid and tick labels.
+static void chart_open(FILE *f, const char *title, const char *x_label, const Plot *p,
+                       TickFormat fmt) {
   fprintf(f,
           "<figure><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
           "viewBox=\"0 0 %d %d\" role=\"img\">\n<title>",
@@ -259,19 +336,17 @@ static void chart_open(FILE *f, const char *title, const char *x_label, Range *r
   html_text(f, title);
   fputs("</text>\n", f);
   char buf[48];
-  for (double y = r->y0; y <= r->y1 + ys * 1e-6; y += ys) {
-    double py = px_y(r, y);
-    fmt(fabs(y) < ys * 1e-9 ? 0 : y, buf, sizeof buf);
+  for (int i = 0; i < p->y.n_ticks; i++) {
+    double y = axis_tick(&p->y, i), py = px_y(p, y);
+    fmt(fabs(y) < p->y.step * 1e-9 ? 0 : y, buf, sizeof buf);
     fprintf(f,
             "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" class=\"grid\"/>"
             "<text x=\"%d\" y=\"%.1f\" class=\"tick\" text-anchor=\"end\">%s</text>\n",
             MARGIN_L, CHART_W - MARGIN_R, py, py, MARGIN_L - 6, py + 4, buf);
   }
-  double xs = nice_step(r->x1 - r->x0, 8);
-  if (xs < 1) xs = 1;  // steps are whole numbers
-  for (double x = ceil(r->x0 / xs) * xs; x <= r->x1 + 1e-9; x += xs)
+  for (int i = 0; i < p->x.n_ticks; i++)
     fprintf(f, "<text x=\"%.1f\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">%g</text>\n",
-            px_x(r, x), CHART_H - MARGIN_B + 16, x);
+            px_x(p, axis_tick(&p->x, i)), CHART_H - MARGIN_B + 16, axis_tick(&p->x, i));
   fprintf(f,
           "<line x1=\"%d\" x2=\"%d\" y1=\"%d\" y2=\"%d\" class=\"axis\"/>"
           "<text x=\"%d\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">%s</text>\n",
@@ -279,7 +354,9 @@ static void chart_open(FILE *f, const char *title, const char *x_label, Range *r
           (MARGIN_L + CHART_W - MARGIN_R) / 2, CHART_H - 6, x_label);
 }
 
-static void legend(FILE *f, int n, const char *const *labels, const char *const *colors) {
+// The caption: a key per series, and how many values were not drawn (NaN or infinite).
+static void legend(FILE *f, int n, const char *const *labels, const char *const *colors,
+                   long not_drawn) {
   fputs("<figcaption>", f);
   for (int i = 0; i < n; i++) {
     fprintf(f, "<span class=\"key\"><span class=\"swatch\" style=\"background:%s\"></span>",
@@ -287,42 +364,55 @@ static void legend(FILE *f, int n, const char *const *labels, const char *const 
     html_text(f, labels[i]);
     fputs("</span> ", f);
   }
+  if (not_drawn)
+    fprintf(f, "<span class=\"none\">%ld value%s not drawn (NaN or infinite)</span>", not_drawn,
+            not_drawn == 1 ? "" : "s");
   fputs("</figcaption></figure>\n", f);
 }
 
+static int drawable(const Series *s, int i) { return isfinite(s->x[i]) && isfinite(s->y[i]); }
+
 static void line_chart(FILE *f, const char *title, const char *x_label, const Series *s, int ns,
                        TickFormat fmt, int from_zero) {
-  Range r = {INFINITY, -INFINITY, from_zero ? 0 : INFINITY, -INFINITY};
-  int points = 0;
+  double x0 = INFINITY, x1 = -INFINITY, y0 = from_zero ? 0 : INFINITY, y1 = -INFINITY;
+  long points = 0, not_drawn = 0;
   for (int k = 0; k < ns; k++)
     for (int i = 0; i < s[k].n; i++) {
-      if (!isfinite(s[k].y[i])) continue;
+      if (!drawable(&s[k], i)) {
+        not_drawn++;
+        continue;
+      }
       points++;
-      r.x0 = fmin(r.x0, s[k].x[i]), r.x1 = fmax(r.x1, s[k].x[i]);
-      r.y0 = fmin(r.y0, s[k].y[i]), r.y1 = fmax(r.y1, s[k].y[i]);
+      x0 = fmin(x0, s[k].x[i]), x1 = fmax(x1, s[k].x[i]);
+      y0 = fmin(y0, s[k].y[i]), y1 = fmax(y1, s[k].y[i]);
     }
   if (points == 0) {
-    fprintf(f, "<p class=\"none\">%s: nothing recorded.</p>\n", title);
+    fputs("<p class=\"none\">", f);
+    html_text(f, title);
+    fputs(": nothing recorded", f);
+    if (not_drawn) fprintf(f, " (%ld values NaN or infinite)", not_drawn);
+    fputs(".</p>\n", f);
     return;
   }
-  chart_open(f, title, x_label, &r, fmt);
+  Plot p = plot_for(x0, x1, y0, y1, fmt);
+  chart_open(f, title, x_label, &p, fmt);
   for (int k = 0; k < ns; k++) {
     fprintf(f, "<polyline class=\"series%s\" stroke=\"%s\" points=\"",
             s[k].dashed ? " reference" : "", s[k].color);
     for (int i = 0; i < s[k].n; i++)
-      if (isfinite(s[k].y[i])) fprintf(f, "%.1f,%.1f ", px_x(&r, s[k].x[i]), px_y(&r, s[k].y[i]));
+      if (drawable(&s[k], i)) fprintf(f, "%.1f,%.1f ", px_x(&p, s[k].x[i]), px_y(&p, s[k].y[i]));
     fputs("\"/>\n", f);
     // Markers where points are few enough to tell apart (evaluations, short runs).
     if (s[k].n <= 60 && !s[k].dashed)
       for (int i = 0; i < s[k].n; i++)
-        if (isfinite(s[k].y[i]))
-          fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", px_x(&r, s[k].x[i]),
-                  px_y(&r, s[k].y[i]), s[k].color);
+        if (drawable(&s[k], i))
+          fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", px_x(&p, s[k].x[i]),
+                  px_y(&p, s[k].y[i]), s[k].color);
   }
   fputs("</svg>\n", f);
   const char *labels[16], *colors[16];
   for (int k = 0; k < ns && k < 16; k++) labels[k] = s[k].label, colors[k] = s[k].color;
-  legend(f, ns < 16 ? ns : 16, labels, colors);
+  legend(f, ns < 16 ? ns : 16, labels, colors, not_drawn);
 }
 
 // The memory categories of the ledger, bottom of the stack first.
@@ -347,28 +437,29 @@ static void memory_chart(FILE *f, const Run *run) {
   double *x = malloc(sizeof(double) * n), *lower = calloc((size_t)n, sizeof(double));
   double *upper = malloc(sizeof(double) * n);
   if (!x || !lower || !upper) TL_DIE("out of memory");
-  int step_field = ledger_field_find("step");
-  Range r = {INFINITY, -INFINITY, 0, 0};
+  int step_field = ledger_field_find("step"), band_field[N_BANDS];
+  for (int b = 0; b < N_BANDS; b++) band_field[b] = ledger_field_find(memory_bands[b].field);
+  double x0 = INFINITY, x1 = -INFINITY, y1 = 0;
   for (int i = 0; i < n; i++) {
     x[i] = ledger_field_value(&run->recs[i], step_field);
-    r.x0 = fmin(r.x0, x[i]), r.x1 = fmax(r.x1, x[i]);
+    x0 = fmin(x0, x[i]), x1 = fmax(x1, x[i]);
     double total = 0;
     for (int b = 0; b < N_BANDS; b++) {
-      double v = ledger_field_value(&run->recs[i], ledger_field_find(memory_bands[b].field));
+      double v = ledger_field_value(&run->recs[i], band_field[b]);
       total += isfinite(v) ? v : 0;
     }
-    r.y1 = fmax(r.y1, total);
+    y1 = fmax(y1, total);
   }
   char title[400];
   snprintf(title, sizeof title, "Memory by category: %s (%s)", run->name, run->objective);
-  chart_open(f, title, "step", &r, fmt_bytes);
+  Plot p = plot_for(x0, x1, 0, y1, fmt_bytes);
+  chart_open(f, title, "step", &p, fmt_bytes);
   const char *labels[N_BANDS], *colors[N_BANDS];
   int shown = 0;
   for (int b = 0; b < N_BANDS; b++) {
-    int field = ledger_field_find(memory_bands[b].field);
     double most = 0;
     for (int i = 0; i < n; i++) {
-      double v = ledger_field_value(&run->recs[i], field);
+      double v = ledger_field_value(&run->recs[i], band_field[b]);
       upper[i] = lower[i] + (isfinite(v) ? v : 0);
       most = fmax(most, upper[i] - lower[i]);
     }
@@ -379,13 +470,13 @@ static void memory_chart(FILE *f, const Run *run) {
       fprintf(f, "<path class=\"band\" fill=\"%s\" d=\"", color);
       double xl = n == 1 ? MARGIN_L : 0, xr = n == 1 ? CHART_W - MARGIN_R : 0;
       if (n == 1) {
-        fprintf(f, "M%.1f,%.1f L%.1f,%.1f L%.1f,%.1f L%.1f,%.1f Z", xl, px_y(&r, upper[0]), xr,
-                px_y(&r, upper[0]), xr, px_y(&r, lower[0]), xl, px_y(&r, lower[0]));
+        fprintf(f, "M%.1f,%.1f L%.1f,%.1f L%.1f,%.1f L%.1f,%.1f Z", xl, px_y(&p, upper[0]), xr,
+                px_y(&p, upper[0]), xr, px_y(&p, lower[0]), xl, px_y(&p, lower[0]));
       } else {
         for (int i = 0; i < n; i++)
-          fprintf(f, "%c%.1f,%.1f ", i ? 'L' : 'M', px_x(&r, x[i]), px_y(&r, upper[i]));
+          fprintf(f, "%c%.1f,%.1f ", i ? 'L' : 'M', px_x(&p, x[i]), px_y(&p, upper[i]));
         for (int i = n - 1; i >= 0; i--)
-          fprintf(f, "L%.1f,%.1f ", px_x(&r, x[i]), px_y(&r, lower[i]));
+          fprintf(f, "L%.1f,%.1f ", px_x(&p, x[i]), px_y(&p, lower[i]));
         fputc('Z', f);
       }
       fputs("\"/>\n", f);
@@ -395,7 +486,7 @@ static void memory_chart(FILE *f, const Run *run) {
     memcpy(lower, upper, sizeof(double) * n);
   }
   fputs("</svg>\n", f);
-  legend(f, shown, labels, colors);
+  legend(f, shown, labels, colors, 0);
   free(x);
   free(lower);
   free(upper);
@@ -403,6 +494,12 @@ static void memory_chart(FILE *f, const Run *run) {
 
 // ---- the cost table ----
 
+static int compare_doubles(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+// The median of a field's finite values over the run (n log n: ledgers may hold 100k records).
 static double median_field(const Run *run, const char *name) {
   int field = ledger_field_find(name), n = 0;
   double *v = malloc(sizeof(double) * run->n_recs);
@@ -411,13 +508,7 @@ static double median_field(const Run *run, const char *name) {
     double x = ledger_field_value(&run->recs[i], field);
     if (isfinite(x)) v[n++] = x;
   }
-  // Insertion sort: ledgers are a few thousand lines at most.
-  for (int i = 1; i < n; i++)
-    for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-      double t = v[j];
-      v[j] = v[j - 1];
-      v[j - 1] = t;
-    }
+  qsort(v, (size_t)n, sizeof *v, compare_doubles);
   double m = n == 0 ? NAN : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
   free(v);
   return m;
