@@ -52,6 +52,7 @@ static const KeySpec recipe_keys[] = {
     U64_KEY(RECIPE(train, seed), "0"),
     INT_KEY(RECIPE(train, log_every), "10", 1, INT_MAX),
     INT_KEY(RECIPE(train, checkpoint_every), "50", 0, INT_MAX),
+    TEXT_KEY(RECIPE(train, budget), "", NULL),
 
     TEXT_KEY(RECIPE(optim, name), "sgd", "sgd|lars|adamw"),
     FLOAT_KEY(RECIPE(optim, lr), "0.06", 0, 100, 0),
@@ -795,6 +796,12 @@ int config_validate(const Config *cfg) {
     return tl_fail("%s: [eval] knn_k = %d is larger than knn_train_limit = %d",
                    ORIGIN("eval.knn_k", "eval.knn_train_limit"),
                    cfg->eval.knn_k, cfg->eval.knn_train_limit);
+  Budget budget;
+  if (config_budget(cfg, &budget) != 0) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", tl_last_error());
+    return tl_fail("%s: %s", ORIGIN("train.budget"), why);
+  }
   if (validate_shard_weights(cfg, ORIGIN("parallel.shard_weights", "parallel.replicas")))
     return -1;
   return validate_model(cfg);
@@ -840,9 +847,47 @@ int config_get(const Config *cfg, const char *name, char *out, size_t cap) {
 
 int config_total_steps(const Config *cfg, int steps_per_epoch, int *total) {
   long steps = cfg->train.steps > 0 ? cfg->train.steps : (long)cfg->train.epochs * steps_per_epoch;
+  Budget budget;
+  if (config_budget(cfg, &budget) == 0 && budget.kind == BUDGET_EPOCHS) {
+    double s = floor(budget.amount * steps_per_epoch);
+    steps = s < 1 ? 1 : s > (double)LONG_MAX / 2 ? LONG_MAX / 2 : (long)s;
+  }
   if (steps > INT_MAX)
     return tl_fail("%ld steps (%d epochs of %d) is more than Tally counts (%d)", steps,
                    cfg->train.epochs, steps_per_epoch, INT_MAX);
   *total = (int)steps;
   return 0;
+}
+
+int config_budget(const Config *cfg, Budget *out) {
+  const char *text = cfg->train.budget;
+  *out = (Budget){BUDGET_NONE, 0};
+  if (!text[0]) return 0;
+  char *end;
+  errno = 0;
+  double v = strtod(text, &end);
+  if (end == text || errno || !(v > 0) || !isfinite(v))
+    return tl_fail("[train] budget = '%s': expected a positive amount with a unit (420s, 7m, 1.5h, "
+                   "5e15flop, 5PFLOP, 3epochs)",
+                   text);
+  static const struct {
+    const char *unit;
+    BudgetKind kind;
+    double scale;
+  } units[] = {{"s", BUDGET_SECONDS, 1},        {"sec", BUDGET_SECONDS, 1},
+               {"m", BUDGET_SECONDS, 60},       {"min", BUDGET_SECONDS, 60},
+               {"h", BUDGET_SECONDS, 3600},     {"flop", BUDGET_FLOPS, 1},
+               {"kflop", BUDGET_FLOPS, 1e3},    {"mflop", BUDGET_FLOPS, 1e6},
+               {"gflop", BUDGET_FLOPS, 1e9},    {"tflop", BUDGET_FLOPS, 1e12},
+               {"pflop", BUDGET_FLOPS, 1e15},   {"eflop", BUDGET_FLOPS, 1e18},
+               {"epoch", BUDGET_EPOCHS, 1},     {"epochs", BUDGET_EPOCHS, 1}};
+  while (*end == ' ') end++;
+  for (size_t i = 0; i < sizeof units / sizeof *units; i++)
+    if (strcasecmp(end, units[i].unit) == 0) {
+      *out = (Budget){units[i].kind, v * units[i].scale};
+      return 0;
+    }
+  return tl_fail("[train] budget = '%s': unknown unit '%s' (s, m, h; flop, GFLOP, TFLOP, PFLOP; "
+                 "epochs)",
+                 text, end);
 }

@@ -73,6 +73,9 @@ typedef struct {
     int steps;                // 0 = epochs * steps per epoch; > 0 overrides epochs
     unsigned long long seed;  // 0
     int log_every;            // 10 steps between progress lines (the console view of the ledger)
+    char budget[32];          // "" = none; else the run's length as compute: 420s, 7m, 1.5h
+                              // (training time, evaluation excluded), 5e15flop, 5PFLOP (every
+                              // replica's FLOPs), 3epochs; overrides steps and epochs
     int checkpoint_every;     // 50 steps between checkpoints (also at each epoch's end and the
                               // run's); 0 = only those. A checkpoint costs ~10 ms here.
   } train;
@@ -146,8 +149,17 @@ int config_load_model(Config *cfg, const char *path);
 // Cross-field checks after all overrides (e.g. batch at least one sample per replica, vit sizes).
 int config_validate(const Config *cfg);
 
-// The run's length in steps: train.steps, or train.epochs epochs of steps_per_epoch. -1 with
-// tl_last_error() when it does not fit the step counter.
+typedef enum { BUDGET_NONE, BUDGET_SECONDS, BUDGET_FLOPS, BUDGET_EPOCHS } BudgetKind;
+typedef struct {
+  BudgetKind kind;
+  double amount;  // seconds, FLOPs or epochs
+} Budget;
+// [train] budget parsed. -1 with tl_last_error() on a bad amount or unit.
+int config_budget(const Config *cfg, Budget *out);
+
+// The run's length in steps: an epochs budget, else train.steps, else train.epochs epochs of
+// steps_per_epoch (time and FLOP budgets are fixed by the trainer after its first steps; this is
+// then the provisional length). -1 with tl_last_error() when it does not fit the step counter.
 int config_total_steps(const Config *cfg, int steps_per_epoch, int *total);
 
 // The value of recipe key "section.key" as config_write writes it. -1 for an unknown key.

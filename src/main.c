@@ -50,6 +50,7 @@ static void usage_train(FILE *f) {
           "usage: tally train [--objective=NAME] [--config FILE] [--set section.key=value]...\n"
           "                   [--steps N] [--epochs N] [--out DIR] [--knn-at-start] [--no-knn]\n"
           "                   [--quiet] [--stop-at S] [--overwrite] [--init FILE]\n"
+          "                   [--budget AMOUNT]\n"
           "       tally train --resume DIR [--steps N] [--stop-at S] [--set S.K=V]...\n"
           "\n"
           "  --objective=NAME  %s (default inbatch)\n"
@@ -58,6 +59,12 @@ static void usage_train(FILE *f) {
           "  --set S.K=V       override one key, validated like the file (repeatable)\n"
           "  --steps N         train N steps (same as --set train.steps=N)\n"
           "  --epochs N        train N epochs (same as --set train.epochs=N)\n"
+          "  --budget AMOUNT   train for a compute budget (same as --set train.budget=...):\n"
+          "                    time (420s, 7m, 1.5h: training only, evaluation excluded;\n"
+          "                    the length is fixed from the speed of the first 6 steps),\n"
+          "                    FLOPs over every replica (5e15flop, 5PFLOP: exact, from the\n"
+          "                    first step's count) or epochs (3epochs); the schedules are\n"
+          "                    those of a run of that length\n"
           "  --out DIR         run folder (default runs/NAME-YYYYmmdd-HHMMSS): receives\n"
           "                    config.ini, ledger.jsonl, ledger.csv, checkpoint.safetensors,\n"
           "                    eval.jsonl, and summary.json once the run has finished\n"
@@ -106,7 +113,7 @@ typedef struct {
   const char *config_path;  // NULL: configs/NAME.ini when it exists, else the built-in defaults
   const char *sets[256];
   int n_sets;
-  char steps_set[64], epochs_set[64];
+  char steps_set[64], epochs_set[64], budget_set[96];
 } ConfigArgs;
 
 // Consumes argv[*i] if it is --config, --set, --steps or --epochs. Returns 1 if consumed, 0 if
@@ -125,6 +132,8 @@ static int config_arg(int argc, char **argv, int *i, ConfigArgs *a) {
     snprintf(a->steps_set, sizeof a->steps_set, "train.steps=%s", v);
   } else if ((v = option_value(argc, argv, i, "--epochs"))) {
     snprintf(a->epochs_set, sizeof a->epochs_set, "train.epochs=%s", v);
+  } else if ((v = option_value(argc, argv, i, "--budget"))) {
+    snprintf(a->budget_set, sizeof a->budget_set, "train.budget=%s", v);
   } else {
     return 0;
   }
@@ -161,6 +170,7 @@ static int load_config(const char *objective, const ConfigArgs *a, Config *cfg) 
   if (rc == 0 && a->epochs_set[0] && !a->steps_set[0]) rc = config_set(cfg, "train.steps=0");
   if (rc == 0 && a->epochs_set[0]) rc = config_set(cfg, a->epochs_set);
   if (rc == 0 && a->steps_set[0]) rc = config_set(cfg, a->steps_set);
+  if (rc == 0 && a->budget_set[0]) rc = config_set(cfg, a->budget_set);
   if (rc == 0) rc = config_validate(cfg);
   if (rc != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
@@ -184,10 +194,11 @@ static int resume_may_set(const char *assignment) {
 // --resume DIR: the configuration, objective and step from DIR's checkpoint (and --no-knn when the
 // run was started with it), with the overrides a resumed run may take. Prints the error and returns its exit code on failure.
 static int resume_config(const char *dir, const ConfigArgs *ca, Config *cfg, char *objective,
-                         size_t objective_cap, char *ckpt_path, size_t ckpt_cap, long *step,
-                         int *resumed_no_knn) {
-  if (ca->config_path) {
-    fprintf(stderr, "tally: --resume takes the run's own configuration; drop --config\n");
+                         size_t objective_cap, char *ckpt_path, size_t ckpt_cap,
+                         TrainOptions *opt) {
+  if (ca->config_path || ca->budget_set[0]) {
+    fprintf(stderr, "tally: --resume takes the run's own configuration and length; drop %s\n",
+            ca->config_path ? "--config" : "--budget (--steps N lengthens a run)");
     return 2;
   }
   snprintf(ckpt_path, ckpt_cap, "%s/%s", dir, CHECKPOINT_FILE);
@@ -198,11 +209,20 @@ static int resume_config(const char *dir, const ConfigArgs *ca, Config *cfg, cha
   }
   const char *name = st_get_meta(&f, "objective");
   snprintf(objective, objective_cap, "%s", name ? name : "");
-  *step = checkpoint_step(&f);
+  opt->start_step = checkpoint_step(&f);
   const char *no_knn = st_get_meta(&f, "no_knn");
-  if (no_knn && strcmp(no_knn, "1") == 0) *resumed_no_knn = 1;
+  if (no_knn && strcmp(no_knn, "1") == 0) opt->no_knn = 1;
+  // What the run has spent, and the length a time or FLOP budget fixed.
+  const char *spent_s = st_get_meta(&f, "train_seconds"), *spent_f = st_get_meta(&f, "flops_total");
+  const char *total = st_get_meta(&f, "total_steps");
+  opt->spent_seconds = spent_s ? strtod(spent_s, NULL) : 0;
+  opt->spent_flops = spent_f ? strtod(spent_f, NULL) : 0;
+  Budget budget;
+  if (total && config_budget(cfg, &budget) == 0 &&
+      (budget.kind == BUDGET_SECONDS || budget.kind == BUDGET_FLOPS))
+    opt->frozen_total_steps = strtol(total, NULL, 10);
   st_free(&f);
-  if (*step < 0) {
+  if (opt->start_step < 0) {
     fprintf(stderr, "tally: %s: holds no step\n", ckpt_path);
     return 1;
   }
@@ -292,7 +312,7 @@ static int cmd_train(int argc, char **argv) {
       return 2;
     }
     int rc = resume_config(resume_dir, &ca, &cfg, resumed_objective, sizeof resumed_objective,
-                           ckpt_path, sizeof ckpt_path, &opt.start_step, &opt.no_knn);
+                           ckpt_path, sizeof ckpt_path, &opt);
     if (rc) return rc;
     if (objective && strcmp(objective, resumed_objective) != 0) {
       fprintf(stderr, "tally: %s was trained with --objective=%s, not %s\n", resume_dir,

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -442,6 +443,7 @@ static const char *const every_key[][2] = {
     {"train.seed", "18446744073709551615"},
     {"train.log_every", "5"},
     {"train.checkpoint_every", "7"},
+    {"train.budget", "7m"},
     {"optim.name", "lars"},
     {"optim.lr", "0.123456789"},
     {"optim.momentum", "0.8"},
@@ -498,8 +500,9 @@ static void round_trip(const Config *c, char *written, size_t cap) {
   int rc = config_load(&back, path);
   unlink(path);
   if (rc) fail_msg("%s\n%s", tl_last_error(), written);
-  // The only field that names where a Config was read from.
+  // The fields that say where a Config's values came from, not what they are.
   memcpy(back.source_path, c->source_path, sizeof back.source_path);
+  memcpy(back.set_by_option, c->set_by_option, sizeof back.set_by_option);
   assert_memory_equal(&back, c, sizeof back);
 }
 
@@ -523,10 +526,19 @@ static void write_load_round_trip(void **state) {
   assert_true(c.train.seed == UINT64_MAX);
   round_trip(&c, written, sizeof written);
 
-  // Every key once, no more; the model spec only as comments.
+  // Every key of the sections listed above once, no more (other objectives' sections, registered
+  // by their own files, are theirs to test); the model spec only as comments.
   size_t key_lines = 0;
+  int listed = 0;
   for (const char *line = written; *line; line = strchr(line, '\n') + 1) {
-    if (*line != ';' && *line != '[' && *line != '\n') key_lines++;
+    if (*line == '[') {
+      size_t len = strcspn(line + 1, "]");
+      listed = 0;
+      for (size_t i = 0; i < N_KEYS; i++)
+        listed |= strncmp(every_key[i][0], line + 1, len) == 0 && every_key[i][0][len] == '.';
+    } else if (*line != ';' && *line != '\n' && listed) {
+      key_lines++;
+    }
     if (!strchr(line, '\n')) break;
   }
   assert_int_equal(key_lines, N_KEYS);
@@ -620,6 +632,95 @@ static void validate_cross_field(void **state) {
   expect_invalid(&c, "dim = 130 is not divisible by heads = 4");
 }
 
+// Recipes and model files are read only if they are regular files: a FIFO would block the
+// open until a writer came, /dev/zero never ends. Each is refused by name, as is a file far
+// larger than any configuration. The alarm turns a blocking read into a failure, not a hang.
+static void config_files_must_be_regular(void **state) {
+  (void)state;
+  Config cfg;
+  config_defaults(&cfg);
+  char dir[200], fifo[256], big[256];
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/tally-config-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  assert_non_null(mkdtemp(dir));
+  snprintf(fifo, sizeof fifo, "%s/recipe.ini", dir);
+  assert_int_equal(mkfifo(fifo, 0644), 0);
+  alarm(30);
+  const char *const refused[] = {"/dev/zero", fifo, dir};
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(config_load(&cfg, refused[i]), -1);
+    char expected[300];
+    snprintf(expected, sizeof expected, "%s: not a regular file", refused[i]);
+    assert_contains(tl_last_error(), expected);
+    // As the model file, named in the recipe or set on the command line.
+    assert_int_equal(config_load_model(&cfg, refused[i]), -1);
+    assert_contains(tl_last_error(), expected);
+    char set[300];
+    snprintf(set, sizeof set, "model.file=%s", refused[i]);
+    assert_int_equal(config_set(&cfg, set), -1);
+    assert_contains(tl_last_error(), expected);
+  }
+  alarm(0);
+  // A regular file of 2 MiB of comments is not a configuration.
+  snprintf(big, sizeof big, "%s/big.ini", dir);
+  FILE *f = fopen(big, "w");
+  assert_non_null(f);
+  for (int i = 0; i < (2 << 20) / 64; i++) fprintf(f, "; %61s\n", "padding");
+  fclose(f);
+  assert_int_equal(config_load(&cfg, big), -1);
+  assert_contains(tl_last_error(), "big.ini: 2097152 bytes, more than the 1048576");
+  unlink(big);
+  unlink(fifo);
+  rmdir(dir);
+}
+
+// Messages quote what files hold: an escape sequence in a key or a value is shown as \xNN and
+// never reaches the terminal raw (it could recolour it, move the cursor, retitle the window).
+static void control_bytes_are_escaped(void **state) {
+  (void)state;
+  char path[256];
+  write_temp(path, sizeof path, "[data]\nfo\x1b[2Jo = 1\n");
+  Config cfg;
+  config_defaults(&cfg);
+  assert_int_equal(config_load(&cfg, path), -1);
+  unlink(path);
+  assert_contains(tl_last_error(), ":2: unknown key 'fo\\x1b[2Jo' in [data]");
+  assert_null(strchr(tl_last_error(), '\x1b'));
+  write_temp(path, sizeof path, "[data]\nformat = idx\x1b]0;owned\x07\n");
+  assert_int_equal(config_load(&cfg, path), -1);
+  unlink(path);
+  assert_contains(tl_last_error(),
+                  "format = 'idx\\x1b]0;owned\\x07' is not one of idx|imagefolder");
+  assert_null(strchr(tl_last_error(), '\x1b'));
+  assert_null(strchr(tl_last_error(), '\x07'));
+}
+
+// Every message is one line of text: control characters (C0, DEL, C1) and bytes that are not
+// UTF-8 are escaped, well-formed UTF-8 is kept; a message is not cut at 1 KiB, and one longer
+// than the buffer ends in a visible "...".
+static void error_messages_are_one_whole_line(void **state) {
+  (void)state;
+  tl_fail("%s", "caf\xc3\xa9 \xe2\x82\xac tab\there\nnew \x7f \xc2\x9b \xff \xe2\x82");
+  assert_string_equal(tl_last_error(),
+                      "caf\xc3\xa9 \xe2\x82\xac tab\\x09here\\x0anew \\x7f \\xc2\\x9b \\xff "
+                      "\\xe2\\x82");
+  static char long_text[20000];
+  memset(long_text, 'a', 3000);
+  strcpy(long_text + 3000, " END");
+  tl_fail("path: %s", long_text);
+  assert_int_equal(strlen(tl_last_error()), 3010);
+  assert_contains(tl_last_error(), "a END");
+  memset(long_text, 'b', sizeof long_text - 1);
+  tl_fail("path: %s", long_text);
+  size_t n = strlen(tl_last_error());
+  assert_true(n > 8192 && n < sizeof long_text);
+  assert_string_equal(tl_last_error() + n - 4, "b...");
+  // A message may quote the one before it.
+  tl_fail("first");
+  tl_fail("second: %s", tl_last_error());
+  assert_string_equal(tl_last_error(), "second: first");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(defaults_match_the_header),
@@ -633,6 +734,9 @@ int main(void) {
       cmocka_unit_test(stage_lists),
       cmocka_unit_test(write_load_round_trip),
       cmocka_unit_test(validate_cross_field),
+      cmocka_unit_test(config_files_must_be_regular),
+      cmocka_unit_test(control_bytes_are_escaped),
+      cmocka_unit_test(error_messages_are_one_whole_line),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -340,7 +340,16 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   if (pl->def->plan) pl->def->plan(cfg, r.step, pl->global_batch, &r, &facts);
   t.queue_size = facts.queue_size;
   t.mask_ratio = facts.mask_ratio;
+  // Every replica's FLOPs so far, accumulated step by step as the trainer does (the same sum of
+  // the same numbers, so the same bits).
+  int rank0_batch;
+  loader_shard(pl->global_batch, 0, pl->world, pl->has_shard_sizes ? pl->shard_sizes : NULL,
+               &(int){0}, &rank0_batch);
+  double per_step = (r.flops_forward + r.flops_backward) * pl->global_batch / (double)rank0_batch;
+  r.flops_total = 0;
+  for (long s = 0; s <= r.step; s++) r.flops_total += per_step;
   r.data_ms = r.forward_ms = r.backward_ms = r.comm_ms = r.optimizer_ms = r.step_ms = NAN;
+  r.train_seconds = NAN;
   r.images_per_s = NAN;
   r.peak_rss_bytes = 0;
 
@@ -507,7 +516,11 @@ static void format_value(const LedgerFieldInfo *fi, double v, char *buf, size_t 
         plan_format_bytes(v, buf, n);
       break;
     case UNIT_FLOPS:
-      if (v >= 1e9)
+      if (v >= 1e15)
+        snprintf(buf, n, "%.2f PFLOP", v / 1e15);
+      else if (v >= 1e12)
+        snprintf(buf, n, "%.2f TFLOP", v / 1e12);
+      else if (v >= 1e9)
         snprintf(buf, n, "%.2f GFLOP", v / 1e9);
       else if (v >= 1e6)
         snprintf(buf, n, "%.2f MFLOP", v / 1e6);

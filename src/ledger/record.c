@@ -85,6 +85,7 @@ static const Field fields[] = {
     FIELD(comm_bytes, F_DOUBLE, LEDGER_COST, UNIT_BYTES),
     FIELD(comm_allreduce_bytes, F_DOUBLE, LEDGER_COST, UNIT_BYTES),
     FIELD(comm_allgather_bytes, F_DOUBLE, LEDGER_COST, UNIT_BYTES),
+    FIELD(flops_total, F_DOUBLE, LEDGER_COST, UNIT_FLOPS),
     FIELD(shard_samples, F_INT, LEDGER_COST, UNIT_COUNT),
     FIELD(shard_weight, F_DOUBLE, LEDGER_COST, UNIT_RATIO),
     MEASURED(data_ms, F_DOUBLE, LEDGER_TIME, UNIT_MS),
@@ -94,6 +95,7 @@ static const Field fields[] = {
     MEASURED(optimizer_ms, F_DOUBLE, LEDGER_TIME, UNIT_MS),
     MEASURED(step_ms, F_DOUBLE, LEDGER_TIME, UNIT_MS),
     MEASURED(images_per_s, F_DOUBLE, LEDGER_TIME, UNIT_RATE),
+    MEASURED(train_seconds, F_DOUBLE, LEDGER_TIME, UNIT_SECONDS),
     MEASURED(peak_rss_bytes, F_SIZE, LEDGER_TIME, UNIT_BYTES),
 };
 enum { N_FIELDS = sizeof fields / sizeof fields[0] };

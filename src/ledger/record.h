@@ -52,12 +52,14 @@ typedef struct {
   double flops_forward_by[COMP_NCOMP], flops_backward_by[COMP_NCOMP];
   double comm_bytes;
   double comm_allreduce_bytes, comm_allgather_bytes;
+  double flops_total;   // training FLOPs so far, every replica, this step included
   int shard_samples;    // this replica's samples
   double shard_weight;  // its weight in the gradient average
 
   // time
   double data_ms, forward_ms, backward_ms, comm_ms, optimizer_ms, step_ms;
   double images_per_s;
+  double train_seconds;  // training time so far, evaluation excluded
   size_t peak_rss_bytes;
 } LedgerRecord;
 
@@ -79,6 +81,7 @@ typedef enum {
   UNIT_BYTES,
   UNIT_FLOPS,
   UNIT_MS,
+  UNIT_SECONDS,
   UNIT_STEPS,
   UNIT_RATIO,
   UNIT_RATE,

@@ -50,6 +50,9 @@ typedef struct {
   int knn_done, knn_start_done;
   int stopped_early;  // 1: --stop-at or a signal ended the run before its last step
   int no_knn;         // the monitor is off: asked (--no-knn) or no labels to vote with
+  Budget budget;      // [train] budget
+  int length_frozen;  // the run's length is fixed (always, except a time/FLOP budget's first steps)
+  double flops_total;  // training FLOPs so far over every replica (rank 0's count, scaled)
   int started;        // the replicas were started (failures after it stop them through Comm)
   KnnResult knn, knn_start, knn_raw;
   int steps_done;
@@ -139,7 +142,9 @@ static int write_summary(Run *run) {
           run->world);
   fprintf(f, "  \"final_loss\": %.9g,\n  \"images_per_s\": %.3f,\n  \"train_seconds\": %.3f,\n",
           run->final_loss, run->images_per_s, run->train_seconds);
-  fprintf(f, "  \"peak_rss_bytes\": %zu,\n", run->peak_rss);
+  fprintf(f, "  \"peak_rss_bytes\": %zu,\n  \"flops_total\": %.6g,\n", run->peak_rss,
+          run->flops_total);
+  if (cfg->train.budget[0]) fprintf(f, "  \"budget\": \"%s\",\n", cfg->train.budget);
   if (run->knn_done)
     fprintf(f, "  \"knn_top1\": %.6f,\n  \"knn_top1_k20\": %.6f,\n", run->knn.top1,
             run->knn.top1_k20);
@@ -197,6 +202,7 @@ typedef struct {
   FILE *jsonl, *csv;  // rank 0
   Faults faults;
   double train_start_ms, images_done, last_log_ms;
+  double probe_start_seconds;  // rank 0: training time when a time budget's timed steps began
   int last_log_step;
 } ReplicaState;
 
@@ -231,6 +237,10 @@ static int save_checkpoint(ReplicaState *r, long steps_done) {
   st_set_meta(&s, "model", run->model_text);
   // Train options that are not configuration but that a resumed run should keep.
   st_set_meta(&s, "no_knn", run->opt->no_knn ? "1" : "0");
+  snprintf(text, sizeof text, "%.17g", run->flops_total);
+  st_set_meta(&s, "flops_total", text);
+  snprintf(text, sizeof text, "%.3f", run->train_seconds);
+  st_set_meta(&s, "train_seconds", text);
   if (steps_done == r->faults.kill_in_checkpoint) {
     AtomicFile a;
     if (atomic_open(&a, run->path_ckpt) == 0) fwrite(run->config_text, 1, 100, a.f), fflush(a.f);
@@ -442,6 +452,11 @@ static void account_step(ReplicaState *r, int step, float lr, double loss, const
   rec->shard_weight = (double)batch->n / run->global_batch;
   rec->optimizer_ms = t->updated - t->averaged;
   rec->step_ms = t->updated - t->start;
+  // Every replica's FLOPs: rank 0's scaled by its share of the batch (the costs are per sample).
+  run->flops_total +=
+      (rec->flops_forward + rec->flops_backward) * run->global_batch / (double)batch->n;
+  rec->flops_total = run->flops_total;
+  rec->train_seconds = run->opt->spent_seconds + (now_ms() - r->train_start_ms) / 1e3;
   rec->images_per_s = run->global_batch / (rec->step_ms / 1e3);
   if (step % r->cfg->ledger.every == 0 && r->jsonl) {
     // Record by record: a kill loses at most the line being written, which readers skip.
@@ -504,6 +519,52 @@ static int agreed_stop_signal(ReplicaState *r) {
   return sig;
 }
 
+// Steps timed before a time budget fixes the run's length (the first, which creates oneDNN's
+// kernels and faults the buffers in, is left out of the mean).
+enum { BUDGET_PROBE_STEPS = 6 };
+
+// A time or FLOP budget fixes the run's length once its first steps are measured: after step 0
+// for FLOPs (the count is exact and the same every step), after BUDGET_PROBE_STEPS for time. The
+// schedules of the steps before follow the provisional length; their learning rate and momentum
+// do not depend on it at step 0, and hardly in a few steps of a cosine. Rank 0 decides, every
+// replica takes its number.
+static void freeze_length(ReplicaState *r, int step, const LedgerRecord *rec) {
+  Run *run = r->run;
+  if (run->length_frozen) return;
+  const Budget *b = &run->budget;
+  const int done = step + 1;
+  if (b->kind == BUDGET_SECONDS && done < BUDGET_PROBE_STEPS) {
+    if (r->rank == 0 && step == 0) r->probe_start_seconds = rec->train_seconds;
+    return;
+  }
+  long total = run->total_steps;
+  if (r->rank == 0) {
+    if (b->kind == BUDGET_FLOPS) {
+      double per_step = run->flops_total / done;
+      total = (long)floor(b->amount / per_step);
+    } else {
+      double per_step_s = (rec->train_seconds - r->probe_start_seconds) / (done - 1);
+      double spent = rec->train_seconds;
+      total = done + (long)floor((b->amount - spent) / per_step_s);
+    }
+    if (total < done) total = done;
+    if (total > INT_MAX) total = INT_MAX;
+    run->total_steps = (int)total;
+  }
+  int t = run->total_steps;
+  if (r->world > 1) comm_broadcast(r->comm, &t, sizeof t, 0);
+  if (r->rank != 0 && r->run->quiet_rank) run->total_steps = t;
+  r->obj->env.total_steps = t;
+  if (r->rank == 0) {
+    run->length_frozen = 1;
+    if (!run->quiet_rank && !run->opt->quiet) {
+      printf("budget %s: %d steps (%s per step measured)\n", r->cfg->train.budget, t,
+             b->kind == BUDGET_FLOPS ? "FLOPs" : "time");
+      fflush(stdout);
+    }
+  }
+}
+
 // After each step: a checkpoint when due (every train.checkpoint_every steps, at an epoch's end,
 // at the run's end, and when stopping early), then at an epoch's end the kNN monitor when due
 // (rank 0); every replica waits for it. Returns 0 to go on, 1 to stop.
@@ -517,8 +578,9 @@ static int end_of_step(ReplicaState *r, int step) {
   int every = r->cfg->train.checkpoint_every;
   int due = epoch_end || last || sig || stop_at || (every > 0 && done % every == 0);
   if (r->rank == 0 && due) {
-    run->train_seconds = (now_ms() - r->train_start_ms) / 1e3;
-    run->images_per_s = r->images_done / run->train_seconds;
+    double seconds = (now_ms() - r->train_start_ms) / 1e3;
+    run->train_seconds = run->opt->spent_seconds + seconds;
+    run->images_per_s = r->images_done / seconds;
     run->steps_done = done;
     if (save_checkpoint(r, done) != 0) {
       comm_abort(r->comm, tl_last_error());
@@ -596,10 +658,9 @@ static void *replica_main(void *arg) {
     const Batch *batch = NULL;
     double loss;
     if (train_step(r, step, lr, &rec, &loss, &batch, &t)) break;
-    if (r->rank == 0) {
-      account_step(r, step, lr, loss, batch, &t, &rec);
-      print_progress(r, step, &rec);
-    }
+    if (r->rank == 0) account_step(r, step, lr, loss, batch, &t, &rec);
+    freeze_length(r, step, &rec);
+    if (r->rank == 0) print_progress(r, step, &rec);
     if (end_of_step(r, step)) break;
   }
   replica_close(r);
@@ -783,6 +844,13 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     goto out;
   }
   run->start_step = (int)opt->start_step;
+  config_budget(cfg, &run->budget);  // validated with the configuration
+  run->length_frozen = run->budget.kind != BUDGET_SECONDS && run->budget.kind != BUDGET_FLOPS;
+  if (opt->frozen_total_steps > 0) {
+    run->total_steps = (int)opt->frozen_total_steps;
+    run->length_frozen = 1;
+  }
+  run->flops_total = opt->spent_flops;
   if (run->start_step > run->total_steps) {
     fprintf(stderr,
             "tally: the checkpoint is at step %d, past the run's %d steps; give a larger "

@@ -13,6 +13,10 @@ typedef struct {
   long start_step;          // the steps that checkpoint holds
   const char *init_path;    // safetensors to take the starting weights from, or NULL
   long stop_at;             // > 0: end after this many steps as an interruption would
+  // Resuming a run whose length a time or FLOP budget fixed: that length, and the training
+  // seconds and FLOPs it had spent (0 otherwise).
+  long frozen_total_steps;
+  double spent_seconds, spent_flops;
 } TrainOptions;
 
 // Runs a whole training job. Returns 0 on success (a finished run, or one stopped by --stop-at);
