@@ -1,6 +1,7 @@
 #include "ledger/record.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,18 +195,23 @@ const char *ledger_group_title(LedgerGroup g) {
   return titles[g];
 }
 
+// v clamped to [lo, hi] (a hostile ledger's 1e308 or 2^63 must not be cast out of range, which
+// is undefined behaviour); NaN is 0.
+static double clamp(double v, double lo, double hi) { return isnan(v) ? 0 : v < lo ? lo : v > hi ? hi : v; }
+
 static void set_value(LedgerRecord *r, const Field *fd, double v) {
   char *p = (char *)r + fd->offset;
-  int missing = isnan(v);
+  // The largest doubles below LONG_MAX + 1 and SIZE_MAX + 1 (2^63 and 2^64).
+  const double long_hi = 9223372036854774784.0, size_hi = 18446744073709549568.0;
   switch (fd->type) {
     case F_LONG:
-      *(long *)p = missing ? 0 : (long)v;
+      *(long *)p = (long)clamp(v, -long_hi, long_hi);
       break;
     case F_INT:
-      *(int *)p = missing ? 0 : (int)v;
+      *(int *)p = (int)clamp(v, INT_MIN, INT_MAX);
       break;
     case F_SIZE:
-      *(size_t *)p = missing || v < 0 ? 0 : (size_t)v;
+      *(size_t *)p = (size_t)clamp(v, 0, size_hi);
       break;
     case F_DOUBLE:
       *(double *)p = v;
