@@ -476,12 +476,17 @@ static void account_step(ReplicaState *r, int step, float lr, double loss, const
 static void print_progress(ReplicaState *r, int step, const LedgerRecord *rec) {
   Run *run = r->run;
   int last = step + 1 == run->total_steps;
-  if (run->opt->quiet || !((step + 1) % r->cfg->train.log_every == 0 || last || step == 0)) return;
+  if (run->opt->quiet ||
+      !((step + 1) % r->cfg->train.log_every == 0 || last || step == run->start_step))
+    return;
   double now = now_ms();
-  double per_step_ms =
-      step == 0 ? rec->step_ms : (now - r->last_log_ms) / (step - r->last_log_step);
+  // The rate shown is the recent one; the ETA follows the whole run's (evaluation excluded), so
+  // it does not jump with every noisy window.
+  int first = step == run->start_step;
+  double per_step_ms = first ? rec->step_ms : (now - r->last_log_ms) / (step - r->last_log_step);
+  double run_per_step_ms = (now - r->train_start_ms) / (step + 1 - run->start_step);
   char eta[32];
-  format_duration((run->total_steps - step - 1) * per_step_ms / 1e3, eta, sizeof eta);
+  format_duration((run->total_steps - step - 1) * run_per_step_ms / 1e3, eta, sizeof eta);
   printf(
       "step %*d/%d  epoch %d  loss %.4f  lr %.4g  %.0f img/s  act %.0f MiB  %.1f GFLOP  ETA %s\n",
       (int)snprintf(NULL, 0, "%d", run->total_steps), step + 1, run->total_steps, rec->epoch + 1,
