@@ -16,6 +16,8 @@
 
 typedef struct {
   double step, top1, top1_k20;
+  double linear_top1;            // NaN when the run did not fit the probe
+  double flops_total, seconds;   // training compute spent when it was taken (NaN: unknown)
 } Eval;
 
 typedef struct {
@@ -28,6 +30,7 @@ typedef struct {
   Eval *evals;  // (n_evals) encoder evaluations from eval.jsonl
   int n_evals;
   double knn_raw;    // raw-pixel baseline, NaN when absent
+  double linear_raw;  // the raw-pixel linear probe, NaN when absent
   double knn_final;  // summary.json's knn_top1, NaN when absent
   double peak_rss;   // summary.json, NaN when absent
   int batch_size;
@@ -148,21 +151,44 @@ static int take_eval(Run *run, const char *line) {
   if (line[0] != '{' || line[n - 1] != '}' || !what[0] || !json_value(line, "knn_top1") ||
       !isfinite(json_number(line, "step")))
     return -1;
+  double linear = json_value(line, "linear_top1") ? json_number(line, "linear_top1") : NAN;
   if (strcmp(what, "raw_pixels") == 0) {
     run->knn_raw = json_number(line, "knn_top1");
+    run->linear_raw = linear;
     return 0;
   }
   Eval *e = &run->evals[run->n_evals++];
   e->step = json_number(line, "step");
   e->top1 = json_number(line, "knn_top1");
   e->top1_k20 = json_number(line, "knn_top1_k20");
+  e->linear_top1 = linear;
+  e->flops_total = e->seconds = NAN;
   return 0;
+}
+
+// Each evaluation after step S (S steps done) is placed at the training compute the ledger had
+// spent by then: the record of step S - 1 (records and evaluations are both in step order).
+static void attach_compute(Run *run) {
+  int flops = ledger_field_find("flops_total"), seconds = ledger_field_find("train_seconds");
+  int step = ledger_field_find("step"), i = 0;
+  for (int e = 0; e < run->n_evals; e++) {
+    Eval *ev = &run->evals[e];
+    if (ev->step <= 0) {
+      ev->flops_total = ev->seconds = 0;
+      continue;
+    }
+    while (i + 1 < run->n_recs && ledger_field_value(&run->recs[i + 1], step) <= ev->step - 1) i++;
+    if (i < run->n_recs && ledger_field_value(&run->recs[i], step) == ev->step - 1) {
+      ev->flops_total = ledger_field_value(&run->recs[i], flops);
+      ev->seconds = ledger_field_value(&run->recs[i], seconds);
+    }
+  }
 }
 
 static int load_run(Run *run, const char *dir) {
   memset(run, 0, sizeof *run);
   run->dir = dir;
-  run->knn_raw = run->knn_final = run->peak_rss = NAN;
+  run->knn_raw = run->linear_raw = run->knn_final = run->peak_rss = NAN;
   size_t len = strlen(dir);
   while (len > 1 && dir[len - 1] == '/') len--;
   const char *start = dir + len;
@@ -209,6 +235,7 @@ static int load_run(Run *run, const char *dir) {
     run->batch_size = batch >= 1 && batch <= INT_MAX ? (int)batch : 0;
     free(summary);
   }
+  attach_compute(run);
   return 0;
 }
 
@@ -319,9 +346,10 @@ static void fmt_percent(double v, char *buf, size_t n) { snprintf(buf, n, "%g%%"
 // The plot of steps x0..x1 against values y0..y1 (finite): steps tick at whole numbers; values
 // widen to whole ticks, and byte values tick at round MiB or GiB (whole bytes at the least), not
 // at round decimal numbers of bytes.
-static Plot plot_for(double x0, double x1, double y0, double y1, TickFormat fmt) {
+// x_whole: the x values are whole numbers (steps), so ticks are too.
+static Plot plot_for(double x0, double x1, double y0, double y1, TickFormat fmt, int x_whole) {
   double unit = fmt != fmt_bytes ? 1 : y1 / 2 - y0 / 2 >= 0x1p29 ? 0x1p30 : 0x1p20;
-  return (Plot){make_axis(x0, x1, 8, 1, 1, 0), make_axis(y0, y1, 5, unit, unit > 1, 1)};
+  return (Plot){make_axis(x0, x1, 8, 1, x_whole, 0), make_axis(y0, y1, 5, unit, unit > 1, 1)};
 }
 
 // Opens an <svg> with its title, axes, grid and tick labels.
@@ -373,7 +401,7 @@ static void legend(FILE *f, int n, const char *const *labels, const char *const 
 static int drawable(const Series *s, int i) { return isfinite(s->x[i]) && isfinite(s->y[i]); }
 
 static void line_chart(FILE *f, const char *title, const char *x_label, const Series *s, int ns,
-                       TickFormat fmt, int from_zero) {
+                       TickFormat fmt, int from_zero, int x_whole) {
   double x0 = INFINITY, x1 = -INFINITY, y0 = from_zero ? 0 : INFINITY, y1 = -INFINITY;
   long points = 0, not_drawn = 0;
   for (int k = 0; k < ns; k++)
@@ -394,7 +422,7 @@ static void line_chart(FILE *f, const char *title, const char *x_label, const Se
     fputs(".</p>\n", f);
     return;
   }
-  Plot p = plot_for(x0, x1, y0, y1, fmt);
+  Plot p = plot_for(x0, x1, y0, y1, fmt, x_whole);
   chart_open(f, title, x_label, &p, fmt);
   for (int k = 0; k < ns; k++) {
     fprintf(f, "<polyline class=\"series%s\" stroke=\"%s\" points=\"",
@@ -452,7 +480,7 @@ static void memory_chart(FILE *f, const Run *run) {
   }
   char title[400];
   snprintf(title, sizeof title, "Memory by category: %s (%s)", run->name, run->objective);
-  Plot p = plot_for(x0, x1, 0, y1, fmt_bytes);
+  Plot p = plot_for(x0, x1, 0, y1, fmt_bytes, 1);
   chart_open(f, title, "step", &p, fmt_bytes);
   const char *labels[N_BANDS], *colors[N_BANDS];
   int shown = 0;
@@ -580,6 +608,37 @@ static void cost_table(FILE *f, const Run *runs, int n) {
       snprintf(buf, sizeof buf, "-");
     cell(f, buf);
   }
+  fputs("</tr>\n<tr><th>training compute (every replica)</th>", f);
+  for (int k = 0; k < n; k++) {
+    double v = last_field(&runs[k], "flops_total");
+    if (isfinite(v))
+      snprintf(buf, sizeof buf, "%.3f PFLOP", v / 1e15);
+    else
+      snprintf(buf, sizeof buf, "-");
+    cell(f, buf);
+  }
+  fputs("</tr>\n<tr><th>training time</th>", f);
+  for (int k = 0; k < n; k++) {
+    double v = last_field(&runs[k], "train_seconds");
+    if (isfinite(v))
+      snprintf(buf, sizeof buf, "%.0f s", v);
+    else
+      snprintf(buf, sizeof buf, "-");
+    cell(f, buf);
+  }
+  // What a unit of compute bought: the accuracy gained over raw pixels per PFLOP spent.
+  fputs("</tr>\n<tr><th>kNN gain over raw pixels per PFLOP</th>", f);
+  for (int k = 0; k < n; k++) {
+    const Run *r = &runs[k];
+    double acc = r->n_evals ? r->evals[r->n_evals - 1].top1 : r->knn_final;
+    double pflop = last_field(r, "flops_total") / 1e15;
+    double v = (acc - r->knn_raw) / pflop;
+    if (isfinite(v))
+      snprintf(buf, sizeof buf, "%+.2f points", 100 * v);
+    else
+      snprintf(buf, sizeof buf, "-");
+    cell(f, buf);
+  }
   fputs("</tr>\n<tr><th>peak resident memory</th>", f);
   for (int k = 0; k < n; k++) {
     double v =
@@ -608,6 +667,66 @@ static const char style[] =
     "thead th{background:#f4f4f4;text-align:center}tbody th{text-align:left;font-weight:normal}"
     ".sub{font-weight:normal;color:#666;font-size:.85em}.none{color:#888}"
     "ul.runs{padding-left:1.2em}";
+
+typedef enum { AXIS_STEP, AXIS_PFLOP, AXIS_SECONDS } AxisKind;
+
+static double eval_x(const Eval *e, AxisKind x) {
+  return x == AXIS_STEP ? e->step : x == AXIS_PFLOP ? e->flops_total / 1e15 : e->seconds;
+}
+
+// Accuracy after each evaluation (kNN top-1 at the configured k, or the linear probe's), one line
+// per run, against steps, training FLOPs or training seconds, with the raw-pixel baseline dashed
+// (one line when every run has the same, i.e. the same data). The accuracy axis spans the data.
+static void accuracy_chart(FILE *f, const Run *runs, int n, char (*labels)[300], AxisKind x,
+                           const char *x_label, int linear) {
+  Series *s = calloc(2 * (size_t)n, sizeof *s);
+  double **xs = calloc((size_t)n, sizeof *xs), **ys = calloc((size_t)n, sizeof *ys);
+  double(*base)[4] = calloc((size_t)n, sizeof *base);  // x0, x1, y, y
+  if (!s || !xs || !ys || !base) TL_DIE("out of memory");
+  int ns = 0, same_baseline = 1, any = 0;
+  double x_end = 0;
+  for (int k = 0; k < n; k++) {
+    double raw = linear ? runs[k].linear_raw : runs[k].knn_raw;
+    double raw0 = linear ? runs[0].linear_raw : runs[0].knn_raw;
+    same_baseline &= raw == raw0 || (isnan(raw) && isnan(raw0));
+    xs[k] = malloc(sizeof(double) * ((size_t)runs[k].n_evals + 1));
+    ys[k] = malloc(sizeof(double) * ((size_t)runs[k].n_evals + 1));
+    if (!xs[k] || !ys[k]) TL_DIE("out of memory");
+    for (int i = 0; i < runs[k].n_evals; i++) {
+      const Eval *e = &runs[k].evals[i];
+      xs[k][i] = eval_x(e, x);
+      ys[k][i] = linear ? e->linear_top1 : e->top1;
+      any |= isfinite(ys[k][i]);
+      if (isfinite(xs[k][i])) x_end = fmax(x_end, xs[k][i]);
+    }
+    s[ns++] = (Series){labels[k], palette[k % N_COLORS], runs[k].n_evals, xs[k], ys[k], 0};
+  }
+  static char raw_label[] = "raw pixels (baseline)";
+  for (int k = 0; any && k < (same_baseline ? 1 : n); k++) {
+    double raw = linear ? runs[k].linear_raw : runs[k].knn_raw;
+    if (!isfinite(raw)) continue;
+    base[k][0] = 0, base[k][1] = x_end, base[k][2] = base[k][3] = raw;
+    s[ns++] = (Series){same_baseline ? raw_label : labels[k],
+                       same_baseline ? "#777777" : palette[k % N_COLORS],
+                       2,
+                       base[k],
+                       base[k] + 2,
+                       1};
+  }
+  if (any) {
+    char title[160];
+    snprintf(title, sizeof title, "%s top-1 accuracy against %s",
+             linear ? "Linear probe" : "kNN", x_label);
+    line_chart(f, title, x_label, s, ns, fmt_percent, 0, x == AXIS_STEP);
+  } else if (!linear) {
+    fputs("<p class=\"none\">No encoder evaluations recorded.</p>\n", f);
+  }
+  for (int k = 0; k < n; k++) free(xs[k]), free(ys[k]);
+  free(xs);
+  free(ys);
+  free(s);
+  free(base);
+}
 
 static void write_page(FILE *f, const Run *runs, int n) {
   fprintf(f,
@@ -659,48 +778,20 @@ static void write_page(FILE *f, const Run *runs, int n) {
       s[k] = (Series){labels[k], palette[k % N_COLORS], runs[k].n_recs, xs[k], ys[k], 0};
     }
     fprintf(f, "<h2>%s</h2>\n", per_step[c].heading);
-    line_chart(f, per_step[c].title, "step", s, n, per_step[c].fmt, per_step[c].from_zero);
+    line_chart(f, per_step[c].title, "step", s, n, per_step[c].fmt, per_step[c].from_zero, 1);
     for (int k = 0; k < n; k++) free(xs[k]), free(ys[k]);
   }
 
-  // kNN accuracy after each evaluation (the step it followed, top-1 at the configured k), over
-  // the whole run, with the raw-pixel baseline as a dashed line: one when every run has the same
-  // (the same data), else one per run.
-  Series *knn = calloc(2 * (size_t)n, sizeof *knn);
-  double(*base)[4] = calloc((size_t)n, sizeof *base);  // x0, x1, y, y
-  if (!knn || !base) TL_DIE("out of memory");
-  int nk = 0, same_baseline = 1;
-  double last_step = 0;
-  for (int k = 0; k < n; k++) {
-    last_step = fmax(last_step, last_field(&runs[k], "step") + 1);
-    same_baseline &= runs[k].knn_raw == runs[0].knn_raw;
+  fputs("<h2>Accuracy against compute</h2>\n", f);
+  static const struct {
+    AxisKind x;
+    const char *label;
+  } axes[] = {{AXIS_STEP, "step"}, {AXIS_PFLOP, "training PFLOP (every replica)"},
+              {AXIS_SECONDS, "training seconds (evaluation excluded)"}};
+  for (size_t a = 0; a < sizeof axes / sizeof *axes; a++) {
+    accuracy_chart(f, runs, n, labels, axes[a].x, axes[a].label, 0);
+    accuracy_chart(f, runs, n, labels, axes[a].x, axes[a].label, 1);
   }
-  for (int k = 0; k < n; k++) {
-    xs[k] = malloc(sizeof(double) * (runs[k].n_evals + 1));
-    ys[k] = malloc(sizeof(double) * (runs[k].n_evals + 1));
-    if (!xs[k] || !ys[k]) TL_DIE("out of memory");
-    for (int i = 0; i < runs[k].n_evals; i++) {
-      xs[k][i] = runs[k].evals[i].step;
-      ys[k][i] = runs[k].evals[i].top1;
-    }
-    knn[nk++] = (Series){labels[k], palette[k % N_COLORS], runs[k].n_evals, xs[k], ys[k], 0};
-  }
-  static char raw_label[] = "raw pixels (baseline)";
-  for (int k = 0; k < (same_baseline ? 1 : n); k++) {
-    if (!isfinite(runs[k].knn_raw)) continue;
-    base[k][0] = 0, base[k][1] = last_step, base[k][2] = base[k][3] = runs[k].knn_raw;
-    knn[nk++] = (Series){same_baseline ? raw_label : labels[k],
-                         same_baseline ? "#777777" : palette[k % N_COLORS],
-                         2,
-                         base[k],
-                         base[k] + 2,
-                         1};
-  }
-  fputs("<h2>kNN accuracy</h2>\n", f);
-  line_chart(f, "kNN top-1 accuracy of the encoder", "step", knn, nk, fmt_percent, 1);
-  for (int k = 0; k < n; k++) free(xs[k]), free(ys[k]);
-  free(knn);
-  free(base);
 
   fputs("<h2>Memory</h2>\n", f);
   for (int k = 0; k < n; k++) memory_chart(f, &runs[k]);
