@@ -17,6 +17,7 @@
 #include "io/npy.h"
 #include "ledger/plan.h"
 #include "ledger/report.h"
+#include "ledger/scaling.h"
 #include "objectives/objective.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
@@ -365,15 +366,116 @@ static void usage_plan(FILE *f) {
           "  --memory-budget SIZE  the largest batch (inbatch, mae) or queue_size (moco) whose\n"
           "                    planned peak fits SIZE (2GiB, 512MiB, 3GB, bytes), searched\n"
           "                    for over plans; prints the plan that proves it\n"
-          "  --no-knn, --knn-at-start   plan a run started with these train options\n",
+          "  --no-knn, --knn-at-start   plan a run started with these train options\n"
+          "\n"
+          "Scaling past one machine (one replica per node):\n"
+          "  --from RUN --nodes N[,N...] --link RATE [--keep-replica-batch]\n"
+          "                    predicted step time and images/s at N nodes on a link of RATE\n"
+          "                    (10Gbit, 100Mbit, 125MB/s): compute per replica from RUN's\n"
+          "                    ledger (scaled by the samples a node holds), communication from\n"
+          "                    the step's own byte counts (ring allreduce 2(N-1)/N of the\n"
+          "                    gradients; gathers N-1 blocks), with the allreduce overlapping\n"
+          "                    backward and without; the global batch is split over the nodes\n"
+          "                    unless --keep-replica-batch. --json: predicted_step_ms,\n"
+          "                    predicted_comm_ms, predicted_images_per_s, nodes, link_bytes_per_s\n",
           objective_names());
+}
+
+// What one step sends, from plans: the gradient block every replica averages, and what a sample
+// adds to the gathers (from a plan of two replicas: rank 0 sends its block and receives the
+// other, 2 x its block).
+static int step_traffic(const Config *cfg, const char *objective, StepTraffic *t) {
+  static Config two;
+  two = *cfg;
+  if (config_set(&two, "parallel.backend=local") != 0 ||
+      config_set(&two, "parallel.replicas=2") != 0 || config_set(&two, "eval.knn_train_limit=0") != 0)
+    return -1;
+  const PlanOptions no_knn = {.no_knn = 1};
+  LedgerRecord rec;
+  PlanTotals totals;
+  if (plan_build(&two, objective, 0, &no_knn, &rec, &totals) != 0) return -1;
+  t->allreduce_payload_bytes = (double)totals.param_count * sizeof(float);
+  t->gather_bytes_per_sample = rec.comm_allgather_bytes / 2.0 / totals.local_batch;
+  return 0;
+}
+
+// tally plan --from RUN --nodes N[,N...] --link RATE: throughput at N machines, one replica each.
+static int plan_scaling(const char *run_dir, const char *nodes_text, const char *link_text,
+                        int keep_replica_batch, int json) {
+  double link;
+  if (scaling_parse_rate(link_text, &link) != 0) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
+    return 2;
+  }
+  char ckpt[4200], objective[64];
+  snprintf(ckpt, sizeof ckpt, "%s/%s", run_dir, CHECKPOINT_FILE);
+  static Config cfg;
+  StFile f;
+  MeasuredRun m;
+  StepTraffic traffic;
+  if (checkpoint_read(&f, ckpt) != 0) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
+    return 1;
+  }
+  const char *name = st_get_meta(&f, "objective");
+  snprintf(objective, sizeof objective, "%s", name ? name : "");
+  int rc = checkpoint_config(&f, ckpt, &cfg);
+  st_free(&f);
+  if (rc == 0) rc = scaling_read_run(run_dir, &m);
+  if (rc == 0) rc = step_traffic(&cfg, objective, &traffic);
+  if (rc != 0) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
+    return 1;
+  }
+  if (!json) {
+    printf("tally plan: %s from %s (%d replica%s of %d images; per step: compute %.1f ms, "
+           "backward %.1f ms),\n",
+           objective, run_dir, m.replicas, m.replicas == 1 ? "" : "s", m.local_batch,
+           m.step_ms - m.comm_ms, m.backward_ms);
+    printf("link %.3g Gbit/s, one replica per node, %s; gradient allreduce %.2f MB, gathers %.0f "
+           "bytes per sample\n",
+           link * 8 / 1e9,
+           keep_replica_batch ? "each keeps the measured per-replica batch"
+                              : "the measured global batch split over the nodes",
+           traffic.allreduce_payload_bytes / 1e6, traffic.gather_bytes_per_sample);
+    printf("%7s %7s %7s %11s %11s %11s %13s %11s %10s\n", "nodes", "batch", "/node",
+           "compute ms", "comm ms", "step ms", "no-overlap ms", "images/s", "efficiency");
+    // Efficiency: the share of a step spent computing, i.e. images/s against N nodes that
+    // never wait for the link.
+  }
+  char copy[256];
+  snprintf(copy, sizeof copy, "%s", nodes_text);
+  for (char *save, *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    char *end;
+    long nodes = strtol(tok, &end, 10);
+    if (end == tok || *end || nodes < 1 || nodes > 1000000) {
+      fprintf(stderr, "tally: --nodes '%s': expected node counts such as 2,8,64\n", nodes_text);
+      return 2;
+    }
+    ScaleQuestion q = {(int)nodes, link, keep_replica_batch};
+    ScalePrediction p;
+    scaling_predict(&m, &traffic, &q, &p);
+    if (json)
+      printf("{\"objective\":\"%s\",\"nodes\":%ld,\"link_bytes_per_s\":%.6g,"
+             "\"local_batch\":%d,\"global_batch\":%d,\"predicted_compute_ms\":%.3f,"
+             "\"predicted_comm_ms\":%.3f,\"predicted_step_ms\":%.3f,"
+             "\"predicted_step_ms_no_overlap\":%.3f,\"predicted_images_per_s\":%.2f}\n",
+             objective, nodes, link, p.local_batch, p.global_batch, p.compute_ms, p.comm_ms,
+             p.step_ms, p.step_ms_no_overlap, p.images_per_s);
+    else
+      printf("%7ld %7d %7d %11.1f %11.1f %11.1f %13.1f %11.0f %9.0f%%\n", nodes, p.global_batch,
+             p.local_batch, p.compute_ms, p.comm_ms, p.step_ms, p.step_ms_no_overlap,
+             p.images_per_s, 100 * p.compute_ms / p.step_ms);
+  }
+  return 0;
 }
 
 static int cmd_plan(int argc, char **argv) {
   const char *objectives = "inbatch", *budget_text = NULL, *step_text = NULL;
+  const char *from = NULL, *nodes = NULL, *link = NULL;
   ConfigArgs ca = {0};
   PlanOptions popt = {0};
-  int json = 0;
+  int json = 0, keep_replica_batch = 0;
   for (int i = 0; i < argc; i++) {
     const char *v;
     int used = config_arg(argc, argv, &i, &ca);
@@ -388,6 +490,14 @@ static int cmd_plan(int argc, char **argv) {
       budget_text = v;
     } else if ((v = option_value(argc, argv, &i, "--step"))) {
       step_text = v;
+    } else if ((v = option_value(argc, argv, &i, "--from"))) {
+      from = v;
+    } else if ((v = option_value(argc, argv, &i, "--nodes"))) {
+      nodes = v;
+    } else if ((v = option_value(argc, argv, &i, "--link"))) {
+      link = v;
+    } else if (!strcmp(argv[i], "--keep-replica-batch")) {
+      keep_replica_batch = 1;
     } else if (!strcmp(argv[i], "--json")) {
       json = 1;
     } else if (!strcmp(argv[i], "--no-knn")) {
@@ -398,6 +508,13 @@ static int cmd_plan(int argc, char **argv) {
       fprintf(stderr, "tally plan: unknown option '%s' (see tally plan --help)\n", argv[i]);
       return 2;
     }
+  }
+  if (from || nodes || link) {
+    if (!from || !nodes || !link) {
+      fprintf(stderr, "tally plan: --from RUN, --nodes N[,N...] and --link RATE go together\n");
+      return 2;
+    }
+    return plan_scaling(from, nodes, link, keep_replica_batch, json);
   }
   size_t budget = 0;
   if (budget_text && plan_parse_size(budget_text, &budget) != 0) {
