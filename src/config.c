@@ -45,6 +45,7 @@ static const KeySpec recipe_keys[] = {
     TEXT_KEY(RECIPE(model, file), "models/resnet-small.ini", NULL),
     INT_KEY(RECIPE(model, head_hidden_dim), "256", 1, 65536),
     INT_KEY(RECIPE(model, head_out_dim), "64", 1, 65536),
+    INT_KEY(RECIPE(model, bn_splits), "1", 1, 1024),
 
     INT_KEY(RECIPE(train, batch_size), "256", 1, 65536),
     INT_KEY(RECIPE(train, epochs), "1", 1, 1000000),

@@ -64,6 +64,8 @@ typedef struct {
     char file[CONFIG_PATH_MAX];  // models/resnet-small.ini
     int head_hidden_dim;         // 256
     int head_out_dim;            // 64
+    int bn_splits;               // 1; G: BatchNorm statistics over G groups of each replica's
+                                 // batch (MoCo's single-GPU stand-in for several GPUs)
     ModelSpec spec;              // parsed from `file`
   } model;
 

@@ -293,6 +293,50 @@ static void check_batchnorm(int N, int C, int H, int W, int relu) {
   env_destroy(&e);
 }
 
+// bn_splits = G: each group of N/G samples is normalized with its own statistics (against the
+// reference on each group separately), the running statistics follow the groups' mean, and
+// every gradient matches finite differences (gamma and beta shared by the groups).
+static void test_bn_split_groups(void **state) {
+  (void)state;
+  enum { N = 6, C = 3, H = 2, W = 2, G = 3 };
+  Env e;
+  env_init(&e, batchnorm_param_count(C), OP_TRAIN);
+  e.ctx.bn_splits = G;
+  BatchNorm l;
+  batchnorm_init(&l, &e.b, "bn", N, C, H, W, 1, 1);
+  assert_int_equal(l.splits, G);
+  fill_uniform(l.gamma, C, 0.5f, 1.5f, 4);
+  fill_uniform(l.beta, C, -0.5f, 0.5f, 5);
+  const size_t M = (size_t)N * H * W, Mg = M / G, n = M * C, ng = Mg * C;
+  float *in = new_tensor(n), *R = new_tensor(n);
+  double *ref = tl_alloc(n * sizeof(double), MEM_DATA, COMP_OTHER);
+  for (int g = 0; g < G; g++) fill_bn_input(in + g * ng, Mg, C, l.gamma, l.beta, l.eps, ref);
+  fill_uniform(R, n, -1, 1, 6);
+  batchnorm_forward(&l, &e.ctx, in);
+  double mean_of_groups[C] = {0}, var_of_groups[C] = {0};
+  for (int g = 0; g < G; g++) {
+    double mean[C], var[C];
+    channel_stats(in + g * ng, Mg, C, mean, var);
+    bn_reference(in + g * ng, Mg, C, mean, var, l.gamma, l.beta, l.eps, 1, ref + g * ng);
+    for (int c = 0; c < C; c++) mean_of_groups[c] += mean[c] / G, var_of_groups[c] += var[c] / G;
+  }
+  expect_close(l.out, ref, n, FWD_ATOL);
+  for (int c = 0; c < C; c++) {
+    assert_float_equal(l.running_mean[c], 0.1 * mean_of_groups[c], 1e-5);
+    assert_float_equal(l.running_var[c], 0.9 + 0.1 * var_of_groups[c] * Mg / (Mg - 1.0), 1e-5);
+  }
+  batchnorm_backward(&l, &e.ctx, R);
+  LossCtx lc = {bn_fwd, &l, &e.ctx, in, l.out, R, n};
+  expect_grad(&lc, in, l.din, n, EPS_SMOOTH, "split bn din");
+  expect_grad(&lc, l.gamma, l.dgamma, (size_t)C, EPS_SMOOTH, "split bn dgamma");
+  expect_grad(&lc, l.beta, l.dbeta, (size_t)C, EPS_SMOOTH, "split bn dbeta");
+  tl_free(in);
+  tl_free(R);
+  tl_free(ref);
+  batchnorm_destroy(&l);
+  env_destroy(&e);
+}
+
 static void test_bn_4d(void **state) {
   (void)state;
   check_batchnorm(2, 3, 5, 5, 0);
@@ -502,6 +546,7 @@ int main(void) {
       cmocka_unit_test(test_bn_2d),
       cmocka_unit_test(test_bn_2d_relu),
       cmocka_unit_test(test_bn_modes),
+      cmocka_unit_test(test_bn_split_groups),
       cmocka_unit_test(test_relu),
       cmocka_unit_test(test_gelu),
       cmocka_unit_test(test_add),

@@ -10,6 +10,7 @@ void dnnl_ctx_init(DnnlCtx *ctx) {
   DNNL_CHECK(dnnl_stream_create(&ctx->stream, ctx->engine, dnnl_stream_default_flags));
   ctx->component = COMP_ENCODER;
   ctx->scratchpad_category = MEM_WORKSPACE;
+  ctx->bn_splits = 1;
 }
 
 void dnnl_ctx_destroy(DnnlCtx *ctx) {

@@ -26,6 +26,9 @@ typedef struct {
   MemComponent component;
   // Planning: primitives are created and FLOPs counted, but nothing executes.
   int dry_run;
+  // [model] bn_splits: BatchNorm with batch statistics computes them over this many equal groups
+  // of the batch, as several replicas would (MoCo's single-GPU SplitBatchNorm). 1 = the batch.
+  int bn_splits;
   // Analytic FLOPs (multiply-add = 2) added by ops as they execute, reset by the trainer per step.
   double flops_forward[COMP_NCOMP];
   double flops_backward[COMP_NCOMP];

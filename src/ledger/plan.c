@@ -166,6 +166,7 @@ static void *plan_replica(void *arg) {
   snapshot(before);
   DnnlCtx ctx;
   dnnl_ctx_init(&ctx);
+  ctx.bn_splits = cfg->model.bn_splits;
   ctx.dry_run = 1;
   int offset, local;
   loader_shard(pl->global_batch, rank, pl->world, pl->has_shard_sizes ? pl->shard_sizes : NULL,

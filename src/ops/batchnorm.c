@@ -23,9 +23,12 @@ struct BatchNormPrivate {
   dnnl_memory_t src, dst, diff_src;
   // (C) each; `ws` is the fused-ReLU mask.
   dnnl_memory_t scale, shift, mean, var, dscale, dshift, ws;
-  // Batch statistics of the last forward, (C) each (biased variance, as oneDNN normalizes with it).
+  // Batch statistics of the last forward, (splits, C) each (biased variance, as oneDNN normalizes
+  // with it).
   float *batch_mean, *batch_var;
-  void *relu_ws;       // fused-ReLU mask written in forward, read in backward
+  float *dgamma_split, *dbeta_split;  // (splits, C) when splits > 1: summed into dgamma, dbeta
+  void *relu_ws;       // fused-ReLU mask written in forward, read in backward, (splits) of them
+  size_t relu_ws_bytes;  // one group's
   float *din_discard;  // diff_src target when need_din = 0: oneDNN always computes it
   // Told when dgamma and dbeta are ready.
   const ParamSet *params;
@@ -46,6 +49,11 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
                    name, N, N == 1 ? "" : "s");
   DnnlCtx *ctx = b->ctx;
   memset(l, 0, sizeof *l);
+  l->splits = b->mode == OP_INFER || ctx->bn_splits < 1 ? 1 : ctx->bn_splits;
+  if (N % l->splits != 0 || (long)(N / l->splits) * H * W < 2)
+    tl_fatal_input("%s: [model] bn_splits = %d must divide the %d samples per replica into groups "
+                   "of at least 2 values per channel",
+                   name, l->splits, N);
   l->N = N, l->C = C, l->H = H, l->W = W, l->fuse_relu = fuse_relu;
   l->need_din = need_din && b->mode == OP_TRAIN;
   l->mode = b->mode;
@@ -72,7 +80,8 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   l->priv = p;
   p->params = b->params;
 
-  dnnl_dims_t data_dims = {N, C, H, W}, c_dims = {C};
+  // The primitives see one group; forward and backward run once per group.
+  dnnl_dims_t data_dims = {N / l->splits, C, H, W}, c_dims = {C};
   dnnl_memory_desc_t data_md = dnnl_md_plain(4, data_dims, dnnl_nhwc);
   dnnl_memory_desc_t c_md = dnnl_md_plain(1, c_dims, dnnl_a);
   unsigned flags = dnnl_use_scale | dnnl_use_shift | (fuse_relu ? dnnl_fuse_norm_relu : 0u);
@@ -95,14 +104,20 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   // Batch statistics (and the ReLU mask) are kept for backward in training; the momentum encoder
   // only needs them for the running-statistics update right after forward.
   MemCategory kept = builder_out_category(b);
-  p->batch_mean = tl_alloc((size_t)C * sizeof(float), kept, l->comp);
-  p->batch_var = tl_alloc((size_t)C * sizeof(float), kept, l->comp);
+  const size_t G = (size_t)l->splits;
+  p->batch_mean = tl_alloc(G * C * sizeof(float), kept, l->comp);
+  p->batch_var = tl_alloc(G * C * sizeof(float), kept, l->comp);
   if (fuse_relu) {
     dnnl_memory_desc_t ws_md = dnnl_pd_md(p->fwd_pd, dnnl_query_workspace_md, 0);
     p->ws = dnnl_mem_new(ctx, &ws_md);
-    p->relu_ws = tl_alloc(dnnl_md_bytes(&ws_md), kept, l->comp);
+    p->relu_ws_bytes = dnnl_md_bytes(&ws_md);
+    p->relu_ws = tl_alloc(G * p->relu_ws_bytes, kept, l->comp);
   }
   if (b->mode != OP_TRAIN) return;
+  if (G > 1) {
+    p->dgamma_split = tl_alloc(G * C * sizeof(float), MEM_WORKSPACE, l->comp);
+    p->dbeta_split = tl_alloc(G * C * sizeof(float), MEM_WORKSPACE, l->comp);
+  }
 
   dnnl_batch_normalization_desc_t bwd_desc;
   DNNL_CHECK(dnnl_batch_normalization_backward_desc_init(&bwd_desc, dnnl_backward, &data_md,
@@ -117,38 +132,47 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
     p->din_discard = tl_alloc(bn_elems(l) * sizeof(float), MEM_WORKSPACE, l->comp);
 }
 
-// r = (1 - momentum) r + momentum batch, with the unbiased batch variance as in PyTorch.
+// r = (1 - momentum) r + momentum batch, with the unbiased batch variance as in PyTorch; with
+// several groups, their mean statistics (as MoCo's SplitBatchNorm averages its running copies).
 static void bn_update_running(BatchNorm *l) {
   struct BatchNormPrivate *p = l->priv;
-  double n = (double)l->N * l->H * l->W;
+  const int G = l->splits;
+  double n = (double)(l->N / G) * l->H * l->W;
   float unbias = (float)(n / (n - 1.0));
   for (int c = 0; c < l->C; c++) {
-    l->running_mean[c] = (1.0f - l->momentum) * l->running_mean[c] + l->momentum * p->batch_mean[c];
-    l->running_var[c] =
-        (1.0f - l->momentum) * l->running_var[c] + l->momentum * unbias * p->batch_var[c];
+    float mean = 0, var = 0;
+    for (int g = 0; g < G; g++) mean += p->batch_mean[g * l->C + c], var += p->batch_var[g * l->C + c];
+    mean /= (float)G, var /= (float)G;
+    l->running_mean[c] = (1.0f - l->momentum) * l->running_mean[c] + l->momentum * mean;
+    l->running_var[c] = (1.0f - l->momentum) * l->running_var[c] + l->momentum * unbias * var;
   }
 }
+
+// Floats of one group's (N/G, H, W, C) slice.
+static size_t group_elems(const BatchNorm *l) { return (size_t)(l->N / l->splits) * l->H * l->W * l->C; }
 
 void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
   struct BatchNormPrivate *p = l->priv;
   l->in = in;
   int batch_stats = l->mode != OP_INFER;
-  dnnl_mem_bind(p->src, in);
-  dnnl_mem_bind(p->dst, l->out);
   dnnl_mem_bind(p->scale, l->gamma);
   dnnl_mem_bind(p->shift, l->beta);
-  // Outputs with batch statistics, inputs with running statistics.
-  dnnl_mem_bind(p->mean, batch_stats ? p->batch_mean : l->running_mean);
-  dnnl_mem_bind(p->var, batch_stats ? p->batch_var : l->running_var);
-  dnnl_exec_arg_t args[7] = {{DNNL_ARG_SRC, p->src},     {DNNL_ARG_DST, p->dst},
-                             {DNNL_ARG_SCALE, p->scale}, {DNNL_ARG_SHIFT, p->shift},
-                             {DNNL_ARG_MEAN, p->mean},   {DNNL_ARG_VARIANCE, p->var}};
-  int nargs = 6;
-  if (p->ws) {
-    dnnl_mem_bind(p->ws, p->relu_ws);
-    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WORKSPACE, p->ws};
+  for (int g = 0; g < l->splits; g++) {
+    dnnl_mem_bind(p->src, in + g * group_elems(l));
+    dnnl_mem_bind(p->dst, l->out + g * group_elems(l));
+    // Outputs with batch statistics, inputs with running statistics.
+    dnnl_mem_bind(p->mean, batch_stats ? p->batch_mean + g * l->C : l->running_mean);
+    dnnl_mem_bind(p->var, batch_stats ? p->batch_var + g * l->C : l->running_var);
+    dnnl_exec_arg_t args[7] = {{DNNL_ARG_SRC, p->src},     {DNNL_ARG_DST, p->dst},
+                               {DNNL_ARG_SCALE, p->scale}, {DNNL_ARG_SHIFT, p->shift},
+                               {DNNL_ARG_MEAN, p->mean},   {DNNL_ARG_VARIANCE, p->var}};
+    int nargs = 6;
+    if (p->ws) {
+      dnnl_mem_bind(p->ws, (char *)p->relu_ws + g * p->relu_ws_bytes);
+      args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WORKSPACE, p->ws};
+    }
+    dnnl_ctx_exec(ctx, p->fwd, p->fwd_pd, nargs, args);
   }
-  dnnl_ctx_exec(ctx, p->fwd, p->fwd_pd, nargs, args);
   if (batch_stats) bn_update_running(l);
   int per_elem = (batch_stats ? BN_FWD_BATCH_FLOPS_PER_ELEM : BN_FWD_GLOBAL_FLOPS_PER_ELEM) +
                  (l->fuse_relu ? BN_RELU_FLOPS_PER_ELEM : 0);
@@ -158,27 +182,38 @@ void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
 void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout) {
   struct BatchNormPrivate *p = l->priv;
   TL_ASSERT(l->mode == OP_TRAIN && l->in);
-  dnnl_mem_bind(p->src, l->in);
-  dnnl_mem_bind(p->dst, dout);
-  dnnl_mem_bind(p->diff_src, l->need_din ? l->din : p->din_discard);
+  const int G = l->splits;
+  float *din = l->need_din ? l->din : p->din_discard;
   dnnl_mem_bind(p->scale, l->gamma);
   dnnl_mem_bind(p->shift, l->beta);
-  dnnl_mem_bind(p->mean, p->batch_mean);
-  dnnl_mem_bind(p->var, p->batch_var);
-  dnnl_mem_bind(p->dscale, l->dgamma);
-  dnnl_mem_bind(p->dshift, l->dbeta);
-  // oneDNN 2.6 requires the shift as an input of backward even though dbeta does not depend on it.
-  dnnl_exec_arg_t args[10] = {{DNNL_ARG_SRC, p->src},           {DNNL_ARG_DIFF_DST, p->dst},
-                              {DNNL_ARG_DIFF_SRC, p->diff_src}, {DNNL_ARG_SCALE, p->scale},
-                              {DNNL_ARG_SHIFT, p->shift},       {DNNL_ARG_MEAN, p->mean},
-                              {DNNL_ARG_VARIANCE, p->var},      {DNNL_ARG_DIFF_SCALE, p->dscale},
-                              {DNNL_ARG_DIFF_SHIFT, p->dshift}};
-  int nargs = 9;
-  if (p->ws) {
-    dnnl_mem_bind(p->ws, p->relu_ws);
-    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WORKSPACE, p->ws};
+  for (int g = 0; g < G; g++) {
+    dnnl_mem_bind(p->src, l->in + g * group_elems(l));
+    dnnl_mem_bind(p->dst, dout + g * group_elems(l));
+    dnnl_mem_bind(p->diff_src, din + g * group_elems(l));
+    dnnl_mem_bind(p->mean, p->batch_mean + g * l->C);
+    dnnl_mem_bind(p->var, p->batch_var + g * l->C);
+    dnnl_mem_bind(p->dscale, G > 1 ? p->dgamma_split + g * l->C : l->dgamma);
+    dnnl_mem_bind(p->dshift, G > 1 ? p->dbeta_split + g * l->C : l->dbeta);
+    // oneDNN 2.6 requires the shift as an input of backward though dbeta does not depend on it.
+    dnnl_exec_arg_t args[10] = {{DNNL_ARG_SRC, p->src},           {DNNL_ARG_DIFF_DST, p->dst},
+                                {DNNL_ARG_DIFF_SRC, p->diff_src}, {DNNL_ARG_SCALE, p->scale},
+                                {DNNL_ARG_SHIFT, p->shift},       {DNNL_ARG_MEAN, p->mean},
+                                {DNNL_ARG_VARIANCE, p->var},      {DNNL_ARG_DIFF_SCALE, p->dscale},
+                                {DNNL_ARG_DIFF_SHIFT, p->dshift}};
+    int nargs = 9;
+    if (p->ws) {
+      dnnl_mem_bind(p->ws, (char *)p->relu_ws + g * p->relu_ws_bytes);
+      args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WORKSPACE, p->ws};
+    }
+    dnnl_ctx_exec(ctx, p->bwd, p->bwd_pd, nargs, args);
   }
-  dnnl_ctx_exec(ctx, p->bwd, p->bwd_pd, nargs, args);
+  // gamma and beta are shared by the groups: their gradients add up.
+  if (G > 1 && !ctx->dry_run)
+    for (int c = 0; c < l->C; c++) {
+      float dg = 0, db = 0;
+      for (int g = 0; g < G; g++) dg += p->dgamma_split[g * l->C + c], db += p->dbeta_split[g * l->C + c];
+      l->dgamma[c] = dg, l->dbeta[c] = db;
+    }
   paramset_grad_ready(p->params, l->dgamma, (size_t)l->C);
   paramset_grad_ready(p->params, l->dbeta, (size_t)l->C);
   int per_elem = BN_BWD_FLOPS_PER_ELEM + (l->fuse_relu ? BN_RELU_FLOPS_PER_ELEM : 0);
@@ -199,6 +234,8 @@ void batchnorm_destroy(BatchNorm *l) {
     tl_free(p->batch_mean);
     tl_free(p->batch_var);
     tl_free(p->relu_ws);
+    tl_free(p->dgamma_split);
+    tl_free(p->dbeta_split);
     tl_free(p->din_discard);
     free(p);
   }

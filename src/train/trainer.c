@@ -337,6 +337,7 @@ static void replica_open(ReplicaState *r) {
   Run *run = r->run;
   const Config *cfg = r->cfg;
   dnnl_ctx_init(&r->ctx);
+  r->ctx.bn_splits = cfg->model.bn_splits;
   int offset, local_batch;
   const int *shards = run->has_shard_sizes ? run->shard_sizes : NULL;
   loader_shard(run->global_batch, r->rank, r->world, shards, &offset, &local_batch);
