@@ -598,48 +598,29 @@ static void cost_table(FILE *f, const Run *runs, int n) {
     }
     fputs("</tr>\n", f);
   }
-  fputs("<tr><th>kNN top-1 (last evaluation)</th>", f);
-  for (int k = 0; k < n; k++) {
-    const Run *r = &runs[k];
-    double v = r->n_evals ? r->evals[r->n_evals - 1].top1 : r->knn_final;
-    if (isfinite(v))
-      snprintf(buf, sizeof buf, "%.2f%%", 100 * v);
-    else
-      snprintf(buf, sizeof buf, "-");
-    cell(f, buf);
+  // Per run: the last evaluation, what training spent, and what a unit of compute bought (the
+  // accuracy gained over raw pixels per PFLOP).
+  static const char *const labels[] = {"kNN top-1 (last evaluation)",
+                                       "training compute (every replica)", "training time",
+                                       "kNN gain over raw pixels per PFLOP"};
+  for (int row = 0; row < 4; row++) {
+    fprintf(f, "<tr><th>%s</th>", labels[row]);
+    for (int k = 0; k < n; k++) {
+      const Run *r = &runs[k];
+      double knn = r->n_evals ? r->evals[r->n_evals - 1].top1 : r->knn_final;
+      double flops = last_field(r, "flops_total"), seconds = last_field(r, "train_seconds");
+      double v = row == 0 ? knn : row == 1 ? flops : row == 2 ? seconds : (knn - r->knn_raw) / (flops / 1e15);
+      static const char *const formats[] = {"%.2f%%", "%.3g PFLOP", "%.0f s", "%+.2f points"};
+      static const double scales[] = {100, 1e-15, 1, 100};
+      if (isfinite(v))
+        snprintf(buf, sizeof buf, formats[row], v * scales[row]);
+      else
+        snprintf(buf, sizeof buf, "-");
+      cell(f, buf);
+    }
+    fputs("</tr>\n", f);
   }
-  fputs("</tr>\n<tr><th>training compute (every replica)</th>", f);
-  for (int k = 0; k < n; k++) {
-    double v = last_field(&runs[k], "flops_total");
-    if (isfinite(v))
-      snprintf(buf, sizeof buf, "%.3f PFLOP", v / 1e15);
-    else
-      snprintf(buf, sizeof buf, "-");
-    cell(f, buf);
-  }
-  fputs("</tr>\n<tr><th>training time</th>", f);
-  for (int k = 0; k < n; k++) {
-    double v = last_field(&runs[k], "train_seconds");
-    if (isfinite(v))
-      snprintf(buf, sizeof buf, "%.0f s", v);
-    else
-      snprintf(buf, sizeof buf, "-");
-    cell(f, buf);
-  }
-  // What a unit of compute bought: the accuracy gained over raw pixels per PFLOP spent.
-  fputs("</tr>\n<tr><th>kNN gain over raw pixels per PFLOP</th>", f);
-  for (int k = 0; k < n; k++) {
-    const Run *r = &runs[k];
-    double acc = r->n_evals ? r->evals[r->n_evals - 1].top1 : r->knn_final;
-    double pflop = last_field(r, "flops_total") / 1e15;
-    double v = (acc - r->knn_raw) / pflop;
-    if (isfinite(v))
-      snprintf(buf, sizeof buf, "%+.2f points", 100 * v);
-    else
-      snprintf(buf, sizeof buf, "-");
-    cell(f, buf);
-  }
-  fputs("</tr>\n<tr><th>peak resident memory</th>", f);
+  fputs("<tr><th>peak resident memory</th>", f);
   for (int k = 0; k < n; k++) {
     double v =
         isfinite(runs[k].peak_rss) ? runs[k].peak_rss : last_field(&runs[k], "peak_rss_bytes");
