@@ -333,7 +333,8 @@ static int set_key(const KeySpec *k, void *base, const char *where, const char *
       double v = strtod(text, &end);
       if (!*text || *end || !isfinite(v))
         return tl_fail("%s: [%s] %s = '%s' is not a number", where, k->section, k->key, text);
-      if (!in_range(k, v)) return out_of_range(k, where, text, NULL);
+      // The range is checked on the value stored: 1e-50 is a float 0 and 0.99999999999 a 1.
+      if (!isfinite((float)v) || !in_range(k, (float)v)) return out_of_range(k, where, text, NULL);
       *(float *)field = (float)v;
       return 0;
     }

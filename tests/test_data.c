@@ -938,7 +938,7 @@ static void test_imagefolder_errors(void **state) {
   // Control characters in a file name are shown escaped, not sent to the terminal.
   const char *escape = temp_path(t, "zebra/\x1b[31mred.png");
   write_bytes(escape, "not a png", 9, 0);
-  assert_imagefolder_fails(t->dir, "zebra/\\x1b[31mred.png: not a readable image");
+  assert_imagefolder_fails(t->dir, "zebra/\\x1b[31mred.png: its content is not the image format");
   assert_null(strchr(tl_last_error(), '\x1b'));
   remove(escape);
   // An empty class folder, and a root that is missing.

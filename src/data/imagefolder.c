@@ -30,6 +30,8 @@ static const long long max_source_pixels = 64ll << 20;
 // a small one per other thread.
 static const long long max_parallel_decode_pixels = 4ll << 20;
 static const int max_image_size = 4096;
+// Decoded pixels one byte of a file can stand for (deflate's limit is 1032:1).
+static const double max_bytes_per_file_byte = 1100;
 
 typedef struct {
   char **names;  // malloc'd, sorted by strcmp
@@ -96,6 +98,57 @@ static int list_dir(const char *dir, int want_dirs, NameList *out) {
   return 0;
 }
 
+// stb_image decodes whatever format it recognizes whatever the name says (a 19-byte TGA named
+// .png decodes as 6167x5142): a file must start as its extension says.
+static int magic_matches(const char *path, int fd) {
+  unsigned char head[8] = {0};
+  ssize_t n = pread(fd, head, sizeof head, 0);
+  const char *dot = strrchr(path, '.');
+  if (!dot || n < 2) return 0;
+  if (!strcasecmp(dot, ".png")) return n == 8 && !memcmp(head, "\x89PNG\r\n\x1a\n", 8);
+  if (!strcasecmp(dot, ".jpg") || !strcasecmp(dot, ".jpeg"))
+    return n >= 3 && head[0] == 0xff && head[1] == 0xd8 && head[2] == 0xff;
+  if (!strcasecmp(dot, ".bmp")) return head[0] == 'B' && head[1] == 'M';
+  return 0;
+}
+
+// A JPEG Huffman table (DHT) codes at most 256 symbols; Debian's stb_image (before 2.28) writes
+// past its table when one declares more. The segments before the scan data are checked first.
+static int jpeg_tables_valid(int fd, int64_t bytes) {
+  size_t n = bytes < (64 << 20) ? (size_t)bytes : (size_t)64 << 20;
+  unsigned char *b = malloc(n ? n : 1);
+  if (!b) TL_DIE("out of memory");
+  int ok = pread(fd, b, n, 0) == (ssize_t)n;
+  for (size_t at = 2; ok && at + 4 <= n;) {
+    if (b[at] != 0xff) break;  // not a marker: let the decoder judge
+    unsigned marker = b[at + 1];
+    if (marker == 0xff) {  // fill byte
+      at++;
+      continue;
+    }
+    if (marker == 0xd8 || marker == 0x01 || (marker >= 0xd0 && marker <= 0xd7)) {
+      at += 2;
+      continue;
+    }
+    if (marker == 0xda || marker == 0xd9) break;  // scan data, or the end
+    size_t len = (size_t)b[at + 2] << 8 | b[at + 3], end = at + 2 + len;
+    if (len < 2 || end > n) {
+      ok = 0;  // a header segment cut off by the end of the file
+      break;
+    }
+    for (size_t t = at + 4; ok && marker == 0xc4 && t < end;) {
+      size_t codes = 0;
+      if (t + 17 > end) ok = 0;  // a table's 16 counts cut off
+      for (int i = 1; ok && i <= 16; i++) codes += b[t + i];
+      if (codes > 256) ok = 0;
+      t += 17 + codes;
+    }
+    at = end;
+  }
+  free(b);
+  return ok;
+}
+
 // stb_image's decode of the open file f (at `channels`), one large image at a time.
 static uint8_t *decode(FILE *f, long long pixels, int channels, int *w, int *h) {
   int file_channels;
@@ -111,8 +164,20 @@ static uint8_t *decode(FILE *f, long long pixels, int channels, int *w, int *h) 
 // the error goes to this thread's tl_last_error(). The file is opened once and checked to be
 // regular there, so what is decoded is what was checked.
 static int load_image(const char *path, int size, int channels, uint8_t *out) {
-  int fd = dataset_open_regular(path, NULL);
+  int64_t file_bytes = 0;
+  int fd = dataset_open_regular(path, &file_bytes);
   if (fd < 0) return -1;
+  if (!magic_matches(path, fd)) {
+    close(fd);
+    return tl_fail("%s: its content is not the image format its name says", path);
+  }
+  const char *dot = strrchr(path, '.');
+  if ((!strcasecmp(dot, ".jpg") || !strcasecmp(dot, ".jpeg")) && !jpeg_tables_valid(fd, file_bytes)) {
+    close(fd);
+    return tl_fail("%s: corrupt JPEG header (a cut-off segment, or a Huffman table of more than "
+                   "256 codes)",
+                   path);
+  }
   FILE *f = fdopen(fd, "rb");
   if (!f) {
     close(fd);
@@ -122,6 +187,13 @@ static int load_image(const char *path, int size, int channels, uint8_t *out) {
   uint8_t *decoded = NULL;
   if (!stbi_info_from_file(f, &w, &h, &file_channels)) {
     tl_fail("%s: not a readable image: %s", path, stbi_failure_reason());
+  } else if (w < 1 || h < 1) {
+    tl_fail("%s: an image of %dx%d pixels", path, w, h);
+  } else if ((double)w * h > max_bytes_per_file_byte * (double)file_bytes) {
+    // No PNG, JPEG or BMP compresses better than about 1000:1 (deflate's limit is 1032:1): a
+    // header claiming more pixels than its file can hold would decode mostly made-up data.
+    tl_fail("%s: claims %dx%d pixels in %lld bytes (truncated or corrupt)", path, w, h,
+            (long long)file_bytes);
   } else if (w > max_source_side_pixels || h > max_source_side_pixels ||
              (long long)w * h > max_source_pixels) {
     tl_fail("%s: %dx%d pixels, more than %d per side or %lld (8192x8192) in all", path, w, h,

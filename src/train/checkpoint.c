@@ -54,9 +54,11 @@ int checkpoint_read(StFile *s, const char *path) {
   if (st_read(s, path, 0) != 0) return -1;
   const char *format = st_get_meta(s, "format");
   if (!format || strcmp(format, CHECKPOINT_FORMAT) != 0) {
+    // The message first: `format` points into the metadata st_free releases.
+    tl_fail("%s: not a Tally checkpoint (format %s, expected %s)", path,
+            format ? format : "missing", CHECKPOINT_FORMAT);
     st_free(s);
-    return tl_fail("%s: not a Tally checkpoint (format %s, expected %s)", path,
-                   format ? format : "missing", CHECKPOINT_FORMAT);
+    return -1;
   }
   return 0;
 }

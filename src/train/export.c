@@ -163,6 +163,13 @@ int export_checkpoint(const char *ckpt, const char *out, int with_head) {
     snprintf(e.name, sizeof e.name, "%s", t->name + 7);
     for (int d = 0; d < t->ndim; d++) e.shape[d] = (long)t->shape[d];
     TorchTensor tt = torch_tensor_for(&e, &cfg.model.spec, cfg.data.channels);
+    size_t elems = 1;
+    for (int d = 0; d < tt.ndim; d++) elems *= (size_t)tt.shape[d];
+    if (elems * sizeof(float) != t->bytes) {
+      rc = tl_fail("%s: tensor %s holds %zu floats, its model needs %zu", ckpt, t->name,
+                   t->bytes / sizeof(float), elems);
+      break;
+    }
     owned[i] = malloc(t->bytes);
     if (!owned[i]) TL_DIE("out of memory");
     if (tt.layout == TORCH_PATCH_EMBED) {

@@ -1,0 +1,48 @@
+// libFuzzer harness: one image file in an ImageFolder tree (dataset_imagefolder_count,
+// dataset_load_imagefolder), decoded by stb_image and resized, as `tally train` reads a folder.
+// Input: one options byte, then the image file's bytes.
+//   options bit 0: load as 3 channels, bit 1: unlabeled (ROOT/x.EXT, else ROOT/cls/x.EXT),
+//   bits 2-3: EXT png, jpg, jpeg or bmp, bits 4-7: image size 1 + 3 * value (1..46).
+//
+// stb_image is compiled in here from the same header Debian's libstb is built from, so the
+// decoder runs instrumented (coverage, AddressSanitizer) instead of as the uninstrumented shared
+// library; the executable's definitions take precedence over libstb's.
+#define STB_IMAGE_IMPLEMENTATION
+#include <stb_image.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include "data/dataset.h"
+#include "fuzz_util.h"
+
+static const char *const extensions[] = {"png", "jpg", "jpeg", "bmp"};
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size < 1) return 0;
+  const uint8_t options = data[0];
+  const int channels = options & 1 ? 3 : 1, unlabeled = options & 2;
+  const int image_size = 1 + 3 * (options >> 4);
+  const char *root_rel = unlabeled ? "unlabeled" : "labeled";
+  char root[600], dir_rel[64], path[600], rel[80];
+  fuzz_path(root, sizeof root, root_rel);
+  snprintf(dir_rel, sizeof dir_rel, "%s%s", root_rel, unlabeled ? "" : "/cls");
+  // One image in the tree: the one this input names.
+  for (int k = 0; k < 4; k++) {
+    snprintf(rel, sizeof rel, "%s/x.%s", dir_rel, extensions[k]);
+    fuzz_path(path, sizeof path, rel);
+    unlink(path);
+  }
+  snprintf(rel, sizeof rel, "%s/x.%s", dir_rel, extensions[(options >> 2) & 3]);
+  fuzz_path(path, sizeof path, rel);
+  fuzz_write(path, data + 1, size - 1);
+
+  int n;
+  if (dataset_imagefolder_count(root, 0, &n) != 0 || n != 1) abort();
+  Dataset ds;
+  if (dataset_load_imagefolder(&ds, root, image_size, channels, 0) == 0) {
+    if (ds.n != 1 || ds.h != image_size || ds.c != channels) abort();
+    if (ds.n_classes != (unlabeled ? 0 : 1)) abort();
+    dataset_free(&ds);
+  }
+  return 0;
+}
