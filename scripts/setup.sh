@@ -59,5 +59,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt_get install -y "${missing[@]}"
 fi
 
+# The dataset's files are checked against data/fashion-mnist.sha256 the first time they are found
+# (a stamp in build/ remembers it): a changed or damaged package is named, not trained on.
+datasets=/usr/share/datasets/fashion-mnist
+mkdir -p build
+if [ -d "$datasets" ] && [ ! -e build/.fashion-mnist-verified ]; then
+  if (cd "$datasets" && sha256sum --check --quiet "$OLDPWD/data/fashion-mnist.sha256"); then
+    touch build/.fashion-mnist-verified
+  else
+    echo "setup: $datasets does not match data/fashion-mnist.sha256 (reinstall dataset-fashion-mnist)" >&2
+    exit 1
+  fi
+fi
+
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > /dev/null
 cmake --build build -j"$(nproc)"

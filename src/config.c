@@ -21,6 +21,7 @@
 #include "core/error.h"
 
 static const KeySpec recipe_keys[] = {
+    TEXT_KEY(RECIPE(data, dataset), "", NULL),
     TEXT_KEY(RECIPE(data, format), "idx", "idx|imagefolder"),
     // Debian's dataset-fashion-mnist installs here.
     TEXT_KEY(RECIPE(data, train), "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz",
@@ -441,11 +442,17 @@ static int unknown_name(const Schema *s, const char *where, const char *section,
   return tl_fail("%s: unknown section [%s]%s", where, section, hint);
 }
 
+static int load_dataset(Config *cfg, const char *where);
+
 static int assign(const Schema *s, void *base, const char *where, const char *section,
                   const char *key, const char *value) {
   const KeySpec *k = find_key(s, section, key);
   if (!k) return unknown_name(s, where, section, key);
-  return set_key(k, base, where, value);
+  if (set_key(k, base, where, value)) return -1;
+  // [data] dataset = NAME reads data/NAME.ini's [data] keys there and then.
+  if (s->keys != model_schema.keys && k->offset == offsetof(Config, data.dataset))
+    return load_dataset(base, where);
+  return 0;
 }
 
 static void apply_defaults(const Schema *s, void *base) {
@@ -613,6 +620,37 @@ int config_resolve_path(const char *path, char *out, size_t cap) {
   }
   if (strlen(path) >= cap) return 0;
   snprintf(out, cap, "%s", path);
+  return 0;
+}
+
+// data/NAME.ini: a dataset descriptor, [data] keys only (paths relative to the project root
+// work from any folder). Keys the recipe sets after `dataset` override it.
+static int load_dataset(Config *cfg, const char *where) {
+  if (!cfg->data.dataset[0]) return 0;
+  for (const char *c = cfg->data.dataset; *c; c++)
+    if (!(isalnum((unsigned char)*c) || *c == '-' || *c == '_'))
+      return tl_fail("%s: [data] dataset = '%s': a name from data/ (letters, digits, - and _)",
+                     where, cfg->data.dataset);
+  char name[CONFIG_PATH_MAX], path[CONFIG_PATH_MAX];
+  snprintf(name, sizeof name, "data/%s.ini", cfg->data.dataset);
+  config_resolve_path(name, path, sizeof path);
+  if (access(path, R_OK) != 0)
+    return tl_fail("%s: [data] dataset = '%s': no %s (the datasets are the .ini files in data/)",
+                   where, cfg->data.dataset, name);
+  static _Thread_local int reading;  // a descriptor naming a dataset would recurse
+  if (reading) return tl_fail("%s: a dataset descriptor cannot name another dataset", where);
+  char dataset[sizeof cfg->data.dataset];
+  memcpy(dataset, cfg->data.dataset, sizeof dataset);
+  reading = 1;
+  int rc = parse_file(&recipe_schema, cfg, path);
+  reading = 0;
+  if (rc) return -1;
+  memcpy(cfg->data.dataset, dataset, sizeof dataset);
+  char *paths[2] = {cfg->data.train, cfg->data.test};
+  for (int i = 0; i < 2; i++) {
+    char resolved[CONFIG_PATH_MAX];
+    if (config_resolve_path(paths[i], resolved, sizeof resolved)) copy_path(paths[i], resolved);
+  }
   return 0;
 }
 

@@ -39,6 +39,8 @@ typedef struct {
   unsigned char set_by_option[CONFIG_MAX_KEYS];
 
   struct {
+    char dataset[64];             // "" or NAME: data/NAME.ini's [data] keys, read where this
+                                  // key stands (later keys override them)
     char format[16];              // idx | imagefolder
     char train[CONFIG_PATH_MAX];  // IDX images file, or ImageFolder root
     char test[CONFIG_PATH_MAX];

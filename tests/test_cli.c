@@ -260,11 +260,30 @@ static void test_nan_loss_stops_and_keeps_checkpoint(void **state) {
   assert_int_equal(steps, 2);
 }
 
+// The repository's own sample images (data/samples, named by data/stripes.ini and
+// data/stripes-unlabeled.ini) carry a smoke run of a few seconds, labeled and unlabeled.
+static void test_smoke_run_on_sample_data(void **state) {
+  (void)state;
+  char out[16384];
+  int rc = run(out, sizeof out, "train --config configs/smoke.ini --quiet --out %s/smoke", tmpdir);
+  if (rc != 0) fprintf(stderr, "%s", out);
+  assert_int_equal(rc, 0);
+  assert_true(exists("%s/smoke/summary.json", tmpdir));
+  rc = run(out, sizeof out,
+           "train --config configs/smoke.ini --set data.dataset=stripes-unlabeled --quiet --out "
+           "%s/smoke-unlabeled",
+           tmpdir);
+  if (rc != 0) fprintf(stderr, "%s", out);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "kNN monitor off"));
+}
+
 int main(void) {
   if (cli_test_init("cli") != 0) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_help),
       cmocka_unit_test(test_short_training_run),
+      cmocka_unit_test(test_smoke_run_on_sample_data),
       cmocka_unit_test(test_missing_dataset),
       cmocka_unit_test(test_truncated_gz),
       cmocka_unit_test(test_malformed_ini),

@@ -418,6 +418,7 @@ static void stage_lists(void **state) {
 // implementation's table: a key missing from it, from config_write or from loading fails the
 // round trip below.
 static const char *const every_key[][2] = {
+    {"data.dataset", "fashion-mnist"},
     {"data.format", "imagefolder"},
     {"data.train", "some/train"},
     {"data.test", "some/test"},
@@ -722,6 +723,30 @@ static void error_messages_are_one_whole_line(void **state) {
   assert_string_equal(tl_last_error(), "second: first");
 }
 
+// [data] dataset = NAME reads data/NAME.ini where the line stands: its keys apply, keys after it
+// override them, its relative paths work from the project root, and an unknown name, a name
+// with a path in it, or a descriptor naming another are refused.
+static void datasets_are_named_in_data(void **state) {
+  (void)state;
+  Config c;
+  config_defaults(&c);
+  char path[256];
+  write_temp(path, sizeof path, "[data]\ndataset = stripes\nimage_size = 20\n");
+  if (config_load(&c, path) != 0) fail_msg("%s", tl_last_error());
+  assert_string_equal(c.data.format, "imagefolder");
+  assert_int_equal(c.data.image_size, 20);  // after the dataset line: the recipe's
+  assert_non_null(strstr(c.data.train, "data/samples/stripes"));
+  unlink(path);
+  config_defaults(&c);
+  assert_int_equal(config_set(&c, "data.dataset=fashion-mnist"), 0);
+  assert_string_equal(c.data.format, "idx");
+  assert_non_null(strstr(c.data.train, "train-images-idx3-ubyte.gz"));
+  assert_int_equal(config_set(&c, "data.dataset=nosuch"), -1);
+  assert_non_null(strstr(tl_last_error(), "no data/nosuch.ini"));
+  assert_int_equal(config_set(&c, "data.dataset=../configs/moco"), -1);
+  assert_non_null(strstr(tl_last_error(), "a name from data/"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(defaults_match_the_header),
@@ -738,6 +763,7 @@ int main(void) {
       cmocka_unit_test(config_files_must_be_regular),
       cmocka_unit_test(control_bytes_are_escaped),
       cmocka_unit_test(error_messages_are_one_whole_line),
+      cmocka_unit_test(datasets_are_named_in_data),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
