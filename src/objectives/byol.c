@@ -1,0 +1,195 @@
+// byol: Bootstrap Your Own Latent (Grill et al. 2020). Both views go through the online encoder,
+// projector and predictor with backward; both go through the target — an EMA copy of encoder and
+// projector, no predictor — forward only, holding nothing for backward. Each view's prediction
+// regresses onto the target's projection of the other view: no negatives at all, and nothing
+// cached but the target's weights, so every step encodes 4b views anew (2b of them without
+// gradient).
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/timer.h"
+#include "nn/head.h"
+#include "objectives/byol_loss.h"
+#include "objectives/ema.h"
+#include "objectives/objective.h"
+#include "train/checkpoint.h"
+
+extern const ObjectiveDef objective_byol;
+
+// [byol]
+typedef struct {
+  float momentum;              // 0.99: the target's EMA coefficient tau at step 0
+  char momentum_schedule[16];  // cosine (tau rises to 1 over the run, as the paper) | constant
+  int predictor_hidden_dim;    // 256: the predictor maps out -> hidden -> out
+} ByolSettings;
+
+// The paper's tau = 0.996 is for runs of 300-1000 epochs: over one epoch of ~234 steps its
+// memory (1 / (1 - tau) = 250 steps) is longer than the run, and the target would stay near its
+// random start. 0.99 remembers ~100 steps, well inside a short run.
+static const KeySpec byol_keys[] = {
+    FLOAT_KEY(OWN(ByolSettings, byol, momentum), "0.99", 0, 1, 0),
+    TEXT_KEY(OWN(ByolSettings, byol, momentum_schedule), "cosine", "constant|cosine"),
+    INT_KEY(OWN(ByolSettings, byol, predictor_hidden_dim), "256", 1, 65536),
+};
+static const ConfigSection byol_settings = CONFIG_SECTION(byol_keys, ByolSettings, NULL);
+
+static const ByolSettings *settings(const Config *cfg) {
+  return objective_settings(cfg, &objective_byol);
+}
+
+typedef struct {
+  Objective base;
+  int b;                      // samples on this replica; rows = 2b views
+  ProjectionHead projector;   // online: feature -> hidden -> d
+  ProjectionHead predictor;   // online: d -> predictor_hidden -> d
+  ParamSet target_params;     // EMA of the online backbone + projector, no gradients
+  Backbone *target_backbone;  // OP_FORWARD: batch statistics, nothing kept
+  ProjectionHead target_projector;
+  ByolLoss loss;
+  float *dp;  // (2b, d) MEM_ACT_GRAD
+} Byol;
+
+// Online parameters: backbone, projector ("head", as every objective's), then the predictor.
+static size_t byol_param_count(const Config *cfg) {
+  const int d = cfg->model.head_out_dim;
+  return backbone_with_head_param_count(cfg) +
+         head_param_count(d, settings(cfg)->predictor_hidden_dim, d);
+}
+
+static Objective *byol_create(const ObjectiveEnv *env) {
+  const Config *cfg = env->cfg;
+  Byol *o = calloc(1, sizeof *o);
+  if (!o) TL_DIE("out of memory");
+  o->base.env = *env;
+  o->b = env->local_batch;
+  const int rows = 2 * o->b, S = cfg->data.image_size, C = cfg->data.channels;
+  const int hidden = cfg->model.head_hidden_dim, d = cfg->model.head_out_dim;
+  const ModelSpec *spec = &cfg->model.spec;
+
+  Builder online = {env->ctx, env->params, OP_TRAIN};
+  env->ctx->component = COMP_ENCODER;
+  o->base.online = backbone_create(spec, &online, rows, S, C);
+  head_init(&o->projector, &online, "head", rows, o->base.online->feature_dim, hidden, d);
+  head_init(&o->predictor, &online, "predictor", rows, d, settings(cfg)->predictor_hidden_dim, d);
+
+  // The target starts as an exact copy of the online backbone and projector (the online block's
+  // first floats, taken in the same order) and then only follows the momentum rule.
+  paramset_alloc_nograd(&o->target_params, backbone_with_head_param_count(cfg), cfg->train.seed,
+                        MEM_MOMENTUM);
+  Builder target = {env->ctx, &o->target_params, OP_FORWARD};
+  o->target_backbone = backbone_create(spec, &target, rows, S, C);
+  head_init(&o->target_projector, &target, "head", rows, o->target_backbone->feature_dim, hidden,
+            d);
+  memcpy(o->target_params.data, env->params->data, sizeof(float) * o->target_params.count);
+
+  env->ctx->component = COMP_LOSS;
+  byol_loss_init(&o->loss, rows, d);
+  o->dp = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT_GRAD, COMP_LOSS);
+  env->ctx->component = COMP_ENCODER;
+  TL_ASSERT(env->params->used == env->params->count);
+  TL_ASSERT(o->target_params.used == o->target_params.count);
+  return &o->base;
+}
+
+static double byol_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
+  Byol *o = (Byol *)base;
+  DnnlCtx *ctx = base->env.ctx;
+  Comm *comm = base->env.comm;
+  const int b = o->b;
+  TL_ASSERT(batch->n == b && batch->n_views == 2);
+
+  double t0 = now_ms();
+  // The batch is view-major, so views 0 and 1 of all samples form one 2b-image forward, for the
+  // target as for the online network.
+  ctx->component = COMP_ENCODER;
+  o->target_backbone->forward(o->target_backbone, ctx, batch->views);
+  head_forward(&o->target_projector, ctx, o->target_backbone->feature);
+  base->online->forward(base->online, ctx, batch->views);
+  head_forward(&o->projector, ctx, base->online->feature);
+  head_forward(&o->predictor, ctx, o->projector.out);
+  // The loss is a sum of per-sample terms with no coupling across replicas (no negatives, no
+  // gather), so the gradient of this replica's mean, averaged over replicas weighted by sample
+  // count (the trainer's allreduce), is exactly the gradient of the global mean. (BatchNorm
+  // statistics are per replica, as in every objective here.)
+  double loss_sum = byol_loss_forward_backward(&o->loss, ctx, o->predictor.out,
+                                               o->target_projector.out, b, o->dp);
+  double t1 = now_ms();
+  head_backward(&o->predictor, ctx, o->dp);
+  head_backward(&o->projector, ctx, o->predictor.din);
+  base->online->backward(base->online, ctx, o->projector.din);
+  double t2 = now_ms();
+
+  double sums[2] = {loss_sum, (double)b};
+  comm_allreduce_sum_f64(comm, sums, 2);
+
+  rec->forward_ms = t1 - t0;
+  rec->backward_ms = t2 - t1;
+  rec->images_source = b;
+  rec->views_grad = 2L * b;
+  rec->views_nograd = 2L * b;
+  rec->negatives_per_query = 0;
+  rec->positives_per_query = 1;
+  rec->encodings_next_new = 4L * b;
+  rec->encodings_next_reused = 0;
+  return sums[0] / sums[1];
+}
+
+static void byol_after_update(Objective *base, const Batch *batch, LedgerRecord *rec) {
+  Byol *o = (Byol *)base;
+  const ByolSettings *set = settings(base->env.cfg);
+  float tau = ema_momentum_at(set->momentum, set->momentum_schedule, batch->global_step,
+                              base->env.total_steps);
+  // The target mirrors the online entries that come before the predictor's.
+  ParamSet mirrored = *base->env.params;
+  mirrored.n_entries = o->target_params.n_entries;
+  mirrored.count = o->target_params.count;
+  rec->momentum_distance = ema_update(&o->target_params, &mirrored, tau);
+}
+
+static void byol_destroy(Objective *base) {
+  Byol *o = (Byol *)base;
+  base->online->destroy(base->online);
+  head_destroy(&o->projector);
+  head_destroy(&o->predictor);
+  o->target_backbone->destroy(o->target_backbone);
+  head_destroy(&o->target_projector);
+  paramset_free(&o->target_params);
+  byol_loss_destroy(&o->loss);
+  tl_free(o->dp);
+  free(o);
+}
+
+// The momentum schedule is a function of the step the batch carries, so the target's weights
+// (with its own BatchNorm statistics) are all a resumed run needs.
+static void byol_state(Objective *base, StFile *s) {
+  checkpoint_add_paramset(s, "byol.target.", &((Byol *)base)->target_params);
+}
+
+// The step's record holds at every step; only the target's drift needs real weights.
+static void byol_plan(const Config *cfg, long step, int global_batch, LedgerRecord *rec,
+                      ObjectivePlanFacts *facts) {
+  (void)cfg, (void)step, (void)global_batch, (void)facts;
+  rec->momentum_distance = NAN;  // measured only
+}
+
+static void byol_params_loaded(Objective *base) {
+  Byol *o = (Byol *)base;
+  memcpy(o->target_params.data, base->env.params->data, sizeof(float) * o->target_params.count);
+}
+
+const ObjectiveDef objective_byol = {
+    .name = "byol",
+    .settings = &byol_settings,
+    .plan = byol_plan,
+    .description = "BYOL: predictor regresses onto an EMA target's projection, no negatives",
+    .implemented = 1,
+    .n_views = 2,
+    .param_count = byol_param_count,
+    .create = byol_create,
+    .step = byol_step,
+    .after_update = byol_after_update,
+    .destroy = byol_destroy,
+    .state = byol_state,
+    .params_loaded = byol_params_loaded,
+};
