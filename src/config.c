@@ -125,8 +125,8 @@ static pthread_once_t recipe_schema_once = PTHREAD_ONCE_INIT;
 static void build_recipe_schema(void) {
   size_t n = sizeof recipe_keys / sizeof recipe_keys[0];
   memcpy(all_recipe_keys, recipe_keys, sizeof recipe_keys);
-  n_objective_sections = objective_config_sections(objective_section_names, objective_sections,
-                                                   CONFIG_MAX_OBJECTIVES);
+  n_objective_sections =
+      objective_config_sections(objective_section_names, objective_sections, CONFIG_MAX_OBJECTIVES);
   for (int o = 0; o < n_objective_sections; o++) {
     const ConfigSection *sec = objective_sections[o];
     if (!sec) continue;
@@ -784,7 +784,8 @@ static int validate_model(const Config *cfg) {
 // Where a cross-field check's values came from: "--set section.key=value" when the first key of
 // the list that --set gave did, else the recipe file. keys: "section.key" names; a name ending
 // in '.' stands for every key of that section.
-static const char *origin(const Config *cfg, const char *const *keys, int n, char *buf, size_t cap) {
+static const char *origin(const Config *cfg, const char *const *keys, int n, char *buf,
+                          size_t cap) {
   const Schema *s = &recipe_schema;
   for (int i = 0; i < n; i++) {
     size_t len = strlen(keys[i]);
@@ -800,8 +801,8 @@ static const char *origin(const Config *cfg, const char *const *keys, int n, cha
   }
   return cfg->source_path[0] ? cfg->source_path : "configuration";
 }
-#define ORIGIN(...) \
-  origin(cfg, (const char *const[]){__VA_ARGS__}, \
+#define ORIGIN(...)                                                                    \
+  origin(cfg, (const char *const[]){__VA_ARGS__},                                      \
          sizeof((const char *const[]){__VA_ARGS__}) / sizeof(const char *), where_buf, \
          sizeof where_buf)
 
@@ -834,16 +835,15 @@ int config_validate(const Config *cfg) {
   }
   if (cfg->eval.knn_train_limit && cfg->eval.knn_k > cfg->eval.knn_train_limit)
     return tl_fail("%s: [eval] knn_k = %d is larger than knn_train_limit = %d",
-                   ORIGIN("eval.knn_k", "eval.knn_train_limit"),
-                   cfg->eval.knn_k, cfg->eval.knn_train_limit);
+                   ORIGIN("eval.knn_k", "eval.knn_train_limit"), cfg->eval.knn_k,
+                   cfg->eval.knn_train_limit);
   Budget budget;
   if (config_budget(cfg, &budget) != 0) {
     char why[1024];
     snprintf(why, sizeof why, "%s", tl_last_error());
     return tl_fail("%s: %s", ORIGIN("train.budget"), why);
   }
-  if (validate_shard_weights(cfg, ORIGIN("parallel.shard_weights", "parallel.replicas")))
-    return -1;
+  if (validate_shard_weights(cfg, ORIGIN("parallel.shard_weights", "parallel.replicas"))) return -1;
   return validate_model(cfg);
 }
 
@@ -876,7 +876,8 @@ void config_write_model(const Config *cfg, FILE *out) {
 int config_get(const Config *cfg, const char *name, char *out, size_t cap) {
   char section[64];
   const char *dot = strchr(name, '.');
-  if (!dot || (size_t)(dot - name) >= sizeof section) return tl_fail("%s: expected section.key", name);
+  if (!dot || (size_t)(dot - name) >= sizeof section)
+    return tl_fail("%s: expected section.key", name);
   memcpy(section, name, (size_t)(dot - name));
   section[dot - name] = 0;
   const KeySpec *k = find_key(&recipe_schema, section, dot + 1);
@@ -907,27 +908,28 @@ int config_budget(const Config *cfg, Budget *out) {
   errno = 0;
   double v = strtod(text, &end);
   if (end == text || errno || !(v > 0) || !isfinite(v))
-    return tl_fail("[train] budget = '%s': expected a positive amount with a unit (420s, 7m, 1.5h, "
-                   "5e15flop, 5PFLOP, 3epochs)",
-                   text);
+    return tl_fail(
+        "[train] budget = '%s': expected a positive amount with a unit (420s, 7m, 1.5h, "
+        "5e15flop, 5PFLOP, 3epochs)",
+        text);
   static const struct {
     const char *unit;
     BudgetKind kind;
     double scale;
-  } units[] = {{"s", BUDGET_SECONDS, 1},        {"sec", BUDGET_SECONDS, 1},
-               {"m", BUDGET_SECONDS, 60},       {"min", BUDGET_SECONDS, 60},
-               {"h", BUDGET_SECONDS, 3600},     {"flop", BUDGET_FLOPS, 1},
-               {"kflop", BUDGET_FLOPS, 1e3},    {"mflop", BUDGET_FLOPS, 1e6},
-               {"gflop", BUDGET_FLOPS, 1e9},    {"tflop", BUDGET_FLOPS, 1e12},
-               {"pflop", BUDGET_FLOPS, 1e15},   {"eflop", BUDGET_FLOPS, 1e18},
-               {"epoch", BUDGET_EPOCHS, 1},     {"epochs", BUDGET_EPOCHS, 1}};
+  } units[] = {
+      {"s", BUDGET_SECONDS, 1},      {"sec", BUDGET_SECONDS, 1},    {"m", BUDGET_SECONDS, 60},
+      {"min", BUDGET_SECONDS, 60},   {"h", BUDGET_SECONDS, 3600},   {"flop", BUDGET_FLOPS, 1},
+      {"kflop", BUDGET_FLOPS, 1e3},  {"mflop", BUDGET_FLOPS, 1e6},  {"gflop", BUDGET_FLOPS, 1e9},
+      {"tflop", BUDGET_FLOPS, 1e12}, {"pflop", BUDGET_FLOPS, 1e15}, {"eflop", BUDGET_FLOPS, 1e18},
+      {"epoch", BUDGET_EPOCHS, 1},   {"epochs", BUDGET_EPOCHS, 1}};
   while (*end == ' ') end++;
   for (size_t i = 0; i < sizeof units / sizeof *units; i++)
     if (strcasecmp(end, units[i].unit) == 0) {
       *out = (Budget){units[i].kind, v * units[i].scale};
       return 0;
     }
-  return tl_fail("[train] budget = '%s': unknown unit '%s' (s, m, h; flop, GFLOP, TFLOP, PFLOP; "
-                 "epochs)",
-                 text, end);
+  return tl_fail(
+      "[train] budget = '%s': unknown unit '%s' (s, m, h; flop, GFLOP, TFLOP, PFLOP; "
+      "epochs)",
+      text, end);
 }

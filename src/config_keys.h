@@ -48,9 +48,8 @@ typedef struct {
 
 // A key of an objective's own section: `type` is the objective's settings struct, `sec` its
 // section (the objective's name).
-#define OWN(type, sec, name)                                     \
-  .section = #sec, .key = #name, .offset = offsetof(type, name), \
-  .size = sizeof(((type *)0)->name)
+#define OWN(type, sec, name) \
+  .section = #sec, .key = #name, .offset = offsetof(type, name), .size = sizeof(((type *)0)->name)
 
 // The most bytes an objective's settings struct may take (Config reserves a slot for each).
 #define CONFIG_SETTINGS_BYTES 256

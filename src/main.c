@@ -183,17 +183,25 @@ static int load_config(const char *objective, const ConfigArgs *a, Config *cfg) 
 // Keys a resumed run may change: none of them changes the model, the objective, the data or
 // the optimization of the steps already taken.
 static int resume_may_set(const char *assignment) {
-  static const char *const allowed[] = {
-      "train.steps=",      "train.epochs=",       "train.log_every=", "train.checkpoint_every=",
-      "eval.",             "mae.png_every=", "ledger.every=",    "parallel.checksum_every=",
-      "parallel.bucket_kib=", "parallel.replicas=", "parallel.backend="};
+  static const char *const allowed[] = {"train.steps=",
+                                        "train.epochs=",
+                                        "train.log_every=",
+                                        "train.checkpoint_every=",
+                                        "eval.",
+                                        "mae.png_every=",
+                                        "ledger.every=",
+                                        "parallel.checksum_every=",
+                                        "parallel.bucket_kib=",
+                                        "parallel.replicas=",
+                                        "parallel.backend="};
   for (size_t i = 0; i < sizeof allowed / sizeof *allowed; i++)
     if (strncmp(assignment, allowed[i], strlen(allowed[i])) == 0) return 1;
   return 0;
 }
 
 // --resume DIR: the configuration, objective and step from DIR's checkpoint (and --no-knn when the
-// run was started with it), with the overrides a resumed run may take. Prints the error and returns its exit code on failure.
+// run was started with it), with the overrides a resumed run may take. Prints the error and returns
+// its exit code on failure.
 static int resume_config(const char *dir, const ConfigArgs *ca, Config *cfg, char *objective,
                          size_t objective_cap, char *ckpt_path, size_t ckpt_cap,
                          TrainOptions *opt) {
@@ -345,40 +353,41 @@ static int cmd_train(int argc, char **argv) {
 }
 
 static void usage_plan(FILE *f) {
-  fprintf(f,
-          "usage: tally plan [--objective=NAME[,NAME...]] [--config FILE] [--set S.K=V]...\n"
-          "                  [--steps N] [--epochs N] [--step S] [--json]\n"
-          "                  [--memory-budget SIZE] [--no-knn] [--knn-at-start]\n"
-          "\n"
-          "Prints the ledger a training run will write, before it runs: the real models are\n"
-          "built with oneDNN in dry-run mode (nothing computed, memory never touched) and one\n"
-          "step runs on a stand-in batch, so every counted field equals what `tally train`\n"
-          "measures with the same options. Time, loss and drift are `measured only`.\n"
-          "\n"
-          "  --objective=A,B   one column per objective (default inbatch): %s\n"
-          "  --config FILE     one recipe for every column (same data and backbone); without\n"
-          "                    it each objective uses configs/NAME.ini, as `tally train` does\n"
-          "  --set, --steps, --epochs   as for `tally train` (applied to every column)\n"
-          "  --step S          the 0-based step to plan (default: the run's last step); moco's\n"
-          "                    queue fills with the global batch's keys every step\n"
-          "  --json            one JSON object per objective, with ledger.jsonl's field names\n"
-          "                    (measured-only fields null) plus planned_* totals\n"
-          "  --memory-budget SIZE  the largest batch (inbatch, mae) or queue_size (moco) whose\n"
-          "                    planned peak fits SIZE (2GiB, 512MiB, 3GB, bytes), searched\n"
-          "                    for over plans; prints the plan that proves it\n"
-          "  --no-knn, --knn-at-start   plan a run started with these train options\n"
-          "\n"
-          "Scaling past one machine (one replica per node):\n"
-          "  --from RUN --nodes N[,N...] --link RATE [--keep-replica-batch]\n"
-          "                    predicted step time and images/s at N nodes on a link of RATE\n"
-          "                    (10Gbit, 100Mbit, 125MB/s): compute per replica from RUN's\n"
-          "                    ledger (scaled by the samples a node holds), communication from\n"
-          "                    the step's own byte counts (ring allreduce 2(N-1)/N of the\n"
-          "                    gradients; gathers N-1 blocks), with the allreduce overlapping\n"
-          "                    backward and without; the global batch is split over the nodes\n"
-          "                    unless --keep-replica-batch. --json: predicted_step_ms,\n"
-          "                    predicted_comm_ms, predicted_images_per_s, nodes, link_bytes_per_s\n",
-          objective_names());
+  fprintf(
+      f,
+      "usage: tally plan [--objective=NAME[,NAME...]] [--config FILE] [--set S.K=V]...\n"
+      "                  [--steps N] [--epochs N] [--step S] [--json]\n"
+      "                  [--memory-budget SIZE] [--no-knn] [--knn-at-start]\n"
+      "\n"
+      "Prints the ledger a training run will write, before it runs: the real models are\n"
+      "built with oneDNN in dry-run mode (nothing computed, memory never touched) and one\n"
+      "step runs on a stand-in batch, so every counted field equals what `tally train`\n"
+      "measures with the same options. Time, loss and drift are `measured only`.\n"
+      "\n"
+      "  --objective=A,B   one column per objective (default inbatch): %s\n"
+      "  --config FILE     one recipe for every column (same data and backbone); without\n"
+      "                    it each objective uses configs/NAME.ini, as `tally train` does\n"
+      "  --set, --steps, --epochs   as for `tally train` (applied to every column)\n"
+      "  --step S          the 0-based step to plan (default: the run's last step); moco's\n"
+      "                    queue fills with the global batch's keys every step\n"
+      "  --json            one JSON object per objective, with ledger.jsonl's field names\n"
+      "                    (measured-only fields null) plus planned_* totals\n"
+      "  --memory-budget SIZE  the largest batch (inbatch, mae) or queue_size (moco) whose\n"
+      "                    planned peak fits SIZE (2GiB, 512MiB, 3GB, bytes), searched\n"
+      "                    for over plans; prints the plan that proves it\n"
+      "  --no-knn, --knn-at-start   plan a run started with these train options\n"
+      "\n"
+      "Scaling past one machine (one replica per node):\n"
+      "  --from RUN --nodes N[,N...] --link RATE [--keep-replica-batch]\n"
+      "                    predicted step time and images/s at N nodes on a link of RATE\n"
+      "                    (10Gbit, 100Mbit, 125MB/s): compute per replica from RUN's\n"
+      "                    ledger (scaled by the samples a node holds), communication from\n"
+      "                    the step's own byte counts (ring allreduce 2(N-1)/N of the\n"
+      "                    gradients; gathers N-1 blocks), with the allreduce overlapping\n"
+      "                    backward and without; the global batch is split over the nodes\n"
+      "                    unless --keep-replica-batch. --json: predicted_step_ms,\n"
+      "                    predicted_comm_ms, predicted_images_per_s, nodes, link_bytes_per_s\n",
+      objective_names());
 }
 
 // What one step sends, from plans: the gradient block every replica averages, and what a sample
@@ -388,7 +397,8 @@ static int step_traffic(const Config *cfg, const char *objective, StepTraffic *t
   static Config two;
   two = *cfg;
   if (config_set(&two, "parallel.backend=local") != 0 ||
-      config_set(&two, "parallel.replicas=2") != 0 || config_set(&two, "eval.knn_train_limit=0") != 0)
+      config_set(&two, "parallel.replicas=2") != 0 ||
+      config_set(&two, "eval.knn_train_limit=0") != 0)
     return -1;
   const PlanOptions no_knn = {.no_knn = 1};
   LedgerRecord rec;
@@ -428,18 +438,20 @@ static int plan_scaling(const char *run_dir, const char *nodes_text, const char 
     return 1;
   }
   if (!json) {
-    printf("tally plan: %s from %s (%d replica%s of %d images; per step: compute %.1f ms, "
-           "backward %.1f ms),\n",
-           objective, run_dir, m.replicas, m.replicas == 1 ? "" : "s", m.local_batch,
-           m.step_ms - m.comm_ms, m.backward_ms);
-    printf("link %.3g Gbit/s, one replica per node, %s; gradient allreduce %.2f MB, gathers %.0f "
-           "bytes per sample\n",
-           link * 8 / 1e9,
-           keep_replica_batch ? "each keeps the measured per-replica batch"
-                              : "the measured global batch split over the nodes",
-           traffic.allreduce_payload_bytes / 1e6, traffic.gather_bytes_per_sample);
-    printf("%7s %7s %7s %11s %11s %11s %13s %11s %10s\n", "nodes", "batch", "/node",
-           "compute ms", "comm ms", "step ms", "no-overlap ms", "images/s", "efficiency");
+    printf(
+        "tally plan: %s from %s (%d replica%s of %d images; per step: compute %.1f ms, "
+        "backward %.1f ms),\n",
+        objective, run_dir, m.replicas, m.replicas == 1 ? "" : "s", m.local_batch,
+        m.step_ms - m.comm_ms, m.backward_ms);
+    printf(
+        "link %.3g Gbit/s, one replica per node, %s; gradient allreduce %.2f MB, gathers %.0f "
+        "bytes per sample\n",
+        link * 8 / 1e9,
+        keep_replica_batch ? "each keeps the measured per-replica batch"
+                           : "the measured global batch split over the nodes",
+        traffic.allreduce_payload_bytes / 1e6, traffic.gather_bytes_per_sample);
+    printf("%7s %7s %7s %11s %11s %11s %13s %11s %10s\n", "nodes", "batch", "/node", "compute ms",
+           "comm ms", "step ms", "no-overlap ms", "images/s", "efficiency");
     // Efficiency: the share of a step spent computing, i.e. images/s against N nodes that
     // never wait for the link.
   }
@@ -456,12 +468,13 @@ static int plan_scaling(const char *run_dir, const char *nodes_text, const char 
     ScalePrediction p;
     scaling_predict(&m, &traffic, &q, &p);
     if (json)
-      printf("{\"objective\":\"%s\",\"nodes\":%ld,\"link_bytes_per_s\":%.6g,"
-             "\"local_batch\":%d,\"global_batch\":%d,\"predicted_compute_ms\":%.3f,"
-             "\"predicted_comm_ms\":%.3f,\"predicted_step_ms\":%.3f,"
-             "\"predicted_step_ms_no_overlap\":%.3f,\"predicted_images_per_s\":%.2f}\n",
-             objective, nodes, link, p.local_batch, p.global_batch, p.compute_ms, p.comm_ms,
-             p.step_ms, p.step_ms_no_overlap, p.images_per_s);
+      printf(
+          "{\"objective\":\"%s\",\"nodes\":%ld,\"link_bytes_per_s\":%.6g,"
+          "\"local_batch\":%d,\"global_batch\":%d,\"predicted_compute_ms\":%.3f,"
+          "\"predicted_comm_ms\":%.3f,\"predicted_step_ms\":%.3f,"
+          "\"predicted_step_ms_no_overlap\":%.3f,\"predicted_images_per_s\":%.2f}\n",
+          objective, nodes, link, p.local_batch, p.global_batch, p.compute_ms, p.comm_ms, p.step_ms,
+          p.step_ms_no_overlap, p.images_per_s);
     else
       printf("%7ld %7d %7d %11.1f %11.1f %11.1f %13.1f %11.0f %9.0f%%\n", nodes, p.global_batch,
              p.local_batch, p.compute_ms, p.comm_ms, p.step_ms, p.step_ms_no_overlap,
@@ -801,9 +814,9 @@ static void usage_eval(FILE *f) {
 }
 
 static int eval_may_set(const char *assignment) {
-  static const char *const allowed[] = {"data.train=", "data.test=",  "data.format=",
-                                        "data.limit=", "data.test_limit=", "eval.knn_k=",
-                                        "eval.knn_temperature="};
+  static const char *const allowed[] = {
+      "data.train=",      "data.test=",  "data.format=",         "data.limit=",
+      "data.test_limit=", "eval.knn_k=", "eval.knn_temperature="};
   for (size_t i = 0; i < sizeof allowed / sizeof *allowed; i++)
     if (strncmp(assignment, allowed[i], strlen(allowed[i])) == 0) return 1;
   return 0;
@@ -820,8 +833,8 @@ static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json)
   if (json) {
     printf("{\"source\": \"%s\", \"objective\": \"%s\", \"step\": %ld, ", enc->source,
            enc->objective, enc->step);
-    printf("\"n_train\": %d, \"n_test\": %d, \"n_classes\": %d, \"feature_dim\": %d, ",
-           r->n_train, r->n_test, r->n_classes, r->feature_dim);
+    printf("\"n_train\": %d, \"n_test\": %d, \"n_classes\": %d, \"feature_dim\": %d, ", r->n_train,
+           r->n_test, r->n_classes, r->feature_dim);
     json_number("knn_top1", r->knn_top1, 0);
     json_number("knn_top1_k20", r->knn_top1_k20, 0);
     json_number("knn_top1_raw_pixels", r->knn_top1_raw_pixels, 0);
@@ -834,9 +847,9 @@ static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json)
     printf("}\n");
     return;
   }
-  printf("%s (%s, step %ld): %d training, %d test images, %d classes, %d-d features\n",
-         enc->source, enc->objective[0] ? enc->objective : "?", enc->step, r->n_train, r->n_test,
-         r->n_classes, r->feature_dim);
+  printf("%s (%s, step %ld): %d training, %d test images, %d classes, %d-d features\n", enc->source,
+         enc->objective[0] ? enc->objective : "?", enc->step, r->n_train, r->n_test, r->n_classes,
+         r->feature_dim);
   printf("%-24s %10s %12s\n", "", "encoder", "raw pixels");
   if (isfinite(r->knn_top1)) {
     printf("%-24s %10.4f %12.4f\n", "kNN top-1 (k=200)", r->knn_top1, r->knn_top1_raw_pixels);
@@ -861,8 +874,10 @@ static int cmd_eval(int argc, char **argv) {
       return 0;
     } else if ((v = option_value(argc, argv, &i, "--set"))) {
       if (!eval_may_set(v)) {
-        fprintf(stderr, "tally eval: --set %s: only data.* paths and limits and eval.knn_* "
-                        "can change (see tally eval --help)\n", v);
+        fprintf(stderr,
+                "tally eval: --set %s: only data.* paths and limits and eval.knn_* "
+                "can change (see tally eval --help)\n",
+                v);
         return 2;
       }
       if (n_sets == 256) return 2;

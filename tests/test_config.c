@@ -118,14 +118,19 @@ static void defaults_match_the_header(void **state) {
   assert_string_equal(c.optim.schedule, "cosine");
   assert_true(c.optim.beta1 == 0.9f && c.optim.beta2 == 0.95f && c.optim.eps == 1e-8f);
   assert_true(c.optim.lars_eta == 0.001f);
-  const char *const objective_defaults[][2] = {
-      {"inbatch.temperature", "0.2"}, {"moco.temperature", "0.2"},
-      {"moco.momentum", "0.99"},      {"moco.queue_size", "4096"},
-      {"moco.momentum_schedule", "constant"}, {"moco.queue_max_age_steps", "0"},
-      {"moco.symmetric", "0"},        {"mae.mask_ratio", "0.75"},
-      {"mae.norm_pix_loss", "1"},     {"mae.decoder_dim", "64"},
-      {"mae.decoder_depth", "1"},     {"mae.decoder_heads", "4"},
-      {"mae.png_every", "0"}};
+  const char *const objective_defaults[][2] = {{"inbatch.temperature", "0.2"},
+                                               {"moco.temperature", "0.2"},
+                                               {"moco.momentum", "0.99"},
+                                               {"moco.queue_size", "4096"},
+                                               {"moco.momentum_schedule", "constant"},
+                                               {"moco.queue_max_age_steps", "0"},
+                                               {"moco.symmetric", "0"},
+                                               {"mae.mask_ratio", "0.75"},
+                                               {"mae.norm_pix_loss", "1"},
+                                               {"mae.decoder_dim", "64"},
+                                               {"mae.decoder_depth", "1"},
+                                               {"mae.decoder_heads", "4"},
+                                               {"mae.png_every", "0"}};
   for (size_t i = 0; i < sizeof objective_defaults / sizeof *objective_defaults; i++)
     assert_string_equal(value_of(&c, objective_defaults[i][0]), objective_defaults[i][1]);
   assert_string_equal(c.parallel.backend, "local");

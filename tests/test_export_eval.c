@@ -68,7 +68,8 @@ static void test_export_resnet_names_and_layouts(void **state) {
   assert_non_null(st_get_meta(&f, "input_mean"));
   assert_non_null(st_get_meta(&f, "config"));
   st_free(&f);
-  assert_int_equal(tally("export %s/rn --with-head --out %s/rn/full.safetensors", tmpdir, tmpdir), 0);
+  assert_int_equal(tally("export %s/rn --with-head --out %s/rn/full.safetensors", tmpdir, tmpdir),
+                   0);
   f = read_st("%s/%s/full.safetensors", "rn");
   expect_shape(&f, "head.fc1.weight", 2, (int64_t[]){256, 128});
   expect_shape(&f, "head.bn.running_mean", 1, (int64_t[]){256});
@@ -205,7 +206,8 @@ static void test_eval_matches_classes_by_name(void **state) {
                          train, train, tmpdir),
                    0);
   // "dog" is the training set's class 1: a subset test set scores against the right class.
-  assert_int_equal(tally("eval %s/cd --knn --set data.test=%s --set eval.knn_k=4", tmpdir, test_ok), 0);
+  assert_int_equal(tally("eval %s/cd --knn --set data.test=%s --set eval.knn_k=4", tmpdir, test_ok),
+                   0);
   assert_int_equal(tally("eval %s/cd --knn --set data.test=%s", tmpdir, test_bad), 1);
   assert_int_equal(sh("grep -q \"class 'zebra' is not among\" %s/last.log", tmpdir), 0);
   // The training monitor checks the same before the first step.
@@ -230,11 +232,12 @@ static void test_unlabeled_folder(void **state) {
     snprintf(path, sizeof path, "%s/img%02d.png", root, k);
     assert_true(stbi_write_png(path, 20, 20, 1, img, 20));
   }
-  const char *args = "train --objective=inbatch --steps 2 --set data.format=imagefolder "
-                     "--set data.image_size=16 --set train.batch_size=8 --quiet";
-  assert_int_equal(tally("%s --set data.train=%s --set data.test=/nonexistent --out %s/u1", args,
-                         root, tmpdir),
-                   1);
+  const char *args =
+      "train --objective=inbatch --steps 2 --set data.format=imagefolder "
+      "--set data.image_size=16 --set train.batch_size=8 --quiet";
+  assert_int_equal(
+      tally("%s --set data.train=%s --set data.test=/nonexistent --out %s/u1", args, root, tmpdir),
+      1);
   assert_int_equal(sh("grep -q 'data.labels = none' %s/last.log", tmpdir), 0);
   assert_int_equal(tally("%s --set data.train=%s --set data.test=/nonexistent "
                          "--set data.labels=none --out %s/u2",

@@ -184,8 +184,8 @@ static void test_inbatch_plan_equals_run(void **state) {
 // newest keys usable there: both are predicted by arithmetic and must match the FIFO.
 static void test_moco_plan_equals_run(void **state) {
   (void)state;
-  double r = check_plan_matches_run(
-      "moco", "moco", "--set moco.queue_size=48 --set moco.queue_max_age_steps=1");
+  double r = check_plan_matches_run("moco", "moco",
+                                    "--set moco.queue_size=48 --set moco.queue_max_age_steps=1");
   expect_rss_near_plan(r);
 }
 

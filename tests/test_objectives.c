@@ -61,9 +61,9 @@ static void tiny_config(Config *cfg, const char *backbone) {
   cfg->model.head_out_dim = 6;
   cfg->train.batch_size = B;
   const char *const settings[] = {"inbatch.temperature=0.5", "moco.temperature=0.5",
-                                   "moco.queue_size=10",      "moco.momentum=0.9",
-                                   "mae.decoder_dim=8",       "mae.decoder_heads=2",
-                                   "mae.decoder_depth=1",     "mae.mask_ratio=0.75"};
+                                  "moco.queue_size=10",      "moco.momentum=0.9",
+                                  "mae.decoder_dim=8",       "mae.decoder_heads=2",
+                                  "mae.decoder_depth=1",     "mae.mask_ratio=0.75"};
   for (size_t i = 0; i < sizeof settings / sizeof *settings; i++)
     if (config_set(cfg, settings[i]) != 0) fail_msg("%s", tl_last_error());
 }

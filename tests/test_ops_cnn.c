@@ -539,18 +539,12 @@ static void test_global_avg_pool(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_conv_cases),
-      cmocka_unit_test(test_conv_init_and_infer_mode),
-      cmocka_unit_test(test_bn_4d),
-      cmocka_unit_test(test_bn_4d_relu),
-      cmocka_unit_test(test_bn_2d),
-      cmocka_unit_test(test_bn_2d_relu),
-      cmocka_unit_test(test_bn_modes),
-      cmocka_unit_test(test_bn_split_groups),
-      cmocka_unit_test(test_relu),
-      cmocka_unit_test(test_gelu),
-      cmocka_unit_test(test_add),
-      cmocka_unit_test(test_global_avg_pool),
+      cmocka_unit_test(test_conv_cases), cmocka_unit_test(test_conv_init_and_infer_mode),
+      cmocka_unit_test(test_bn_4d),      cmocka_unit_test(test_bn_4d_relu),
+      cmocka_unit_test(test_bn_2d),      cmocka_unit_test(test_bn_2d_relu),
+      cmocka_unit_test(test_bn_modes),   cmocka_unit_test(test_bn_split_groups),
+      cmocka_unit_test(test_relu),       cmocka_unit_test(test_gelu),
+      cmocka_unit_test(test_add),        cmocka_unit_test(test_global_avg_pool),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

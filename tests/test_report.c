@@ -317,7 +317,8 @@ static void test_dom_in_browser(void **state) {
   (void)state;
   if (!have_chromium()) {
     // CI installs it (scripts/test.sh): there a missing browser is a failure, not a skip.
-    if (getenv("CI")) fail_msg("chromium is not installed (scripts/setup.sh --for-tests installs it)");
+    if (getenv("CI"))
+      fail_msg("chromium is not installed (scripts/setup.sh --for-tests installs it)");
     print_message("chromium is not installed (scripts/setup.sh --for-tests installs it)\n");
     skip();
   }

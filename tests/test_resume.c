@@ -109,7 +109,8 @@ static void expect_same_ledger(const char *a, const char *b, int steps) {
   read_losses(a, steps, la);
   read_losses(b, steps, lb);
   for (int i = 0; i < steps; i++)
-    if (strcmp(la[i], lb[i]) != 0) fail_msg("step %d: loss %s in %s, %s in %s", i, la[i], a, lb[i], b);
+    if (strcmp(la[i], lb[i]) != 0)
+      fail_msg("step %d: loss %s in %s, %s in %s", i, la[i], a, lb[i], b);
   free(la);
   free(lb);
 }
@@ -124,7 +125,8 @@ static void stop_and_resume(const char *objective) {
     snprintf(split, sizeof split, "%s-%s-split", objective, b->name);
     assert_int_equal(train(b, objective, "--steps 10", straight), 0);
     assert_int_equal(train(b, objective, "--steps 10 --stop-at 4", split), 0);
-    assert_int_equal(sh("grep -q 'continue with: tally train --resume' %s/%s.log", tmpdir, split), 0);
+    assert_int_equal(sh("grep -q 'continue with: tally train --resume' %s/%s.log", tmpdir, split),
+                     0);
     assert_int_not_equal(sh("test -e %s/%s/summary.json", tmpdir, split), 0);
     assert_int_equal(resume(b, "", split), 0);
     assert_int_equal(sh("test -e %s/%s/summary.json", tmpdir, split), 0);
@@ -194,9 +196,9 @@ static void interrupt_with(int sig, int expected_code, const char *dir) {
   if (rc == 0) skip();  // the machine ran all 120 steps before the signal arrived
   assert_int_equal(rc, expected_code);
   assert_int_equal(sh("grep -q 'interrupted at step' %s/%s.log", tmpdir, dir), 0);
-  assert_int_equal(sh("grep -q 'continue with: tally train --resume %s/%s' %s/%s.log", tmpdir, dir,
-                      tmpdir, dir),
-                   0);
+  assert_int_equal(
+      sh("grep -q 'continue with: tally train --resume %s/%s' %s/%s.log", tmpdir, dir, tmpdir, dir),
+      0);
   assert_int_not_equal(sh("test -e %s/%s/summary.json", tmpdir, dir), 0);
   // The checkpoint holds exactly the steps the ledger records.
   char path[512];

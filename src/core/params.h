@@ -13,8 +13,8 @@ enum { PARAM_MAX_DIMS = 4 };
 typedef struct {
   char name[64];
   size_t offset, count;
-  int ndim;                         // 1 unless the op that took it says otherwise
-  long shape[PARAM_MAX_DIMS];       // conv (O, I, kh, kw), linear (O, I): PyTorch's layouts
+  int ndim;                    // 1 unless the op that took it says otherwise
+  long shape[PARAM_MAX_DIMS];  // conv (O, I, kh, kw), linear (O, I): PyTorch's layouts
   int no_decay;   // biases and normalization parameters: no weight decay, excluded from LARS
   int is_buffer;  // running statistics: saved and copied with the model, never optimized
 } ParamEntry;

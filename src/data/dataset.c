@@ -119,7 +119,7 @@ int dataset_align_test_labels(const Dataset *train, Dataset *test, const char *t
   }
   for (int i = 0; i < test->n; i++)
     if (test->labels[i] < 0 || test->labels[i] >= train->n_classes)
-      return tl_fail("%s: image %d has label %d; the training set's labels are 0..%d", test_path,
-                     i, test->labels[i], train->n_classes - 1);
+      return tl_fail("%s: image %d has label %d; the training set's labels are 0..%d", test_path, i,
+                     test->labels[i], train->n_classes - 1);
   return 0;
 }

@@ -172,11 +172,13 @@ static int load_image(const char *path, int size, int channels, uint8_t *out) {
     return tl_fail("%s: its content is not the image format its name says", path);
   }
   const char *dot = strrchr(path, '.');
-  if ((!strcasecmp(dot, ".jpg") || !strcasecmp(dot, ".jpeg")) && !jpeg_tables_valid(fd, file_bytes)) {
+  if ((!strcasecmp(dot, ".jpg") || !strcasecmp(dot, ".jpeg")) &&
+      !jpeg_tables_valid(fd, file_bytes)) {
     close(fd);
-    return tl_fail("%s: corrupt JPEG header (a cut-off segment, or a Huffman table of more than "
-                   "256 codes)",
-                   path);
+    return tl_fail(
+        "%s: corrupt JPEG header (a cut-off segment, or a Huffman table of more than "
+        "256 codes)",
+        path);
   }
   FILE *f = fdopen(fd, "rb");
   if (!f) {

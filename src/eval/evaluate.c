@@ -54,8 +54,8 @@ static float *pixels(const FeatureEncoder *e, const Dataset *ds) {
 static int score(FeatureEncoder *e, const EvalOptions *opt, const Dataset *tr, const Dataset *te,
                  EvalResult *r) {
   const Config *cfg = &e->cfg;
-  const int D = feature_encoder_dim(e), P = cfg->data.image_size * cfg->data.image_size *
-                                              cfg->data.channels;
+  const int D = feature_encoder_dim(e),
+            P = cfg->data.image_size * cfg->data.image_size * cfg->data.channels;
   say(opt, "encoding the training set", tr->n);
   float *ftr = tl_alloc(sizeof(float) * (size_t)tr->n * D, MEM_EVAL, COMP_OTHER);
   feature_encoder_run(e, tr, tr->n, ftr);
@@ -88,9 +88,13 @@ static int score(FeatureEncoder *e, const EvalOptions *opt, const Dataset *tr, c
 int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r) {
   double t0 = now_ms();
   const double nan = NAN;
-  *r = (EvalResult){.knn_top1 = nan, .knn_top1_k20 = nan, .knn_top1_raw_pixels = nan,
-                    .knn_top1_k20_raw_pixels = nan, .linear_top1 = nan,
-                    .linear_top1_raw_pixels = nan, .linear_lambda = nan,
+  *r = (EvalResult){.knn_top1 = nan,
+                    .knn_top1_k20 = nan,
+                    .knn_top1_raw_pixels = nan,
+                    .knn_top1_k20_raw_pixels = nan,
+                    .linear_top1 = nan,
+                    .linear_top1_raw_pixels = nan,
+                    .linear_lambda = nan,
                     .linear_lambda_raw_pixels = nan};
   const Config *cfg = &e->cfg;
   Dataset tr = {0}, te = {0};

@@ -9,8 +9,7 @@
 #include "train/export.h"
 
 // Per-channel values from a tensor (checkpoint) or comma-separated metadata (export).
-static int read_channels(const StFile *f, const char *tensor, const char *meta, int c,
-                         float *out) {
+static int read_channels(const StFile *f, const char *tensor, const char *meta, int c, float *out) {
   const StTensor *t = st_find(f, tensor);
   if (t && t->dtype == ST_F32 && t->bytes == sizeof(float) * (size_t)c) {
     memcpy(out, t->data, t->bytes);
@@ -30,8 +29,7 @@ static int load_weights(FeatureEncoder *e, const StFile *f) {
   const ModelSpec *spec = &e->cfg.model.spec;
   for (int i = 0; i < e->ps.n_entries; i++) {
     const ParamEntry *p = &e->ps.entries[i];
-    int found =
-        weights_find(f, p, spec, e->cfg.data.channels, e->ps.data + p->offset, e->source);
+    int found = weights_find(f, p, spec, e->cfg.data.channels, e->ps.data + p->offset, e->source);
     if (found < 0) return -1;
     if (!found) return tl_fail("%s: has no tensor for %s", e->source, p->name);
   }
@@ -83,7 +81,8 @@ void feature_encoder_run(FeatureEncoder *e, const Dataset *ds, int n, float *fea
   for (int start = 0; start < n; start += e->batch) {
     int count = n - start < e->batch ? n - start : e->batch;
 #pragma omp parallel for schedule(static)
-    for (int i = 0; i < count; i++) eval_view(ds, start + i, &e->norm, e->images + i * image_floats);
+    for (int i = 0; i < count; i++)
+      eval_view(ds, start + i, &e->norm, e->images + i * image_floats);
     // The last partial batch is zero-padded (inference: rows do not interact).
     if (count < e->batch)
       memset(e->images + count * image_floats, 0,
@@ -106,7 +105,7 @@ int feature_dataset_load(const FeatureEncoder *e, Dataset *ds, const char *path,
   struct stat st;
   if (stat(path, &st) != 0) return tl_fail("%s: does not exist", path);
   int rc = S_ISDIR(st.st_mode) ? dataset_load_imagefolder(ds, path, e->cfg.data.image_size,
-                                                         e->cfg.data.channels, limit)
+                                                          e->cfg.data.channels, limit)
                                : dataset_load_idx(ds, path, e->cfg.data.channels, limit);
   if (rc != 0) return -1;
   if (ds->h != e->cfg.data.image_size || ds->w != e->cfg.data.image_size) {

@@ -14,8 +14,8 @@ typedef struct {
   long step;           // steps trained, -1 when unknown
   AugmentParams norm;  // the evaluation transform: resize and the training normalization
   DnnlCtx ctx;
-  ParamSet ps;       // the backbone's parameters and running statistics
-  Backbone *encoder; // OP_INFER, `batch` images per call
+  ParamSet ps;        // the backbone's parameters and running statistics
+  Backbone *encoder;  // OP_INFER, `batch` images per call
   int batch;
   float *images;  // (batch, S, S, C) MEM_EVAL
 } FeatureEncoder;

@@ -22,8 +22,8 @@ typedef struct {
 } KnnMonitor;
 
 typedef struct {
-  double top1;      // k = eval.knn_k
-  double top1_k20;  // k = 20, for comparison with published monitors
+  double top1;         // k = eval.knn_k
+  double top1_k20;     // k = 20, for comparison with published monitors
   double linear_top1;  // linear probe (eval.linear = 1), else NaN
   double seconds;
 } KnnResult;

@@ -172,8 +172,7 @@ static int json_fail(Json *j, const char *why) {
 }
 
 static void skip_ws(Json *j) {
-  while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t'))
-    j->p++;
+  while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t')) j->p++;
 }
 
 static int expect(Json *j, char c) {
@@ -211,8 +210,10 @@ static char *json_string(Json *j) {
       unsigned v = 0;
       for (int i = 0; i < 4; i++) {
         char h = *j->p++;
-        int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+        int d = h >= '0' && h <= '9'   ? h - '0'
+                : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                       : -1;
         if (d < 0) {
           free(out);
           json_fail(j, "bad \\u escape");
@@ -333,7 +334,8 @@ static int check_extent(const char *what, StTensor *t, const uint64_t off[2], si
   }
   uint64_t bytes = elems * st_dtype_size(t->dtype);
   if (off[0] > off[1] || off[1] > data_bytes || off[1] - off[0] != bytes)
-    return tl_fail("%s: tensor %s: bytes [%" PRIu64 ", %" PRIu64 ") do not fit its shape or the "
+    return tl_fail("%s: tensor %s: bytes [%" PRIu64 ", %" PRIu64
+                   ") do not fit its shape or the "
                    "file (truncated?)",
                    what, t->name, off[0], off[1]);
   t->bytes = (size_t)bytes;
@@ -367,30 +369,30 @@ static int parse_header(StFile *s, Json *j, size_t data_bytes, const char *data)
   if (expect(j, '{')) return -1;
   // An empty header still goes through the checks below (text after it, data nobody holds).
   if (!peek(j, '}')) do {
-    char *name = json_string(j);
-    if (!name || expect(j, ':')) {
+      char *name = json_string(j);
+      if (!name || expect(j, ':')) {
+        free(name);
+        return -1;
+      }
+      if (strcmp(name, "__metadata__") == 0) {
+        free(name);
+        if (parse_metadata(j, s)) return -1;
+        continue;
+      }
+      if (strlen(name) >= ST_NAME_MAX || st_find(s, name)) {
+        free(name);
+        return json_fail(j, "tensor name too long or repeated");
+      }
+      s->tensors = grow(s->tensors, &s->cap_tensors, s->n_tensors + 1, sizeof(StTensor));
+      StTensor *t = &s->tensors[s->n_tensors++];
+      memset(t, 0, sizeof *t);
+      snprintf(t->name, sizeof t->name, "%s", name);
       free(name);
-      return -1;
-    }
-    if (strcmp(name, "__metadata__") == 0) {
-      free(name);
-      if (parse_metadata(j, s)) return -1;
-      continue;
-    }
-    if (strlen(name) >= ST_NAME_MAX || st_find(s, name)) {
-      free(name);
-      return json_fail(j, "tensor name too long or repeated");
-    }
-    s->tensors = grow(s->tensors, &s->cap_tensors, s->n_tensors + 1, sizeof(StTensor));
-    StTensor *t = &s->tensors[s->n_tensors++];
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    free(name);
-    uint64_t off[2];
-    if (parse_tensor(j, t, off) || check_extent(j->what, t, off, data_bytes)) return -1;
-    t->data = data + off[0];
-    covered += t->bytes;
-  } while (peek(j, ',') && !expect(j, ','));
+      uint64_t off[2];
+      if (parse_tensor(j, t, off) || check_extent(j->what, t, off, data_bytes)) return -1;
+      t->data = data + off[0];
+      covered += t->bytes;
+    } while (peek(j, ',') && !expect(j, ','));
   if (expect(j, '}')) return -1;
   skip_ws(j);
   if (j->p != j->end) return json_fail(j, "text after the header");

@@ -15,10 +15,10 @@ enum { ST_MAX_DIMS = 4, ST_NAME_MAX = 128 };
 typedef struct {
   char name[ST_NAME_MAX];
   StDtype dtype;
-  int ndim;                      // 0 for a scalar
+  int ndim;  // 0 for a scalar
   int64_t shape[ST_MAX_DIMS];
-  const void *data;              // writer: the caller's; reader: inside the file's buffer
-                                 // (not aligned: copy out with memcpy)
+  const void *data;  // writer: the caller's; reader: inside the file's buffer
+                     // (not aligned: copy out with memcpy)
   size_t bytes;
 } StTensor;
 

@@ -197,7 +197,9 @@ const char *ledger_group_title(LedgerGroup g) {
 
 // v clamped to [lo, hi] (a hostile ledger's 1e308 or 2^63 must not be cast out of range, which
 // is undefined behaviour); NaN is 0.
-static double clamp(double v, double lo, double hi) { return isnan(v) ? 0 : v < lo ? lo : v > hi ? hi : v; }
+static double clamp(double v, double lo, double hi) {
+  return isnan(v) ? 0 : v < lo ? lo : v > hi ? hi : v;
+}
 
 static void set_value(LedgerRecord *r, const Field *fd, double v) {
   char *p = (char *)r + fd->offset;

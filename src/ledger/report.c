@@ -16,8 +16,8 @@
 
 typedef struct {
   double step, top1, top1_k20;
-  double linear_top1;            // NaN when the run did not fit the probe
-  double flops_total, seconds;   // training compute spent when it was taken (NaN: unknown)
+  double linear_top1;           // NaN when the run did not fit the probe
+  double flops_total, seconds;  // training compute spent when it was taken (NaN: unknown)
 } Eval;
 
 typedef struct {
@@ -29,10 +29,10 @@ typedef struct {
   int n_recs;
   Eval *evals;  // (n_evals) encoder evaluations from eval.jsonl
   int n_evals;
-  double knn_raw;    // raw-pixel baseline, NaN when absent
+  double knn_raw;     // raw-pixel baseline, NaN when absent
   double linear_raw;  // the raw-pixel linear probe, NaN when absent
-  double knn_final;  // summary.json's knn_top1, NaN when absent
-  double peak_rss;   // summary.json, NaN when absent
+  double knn_final;   // summary.json's knn_top1, NaN when absent
+  double peak_rss;    // summary.json, NaN when absent
   int batch_size;
 } Run;
 
@@ -609,7 +609,10 @@ static void cost_table(FILE *f, const Run *runs, int n) {
       const Run *r = &runs[k];
       double knn = r->n_evals ? r->evals[r->n_evals - 1].top1 : r->knn_final;
       double flops = last_field(r, "flops_total"), seconds = last_field(r, "train_seconds");
-      double v = row == 0 ? knn : row == 1 ? flops : row == 2 ? seconds : (knn - r->knn_raw) / (flops / 1e15);
+      double v = row == 0   ? knn
+                 : row == 1 ? flops
+                 : row == 2 ? seconds
+                            : (knn - r->knn_raw) / (flops / 1e15);
       static const char *const formats[] = {"%.2f%%", "%.3g PFLOP", "%.0f s", "%+.2f points"};
       static const double scales[] = {100, 1e-15, 1, 100};
       if (isfinite(v))
@@ -696,8 +699,8 @@ static void accuracy_chart(FILE *f, const Run *runs, int n, char (*labels)[300],
   }
   if (any) {
     char title[160];
-    snprintf(title, sizeof title, "%s top-1 accuracy against %s",
-             linear ? "Linear probe" : "kNN", x_label);
+    snprintf(title, sizeof title, "%s top-1 accuracy against %s", linear ? "Linear probe" : "kNN",
+             x_label);
     line_chart(f, title, x_label, s, ns, fmt_percent, 0, x == AXIS_STEP);
   } else if (!linear) {
     fputs("<p class=\"none\">No encoder evaluations recorded.</p>\n", f);
@@ -767,7 +770,8 @@ static void write_page(FILE *f, const Run *runs, int n) {
   static const struct {
     AxisKind x;
     const char *label;
-  } axes[] = {{AXIS_STEP, "step"}, {AXIS_PFLOP, "training PFLOP (every replica)"},
+  } axes[] = {{AXIS_STEP, "step"},
+              {AXIS_PFLOP, "training PFLOP (every replica)"},
               {AXIS_SECONDS, "training seconds (evaluation excluded)"}};
   for (size_t a = 0; a < sizeof axes / sizeof *axes; a++) {
     accuracy_chart(f, runs, n, labels, axes[a].x, axes[a].label, 0);

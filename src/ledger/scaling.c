@@ -105,9 +105,8 @@ int scaling_parse_rate(const char *text, double *bytes_per_s) {
   static const struct {
     const char *unit;
     double bytes;
-  } units[] = {{"bit", 0.125},  {"kbit", 125},   {"mbit", 125e3},  {"gbit", 125e6},
-               {"tbit", 125e9}, {"b", 1},        {"kb", 1e3},      {"mb", 1e6},
-               {"gb", 1e9},     {"tb", 1e12}};
+  } units[] = {{"bit", 0.125}, {"kbit", 125}, {"mbit", 125e3}, {"gbit", 125e6}, {"tbit", 125e9},
+               {"b", 1},       {"kb", 1e3},   {"mb", 1e6},     {"gb", 1e9},     {"tb", 1e12}};
   for (size_t i = 0; i < sizeof units / sizeof *units; i++)
     if (strcasecmp(unit, units[i].unit) == 0) {
       // Bits and bytes differ only by case in "Mb"/"MB": a lone b is bytes, as MB/s and GB/s.

@@ -7,7 +7,7 @@
 #pragma once
 
 typedef struct {
-  int replicas;                  // of the measured run
+  int replicas;                   // of the measured run
   int local_batch, global_batch;  // its rank 0's shard and its global batch
   // Medians over its steps (the first, which creates kernels, left out), per replica.
   double data_ms, forward_ms, backward_ms, optimizer_ms, comm_ms, step_ms;
@@ -28,12 +28,12 @@ typedef struct {
 typedef struct {
   int nodes, local_batch, global_batch;
   double link_bytes_per_s;
-  double compute_ms;                 // data + forward + backward + optimizer, per replica
+  double compute_ms;                  // data + forward + backward + optimizer, per replica
   double allreduce_ms, allgather_ms;  // on the link
-  double comm_ms;                    // both
-  double step_ms;                    // the allreduce overlapping backward (as on MPI)
-  double step_ms_no_overlap;         // everything in sequence
-  double images_per_s;               // global batch / step_ms
+  double comm_ms;                     // both
+  double step_ms;                     // the allreduce overlapping backward (as on MPI)
+  double step_ms_no_overlap;          // everything in sequence
+  double images_per_s;                // global batch / step_ms
 } ScalePrediction;
 
 // Reads a run folder's ledger.jsonl. -1 with tl_last_error() when it has fewer than 2 steps.

@@ -83,8 +83,9 @@ KeyQueueStats key_queue_planned_stats(long K, long keys_per_step, long max_age_s
   st.random = K - real;
   st.oldest_age_steps = (double)(partial ? full_steps + 1 : full_steps);
   st.mean_age_steps = real ? age_sum / real : 0;
-  long young =
-      max_age_steps > 0 && max_age_steps * keys_per_step < real ? max_age_steps * keys_per_step : real;
+  long young = max_age_steps > 0 && max_age_steps * keys_per_step < real
+                   ? max_age_steps * keys_per_step
+                   : real;
   st.usable = (K - real) + young;
   return st;
 }

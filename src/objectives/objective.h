@@ -26,9 +26,9 @@ typedef struct ObjectiveDef ObjectiveDef;
 
 // What a plan says about an objective beyond the ledger fields.
 typedef struct {
-  int queue_size;        // keys held between steps; 0 = none
-  double mask_ratio;     // fraction of patches never encoded; 0 = none
-  int patches_visible;   // of patches_per_image (given), what the encoder sees
+  int queue_size;       // keys held between steps; 0 = none
+  double mask_ratio;    // fraction of patches never encoded; 0 = none
+  int patches_visible;  // of patches_per_image (given), what the encoder sees
 } ObjectivePlanFacts;
 
 // Every objective's state begins with this.

@@ -27,9 +27,9 @@ struct BatchNormPrivate {
   // with it).
   float *batch_mean, *batch_var;
   float *dgamma_split, *dbeta_split;  // (splits, C) when splits > 1: summed into dgamma, dbeta
-  void *relu_ws;       // fused-ReLU mask written in forward, read in backward, (splits) of them
+  void *relu_ws;         // fused-ReLU mask written in forward, read in backward, (splits) of them
   size_t relu_ws_bytes;  // one group's
-  float *din_discard;  // diff_src target when need_din = 0: oneDNN always computes it
+  float *din_discard;    // diff_src target when need_din = 0: oneDNN always computes it
   // Told when dgamma and dbeta are ready.
   const ParamSet *params;
 };
@@ -44,16 +44,18 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
     TL_DIE("batchnorm %s: invalid shape N=%d C=%d H=%d W=%d", name, N, C, H, W);
   // Like PyTorch: the unbiased running variance needs at least two values per channel.
   if (b->mode != OP_INFER && (long)N * H * W < 2)
-    tl_fatal_input("%s: BatchNorm over a shard of %d sample%s per replica has no batch statistics; "
-                   "use fewer replicas or a larger train.batch_size",
-                   name, N, N == 1 ? "" : "s");
+    tl_fatal_input(
+        "%s: BatchNorm over a shard of %d sample%s per replica has no batch statistics; "
+        "use fewer replicas or a larger train.batch_size",
+        name, N, N == 1 ? "" : "s");
   DnnlCtx *ctx = b->ctx;
   memset(l, 0, sizeof *l);
   l->splits = b->mode == OP_INFER || ctx->bn_splits < 1 ? 1 : ctx->bn_splits;
   if (N % l->splits != 0 || (long)(N / l->splits) * H * W < 2)
-    tl_fatal_input("%s: [model] bn_splits = %d must divide the %d samples per replica into groups "
-                   "of at least 2 values per channel",
-                   name, l->splits, N);
+    tl_fatal_input(
+        "%s: [model] bn_splits = %d must divide the %d samples per replica into groups "
+        "of at least 2 values per channel",
+        name, l->splits, N);
   l->N = N, l->C = C, l->H = H, l->W = W, l->fuse_relu = fuse_relu;
   l->need_din = need_din && b->mode == OP_TRAIN;
   l->mode = b->mode;
@@ -141,7 +143,8 @@ static void bn_update_running(BatchNorm *l) {
   float unbias = (float)(n / (n - 1.0));
   for (int c = 0; c < l->C; c++) {
     float mean = 0, var = 0;
-    for (int g = 0; g < G; g++) mean += p->batch_mean[g * l->C + c], var += p->batch_var[g * l->C + c];
+    for (int g = 0; g < G; g++)
+      mean += p->batch_mean[g * l->C + c], var += p->batch_var[g * l->C + c];
     mean /= (float)G, var /= (float)G;
     l->running_mean[c] = (1.0f - l->momentum) * l->running_mean[c] + l->momentum * mean;
     l->running_var[c] = (1.0f - l->momentum) * l->running_var[c] + l->momentum * unbias * var;
@@ -149,7 +152,9 @@ static void bn_update_running(BatchNorm *l) {
 }
 
 // Floats of one group's (N/G, H, W, C) slice.
-static size_t group_elems(const BatchNorm *l) { return (size_t)(l->N / l->splits) * l->H * l->W * l->C; }
+static size_t group_elems(const BatchNorm *l) {
+  return (size_t)(l->N / l->splits) * l->H * l->W * l->C;
+}
 
 void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
   struct BatchNormPrivate *p = l->priv;
@@ -211,7 +216,8 @@ void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout) {
   if (G > 1 && !ctx->dry_run)
     for (int c = 0; c < l->C; c++) {
       float dg = 0, db = 0;
-      for (int g = 0; g < G; g++) dg += p->dgamma_split[g * l->C + c], db += p->dbeta_split[g * l->C + c];
+      for (int g = 0; g < G; g++)
+        dg += p->dgamma_split[g * l->C + c], db += p->dbeta_split[g * l->C + c];
       l->dgamma[c] = dg, l->dbeta[c] = db;
     }
   paramset_grad_ready(p->params, l->dgamma, (size_t)l->C);

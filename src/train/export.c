@@ -147,9 +147,8 @@ int export_checkpoint(const char *ckpt, const char *out, int with_head) {
   if (checkpoint_read(&f, ckpt) != 0) return -1;
   static Config cfg;
   Params p = {0};
-  int rc = checkpoint_config(&f, ckpt, &cfg) == 0 && checkpoint_params(&f, &cfg, ckpt, &p) == 0
-               ? 0
-               : -1;
+  int rc =
+      checkpoint_config(&f, ckpt, &cfg) == 0 && checkpoint_params(&f, &cfg, ckpt, &p) == 0 ? 0 : -1;
   StFile ex = {0};
   int n_out = with_head ? p.n : p.n_backbone;
   // Converted copies (and the BatchNorm counters) live until the file is written.

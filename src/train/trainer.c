@@ -53,7 +53,7 @@ typedef struct {
   Budget budget;      // [train] budget
   int length_frozen;  // the run's length is fixed (always, except a time/FLOP budget's first steps)
   double flops_total;  // training FLOPs so far over every replica (rank 0's count, scaled)
-  int started;        // the replicas were started (failures after it stop them through Comm)
+  int started;         // the replicas were started (failures after it stop them through Comm)
   KnnResult knn, knn_start, knn_raw;
   int steps_done;
   int quiet_rank;  // an MPI rank other than 0: trains, but writes and prints nothing
@@ -276,8 +276,8 @@ static int init_from_file(ReplicaState *r, const char *path) {
   int rc = 0, taken = 0;
   for (int i = 0; rc == 0 && i < r->ps.n_entries; i++) {
     const ParamEntry *e = &r->ps.entries[i];
-    int found = weights_find(&f, e, &cfg->model.spec, cfg->data.channels, r->ps.data + e->offset,
-                             path);
+    int found =
+        weights_find(&f, e, &cfg->model.spec, cfg->data.channels, r->ps.data + e->offset, path);
     if (found < 0)
       rc = -1;
     else if (!found && e->offset < backbone_floats)
@@ -313,8 +313,8 @@ static int open_monitor(ReplicaState *r) {
   if (!r->use_knn) return 0;
   knn_monitor_init(&r->mon, r->cfg, &run->train, &run->test, &run->aug, r->ps.data);
   if (!run->opt->quiet) {
-    printf("kNN monitor: raw-pixel baseline on %d training and %d test images...\n",
-           r->mon.n_train, r->mon.n_test);
+    printf("kNN monitor: raw-pixel baseline on %d training and %d test images...\n", r->mon.n_train,
+           r->mon.n_test);
     fflush(stdout);
   }
   run->knn_raw = knn_monitor_raw_pixels(&r->mon);
@@ -716,9 +716,10 @@ static int make_run_dir(const char *dir, Run *run) {
   int resuming = run->opt->resume_path != NULL;
   if (!resuming && !run->opt->overwrite &&
       (exists(dir, CHECKPOINT_FILE) || exists(dir, "ledger.jsonl") || exists(dir, "summary.json")))
-    return tl_fail("%s: holds a run already; continue it with --resume %s, or replace it with "
-                   "--overwrite",
-                   dir, dir);
+    return tl_fail(
+        "%s: holds a run already; continue it with --resume %s, or replace it with "
+        "--overwrite",
+        dir, dir);
   snprintf(run->path_jsonl, sizeof run->path_jsonl, "%s/ledger.jsonl", dir);
   snprintf(run->path_csv, sizeof run->path_csv, "%s/ledger.csv", dir);
   snprintf(run->path_ckpt, sizeof run->path_ckpt, "%s/%s", dir, CHECKPOINT_FILE);
@@ -798,7 +799,8 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
   run->global_batch = cfg->train.batch_size;
   run->no_knn = opt->no_knn;
   if (run->global_batch < run->world) {
-    fprintf(stderr, "tally: train.batch_size = %d cannot be split over %d replicas (a shard of 0)\n",
+    fprintf(stderr,
+            "tally: train.batch_size = %d cannot be split over %d replicas (a shard of 0)\n",
             run->global_batch, run->world);
     goto out;
   }
@@ -820,8 +822,9 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
   }
   if (loaded && unlabeled && !opt->no_knn) {
     if (!run->quiet_rank)
-      printf("kNN monitor off: data.labels = none (score the encoder with `tally eval RUN --set "
-             "data.train=LABELED --set data.test=LABELED`)\n");
+      printf(
+          "kNN monitor off: data.labels = none (score the encoder with `tally eval RUN --set "
+          "data.train=LABELED --set data.test=LABELED`)\n");
     run->no_knn = 1;
   }
   if (loaded && !run->no_knn && !opt->no_knn)
@@ -898,7 +901,8 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
         run->world, run->world == 1 ? "" : "s");
   if (!run->quiet_rank) {
     printf("data loaded in %.1f s; run folder %s\n", (now_ms() - t0) / 1e3, opt->out_dir);
-    if (run->start_step > 0) printf("resuming at step %d of %d\n", run->start_step, run->total_steps);
+    if (run->start_step > 0)
+      printf("resuming at step %d of %d\n", run->start_step, run->total_steps);
     fflush(stdout);
     config_texts(run);
     if (make_run_dir(opt->out_dir, run) != 0) {
