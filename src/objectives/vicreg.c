@@ -1,0 +1,119 @@
+// vicreg: VICReg (Bardes, Ponce & LeCun 2022). Both views of every image go through the online
+// encoder and an expander with backward; nothing is compared against other images. Instead the
+// loss keeps the two views' embeddings close (invariance) while every embedding dimension keeps
+// a standard deviation of at least 1 over the batch (variance) and the dimensions stay
+// decorrelated (covariance), statistics of the global batch gathered from all replicas. No
+// negatives, no momentum encoder, nothing kept between steps.
+//
+// The expander is the project's projection head (Linear -> BatchNorm + ReLU -> Linear, widths
+// [model] head_hidden_dim and head_out_dim): the paper's is three 8192-wide layers on a
+// 2048-wide ResNet-50 feature, configs/vicreg.ini scales it to this encoder.
+#include <stdlib.h>
+
+#include "core/timer.h"
+#include "nn/head.h"
+#include "objectives/objective.h"
+#include "objectives/vicreg_loss.h"
+
+extern const ObjectiveDef objective_vicreg;
+
+// [vicreg]
+typedef struct {
+  float sim_coeff;  // 25: lambda, the invariance term's weight
+  float std_coeff;  // 25: mu, the variance term's weight
+  float cov_coeff;  // 1: nu, the covariance term's weight
+} VicRegSettings;
+
+static const KeySpec vicreg_keys[] = {
+    FLOAT_KEY(OWN(VicRegSettings, vicreg, sim_coeff), "25", 0, 1e6, 0),
+    FLOAT_KEY(OWN(VicRegSettings, vicreg, std_coeff), "25", 0, 1e6, 0),
+    FLOAT_KEY(OWN(VicRegSettings, vicreg, cov_coeff), "1", 0, 1e6, 0),
+};
+static const ConfigSection vicreg_settings = CONFIG_SECTION(vicreg_keys, VicRegSettings, NULL);
+
+typedef struct {
+  Objective base;
+  int b;  // samples on this replica; rows = 2b views
+  ProjectionHead expander;
+  VicRegLoss loss;
+  float *dz;  // (2b, d) MEM_ACT_GRAD loss
+} VicReg;
+
+static Objective *vicreg_create(const ObjectiveEnv *env) {
+  const Config *cfg = env->cfg;
+  const VicRegSettings *set = objective_settings(cfg, &objective_vicreg);
+  VicReg *o = calloc(1, sizeof *o);
+  if (!o) TL_DIE("out of memory");
+  o->base.env = *env;
+  o->b = env->local_batch;
+  const int rows = 2 * o->b, d = cfg->model.head_out_dim;
+  Builder bld = {env->ctx, env->params, OP_TRAIN};
+  env->ctx->component = COMP_ENCODER;
+  o->base.online =
+      backbone_create(&cfg->model.spec, &bld, rows, cfg->data.image_size, cfg->data.channels);
+  // Named "head" like every objective's projection head, so export --with-head and --init take it.
+  head_init(&o->expander, &bld, "head", rows, o->base.online->feature_dim,
+            cfg->model.head_hidden_dim, d);
+  env->ctx->component = COMP_LOSS;
+  vicreg_loss_init(&o->loss, env->ctx, env->global_batch, o->b, d, set->sim_coeff, set->std_coeff,
+                   set->cov_coeff);
+  o->dz = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT_GRAD, COMP_LOSS);
+  env->ctx->component = COMP_ENCODER;
+  TL_ASSERT(env->params->used == env->params->count);
+  return &o->base;
+}
+
+static double vicreg_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
+  VicReg *o = (VicReg *)base;
+  DnnlCtx *ctx = base->env.ctx;
+  const int rows = 2 * o->b;
+  TL_ASSERT(batch->n == o->b && batch->n_views == 2);
+
+  double t0 = now_ms();
+  // The batch is view-major, so views 0 and 1 of all samples form one 2b-image forward.
+  base->online->forward(base->online, ctx, batch->views);
+  head_forward(&o->expander, ctx, base->online->feature);
+  double loss =
+      vicreg_loss_forward_backward(&o->loss, ctx, base->env.comm, o->expander.out, o->dz, NULL);
+  double t1 = now_ms();
+  // The trainer averages replica gradients weighted by sample count (b / B); B / b turns that
+  // average back into the sum of every replica's part of the global loss's gradient.
+  const float scale = (float)base->env.global_batch / (float)o->b;
+  for (size_t i = 0; i < (size_t)rows * o->expander.out_dim; i++) o->dz[i] *= scale;
+  head_backward(&o->expander, ctx, o->dz);
+  base->online->backward(base->online, ctx, o->expander.din);
+  double t2 = now_ms();
+
+  rec->forward_ms = t1 - t0;
+  rec->backward_ms = t2 - t1;
+  rec->images_source = o->b;
+  rec->views_grad = rows;
+  rec->views_nograd = 0;
+  rec->positives_per_query = 1;  // the other view of the same image
+  rec->negatives_per_query = 0;  // the batch statistics take the place of negatives
+  rec->encodings_next_new = rows;
+  rec->encodings_next_reused = 0;
+  return loss;
+}
+
+static void vicreg_destroy(Objective *base) {
+  VicReg *o = (VicReg *)base;
+  base->online->destroy(base->online);
+  head_destroy(&o->expander);
+  vicreg_loss_destroy(&o->loss);
+  tl_free(o->dz);
+  free(o);
+}
+
+const ObjectiveDef objective_vicreg = {
+    .name = "vicreg",
+    .settings = &vicreg_settings,
+    .description = "VICReg: invariance, variance and covariance terms; no negatives",
+    .implemented = 1,
+    .n_views = 2,
+    .param_count = backbone_with_head_param_count,
+    .create = vicreg_create,
+    .step = vicreg_step,
+    .after_update = NULL,
+    .destroy = vicreg_destroy,
+};
