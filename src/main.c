@@ -33,7 +33,7 @@ static void usage_main(FILE *f) {
           "ledger of what each step encodes, holds, caches and costs.\n"
           "\n"
           "commands:\n"
-          "  train    train an encoder with an objective (inbatch, moco, mae)\n"
+          "  train    train an encoder with an objective (%s)\n"
           "  plan     the ledger a configuration will produce, before training (no data, no\n"
           "           compute); --memory-budget finds the largest batch or queue that fits\n"
           "  report   one self-contained HTML report (charts, cost table) from run folders\n"
@@ -43,7 +43,8 @@ static void usage_main(FILE *f) {
           "\n"
           "options:\n"
           "  -h, --help     this help; `tally COMMAND --help` for a command's options\n"
-          "  --version      print the version\n");
+          "  --version      print the version\n",
+          objective_names());
 }
 
 static void usage_train(FILE *f) {
