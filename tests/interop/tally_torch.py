@@ -122,9 +122,9 @@ class Spec:
         # projection head (inbatch, moco) and MAE decoder (mae): present with --with-head
         self.head_hidden_dim = config.getint("model", "head_hidden_dim", fallback=0)
         self.head_out_dim = config.getint("model", "head_out_dim", fallback=0)
-        self.decoder_dim = config.getint("objective", "decoder_dim", fallback=0)
-        self.decoder_depth = config.getint("objective", "decoder_depth", fallback=0)
-        self.decoder_heads = config.getint("objective", "decoder_heads", fallback=0)
+        self.decoder_dim = config.getint("mae", "decoder_dim", fallback=0)
+        self.decoder_depth = config.getint("mae", "decoder_depth", fallback=0)
+        self.decoder_heads = config.getint("mae", "decoder_heads", fallback=0)
         # input normalization: (x / 255 - mean) / std per channel
         self.mean = [float(v) for v in metadata.get("input_mean", "").split(",") if v]
         self.std = [float(v) for v in metadata.get("input_std", "").split(",") if v]
