@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 // Long enough for two paths of PATH_MAX and the words around them.
 enum { ERROR_BYTES = 16384 };
@@ -89,5 +90,7 @@ void tl_fatal_input(const char *fmt, ...) {
   va_end(ap);
   fprintf(stderr, "tally: %s\n", message);
   fflush(stderr);
-  exit(1);
+  // _exit: other replica threads may be failing at the same moment, and two exit() calls at once
+  // race through the atexit handlers (one ended as an internal error).
+  _exit(1);
 }
