@@ -113,14 +113,18 @@ static int magic_matches(const char *path, int fd) {
 }
 
 // A JPEG Huffman table (DHT) codes at most 256 symbols; Debian's stb_image (before 2.28) writes
-// past its table when one declares more. The segments before the scan data are checked first.
+// past its table when one declares more. Every table in the file (before and between scans) is
+// checked first.
 static int jpeg_tables_valid(int fd, int64_t bytes) {
   size_t n = bytes < (64 << 20) ? (size_t)bytes : (size_t)64 << 20;
   unsigned char *b = malloc(n ? n : 1);
   if (!b) TL_DIE("out of memory");
   int ok = pread(fd, b, n, 0) == (ssize_t)n;
   for (size_t at = 2; ok && at + 4 <= n;) {
-    if (b[at] != 0xff) break;  // not a marker: let the decoder judge
+    if (b[at] != 0xff) {  // stb_image skips bytes between markers: so does the check
+      at++;
+      continue;
+    }
     unsigned marker = b[at + 1];
     if (marker == 0xff) {  // fill byte
       at++;
@@ -130,11 +134,20 @@ static int jpeg_tables_valid(int fd, int64_t bytes) {
       at += 2;
       continue;
     }
-    if (marker == 0xda || marker == 0xd9) break;  // scan data, or the end
+    if (marker == 0xd9) break;  // the end
     size_t len = (size_t)b[at + 2] << 8 | b[at + 3], end = at + 2 + len;
     if (len < 2 || end > n) {
       ok = 0;  // a header segment cut off by the end of the file
       break;
+    }
+    if (marker == 0xda) {
+      // A scan: its entropy-coded data runs to the next marker (0xFF not followed by a stuffed
+      // 0x00 or a restart marker), where tables for the next scan may follow.
+      at = end;
+      while (at + 1 < n && !(b[at] == 0xff && b[at + 1] != 0x00 && b[at + 1] != 0xff &&
+                             !(b[at + 1] >= 0xd0 && b[at + 1] <= 0xd7)))
+        at++;
+      continue;
     }
     for (size_t t = at + 4; ok && marker == 0xc4 && t < end;) {
       size_t codes = 0;
