@@ -440,6 +440,15 @@ def tally_run(folder, warmup):
     }
 
 
+BUSY = 0.25  # cores of other load above which a run counts as disturbed
+
+
+def per_repeat(medians, batch):
+    """Each repeat's median images/s with the other load during it."""
+    return ", ".join(f"{batch * 1000 / m:.0f}" + (f" (other load {o:.2f})" if o is not None else "")
+                     for m, o in medians)
+
+
 def spread(median, low, high):
     return f"{median:.0f} ({low:.0f}–{high:.0f})" if median == median else "—"
 
@@ -481,8 +490,8 @@ def cmd_summarize(args):
                 t_steps += t["step_ms"]
                 t_data += t["data_ms"]
                 t_rss.append(t["peak_rss_bytes"])
-                t_med.append(statistics.median(t["step_ms"]))
                 gflop, batch = t["gflop"], t["batch_size"] or batch
+                t_med.append((statistics.median(t["step_ms"]), te.get("other_load_cores")))
                 if te.get("other_load_cores") is not None:
                     t_other.append(te["other_load_cores"])
             p = read_json(os.path.join(folder, f"torch-rep{rep}.json"))
@@ -492,7 +501,7 @@ def cmd_summarize(args):
                 p_steps += ms
                 p_rss.append(p["peak_rss_bytes"])
                 p_base.append(p.get("rss_after_import_bytes") or 0)
-                p_med.append(statistics.median(ms))
+                p_med.append((statistics.median(ms), pe.get("other_load_cores")))
                 p_blas.update(p.get("blas", []))
                 p_params = p.get("parameters")
                 if pe.get("other_load_cores") is not None:
@@ -519,12 +528,12 @@ def cmd_summarize(args):
             f"{len(p_steps)} measured steps)\n"
             f"  Tally   : {fmt_rate(t_rate)} images/s median, p10-p90 {fmt_rate(t_p90)}-"
             f"{fmt_rate(t_p10)}, min-max {fmt_rate(t_min)}-{fmt_rate(t_max)}; per repeat "
-            f"{', '.join(f'{batch * 1000 / m:.0f}' for m in t_med)}; data wait median "
+            f"{per_repeat(t_med, batch)}; data wait median "
             f"{statistics.median(t_data) if t_data else float('nan'):.1f} ms; peak RSS "
             f"{', '.join(gib(r) for r in t_rss)}\n"
             f"  PyTorch : {fmt_rate(p_rate)} images/s median, p10-p90 {fmt_rate(p_p90)}-"
             f"{fmt_rate(p_p10)}, min-max {fmt_rate(p_min)}-{fmt_rate(p_max)}; per repeat "
-            f"{', '.join(f'{batch * 1000 / m:.0f}' for m in p_med)}; peak RSS "
+            f"{per_repeat(p_med, batch)}; peak RSS "
             f"{', '.join(gib(r) for r in p_rss)} (after import torch: "
             f"{gib(max(p_base) if p_base else 0)}); {p_params} parameters; "
             f"BLAS {', '.join(sorted(p_blas)) or '?'}\n"
@@ -535,13 +544,16 @@ def cmd_summarize(args):
         frac = ((f"{100 * t_gfs / f32:.0f}%" if f32 else "—") + " / " +
                 (f"{100 * t_gfs / bf16:.0f}%" if bf16 else "—"))
         all_other += other
+        busy = fmt(max(other) if other else float("nan"), ".2f")
+        if other and max(other) > BUSY:
+            busy = f"**{busy}**"
         table.append(
             f"| {objective} | {backbone} | {spread(t_rate, t_p90, t_p10)} "
             f"| {spread(p_rate, p_p90, p_p10)} | {fmt(ratio, '.2f', '×')} "
             f"| {gib(max(t_rss) if t_rss else 0)} | {gib(max(p_rss) if p_rss else 0)} "
             f"| {fmt(rss_ratio, '.2f', '×')} | {fmt(gflop or float('nan'), '.1f')} "
             f"| {fmt(t_gfs, '.0f')} | {frac} "
-            f"| {fmt(statistics.mean(other) if other else float('nan'), '.2f')} |")
+            f"| {busy} |")
 
     lines = []
     lines.append("\n".join(detail))
@@ -560,7 +572,7 @@ def cmd_summarize(args):
     lines.append("")
     lines.append("| objective | backbone | Tally images/s | PyTorch images/s | Tally/PyTorch "
                  "| Tally peak RSS | PyTorch peak RSS | RSS Tally/PyTorch | GFLOP/step "
-                 "| Tally GFLOP/s | of f32 / bf16 peak | other load (cores) |")
+                 "| Tally GFLOP/s | of f32 / bf16 peak | other load (cores, max) |")
     lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     lines += table
     lines.append("")
@@ -574,13 +586,14 @@ def cmd_summarize(args):
     else:
         lines.append("Peak not measured (--no-peak, or the peak program failed: see peak.txt).")
     load0, load1 = meta.get("loadavg_start"), meta.get("loadavg_end")
-    # Loaded: a busy machine at the start, or other processes kept half a core busy on average.
-    loaded = (load0 is not None and load0 >= 1.5) or (
-        bool(all_other) and statistics.mean(all_other) > 0.5)
+    # Loaded: a busy machine at the start, or other processes busy during any run.
+    loaded = (load0 is not None and load0 >= 1.5) or any(o > BUSY for o in all_other)
     lines.append(f"Load average (1 min) {load0} at the start, {load1} at the end (this benchmark "
-                 f"itself adds about 2); other load: cores kept busy by other processes during "
-                 f"the runs (mean)." + (" **The machine was loaded: these numbers are not final."
-                                        "**" if loaded else ""))
+                 f"itself adds about 2). Other load: the most cores other processes kept busy "
+                 f"during one of the row's runs (/proc/stat less the run's own CPU time); above "
+                 f"{BUSY} (bold) that row's numbers are disturbed, PyTorch's far more than "
+                 f"Tally's." + (" **The machine was loaded: these numbers are not final.**"
+                                if loaded else ""))
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(text)
