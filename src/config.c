@@ -1,6 +1,6 @@
 // The whole configuration is described by two tables (recipe keys and model-file keys). Loading,
-// --set overrides, defaults, error messages and config_write all walk the same tables, so a new
-// key is one new row and nothing else.
+// --set overrides, defaults, error messages, config_write and the key reference (`tally keys`,
+// README.md) all walk the same tables, so a new key is one new row and nothing else.
 #include "config.h"
 
 #include <ctype.h>
@@ -21,86 +21,160 @@
 #include "core/error.h"
 
 static const KeySpec recipe_keys[] = {
-    TEXT_KEY(RECIPE(data, dataset), "", NULL),
-    TEXT_KEY(RECIPE(data, format), "idx", "idx|imagefolder"),
+    TEXT_KEY(RECIPE(data, dataset), "", NULL,
+             "a descriptor data/NAME.ini whose [data] keys are read where this key stands (keys "
+             "after it override them); empty = none"),
+    TEXT_KEY(RECIPE(data, format), "idx", "idx|imagefolder",
+             "`idx`: IDX files, gzip or plain, labels beside them under their standard name; "
+             "`imagefolder`: root/CLASS/*.png, .jpg or .bmp"),
     // Debian's dataset-fashion-mnist installs here.
     TEXT_KEY(RECIPE(data, train), "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz",
-             NULL),
+             NULL, "training images: the IDX images file, or the ImageFolder root"),
     TEXT_KEY(RECIPE(data, test), "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz",
-             NULL),
-    INT_KEY(RECIPE(data, image_size), "28", 1, 4096),
-    INT_KEY(RECIPE(data, channels), "1", 1, 3),
-    TEXT_KEY(RECIPE(data, labels), "auto", "auto|none"),
-    INT_KEY(RECIPE(data, limit), "0", 0, INT_MAX),
-    INT_KEY(RECIPE(data, test_limit), "0", 0, INT_MAX),
+             NULL, "test images of the kNN monitor, in the same form as `train`"),
+    INT_KEY(RECIPE(data, image_size), "28", 1, 4096,
+            "side of the square images in pixels: IDX images must have it, ImageFolder images "
+            "are resized to it"),
+    INT_KEY(RECIPE(data, channels), "1", 1, 3,
+            "1 (grayscale) or 3 (RGB): images are converted to it"),
+    TEXT_KEY(RECIPE(data, labels), "auto", "auto|none",
+             "`auto`: classes from the subfolders or the IDX labels file; `none`: unlabeled "
+             "images (no kNN monitor, no test set; score with `tally eval` on labeled data)"),
+    INT_KEY(RECIPE(data, limit), "0", 0, INT_MAX,
+            "training images read, the first N (ImageFolder: spread over the classes); 0 = all"),
+    INT_KEY(RECIPE(data, test_limit), "0", 0, INT_MAX, "test images read, as `limit`; 0 = all"),
 
-    FLOAT_KEY(RECIPE(augment, crop_scale_min), "0.2", 0, 1, OPEN_MIN),
-    FLOAT_KEY(RECIPE(augment, crop_scale_max), "1", 0, 1, OPEN_MIN),
-    FLOAT_KEY(RECIPE(augment, flip_prob), "0.5", 0, 1, 0),
-    FLOAT_KEY(RECIPE(augment, jitter_strength), "0.4", 0, 1, 0),
-    FLOAT_KEY(RECIPE(augment, jitter_prob), "0.8", 0, 1, 0),
-    FLOAT_KEY(RECIPE(augment, grayscale_prob), "0.2", 0, 1, 0),
-    FLOAT_KEY(RECIPE(augment, solarize_prob), "0", 0, 1, 0),
-    FLOAT_KEY(RECIPE(augment, blur_prob), "0", 0, 1, 0),
+    FLOAT_KEY(RECIPE(augment, crop_scale_min), "0.2", 0, 1, OPEN_MIN,
+              "random resized crop: smallest crop as a fraction of the image's area (aspect "
+              "ratio 3/4 to 4/3)"),
+    FLOAT_KEY(RECIPE(augment, crop_scale_max), "1", 0, 1, OPEN_MIN,
+              "random resized crop: largest crop as a fraction of the image's area"),
+    FLOAT_KEY(RECIPE(augment, flip_prob), "0.5", 0, 1, 0,
+              "probability of a horizontal flip per view"),
+    FLOAT_KEY(RECIPE(augment, jitter_strength), "0.4", 0, 1, 0,
+              "colour jitter s: brightness, contrast (and saturation on RGB) factors uniform in "
+              "[1 − s, 1 + s], in random order"),
+    FLOAT_KEY(RECIPE(augment, jitter_prob), "0.8", 0, 1, 0,
+              "probability of colour jitter per view"),
+    FLOAT_KEY(RECIPE(augment, grayscale_prob), "0.2", 0, 1, 0,
+              "probability of converting a view to grayscale (RGB only)"),
+    FLOAT_KEY(RECIPE(augment, solarize_prob), "0", 0, 1, 0,
+              "probability of solarization per view (BYOL's: x → 1 − x where x ≥ 0.5)"),
+    FLOAT_KEY(RECIPE(augment, blur_prob), "0", 0, 1, 0,
+              "probability of a Gaussian blur per view (SimCLR's: kernel 10% of the side, σ "
+              "0.1 to 2 px)"),
 
-    TEXT_KEY(RECIPE(model, file), "models/resnet-small.ini", NULL),
-    INT_KEY(RECIPE(model, head_hidden_dim), "256", 1, 65536),
-    INT_KEY(RECIPE(model, head_out_dim), "64", 1, 65536),
-    INT_KEY(RECIPE(model, bn_splits), "1", 1, 1024),
+    TEXT_KEY(RECIPE(model, file), "models/resnet-small.ini", NULL,
+             "the model file holding the [backbone] keys (below); a relative path is also "
+             "looked for under the project root"),
+    INT_KEY(RECIPE(model, head_hidden_dim), "256", 1, 65536,
+            "projection head's hidden width (Linear, BatchNorm, ReLU, Linear)"),
+    INT_KEY(RECIPE(model, head_out_dim), "64", 1, 65536,
+            "projection head's output width: the embedding the loss compares"),
+    INT_KEY(RECIPE(model, bn_splits), "1", 1, 1024,
+            "training BatchNorm takes its statistics over this many groups of each replica's "
+            "batch (MoCo's single-GPU stand-in for several GPUs); must divide that batch"),
 
-    INT_KEY(RECIPE(train, batch_size), "256", 1, 65536),
-    INT_KEY(RECIPE(train, epochs), "1", 1, 1000000),
-    INT_KEY(RECIPE(train, steps), "0", 0, INT_MAX),
-    U64_KEY(RECIPE(train, seed), "0"),
-    INT_KEY(RECIPE(train, log_every), "10", 1, INT_MAX),
-    INT_KEY(RECIPE(train, checkpoint_every), "50", 0, INT_MAX),
-    TEXT_KEY(RECIPE(train, budget), "", NULL),
+    INT_KEY(RECIPE(train, batch_size), "256", 1, 65536,
+            "images per step over all replicas (the global batch), split into shards"),
+    INT_KEY(RECIPE(train, epochs), "1", 1, 1000000,
+            "run length in passes over the training set, when `steps` is 0 and there is no "
+            "`budget`"),
+    INT_KEY(RECIPE(train, steps), "0", 0, INT_MAX,
+            "run length in steps, overriding `epochs`; 0 = `epochs` × steps per epoch"),
+    U64_KEY(RECIPE(train, seed), "0",
+            "seeds the parameters' initialization and every random stream (augmentations, "
+            "masks), which are keyed by (seed, step, image)"),
+    INT_KEY(RECIPE(train, log_every), "10", 1, INT_MAX, "steps between progress lines"),
+    INT_KEY(RECIPE(train, checkpoint_every), "50", 0, INT_MAX,
+            "steps between checkpoints; they are also written at each epoch's end, at the "
+            "run's end and on SIGINT/SIGTERM; 0 = only then"),
+    TEXT_KEY(RECIPE(train, budget), "", NULL,
+             "the run's length as compute, overriding `steps` and `epochs`: training time "
+             "(420s, 7m, 1.5h; evaluation excluded), FLOPs of every replica (5e15flop, 5PFLOP) "
+             "or epochs (3epochs); empty = none"),
 
-    TEXT_KEY(RECIPE(optim, name), "sgd", "sgd|lars|adamw"),
-    FLOAT_KEY(RECIPE(optim, lr), "0.06", 0, 100, 0),
-    FLOAT_KEY(RECIPE(optim, momentum), "0.9", 0, 1, OPEN_MAX),
-    FLOAT_KEY(RECIPE(optim, weight_decay), "5e-4", 0, 10, 0),
-    INT_KEY(RECIPE(optim, warmup_steps), "0", 0, INT_MAX),
-    TEXT_KEY(RECIPE(optim, schedule), "cosine", "cosine|constant"),
-    FLOAT_KEY(RECIPE(optim, beta1), "0.9", 0, 1, OPEN_MAX),
-    FLOAT_KEY(RECIPE(optim, beta2), "0.95", 0, 1, OPEN_MAX),
-    FLOAT_KEY(RECIPE(optim, eps), "1e-8", 0, 1, 0),
-    FLOAT_KEY(RECIPE(optim, lars_eta), "0.001", 0, 1, 0),
+    TEXT_KEY(RECIPE(optim, name), "sgd", "sgd|lars|adamw",
+             "`sgd` (PyTorch's, momentum, no Nesterov), `lars` (SimCLR's, per-tensor trust "
+             "ratio) or `adamw` (PyTorch's, decoupled weight decay)"),
+    FLOAT_KEY(RECIPE(optim, lr), "0.06", 0, 100, 0,
+              "peak learning rate, absolute (not scaled by the batch size)"),
+    FLOAT_KEY(RECIPE(optim, momentum), "0.9", 0, 1, OPEN_MAX,
+              "momentum coefficient of `sgd` and `lars`"),
+    FLOAT_KEY(RECIPE(optim, weight_decay), "5e-4", 0, 10, 0,
+              "weight decay; biases and normalization parameters have none"),
+    INT_KEY(RECIPE(optim, warmup_steps), "0", 0, INT_MAX,
+            "steps of linear warm-up to `lr`; 0 = none"),
+    TEXT_KEY(RECIPE(optim, schedule), "cosine", "cosine|constant",
+             "learning rate after warm-up: `cosine` decays it to 0 at the run's end, "
+             "`constant` keeps it"),
+    FLOAT_KEY(RECIPE(optim, beta1), "0.9", 0, 1, OPEN_MAX, "`adamw`'s first-moment decay"),
+    FLOAT_KEY(RECIPE(optim, beta2), "0.95", 0, 1, OPEN_MAX, "`adamw`'s second-moment decay"),
+    FLOAT_KEY(RECIPE(optim, eps), "1e-8", 0, 1, 0, "`adamw`'s term added to the denominator"),
+    FLOAT_KEY(RECIPE(optim, lars_eta), "0.001", 0, 1, 0,
+              "`lars` trust coefficient: each tensor's learning rate is scaled by "
+              "η ‖w‖ / ‖g‖ (biases and normalization parameters are not)"),
 
-    TEXT_KEY(RECIPE(parallel, backend), "local", "local|mpi"),
-    INT_KEY(RECIPE(parallel, replicas), "1", 1, CONFIG_MAX_REPLICAS),
-    INT_KEY(RECIPE(parallel, checksum_every), "50", 1, INT_MAX),
-    INT_KEY(RECIPE(parallel, bucket_kib), "1024", 1, 1048576),
-    TEXT_KEY(RECIPE(parallel, shard_weights), "", NULL),
+    TEXT_KEY(RECIPE(parallel, backend), "local", "local|mpi",
+             "`local`: replicas are threads of one process; `mpi`: one replica per rank under "
+             "mpirun"),
+    INT_KEY(RECIPE(parallel, replicas), "1", 1, CONFIG_MAX_REPLICAS,
+            "replicas of the `local` backend, each training on its shard of the batch"),
+    INT_KEY(RECIPE(parallel, checksum_every), "50", 1, INT_MAX,
+            "steps between comparisons of the replicas' parameter hashes (a mismatch stops the "
+            "run)"),
+    INT_KEY(RECIPE(parallel, bucket_kib), "1024", 1, 1048576,
+            "KiB of gradients per bucket, averaged while backward is still running (`mpi`)"),
+    TEXT_KEY(RECIPE(parallel, shard_weights), "", NULL,
+             "relative shard sizes, one positive number per replica (e.g. 1,3); empty = even "
+             "split"),
 
-    BOOL_KEY(RECIPE(eval, linear), "0"),
-    INT_KEY(RECIPE(eval, knn_k), "200", 1, 100000),
-    FLOAT_KEY(RECIPE(eval, knn_temperature), "0.1", 0, 100, OPEN_MIN),
-    INT_KEY(RECIPE(eval, knn_every_epochs), "1", 1, INT_MAX),
-    INT_KEY(RECIPE(eval, knn_train_limit), "0", 0, INT_MAX),
-    INT_KEY(RECIPE(eval, batch_size), "128", 1, 65536),
+    BOOL_KEY(RECIPE(eval, linear), "0",
+             "1: the training monitor also fits a linear probe (`linear_top1` in eval.jsonl; "
+             "seconds per evaluation)"),
+    INT_KEY(RECIPE(eval, knn_k), "200", 1, 100000,
+            "neighbours that vote in the kNN monitor and `tally eval` (cosine similarity)"),
+    FLOAT_KEY(RECIPE(eval, knn_temperature), "0.1", 0, 100, OPEN_MIN,
+              "kNN votes (monitor and `tally eval`) weigh exp(similarity / temperature)"),
+    INT_KEY(RECIPE(eval, knn_every_epochs), "1", 1, INT_MAX,
+            "epochs between kNN evaluations (also at the run's end)"),
+    INT_KEY(RECIPE(eval, knn_train_limit), "0", 0, INT_MAX,
+            "training images in the kNN memory bank, the first N; 0 = the whole training set"),
+    INT_KEY(RECIPE(eval, batch_size), "128", 1, 65536,
+            "forward-only evaluation batch; its activations are evaluation memory"),
 
-    INT_KEY(RECIPE(ledger, every), "1", 1, INT_MAX),
+    INT_KEY(RECIPE(ledger, every), "1", 1, INT_MAX,
+            "steps between records in ledger.jsonl and ledger.csv"),
 };
 
 // List entries are at least 1, so the zeros after a list's end mark its length (see
 // list_length) and config_validate can tell lists of different lengths apart.
-#define STAGE_LIST(name, def, lo, hi) \
-  LIST_KEY(BACKBONE(name), def, lo, hi, offsetof(ModelSpec, n_stages))
+#define STAGE_LIST(name, def, lo, hi, meaning) \
+  LIST_KEY(BACKBONE(name), def, lo, hi, offsetof(ModelSpec, n_stages), meaning)
 
 static const KeySpec model_keys[] = {
-    TEXT_KEY(BACKBONE(type), "resnet", "resnet|vit"),
-    INT_KEY(BACKBONE(stem_channels), "32", 1, 4096),
-    STAGE_LIST(stage_channels, "32,64,128", 1, 4096),
-    STAGE_LIST(stage_blocks, "1,1,1", 1, 64),
-    STAGE_LIST(stage_strides, "1,2,2", 1, 4),
-    INT_KEY(BACKBONE(patch_size), "4", 1, 256),
-    INT_KEY(BACKBONE(pad_to), "0", 0, 4096),
-    INT_KEY(BACKBONE(dim), "128", 1, 65536),
-    INT_KEY(BACKBONE(depth), "4", 1, 256),
-    INT_KEY(BACKBONE(heads), "4", 1, 256),
-    INT_KEY(BACKBONE(mlp_ratio), "4", 1, 64),
-    TEXT_KEY(BACKBONE(pool), "cls", "cls|mean"),
+    TEXT_KEY(BACKBONE(type), "resnet", "resnet|vit",
+             "`resnet`: 3×3 stem, stages of basic residual blocks, global average pool; `vit`: "
+             "patch embedding, pre-norm transformer blocks, fixed 2-D sin-cos positions"),
+    INT_KEY(BACKBONE(stem_channels), "32", 1, 4096, "resnet: channels out of the 3×3 stem"),
+    STAGE_LIST(stage_channels, "32,64,128", 1, 4096, "resnet: channels of each stage"),
+    STAGE_LIST(stage_blocks, "1,1,1", 1, 64,
+               "resnet: basic blocks in each stage (as many entries as `stage_channels`)"),
+    STAGE_LIST(stage_strides, "1,2,2", 1, 4,
+               "resnet: stride of each stage's first block (as many entries as "
+               "`stage_channels`)"),
+    INT_KEY(BACKBONE(patch_size), "4", 1, 256,
+            "vit: patch side in pixels; must divide the (padded) image side"),
+    INT_KEY(BACKBONE(pad_to), "0", 0, 4096,
+            "images are zero-padded (centred) to this side (resnet: by an even margin); 0 = no "
+            "padding"),
+    INT_KEY(BACKBONE(dim), "128", 1, 65536, "vit: token width; a multiple of 4 and of `heads`"),
+    INT_KEY(BACKBONE(depth), "4", 1, 256, "vit: transformer blocks"),
+    INT_KEY(BACKBONE(heads), "4", 1, 256, "vit: attention heads per block"),
+    INT_KEY(BACKBONE(mlp_ratio), "4", 1, 64, "vit: MLP hidden width as a multiple of `dim`"),
+    TEXT_KEY(BACKBONE(pool), "cls", "cls|mean",
+             "vit: `cls`: a cls token, whose output after the final LayerNorm is the "
+             "representation; `mean`: no cls token, the mean of the patch tokens"),
 };
 
 typedef struct {
@@ -871,6 +945,110 @@ void config_write(const Config *cfg, FILE *out) {
 
 void config_write_model(const Config *cfg, FILE *out) {
   write_schema(&model_schema, &cfg->model.spec, "", out);
+}
+
+const KeySpec *config_recipe_keys(size_t *n) {
+  *n = recipe_schema.n_keys;
+  return recipe_schema.keys;
+}
+
+const KeySpec *config_model_keys(size_t *n) {
+  *n = model_schema.n_keys;
+  return model_schema.keys;
+}
+
+// A Markdown table cell: '|' would end it.
+static void write_cell(FILE *out, const char *text) {
+  for (const char *c = text; *c; c++) {
+    if (*c == '|') fputc('\\', out);
+    fputc(*c, out);
+  }
+}
+
+// "1..65536", or "≥ 0" for keys bounded only by the int type.
+static void describe_int_range(const KeySpec *k, char *out, size_t cap) {
+  if (k->max == INT_MAX)
+    snprintf(out, cap, "≥ %.15g", k->min);
+  else
+    snprintf(out, cap, "%.15g..%.15g", k->min, k->max);
+}
+
+// "int, 1..65536", "float, (0, 1]", "`a`, `b` or `c`", ...
+static void describe_type(const KeySpec *k, char *out, size_t cap) {
+  char range[96];
+  switch (k->type) {
+    case KEY_INT:
+      describe_int_range(k, range, sizeof range);
+      snprintf(out, cap, "int, %s", range);
+      return;
+    case KEY_FLOAT:
+      describe_range(k, range, sizeof range);
+      snprintf(out, cap, "float, %s", range);
+      return;
+    case KEY_BOOL:
+      snprintf(out, cap, "bool (0/1)");
+      return;
+    case KEY_U64:
+      snprintf(out, cap, "int, ≥ 0 (64-bit)");
+      return;
+    case KEY_INT_LIST:
+      describe_int_range(k, range, sizeof range);
+      snprintf(out, cap, "int list, each %s, up to %zu", range, k->size / sizeof(int));
+      return;
+    case KEY_STRING: {
+      if (!k->choices) {
+        snprintf(out, cap, "text");
+        return;
+      }
+      size_t used = 0;
+      out[0] = '\0';
+      for (const char *c = k->choices; *c && used < cap;) {
+        size_t n = strcspn(c, "|");
+        const char *sep = c == k->choices ? "" : c[n] ? ", " : " or ";
+        used += (size_t)snprintf(out + used, cap - used, "%s`%.*s`", sep, (int)n, c);
+        c += n + (c[n] == '|');
+      }
+      return;
+    }
+  }
+  TL_DIE("key type %d", (int)k->type);
+}
+
+// One Markdown table per section of `s`, in table order, with a blank line between them.
+static void write_reference_tables(const Schema *s, FILE *out) {
+  char type[256];
+  for (size_t i = 0; i < s->n_keys; i++) {
+    const KeySpec *k = &s->keys[i];
+    if (i == 0 || strcmp(k->section, s->keys[i - 1].section) != 0) {
+      fprintf(out, "### `[%s]`", k->section);
+      if (s == &model_schema) fprintf(out, " (in the model file that `[model] file` names)");
+      for (int o = 0; o < n_objective_sections; o++)
+        if (strcmp(k->section, objective_section_names[o]) == 0)
+          fprintf(out, " (read by `--objective=%s`)", k->section);
+      fprintf(out, "\n\n| key | type | default | meaning |\n| --- | --- | --- | --- |\n");
+    }
+    describe_type(k, type, sizeof type);
+    fprintf(out, "| `%s` | ", k->key);
+    write_cell(out, type);
+    fprintf(out, " | ");
+    if (k->default_text[0]) {
+      fputc('`', out);
+      write_cell(out, k->default_text);
+      fputc('`', out);
+    } else {
+      fprintf(out, "empty");
+    }
+    fprintf(out, " | ");
+    write_cell(out, k->help);
+    fprintf(out, " |\n");
+    if (i + 1 < s->n_keys && strcmp(k->section, s->keys[i + 1].section) != 0) fputc('\n', out);
+  }
+}
+
+void config_write_reference(FILE *out) {
+  write_reference_tables(&recipe_schema, out);
+  fputc('\n', out);
+  write_reference_tables(&model_schema, out);
 }
 
 int config_get(const Config *cfg, const char *name, char *out, size_t cap) {

@@ -1,6 +1,7 @@
 // One typed configuration, read from an INI recipe (configs/*.ini) and a model file
 // (models/*.ini) with inih, validated key by key, overridable from the command line with
-// --set section.key=value under the same rules.
+// --set section.key=value under the same rules. What each key means, with its range and default,
+// is its row in the key tables (config.c, and each objective's file): `tally keys` prints them.
 #pragma once
 #include <stdio.h>
 
@@ -55,7 +56,7 @@ typedef struct {
   struct {
     float crop_scale_min, crop_scale_max;  // 0.2, 1.0
     float flip_prob;                       // 0.5
-    float jitter_strength;                 // 0.4 (brightness and contrast; saturation/hue on RGB)
+    float jitter_strength;                 // 0.4 (brightness and contrast; saturation on RGB)
     float jitter_prob;                     // 0.8
     float grayscale_prob;                  // 0.2, RGB only
     float solarize_prob;                   // 0
@@ -168,6 +169,15 @@ int config_total_steps(const Config *cfg, int steps_per_epoch, int *total);
 
 // The value of recipe key "section.key" as config_write writes it. -1 for an unknown key.
 int config_get(const Config *cfg, const char *name, char *out, size_t cap);
+
+// The key tables, in their order: every recipe key (the objectives' sections after the recipe's
+// own), or every model-file key. *n receives the count.
+const KeySpec *config_recipe_keys(size_t *n);
+const KeySpec *config_model_keys(size_t *n);
+
+// Writes every key as Markdown, one table per section: key, type with its range or choices,
+// default and meaning (`tally keys`; README.md's "Configuration keys" is this output).
+void config_write_reference(FILE *out);
 
 // Writes the resolved configuration as INI (every key, defaults included); the model spec
 // follows as comment lines, so the run folder documents it and the file stays loadable.

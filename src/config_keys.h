@@ -1,8 +1,8 @@
 // How a configuration key is described: one row per key (section, name, where it is stored,
-// type, default, range), in tables that loading, --set, defaults, validation messages and
-// config_write all walk. The recipe's own sections live in config.c; each objective declares
-// the section named after it in its own file (ObjectiveDef.settings), stored in its slot of
-// Config.objective_settings.
+// type, default, range, meaning), in tables that loading, --set, defaults, validation messages,
+// config_write and the key reference (`tally keys`, README.md) all walk. The recipe's own sections
+// live in config.c; each objective declares the section named after it in its own file
+// (ObjectiveDef.settings), stored in its slot of Config.objective_settings.
 #pragma once
 #include <stddef.h>
 
@@ -23,6 +23,8 @@ typedef struct {
   int open;
   const char *choices;  // "a|b": the only values a string key accepts; NULL = free text
   size_t count_offset;  // lists: the int that receives the number of entries
+  // One line for the reader of `tally keys`: what the key does, its unit, what 0 or empty means.
+  const char *help;
 } KeySpec;
 
 // Section and key names are the struct's own member names, stringized so they cannot drift.
@@ -33,18 +35,25 @@ typedef struct {
   .section = "backbone", .key = #name, .offset = offsetof(ModelSpec, name), \
   .size = sizeof(((ModelSpec *)0)->name)
 
-#define INT_KEY(at, def, lo, hi) \
-  { at, .type = KEY_INT, .default_text = def, .min = lo, .max = hi }
-#define FLOAT_KEY(at, def, lo, hi, open_ends) \
-  { at, .type = KEY_FLOAT, .default_text = def, .min = lo, .max = hi, .open = open_ends }
-#define BOOL_KEY(at, def) \
-  { at, .type = KEY_BOOL, .default_text = def }
-#define U64_KEY(at, def) \
-  { at, .type = KEY_U64, .default_text = def }
-#define TEXT_KEY(at, def, allowed) \
-  { at, .type = KEY_STRING, .default_text = def, .choices = allowed }
-#define LIST_KEY(at, def, lo, hi, count) \
-  { at, .type = KEY_INT_LIST, .default_text = def, .min = lo, .max = hi, .count_offset = count }
+// The last argument of each is the key's meaning (KeySpec.help).
+#define INT_KEY(at, def, lo, hi, meaning) \
+  { at, .type = KEY_INT, .default_text = def, .min = lo, .max = hi, .help = meaning }
+#define FLOAT_KEY(at, def, lo, hi, open_ends, meaning)                                   \
+  {                                                                                      \
+    at, .type = KEY_FLOAT, .default_text = def, .min = lo, .max = hi, .open = open_ends, \
+        .help = meaning                                                                  \
+  }
+#define BOOL_KEY(at, def, meaning) \
+  { at, .type = KEY_BOOL, .default_text = def, .help = meaning }
+#define U64_KEY(at, def, meaning) \
+  { at, .type = KEY_U64, .default_text = def, .help = meaning }
+#define TEXT_KEY(at, def, allowed, meaning) \
+  { at, .type = KEY_STRING, .default_text = def, .choices = allowed, .help = meaning }
+#define LIST_KEY(at, def, lo, hi, count, meaning)                                               \
+  {                                                                                             \
+    at, .type = KEY_INT_LIST, .default_text = def, .min = lo, .max = hi, .count_offset = count, \
+        .help = meaning                                                                         \
+  }
 
 // A key of an objective's own section: `type` is the objective's settings struct, `sec` its
 // section (the objective's name).

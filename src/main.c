@@ -40,6 +40,7 @@ static void usage_main(FILE *f) {
           "  eval     score a trained encoder: kNN and a linear probe, next to raw pixels\n"
           "  embed    write a trained encoder's features of a dataset as .npy\n"
           "  export   write a trained encoder as safetensors with PyTorch names\n"
+          "  keys     every configuration key: type, range, default and meaning (Markdown)\n"
           "\n"
           "options:\n"
           "  -h, --help     this help; `tally COMMAND --help` for a command's options\n"
@@ -58,7 +59,8 @@ static void usage_train(FILE *f) {
           "  --objective=NAME  %s (default inbatch)\n"
           "  --config FILE     INI recipe; default configs/NAME.ini when it exists, else the\n"
           "                    built-in defaults (Fashion-MNIST, models/resnet-small.ini)\n"
-          "  --set S.K=V       override one key, validated like the file (repeatable)\n"
+          "  --set S.K=V       override one key, validated like the file (repeatable);\n"
+          "                    `tally keys` lists every key\n"
           "  --steps N         train N steps (same as --set train.steps=N)\n"
           "  --epochs N        train N epochs (same as --set train.epochs=N)\n"
           "  --budget AMOUNT   train for a compute budget (same as --set train.budget=...):\n"
@@ -919,6 +921,29 @@ static int cmd_eval(int argc, char **argv) {
   return rc ? 1 : 0;
 }
 
+static void usage_keys(FILE *f) {
+  fprintf(f,
+          "usage: tally keys\n"
+          "\n"
+          "Prints every configuration key as Markdown, one table per section: the recipe's\n"
+          "sections, each objective's own, and the model file's [backbone]. Each row gives\n"
+          "the key's type with its range or choices, its default and its meaning. README.md's\n"
+          "\"Configuration keys\" section is this output.\n");
+}
+
+static int cmd_keys(int argc, char **argv) {
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage_keys(stdout);
+      return 0;
+    }
+    fprintf(stderr, "tally keys: unexpected '%s' (see tally keys --help)\n", argv[i]);
+    return 2;
+  }
+  config_write_reference(stdout);
+  return 0;
+}
+
 // The project root is the build folder's parent: recipes and models are found there when the
 // current directory has none.
 static void set_search_root(void) {
@@ -956,6 +981,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "eval")) return cmd_eval(argc - 2, argv + 2);
   if (!strcmp(cmd, "embed")) return cmd_embed(argc - 2, argv + 2);
   if (!strcmp(cmd, "export")) return cmd_export(argc - 2, argv + 2);
+  if (!strcmp(cmd, "keys")) return cmd_keys(argc - 2, argv + 2);
   fprintf(stderr, "tally: unknown command '%s' (see tally --help)\n", cmd);
   return 2;
 }

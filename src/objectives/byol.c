@@ -19,7 +19,7 @@ extern const ObjectiveDef objective_byol;
 
 // [byol]
 typedef struct {
-  float momentum;              // 0.99: the target's EMA coefficient tau at step 0
+  float momentum;              // 0.99: the target's EMA coefficient τ at step 0
   char momentum_schedule[16];  // cosine (tau rises to 1 over the run, as the paper) | constant
   int predictor_hidden_dim;    // 256: the predictor maps out -> hidden -> out
 } ByolSettings;
@@ -28,9 +28,13 @@ typedef struct {
 // memory (1 / (1 - tau) = 250 steps) is longer than the run, and the target would stay near its
 // random start. 0.99 remembers ~100 steps, well inside a short run.
 static const KeySpec byol_keys[] = {
-    FLOAT_KEY(OWN(ByolSettings, byol, momentum), "0.99", 0, 1, 0),
-    TEXT_KEY(OWN(ByolSettings, byol, momentum_schedule), "cosine", "constant|cosine"),
-    INT_KEY(OWN(ByolSettings, byol, predictor_hidden_dim), "256", 1, 65536),
+    FLOAT_KEY(OWN(ByolSettings, byol, momentum), "0.99", 0, 1, 0,
+              "the target's EMA coefficient τ at step 0"),
+    TEXT_KEY(OWN(ByolSettings, byol, momentum_schedule), "cosine", "constant|cosine",
+             "`cosine`: τ rises from `momentum` to 1 over the run (as the paper), or "
+             "`constant`"),
+    INT_KEY(OWN(ByolSettings, byol, predictor_hidden_dim), "256", 1, 65536,
+            "the predictor's hidden width (it maps head_out_dim → hidden → head_out_dim)"),
 };
 static const ConfigSection byol_settings = CONFIG_SECTION(byol_keys, ByolSettings, NULL);
 

@@ -18,7 +18,8 @@ typedef struct {
 } InBatchSettings;
 
 static const KeySpec inbatch_keys[] = {
-    FLOAT_KEY(OWN(InBatchSettings, inbatch, temperature), "0.2", 0, 100, OPEN_MIN),
+    FLOAT_KEY(OWN(InBatchSettings, inbatch, temperature), "0.2", 0, 100, OPEN_MIN,
+              "NT-Xent's softmax temperature"),
 };
 static const ConfigSection inbatch_settings = CONFIG_SECTION(inbatch_keys, InBatchSettings, NULL);
 

@@ -63,12 +63,18 @@ static int mae_validate(const void *settings, const char *where) {
 }
 
 static const KeySpec mae_keys[] = {
-    FLOAT_KEY(OWN(MaeSettings, mae, mask_ratio), "0.75", 0, 1, OPEN_MIN | OPEN_MAX),
-    BOOL_KEY(OWN(MaeSettings, mae, norm_pix_loss), "1"),
-    INT_KEY(OWN(MaeSettings, mae, decoder_dim), "64", 1, 65536),
-    INT_KEY(OWN(MaeSettings, mae, decoder_depth), "1", 1, 64),
-    INT_KEY(OWN(MaeSettings, mae, decoder_heads), "4", 1, 256),
-    INT_KEY(OWN(MaeSettings, mae, png_every), "0", 0, INT_MAX),
+    FLOAT_KEY(OWN(MaeSettings, mae, mask_ratio), "0.75", 0, 1, OPEN_MIN | OPEN_MAX,
+              "fraction of each image's patches hidden from the encoder"),
+    BOOL_KEY(OWN(MaeSettings, mae, norm_pix_loss), "1",
+             "1: the targets are each patch's pixels normalized by their own mean and std; 0: "
+             "the pixels"),
+    INT_KEY(OWN(MaeSettings, mae, decoder_dim), "64", 1, 65536,
+            "decoder token width; a multiple of 4 and of `decoder_heads`"),
+    INT_KEY(OWN(MaeSettings, mae, decoder_depth), "1", 1, 64, "decoder transformer blocks"),
+    INT_KEY(OWN(MaeSettings, mae, decoder_heads), "4", 1, 256, "decoder attention heads"),
+    INT_KEY(OWN(MaeSettings, mae, png_every), "0", 0, INT_MAX,
+            "steps between reconstruction grids (original, masked, reconstruction) written to "
+            "the run folder; 0 = never"),
 };
 static const ConfigSection mae_settings = CONFIG_SECTION(mae_keys, MaeSettings, mae_validate);
 

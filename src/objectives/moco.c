@@ -30,12 +30,18 @@ typedef struct {
 } MocoSettings;
 
 static const KeySpec moco_keys[] = {
-    FLOAT_KEY(OWN(MocoSettings, moco, temperature), "0.2", 0, 100, OPEN_MIN),
-    INT_KEY(OWN(MocoSettings, moco, queue_size), "4096", 1, 1 << 24),
-    FLOAT_KEY(OWN(MocoSettings, moco, momentum), "0.99", 0, 1, 0),
-    TEXT_KEY(OWN(MocoSettings, moco, momentum_schedule), "constant", "constant|cosine"),
-    INT_KEY(OWN(MocoSettings, moco, queue_max_age_steps), "0", 0, INT_MAX),
-    BOOL_KEY(OWN(MocoSettings, moco, symmetric), "0"),
+    FLOAT_KEY(OWN(MocoSettings, moco, temperature), "0.2", 0, 100, OPEN_MIN,
+              "InfoNCE's softmax temperature"),
+    INT_KEY(OWN(MocoSettings, moco, queue_size), "4096", 1, 1 << 24,
+            "K: keys from earlier steps held in the queue as negatives"),
+    FLOAT_KEY(OWN(MocoSettings, moco, momentum), "0.99", 0, 1, 0,
+              "the key encoder's EMA coefficient m: θk ← m θk + (1 − m) θq"),
+    TEXT_KEY(OWN(MocoSettings, moco, momentum_schedule), "constant", "constant|cosine",
+             "`constant`, or `cosine`: m rises from `momentum` to 1 over the run (MoCo v3)"),
+    INT_KEY(OWN(MocoSettings, moco, queue_max_age_steps), "0", 0, INT_MAX,
+            "keys older than this many steps are not used as negatives; 0 = off"),
+    BOOL_KEY(OWN(MocoSettings, moco, symmetric), "0",
+             "1: both views are queries, and keys for each other"),
 };
 static const ConfigSection moco_settings = CONFIG_SECTION(moco_keys, MocoSettings, NULL);
 

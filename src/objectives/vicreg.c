@@ -25,9 +25,15 @@ typedef struct {
 } VicRegSettings;
 
 static const KeySpec vicreg_keys[] = {
-    FLOAT_KEY(OWN(VicRegSettings, vicreg, sim_coeff), "25", 0, 1e6, 0),
-    FLOAT_KEY(OWN(VicRegSettings, vicreg, std_coeff), "25", 0, 1e6, 0),
-    FLOAT_KEY(OWN(VicRegSettings, vicreg, cov_coeff), "1", 0, 1e6, 0),
+    FLOAT_KEY(OWN(VicRegSettings, vicreg, sim_coeff), "25", 0, 1e6, 0,
+              "λ, the weight of the invariance term (mean squared difference of the two "
+              "views' embeddings)"),
+    FLOAT_KEY(OWN(VicRegSettings, vicreg, std_coeff), "25", 0, 1e6, 0,
+              "μ, the weight of the variance term (a hinge keeping each dimension's standard "
+              "deviation over the global batch at least 1)"),
+    FLOAT_KEY(OWN(VicRegSettings, vicreg, cov_coeff), "1", 0, 1e6, 0,
+              "ν, the weight of the covariance term (squared off-diagonal covariances over "
+              "the global batch)"),
 };
 static const ConfigSection vicreg_settings = CONFIG_SECTION(vicreg_keys, VicRegSettings, NULL);
 
