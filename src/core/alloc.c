@@ -1,15 +1,23 @@
 #include "core/alloc.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 enum { ALIGN = 64 };
+
+// Blocks at least this large are only reserved while planning (see tl_alloc_set_untouched): one
+// page, so that a plan of an ordinary configuration already faults wherever a huge one would.
+#define PLANNED_RESERVE_BYTES ((size_t)4096)
 
 // Header stored in front of each block, padded to ALIGN so the user pointer stays aligned.
 typedef struct {
   size_t bytes;
+  size_t mapped_bytes;  // a planned reservation: the whole mapping, header page included; else 0
   int cat, comp;
 } BlockHeader;
 _Static_assert(sizeof(BlockHeader) <= ALIGN, "header must fit the alignment pad");
@@ -33,18 +41,46 @@ static const char *const component_names[COMP_NCOMP] = {"encoder", "head", "deco
 const char *mem_category_name(MemCategory c) { return category_names[c]; }
 const char *mem_component_name(MemComponent c) { return component_names[c]; }
 
+// A plan's large block: address space only (PROT_NONE, never committed), behind one writable
+// page that holds the header. A plan's size is arithmetic, not memory: a configuration far larger
+// than the machine is planned in the same megabytes as a small one, and any code that touches a
+// planned buffer stops at once instead of quietly committing it. NULL when the address space
+// itself is too small.
+static char *reserve(size_t bytes, size_t *mapped) {
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  if (bytes > SIZE_MAX - 2 * page) return NULL;
+  *mapped = page + (bytes + page - 1) / page * page;
+  char *raw = mmap(NULL, *mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return NULL;
+  if (mprotect(raw, page, PROT_READ | PROT_WRITE) != 0) {
+    munmap(raw, *mapped);
+    return NULL;
+  }
+  return raw + page - ALIGN;
+}
+
 void *tl_alloc(size_t bytes, MemCategory cat, MemComponent comp) {
   if (scope_category >= 0) cat = (MemCategory)scope_category;
-  size_t padded = (bytes + ALIGN - 1) / ALIGN * ALIGN;
-  char *raw = aligned_alloc(ALIGN, padded + ALIGN);
+  const int planned = atomic_load(&untouched) && bytes >= PLANNED_RESERVE_BYTES;
+  size_t padded = (bytes + ALIGN - 1) / ALIGN * ALIGN, mapped = 0;
+  char *raw = planned          ? reserve(bytes, &mapped)
+              : padded < bytes ? NULL
+                               : aligned_alloc(ALIGN, padded + ALIGN);
   if (!raw) {
-    fprintf(stderr, "tally: out of memory allocating %zu bytes for %s/%s\n", bytes,
-            category_names[cat], component_names[comp]);
+    if (planned)
+      fprintf(stderr,
+              "tally: this configuration needs one buffer of %zu bytes (%.3g TiB) for %s/%s, "
+              "more than this machine can address\n",
+              bytes, (double)bytes / 0x1p40, category_names[cat], component_names[comp]);
+    else
+      fprintf(stderr, "tally: out of memory allocating %zu bytes for %s/%s\n", bytes,
+              category_names[cat], component_names[comp]);
     exit(1);
   }
   if (!atomic_load(&untouched)) memset(raw + ALIGN, 0, padded);
   BlockHeader *h = (BlockHeader *)raw;
   h->bytes = bytes;
+  h->mapped_bytes = mapped;
   h->cat = cat;
   h->comp = comp;
   atomic_fetch_add(&live_bytes[cat][comp], bytes);
@@ -61,7 +97,10 @@ void tl_free(void *p) {
   BlockHeader *h = (BlockHeader *)raw;
   atomic_fetch_sub(&live_bytes[h->cat][h->comp], h->bytes);
   atomic_fetch_sub(&live_total, h->bytes);
-  free(raw);
+  if (h->mapped_bytes)
+    munmap((char *)p - (size_t)sysconf(_SC_PAGESIZE), h->mapped_bytes);
+  else
+    free(raw);
 }
 
 size_t tl_mem_live(MemCategory cat) {

@@ -90,18 +90,18 @@ static Rng stream_for(ParamSet *ps, const float *p) {
 }
 
 void paramset_init_normal(ParamSet *ps, float *p, size_t n, float stddev) {
-  if (!ps->owns) return;
+  if (!ps->owns || tl_alloc_untouched()) return;  // a plan: nothing reads them
   Rng r = stream_for(ps, p);
   for (size_t i = 0; i < n; i++) p[i] = stddev * rng_normal(&r);
 }
 
 void paramset_init_uniform(ParamSet *ps, float *p, size_t n, float bound) {
-  if (!ps->owns) return;
+  if (!ps->owns || tl_alloc_untouched()) return;  // a plan: nothing reads them
   Rng r = stream_for(ps, p);
   for (size_t i = 0; i < n; i++) p[i] = rng_uniform_range(&r, -bound, bound);
 }
 
 void paramset_init_const(ParamSet *ps, float *p, size_t n, float value) {
-  if (!ps->owns) return;
+  if (!ps->owns || tl_alloc_untouched()) return;  // a plan: nothing reads them
   for (size_t i = 0; i < n; i++) p[i] = value;
 }

@@ -4,9 +4,11 @@
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "data/dataset.h"
@@ -92,16 +94,26 @@ static void plan_monitor(Plan *pl, KnnMonitor *mon, float *params) {
   pl->eval_peak = peak_raw > peak_run ? peak_raw : peak_run;
 }
 
+// A plan reserves its large buffers without memory behind them (see tl_alloc_set_untouched), so
+// code that reads one while planning faults here: a defect in Tally, said as one.
+static void on_reserved_touched(int sig) {
+  (void)sig;
+  static const char msg[] =
+      "tally: internal error: the plan touched a buffer it only reserves (dry-run code path)\n";
+  if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0) _exit(70);
+  _exit(70);
+}
+
 static void wait_turn(Plan *pl, int turn) {
   pthread_mutex_lock(&pl->mutex);
   while (pl->turn < turn) pthread_cond_wait(&pl->turn_changed, &pl->mutex);
   pthread_mutex_unlock(&pl->mutex);
 }
 
-// The trainer's step, on a stand-in batch: views of the right size (never written), the shard's
-// dataset indices, labels 0.
+// The trainer's step, on a stand-in batch of the right size: views, indices and labels reserved
+// and never written (nothing reads them in a dry run).
 static void plan_step(Plan *pl, PlanReplica *rep, Objective *obj, ParamSet *ps, DnnlCtx *ctx,
-                      int offset, int local) {
+                      int local) {
   const Config *cfg = pl->cfg;
   const int S = cfg->data.image_size, C = cfg->data.channels;
   Batch batch = {
@@ -111,10 +123,6 @@ static void plan_step(Plan *pl, PlanReplica *rep, Objective *obj, ParamSet *ps, 
       tl_alloc(sizeof(float) * (size_t)batch.n_views * local * S * S * C, MEM_DATA, COMP_OTHER);
   batch.indices = tl_alloc(sizeof(int) * (size_t)local, MEM_DATA, COMP_OTHER);
   batch.labels = tl_alloc(sizeof(int) * (size_t)local, MEM_DATA, COMP_OTHER);
-  for (int i = 0; i < local; i++) {
-    batch.indices[i] = (offset + i) % pl->n_train;
-    batch.labels[i] = 0;
-  }
   LedgerRecord rec = {0};
   dnnl_ctx_reset_flops(ctx);
   comm_stats_reset(rep->comm);
@@ -168,6 +176,7 @@ static void *plan_replica(void *arg) {
   dnnl_ctx_init(&ctx);
   ctx.bn_splits = cfg->model.bn_splits;
   ctx.dry_run = 1;
+  comm_set_dry_run(rep->comm, 1);
   int offset, local;
   loader_shard(pl->global_batch, rank, pl->world, pl->has_shard_sizes ? pl->shard_sizes : NULL,
                &offset, &local);
@@ -192,7 +201,7 @@ static void *plan_replica(void *arg) {
   wait_turn(pl, pl->world);
   if (!pl->failed) {
     if (pl->step >= 0) {
-      plan_step(pl, rep, obj, &ps, &ctx, offset, local);
+      plan_step(pl, rep, obj, &ps, &ctx, local);
     } else if (rank == 0) {
       MemSnapshot now;
       snapshot(now);
@@ -288,6 +297,8 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   pthread_mutex_init(&pl->mutex, NULL);
   pthread_cond_init(&pl->turn_changed, NULL);
   snapshot(pl->baseline);
+  struct sigaction reserved_touched = {.sa_handler = on_reserved_touched}, before;
+  sigaction(SIGSEGV, &reserved_touched, &before);
   tl_alloc_set_untouched(1);
   pl->group = comm_local_group_create(pl->world);
   PlanReplica reps[LOADER_MAX_SHARDS];
@@ -303,6 +314,7 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   for (int r = 0; r < pl->world; r++) comm_destroy(reps[r].comm);
   comm_local_group_destroy(pl->group);
   tl_alloc_set_untouched(0);
+  sigaction(SIGSEGV, &before, NULL);
   pthread_mutex_destroy(&pl->mutex);
   pthread_cond_destroy(&pl->turn_changed);
   if (pl->failed) goto out;
@@ -411,8 +423,9 @@ int plan_fit_budget(const Config *cfg, const char *objective, size_t budget_byte
   const int own_key = strcmp(key, "train.batch_size") != 0;
   PlanTotals t;
   if (plan_build(cfg, objective, -1, opt, NULL, &t) != 0) return -1;
-  // The loader needs one batch of images; the queue is capped by its config range.
-  const long smallest = own_key ? 1 : cfg->parallel.replicas;
+  // Two images per replica: batch statistics (BatchNorm's, VICReg's) need two samples; the queue
+  // is capped by its config range.
+  const long smallest = own_key ? 1 : 2L * cfg->parallel.replicas;
   const long largest = own_key ? 1L << 24 : t.n_train;
   Config *with = malloc(sizeof *with);
   if (!with) TL_DIE("out of memory");
@@ -630,6 +643,20 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
     for (int j = 0; j < n; j++) plan_format_bytes(total_row(&totals[j], row), cells[j], 48);
     print_row(f, total_names[row], n, cells);
   }
+  // A plan of any size is arithmetic; whether it can run here is the machine's memory.
+  const double machine = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  char have[32], label[64];
+  plan_format_bytes(machine, have, sizeof have);
+  snprintf(label, sizeof label, "fits in memory (%s)", have);
+  for (int j = 0; j < n; j++) {
+    char need[32];
+    plan_format_bytes((double)totals[j].total_bytes, need, sizeof need);
+    if ((double)totals[j].total_bytes <= machine)
+      snprintf(cells[j], 48, "yes");
+    else
+      snprintf(cells[j], 48, "no (%s)", need);
+  }
+  print_row(f, label, n, cells);
   free(cells);
 }
 

@@ -25,9 +25,9 @@ int backbone_padded_size(const ModelSpec *spec, int image_size) {
 
 Backbone *backbone_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels) {
   if (strcmp(spec->type, "vit") == 0) {
-    // config_validate has checked the spec against the data, so a refusal here is a bug.
+    // config_validate has checked the spec against the data; what is left is the step's size.
     Backbone *bb = vit_create(spec, b, N, image_size, channels);
-    if (!bb) TL_DIE("%s", tl_last_error());
+    if (!bb) tl_fatal_input("%s", tl_last_error());
     return bb;
   }
   return resnet_create(spec, b, N, image_size, channels);

@@ -1,5 +1,6 @@
 #include "nn/vit.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +45,7 @@ size_t vit_param_count(const ModelSpec *spec, int image_size, int channels) {
 
 void vit_sincos_pos_embed(float *table, int grid, int dim) {
   TL_ASSERT(dim % 4 == 0);
+  if (tl_alloc_untouched()) return;  // a plan: nothing reads the table
   int quarter = dim / 4;
   for (int gy = 0; gy < grid; gy++)
     for (int gx = 0; gx < grid; gx++) {
@@ -87,19 +89,9 @@ void vit_patchify(const Vit *v, const float *images, float *patches) {
   patchify_gather(v, images, NULL, v->n_patches, patches);
 }
 
-void vit_forward_visible(Vit *v, DnnlCtx *ctx, const float *images, const int *keep_idx) {
-  if (!keep_idx && v->n_keep != v->n_patches)
-    TL_DIE("vit_forward_visible: keep_idx is required when encoding %d of %d patches", v->n_keep,
-           v->n_patches);
-  size_t n_idx = (size_t)v->N * v->n_keep;
-  if (keep_idx)
-    for (size_t i = 0; i < n_idx; i++)
-      if (keep_idx[i] < 0 || keep_idx[i] >= v->n_patches)
-        TL_DIE("vit_forward_visible: keep_idx[%zu] = %d outside [0, %d)", i, keep_idx[i],
-               v->n_patches);
+// embedded (N, T, D) = [cls,] patch embeddings + the position of each kept patch.
+static void add_positions(Vit *v, const int *keep_idx) {
   int D = v->D, T = v->T;
-  patchify_gather(v, images, keep_idx, v->n_keep, v->patches);
-  linear_forward(&v->patch_embed, ctx, v->patches);
   for (int n = 0; n < v->N; n++) {
     float *tok = v->embedded + (size_t)n * T * D;
     if (v->has_cls) memcpy(tok, v->cls, sizeof(float) * (size_t)D);
@@ -111,12 +103,11 @@ void vit_forward_visible(Vit *v, DnnlCtx *ctx, const float *images, const int *k
       for (int d = 0; d < D; d++) dst[d] = emb[d] + pos[d];
     }
   }
-  ctx->flops_forward[v->comp] += (double)n_idx * D;  // position embedding adds
+}
 
-  const float *x = v->embedded;
-  for (int i = 0; i < v->depth; i++) x = transformer_block_forward(&v->blocks[i], ctx, x);
-  layernorm_forward(&v->norm, ctx, x);
-
+// feature (N, D): the cls token, or the mean of the tokens.
+static void pool_feature(Vit *v) {
+  int D = v->D, T = v->T;
   for (int n = 0; n < v->N; n++) {
     const float *tok = v->tokens + (size_t)n * T * D;
     float *f = v->feature + (size_t)n * D;
@@ -129,7 +120,29 @@ void vit_forward_visible(Vit *v, DnnlCtx *ctx, const float *images, const int *k
       for (int d = 0; d < D; d++) f[d] += tok[(size_t)t * D + d];
     for (int d = 0; d < D; d++) f[d] /= (float)T;
   }
-  if (!v->has_cls) ctx->flops_forward[v->comp] += (double)v->N * T * D;
+}
+
+void vit_forward_visible(Vit *v, DnnlCtx *ctx, const float *images, const int *keep_idx) {
+  if (!keep_idx && v->n_keep != v->n_patches)
+    TL_DIE("vit_forward_visible: keep_idx is required when encoding %d of %d patches", v->n_keep,
+           v->n_patches);
+  size_t n_idx = (size_t)v->N * v->n_keep;
+  if (keep_idx && !ctx->dry_run)
+    for (size_t i = 0; i < n_idx; i++)
+      if (keep_idx[i] < 0 || keep_idx[i] >= v->n_patches)
+        TL_DIE("vit_forward_visible: keep_idx[%zu] = %d outside [0, %d)", i, keep_idx[i],
+               v->n_patches);
+  if (!ctx->dry_run) patchify_gather(v, images, keep_idx, v->n_keep, v->patches);
+  linear_forward(&v->patch_embed, ctx, v->patches);
+  if (!ctx->dry_run) add_positions(v, keep_idx);
+  ctx->flops_forward[v->comp] += (double)n_idx * v->D;  // position embedding adds
+
+  const float *x = v->embedded;
+  for (int i = 0; i < v->depth; i++) x = transformer_block_forward(&v->blocks[i], ctx, x);
+  layernorm_forward(&v->norm, ctx, x);
+
+  if (!ctx->dry_run) pool_feature(v);
+  if (!v->has_cls) ctx->flops_forward[v->comp] += (double)v->N * v->T * v->D;
 }
 
 void vit_backward_tokens(Vit *v, DnnlCtx *ctx, const float *dtokens) {
@@ -141,7 +154,7 @@ void vit_backward_tokens(Vit *v, DnnlCtx *ctx, const float *dtokens) {
   // d: (N, T, D) gradient of the embedded tokens. The position table is fixed, so the patch
   // rows go straight to the patch embedding; the cls rows sum into the cls token.
   const float *dpatch = d;
-  if (v->has_cls) {
+  if (v->has_cls && !ctx->dry_run) {
     memset(v->dcls, 0, sizeof(float) * (size_t)D);
     for (int n = 0; n < v->N; n++) {
       const float *row = d + (size_t)n * T * D;
@@ -149,6 +162,8 @@ void vit_backward_tokens(Vit *v, DnnlCtx *ctx, const float *dtokens) {
       memcpy(v->dpatch_tokens + (size_t)n * v->n_keep * D, row + D,
              sizeof(float) * (size_t)v->n_keep * D);
     }
+  }
+  if (v->has_cls) {
     paramset_grad_ready(v->params, v->dcls, (size_t)D);
     ctx->flops_backward[v->comp] += (double)v->N * D;
     dpatch = v->dpatch_tokens;
@@ -169,7 +184,7 @@ static void vit_backbone_backward(Backbone *bb, DnnlCtx *ctx, const float *dfeat
   Vit *v = (Vit *)bb;
   if (v->mode != OP_TRAIN) TL_DIE("vit: backward on a ViT built without backward");
   int D = v->D, T = v->T;
-  for (int n = 0; n < v->N; n++) {
+  for (int n = 0; n < v->N && !ctx->dry_run; n++) {
     float *dtok = v->dtokens_from_feature + (size_t)n * T * D;
     const float *df = dfeature + (size_t)n * D;
     if (v->has_cls) {
@@ -205,6 +220,16 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
   int padded = backbone_padded_size(spec, image_size), grid = padded / spec->patch_size;
   if (N <= 0 || n_keep < 1 || n_keep > grid * grid) {
     tl_fail("vit: %d images with %d of %d patches kept", N, n_keep, grid * grid);
+    return NULL;
+  }
+  // Ops index token rows with int (as oneDNN's 2-D shapes do in practice): a step whose tokens
+  // overflow it is refused, not wrapped.
+  long rows = (long)N * (grid * (long)grid + 1);
+  if ((long)grid * grid > INT_MAX || rows > INT_MAX) {
+    tl_fail(
+        "vit: %d images of %ld patches each make %ld token rows per step, more than one "
+        "tensor indexes (%d): lower train.batch_size, or raise patch_size in the model file",
+        N, (long)grid * grid, rows, INT_MAX);
     return NULL;
   }
   Vit *v = calloc(1, sizeof *v);

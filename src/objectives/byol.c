@@ -85,7 +85,8 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   o->target_backbone = backbone_create(spec, &target, rows, S, C);
   head_init(&o->target_projector, &target, "head", rows, o->target_backbone->feature_dim, hidden,
             d);
-  memcpy(o->target_params.data, env->params->data, sizeof(float) * o->target_params.count);
+  if (!env->ctx->dry_run)
+    memcpy(o->target_params.data, env->params->data, sizeof(float) * o->target_params.count);
 
   env->ctx->component = COMP_LOSS;
   byol_loss_init(&o->loss, rows, d);
@@ -148,7 +149,8 @@ static void byol_after_update(Objective *base, const Batch *batch, LedgerRecord 
   ParamSet mirrored = *base->env.params;
   mirrored.n_entries = o->target_params.n_entries;
   mirrored.count = o->target_params.count;
-  rec->momentum_distance = ema_update(&o->target_params, &mirrored, tau);
+  if (!base->env.ctx->dry_run)
+    rec->momentum_distance = ema_update(&o->target_params, &mirrored, tau);
 }
 
 static void byol_destroy(Objective *base) {

@@ -13,8 +13,7 @@ void byol_loss_init(ByolLoss *l, int rows, int d) {
   l->dp_unit = tl_alloc(sizeof(float) * rd, MEM_ACT_GRAD, COMP_LOSS);
 }
 
-double byol_loss_forward_backward(ByolLoss *l, DnnlCtx *ctx, const float *p, const float *z,
-                                  int mean_over, float *dp) {
+static double loss_and_grad(ByolLoss *l, const float *p, const float *z, int mean_over, float *dp) {
   const int rows = l->rows, b = rows / 2, d = l->d;
   l2norm_forward(p, l->p_unit, l->p_norms, rows, d);
   l2norm_forward(z, l->z_unit, l->z_norms, rows, d);
@@ -32,6 +31,13 @@ double byol_loss_forward_backward(ByolLoss *l, DnnlCtx *ctx, const float *p, con
     loss_sum += 2.0 - 2.0 * dot;
   }
   l2norm_backward(l->p_unit, l->p_norms, l->dp_unit, dp, rows, d);
+  return loss_sum;
+}
+
+double byol_loss_forward_backward(ByolLoss *l, DnnlCtx *ctx, const float *p, const float *z,
+                                  int mean_over, float *dp) {
+  const int rows = l->rows, d = l->d;
+  double loss_sum = ctx->dry_run ? 0.0 : loss_and_grad(l, p, z, mean_over, dp);
   // Normalizing: square-add and divide per entry (3), for p and z; the dot products (2). Back:
   // the scaled partner (1), then the normalization's backward (dot, multiply, subtract, divide).
   ctx->flops_forward[COMP_LOSS] += 8.0 * rows * d;

@@ -72,7 +72,7 @@ static double inbatch_step(Objective *base, const Batch *batch, LedgerRecord *re
   // The batch is view-major, so views 0 and 1 of all samples form one 2b-image forward.
   base->online->forward(base->online, ctx, batch->views);
   head_forward(&o->head, ctx, base->online->feature);
-  l2norm_forward(o->head.out, o->u_local, o->norms, rows, d);
+  if (!ctx->dry_run) l2norm_forward(o->head.out, o->u_local, o->norms, rows, d);
   size_t offset = 0;
   comm_allgather(comm, o->u_local, (size_t)rows * d, o->u_all, &offset);
   int row0 = (int)(offset / (size_t)d);
@@ -86,9 +86,11 @@ static double inbatch_step(Objective *base, const Batch *batch, LedgerRecord *re
   // global_batch / local_batch turns that average back into the sum of contributions.
   float scale = (float)base->env.global_batch / (float)o->b;
   const float *col = o->loss.du_col + (size_t)row0 * d;
-  for (size_t i = 0; i < (size_t)rows * d; i++)
-    o->du_local[i] = scale * (o->du_local[i] + world * col[i]);
-  l2norm_backward(o->u_local, o->norms, o->du_local, o->dz, rows, d);
+  if (!ctx->dry_run) {
+    for (size_t i = 0; i < (size_t)rows * d; i++)
+      o->du_local[i] = scale * (o->du_local[i] + world * col[i]);
+    l2norm_backward(o->u_local, o->norms, o->du_local, o->dz, rows, d);
+  }
   head_backward(&o->head, ctx, o->dz);
   base->online->backward(base->online, ctx, o->head.din);
   double t2 = now_ms();

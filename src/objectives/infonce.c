@@ -15,12 +15,11 @@ void infonce_init(InfoNce *l, DnnlCtx *ctx, int n, int K, int d, float temperatu
   l->pos_prob = tl_alloc(sizeof(float) * (size_t)n, MEM_ACT, COMP_LOSS);
 }
 
-double infonce_forward_backward(InfoNce *l, DnnlCtx *ctx, const float *q, const float *k,
-                                const float *bank, const unsigned char *usable, int mean_over,
-                                float *dq) {
+// neg_logits (n, K) -> their gradient weights in place, pos_prob; returns the summed loss.
+static double softmax_rows(InfoNce *l, const float *q, const float *k, const unsigned char *usable,
+                           int mean_over) {
   const int n = l->n, K = l->K, d = l->d;
   const float inv_t = 1.0f / l->temperature;
-  matmul_run(&l->neg, ctx, q, bank, l->neg_logits);
   double loss_sum = 0;
 #pragma omp parallel for reduction(+ : loss_sum) schedule(static)
   for (int i = 0; i < n; i++) {
@@ -43,9 +42,19 @@ double infonce_forward_backward(InfoNce *l, DnnlCtx *ctx, const float *q, const 
       s[j] = (!usable || usable[j]) ? (float)(exp((double)s[j] - lse) * inv_t / mean_over) : 0.0f;
     l->pos_prob[i] = (float)exp(pos - lse);
   }
+  return loss_sum;
+}
+
+double infonce_forward_backward(InfoNce *l, DnnlCtx *ctx, const float *q, const float *k,
+                                const float *bank, const unsigned char *usable, int mean_over,
+                                float *dq) {
+  const int n = l->n, K = l->K, d = l->d;
+  const float inv_t = 1.0f / l->temperature;
+  matmul_run(&l->neg, ctx, q, bank, l->neg_logits);
+  double loss_sum = ctx->dry_run ? 0.0 : softmax_rows(l, q, k, usable, mean_over);
   // dq_i = sum_j p_ij n_j / t + (p_i0 - 1) k_i / t, all over mean_over.
   matmul_run(&l->grad, ctx, l->neg_logits, bank, dq);
-  for (int i = 0; i < n; i++) {
+  for (int i = 0; i < n && !ctx->dry_run; i++) {
     float c = (l->pos_prob[i] - 1.0f) * inv_t / (float)mean_over;
     for (int j = 0; j < d; j++) dq[(size_t)i * d + j] += c * k[(size_t)i * d + j];
   }

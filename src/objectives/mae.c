@@ -302,28 +302,22 @@ double mae_masked_mse(const float *pred, int rows_per_image, int first_row, floa
   return loss_sum;
 }
 
-static double mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
-  Mae *o = (Mae *)base;
-  const Config *cfg = base->env.cfg;
-  DnnlCtx *ctx = base->env.ctx;
-  Comm *comm = base->env.comm;
-  const int b = o->b, P = o->P, Dd = o->Dd, Te = o->Te, Td = o->Td, pd = o->patch_dim;
-  TL_ASSERT(batch->n == b && batch->n_views == 1);
-
-  double t0 = now_ms();
-  for (int i = 0; i < b; i++) {
-    mae_random_mask(cfg->train.seed, batch->global_step, batch->indices[i], P, o->n_keep,
-                    o->keep + (size_t)i * o->n_keep, o->masked + (size_t)i * P);
+// Each image's mask for this step, and where each visible patch sits among the kept ones.
+static void draw_masks(Mae *o, const Batch *batch) {
+  const int P = o->P;
+  for (int i = 0; i < o->b; i++) {
+    mae_random_mask(o->base.env.cfg->train.seed, batch->global_step, batch->indices[i], P,
+                    o->n_keep, o->keep + (size_t)i * o->n_keep, o->masked + (size_t)i * P);
     for (int p = 0; p < P; p++) o->slot_of[(size_t)i * P + p] = -1;
     for (int j = 0; j < o->n_keep; j++)
       o->slot_of[(size_t)i * P + o->keep[(size_t)i * o->n_keep + j]] = j;
   }
-  ctx->component = COMP_ENCODER;
-  vit_forward_visible(o->encoder, ctx, batch->views, o->keep);
+}
 
-  // Decoder input: visible tokens back at their positions, the mask token elsewhere, plus
-  // position embeddings; the cls token (if any) stays first with no position embedding.
-  linear_forward(&o->embed, ctx, o->encoder->tokens);
+// Decoder input: visible tokens back at their positions, the mask token elsewhere, plus
+// position embeddings; the cls token (if any) stays first with no position embedding.
+static void fill_decoder_input(Mae *o) {
+  const int b = o->b, P = o->P, Dd = o->Dd, Te = o->Te, Td = o->Td;
   for (int i = 0; i < b; i++) {
     const float *emb = o->embed.out + (size_t)i * Te * Dd;
     float *row = o->dec_in + (size_t)i * Td * Dd;
@@ -335,24 +329,12 @@ static double mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
       for (int c = 0; c < Dd; c++) dst[c] = src[c] + o->dec_pos[(size_t)p * Dd + c];
     }
   }
-  const float *x = o->dec_in;
-  for (int i = 0; i < o->depth; i++) x = transformer_block_forward(&o->blocks[i], ctx, x);
-  layernorm_forward(&o->norm, ctx, x);
-  linear_forward(&o->pred, ctx, o->norm.out);
+}
 
-  vit_patchify(o->encoder, batch->views, o->target);
-  long n_masked;
-  double loss_sum = mae_masked_mse(o->pred.out, Td, o->has_cls, o->target, o->masked, b, P, pd,
-                                   settings(cfg)->norm_pix_loss, o->dpred, &n_masked);
-  ctx->flops_forward[COMP_LOSS] += 3.0 * n_masked * pd;
-  double t1 = now_ms();
-
-  linear_backward(&o->pred, ctx, o->dpred);
-  layernorm_backward(&o->norm, ctx, o->pred.din);
-  const float *d = o->norm.din;
-  for (int i = o->depth - 1; i >= 0; i--) d = transformer_block_backward(&o->blocks[i], ctx, d);
-  // Scatter the decoder input gradient back: visible rows to their tokens, masked rows into the
-  // shared mask token.
+// Scatter the decoder input gradient d back: visible rows to their tokens, masked rows into the
+// shared mask token.
+static void scatter_decoder_grad(Mae *o, const float *d) {
+  const int b = o->b, P = o->P, Dd = o->Dd, Te = o->Te, Td = o->Td;
   memset(o->dmask_token, 0, sizeof(float) * Dd);
   for (int i = 0; i < b; i++) {
     const float *drow = d + (size_t)i * Td * Dd;
@@ -367,6 +349,44 @@ static double mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
         for (int c = 0; c < Dd; c++) o->dmask_token[c] += src[c];
     }
   }
+}
+
+static double mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
+  Mae *o = (Mae *)base;
+  const Config *cfg = base->env.cfg;
+  DnnlCtx *ctx = base->env.ctx;
+  Comm *comm = base->env.comm;
+  const int b = o->b, P = o->P, Dd = o->Dd, Td = o->Td, pd = o->patch_dim;
+  TL_ASSERT(batch->n == b && batch->n_views == 1);
+
+  double t0 = now_ms();
+  if (!ctx->dry_run) draw_masks(o, batch);
+  ctx->component = COMP_ENCODER;
+  vit_forward_visible(o->encoder, ctx, batch->views, o->keep);
+
+  linear_forward(&o->embed, ctx, o->encoder->tokens);
+  if (!ctx->dry_run) fill_decoder_input(o);
+  const float *x = o->dec_in;
+  for (int i = 0; i < o->depth; i++) x = transformer_block_forward(&o->blocks[i], ctx, x);
+  layernorm_forward(&o->norm, ctx, x);
+  linear_forward(&o->pred, ctx, o->norm.out);
+
+  // Every image has exactly P - n_keep patches masked.
+  long n_masked = (long)b * (P - o->n_keep);
+  double loss_sum = 0;
+  if (!ctx->dry_run) {
+    vit_patchify(o->encoder, batch->views, o->target);
+    loss_sum = mae_masked_mse(o->pred.out, Td, o->has_cls, o->target, o->masked, b, P, pd,
+                              settings(cfg)->norm_pix_loss, o->dpred, &n_masked);
+  }
+  ctx->flops_forward[COMP_LOSS] += 3.0 * n_masked * pd;
+  double t1 = now_ms();
+
+  linear_backward(&o->pred, ctx, o->dpred);
+  layernorm_backward(&o->norm, ctx, o->pred.din);
+  const float *d = o->norm.din;
+  for (int i = o->depth - 1; i >= 0; i--) d = transformer_block_backward(&o->blocks[i], ctx, d);
+  if (!ctx->dry_run) scatter_decoder_grad(o, d);
   paramset_grad_ready(base->env.params, o->dmask_token, (size_t)Dd);
   linear_backward(&o->embed, ctx, o->dembed);
   ctx->component = COMP_ENCODER;

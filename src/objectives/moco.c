@@ -100,7 +100,8 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   o->key_backbone = backbone_create(spec, &key, nq, S, C);
   head_init(&o->key_head, &key, "key_head", nq, o->key_backbone->feature_dim,
             cfg->model.head_hidden_dim, d);
-  memcpy(o->key_params.data, env->params->data, sizeof(float) * env->params->count);
+  if (!env->ctx->dry_run)
+    memcpy(o->key_params.data, env->params->data, sizeof(float) * env->params->count);
 
   env->ctx->component = COMP_LOSS;
   infonce_init(&o->loss, env->ctx, nq, K, d, settings(cfg)->temperature);
@@ -130,7 +131,8 @@ static Objective *moco_create(const ObjectiveEnv *env) {
 static void encode_keys_local(Moco *o, DnnlCtx *ctx, const float *images, float *keys) {
   o->key_backbone->forward(o->key_backbone, ctx, images);
   head_forward(&o->key_head, ctx, o->key_backbone->feature);
-  l2norm_forward(o->key_head.out, keys, o->k_norms, o->n_query, o->key_head.out_dim);
+  if (!ctx->dry_run)
+    l2norm_forward(o->key_head.out, keys, o->k_norms, o->n_query, o->key_head.out_dim);
 }
 
 // ShuffleBN: with several replicas the key encoder sees a random slice of the global batch, so
@@ -143,6 +145,11 @@ static void encode_keys_shuffled(Moco *o, DnnlCtx *ctx) {
   comm_allgather(comm, o->key_images, (size_t)o->n_query * f, o->all_images, &offset_floats);
   const int n_global = (o->n_query / o->b) * o->base.env.global_batch;
   const int my0 = (int)(offset_floats / (size_t)f);
+  if (ctx->dry_run) {
+    encode_keys_local(o, ctx, o->key_images, o->k);
+    comm_allgather(comm, o->k, (size_t)o->n_query * d, o->all_keys, NULL);
+    return;
+  }
   Rng r = rng_stream(o->base.env.cfg->train.seed, RNG_SHUFFLE, 0x5b, (uint64_t)o->step);
   for (int i = 0; i < n_global; i++) o->perm[i] = i;
   for (int i = n_global - 1; i > 0; i--) {
@@ -178,9 +185,11 @@ static double moco_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
   double t0 = now_ms();
   // Queries: view 0 (and view 1 when symmetric). Keys: the other view of each query.
   const float *query_images = batch->views;  // [view 0; view 1] is already contiguous
-  memcpy(o->key_images, view1, sizeof(float) * (size_t)b * f);
-  if (settings(cfg)->symmetric)
-    memcpy(o->key_images + (size_t)b * f, view0, sizeof(float) * (size_t)b * f);
+  if (!ctx->dry_run) {
+    memcpy(o->key_images, view1, sizeof(float) * (size_t)b * f);
+    if (settings(cfg)->symmetric)
+      memcpy(o->key_images + (size_t)b * f, view0, sizeof(float) * (size_t)b * f);
+  }
   ctx->component = COMP_ENCODER;
   if (comm_size(comm) > 1)
     encode_keys_shuffled(o, ctx);
@@ -189,14 +198,16 @@ static double moco_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
 
   base->online->forward(base->online, ctx, query_images);
   head_forward(&o->head, ctx, base->online->feature);
-  l2norm_forward(o->head.out, o->q, o->q_norms, o->n_query, d);
   const int max_age = settings(cfg)->queue_max_age_steps;
-  for (int i = 0; i < o->queue.capacity; i++)
-    o->usable[i] = (unsigned char)key_queue_usable(&o->queue, i, o->step, max_age);
+  if (!ctx->dry_run) {
+    l2norm_forward(o->head.out, o->q, o->q_norms, o->n_query, d);
+    for (int i = 0; i < o->queue.capacity; i++)
+      o->usable[i] = (unsigned char)key_queue_usable(&o->queue, i, o->step, max_age);
+  }
   double loss_sum = infonce_forward_backward(&o->loss, ctx, o->q, o->k, o->queue.keys, o->usable,
                                              o->n_query, o->dq);
   double t1 = now_ms();
-  l2norm_backward(o->q, o->q_norms, o->dq, o->dz, o->n_query, d);
+  if (!ctx->dry_run) l2norm_backward(o->q, o->q_norms, o->dq, o->dz, o->n_query, d);
   head_backward(&o->head, ctx, o->dz);
   base->online->backward(base->online, ctx, o->head.din);
   double t2 = now_ms();
@@ -204,7 +215,9 @@ static double moco_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
   double sums[2] = {loss_sum, (double)o->n_query};
   comm_allreduce_sum_f64(comm, sums, 2);
 
-  KeyQueueStats qs = key_queue_stats(&o->queue, o->step, max_age);
+  // A plan's queue holds nothing: the planner asks moco_plan what it would hold at its step.
+  KeyQueueStats qs = {0};
+  if (!ctx->dry_run) qs = key_queue_stats(&o->queue, o->step, max_age);
   rec->forward_ms = t1 - t0;
   rec->backward_ms = t2 - t1;
   rec->images_source = b;
@@ -231,13 +244,14 @@ static void moco_after_update(Objective *base, const Batch *batch, LedgerRecord 
   long total = base->env.total_steps;
   const MocoSettings *set = settings(cfg);
   float m = ema_momentum_at(set->momentum, set->momentum_schedule, o->step, total);
-  rec->momentum_distance = ema_update(&o->key_params, base->env.params, m);
+  const int dry_run = base->env.ctx->dry_run;
+  if (!dry_run) rec->momentum_distance = ema_update(&o->key_params, base->env.params, m);
   // Every replica enqueues the keys of the whole global batch, so all queues stay identical.
   if (comm_size(comm) > 1) {
     comm_allgather(comm, o->k, (size_t)o->n_query * d, o->all_keys, NULL);
     int n_global = (o->n_query / o->b) * base->env.global_batch;
-    key_queue_push(&o->queue, o->all_keys, n_global, o->step);
-  } else {
+    if (!dry_run) key_queue_push(&o->queue, o->all_keys, n_global, o->step);
+  } else if (!dry_run) {
     key_queue_push(&o->queue, o->k, o->n_query, o->step);
   }
   o->step++;

@@ -17,11 +17,11 @@ void ntxent_init(NtXent *l, DnnlCtx *ctx, int M, int rows, int d, float temperat
   l->du_col = tl_alloc(sizeof(float) * (size_t)M * d, MEM_ACT_GRAD, COMP_LOSS);
 }
 
-double ntxent_forward_backward(NtXent *l, DnnlCtx *ctx, const float *u_all, const float *u_local,
-                               int row0, float *du_local) {
+// logits (rows, M) of similarities -> softmax probabilities in place, and dlogits; returns the
+// rows' summed loss.
+static double softmax_rows(NtXent *l, int row0) {
   const int M = l->M, rows = l->rows, b = rows / 2;
   const float inv_t = 1.0f / l->temperature;
-  matmul_run(&l->sim, ctx, u_local, u_all, l->logits);
   double loss_sum = 0;
 #pragma omp parallel for reduction(+ : loss_sum) schedule(static)
   for (int j = 0; j < rows; j++) {
@@ -44,11 +44,26 @@ double ntxent_forward_backward(NtXent *l, DnnlCtx *ctx, const float *u_all, cons
       ds[k] = (float)((p - (k == pos)) / M);
     }
   }
+  return loss_sum;
+}
+
+static void scale(float *x, size_t n, float by) {
+  for (size_t i = 0; i < n; i++) x[i] *= by;
+}
+
+double ntxent_forward_backward(NtXent *l, DnnlCtx *ctx, const float *u_all, const float *u_local,
+                               int row0, float *du_local) {
+  const int M = l->M, rows = l->rows;
+  const float inv_t = 1.0f / l->temperature;
+  matmul_run(&l->sim, ctx, u_local, u_all, l->logits);
+  double loss_sum = ctx->dry_run ? 0.0 : softmax_rows(l, row0);
   // s = u_i . u_k / t, so ds/du_i = u_k / t (row role) and ds/du_k = u_i / t (column role).
   matmul_run(&l->grad_row, ctx, l->dlogits, u_all, du_local);
   matmul_run(&l->grad_col, ctx, l->dlogits, u_local, l->du_col);
-  for (size_t i = 0; i < (size_t)rows * l->d; i++) du_local[i] *= inv_t;
-  for (size_t i = 0; i < (size_t)M * l->d; i++) l->du_col[i] *= inv_t;
+  if (!ctx->dry_run) {
+    scale(du_local, (size_t)rows * l->d, inv_t);
+    scale(l->du_col, (size_t)M * l->d, inv_t);
+  }
   ctx->flops_forward[COMP_LOSS] += 5.0 * rows * M;
   ctx->flops_backward[COMP_LOSS] += 2.0 * rows * M;
   return loss_sum;

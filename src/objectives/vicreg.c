@@ -48,6 +48,14 @@ typedef struct {
 static Objective *vicreg_create(const ObjectiveEnv *env) {
   const Config *cfg = env->cfg;
   const VicRegSettings *set = objective_settings(cfg, &objective_vicreg);
+  // A standard deviation and a covariance over one sample are undefined.
+  if (env->global_batch < 2) {
+    tl_fail(
+        "the global batch has %d image; its variance and covariance need at least 2 "
+        "(train.batch_size)",
+        env->global_batch);
+    return NULL;
+  }
   VicReg *o = calloc(1, sizeof *o);
   if (!o) TL_DIE("out of memory");
   o->base.env = *env;
@@ -85,7 +93,8 @@ static double vicreg_step(Objective *base, const Batch *batch, LedgerRecord *rec
   // The trainer averages replica gradients weighted by sample count (b / B); B / b turns that
   // average back into the sum of every replica's part of the global loss's gradient.
   const float scale = (float)base->env.global_batch / (float)o->b;
-  for (size_t i = 0; i < (size_t)rows * o->expander.out_dim; i++) o->dz[i] *= scale;
+  for (size_t i = 0; i < (size_t)rows * o->expander.out_dim && !ctx->dry_run; i++)
+    o->dz[i] *= scale;
   head_backward(&o->expander, ctx, o->dz);
   base->online->backward(base->online, ctx, o->expander.din);
   double t2 = now_ms();

@@ -69,7 +69,7 @@ double vicreg_loss_forward_backward(VicRegLoss *l, DnnlCtx *ctx, Comm *comm, con
   // Invariance on this replica's rows; its gradient is d/dz of sim_coeff * sum (za - zb)^2 / (n d).
   double inv_sum = 0;
   const float g_inv = (float)(2.0 * l->sim_coeff / ((double)n * d));
-  for (size_t i = 0; i < bd; i++) {
+  for (size_t i = 0; i < bd && !ctx->dry_run; i++) {
     const float diff = z[i] - z[bd + i];
     inv_sum += (double)diff * diff;
     dz[i] = g_inv * diff;
@@ -80,17 +80,17 @@ double vicreg_loss_forward_backward(VicRegLoss *l, DnnlCtx *ctx, Comm *comm, con
     float *zc = l->centered + v * nd, *s = l->gram_out + (size_t)v * d * d;
     size_t offset;
     comm_allgather(comm, z + v * bd, bd, zc, &offset);
-    center_columns(zc, n, d);
+    if (!ctx->dry_run) center_columns(zc, n, d);
     matmul_run(&l->gram, ctx, zc, zc, s);
-    double var_v, cov_v;
-    regularizers(l, s, &var_v, &cov_v);
+    double var_v = 0, cov_v = 0;
+    if (!ctx->dry_run) regularizers(l, s, &var_v, &cov_v);
     variance += var_v;
     covariance += cov_v;
     // The centring's own backward (subtracting the column means of dZc) is the identity here:
     // dZc = Zc H, and Zc's columns already have mean zero.
     matmul_run(&l->gram_grad, ctx, zc, s, l->dcentered);
     const float *mine = l->dcentered + offset;
-    for (size_t i = 0; i < bd; i++) dz[v * bd + i] += mine[i];
+    for (size_t i = 0; i < bd && !ctx->dry_run; i++) dz[v * bd + i] += mine[i];
   }
   // The elementwise work around the matmuls (one FLOP per add or multiply, roughly).
   ctx->flops_forward[COMP_LOSS] += 3.0 * bd + VIEWS * (2.0 * nd + 4.0 * d * d);

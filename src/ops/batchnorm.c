@@ -178,7 +178,7 @@ void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
     }
     dnnl_ctx_exec(ctx, p->fwd, p->fwd_pd, nargs, args);
   }
-  if (batch_stats) bn_update_running(l);
+  if (batch_stats && !ctx->dry_run) bn_update_running(l);
   int per_elem = (batch_stats ? BN_FWD_BATCH_FLOPS_PER_ELEM : BN_FWD_GLOBAL_FLOPS_PER_ELEM) +
                  (l->fuse_relu ? BN_RELU_FLOPS_PER_ELEM : 0);
   ctx->flops_forward[l->comp] += per_elem * (double)bn_elems(l);

@@ -1,6 +1,7 @@
 // The backend-independent layer of the collectives: checks, failure short-circuit, accounting.
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -39,7 +40,7 @@ void comm_allreduce_weighted(Comm *c, float *buf, size_t n, double local_weight)
     return;
   }
   double start_ms = now_ms();
-  if (c->backend->allreduce_weighted(c, buf, n, local_weight) == 0)
+  if (c->dry_run || c->backend->allreduce_weighted(c, buf, n, local_weight) == 0)
     account(c, COLL_ALLREDUCE, comm_allreduce_bytes(c->world, n * sizeof *buf), start_ms);
 }
 
@@ -50,11 +51,30 @@ void comm_allreduce_sum_f64(Comm *c, double *buf, size_t n) {
     account(c, COLL_ALLREDUCE, comm_allreduce_bytes(c->world, n * sizeof *buf), start_ms);
 }
 
+// A planned gather's offset and total: every rank's count, summed into its own slot.
+static int dry_gather_counts(Comm *c, size_t n_local, size_t *offset, size_t *total) {
+  double *counts = calloc((size_t)c->world, sizeof *counts);
+  if (!counts) TL_DIE("out of memory");
+  counts[c->rank] = (double)n_local;
+  int rc = c->backend->allreduce_sum_f64(c, counts, (size_t)c->world);
+  *offset = *total = 0;
+  for (int r = 0; r < c->world && rc == 0; r++) {
+    if (r < c->rank) *offset += (size_t)counts[r];
+    *total += (size_t)counts[r];
+  }
+  free(counts);
+  return rc;
+}
+
 void comm_allgather(Comm *c, const float *local, size_t n_local, float *out, size_t *offset) {
   if (comm_failed(c)) return;
   double start_ms = now_ms();
   size_t total_count = 0, my_offset = 0;
-  if (c->backend->allgather(c, local, n_local, out, &my_offset, &total_count) != 0) return;
+  if (c->dry_run) {
+    if (dry_gather_counts(c, n_local, &my_offset, &total_count) != 0) return;
+  } else if (c->backend->allgather(c, local, n_local, out, &my_offset, &total_count) != 0) {
+    return;
+  }
   if (offset) *offset = my_offset;
   account(c, COLL_ALLGATHER,
           comm_allgather_bytes(c->world, n_local * sizeof *local, total_count * sizeof *local),
@@ -70,7 +90,7 @@ void comm_broadcast(Comm *c, void *buf, size_t bytes, int root) {
     return;
   }
   double start_ms = now_ms();
-  if (c->backend->broadcast(c, buf, bytes, root) == 0)
+  if (c->dry_run || c->backend->broadcast(c, buf, bytes, root) == 0)
     account(c, COLL_BROADCAST, comm_broadcast_bytes(c->world, c->rank == root, bytes), start_ms);
 }
 
@@ -86,7 +106,7 @@ void comm_iallreduce_sum(Comm *c, float *buf, size_t n) {
     TL_DIE("comm_iallreduce_sum: the %s backend has no non-blocking collectives", c->backend->name);
   if (comm_failed(c)) return;
   double start_ms = now_ms();
-  if (c->backend->iallreduce_sum_f32(c, buf, n) == 0) {
+  if (c->dry_run || c->backend->iallreduce_sum_f32(c, buf, n) == 0) {
     c->started_payload_bytes += n * sizeof *buf;
     account(c, COLL_ALLREDUCE, 0, start_ms);
   }
@@ -114,6 +134,8 @@ const char *comm_failure(const Comm *c) {
   const char *why = c->backend->failure(c);
   return why ? why : "";
 }
+
+void comm_set_dry_run(Comm *c, int dry_run) { c->dry_run = dry_run; }
 
 void comm_stats_reset(Comm *c) { memset(&c->stats, 0, sizeof c->stats); }
 

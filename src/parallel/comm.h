@@ -67,6 +67,9 @@ void comm_abort(Comm *c, const char *why);
 int comm_failed(const Comm *c);
 const char *comm_failure(const Comm *c);
 
+// Planning: from now on collectives count their bytes (and agree on gathered sizes) without
+// reading or writing the buffers, which a plan only reserves.
+void comm_set_dry_run(Comm *c, int dry_run);
 void comm_stats_reset(Comm *c);
 CommStats comm_stats(const Comm *c);
 void comm_destroy(Comm *c);

@@ -37,6 +37,8 @@ struct Comm {
   // one allreduce of the total, so they equal the blocking allreduce's bit for bit (the plan
   // predicts that one).
   size_t started_payload_bytes;
+  // A plan: collectives count what they would send and agree on sizes, but move no data.
+  int dry_run;
 };
 
 // Length of a failure message, reason included.
