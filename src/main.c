@@ -53,6 +53,7 @@ static void usage_train(FILE *f) {
           "usage: tally train [--objective=NAME] [--config FILE] [--set section.key=value]...\n"
           "                   [--steps N] [--epochs N] [--out DIR] [--knn-at-start] [--no-knn]\n"
           "                   [--quiet] [--stop-at S] [--overwrite] [--init FILE]\n"
+          "                   [--no-memory-check]\n"
           "                   [--budget AMOUNT]\n"
           "       tally train --resume DIR [--steps N] [--stop-at S] [--set S.K=V]...\n"
           "\n"
@@ -86,6 +87,8 @@ static void usage_train(FILE *f) {
           "  --knn-at-start    also report the kNN accuracy of the untrained encoder\n"
           "  --no-knn          skip the kNN monitor (benchmarks)\n"
           "  --quiet           no progress lines\n"
+          "  --no-memory-check start even when the run's planned peak memory (tally plan) is\n"
+          "                    more than this machine has (local backend; checked by default)\n"
           "\n"
           "Checkpoints: every train.checkpoint_every steps (default 50), at each epoch's end, at\n"
           "the end, and on SIGINT/SIGTERM (the step under way finishes first; a second\n"
@@ -276,10 +279,32 @@ static int parse_count(const char *option, const char *text, long *out) {
   return 0;
 }
 
+// A run that cannot fit is refused before it starts, from its plan (arithmetic, a fraction of a
+// second), instead of being killed by the kernel minutes in. Under mpi each rank's machine is its
+// own, so only the local backend is checked. A plan that fails leaves the error to train_run.
+static int fits_in_memory(const Config *cfg, const char *objective, const TrainOptions *opt) {
+  if (strcmp(cfg->parallel.backend, "local") != 0) return 1;
+  PlanOptions po = {.no_knn = opt->no_knn, .knn_at_start = opt->knn_at_start};
+  PlanTotals t;
+  if (plan_build(cfg, objective, -1, &po, NULL, &t) != 0) return 1;
+  const double machine = tl_machine_memory_bytes();
+  if ((double)t.total_bytes <= machine) return 1;
+  char need[32], have[32];
+  plan_format_bytes((double)t.total_bytes, need, sizeof need);
+  plan_format_bytes(machine, have, sizeof have);
+  fprintf(stderr,
+          "tally: this run needs %s of memory at its peak (tally plan shows where it goes); this "
+          "machine has %s. Lower train.batch_size (or the model's size), or start it anyway with "
+          "--no-memory-check\n",
+          need, have);
+  return 0;
+}
+
 static int cmd_train(int argc, char **argv) {
   const char *objective = NULL, *out_dir = NULL, *resume_dir = NULL;
   ConfigArgs ca = {0};
   TrainOptions opt = {0};
+  int no_memory_check = 0;
   for (int i = 0; i < argc; i++) {
     const char *v;
     int used = config_arg(argc, argv, &i, &ca);
@@ -306,6 +331,8 @@ static int cmd_train(int argc, char **argv) {
       opt.quiet = 1;
     } else if (!strcmp(argv[i], "--no-knn")) {
       opt.no_knn = 1;
+    } else if (!strcmp(argv[i], "--no-memory-check")) {
+      no_memory_check = 1;
     } else {
       fprintf(stderr, "tally train: unknown option '%s' (see tally train --help)\n", argv[i]);
       return 2;
@@ -352,6 +379,7 @@ static int cmd_train(int argc, char **argv) {
   }
   opt.objective = objective;
   opt.out_dir = out_dir;
+  if (!no_memory_check && !fits_in_memory(&cfg, objective, &opt)) return 1;
   return train_run(&cfg, &opt);
 }
 

@@ -145,8 +145,37 @@ static void test_step_too_large_to_index_is_refused(void **state) {
   run_plan(r, "--objective=mae", "--set", set_model, "--set", "train.batch_size=1", "--no-knn",
            NULL);
   assert_int_equal(r->exit_code, 1);
-  assert_non_null(strstr(r->err, "more than this machine can address"));
+  assert_non_null(strstr(r->err, "more than this process can address"));
   assert_true(r->max_rss_kb < PLAN_RSS_LIMIT_KB);
+  free(r);
+}
+
+// `tally train` checks its own plan before it starts: a run larger than the machine is refused
+// with the sizes and the way out, and leaves no run folder behind.
+static void test_train_refuses_a_run_that_cannot_fit(void **state) {
+  (void)state;
+  PlanRun *r = calloc(1, sizeof *r);
+  run_plan(r, "--objective=inbatch", "--set", "train.batch_size=60000", "--no-knn", "--json", NULL);
+  assert_int_equal(r->exit_code, 0);
+  const double planned = json_number(r->out, "planned_total_bytes");
+  // Independent floor: the 120000 x 120000 similarity matrix and its gradient alone.
+  assert_true(planned > 2.0 * 120000.0 * 120000.0 * sizeof(float));
+  if (planned <= tl_machine_memory_bytes()) {
+    printf("this machine holds %.0f GiB: a refused run cannot be shown here\n", planned / 0x1p30);
+    free(r);
+    return;
+  }
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd,
+           "%s train --objective=inbatch --set train.batch_size=60000 --no-knn --out %s/big "
+           "2>%s/err",
+           bin, tmpdir, tmpdir);
+  assert_int_equal(sh("%s", cmd), 1);
+  char path[300];
+  snprintf(path, sizeof path, "%s/err", tmpdir);
+  read_file(path, r->err, sizeof r->err);
+  assert_non_null(strstr(r->err, "--no-memory-check"));
+  assert_int_equal(sh("test -e %s/big", tmpdir), 1);
   free(r);
 }
 
@@ -184,6 +213,7 @@ int main(void) {
       cmocka_unit_test(test_batch_beyond_memory_is_a_plan),
       cmocka_unit_test(test_memory_budget_search_stays_small),
       cmocka_unit_test(test_step_too_large_to_index_is_refused),
+      cmocka_unit_test(test_train_refuses_a_run_that_cannot_fit),
       cmocka_unit_test(test_planned_blocks_fault_when_touched),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);

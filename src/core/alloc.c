@@ -70,7 +70,7 @@ void *tl_alloc(size_t bytes, MemCategory cat, MemComponent comp) {
     if (planned)
       fprintf(stderr,
               "tally: this configuration needs one buffer of %zu bytes (%.3g TiB) for %s/%s, "
-              "more than this machine can address\n",
+              "more than this process can address (the machine's limit, or ulimit -v)\n",
               bytes, (double)bytes / 0x1p40, category_names[cat], component_names[comp]);
     else
       fprintf(stderr, "tally: out of memory allocating %zu bytes for %s/%s\n", bytes,
@@ -123,4 +123,14 @@ size_t tl_peak_rss_bytes(void) {
     if (sscanf(line, "VmHWM: %zu kB", &kb) == 1) break;
   fclose(f);
   return kb * 1024;
+}
+
+double tl_machine_memory_bytes(void) {
+  double bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  // cgroup v2: "max" or a byte count (a container's limit).
+  FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
+  double limit;
+  if (f && fscanf(f, "%lf", &limit) == 1 && limit > 0 && limit < bytes) bytes = limit;
+  if (f) fclose(f);
+  return bytes;
 }

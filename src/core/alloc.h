@@ -55,3 +55,6 @@ size_t tl_mem_live_total(void);
 
 // Peak resident set size of the process (VmHWM), in bytes.
 size_t tl_peak_rss_bytes(void);
+
+// The memory this process can have: physical memory, or its cgroup's limit when lower.
+double tl_machine_memory_bytes(void);

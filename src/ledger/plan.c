@@ -644,7 +644,7 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
     print_row(f, total_names[row], n, cells);
   }
   // A plan of any size is arithmetic; whether it can run here is the machine's memory.
-  const double machine = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  const double machine = tl_machine_memory_bytes();
   char have[32], label[64];
   plan_format_bytes(machine, have, sizeof have);
   snprintf(label, sizeof label, "fits in memory (%s)", have);
