@@ -11,6 +11,7 @@
 // clang-format on
 
 #include <errno.h>
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +21,6 @@
 #include "config.h"
 #include "core/error.h"
 
-// A file under $TMPDIR holding `text`; removed by the caller.
 // A key's value as config_write would write it.
 static const char *value_of(const Config *c, const char *name) {
   static char value[256];
@@ -28,6 +28,7 @@ static const char *value_of(const Config *c, const char *name) {
   return value;
 }
 
+// A file under $TMPDIR holding `text`; removed by the caller.
 static void write_temp(char *path, size_t cap, const char *text) {
   const char *dir = getenv("TMPDIR");
   snprintf(path, cap, "%s/tally-config-XXXXXX.ini", dir && *dir ? dir : "/tmp");
@@ -78,85 +79,6 @@ static void expect_load_error_part(const char *text, int line, const char *part)
   assert_contains(tl_last_error(), part);
 }
 
-// resnet-small as models/resnet-small.ini and ANCHORS.md describe it.
-static void assert_resnet_small(const ModelSpec *m) {
-  assert_string_equal(m->type, "resnet");
-  assert_int_equal(m->stem_channels, 32);
-  assert_int_equal(m->n_stages, 3);
-  const int channels[] = {32, 64, 128, 0}, blocks[] = {1, 1, 1, 0}, strides[] = {1, 2, 2, 0};
-  assert_memory_equal(m->stage_channels, channels, sizeof channels);
-  assert_memory_equal(m->stage_blocks, blocks, sizeof blocks);
-  assert_memory_equal(m->stage_strides, strides, sizeof strides);
-}
-
-static void defaults_match_the_header(void **state) {
-  (void)state;
-  Config c;
-  config_defaults(&c);
-  assert_string_equal(c.source_path, "");
-  assert_string_equal(c.data.format, "idx");
-  assert_string_equal(c.data.train, "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
-  assert_string_equal(c.data.test, "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz");
-  assert_int_equal(c.data.image_size, 28);
-  assert_int_equal(c.data.channels, 1);
-  assert_int_equal(c.data.limit, 0);
-  assert_int_equal(c.data.test_limit, 0);
-  assert_true(c.augment.crop_scale_min == 0.2f && c.augment.crop_scale_max == 1.0f);
-  assert_true(c.augment.flip_prob == 0.5f && c.augment.jitter_strength == 0.4f);
-  assert_true(c.augment.jitter_prob == 0.8f && c.augment.grayscale_prob == 0.2f);
-  assert_string_equal(c.model.file, "models/resnet-small.ini");
-  assert_int_equal(c.model.head_hidden_dim, 256);
-  assert_int_equal(c.model.head_out_dim, 64);
-  assert_int_equal(c.train.batch_size, 256);
-  assert_int_equal(c.train.epochs, 1);
-  assert_int_equal(c.train.steps, 0);
-  assert_true(c.train.seed == 0);
-  assert_int_equal(c.train.log_every, 10);
-  assert_string_equal(c.optim.name, "sgd");
-  assert_true(c.optim.lr == 0.06f && c.optim.momentum == 0.9f && c.optim.weight_decay == 5e-4f);
-  assert_int_equal(c.optim.warmup_steps, 0);
-  assert_string_equal(c.optim.schedule, "cosine");
-  assert_true(c.optim.beta1 == 0.9f && c.optim.beta2 == 0.95f && c.optim.eps == 1e-8f);
-  assert_true(c.optim.lars_eta == 0.001f);
-  const char *const objective_defaults[][2] = {{"inbatch.temperature", "0.2"},
-                                               {"moco.temperature", "0.2"},
-                                               {"moco.momentum", "0.99"},
-                                               {"moco.queue_size", "4096"},
-                                               {"moco.momentum_schedule", "constant"},
-                                               {"moco.queue_max_age_steps", "0"},
-                                               {"moco.symmetric", "0"},
-                                               {"mae.mask_ratio", "0.75"},
-                                               {"mae.norm_pix_loss", "1"},
-                                               {"mae.decoder_dim", "64"},
-                                               {"mae.decoder_depth", "1"},
-                                               {"mae.decoder_heads", "4"},
-                                               {"mae.png_every", "0"}};
-  for (size_t i = 0; i < sizeof objective_defaults / sizeof *objective_defaults; i++)
-    assert_string_equal(value_of(&c, objective_defaults[i][0]), objective_defaults[i][1]);
-  assert_string_equal(c.parallel.backend, "local");
-  assert_int_equal(c.parallel.replicas, 1);
-  assert_int_equal(c.parallel.checksum_every, 50);
-  assert_int_equal(c.parallel.bucket_kib, 1024);
-  assert_string_equal(c.parallel.shard_weights, "");
-  assert_int_equal(c.eval.knn_k, 200);
-  assert_true(c.eval.knn_temperature == 0.1f);
-  assert_int_equal(c.eval.knn_every_epochs, 1);
-  assert_int_equal(c.eval.knn_train_limit, 0);
-  assert_int_equal(c.eval.batch_size, 128);
-  assert_int_equal(c.ledger.every, 1);
-  // The spec defaults are resnet-small's, without reading the file.
-  const ModelSpec *m = &c.model.spec;
-  assert_resnet_small(m);
-  assert_int_equal(m->patch_size, 4);
-  assert_int_equal(m->pad_to, 0);
-  assert_int_equal(m->dim, 128);
-  assert_int_equal(m->depth, 4);
-  assert_int_equal(m->heads, 4);
-  assert_int_equal(m->mlp_ratio, 4);
-  assert_string_equal(m->pool, "cls");
-  assert_int_equal(config_validate(&c), 0);
-}
-
 static void load_recipe(Config *c, const char *path) {
   config_defaults(c);
   if (config_load(c, path)) fail_msg("%s", tl_last_error());
@@ -164,64 +86,206 @@ static void load_recipe(Config *c, const char *path) {
   assert_string_equal(c->source_path, path);
 }
 
-static void shipped_recipes_load(void **state) {
-  (void)state;
-  Config c;
-  load_recipe(&c, "configs/inbatch.ini");
-  assert_string_equal(c.model.spec.type, "resnet");
-  assert_string_equal(c.optim.name, "sgd");
-  // Values that differ from the defaults, so they show the file was read.
-  assert_true(c.optim.momentum == 0.7f && c.optim.lr == 0.36f);
-  assert_true(c.augment.jitter_strength == 0.8f);
-  assert_string_equal(value_of(&c, "inbatch.temperature"), "0.2");
+// One "key = value" line of an INI text, as a reader of the file sees it.
+typedef struct {
+  char section[64], key[64], value[256];
+  int line;
+} IniEntry;
 
-  load_recipe(&c, "configs/moco.ini");
-  assert_string_equal(c.model.spec.type, "resnet");
-  assert_string_equal(value_of(&c, "moco.queue_size"), "4096");
-  assert_string_equal(value_of(&c, "moco.momentum"), "0.99");
-
-  load_recipe(&c, "configs/mae.ini");
-  assert_string_equal(c.model.spec.type, "vit");
-  assert_string_equal(c.optim.name, "adamw");
-  assert_true(c.optim.lr == 1e-3f && c.optim.weight_decay == 0.05f);
-  assert_true(c.optim.beta1 == 0.9f && c.optim.beta2 == 0.95f);
-  assert_int_equal(c.optim.warmup_steps, 20);
-  assert_string_equal(value_of(&c, "mae.mask_ratio"), "0.75");
-  assert_string_equal(value_of(&c, "mae.norm_pix_loss"), "1");
-  assert_true(c.augment.jitter_prob == 0.0f);
-
-  load_recipe(&c, "configs/inbatch-vit.ini");
-  assert_string_equal(c.model.spec.type, "vit");
-  assert_string_equal(c.optim.name, "adamw");
-  assert_true(c.optim.lr == 1e-3f);
-
-  load_recipe(&c, "configs/moco-vit.ini");
-  assert_string_equal(c.model.spec.type, "vit");
-  assert_string_equal(c.optim.name, "adamw");
-  assert_string_equal(value_of(&c, "moco.queue_size"), "4096");
+// Reads the next key line of `text` at *at (section headers update e->section; comments and
+// blank lines are passed over). Returns 0 at the end.
+static int next_entry(const char **at, IniEntry *e) {
+  while (**at) {
+    const char *line = *at, *end = strchr(line, '\n');
+    size_t len = end ? (size_t)(end - line) : strlen(line);
+    *at = line + len + (end != NULL);
+    e->line++;
+    while (len && (*line == ' ' || *line == '\t')) line++, len--;
+    while (len && (line[len - 1] == ' ' || line[len - 1] == '\r')) len--;
+    if (!len || *line == ';' || *line == '#') continue;
+    if (*line == '[') {
+      snprintf(e->section, sizeof e->section, "%.*s", (int)strcspn(line + 1, "]"), line + 1);
+      continue;
+    }
+    size_t name_len = strcspn(line, "=:");
+    if (name_len >= len) fail_msg("line %d is not 'key = value': %.*s", e->line, (int)len, line);
+    const char *value = line + name_len + 1, *value_end = line + len;
+    while (name_len && line[name_len - 1] == ' ') name_len--;
+    while (*value == ' ') value++;
+    // As inih reads it: ';' after whitespace starts a comment.
+    for (const char *c = value; c < value_end; c++)
+      if (*c == ';' && c > value && (c[-1] == ' ' || c[-1] == '\t')) value_end = c;
+    while (value_end > value && (value_end[-1] == ' ' || value_end[-1] == '\t')) value_end--;
+    snprintf(e->key, sizeof e->key, "%.*s", (int)name_len, line);
+    snprintf(e->value, sizeof e->value, "%.*s", (int)(value_end - value), value);
+    return 1;
+  }
+  return 0;
 }
 
-static void shipped_models_load(void **state) {
-  (void)state;
+static char *read_text(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) fail_msg("%s: %s", path, strerror(errno));
+  static char text[65536];
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  text[n] = '\0';
+  fclose(f);
+  return text;
+}
+
+// What config_write (or config_write_model) writes for c.
+static char *written_by(const Config *c, void (*write)(const Config *, FILE *)) {
+  static char text[65536];
+  FILE *f = fmemopen(text, sizeof text, "w");
+  assert_non_null(f);
+  write(c, f);
+  assert_true(ftell(f) < (long)sizeof text - 1);
+  fclose(f);
+  return text;
+}
+
+// A value as a file states it and as Tally writes it back name the same thing: the same number
+// (to float precision: keys hold floats or ints), or the same text once spaces are dropped
+// (lists may be written "32, 64").
+static int same_value(const char *stated, const char *written) {
+  char *end_a, *end_b;
+  double a = strtod(stated, &end_a), b = strtod(written, &end_b);
+  if (end_a != stated && !*end_a && end_b != written && !*end_b) return (float)a == (float)b;
+  for (;; stated++, written++) {
+    while (*stated == ' ') stated++;
+    while (*written == ' ') written++;
+    if (*stated != *written) return 0;
+    if (!*stated) return 1;
+  }
+}
+
+// Every key of the defaults, as config_write lists them (the model spec only as comments).
+static int default_keys(IniEntry *keys, int cap) {
   Config c;
   config_defaults(&c);
-  if (config_load_model(&c, "models/vit-tiny.ini")) fail_msg("%s", tl_last_error());
-  const ModelSpec *m = &c.model.spec;
-  assert_string_equal(c.model.file, "models/vit-tiny.ini");
-  assert_string_equal(m->type, "vit");
-  assert_int_equal(m->patch_size, 4);
-  assert_int_equal(m->pad_to, 32);
-  // 32x32 in 4x4 patches: 64 of them.
-  assert_int_equal((m->pad_to / m->patch_size) * (m->pad_to / m->patch_size), 64);
-  assert_int_equal(m->dim, 128);
-  assert_int_equal(m->depth, 4);
-  assert_int_equal(m->heads, 4);
-  assert_int_equal(m->mlp_ratio, 4);
-  assert_string_equal(m->pool, "cls");
+  const char *at = written_by(&c, config_write);
+  IniEntry e = {0};
+  int n = 0;
+  while (next_entry(&at, &e)) {
+    assert_true(n < cap);
+    keys[n++] = e;
+  }
+  return n;
+}
 
-  if (config_load_model(&c, "models/resnet-small.ini")) fail_msg("%s", tl_last_error());
-  assert_resnet_small(m);
-  assert_int_equal(config_validate(&c), 0);
+// The defaults are a configuration that passes validation, and its model spec is what
+// models/resnet-small.ini (the model it names) holds, without reading that file.
+static void defaults_validate_and_name_their_model(void **state) {
+  (void)state;
+  Config c, from_file;
+  config_defaults(&c);
+  assert_string_equal(c.source_path, "");
+  if (config_validate(&c)) fail_msg("%s", tl_last_error());
+  config_defaults(&from_file);
+  if (config_load_model(&from_file, c.model.file)) fail_msg("%s", tl_last_error());
+  assert_memory_equal(&c.model.spec, &from_file.model.spec, sizeof c.model.spec);
+}
+
+// Each key's default, given back to it through --set, is accepted and changes nothing: the
+// default texts obey the keys' own types, ranges and choices.
+static void every_default_is_a_valid_value(void **state) {
+  (void)state;
+  static IniEntry keys[CONFIG_MAX_KEYS];
+  int n = default_keys(keys, CONFIG_MAX_KEYS);
+  assert_true(n > 50);
+  Config defaults;
+  config_defaults(&defaults);
+  for (int i = 0; i < n; i++) {
+    const IniEntry key = keys[i];
+    Config c;
+    config_defaults(&c);
+    char assignment[sizeof key.section + sizeof key.key + sizeof key.value];
+    snprintf(assignment, sizeof assignment, "%s.%s=%s", key.section, key.key, key.value);
+    if (config_set(&c, assignment)) fail_msg("default refused: %s", tl_last_error());
+    memcpy(c.set_by_option, defaults.set_by_option, sizeof c.set_by_option);
+    if (memcmp(&c, &defaults, sizeof c) != 0) fail_msg("--set %s changed the defaults", assignment);
+  }
+}
+
+// No numeric key takes minus a billion (counts, sizes, rates and probabilities are all >= 0):
+// each refuses it in a message naming its section and key, and keeps its value.
+static void numeric_keys_refuse_out_of_range_values(void **state) {
+  (void)state;
+  static IniEntry keys[CONFIG_MAX_KEYS];
+  int n = default_keys(keys, CONFIG_MAX_KEYS), numeric = 0;
+  for (int i = 0; i < n; i++) {
+    char *end;
+    strtod(keys[i].value, &end);
+    if (end == keys[i].value || *end) continue;
+    numeric++;
+    Config c, before;
+    config_defaults(&c);
+    memcpy(&before, &c, sizeof c);
+    char assignment[200], named[200];
+    snprintf(assignment, sizeof assignment, "%s.%s=-1000000000", keys[i].section, keys[i].key);
+    snprintf(named, sizeof named, ": [%s] %s = ", keys[i].section, keys[i].key);
+    if (config_set(&c, assignment) == 0) fail_msg("--set %s was accepted", assignment);
+    assert_contains(tl_last_error(), named);
+    assert_memory_equal(&c, &before, sizeof c);
+  }
+  assert_true(numeric > 40);
+}
+
+// Every key line of the INI file at `path` holds, in `written` (what Tally writes for the
+// configuration it loaded), the value the file states.
+static void expect_file_values(const char *path, const char *written) {
+  const char *at = read_text(path);
+  IniEntry stated = {0};
+  int checked = 0;
+  while (next_entry(&at, &stated)) {
+    const char *w = written;
+    IniEntry e = {0};
+    int found = 0;
+    while (!found && next_entry(&w, &e))
+      found = !strcmp(e.section, stated.section) && !strcmp(e.key, stated.key);
+    if (!found)
+      fail_msg("%s:%d: [%s] %s is not written back", path, stated.line, stated.section, stated.key);
+    if (!same_value(stated.value, e.value))
+      fail_msg("%s:%d: [%s] %s = %s, loaded as %s", path, stated.line, stated.section, stated.key,
+               stated.value, e.value);
+    checked++;
+  }
+  assert_true(checked > 0);
+}
+
+// Every recipe under configs/ loads and validates, every key it sets holds the value it states,
+// and the model it names is the one loaded.
+static void shipped_recipes_load(void **state) {
+  (void)state;
+  glob_t found;
+  assert_int_equal(glob("configs/*.ini", 0, NULL, &found), 0);
+  assert_true(found.gl_pathc >= 5);
+  for (size_t i = 0; i < found.gl_pathc; i++) {
+    const char *path = found.gl_pathv[i];
+    Config c, model;
+    load_recipe(&c, path);
+    expect_file_values(path, written_by(&c, config_write));
+    config_defaults(&model);
+    if (config_load_model(&model, c.model.file)) fail_msg("%s", tl_last_error());
+    assert_memory_equal(&c.model.spec, &model.model.spec, sizeof model.model.spec);
+  }
+  globfree(&found);
+}
+
+// Every model file under models/ loads, and each key it sets holds the value it states.
+static void shipped_models_load(void **state) {
+  (void)state;
+  glob_t found;
+  assert_int_equal(glob("models/*.ini", 0, NULL, &found), 0);
+  assert_true(found.gl_pathc >= 2);
+  for (size_t i = 0; i < found.gl_pathc; i++) {
+    Config c;
+    config_defaults(&c);
+    if (config_load_model(&c, found.gl_pathv[i])) fail_msg("%s", tl_last_error());
+    assert_string_equal(c.model.file, found.gl_pathv[i]);
+    expect_file_values(found.gl_pathv[i], written_by(&c, config_write_model));
+  }
+  globfree(&found);
 }
 
 static void model_file_is_read_after_the_whole_recipe(void **state) {
@@ -754,7 +818,9 @@ static void datasets_are_named_in_data(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(defaults_match_the_header),
+      cmocka_unit_test(defaults_validate_and_name_their_model),
+      cmocka_unit_test(every_default_is_a_valid_value),
+      cmocka_unit_test(numeric_keys_refuse_out_of_range_values),
       cmocka_unit_test(shipped_recipes_load),
       cmocka_unit_test(shipped_models_load),
       cmocka_unit_test(model_file_is_read_after_the_whole_recipe),

@@ -1,18 +1,22 @@
 // MoCo's pieces on their own: the InfoNCE loss against PyTorch fixtures and finite differences,
-// and the key queue's FIFO order, ages and staleness limit after wrap-around.
+// the key queue's FIFO order, ages and staleness limit after wrap-around, and ShuffleBN across
+// local replicas (every key comes back to its own query, whatever slice encoded it).
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/error.h"
 #include "fixtures/infonce_reference.h"
 #include "gradcheck.h"
 #include "objectives/infonce.h"
 #include "objectives/key_queue.h"
+#include "objectives/moco.h"
 #include "objectives/ntxent.h"
 
 enum { N = INFONCE_REF_N, D = INFONCE_REF_DIM, K = INFONCE_REF_K };
@@ -113,11 +117,183 @@ static void test_queue_fifo_and_ages(void **state) {
   key_queue_destroy(&q);
 }
 
+// ---- ShuffleBN across replicas, through the objective ----
+//
+// With several replicas the keys' images are gathered, permuted over the global batch, encoded
+// by slices (one per replica, of that replica's shard size), gathered again and un-permuted, so
+// each replica ends with the keys of its own samples in order. The permutation is internal to
+// moco.c, so it is observed through what BatchNorm does with it. The key encoder here is a ViT
+// (no BatchNorm: each image's features are its own) under the projection head, whose BatchNorm
+// uses the statistics of the slice it runs on. Every sample of the batch shows one image A,
+// except sample s which shows image X. Per hidden channel, a slice holding X and n - 1 copies of
+// A standardizes X to +-sqrt(n - 1) and the A's to -+1/sqrt(n - 1), with the signs of
+// (X - A): after the fused ReLU and the bias-free-at-start fc2, X's key points one way and its
+// slice-mates' another, the same for every slice size n. A slice of A's only has no variance
+// and gives no such key. So, against one replica (no shuffle, one slice): sample s's key must be
+// X's key and no other sample's may be, which holds for every s only if the permutation visits
+// every sample once and the un-permutation returns each key to its own sample; and the samples
+// that got the slice-mate key show which samples shared X's slice: one replica's shard size of
+// them, drawn from other replicas' samples too, or nothing was shuffled.
+
+enum { SB_N = 8, SB_S = 8, SB_DIM = 16 };
+
+typedef struct {
+  LocalGroup *group;
+  const Config *cfg;
+  int rank, first, b;
+  float keys[SB_N][SB_N * SB_DIM];  // [step s] (b, SB_DIM): this replica's keys at step s
+  int failed;                       // an error inside the thread, reported by the main thread
+} ShuffleReplica;
+
+// Image A everywhere but at global sample `odd`, which gets image X, in both views.
+static void fill_views(float *views, const ShuffleReplica *r, int odd) {
+  const int f = SB_S * SB_S;
+  Rng ra = rng_stream(5, RNG_TEST, 1, 0), rx = rng_stream(5, RNG_TEST, 2, 0);
+  float a[SB_S * SB_S], x[SB_S * SB_S];
+  for (int i = 0; i < f; i++) a[i] = rng_normal(&ra);
+  for (int i = 0; i < f; i++) x[i] = rng_normal(&rx);
+  for (int v = 0; v < 2; v++)
+    for (int i = 0; i < r->b; i++)
+      memcpy(views + ((size_t)v * r->b + i) * f, r->first + i == odd ? x : a, sizeof a);
+}
+
+static void *shuffle_replica_thread(void *arg) {
+  ShuffleReplica *r = arg;
+  const ObjectiveDef *def = objective_find("moco");
+  Comm *comm = comm_local_rank(r->group, r->rank);
+  DnnlCtx ctx;
+  dnnl_ctx_init(&ctx);
+  ParamSet ps;
+  paramset_alloc(&ps, def->param_count(r->cfg), 3);
+  ObjectiveEnv env = {r->cfg, &ctx, comm, &ps, r->b, SB_N, SB_N, NULL};
+  Objective *o = def->create(&env);
+  float *views = calloc((size_t)2 * r->b * SB_S * SB_S, sizeof(float));
+  int indices[SB_N] = {0}, labels[SB_N] = {0};
+  r->failed = !o || !views;
+  for (int s = 0; s < SB_N && !r->failed; s++) {
+    fill_views(views, r, s);
+    Batch batch = {.global_step = s,
+                   .n = r->b,
+                   .n_views = 2,
+                   .views = views,
+                   .indices = indices,
+                   .labels = labels};
+    LedgerRecord rec = {0};
+    def->step(o, &batch, &rec);
+    memcpy(r->keys[s], moco_last_keys(o), sizeof(float) * r->b * SB_DIM);
+    def->after_update(o, &batch, &rec);
+    r->failed = comm_failed(comm);
+  }
+  free(views);
+  if (o) def->destroy(o);
+  paramset_free(&ps);
+  dnnl_ctx_destroy(&ctx);
+  comm_destroy(comm);
+  return NULL;
+}
+
+static void shuffle_config(Config *cfg) {
+  config_defaults(cfg);
+  cfg->data.image_size = SB_S;
+  cfg->data.channels = 1;
+  ModelSpec *m = &cfg->model.spec;
+  strcpy(m->type, "vit");
+  m->patch_size = 4;
+  m->pad_to = 0;
+  m->dim = 16;
+  m->depth = 1;
+  m->heads = 2;
+  m->mlp_ratio = 2;
+  strcpy(m->pool, "cls");
+  cfg->model.head_hidden_dim = 32;
+  cfg->model.head_out_dim = SB_DIM;
+  cfg->train.batch_size = SB_N;
+  if (config_set(cfg, "moco.queue_size=16")) fail_msg("%s", tl_last_error());
+}
+
+// keys[s][i]: sample i's key at step s, over the whole batch sharded as `sizes`.
+static void run_shuffled(int world, const int *sizes, float (*keys)[SB_N][SB_DIM]) {
+  Config cfg;
+  shuffle_config(&cfg);
+  ShuffleReplica *reps = calloc((size_t)world, sizeof *reps);
+  pthread_t ids[3];
+  LocalGroup *g = comm_local_group_create(world);
+  for (int r = 0, first = 0; r < world; first += sizes[r++]) {
+    reps[r] = (ShuffleReplica){.group = g, .cfg = &cfg, .rank = r, .first = first, .b = sizes[r]};
+    assert_int_equal(pthread_create(&ids[r], NULL, shuffle_replica_thread, &reps[r]), 0);
+  }
+  for (int r = 0; r < world; r++) pthread_join(ids[r], NULL);
+  comm_local_group_destroy(g);
+  for (int r = 0; r < world; r++) {
+    if (reps[r].failed) fail_msg("replica %d of %d failed: %s", r, world, tl_last_error());
+    for (int s = 0; s < SB_N; s++)
+      memcpy(&keys[s][reps[r].first], reps[r].keys[s], sizeof(float) * reps[r].b * SB_DIM);
+  }
+  free(reps);
+}
+
+static double distance(const float *a, const float *b) {
+  double ss = 0;
+  for (int k = 0; k < SB_DIM; k++) ss += ((double)a[k] - b[k]) * ((double)a[k] - b[k]);
+  return sqrt(ss);
+}
+
+// The replica whose shard holds `sample`.
+static int owner(int world, const int *sizes, int sample) {
+  for (int r = 0, first = 0; r < world; first += sizes[r++])
+    if (sample < first + sizes[r]) return r;
+  return world;
+}
+
+static void expect_keys_return_home(int world, const int *sizes) {
+  static float one[SB_N][SB_N][SB_DIM], split[SB_N][SB_N][SB_DIM];
+  run_shuffled(1, (const int[]){SB_N}, one);
+  run_shuffled(world, sizes, split);
+  int mates_elsewhere = 0;
+  for (int s = 0; s < SB_N; s++) {
+    const float *x_key = one[s][s], *mate_key = one[s][(s + 1) % SB_N];
+    // The picture the test relies on: X's key and its slice-mates' are unit vectors far apart.
+    assert_true(distance(x_key, mate_key) > 0.5);
+    // BatchNorm's epsilon shrinks each channel by a factor that depends on the slice's variance,
+    // so keys from slices of other sizes differ by ~1e-3; keys of different kinds by ~1.
+    double own = distance(split[s][s], x_key);
+    if (own > 2e-2) fail_msg("step %d: sample %d's key is %.3g from its own", s, s, own);
+    int mates = 0;
+    for (int i = 0; i < SB_N; i++) {
+      if (i == s) continue;
+      if (distance(split[s][i], x_key) < 0.25)
+        fail_msg("step %d: sample %d got the key of sample %d", s, i, s);
+      if (distance(split[s][i], mate_key) < 2e-2) {
+        mates++;
+        mates_elsewhere += owner(world, sizes, i) != owner(world, sizes, s);
+      }
+    }
+    int slice_is_a_shard = 0;
+    for (int r = 0; r < world; r++) slice_is_a_shard |= mates + 1 == sizes[r];
+    if (!slice_is_a_shard) fail_msg("step %d: sample %d's slice held %d samples", s, s, mates + 1);
+  }
+  print_message("%d replicas: over %d steps, %d slice-mates came from another replica\n", world,
+                SB_N, mates_elsewhere);
+  assert_true(mates_elsewhere > 0);
+}
+
+static void test_shufflebn_two_replicas(void **state) {
+  (void)state;
+  expect_keys_return_home(2, (const int[]){5, 3});
+}
+
+static void test_shufflebn_three_replicas(void **state) {
+  (void)state;
+  expect_keys_return_home(3, (const int[]){3, 3, 2});
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_infonce_reference_and_fd),
       cmocka_unit_test(test_infonce_unusable_is_absent),
       cmocka_unit_test(test_queue_fifo_and_ages),
+      cmocka_unit_test(test_shufflebn_two_replicas),
+      cmocka_unit_test(test_shufflebn_three_replicas),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
