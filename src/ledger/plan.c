@@ -20,6 +20,7 @@
 #include "parallel/comm.h"
 #include "parallel/replica_sync.h"
 #include "train/optim.h"
+#include "train/replica.h"
 
 typedef size_t MemSnapshot[MEM_NCAT][COMP_NCOMP];
 
@@ -110,12 +111,11 @@ static void wait_turn(Plan *pl, int turn) {
   pthread_mutex_unlock(&pl->mutex);
 }
 
-// The trainer's step, on a stand-in batch of the right size: views, indices and labels reserved
-// and never written (nothing reads them in a dry run).
-static void plan_step(Plan *pl, PlanReplica *rep, Objective *obj, ParamSet *ps, DnnlCtx *ctx,
-                      int local) {
+// The trainer's step (the same replica functions), on a stand-in batch of the right size: views,
+// indices and labels reserved and never written (nothing reads them in a dry run).
+static void plan_step(Plan *pl, Replica *r) {
   const Config *cfg = pl->cfg;
-  const int S = cfg->data.image_size, C = cfg->data.channels;
+  const int S = cfg->data.image_size, C = cfg->data.channels, local = r->local_batch;
   Batch batch = {
       (int)pl->step, (int)(pl->step / pl->steps_per_epoch), local, pl->def->n_views, NULL, NULL,
       NULL};
@@ -124,37 +124,19 @@ static void plan_step(Plan *pl, PlanReplica *rep, Objective *obj, ParamSet *ps, 
   batch.indices = tl_alloc(sizeof(int) * (size_t)local, MEM_DATA, COMP_OTHER);
   batch.labels = tl_alloc(sizeof(int) * (size_t)local, MEM_DATA, COMP_OTHER);
   LedgerRecord rec = {0};
-  dnnl_ctx_reset_flops(ctx);
-  comm_stats_reset(rep->comm);
-  pl->def->step(obj, &batch, &rec);
-  comm_allreduce_weighted(rep->comm, ps->grad, ps->count, (double)local);
-  if (pl->world > 1) replica_average_buffers(rep->comm, ps, local);
-  if (pl->def->after_update) pl->def->after_update(obj, &batch, &rec);
-  if (pl->world > 1 && cfg->parallel.checksum_every > 0 &&
-      (pl->step + 1) % cfg->parallel.checksum_every == 0) {
-    // The same exchange as the trainer's; the planned (untouched) parameters' verdict is moot.
-    (void)replica_check_identical(rep->comm, ps);
-  }
-  comm_barrier(rep->comm);
-  if (rep->rank == 0) {
-    CommStats cs = comm_stats(rep->comm);
-    for (int c = 0; c < COMP_NCOMP; c++) {
-      rec.flops_forward_by[c] = ctx->flops_forward[c];
-      rec.flops_backward_by[c] = ctx->flops_backward[c];
-      rec.flops_forward += ctx->flops_forward[c];
-      rec.flops_backward += ctx->flops_backward[c];
-    }
-    rec.comm_allreduce_bytes = cs.bytes[COLL_ALLREDUCE];
-    rec.comm_allgather_bytes = cs.bytes[COLL_ALLGATHER];
-    rec.comm_bytes = cs.bytes[COLL_ALLREDUCE] + cs.bytes[COLL_ALLGATHER] + cs.bytes[COLL_BROADCAST];
-    rec.shard_samples = local;
-    rec.shard_weight = (double)local / pl->global_batch;
+  StepTimes t = {0};
+  replica_forward_backward(r, &batch, &rec);
+  replica_update(r, &batch, 0.0f, &rec, &t);
+  (void)replica_check(r, pl->step);  // the same exchange; a plan's verdict is moot
+  comm_barrier(r->comm);
+  if (r->rank == 0) {
+    replica_count(r, &rec);
     pl->rec = rec;
     MemSnapshot now;
     snapshot(now);
     snapshot_sub(pl->stepped, now, pl->baseline);
   }
-  comm_barrier(rep->comm);
+  comm_barrier(r->comm);
   tl_free(batch.views);
   tl_free(batch.indices);
   tl_free(batch.labels);
@@ -163,7 +145,6 @@ static void plan_step(Plan *pl, PlanReplica *rep, Objective *obj, ParamSet *ps, 
 static void *plan_replica(void *arg) {
   PlanReplica *rep = arg;
   Plan *pl = rep->plan;
-  const Config *cfg = pl->cfg;
   const int rank = rep->rank;
 
   // The trainer splits the cores among replicas; oneDNN sizes scratchpads for the threads it gets.
@@ -172,27 +153,25 @@ static void *plan_replica(void *arg) {
   wait_turn(pl, rank);
   MemSnapshot before, after;
   snapshot(before);
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
-  ctx.bn_splits = cfg->model.bn_splits;
-  ctx.dry_run = 1;
-  comm_set_dry_run(rep->comm, 1);
-  int offset, local;
-  loader_shard(pl->global_batch, rank, pl->world, pl->has_shard_sizes ? pl->shard_sizes : NULL,
-               &offset, &local);
-  ParamSet ps;
-  paramset_alloc(&ps, pl->def->param_count(cfg), cfg->train.seed);
   // No run folder: a plan writes no images.
-  ObjectiveEnv env = {cfg, &ctx, rep->comm, &ps, local, pl->global_batch, pl->total_steps, NULL};
-  Objective *obj = pl->def->create(&env);
-  Optimizer *optim = obj ? optim_create_from_config(cfg, &ps) : NULL;
+  ReplicaSpec spec = {pl->cfg,
+                      pl->def,
+                      rank,
+                      pl->world,
+                      pl->global_batch,
+                      pl->has_shard_sizes ? pl->shard_sizes : NULL,
+                      pl->total_steps,
+                      NULL,
+                      1};
+  Replica r;
+  const int built = replica_build(&r, &spec, rep->comm) == 0;
   KnnMonitor mon;
-  const int use_knn = rank == 0 && optim && !pl->opt.no_knn;
-  if (use_knn) plan_monitor(pl, &mon, ps.data);
+  const int use_knn = rank == 0 && built && !pl->opt.no_knn;
+  if (use_knn) plan_monitor(pl, &mon, r.ps.data);
   snapshot(after);
   pthread_mutex_lock(&pl->mutex);
   if (rank == 0) snapshot_sub(pl->rank0, after, before);
-  if (!optim) pl->failed = 1;
+  if (!built) pl->failed = 1;
   pl->turn++;
   pthread_cond_broadcast(&pl->turn_changed);
   pthread_mutex_unlock(&pl->mutex);
@@ -201,7 +180,7 @@ static void *plan_replica(void *arg) {
   wait_turn(pl, pl->world);
   if (!pl->failed) {
     if (pl->step >= 0) {
-      plan_step(pl, rep, obj, &ps, &ctx, local);
+      plan_step(pl, &r);
     } else if (rank == 0) {
       MemSnapshot now;
       snapshot(now);
@@ -210,10 +189,7 @@ static void *plan_replica(void *arg) {
   }
 
   if (use_knn) knn_monitor_destroy(&mon);
-  if (optim) optim_destroy(optim);
-  if (obj) pl->def->destroy(obj);
-  paramset_free(&ps);
-  dnnl_ctx_destroy(&ctx);
+  replica_destroy(&r);
   return NULL;
 }
 

@@ -26,6 +26,7 @@
 #include "train/checkpoint.h"
 #include "train/export.h"
 #include "train/optim.h"
+#include "train/replica.h"
 
 // What all replicas share: the read-only data, the plan of steps, and rank 0's outputs.
 typedef struct {
@@ -59,11 +60,12 @@ typedef struct {
   int quiet_rank;  // an MPI rank other than 0: trains, but writes and prints nothing
 } Run;
 
+// What a replica's thread (or, under mpi, the process) starts from.
 typedef struct {
   Run *run;
   int rank;
   Comm *comm;
-} Replica;
+} ReplicaThread;
 
 static void format_duration(double seconds, char *buf, size_t n) {
   if (!(seconds >= 0) || seconds > 1e7) {
@@ -190,11 +192,7 @@ typedef struct {
   const Config *cfg;
   int rank, world;
   Comm *comm;
-  DnnlCtx ctx;
-  ParamSet ps;
-  Objective *obj;
-  Optimizer *optim;
-  GradSync *grad_sync;  // overlapped gradient averaging, where the backend can
+  Replica rep;  // model, objective, optimizer: built and stepped as `tally plan` does
   Loader loader;
   int loader_ok;
   KnnMonitor mon;  // rank 0
@@ -210,9 +208,9 @@ typedef struct {
 // augmentation and mask streams need nothing here: they are keyed by (seed, step, image), so
 // the step alone puts them where they were.
 static void replica_state(ReplicaState *r, StFile *s, int64_t *steps_done) {
-  checkpoint_add_paramset(s, "params.", &r->ps);
-  optim_state(r->optim, s);
-  if (r->run->def->state) r->run->def->state(r->obj, s);
+  checkpoint_add_paramset(s, "params.", &r->rep.ps);
+  optim_state(r->rep.optim, s);
+  if (r->run->def->state) r->run->def->state(r->rep.obj, s);
   st_add(s, "train.step", ST_I64, 0, NULL, steps_done);
 }
 
@@ -274,10 +272,10 @@ static int init_from_file(ReplicaState *r, const char *path) {
   size_t backbone_floats =
       backbone_param_count(&cfg->model.spec, cfg->data.image_size, cfg->data.channels);
   int rc = 0, taken = 0;
-  for (int i = 0; rc == 0 && i < r->ps.n_entries; i++) {
-    const ParamEntry *e = &r->ps.entries[i];
+  for (int i = 0; rc == 0 && i < r->rep.ps.n_entries; i++) {
+    const ParamEntry *e = &r->rep.ps.entries[i];
     int found =
-        weights_find(&f, e, &cfg->model.spec, cfg->data.channels, r->ps.data + e->offset, path);
+        weights_find(&f, e, &cfg->model.spec, cfg->data.channels, r->rep.ps.data + e->offset, path);
     if (found < 0)
       rc = -1;
     else if (!found && e->offset < backbone_floats)
@@ -287,9 +285,9 @@ static int init_from_file(ReplicaState *r, const char *path) {
   }
   st_free(&f);
   if (rc != 0) return -1;
-  if (r->run->def->params_loaded) r->run->def->params_loaded(r->obj);
+  if (r->run->def->params_loaded) r->run->def->params_loaded(r->rep.obj);
   if (r->rank == 0 && !r->run->quiet_rank)
-    printf("initialized %d of %d parameter tensors from %s\n", taken, r->ps.n_entries, path);
+    printf("initialized %d of %d parameter tensors from %s\n", taken, r->rep.ps.n_entries, path);
   return 0;
 }
 
@@ -311,7 +309,7 @@ static int open_monitor(ReplicaState *r) {
   Run *run = r->run;
   r->use_knn = !run->no_knn;
   if (!r->use_knn) return 0;
-  knn_monitor_init(&r->mon, r->cfg, &run->train, &run->test, &run->aug, r->ps.data);
+  knn_monitor_init(&r->mon, r->cfg, &run->train, &run->test, &run->aug, r->rep.ps.data);
   if (!run->opt->quiet) {
     printf("kNN monitor: raw-pixel baseline on %d training and %d test images...\n", r->mon.n_train,
            r->mon.n_test);
@@ -336,21 +334,10 @@ static int open_monitor(ReplicaState *r) {
 static void replica_open(ReplicaState *r) {
   Run *run = r->run;
   const Config *cfg = r->cfg;
-  dnnl_ctx_init(&r->ctx);
-  r->ctx.bn_splits = cfg->model.bn_splits;
-  int offset, local_batch;
   const int *shards = run->has_shard_sizes ? run->shard_sizes : NULL;
-  loader_shard(run->global_batch, r->rank, r->world, shards, &offset, &local_batch);
-  // Every replica initializes from the same seed, so all start identical.
-  paramset_alloc(&r->ps, run->def->param_count(cfg), cfg->train.seed);
-  ObjectiveEnv env = {
-      cfg,         &r->ctx,           r->comm,          &r->ps,
-      local_batch, run->global_batch, run->total_steps, r->rank == 0 ? run->opt->out_dir : NULL};
-  r->obj = run->def->create(&env);
-  r->optim = r->obj ? optim_create_from_config(cfg, &r->ps) : NULL;
-  if (r->obj && r->world > 1 && comm_has_async(r->comm))
-    r->grad_sync = grad_sync_create(r->comm, &r->ps, (size_t)cfg->parallel.bucket_kib * 1024);
-  int ok = r->obj && r->optim;
+  ReplicaSpec spec = {cfg,    run->def,         r->rank,           r->world, run->global_batch,
+                      shards, run->total_steps, run->opt->out_dir, 0};
+  int ok = replica_build(&r->rep, &spec, r->comm) == 0;
   // Every replica reads the checkpoint itself (under MPI the run folder must be readable on
   // every host, like the data).
   if (ok && run->opt->resume_path) ok = restore_checkpoint(r, run->opt->resume_path) == 0;
@@ -363,11 +350,6 @@ static void replica_open(ReplicaState *r) {
   if (ok && r->rank == 0) ok = open_monitor(r) == 0 && open_ledger(r) == 0;
   if (!ok) comm_abort(r->comm, tl_last_error());
 }
-
-// The step's phase times, for the ledger.
-typedef struct {
-  double start, computed, averaged, updated;
-} StepTimes;
 
 // Load, encode, compare, backward, average, update. Returns 0 to go on, 1 to stop (a failure or
 // a non-finite loss; the reason is recorded).
@@ -386,10 +368,7 @@ static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, do
     return 1;
   }
   *batch_out = batch;
-  dnnl_ctx_reset_flops(&r->ctx);
-  comm_stats_reset(r->comm);
-  if (r->grad_sync) grad_sync_begin(r->grad_sync, batch->n, run->global_batch);
-  *loss = run->def->step(r->obj, batch, rec);
+  *loss = replica_forward_backward(&r->rep, batch, rec);
   if (step == r->faults.nan_step) *loss = NAN;
   if (comm_failed(r->comm)) return 1;
   // The loss is global, so every replica sees the same value and stops at the same step.
@@ -403,25 +382,14 @@ static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, do
     return 1;
   }
   t->computed = now_ms();
-  if (r->grad_sync)
-    grad_sync_finish(r->grad_sync);
-  else
-    comm_allreduce_weighted(r->comm, r->ps.grad, r->ps.count, (double)batch->n);
-  t->averaged = now_ms();
-  optim_step(r->optim, lr);
-  if (r->world > 1) replica_average_buffers(r->comm, &r->ps, batch->n);
-  if (run->def->after_update) run->def->after_update(r->obj, batch, rec);
-  t->updated = now_ms();
-  if (r->world > 1 && r->cfg->parallel.checksum_every > 0 &&
-      (step + 1) % r->cfg->parallel.checksum_every == 0) {
-    int differs = replica_check_identical(r->comm, &r->ps);
-    if (differs >= 0) {
-      char why[160];
-      snprintf(why, sizeof why,
-               "step %d: replica %d's parameters differ from replica 0's; stopping", step, differs);
-      comm_abort(r->comm, why);
-      return 1;
-    }
+  replica_update(&r->rep, batch, lr, rec, t);
+  int differs = replica_check(&r->rep, step);
+  if (differs >= 0) {
+    char why[160];
+    snprintf(why, sizeof why, "step %d: replica %d's parameters differ from replica 0's; stopping",
+             step, differs);
+    comm_abort(r->comm, why);
+    return 1;
   }
   r->images_done += run->global_batch;
   return 0;
@@ -432,6 +400,7 @@ static void account_step(ReplicaState *r, int step, float lr, double loss, const
                          const StepTimes *t, LedgerRecord *rec) {
   Run *run = r->run;
   CommStats cs = comm_stats(r->comm);
+  replica_count(&r->rep, rec);
   rec->step = step;
   rec->epoch = step / run->steps_per_epoch;
   rec->objective = run->def->name;
@@ -439,18 +408,7 @@ static void account_step(ReplicaState *r, int step, float lr, double loss, const
   rec->lr = lr;
   rec->loss = loss;
   fill_memory(rec);
-  for (int c = 0; c < COMP_NCOMP; c++) {
-    rec->flops_forward_by[c] = r->ctx.flops_forward[c];
-    rec->flops_backward_by[c] = r->ctx.flops_backward[c];
-    rec->flops_forward += r->ctx.flops_forward[c];
-    rec->flops_backward += r->ctx.flops_backward[c];
-  }
-  rec->comm_allreduce_bytes = cs.bytes[COLL_ALLREDUCE];
-  rec->comm_allgather_bytes = cs.bytes[COLL_ALLGATHER];
-  rec->comm_bytes = cs.bytes[COLL_ALLREDUCE] + cs.bytes[COLL_ALLGATHER] + cs.bytes[COLL_BROADCAST];
   rec->comm_ms = cs.ms[COLL_ALLREDUCE] + cs.ms[COLL_ALLGATHER] + cs.ms[COLL_BROADCAST];
-  rec->shard_samples = batch->n;
-  rec->shard_weight = (double)batch->n / run->global_batch;
   rec->optimizer_ms = t->updated - t->averaged;
   rec->step_ms = t->updated - t->start;
   // Every replica's FLOPs: rank 0's scaled by its share of the batch (the costs are per sample).
@@ -560,7 +518,7 @@ static void freeze_length(ReplicaState *r, int step, const LedgerRecord *rec) {
   int t = run->total_steps;
   if (r->world > 1) comm_broadcast(r->comm, &t, sizeof t, 0);
   if (r->rank != 0 && r->run->quiet_rank) run->total_steps = t;
-  r->obj->env.total_steps = t;
+  r->rep.obj->env.total_steps = t;
   if (r->rank == 0) {
     run->length_frozen = 1;
     if (!run->quiet_rank && !run->opt->quiet) {
@@ -631,23 +589,19 @@ static void replica_close(ReplicaState *r) {
     }
   }
   if (r->loader_ok) loader_destroy(&r->loader);
-  grad_sync_destroy(r->grad_sync);
-  if (r->optim) optim_destroy(r->optim);
-  if (r->obj) run->def->destroy(r->obj);
-  paramset_free(&r->ps);
-  dnnl_ctx_destroy(&r->ctx);
+  replica_destroy(&r->rep);
 }
 
 static void *replica_main(void *arg) {
-  Replica *rep = arg;
-  Run *run = rep->run;
+  ReplicaThread *thread = arg;
+  Run *run = thread->run;
   ReplicaState *r = calloc(1, sizeof *r);
   if (!r) TL_DIE("out of memory");
   *r = (ReplicaState){.run = run,
                       .cfg = run->cfg,
-                      .rank = rep->rank,
+                      .rank = thread->rank,
                       .world = run->world,
-                      .comm = rep->comm,
+                      .comm = thread->comm,
                       .faults = faults_from_env()};
   int ncores = omp_get_num_procs();
   omp_set_num_threads(ncores / r->world > 0 ? ncores / r->world : 1);
@@ -916,14 +870,14 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
   run->started = 1;
   if (mpi) {
     // One replica per process: this process's rank is its replica.
-    Replica rep = {run, comm_rank(mpi), mpi};
-    replica_main(&rep);
+    ReplicaThread thread = {run, comm_rank(mpi), mpi};
+    replica_main(&thread);
   } else {
     run->group = comm_local_group_create(run->world);
-    Replica reps[CONFIG_MAX_REPLICAS];
+    ReplicaThread reps[CONFIG_MAX_REPLICAS];
     pthread_t threads[CONFIG_MAX_REPLICAS];
     for (int r = 0; r < run->world; r++) {
-      reps[r] = (Replica){run, r, comm_local_rank(run->group, r)};
+      reps[r] = (ReplicaThread){run, r, comm_local_rank(run->group, r)};
       if (r > 0) pthread_create(&threads[r], NULL, replica_main, &reps[r]);
     }
     replica_main(&reps[0]);

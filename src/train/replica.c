@@ -1,0 +1,89 @@
+#include "train/replica.h"
+
+#include <string.h>
+
+#include "core/timer.h"
+#include "data/loader.h"
+#include "parallel/replica_sync.h"
+
+int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
+  const Config *cfg = spec->cfg;
+  memset(r, 0, sizeof *r);
+  r->cfg = cfg;
+  r->def = spec->def;
+  r->rank = spec->rank;
+  r->world = spec->world;
+  r->global_batch = spec->global_batch;
+  r->comm = comm;
+  dnnl_ctx_init(&r->ctx);
+  r->ctx.bn_splits = cfg->model.bn_splits;
+  r->ctx.dry_run = spec->dry_run;
+  comm_set_dry_run(comm, spec->dry_run);
+  loader_shard(spec->global_batch, spec->rank, spec->world, spec->shard_sizes, &r->offset,
+               &r->local_batch);
+  paramset_alloc(&r->ps, spec->def->param_count(cfg), cfg->train.seed);
+  ObjectiveEnv env = {cfg,
+                      &r->ctx,
+                      comm,
+                      &r->ps,
+                      r->local_batch,
+                      spec->global_batch,
+                      spec->total_steps,
+                      spec->rank == 0 ? spec->out_dir : NULL};
+  r->obj = spec->def->create(&env);
+  if (!r->obj) return -1;
+  r->optim = optim_create_from_config(cfg, &r->ps);
+  if (!r->optim) return -1;
+  if (spec->world > 1 && comm_has_async(comm))
+    r->grad_sync = grad_sync_create(comm, &r->ps, (size_t)cfg->parallel.bucket_kib * 1024);
+  return 0;
+}
+
+void replica_destroy(Replica *r) {
+  grad_sync_destroy(r->grad_sync);
+  if (r->optim) optim_destroy(r->optim);
+  if (r->obj) r->def->destroy(r->obj);
+  paramset_free(&r->ps);
+  dnnl_ctx_destroy(&r->ctx);
+  memset(r, 0, sizeof *r);
+}
+
+double replica_forward_backward(Replica *r, const Batch *batch, LedgerRecord *rec) {
+  dnnl_ctx_reset_flops(&r->ctx);
+  comm_stats_reset(r->comm);
+  if (r->grad_sync) grad_sync_begin(r->grad_sync, batch->n, r->global_batch);
+  return r->def->step(r->obj, batch, rec);
+}
+
+void replica_update(Replica *r, const Batch *batch, float lr, LedgerRecord *rec, StepTimes *t) {
+  if (r->grad_sync)
+    grad_sync_finish(r->grad_sync);
+  else
+    comm_allreduce_weighted(r->comm, r->ps.grad, r->ps.count, (double)batch->n);
+  t->averaged = now_ms();
+  if (!r->ctx.dry_run) optim_step(r->optim, lr);
+  if (r->world > 1) replica_average_buffers(r->comm, &r->ps, batch->n);
+  if (r->def->after_update) r->def->after_update(r->obj, batch, rec);
+  t->updated = now_ms();
+}
+
+int replica_check(Replica *r, long step) {
+  const int every = r->cfg->parallel.checksum_every;
+  if (r->world <= 1 || every <= 0 || (step + 1) % every != 0) return -1;
+  return replica_check_identical(r->comm, &r->ps);
+}
+
+void replica_count(const Replica *r, LedgerRecord *rec) {
+  CommStats cs = comm_stats(r->comm);
+  for (int c = 0; c < COMP_NCOMP; c++) {
+    rec->flops_forward_by[c] = r->ctx.flops_forward[c];
+    rec->flops_backward_by[c] = r->ctx.flops_backward[c];
+    rec->flops_forward += r->ctx.flops_forward[c];
+    rec->flops_backward += r->ctx.flops_backward[c];
+  }
+  rec->comm_allreduce_bytes = cs.bytes[COLL_ALLREDUCE];
+  rec->comm_allgather_bytes = cs.bytes[COLL_ALLGATHER];
+  rec->comm_bytes = cs.bytes[COLL_ALLREDUCE] + cs.bytes[COLL_ALLGATHER] + cs.bytes[COLL_BROADCAST];
+  rec->shard_samples = r->local_batch;
+  rec->shard_weight = (double)r->local_batch / r->global_batch;
+}
