@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "eval/evaluate.h"
 #include "io/npy.h"
+#include "ledger/bytes.h"
 #include "ledger/plan.h"
 #include "ledger/report.h"
 #include "ledger/scaling.h"
@@ -290,8 +291,8 @@ static int fits_in_memory(const Config *cfg, const char *objective, const TrainO
   const double machine = tl_machine_memory_bytes();
   if ((double)t.total_bytes <= machine) return 1;
   char need[32], have[32];
-  plan_format_bytes((double)t.total_bytes, need, sizeof need);
-  plan_format_bytes(machine, have, sizeof have);
+  format_bytes((double)t.total_bytes, need, sizeof need);
+  format_bytes(machine, have, sizeof have);
   fprintf(stderr,
           "tally: this run needs %s of memory at its peak (tally plan shows where it goes); this "
           "machine has %s. Lower train.batch_size (or the model's size), or start it anyway with "
@@ -605,7 +606,7 @@ static int cmd_plan(int argc, char **argv) {
       }
       cfgs[j] = fitted;
       char have[32];
-      plan_format_bytes((double)budget, have, sizeof have);
+      format_bytes((double)budget, have, sizeof have);
       if (!json)
         printf("%s: the largest %s within %s is %ld\n", names[j], plan_budget_key(names[j]), have,
                value);

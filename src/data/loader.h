@@ -7,17 +7,8 @@
 #include <stdint.h>
 
 #include "data/augment.h"
+#include "data/batch.h"
 #include "data/dataset.h"
-
-typedef struct {
-  int global_step;  // step this batch belongs to
-  int epoch;        // epoch it was drawn from
-  int n;            // samples in this replica's shard
-  int n_views;      // views per sample
-  float *views;     // (n_views, n, S, S, C): view-major, so view 0 of all samples comes first
-  int *indices;     // (n) dataset indices
-  int *labels;      // (n)
-} Batch;
 
 typedef struct {
   const Dataset *ds;

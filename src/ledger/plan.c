@@ -13,12 +13,11 @@
 #include "core/error.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "ledger/bytes.h"
 #include "eval/knn.h"
 #include "eval/monitor.h"
-#include "nn/vit.h"
 #include "objectives/objective.h"
 #include "parallel/comm.h"
-#include "parallel/replica_sync.h"
 #include "train/optim.h"
 #include "train/replica.h"
 
@@ -411,8 +410,8 @@ int plan_fit_budget(const Config *cfg, const char *objective, size_t budget_byte
   if (probe(cfg, objective, key, smallest, budget_bytes, opt, with, &fits, &total) != 0) goto out;
   if (!fits) {
     char need[32], have[32];
-    plan_format_bytes((double)total, need, sizeof need);
-    plan_format_bytes((double)budget_bytes, have, sizeof have);
+    format_bytes((double)total, need, sizeof need);
+    format_bytes((double)budget_bytes, have, sizeof have);
     tl_fail("even %s = %ld plans %s, more than the budget of %s", key, smallest, need, have);
     goto out;
   }
@@ -483,16 +482,6 @@ int plan_parse_size(const char *text, size_t *bytes) {
                  text, end);
 }
 
-void plan_format_bytes(double bytes, char *buf, size_t n) {
-  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (fabs(bytes) >= 1024 && u < 4) bytes /= 1024, u++;
-  if (u == 0)
-    snprintf(buf, n, "%.0f B", bytes);
-  else
-    snprintf(buf, n, "%.*f %s", fabs(bytes) < 10 ? 2 : fabs(bytes) < 100 ? 1 : 0, bytes, units[u]);
-}
-
 static void format_value(const LedgerFieldInfo *fi, double v, char *buf, size_t n) {
   if (isnan(v)) {
     snprintf(buf, n, "-");
@@ -503,7 +492,7 @@ static void format_value(const LedgerFieldInfo *fi, double v, char *buf, size_t 
       if (v == 0)
         snprintf(buf, n, "0");
       else
-        plan_format_bytes(v, buf, n);
+        format_bytes(v, buf, n);
       break;
     case UNIT_FLOPS:
       if (v >= 1e15)
@@ -616,17 +605,17 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
                                             "evaluation (kNN monitor)", "evaluation at its peak",
                                             "planned peak (all memory)"};
   for (int row = 0; row < 5; row++) {
-    for (int j = 0; j < n; j++) plan_format_bytes(total_row(&totals[j], row), cells[j], 48);
+    for (int j = 0; j < n; j++) format_bytes(total_row(&totals[j], row), cells[j], 48);
     print_row(f, total_names[row], n, cells);
   }
   // A plan of any size is arithmetic; whether it can run here is the machine's memory.
   const double machine = tl_machine_memory_bytes();
   char have[32], label[64];
-  plan_format_bytes(machine, have, sizeof have);
+  format_bytes(machine, have, sizeof have);
   snprintf(label, sizeof label, "fits in memory (%s)", have);
   for (int j = 0; j < n; j++) {
     char need[32];
-    plan_format_bytes((double)totals[j].total_bytes, need, sizeof need);
+    format_bytes((double)totals[j].total_bytes, need, sizeof need);
     if ((double)totals[j].total_bytes <= machine)
       snprintf(cells[j], 48, "yes");
     else

@@ -63,8 +63,6 @@ int plan_fit_budget(const Config *cfg, const char *objective, size_t budget_byte
 // "2GiB", "512 MiB", "1.5GB", "4096": binary (KiB, MiB, GiB, TiB) and decimal (KB, MB, GB, TB)
 // units, case-insensitive, or plain bytes. Returns 0, or -1 with tl_last_error() set.
 int plan_parse_size(const char *text, size_t *bytes);
-// "1.5 GiB", "312 KiB", "17 B".
-void plan_format_bytes(double bytes, char *buf, size_t n);
 
 // One column per plan, rows grouped by the ledger's four questions, cost, time and memory totals.
 // names: the column titles (objectives).

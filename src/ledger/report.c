@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "ledger/plan.h"
+#include "ledger/bytes.h"
 #include "ledger/record.h"
 
 typedef struct {
@@ -340,7 +340,7 @@ static double px_y(const Plot *p, double y) {
 
 typedef void (*TickFormat)(double v, char *buf, size_t n);
 static void fmt_plain(double v, char *buf, size_t n) { snprintf(buf, n, "%g", v); }
-static void fmt_bytes(double v, char *buf, size_t n) { plan_format_bytes(v, buf, n); }
+static void fmt_bytes(double v, char *buf, size_t n) { format_bytes(v, buf, n); }
 static void fmt_percent(double v, char *buf, size_t n) { snprintf(buf, n, "%g%%", v * 100); }
 
 // The plot of steps x0..x1 against values y0..y1 (finite): steps tick at whole numbers; values
@@ -587,7 +587,7 @@ static void cost_table(FILE *f, const Run *runs, int n) {
       if (!isfinite(v))
         snprintf(buf, sizeof buf, "-");
       else if (rows[i].kind == 1)
-        plan_format_bytes(v, buf, sizeof buf);
+        format_bytes(v, buf, sizeof buf);
       else if (rows[i].kind == 2)
         snprintf(buf, sizeof buf, "%.2f GFLOP", v / 1e9);
       else if (rows[i].kind == 3)
@@ -627,7 +627,7 @@ static void cost_table(FILE *f, const Run *runs, int n) {
   for (int k = 0; k < n; k++) {
     double v =
         isfinite(runs[k].peak_rss) ? runs[k].peak_rss : last_field(&runs[k], "peak_rss_bytes");
-    plan_format_bytes(v, buf, sizeof buf);
+    format_bytes(v, buf, sizeof buf);
     cell(f, buf);
   }
   fputs("</tr>\n</tbody></table>\n", f);

@@ -4,7 +4,7 @@
 // new file in this folder plus its entry in objective_table (objective.c).
 #pragma once
 #include "config.h"
-#include "data/loader.h"
+#include "data/batch.h"
 #include "io/safetensors.h"
 #include "ledger/record.h"
 #include "nn/backbone.h"
