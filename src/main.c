@@ -385,46 +385,50 @@ static int cmd_train(int argc, char **argv) {
 }
 
 static void usage_plan(FILE *f) {
-  fprintf(
-      f,
-      "usage: tally plan [--objective=NAME[,NAME...]] [--config FILE] [--set S.K=V]...\n"
-      "                  [--steps N] [--epochs N] [--step S] [--json]\n"
-      "                  [--memory-budget SIZE] [--no-knn] [--knn-at-start]\n"
-      "\n"
-      "Prints the ledger a training run will write, before it runs: the real models are\n"
-      "built with oneDNN in dry-run mode (nothing computed, memory never touched) and one\n"
-      "step runs on a stand-in batch, so every counted field equals what `tally train`\n"
-      "measures with the same options. Time, loss and drift are `measured only`.\n"
-      "\n"
-      "  --objective=A,B   one column per objective (default inbatch): %s\n"
-      "  --config FILE     one recipe for every column (same data and backbone); without\n"
-      "                    it each objective uses configs/NAME.ini, as `tally train` does\n"
-      "  --set, --steps, --epochs   as for `tally train` (applied to every column)\n"
-      "  --step S          the 0-based step to plan (default: the run's last step); moco's\n"
-      "                    queue fills with the global batch's keys every step\n"
-      "  --json            one JSON object per objective, with ledger.jsonl's field names\n"
-      "                    (measured-only fields null) plus planned_* totals\n"
-      "  --memory-budget SIZE  the largest batch (inbatch, mae) or queue_size (moco) whose\n"
-      "                    planned peak fits SIZE (2GiB, 512MiB, 3GB, bytes), searched\n"
-      "                    for over plans; prints the plan that proves it\n"
-      "  --no-knn, --knn-at-start   plan a run started with these train options\n"
-      "\n"
-      "Scaling past one machine (one replica per node):\n"
-      "  --from RUN --nodes N[,N...] --link RATE [--keep-replica-batch]\n"
-      "                    predicted step time and images/s at N nodes on a link of RATE\n"
-      "                    (10Gbit, 100Mbit, 125MB/s): compute per replica from RUN's\n"
-      "                    ledger (scaled by the samples a node holds), communication from\n"
-      "                    the step's own byte counts (ring allreduce 2(N-1)/N of the\n"
-      "                    gradients; gathers N-1 blocks), with the allreduce overlapping\n"
-      "                    backward and without; the global batch is split over the nodes\n"
-      "                    unless --keep-replica-batch. --json: predicted_step_ms,\n"
-      "                    predicted_comm_ms, predicted_images_per_s, nodes, link_bytes_per_s\n",
-      objective_names());
+  fprintf(f,
+          "usage: tally plan [--objective=NAME[,NAME...]] [--config FILE] [--set S.K=V]...\n"
+          "                  [--steps N] [--epochs N] [--step S] [--json]\n"
+          "                  [--memory-budget SIZE] [--no-knn] [--knn-at-start]\n"
+          "\n"
+          "Prints the ledger a training run will write, before it runs: the real models are\n"
+          "built with oneDNN in dry-run mode (nothing computed, memory never touched) and one\n"
+          "step runs on a stand-in batch, so every counted field equals what `tally train`\n"
+          "measures with the same options. Time, loss and drift are `measured only`.\n"
+          "\n"
+          "  --objective=A,B   one column per objective (default inbatch): %s\n"
+          "  --config FILE     one recipe for every column (same data and backbone); without\n"
+          "                    it each objective uses configs/NAME.ini, as `tally train` does\n"
+          "  --set, --steps, --epochs   as for `tally train` (applied to every column)\n"
+          "  --step S          the 0-based step to plan (default: the run's last step); moco's\n"
+          "                    queue fills with the global batch's keys every step\n"
+          "  --json            one JSON object per objective, with ledger.jsonl's field names\n"
+          "                    (measured-only fields null) plus planned_* totals\n"
+          "  --memory-budget SIZE  the largest batch (inbatch, mae) or queue_size (moco) whose\n"
+          "                    planned peak fits SIZE (2GiB, 512MiB, 3GB, bytes), searched\n"
+          "                    for over plans; prints the plan that proves it\n"
+          "  --no-knn, --knn-at-start   plan a run started with these train options\n"
+          "\n"
+          "Scaling past one machine (one replica per node):\n"
+          "  --from RUN --nodes N[,N...] --link RATE [--latency T] [--keep-replica-batch]\n"
+          "                    predicted step time and images/s at N nodes on a link of RATE\n"
+          "                    (10Gbit, 100Mbit, 125MB/s): compute per replica from RUN's\n"
+          "                    ledger (scaled by the samples a node holds), communication from\n"
+          "                    the step's own byte counts (ring allreduce 2(N-1)/N of the\n"
+          "                    gradients; gathers N-1 blocks) and collective calls, each\n"
+          "                    waiting T per round of its algorithm (log2 N rounds for a sum\n"
+          "                    under 10 kB, 2(N-1) for a ring allreduce, N-1 for a gather;\n"
+          "                    default 50us, TCP through one switch), with the gradient\n"
+          "                    allreduce overlapping backward and without; the global batch is\n"
+          "                    split over the nodes unless --keep-replica-batch. --json:\n"
+          "                    predicted_step_ms, predicted_comm_ms, predicted_images_per_s,\n"
+          "                    nodes, link_bytes_per_s, latency_s\n",
+          objective_names());
 }
 
-// What one step sends, from plans: the gradient block every replica averages, and what a sample
+// What one step sends, from plans: the gradient block every replica averages, what a sample
 // adds to the gathers (from a plan of two replicas: rank 0 sends its block and receives the
-// other, 2 x its block).
+// other, 2 x its block), and the collectives it calls (two replicas take every multi-replica
+// path, as N do).
 static int step_traffic(const Config *cfg, const char *objective, StepTraffic *t) {
   static Config two;
   two = *cfg;
@@ -438,14 +442,17 @@ static int step_traffic(const Config *cfg, const char *objective, StepTraffic *t
   if (plan_build(&two, objective, 0, &no_knn, &rec, &totals) != 0) return -1;
   t->allreduce_payload_bytes = (double)totals.param_count * sizeof(float);
   t->gather_bytes_per_sample = rec.comm_allgather_bytes / 2.0 / totals.local_batch;
+  t->allreduce_calls = rec.comm_allreduce_calls;
+  t->allgather_calls = rec.comm_allgather_calls;
   return 0;
 }
 
 // tally plan --from RUN --nodes N[,N...] --link RATE: throughput at N machines, one replica each.
 static int plan_scaling(const char *run_dir, const char *nodes_text, const char *link_text,
-                        int keep_replica_batch, int json) {
-  double link;
-  if (scaling_parse_rate(link_text, &link) != 0) {
+                        const char *latency_text, int keep_replica_batch, int json) {
+  double link, latency;
+  if (scaling_parse_rate(link_text, &link) != 0 ||
+      scaling_parse_latency(latency_text, &latency) != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 2;
   }
@@ -476,12 +483,13 @@ static int plan_scaling(const char *run_dir, const char *nodes_text, const char 
         objective, run_dir, m.replicas, m.replicas == 1 ? "" : "s", m.local_batch,
         m.step_ms - m.comm_ms, m.backward_ms);
     printf(
-        "link %.3g Gbit/s, one replica per node, %s; gradient allreduce %.2f MB, gathers %.0f "
-        "bytes per sample\n",
-        link * 8 / 1e9,
+        "link %.3g Gbit/s with %.3g us latency, one replica per node, %s; gradient allreduce "
+        "%.2f MB, gathers %.0f bytes per sample; %ld allreduces and %ld gathers per step\n",
+        link * 8 / 1e9, latency * 1e6,
         keep_replica_batch ? "each keeps the measured per-replica batch"
                            : "the measured global batch split over the nodes",
-        traffic.allreduce_payload_bytes / 1e6, traffic.gather_bytes_per_sample);
+        traffic.allreduce_payload_bytes / 1e6, traffic.gather_bytes_per_sample,
+        traffic.allreduce_calls, traffic.allgather_calls);
     printf("%7s %7s %7s %11s %11s %11s %13s %11s %10s\n", "nodes", "batch", "/node", "compute ms",
            "comm ms", "step ms", "no-overlap ms", "images/s", "efficiency");
     // Efficiency: the share of a step spent computing, i.e. images/s against N nodes that
@@ -496,17 +504,17 @@ static int plan_scaling(const char *run_dir, const char *nodes_text, const char 
       fprintf(stderr, "tally: --nodes '%s': expected node counts such as 2,8,64\n", nodes_text);
       return 2;
     }
-    ScaleQuestion q = {(int)nodes, link, keep_replica_batch};
+    ScaleQuestion q = {(int)nodes, link, keep_replica_batch, latency};
     ScalePrediction p;
     scaling_predict(&m, &traffic, &q, &p);
     if (json)
       printf(
-          "{\"objective\":\"%s\",\"nodes\":%ld,\"link_bytes_per_s\":%.6g,"
+          "{\"objective\":\"%s\",\"nodes\":%ld,\"link_bytes_per_s\":%.6g,\"latency_s\":%.6g,"
           "\"local_batch\":%d,\"global_batch\":%d,\"predicted_compute_ms\":%.3f,"
           "\"predicted_comm_ms\":%.3f,\"predicted_step_ms\":%.3f,"
           "\"predicted_step_ms_no_overlap\":%.3f,\"predicted_images_per_s\":%.2f}\n",
-          objective, nodes, link, p.local_batch, p.global_batch, p.compute_ms, p.comm_ms, p.step_ms,
-          p.step_ms_no_overlap, p.images_per_s);
+          objective, nodes, link, latency, p.local_batch, p.global_batch, p.compute_ms, p.comm_ms,
+          p.step_ms, p.step_ms_no_overlap, p.images_per_s);
     else
       printf("%7ld %7d %7d %11.1f %11.1f %11.1f %13.1f %11.0f %9.0f%%\n", nodes, p.global_batch,
              p.local_batch, p.compute_ms, p.comm_ms, p.step_ms, p.step_ms_no_overlap,
@@ -517,7 +525,8 @@ static int plan_scaling(const char *run_dir, const char *nodes_text, const char 
 
 static int cmd_plan(int argc, char **argv) {
   const char *objectives = "inbatch", *budget_text = NULL, *step_text = NULL;
-  const char *from = NULL, *nodes = NULL, *link = NULL;
+  // 50 us: Open MPI over TCP through one Ethernet switch delivers a small message in tens of us.
+  const char *from = NULL, *nodes = NULL, *link = NULL, *latency = "50us";
   ConfigArgs ca = {0};
   PlanOptions popt = {0};
   int json = 0, keep_replica_batch = 0;
@@ -541,6 +550,8 @@ static int cmd_plan(int argc, char **argv) {
       nodes = v;
     } else if ((v = option_value(argc, argv, &i, "--link"))) {
       link = v;
+    } else if ((v = option_value(argc, argv, &i, "--latency"))) {
+      latency = v;
     } else if (!strcmp(argv[i], "--keep-replica-batch")) {
       keep_replica_batch = 1;
     } else if (!strcmp(argv[i], "--json")) {
@@ -559,7 +570,7 @@ static int cmd_plan(int argc, char **argv) {
       fprintf(stderr, "tally plan: --from RUN, --nodes N[,N...] and --link RATE go together\n");
       return 2;
     }
-    return plan_scaling(from, nodes, link, keep_replica_batch, json);
+    return plan_scaling(from, nodes, link, latency, keep_replica_batch, json);
   }
   size_t budget = 0;
   if (budget_text && plan_parse_size(budget_text, &budget) != 0) {

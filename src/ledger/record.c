@@ -86,6 +86,8 @@ static const Field fields[] = {
     FIELD(comm_bytes, F_DOUBLE, LEDGER_COST, UNIT_BYTES),
     FIELD(comm_allreduce_bytes, F_DOUBLE, LEDGER_COST, UNIT_BYTES),
     FIELD(comm_allgather_bytes, F_DOUBLE, LEDGER_COST, UNIT_BYTES),
+    FIELD(comm_allreduce_calls, F_LONG, LEDGER_COST, UNIT_COUNT),
+    FIELD(comm_allgather_calls, F_LONG, LEDGER_COST, UNIT_COUNT),
     FIELD(flops_total, F_DOUBLE, LEDGER_COST, UNIT_FLOPS),
     FIELD(shard_samples, F_INT, LEDGER_COST, UNIT_COUNT),
     FIELD(shard_weight, F_DOUBLE, LEDGER_COST, UNIT_RATIO),
@@ -100,6 +102,14 @@ static const Field fields[] = {
     MEASURED(peak_rss_bytes, F_SIZE, LEDGER_TIME, UNIT_BYTES),
 };
 enum { N_FIELDS = sizeof fields / sizeof fields[0] };
+
+void ledger_record_comm(LedgerRecord *r, const CommStats *cs) {
+  r->comm_allreduce_bytes = cs->bytes[COLL_ALLREDUCE];
+  r->comm_allgather_bytes = cs->bytes[COLL_ALLGATHER];
+  r->comm_bytes = cs->bytes[COLL_ALLREDUCE] + cs->bytes[COLL_ALLGATHER] + cs->bytes[COLL_BROADCAST];
+  r->comm_allreduce_calls = cs->calls[COLL_ALLREDUCE];
+  r->comm_allgather_calls = cs->calls[COLL_ALLGATHER];
+}
 
 static void write_value(FILE *f, const LedgerRecord *r, const Field *fd, int json) {
   const char *p = (const char *)r + fd->offset;

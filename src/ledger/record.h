@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "core/alloc.h"
+#include "parallel/comm.h"
 
 typedef struct {
   // identity
@@ -52,6 +53,9 @@ typedef struct {
   double flops_forward_by[COMP_NCOMP], flops_backward_by[COMP_NCOMP];
   double comm_bytes;
   double comm_allreduce_bytes, comm_allgather_bytes;
+  // Collectives this step (a bucketed gradient average is one): each pays the link's latency
+  // per round of its algorithm, which `tally plan --nodes` adds to the bytes' time.
+  long comm_allreduce_calls, comm_allgather_calls;
   double flops_total;   // training FLOPs so far, every replica, this step included
   int shard_samples;    // this replica's samples
   double shard_weight;  // its weight in the gradient average
@@ -62,6 +66,10 @@ typedef struct {
   double train_seconds;  // training time so far, evaluation excluded
   size_t peak_rss_bytes;
 } LedgerRecord;
+
+// The counted communication fields (bytes and calls, per kind and in all) from a step's
+// collective statistics: the trainer and the plan fill them the same way.
+void ledger_record_comm(LedgerRecord *r, const CommStats *cs);
 
 // The record's fields as one table (the writers, the reader, `tally plan` and `tally report` all
 // walk it), grouped by the question each answers.

@@ -64,6 +64,12 @@ int scaling_read_run(const char *dir, MeasuredRun *m) {
   return rc;
 }
 
+// Open MPI's choice for an allreduce (its tuned component's fixed rule): recursive doubling
+// under 10 kB, a ring above. Rounds of messages one node waits for, one after another.
+static double allreduce_rounds(int nodes, double payload_bytes) {
+  return payload_bytes < 10e3 ? ceil(log2(nodes)) : 2.0 * (nodes - 1);
+}
+
 void scaling_predict(const MeasuredRun *m, const StepTraffic *t, const ScaleQuestion *q,
                      ScalePrediction *p) {
   const int N = q->nodes;
@@ -77,16 +83,29 @@ void scaling_predict(const MeasuredRun *m, const StepTraffic *t, const ScaleQues
   double forward = m->forward_ms * scale, backward = m->backward_ms * scale;
   double data = m->data_ms * scale, optimizer = m->optimizer_ms;  // the update is per parameter
   p->compute_ms = data + forward + backward + optimizer;
-  const double ms_per_byte = 1e3 / q->link_bytes_per_s;
+  const double ms_per_byte = 1e3 / q->link_bytes_per_s, latency_ms = q->latency_s * 1e3;
+  // The gradient average; the step's other allreduces carry a few numbers each, so only their
+  // latency counts. The gathers' blocks grow with N and their ring takes N - 1 rounds.
+  double gradient_ms = 0, small_sums_ms = 0;
   if (N > 1) {
-    p->allreduce_ms = 2.0 * (N - 1) / N * t->allreduce_payload_bytes * ms_per_byte;
-    p->allgather_ms = (double)(N - 1) * p->local_batch * t->gather_bytes_per_sample * ms_per_byte;
+    double gradient_latency_ms = allreduce_rounds(N, t->allreduce_payload_bytes) * latency_ms;
+    small_sums_ms = (double)(t->allreduce_calls > 1 ? t->allreduce_calls - 1 : 0) *
+                    allreduce_rounds(N, 0) * latency_ms;
+    double gather_latency_ms = (double)t->allgather_calls * (N - 1) * latency_ms;
+    gradient_ms =
+        2.0 * (N - 1) / N * t->allreduce_payload_bytes * ms_per_byte + gradient_latency_ms;
+    p->allgather_ms = (double)(N - 1) * p->local_batch * t->gather_bytes_per_sample * ms_per_byte +
+                      gather_latency_ms;
+    p->latency_ms = gradient_latency_ms + small_sums_ms + gather_latency_ms;
   }
+  p->allreduce_ms = gradient_ms + small_sums_ms;
   p->comm_ms = p->allreduce_ms + p->allgather_ms;
   p->step_ms_no_overlap = p->compute_ms + p->comm_ms;
-  // Gradient buckets are averaged while backward goes on: the allreduce costs only what backward
-  // does not hide. Gathers (projections, keys) sit between forward and the loss: not hidden.
-  p->step_ms = data + forward + fmax(backward, p->allreduce_ms) + optimizer + p->allgather_ms;
+  // Gradient buckets are averaged while backward goes on: the gradient average costs only what
+  // backward does not hide. Gathers (projections, keys) sit between forward and the loss, the
+  // small sums after backward: not hidden.
+  p->step_ms =
+      data + forward + fmax(backward, gradient_ms) + optimizer + small_sums_ms + p->allgather_ms;
   p->images_per_s = p->global_batch / (p->step_ms / 1e3);
 }
 
@@ -114,4 +133,28 @@ int scaling_parse_rate(const char *text, double *bytes_per_s) {
       return 0;
     }
   return tl_fail("--link '%s': unknown unit (kbit, Mbit, Gbit, Tbit; KB/s, MB/s, GB/s)", text);
+}
+
+int scaling_parse_latency(const char *text, double *seconds) {
+  char *end;
+  errno = 0;
+  double v = strtod(text, &end);
+  if (end == text || errno || !(v >= 0) || !isfinite(v))
+    return tl_fail("--latency '%s': expected a time such as 50us or 0.2ms", text);
+  while (*end == ' ') end++;
+  static const struct {
+    const char *unit;
+    double seconds;
+  } units[] = {{"ns", 1e-9}, {"us", 1e-6}, {"ms", 1e-3}, {"s", 1}};
+  for (size_t i = 0; i < sizeof units / sizeof *units; i++)
+    if (strcasecmp(end, units[i].unit) == 0) {
+      *seconds = v * units[i].seconds;
+      return 0;
+    }
+  // A bare 0 needs no unit; any other bare number is ambiguous.
+  if (!*end && v == 0) {
+    *seconds = 0;
+    return 0;
+  }
+  return tl_fail("--latency '%s': unknown unit (ns, us, ms, s)", text);
 }

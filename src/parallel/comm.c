@@ -20,7 +20,10 @@ double comm_broadcast_bytes(int world, int is_root, size_t bytes) {
   return is_root ? (double)(world - 1) * (double)bytes : world > 1 ? (double)bytes : 0.0;
 }
 
-static void account(Comm *c, CollectiveKind kind, double bytes, double start_ms) {
+// `completed`: 1 when this call finished a collective, 0 for the start and progress calls of the
+// non-blocking sums (they count once, in comm_wait_all).
+static void account(Comm *c, CollectiveKind kind, int completed, double bytes, double start_ms) {
+  c->stats.calls[kind] += completed;
   c->stats.bytes[kind] += bytes;
   c->stats.ms[kind] += now_ms() - start_ms;
 }
@@ -41,14 +44,14 @@ void comm_allreduce_weighted(Comm *c, float *buf, size_t n, double local_weight)
   }
   double start_ms = now_ms();
   if (c->dry_run || c->backend->allreduce_weighted(c, buf, n, local_weight) == 0)
-    account(c, COLL_ALLREDUCE, comm_allreduce_bytes(c->world, n * sizeof *buf), start_ms);
+    account(c, COLL_ALLREDUCE, 1, comm_allreduce_bytes(c->world, n * sizeof *buf), start_ms);
 }
 
 void comm_allreduce_sum_f64(Comm *c, double *buf, size_t n) {
   if (comm_failed(c)) return;
   double start_ms = now_ms();
   if (c->backend->allreduce_sum_f64(c, buf, n) == 0)
-    account(c, COLL_ALLREDUCE, comm_allreduce_bytes(c->world, n * sizeof *buf), start_ms);
+    account(c, COLL_ALLREDUCE, 1, comm_allreduce_bytes(c->world, n * sizeof *buf), start_ms);
 }
 
 // A planned gather's offset and total: every rank's count, summed into its own slot.
@@ -76,7 +79,7 @@ void comm_allgather(Comm *c, const float *local, size_t n_local, float *out, siz
     return;
   }
   if (offset) *offset = my_offset;
-  account(c, COLL_ALLGATHER,
+  account(c, COLL_ALLGATHER, 1,
           comm_allgather_bytes(c->world, n_local * sizeof *local, total_count * sizeof *local),
           start_ms);
 }
@@ -91,7 +94,7 @@ void comm_broadcast(Comm *c, void *buf, size_t bytes, int root) {
   }
   double start_ms = now_ms();
   if (c->dry_run || c->backend->broadcast(c, buf, bytes, root) == 0)
-    account(c, COLL_BROADCAST, comm_broadcast_bytes(c->world, c->rank == root, bytes), start_ms);
+    account(c, COLL_BROADCAST, 1, comm_broadcast_bytes(c->world, c->rank == root, bytes), start_ms);
 }
 
 void comm_barrier(Comm *c) {
@@ -108,21 +111,22 @@ void comm_iallreduce_sum(Comm *c, float *buf, size_t n) {
   double start_ms = now_ms();
   if (c->dry_run || c->backend->iallreduce_sum_f32(c, buf, n) == 0) {
     c->started_payload_bytes += n * sizeof *buf;
-    account(c, COLL_ALLREDUCE, 0, start_ms);
+    account(c, COLL_ALLREDUCE, 0, 0, start_ms);
   }
 }
 
 void comm_test_all(Comm *c) {
   if (!c->backend->test_all || comm_failed(c)) return;
   double start_ms = now_ms();
-  if (c->backend->test_all(c) == 0) account(c, COLL_ALLREDUCE, 0, start_ms);
+  if (c->backend->test_all(c) == 0) account(c, COLL_ALLREDUCE, 0, 0, start_ms);
 }
 
 void comm_wait_all(Comm *c) {
   if (!c->backend->wait_all || comm_failed(c)) return;
   double start_ms = now_ms();
   if (c->backend->wait_all(c) == 0)
-    account(c, COLL_ALLREDUCE, comm_allreduce_bytes(c->world, c->started_payload_bytes), start_ms);
+    account(c, COLL_ALLREDUCE, c->started_payload_bytes > 0,
+            comm_allreduce_bytes(c->world, c->started_payload_bytes), start_ms);
   c->started_payload_bytes = 0;
 }
 

@@ -16,6 +16,11 @@ typedef struct {
   double bytes[COLL_NKINDS];  // bytes this rank sent + received, per kind, since the last reset
   double ms[COLL_NKINDS];     // wall time inside the collective, per kind; for non-blocking
                               // ones, inside the start, test and wait calls (see below)
+  // Collectives completed, per kind: calls, not the messages a backend splits them into, because
+  // the messages depend on the world size and the algorithm, and a prediction at N nodes needs
+  // what does not: how many collectives a step makes, each paying the link's latency once per
+  // round of its algorithm at N.
+  long calls[COLL_NKINDS];
 } CommStats;
 
 // Local backend: creates the shared state for `world` thread replicas; each thread then calls
@@ -48,10 +53,11 @@ void comm_barrier(Comm *c);
 // Non-blocking sums, so gradient averaging can overlap backward (parallel/grad_sync.h). Only
 // backends that have them (mpi) say so here; on the others (local) callers use the blocking
 // collectives. Like every collective, each rank starts the same sums in the same order.
-// Accounting, under COLL_ALLREDUCE: bytes as for one blocking allreduce of all the sums'
-// payloads together, counted when comm_wait_all completes them; time is what this rank spends
-// inside comm_iallreduce_sum, comm_test_all and comm_wait_all, i.e. the communication that
-// computation did not hide.
+// Accounting, under COLL_ALLREDUCE: bytes and one call as for one blocking allreduce of all the
+// sums' payloads together, counted when comm_wait_all completes them (so a bucketed gradient
+// average counts as the plan's single one; the buckets' latencies but the last hide behind
+// backward with their bytes); time is what this rank spends inside comm_iallreduce_sum,
+// comm_test_all and comm_wait_all, i.e. the communication that computation did not hide.
 int comm_has_async(const Comm *c);
 // Starts buf <- sum_r buf_r in place. buf must stay untouched until comm_wait_all returns.
 void comm_iallreduce_sum(Comm *c, float *buf, size_t n);

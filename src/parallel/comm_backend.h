@@ -33,9 +33,9 @@ struct Comm {
   const CommBackend *backend;
   int rank, world;
   CommStats stats;
-  // Payload of the non-blocking sums started and not yet waited for: their bytes are counted as
-  // one allreduce of the total, so they equal the blocking allreduce's bit for bit (the plan
-  // predicts that one).
+  // Payload of the non-blocking sums started and not yet waited for: their bytes and call are
+  // counted as one allreduce of the total, so they equal the blocking allreduce's bit for bit
+  // (the plan predicts that one).
   size_t started_payload_bytes;
   // A plan: collectives count what they would send and agree on sizes, but move no data.
   int dry_run;

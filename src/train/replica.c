@@ -81,9 +81,7 @@ void replica_count(const Replica *r, LedgerRecord *rec) {
     rec->flops_forward += r->ctx.flops_forward[c];
     rec->flops_backward += r->ctx.flops_backward[c];
   }
-  rec->comm_allreduce_bytes = cs.bytes[COLL_ALLREDUCE];
-  rec->comm_allgather_bytes = cs.bytes[COLL_ALLGATHER];
-  rec->comm_bytes = cs.bytes[COLL_ALLREDUCE] + cs.bytes[COLL_ALLGATHER] + cs.bytes[COLL_BROADCAST];
+  ledger_record_comm(rec, &cs);
   rec->shard_samples = r->local_batch;
   rec->shard_weight = (double)r->local_batch / r->global_batch;
 }
