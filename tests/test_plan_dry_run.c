@@ -106,6 +106,11 @@ static void test_batch_beyond_memory_is_a_plan(void **state) {
   } else {
     assert_non_null(strstr(r->out, "fits in memory"));
   }
+  // Every replica's thread plans in reservations, not only the first.
+  run_plan(r, "--objective=inbatch", "--set", "train.batch_size=16384", "--set",
+           "parallel.replicas=4", "--no-knn", NULL);
+  assert_int_equal(r->exit_code, 0);
+  assert_true(r->max_rss_kb < PLAN_RSS_LIMIT_KB);
   free(r);
 }
 

@@ -24,11 +24,11 @@ _Static_assert(sizeof(BlockHeader) <= ALIGN, "header must fit the alignment pad"
 
 static _Atomic size_t live_bytes[MEM_NCAT][COMP_NCOMP];
 static _Atomic size_t live_total, peak_total;
-static _Atomic int untouched;
+static _Thread_local int untouched;  // per thread: a plan may run beside a training
 static _Thread_local int scope_category = -1;
 
-void tl_alloc_set_untouched(int on) { atomic_store(&untouched, on); }
-int tl_alloc_untouched(void) { return atomic_load(&untouched); }
+void tl_alloc_set_untouched(int on) { untouched = on; }
+int tl_alloc_untouched(void) { return untouched; }
 void tl_alloc_scope_begin(MemCategory cat) { scope_category = (int)cat; }
 void tl_alloc_scope_end(void) { scope_category = -1; }
 
@@ -61,7 +61,7 @@ static char *reserve(size_t bytes, size_t *mapped) {
 
 void *tl_alloc(size_t bytes, MemCategory cat, MemComponent comp) {
   if (scope_category >= 0) cat = (MemCategory)scope_category;
-  const int planned = atomic_load(&untouched) && bytes >= PLANNED_RESERVE_BYTES;
+  const int planned = untouched && bytes >= PLANNED_RESERVE_BYTES;
   size_t padded = (bytes + ALIGN - 1) / ALIGN * ALIGN, mapped = 0;
   char *raw = planned          ? reserve(bytes, &mapped)
               : padded < bytes ? NULL
@@ -77,7 +77,7 @@ void *tl_alloc(size_t bytes, MemCategory cat, MemComponent comp) {
               category_names[cat], component_names[comp]);
     exit(1);
   }
-  if (!atomic_load(&untouched)) memset(raw + ALIGN, 0, padded);
+  if (!untouched) memset(raw + ALIGN, 0, padded);
   BlockHeader *h = (BlockHeader *)raw;
   h->bytes = bytes;
   h->mapped_bytes = mapped;

@@ -34,7 +34,7 @@ const char *mem_component_name(MemComponent c);
 void *tl_alloc(size_t bytes, MemCategory cat, MemComponent comp);
 void tl_free(void *p);
 
-// Planning: while set, new blocks are not zero-filled, and blocks of a page or more are address
+// Planning (this thread only): while set, new blocks are not zero-filled, and blocks of a page or more are address
 // space only (never committed; touching one faults), so a model of any size can be built to be
 // measured (`tally plan`) in a few megabytes. Code that runs during a plan must not read or write
 // them: ops check DnnlCtx.dry_run, initializers tl_alloc_untouched().

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/error.h"
 
@@ -32,8 +33,30 @@ void paramset_bind(ParamSet *ps, float *data, float *grad, size_t count) {
   ps->owns = 0;
 }
 
+// Address space for a counting pass: far beyond any model here, never committed.
+#define COUNTING_CAPACITY_FLOATS ((size_t)1 << 34)
+
+static float *reserve(void) {
+  void *p = mmap(NULL, COUNTING_CAPACITY_FLOATS * sizeof(float), PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) TL_DIE("cannot reserve address space for counting parameters");
+  return p;
+}
+
+void paramset_alloc_counting(ParamSet *ps, uint64_t seed) {
+  paramset_reset(ps, COUNTING_CAPACITY_FLOATS, seed);
+  ps->data = reserve();
+  ps->grad = reserve();
+  ps->counting = 1;
+}
+
+int paramset_complete(const ParamSet *ps) { return ps->counting || ps->used == ps->count; }
+
 void paramset_free(ParamSet *ps) {
-  if (ps->owns) {
+  if (ps->counting) {
+    munmap(ps->data, COUNTING_CAPACITY_FLOATS * sizeof(float));
+    munmap(ps->grad, COUNTING_CAPACITY_FLOATS * sizeof(float));
+  } else if (ps->owns) {
     tl_free(ps->data);
     tl_free(ps->grad);
   }

@@ -26,6 +26,7 @@ typedef struct {
   ParamEntry *entries;
   int n_entries, cap_entries;
   int owns;       // 1: allocated here; 0: bound to another set's data
+  int counting;   // a counting pass: data and grad are reservations, `used` is the answer
   uint64_t seed;  // initialization stream
   // Optional: told when backward has finished writing gradient floats [offset, offset + count)
   // for this step, so their averaging across replicas can start while backward goes on
@@ -41,6 +42,12 @@ void paramset_alloc_nograd(ParamSet *ps, size_t count, uint64_t seed, MemCategor
 // Binds to existing storage (an inference copy of a trained model): takes hand out the same
 // slices in the same order, and initialization is skipped.
 void paramset_bind(ParamSet *ps, float *data, float *grad, size_t count);
+// A counting pass: takes hand out slices of a reservation that is never touched (initialization
+// is skipped while tl_alloc_untouched), so building a model once in dry run leaves its parameter
+// count in `used` — the count comes from the builders themselves, not from a formula beside them.
+void paramset_alloc_counting(ParamSet *ps, uint64_t seed);
+// Every slice of the block was taken (a counting set is complete whatever it holds).
+int paramset_complete(const ParamSet *ps);
 void paramset_free(ParamSet *ps);
 
 // Takes the next `n` floats; *grad receives the matching gradient slice (NULL if none).

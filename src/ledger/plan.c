@@ -149,6 +149,7 @@ static void *plan_replica(void *arg) {
   // The trainer splits the cores among replicas; oneDNN sizes scratchpads for the threads it gets.
   int ncores = omp_get_num_procs();
   omp_set_num_threads(ncores / pl->world > 0 ? ncores / pl->world : 1);
+  tl_alloc_set_untouched(1);  // per thread: this replica's buffers are reservations too
   wait_turn(pl, rank);
   MemSnapshot before, after;
   snapshot(before);
@@ -351,7 +352,7 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
                &(int){0}, &t.local_batch);
   t.steps_per_epoch = pl->steps_per_epoch;
   t.total_steps = pl->total_steps;
-  t.param_count = pl->def->param_count(cfg);
+  t.param_count = objective_param_count(pl->def, cfg);
   const char *slash = strrchr(cfg->model.file, '/');
   snprintf(t.backbone, sizeof t.backbone, "%.63s", slash ? slash + 1 : cfg->model.file);
   char *dot = strrchr(t.backbone, '.');

@@ -54,13 +54,6 @@ typedef struct {
   float *dp;  // (2b, d) MEM_ACT_GRAD
 } Byol;
 
-// Online parameters: backbone, projector ("head", as every objective's), then the predictor.
-static size_t byol_param_count(const Config *cfg) {
-  const int d = cfg->model.head_out_dim;
-  return backbone_with_head_param_count(cfg) +
-         head_param_count(d, settings(cfg)->predictor_hidden_dim, d);
-}
-
 static Objective *byol_create(const ObjectiveEnv *env) {
   const Config *cfg = env->cfg;
   Byol *o = calloc(1, sizeof *o);
@@ -75,12 +68,14 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   env->ctx->component = COMP_ENCODER;
   o->base.online = backbone_create(spec, &online, rows, S, C);
   head_init(&o->projector, &online, "head", rows, o->base.online->feature_dim, hidden, d);
+  // Online parameters: backbone, projector ("head", as every objective's), then the predictor;
+  // the target mirrors the part before the predictor.
+  const size_t target_count = env->params->used;
   head_init(&o->predictor, &online, "predictor", rows, d, settings(cfg)->predictor_hidden_dim, d);
 
   // The target starts as an exact copy of the online backbone and projector (the online block's
   // first floats, taken in the same order) and then only follows the momentum rule.
-  paramset_alloc_nograd(&o->target_params, backbone_with_head_param_count(cfg), cfg->train.seed,
-                        MEM_MOMENTUM);
+  paramset_alloc_nograd(&o->target_params, target_count, cfg->train.seed, MEM_MOMENTUM);
   Builder target = {env->ctx, &o->target_params, OP_FORWARD};
   o->target_backbone = backbone_create(spec, &target, rows, S, C);
   head_init(&o->target_projector, &target, "head", rows, o->target_backbone->feature_dim, hidden,
@@ -92,7 +87,7 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   byol_loss_init(&o->loss, rows, d);
   o->dp = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT_GRAD, COMP_LOSS);
   env->ctx->component = COMP_ENCODER;
-  TL_ASSERT(env->params->used == env->params->count);
+  TL_ASSERT(paramset_complete(env->params));
   TL_ASSERT(o->target_params.used == o->target_params.count);
   return &o->base;
 }
@@ -191,7 +186,6 @@ const ObjectiveDef objective_byol = {
     .description = "BYOL: predictor regresses onto an EMA target's projection, no negatives",
     .implemented = 1,
     .n_views = 2,
-    .param_count = byol_param_count,
     .create = byol_create,
     .step = byol_step,
     .after_update = byol_after_update,

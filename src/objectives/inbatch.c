@@ -57,7 +57,7 @@ static Objective *inbatch_create(const ObjectiveEnv *env) {
   o->du_local = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT_GRAD, COMP_LOSS);
   o->dz = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT_GRAD, COMP_LOSS);
   env->ctx->component = COMP_ENCODER;
-  TL_ASSERT(env->params->used == env->params->count);
+  TL_ASSERT(paramset_complete(env->params));
   return &o->base;
 }
 
@@ -130,7 +130,6 @@ const ObjectiveDef objective_inbatch = {
     .description = "SimCLR NT-Xent: 2 views per image, negatives from the whole batch",
     .implemented = 1,
     .n_views = 2,
-    .param_count = backbone_with_head_param_count,
     .create = inbatch_create,
     .step = inbatch_step,
     .after_update = NULL,

@@ -90,15 +90,6 @@ int mae_keep_count(int n_patches, float mask_ratio) {
   return k < 1 ? 1 : k;
 }
 
-static size_t mae_param_count(const Config *cfg) {
-  const ModelSpec *s = &cfg->model.spec;
-  const int Dd = decoder_dim(cfg), S = cfg->data.image_size, C = cfg->data.channels;
-  const int patch_dim = s->patch_size * s->patch_size * C;
-  return vit_param_count(s, S, C) + linear_param_count(s->dim, Dd, 1) + (size_t)Dd +
-         (size_t)settings(cfg)->decoder_depth * transformer_block_param_count(Dd, s->mlp_ratio) +
-         layernorm_param_count(Dd) + linear_param_count(Dd, patch_dim, 1);
-}
-
 static Objective *mae_create(const ObjectiveEnv *env) {
   const Config *cfg = env->cfg;
   const ModelSpec *spec = &cfg->model.spec;
@@ -158,7 +149,7 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   o->target = tl_alloc(sizeof(float) * (size_t)b * o->P * o->patch_dim, MEM_ACT, COMP_LOSS);
   o->dpred = tl_alloc(sizeof(float) * (size_t)b * o->Td * o->patch_dim, MEM_ACT_GRAD, COMP_LOSS);
   env->ctx->component = COMP_ENCODER;
-  TL_ASSERT(env->params->used == env->params->count);
+  TL_ASSERT(paramset_complete(env->params));
   return &o->base;
 }
 
@@ -456,7 +447,6 @@ const ObjectiveDef objective_mae = {
     .description = "Masked autoencoder: encoder on visible patches only, light decoder",
     .implemented = 1,
     .n_views = 1,
-    .param_count = mae_param_count,
     .create = mae_create,
     .step = mae_step,
     .after_update = NULL,

@@ -95,13 +95,13 @@ static Objective *moco_create(const ObjectiveEnv *env) {
             d);
 
   // The key encoder starts as an exact copy and then only follows the momentum rule.
-  paramset_alloc_nograd(&o->key_params, env->params->count, cfg->train.seed, MEM_MOMENTUM);
+  paramset_alloc_nograd(&o->key_params, env->params->used, cfg->train.seed, MEM_MOMENTUM);
   Builder key = {env->ctx, &o->key_params, OP_FORWARD};
   o->key_backbone = backbone_create(spec, &key, nq, S, C);
   head_init(&o->key_head, &key, "key_head", nq, o->key_backbone->feature_dim,
             cfg->model.head_hidden_dim, d);
   if (!env->ctx->dry_run)
-    memcpy(o->key_params.data, env->params->data, sizeof(float) * env->params->count);
+    memcpy(o->key_params.data, env->params->data, sizeof(float) * env->params->used);
 
   env->ctx->component = COMP_LOSS;
   infonce_init(&o->loss, env->ctx, nq, K, d, settings(cfg)->temperature);
@@ -123,7 +123,7 @@ static Objective *moco_create(const ObjectiveEnv *env) {
     o->perm = tl_alloc(sizeof(int) * (size_t)nq_global, MEM_WORKSPACE, COMP_OTHER);
   }
   env->ctx->component = COMP_ENCODER;
-  TL_ASSERT(env->params->used == env->params->count);
+  TL_ASSERT(paramset_complete(env->params));
   TL_ASSERT(o->key_params.used == o->key_params.count);
   return &o->base;
 }
@@ -328,7 +328,6 @@ const ObjectiveDef objective_moco = {
     .description = "MoCo v2: momentum key encoder, FIFO queue of K keys as negatives",
     .implemented = 1,
     .n_views = 2,
-    .param_count = backbone_with_head_param_count,
     .create = moco_create,
     .step = moco_step,
     .after_update = moco_after_update,

@@ -21,6 +21,30 @@ const ObjectiveDef *objective_find(const char *name) {
   return NULL;
 }
 
+size_t objective_param_count(const ObjectiveDef *def, const Config *cfg) {
+  const int was_untouched = tl_alloc_untouched();
+  tl_alloc_set_untouched(1);
+  DnnlCtx ctx;
+  dnnl_ctx_init(&ctx);
+  ctx.dry_run = 1;
+  LocalGroup *group = comm_local_group_create(1);
+  Comm *comm = comm_local_rank(group, 0);
+  comm_set_dry_run(comm, 1);
+  ParamSet ps;
+  paramset_alloc_counting(&ps, cfg->train.seed);
+  const int batch = cfg->train.batch_size;
+  ObjectiveEnv env = {cfg, &ctx, comm, &ps, batch, batch, 1, NULL};
+  Objective *o = def->create(&env);
+  size_t count = o ? ps.used : 0;
+  if (o) def->destroy(o);
+  paramset_free(&ps);
+  comm_destroy(comm);
+  comm_local_group_destroy(group);
+  dnnl_ctx_destroy(&ctx);
+  tl_alloc_set_untouched(was_untouched);
+  return count;
+}
+
 const char *objective_names(void) {
   static char names[256];
   if (!names[0])

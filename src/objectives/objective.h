@@ -14,8 +14,8 @@ typedef struct {
   const Config *cfg;
   DnnlCtx *ctx;
   Comm *comm;           // collectives: gathered features (inbatch), gathered keys (moco)
-  ParamSet *params;     // online trainable parameters, allocated to def->param_count; the
-                        // backbone's come first so an evaluation copy can bind to them
+  ParamSet *params;     // online trainable parameters, allocated to objective_param_count;
+                        // the backbone's come first so an evaluation copy can bind to them
   int local_batch;      // samples this replica trains on per step
   int global_batch;     // samples over all replicas per step
   long total_steps;     // steps in the run (schedules)
@@ -45,10 +45,9 @@ struct ObjectiveDef {
   const ConfigSection *settings;
   int implemented;  // 0: listed, answers "not implemented yet"
   int n_views;      // views per sample the loader prepares
-  // Trainable parameter count (backbone first, then heads/decoders), from the config alone.
-  size_t (*param_count)(const Config *cfg);
   // Builds the objective's models and buffers for env->local_batch samples. NULL + tl_fail on
-  // error.
+  // error. Parameters are taken from env->params in build order (backbone first, then heads and
+  // decoders); objective_param_count runs it once on a counting set to size the real one.
   Objective *(*create)(const ObjectiveEnv *env);
   // Forward, loss and backward on this replica's shard. Leaves in env.params->grad the gradient
   // whose sample-count-weighted average over replicas is the gradient of the global loss.
@@ -77,6 +76,9 @@ struct ObjectiveDef {
 };
 
 const ObjectiveDef *objective_find(const char *name);
+// The online parameter count (floats, buffers included): `create` run once in dry run on a
+// counting ParamSet. 0 with tl_fail when the objective refuses the configuration.
+size_t objective_param_count(const ObjectiveDef *def, const Config *cfg);
 // The objective's settings in cfg: its own struct (as declared by def->settings).
 const void *objective_settings(const Config *cfg, const ObjectiveDef *def);
 // Comma-separated names of all objectives, for help and error messages.

@@ -73,7 +73,7 @@ static Objective *vicreg_create(const ObjectiveEnv *env) {
                    set->cov_coeff);
   o->dz = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT_GRAD, COMP_LOSS);
   env->ctx->component = COMP_ENCODER;
-  TL_ASSERT(env->params->used == env->params->count);
+  TL_ASSERT(paramset_complete(env->params));
   return &o->base;
 }
 
@@ -126,7 +126,6 @@ const ObjectiveDef objective_vicreg = {
     .description = "VICReg: invariance, variance and covariance terms; no negatives",
     .implemented = 1,
     .n_views = 2,
-    .param_count = backbone_with_head_param_count,
     .create = vicreg_create,
     .step = vicreg_step,
     .after_update = NULL,

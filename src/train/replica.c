@@ -21,7 +21,9 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
   comm_set_dry_run(comm, spec->dry_run);
   loader_shard(spec->global_batch, spec->rank, spec->world, spec->shard_sizes, &r->offset,
                &r->local_batch);
-  paramset_alloc(&r->ps, spec->def->param_count(cfg), cfg->train.seed);
+  const size_t count = objective_param_count(spec->def, cfg);
+  if (count == 0) return -1;
+  paramset_alloc(&r->ps, count, cfg->train.seed);
   ObjectiveEnv env = {cfg,
                       &r->ctx,
                       comm,
