@@ -16,7 +16,7 @@
 #include "eval/evaluate.h"
 #include "io/npy.h"
 #include "ledger/bytes.h"
-#include "ledger/plan.h"
+#include "train/plan.h"
 #include "ledger/report.h"
 #include "ledger/scaling.h"
 #include "objectives/objective.h"

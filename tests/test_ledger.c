@@ -18,8 +18,8 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "core/error.h"
-#include "ledger/plan.h"
+#include "train/plan.h"
+#include "objective_test_util.h"
 
 // Small real runs: a slice of Fashion-MNIST, batches of 32. The kNN monitor keeps its default
 // batch of 500, so accounted memory (about 1 GiB, mostly its inference model) dwarfs the fixed

@@ -1,9 +1,9 @@
 // `tally plan`: the ledger a configuration will produce, drawn up before training without data or
-// compute. The plan is measured, not estimated: the real objective, optimizer and kNN monitor are
-// built exactly as the trainer builds them, with oneDNN in dry-run mode (primitives created, FLOPs
-// counted, nothing executed) and the accounting allocator leaving memory untouched; one step runs
-// on a stand-in batch to collect the counts. What the trainer holds beyond them (dataset, loader
-// buffers) comes from the same sizing functions its allocations use.
+// compute. The plan is measured, not estimated: the trainer's own replicas (train/replica.c) and
+// kNN monitor are built and stepped, with oneDNN in dry-run mode (primitives created, FLOPs
+// counted, nothing executed) and every large buffer only reserved (address space, never
+// committed), so a plan of any size takes megabytes. What the trainer holds beyond them (dataset,
+// loader buffers) comes from the same sizing functions its allocations use.
 #pragma once
 #include <limits.h>
 #include <stddef.h>

@@ -1,4 +1,4 @@
-#include "ledger/plan.h"
+#include "train/plan.h"
 
 #include <ctype.h>
 #include <math.h>
