@@ -331,13 +331,14 @@ static void test_dom_in_browser(void **state) {
                       tmpdir, report, dom_path),
                    0);
   char *dom = read_all(dom_path);
-  // Loss, throughput and three kNN charts (against steps, training FLOPs and training seconds):
+  // Loss, throughput, learning rate and three kNN charts (against steps, training FLOPs and
+  // training seconds):
   // one polyline per run each, the kNN charts plus the raw-pixel baseline both runs share
   // (dashed); no linear-probe charts (the runs did not fit one); memory: one chart per run with a
   // stacked band per category present (parameters, gradients, activations, workspace, data,
   // evaluation).
-  assert_int_equal(count(dom, "<svg"), 7);
-  assert_int_equal(count(dom, "<polyline"), 2 + 2 + 3 * 3);
+  assert_int_equal(count(dom, "<svg"), 8);
+  assert_int_equal(count(dom, "<polyline"), 2 + 2 + 2 + 3 * 3);
   assert_int_equal(count(dom, "class=\"series reference\""), 3);
   assert_non_null(strstr(dom, "kNN top-1 accuracy against training PFLOP"));
   assert_non_null(strstr(dom, "kNN top-1 accuracy against training seconds"));

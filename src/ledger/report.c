@@ -566,15 +566,30 @@ static void cost_table(FILE *f, const Run *runs, int n) {
   fputs("</tr>\n", f);
   static const struct {
     const char *label, *field;
-    int kind;  // 0 count, 1 bytes, 2 flops, 3 ms, 4 rate
+    int kind;  // 0 count, 1 bytes, 2 flops, 3 ms, 4 rate, 5 the model's own bytes (sum)
   } rows[] = {
       {"views with gradient", "views_grad", 0},
       {"views without gradient", "views_nograd", 0},
       {"patches encoded", "patches_encoded", 0},
       {"negatives per query", "negatives_per_query", 0},
+      {"next step: encodings made anew", "encodings_next_new", 0},
+      {"next step: encodings reused (cached)", "encodings_next_reused", 0},
       {"activations held for backward", "activation_bytes", 1},
+      {"&nbsp;&nbsp;of which encoder", "activation_encoder_bytes", 1},
+      {"&nbsp;&nbsp;head", "activation_head_bytes", 1},
+      {"&nbsp;&nbsp;decoder", "activation_decoder_bytes", 1},
+      {"&nbsp;&nbsp;loss", "activation_loss_bytes", 1},
+      {"activation gradients", "activation_grad_bytes", 1},
+      {"parameters + gradients + optimizer", NULL, 5},
+      {"momentum encoder", "momentum_encoder_bytes", 1},
+      {"queue", "queue_bytes", 1},
       {"FLOPs forward", "flops_forward", 2},
       {"FLOPs backward", "flops_backward", 2},
+      {"ms waiting for data (median)", "data_ms", 3},
+      {"ms forward (median)", "forward_ms", 3},
+      {"ms backward (median)", "backward_ms", 3},
+      {"ms communicating (median)", "comm_ms", 3},
+      {"ms in the optimizer (median)", "optimizer_ms", 3},
       {"ms per step (median)", "step_ms", 3},
       {"images/s (median)", "images_per_s", 4},
   };
@@ -582,11 +597,14 @@ static void cost_table(FILE *f, const Run *runs, int n) {
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
     fprintf(f, "<tr><th>%s</th>", rows[i].label);
     for (int k = 0; k < n; k++) {
-      double v = rows[i].kind >= 3 ? median_field(&runs[k], rows[i].field)
-                                   : last_field(&runs[k], rows[i].field);
+      double v = rows[i].kind == 5
+                     ? last_field(&runs[k], "param_bytes") + last_field(&runs[k], "grad_bytes") +
+                           last_field(&runs[k], "optimizer_bytes")
+                 : rows[i].kind >= 3 ? median_field(&runs[k], rows[i].field)
+                                     : last_field(&runs[k], rows[i].field);
       if (!isfinite(v))
         snprintf(buf, sizeof buf, "-");
-      else if (rows[i].kind == 1)
+      else if (rows[i].kind == 1 || rows[i].kind == 5)
         format_bytes(v, buf, sizeof buf);
       else if (rows[i].kind == 2)
         snprintf(buf, sizeof buf, "%.2f GFLOP", v / 1e9);
@@ -747,6 +765,7 @@ static void write_page(FILE *f, const Run *runs, int n) {
   } per_step[] = {
       {"Loss", "Training loss", "loss", fmt_plain, 0},
       {"Throughput", "Images per second", "images_per_s", fmt_plain, 1},
+      {"Learning rate", "Learning rate (scheduled)", "lr", fmt_plain, 1},
   };
   for (size_t c = 0; c < sizeof per_step / sizeof per_step[0]; c++) {
     int step_field = ledger_field_find("step"), field = ledger_field_find(per_step[c].field);
