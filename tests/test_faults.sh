@@ -19,33 +19,22 @@
 # defaults to build/tally.
 set -u
 
-cd "$(dirname "$0")/.." || exit 1
-TALLY_BIN=${TALLY_BIN:-build/tally}
-case $TALLY_BIN in /*) ;; *) TALLY_BIN=$PWD/$TALLY_BIN ;; esac
+# shellcheck source=lib.sh source-path=SCRIPTDIR
+source "$(dirname "$0")/lib.sh"
+
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader}
 export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
 MPIRUN=${MPIEXEC:-mpirun}
-LIMIT=120  # seconds for any one tally (or mpirun) call
 
-if [[ ! -x $TALLY_BIN ]]; then
-  echo "not ok - setup: TALLY_BIN=$TALLY_BIN is not an executable"
-  echo "0 passed, 1 failed"
-  exit 1
-fi
-
-TMP=$(mktemp -d)
 MOUNTS=()
 BG_PIDS=()
-cleanup() {
+# On any exit (tests/lib.sh), before the temp dir goes.
+release() {
   local p m
   for p in "${BG_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
   for m in "${MOUNTS[@]}"; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null; done
-  rm -rf "$TMP"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
 
 # Small and quick: 256 images of 28x28, batches of 32 (8 steps per epoch), no kNN monitor.
 SMALL=(--set data.limit=256 --set train.batch_size=32 --no-knn --quiet)
@@ -53,24 +42,6 @@ SMALL=(--set data.limit=256 --set train.batch_size=32 --no-knn --quiet)
 SMALL512=(--set data.limit=512 --set train.batch_size=32 --no-knn --quiet)
 # The files a run folder may hold (README, "Using it"); anything else is a stray file.
 KNOWN_FILES=" .lock config.ini ledger.jsonl ledger.csv checkpoint.safetensors eval.jsonl summary.json report.html encoder.safetensors "
-
-passed=0
-failed=0
-why=""
-
-bad() { why+="${why:+; }$*"; }
-
-# finish NAME: reports the case from $why (empty: ok) and resets it.
-finish() {
-  if [[ -z $why ]]; then
-    echo "ok - $1"
-    passed=$((passed + 1))
-  else
-    echo "not ok - $1: $why"
-    failed=$((failed + 1))
-  fi
-  why=""
-}
 
 skip() { echo "SKIP: $*"; }
 
@@ -81,13 +52,6 @@ t() {
   # (the braces keep bash's own "Killed" notice of a kill -9 out of the output)
   { timeout "$LIMIT" "$TALLY_BIN" "$@" >"$TMP/$label.out" 2>"$TMP/$label.err"; rc=$?; } 2>/dev/null
   last=$TMP/$label
-}
-
-# firstline FILE: the first non-empty line of FILE, shortened, for a failure message.
-firstline() {
-  local l
-  l=$(grep -m1 -v '^[[:space:]-]*$' "$1" 2>/dev/null | cut -c1-160)
-  printf '%s' "${l:-<no output>}"
 }
 
 # expect_rc WANT WHAT: the last call ($rc, $last) exited with WANT; a timeout is a hang.
@@ -641,5 +605,4 @@ else
 fi
 finish "$name"
 
-echo "$passed passed, $failed failed"
-((failed == 0))
+totals

@@ -9,13 +9,10 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "cli_test_util.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "config.h"
 #include "train/plan.h"
@@ -28,41 +25,6 @@ static const char *tiny =
     "--steps 3 --set train.batch_size=32 --set data.limit=256 "
     "--set data.test_limit=128";
 
-// Runs a shell command; returns its stdout (malloc'd) and checks the exit code is 0.
-static char *run_ok(const char *fmt, ...) {
-  char cmd[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof cmd, fmt, ap);
-  va_end(ap);
-  FILE *p = popen(cmd, "r");
-  assert_non_null(p);
-  size_t cap = 1 << 16, len = 0;
-  char *out = malloc(cap);
-  for (size_t got; (got = fread(out + len, 1, cap - len - 1, p)) > 0;) {
-    len += got;
-    if (len + 1 == cap) out = realloc(out, cap *= 2);
-  }
-  out[len] = 0;
-  int status = pclose(p);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) fail_msg("`%s` failed:\n%s", cmd, out);
-  return out;
-}
-
-// The JSON value of `key` in a flat one-line object: 1 with *v set for a number, 0 for null, -1
-// when the key is absent.
-static int json_get(const char *line, const char *key, double *v) {
-  char pattern[128];
-  snprintf(pattern, sizeof pattern, "\"%s\":", key);
-  const char *p = strstr(line, pattern);
-  if (!p) return -1;
-  p += strlen(pattern);
-  if (strncmp(p, "null", 4) == 0) return 0;
-  char *end;
-  *v = strtod(p, &end);
-  return end == p ? -1 : 1;
-}
-
 // Every quantity the ledger counts rather than times. The plan must give each of them (not null)
 // and the run must have written the same value.
 static const char *const counted[] = {"step",
@@ -72,8 +34,6 @@ static const char *const counted[] = {"step",
                                       "images_source",
                                       "views_grad",
                                       "views_nograd",
-                                      "comm_allreduce_calls",
-                                      "comm_allgather_calls",
                                       "patches_total",
                                       "patches_encoded",
                                       "patches_decoded",
@@ -112,6 +72,8 @@ static const char *const counted[] = {"step",
                                       "comm_bytes",
                                       "comm_allreduce_bytes",
                                       "comm_allgather_bytes",
+                                      "comm_allreduce_calls",
+                                      "comm_allgather_calls",
                                       "shard_samples",
                                       "shard_weight"};
 static const char *const timed[] = {"loss", "step_ms", "forward_ms", "images_per_s",
@@ -126,22 +88,15 @@ static double check_plan_matches_run(const char *name, const char *objective, co
               dir));
   char path[600];
   snprintf(path, sizeof path, "%s/ledger.jsonl", dir);
-  FILE *f = fopen(path, "r");
-  assert_non_null(f);
-  char measured[8192];
+  char measured[8192], what[600];
   double planned_total = 0;
   for (int step = 0; step < 3; step++) {
-    assert_non_null(fgets(measured, sizeof measured, f));
+    read_line(path, step, measured, sizeof measured);
     char *plan =
         run_ok("%s plan --objective=%s %s %s --json --step %d", bin, objective, tiny, extra, step);
-    for (size_t i = 0; i < sizeof counted / sizeof counted[0]; i++) {
-      double p, m;
-      if (json_get(plan, counted[i], &p) != 1)
-        fail_msg("%s: plan of step %d gives no %s", name, step, counted[i]);
-      assert_int_equal(json_get(measured, counted[i], &m), 1);
-      if (p != m)
-        fail_msg("%s step %d: %s planned %.9g, measured %.9g", name, step, counted[i], p, m);
-    }
+    snprintf(what, sizeof what, "%s step %d", name, step);
+    for (size_t i = 0; i < sizeof counted / sizeof counted[0]; i++)
+      expect_planned_as_measured(what, plan, measured, counted[i]);
     for (size_t i = 0; i < sizeof timed / sizeof timed[0]; i++) {
       double v;
       assert_int_equal(json_get(plan, timed[i], &v), 0);  // null: measured only
@@ -149,10 +104,9 @@ static double check_plan_matches_run(const char *name, const char *objective, co
     assert_int_equal(json_get(plan, "planned_total_bytes", &planned_total), 1);
     free(plan);
   }
-  fclose(f);
   double rss;
   snprintf(path, sizeof path, "%s/summary.json", dir);
-  f = fopen(path, "r");
+  FILE *f = fopen(path, "r");
   assert_non_null(f);
   char summary[4096];
   size_t n = fread(summary, 1, sizeof summary - 1, f);

@@ -25,13 +25,11 @@
 # any exit. Run from anywhere; TALLY_BIN defaults to build/tally, MPIEXEC to mpirun.
 set -u
 
-cd "$(dirname "$0")/.." || exit 1
-ROOT=$PWD
-TALLY_BIN=${TALLY_BIN:-build/tally}
-case $TALLY_BIN in /*) ;; *) TALLY_BIN=$ROOT/$TALLY_BIN ;; esac
+# shellcheck source=lib.sh source-path=SCRIPTDIR
+source "$(dirname "$0")/lib.sh"
+
 AGENT=$ROOT/tests/netns_rsh.sh
-LIMIT=120  # seconds for any one tally (or mpirun) call
-SHORT=10   # seconds for any one ip / setup command
+SHORT=10  # seconds for any one ip / setup command
 STEPS=4
 
 # The two hosts: namespace names unique to this run (two runs of the test may overlap), the
@@ -43,29 +41,11 @@ SUBNET=10.77.0.0/24
 ADDR_A=10.77.0.1
 ADDR_B=10.77.0.2
 
-skip_or_fail() {
-  if [[ -n ${CI+set} ]]; then
-    echo "not ok - setup: $1 (CI is set: a skip would hide the test)"
-    echo "0 passed, 1 failed"
-    exit 1
-  fi
-  echo "SKIPPED: $1"
-  exit 77
-}
-
-setup_fail() {
-  echo "not ok - setup: $1"
-  echo "0 passed, 1 failed"
-  exit 1
-}
-
-[[ -x $TALLY_BIN ]] || setup_fail "TALLY_BIN=$TALLY_BIN is not an executable"
 MPIRUN=$(command -v "${MPIEXEC:-mpirun}") || setup_fail "${MPIEXEC:-mpirun} is not installed"
 [[ $EUID -eq 0 ]] || skip_or_fail "not root (network namespaces need CAP_SYS_ADMIN)"
 command -v ip >/dev/null 2>&1 || skip_or_fail "iproute2 (ip) is not installed"
 timeout "$SHORT" ip netns list >/dev/null 2>&1 || skip_or_fail "'ip netns' is unavailable"
 
-TMP=$(mktemp -d)
 NAMESPACES=()
 BG=""  # the bounded command under way, if any
 
@@ -90,7 +70,8 @@ kill_in_namespaces() {
     [[ -z $pids ]] || kill -KILL $pids 2>/dev/null
   done
 }
-cleanup() {
+# On any exit (tests/lib.sh), before the temp dir goes.
+release() {
   local ns
   # timeout passes the TERM on to its command, and kills it 5 s later if it is still there.
   if [[ -n $BG ]]; then
@@ -102,11 +83,7 @@ cleanup() {
     timeout "$SHORT" ip -n "$ns" link del "$IF" 2>/dev/null
     timeout "$SHORT" ip netns del "$ns" 2>/dev/null
   done
-  rm -rf "$TMP"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
 
 # --- The two hosts.
 for ns in "$NS_A" "$NS_B"; do
@@ -127,26 +104,6 @@ timeout "$SHORT" ip link add name "$IF" netns "$NS_A" type veth peer name "$IF" 
 
 printf '%s slots=1\n%s slots=1\n' "$ADDR_A" "$ADDR_B" >"$TMP/hosts"
 export NETNS_RSH_MAP="$ADDR_A=$NS_A $ADDR_B=$NS_B"
-
-passed=0
-failed=0
-why=""
-bad() { why+="${why:+; }$*"; }
-finish() {
-  if [[ -z $why ]]; then
-    echo "ok - $1"
-    passed=$((passed + 1))
-  else
-    echo "not ok - $1: $why"
-    failed=$((failed + 1))
-  fi
-  why=""
-}
-firstline() {
-  local l
-  l=$(grep -m1 -v '^[[:space:]-]*$' "$1" 2>/dev/null | cut -c1-160)
-  printf '%s' "${l:-<no output>}"
-}
 
 # Small runs with absolute paths (each rank's cwd is a private empty dir, so nothing relative).
 SMALL=(--set data.limit=256 --set train.batch_size=32 --steps "$STEPS" --no-knn --quiet)
@@ -315,5 +272,4 @@ for objective in inbatch moco; do
   fi
 done
 
-echo "$passed passed, $failed failed"
-((failed == 0))
+totals

@@ -9,8 +9,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "cli_test_util.h"
-#include "core/error.h"
+#include "objective_test_util.h"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,26 +61,6 @@ static int resume(const Backend *b, const char *extra, const char *dir) {
   return rc;
 }
 
-// Every tensor of two checkpoints, byte for byte.
-static void expect_same_checkpoint(const char *a, const char *b) {
-  char pa[512], pb[512];
-  snprintf(pa, sizeof pa, "%s/%s/checkpoint.safetensors", tmpdir, a);
-  snprintf(pb, sizeof pb, "%s/%s/checkpoint.safetensors", tmpdir, b);
-  StFile fa, fb;
-  if (checkpoint_read(&fa, pa) != 0) fail_msg("%s", tl_last_error());
-  if (checkpoint_read(&fb, pb) != 0) fail_msg("%s", tl_last_error());
-  assert_int_equal(fa.n_tensors, fb.n_tensors);
-  for (int i = 0; i < fa.n_tensors; i++) {
-    const StTensor *t = st_find(&fb, fa.tensors[i].name);
-    if (!t) fail_msg("%s lacks %s", pb, fa.tensors[i].name);
-    assert_int_equal(t->bytes, fa.tensors[i].bytes);
-    if (memcmp(t->data, fa.tensors[i].data, t->bytes) != 0)
-      fail_msg("%s differs between %s and %s", t->name, a, b);
-  }
-  st_free(&fa);
-  st_free(&fb);
-}
-
 // The ledger's losses as written (text), one per step 0..steps-1 in order.
 static void read_losses(const char *dir, int steps, char losses[][40]) {
   char path[512], line[16384];
@@ -130,7 +109,7 @@ static void stop_and_resume(const char *objective) {
     assert_int_not_equal(sh("test -e %s/%s/summary.json", tmpdir, split), 0);
     assert_int_equal(resume(b, "", split), 0);
     assert_int_equal(sh("test -e %s/%s/summary.json", tmpdir, split), 0);
-    expect_same_checkpoint(straight, split);
+    expect_same_checkpoint(straight, split, NULL);
     expect_same_ledger(straight, split, 10);
   }
 }
@@ -209,7 +188,7 @@ static void interrupt_with(int sig, int expected_code, const char *dir) {
   assert_int_equal(held, ledger_lines(dir));
   assert_int_equal(sh("%s report %s/%s > /dev/null 2>&1", bin, tmpdir, dir), 0);
   assert_int_equal(resume(&backends[0], "", dir), 0);
-  expect_same_checkpoint("signal-straight", dir);
+  expect_same_checkpoint("signal-straight", dir, NULL);
   expect_same_ledger("signal-straight", dir, 120);
 }
 
@@ -239,7 +218,7 @@ static void test_kill_9(void **state) {
     int rc = wait_exit_code(pid);
     if (rc == 0) skip();
     assert_int_equal(resume(&backends[0], "", dir), 0);
-    expect_same_checkpoint("kill-straight", dir);
+    expect_same_checkpoint("kill-straight", dir, NULL);
     expect_same_ledger("kill-straight", dir, 120);
   }
   // Killed while the step-14 checkpoint is half written: the one before it (the epoch's end at
@@ -255,7 +234,7 @@ static void test_kill_9(void **state) {
   free(checkpoint_params(path, &count, &held));
   assert_int_equal(held, 8);
   assert_int_equal(resume(&backends[0], "", "kill-ckpt"), 0);
-  expect_same_checkpoint("kill-straight", "kill-ckpt");
+  expect_same_checkpoint("kill-straight", "kill-ckpt", NULL);
 }
 
 // A resumed run keeps what defines it: a --set that would change the model, the objective, the
