@@ -1,5 +1,6 @@
 #include "core/params.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,18 +34,20 @@ void paramset_bind(ParamSet *ps, float *data, float *grad, size_t count) {
   ps->owns = 0;
 }
 
-// Address space for a counting pass: far beyond any model here, never committed.
-#define COUNTING_CAPACITY_FLOATS ((size_t)1 << 34)
+// A counting pass hands out slices of a window of address space that is never committed: a model
+// larger than the window takes its slices round it again (they alias, but nothing touches them).
+// 1 GiB of address space each for data and grad (valgrind, for one, refuses much larger maps).
+#define COUNTING_WINDOW_FLOATS ((size_t)1 << 28)
 
 static float *reserve(void) {
-  void *p = mmap(NULL, COUNTING_CAPACITY_FLOATS * sizeof(float), PROT_NONE,
+  void *p = mmap(NULL, COUNTING_WINDOW_FLOATS * sizeof(float), PROT_NONE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) TL_DIE("cannot reserve address space for counting parameters");
   return p;
 }
 
 void paramset_alloc_counting(ParamSet *ps, uint64_t seed) {
-  paramset_reset(ps, COUNTING_CAPACITY_FLOATS, seed);
+  paramset_reset(ps, SIZE_MAX / 2, seed);
   ps->data = reserve();
   ps->grad = reserve();
   ps->counting = 1;
@@ -54,8 +57,8 @@ int paramset_complete(const ParamSet *ps) { return ps->counting || ps->used == p
 
 void paramset_free(ParamSet *ps) {
   if (ps->counting) {
-    munmap(ps->data, COUNTING_CAPACITY_FLOATS * sizeof(float));
-    munmap(ps->grad, COUNTING_CAPACITY_FLOATS * sizeof(float));
+    munmap(ps->data, COUNTING_WINDOW_FLOATS * sizeof(float));
+    munmap(ps->grad, COUNTING_WINDOW_FLOATS * sizeof(float));
   } else if (ps->owns) {
     tl_free(ps->data);
     tl_free(ps->grad);
@@ -81,8 +84,9 @@ float *paramset_take(ParamSet *ps, const char *name, size_t n, int no_decay, flo
   e->ndim = 1;
   e->shape[0] = (long)n;
   ps->used += n;
-  if (grad) *grad = ps->grad ? ps->grad + e->offset : NULL;
-  return ps->data + e->offset;
+  const size_t at = ps->counting ? e->offset % COUNTING_WINDOW_FLOATS : e->offset;
+  if (grad) *grad = ps->grad ? ps->grad + at : NULL;
+  return ps->data + at;
 }
 
 float *paramset_take_buffer(ParamSet *ps, const char *name, size_t n) {
