@@ -74,6 +74,10 @@ static const KeySpec recipe_keys[] = {
     INT_KEY(RECIPE(model, bn_splits), "1", 1, 1024,
             "training BatchNorm takes its statistics over this many groups of each replica's "
             "batch (MoCo's single-GPU stand-in for several GPUs); must divide that batch"),
+    BOOL_KEY(RECIPE(model, sync_bn), "0",
+             "1: training BatchNorm normalizes with the statistics of the global batch, "
+             "summed over replicas by sample count (and back-propagates through them), so "
+             "several replicas take the same step as one; 0: each replica's own"),
 
     INT_KEY(RECIPE(train, batch_size), "256", 1, 65536,
             "images per step over all replicas (the global batch), split into shards"),
@@ -893,6 +897,11 @@ int config_validate(const Config *cfg) {
     return tl_fail("%s: [augment] crop_scale_min = %g is larger than crop_scale_max = %g",
                    ORIGIN("augment.crop_scale_min", "augment.crop_scale_max"),
                    cfg->augment.crop_scale_min, cfg->augment.crop_scale_max);
+  if (cfg->model.sync_bn && cfg->model.bn_splits > 1)
+    return tl_fail(
+        "%s: [model] sync_bn = 1 and bn_splits = %d ask for opposite statistics (the "
+        "global batch's, and groups of each replica's): choose one",
+        ORIGIN("model.sync_bn", "model.bn_splits"), cfg->model.bn_splits);
   if (cfg->train.batch_size < cfg->parallel.replicas)
     return tl_fail(
         "%s: [train] batch_size = %d is smaller than [parallel] replicas = %d "

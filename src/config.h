@@ -69,6 +69,7 @@ typedef struct {
     int head_out_dim;            // 64
     int bn_splits;               // 1; G: BatchNorm statistics over G groups of each replica's
                                  // batch (MoCo's single-GPU stand-in for several GPUs)
+    int sync_bn;                 // 0; 1: BatchNorm statistics of the global batch
     ModelSpec spec;              // parsed from `file`
   } model;
 

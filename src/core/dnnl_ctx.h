@@ -29,6 +29,12 @@ typedef struct {
   // [model] bn_splits: BatchNorm with batch statistics computes them over this many equal groups
   // of the batch, as several replicas would (MoCo's single-GPU SplitBatchNorm). 1 = the batch.
   int bn_splits;
+  // [model] sync_bn: BatchNorm with batch statistics normalizes with the global batch's. bn_sync
+  // averages a per-channel buffer over the replicas in place, weighted by `samples` (each
+  // replica's count); bn_sync_scale is global / local samples. NULL: each replica's own.
+  void (*bn_sync)(void *user, float *buf, size_t n, double samples);
+  void *bn_sync_user;
+  double bn_sync_scale;
   // Analytic FLOPs (multiply-add = 2) added by ops as they execute, reset by the trainer per step.
   double flops_forward[COMP_NCOMP];
   double flops_backward[COMP_NCOMP];

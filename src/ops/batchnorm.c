@@ -1,5 +1,6 @@
 #include "ops/batchnorm.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,11 +15,20 @@ enum {
   BN_FWD_GLOBAL_FLOPS_PER_ELEM = 4,
   BN_BWD_FLOPS_PER_ELEM = 10,
   BN_RELU_FLOPS_PER_ELEM = 1,
+  // sync_bn: forward normalizes a second time (with the global statistics: the global-stats cost
+  // above, and the ReLU again); backward subtracts the global terms (subtract, multiply, add,
+  // multiply, subtract = 5).
+  BN_SYNC_BWD_FLOPS_PER_ELEM = 5,
 };
 
 struct BatchNormPrivate {
   dnnl_primitive_desc_t fwd_pd, bwd_pd;
   dnnl_primitive_t fwd, bwd;
+  // sync_bn: forward and backward with given (global) statistics; the local forward above only
+  // measures this replica's statistics.
+  dnnl_primitive_desc_t fwd_global_pd, bwd_global_pd;
+  dnnl_primitive_t fwd_global, bwd_global;
+  float *sync_buf;  // (2, C): what the replicas average
   // (N, H, W, C) nhwc; backward binds dout to `dst` as DIFF_DST.
   dnnl_memory_t src, dst, diff_src;
   // (C) each; `ws` is the fused-ReLU mask.
@@ -60,6 +70,8 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   l->need_din = need_din && b->mode == OP_TRAIN;
   l->mode = b->mode;
   l->comp = ctx->component;
+  l->sync = b->mode != OP_INFER && ctx->bn_sync != NULL;
+  if (l->sync && l->splits > 1) TL_DIE("batchnorm %s: sync_bn with bn_splits > 1", name);
   l->eps = 1e-5f;
   l->momentum = 0.1f;
 
@@ -115,7 +127,20 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
     p->relu_ws_bytes = dnnl_md_bytes(&ws_md);
     p->relu_ws = tl_alloc(G * p->relu_ws_bytes, kept, l->comp);
   }
+  if (l->sync) {
+    dnnl_batch_normalization_desc_t desc;
+    DNNL_CHECK(dnnl_batch_normalization_forward_desc_init(&desc, dnnl_forward_training, &data_md,
+                                                          l->eps, flags | dnnl_use_global_stats));
+    p->fwd_global = dnnl_ctx_make(ctx, &desc, NULL, &p->fwd_global_pd);
+    p->sync_buf = tl_alloc(2 * (size_t)C * sizeof(float), MEM_WORKSPACE, l->comp);
+  }
   if (b->mode != OP_TRAIN) return;
+  if (l->sync) {
+    dnnl_batch_normalization_desc_t desc;
+    DNNL_CHECK(dnnl_batch_normalization_backward_desc_init(&desc, dnnl_backward, &data_md, &data_md,
+                                                           l->eps, flags | dnnl_use_global_stats));
+    p->bwd_global = dnnl_ctx_make(ctx, &desc, p->fwd_global_pd, &p->bwd_global_pd);
+  }
   if (G > 1) {
     p->dgamma_split = tl_alloc(G * C * sizeof(float), MEM_WORKSPACE, l->comp);
     p->dbeta_split = tl_alloc(G * C * sizeof(float), MEM_WORKSPACE, l->comp);
@@ -134,12 +159,18 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
     p->din_discard = tl_alloc(bn_elems(l) * sizeof(float), MEM_WORKSPACE, l->comp);
 }
 
+// The values per channel the statistics were taken over: one group's, or the global batch's.
+static double stat_count(const BatchNorm *l, const DnnlCtx *ctx) {
+  double n = (double)(l->N / l->splits) * l->H * l->W;
+  return l->sync ? n * ctx->bn_sync_scale : n;
+}
+
 // r = (1 - momentum) r + momentum batch, with the unbiased batch variance as in PyTorch; with
 // several groups, their mean statistics (as MoCo's SplitBatchNorm averages its running copies).
-static void bn_update_running(BatchNorm *l) {
+static void bn_update_running(BatchNorm *l, const DnnlCtx *ctx) {
   struct BatchNormPrivate *p = l->priv;
   const int G = l->splits;
-  double n = (double)(l->N / G) * l->H * l->W;
+  double n = stat_count(l, ctx);
   float unbias = (float)(n / (n - 1.0));
   for (int c = 0; c < l->C; c++) {
     float mean = 0, var = 0;
@@ -154,6 +185,28 @@ static void bn_update_running(BatchNorm *l) {
 // Floats of one group's (N/G, H, W, C) slice.
 static size_t group_elems(const BatchNorm *l) {
   return (size_t)(l->N / l->splits) * l->H * l->W * l->C;
+}
+
+// sync_bn: this replica's statistics (batch_mean, batch_var) become the global batch's. The
+// means average over replicas by sample count; the variance is the average of each replica's
+// variance plus its mean's squared distance from the global mean (the parallel formula, exact and
+// without E[x^2] - mean^2's cancellation).
+static void sync_statistics(BatchNorm *l, DnnlCtx *ctx) {
+  struct BatchNormPrivate *p = l->priv;
+  const int C = l->C;
+  const double samples = (double)l->N * l->H * l->W;
+  if (!ctx->dry_run) memcpy(p->sync_buf, p->batch_mean, sizeof(float) * C);
+  ctx->bn_sync(ctx->bn_sync_user, p->sync_buf, (size_t)C, samples);
+  if (!ctx->dry_run)
+    for (int c = 0; c < C; c++) {
+      const float d = p->batch_mean[c] - p->sync_buf[c];
+      p->sync_buf[C + c] = p->batch_var[c] + d * d;
+    }
+  ctx->bn_sync(ctx->bn_sync_user, p->sync_buf + C, (size_t)C, samples);
+  if (!ctx->dry_run) {
+    memcpy(p->batch_mean, p->sync_buf, sizeof(float) * C);
+    memcpy(p->batch_var, p->sync_buf + C, sizeof(float) * C);
+  }
 }
 
 void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
@@ -177,11 +230,55 @@ void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
       args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WORKSPACE, p->ws};
     }
     dnnl_ctx_exec(ctx, p->fwd, p->fwd_pd, nargs, args);
+    if (l->sync) {
+      // Normalize again, now with the global batch's statistics.
+      sync_statistics(l, ctx);
+      dnnl_ctx_exec(ctx, p->fwd_global, p->fwd_global_pd, nargs, args);
+    }
   }
-  if (batch_stats && !ctx->dry_run) bn_update_running(l);
-  int per_elem = (batch_stats ? BN_FWD_BATCH_FLOPS_PER_ELEM : BN_FWD_GLOBAL_FLOPS_PER_ELEM) +
-                 (l->fuse_relu ? BN_RELU_FLOPS_PER_ELEM : 0);
+  if (batch_stats && !ctx->dry_run) bn_update_running(l, ctx);
+  int per_elem =
+      (batch_stats ? BN_FWD_BATCH_FLOPS_PER_ELEM : BN_FWD_GLOBAL_FLOPS_PER_ELEM) +
+      (l->fuse_relu ? BN_RELU_FLOPS_PER_ELEM : 0) +
+      (l->sync ? BN_FWD_GLOBAL_FLOPS_PER_ELEM + BN_RELU_FLOPS_PER_ELEM * l->fuse_relu : 0);
   ctx->flops_forward[l->comp] += per_elem * (double)bn_elems(l);
+}
+
+// sync_bn backward. With the statistics taken as given, oneDNN returns din = gamma/sigma * dy and
+// this replica's sums dgamma = sum dy xhat, dbeta = sum dy. The statistics depend on every
+// replica's inputs, so the global-batch terms are subtracted here: with dy in this replica's loss
+// units (its mean loss; the trainer averages replicas by sample count), the global loss's
+// gradient in the same units is
+//   din = gamma/sigma * (dy - (avg dbeta + xhat * avg dgamma) / n_local),
+// where avg is the sample-weighted average over replicas (one replica: the textbook formula).
+// dgamma and dbeta stay local: the trainer's weighted average of them is the global gradient.
+static void sync_din(BatchNorm *l, DnnlCtx *ctx, float *din) {
+  struct BatchNormPrivate *p = l->priv;
+  const int C = l->C;
+  const double samples = (double)l->N * l->H * l->W;
+  if (!ctx->dry_run) {
+    memcpy(p->sync_buf, l->dbeta, sizeof(float) * C);
+    memcpy(p->sync_buf + C, l->dgamma, sizeof(float) * C);
+  }
+  ctx->bn_sync(ctx->bn_sync_user, p->sync_buf, 2 * (size_t)C, samples);
+  if (ctx->dry_run) return;
+  float *a = malloc(sizeof(float) * 3 * (size_t)C);
+  if (!a) TL_DIE("out of memory");
+  for (int c = 0; c < C; c++) {
+    const float inv_sigma = 1.0f / sqrtf(p->batch_var[c] + l->eps);
+    a[c] = l->gamma[c] * inv_sigma;                                    // gamma / sigma
+    a[C + c] = (float)(p->sync_buf[c] / samples);                      // avg dbeta / n_local
+    a[2 * C + c] = (float)(p->sync_buf[C + c] / samples) * inv_sigma;  // avg dgamma / n / sigma
+  }
+  const size_t rows = (size_t)l->N * l->H * l->W;
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < rows; i++) {
+    const float *x = l->in + i * C;
+    float *d = din + i * C;
+    for (int c = 0; c < C; c++)
+      d[c] -= a[c] * (a[C + c] + (x[c] - p->batch_mean[c]) * a[2 * C + c]);
+  }
+  free(a);
 }
 
 void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout) {
@@ -210,8 +307,10 @@ void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout) {
       dnnl_mem_bind(p->ws, (char *)p->relu_ws + g * p->relu_ws_bytes);
       args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WORKSPACE, p->ws};
     }
-    dnnl_ctx_exec(ctx, p->bwd, p->bwd_pd, nargs, args);
+    dnnl_ctx_exec(ctx, l->sync ? p->bwd_global : p->bwd, l->sync ? p->bwd_global_pd : p->bwd_pd,
+                  nargs, args);
   }
+  if (l->sync) sync_din(l, ctx, din);
   // gamma and beta are shared by the groups: their gradients add up.
   if (G > 1 && !ctx->dry_run)
     for (int c = 0; c < l->C; c++) {
@@ -222,7 +321,8 @@ void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout) {
     }
   paramset_grad_ready(p->params, l->dgamma, (size_t)l->C);
   paramset_grad_ready(p->params, l->dbeta, (size_t)l->C);
-  int per_elem = BN_BWD_FLOPS_PER_ELEM + (l->fuse_relu ? BN_RELU_FLOPS_PER_ELEM : 0);
+  int per_elem = BN_BWD_FLOPS_PER_ELEM + (l->fuse_relu ? BN_RELU_FLOPS_PER_ELEM : 0) +
+                 (l->sync ? BN_SYNC_BWD_FLOPS_PER_ELEM : 0);
   ctx->flops_backward[l->comp] += per_elem * (double)bn_elems(l);
 }
 
@@ -233,6 +333,11 @@ void batchnorm_destroy(BatchNorm *l) {
     if (p->fwd_pd) dnnl_primitive_desc_destroy(p->fwd_pd);
     if (p->bwd) dnnl_primitive_destroy(p->bwd);
     if (p->bwd_pd) dnnl_primitive_desc_destroy(p->bwd_pd);
+    if (p->fwd_global) dnnl_primitive_destroy(p->fwd_global);
+    if (p->fwd_global_pd) dnnl_primitive_desc_destroy(p->fwd_global_pd);
+    if (p->bwd_global) dnnl_primitive_destroy(p->bwd_global);
+    if (p->bwd_global_pd) dnnl_primitive_desc_destroy(p->bwd_global_pd);
+    tl_free(p->sync_buf);
     dnnl_memory_t mems[] = {p->src,  p->dst, p->diff_src, p->scale,  p->shift,
                             p->mean, p->var, p->ws,       p->dscale, p->dshift};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++)

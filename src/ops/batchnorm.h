@@ -10,6 +10,7 @@
 typedef struct {
   int N, C, H, W, fuse_relu, need_din;
   int splits;  // groups with their own batch statistics (1: the whole batch)
+  int sync;    // statistics of the global batch (ctx->bn_sync), and their gradient
   OpMode mode;
   MemComponent comp;
   float eps, momentum;    // 1e-5, running stats updated as r = (1-momentum) r + momentum batch

@@ -6,6 +6,11 @@
 #include "data/loader.h"
 #include "parallel/replica_sync.h"
 
+// [model] sync_bn: BatchNorm's per-channel buffers averaged over replicas by sample count.
+static void sync_bn_average(void *comm, float *buf, size_t n, double samples) {
+  comm_allreduce_weighted(comm, buf, n, samples);
+}
+
 int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
   const Config *cfg = spec->cfg;
   memset(r, 0, sizeof *r);
@@ -21,6 +26,11 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
   comm_set_dry_run(comm, spec->dry_run);
   loader_shard(spec->global_batch, spec->rank, spec->world, spec->shard_sizes, &r->offset,
                &r->local_batch);
+  if (cfg->model.sync_bn && spec->world > 1) {
+    r->ctx.bn_sync = sync_bn_average;
+    r->ctx.bn_sync_user = comm;
+    r->ctx.bn_sync_scale = (double)spec->global_batch / r->local_batch;
+  }
   const size_t count = objective_param_count(spec->def, cfg);
   if (count == 0) return -1;
   paramset_alloc(&r->ps, count, cfg->train.seed);
