@@ -68,7 +68,8 @@ dnnl_memory_desc_t dnnl_pd_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what,
 size_t dnnl_md_bytes(const dnnl_memory_desc_t *md);
 int dnnl_md_equal(const dnnl_memory_desc_t *a, const dnnl_memory_desc_t *b);
 
-// Executes a primitive with the given args plus the shared scratchpad, then waits.
+// Executes a primitive with the given args plus the shared scratchpad; its outputs are ready when
+// this returns (the CPU stream is synchronous, see dnnl_ctx.c).
 void dnnl_ctx_exec(DnnlCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_desc_t pd, int nargs,
                    const dnnl_exec_arg_t *args);
 

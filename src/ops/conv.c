@@ -7,7 +7,10 @@
 
 // Weights stay plain oihw where the optimizer, checkpoints and the momentum update see them, while
 // each primitive gets the blocked layout oneDNN prefers; a reorder per call is cheap next to the
-// convolution itself (OC*IC*K*K floats against N*OH*OW of work per weight).
+// convolution itself (OC*IC*K*K floats against N*OH*OW of work per weight). The passes cannot share
+// one copy: in oneDNN 2.6 on avx512_core, for the resnet-small-32 shapes, forward (brgconv, Ohwi32o
+// or Ohwi64o) and backward data (jit, OIhw16o16i) have only the reference implementation in each
+// other's layout, and backward weights only the reference one writing oihw.
 typedef struct {
   DnnlReorder to_prim;  // oihw -> primitive layout (no-op when equal)
   float *buf;           // primitive-layout copy, MEM_WORKSPACE; NULL when no reorder is needed
@@ -17,7 +20,10 @@ struct ConvPrivate {
   dnnl_primitive_desc_t fwd_pd, bwd_data_pd, bwd_weights_pd;
   dnnl_primitive_t fwd, bwd_data, bwd_weights;
   // Activations are plain nhwc for every primitive, so one memory object each serves forward and
-  // backward; the pointer is bound per call.
+  // backward; the pointer is bound per call. Measured (batch 512, the six resnet-small-32 shapes,
+  // two threads): letting the primitives pick blocked activations (format any), with reorders at
+  // the convolution's edges, took 2339 ms over forward and both backward passes against 2354 ms in
+  // nhwc, within the noise; per shape it ranged from 25% faster to 80% slower.
   dnnl_memory_t src, dst, bias;
   dnnl_memory_t wei_fwd, wei_bwd_data, dwei;
   WeightLayout fwd_w, bwd_data_w, dw;
