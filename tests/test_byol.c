@@ -99,6 +99,19 @@ static void test_step_gradient_matches_finite_differences(void **state) {
   fixture_free(f);
 }
 
+// A projection head's floats by hand: Linear (weights + bias), BatchNorm (gamma, beta, running
+// mean and variance), Linear.
+static size_t head_floats(size_t in, size_t hidden, size_t out) {
+  return in * hidden + hidden + 4 * hidden + hidden * out + out;
+}
+
+static size_t backbone_with_head_floats(const Config *c) {
+  const ModelSpec *s = &c->model.spec;
+  return backbone_param_count(s, c->data.image_size, c->data.channels) +
+         head_floats((size_t)backbone_feature_dim(s), (size_t)c->model.head_hidden_dim,
+                     (size_t)c->model.head_out_dim);
+}
+
 // What a step encodes and compares, and what the target is: encoder + projector with the online
 // network's names and shapes, no predictor, no gradient storage.
 static void test_counts_and_target_shape(void **state) {
@@ -106,8 +119,8 @@ static void test_counts_and_target_shape(void **state) {
   Fixture *f = fixture_new("byol", "resnet", byol_settings);
   StFile target_state = {0};  // the state function adds to it
   f->def->state(f->obj, &target_state);
-  size_t with_head = backbone_with_head_param_count(&f->cfg);
-  assert_int_equal(f->ps.count, with_head + head_param_count(HEAD_OUT, PRED_HIDDEN, HEAD_OUT));
+  size_t with_head = backbone_with_head_floats(&f->cfg);
+  assert_int_equal(f->ps.count, with_head + head_floats(HEAD_OUT, PRED_HIDDEN, HEAD_OUT));
   size_t target_count;
   const float *target = target_block(&target_state, &target_count);
   assert_int_equal(target_count, with_head);
@@ -206,8 +219,9 @@ static void test_plan_equals_run(void **state) {
   Config c;
   config_defaults(&c);
   if (config_load_model(&c, "models/resnet-small.ini") != 0) fail_msg("%s", tl_last_error());
-  const size_t target_floats = backbone_with_head_param_count(&c);
-  const size_t predictor_floats = head_param_count(c.model.head_out_dim, 256, c.model.head_out_dim);
+  const size_t target_floats = backbone_with_head_floats(&c);
+  const size_t predictor_floats =
+      head_floats((size_t)c.model.head_out_dim, 256, (size_t)c.model.head_out_dim);
   assert_true(ledger_field_info(ledger_field_find("momentum_distance"))->measured_only);
   LedgerRecord r = plan_equals_run("one", small, "");
   assert_true(r.momentum_distance > 0);

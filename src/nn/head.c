@@ -2,20 +2,6 @@
 
 #include <stdio.h>
 
-#include "nn/backbone.h"
-
-size_t head_param_count(int in_dim, int hidden_dim, int out_dim) {
-  return linear_param_count(in_dim, hidden_dim, 1) + batchnorm_param_count(hidden_dim) +
-         linear_param_count(hidden_dim, out_dim, 1);
-}
-
-size_t backbone_with_head_param_count(const Config *cfg) {
-  const ModelSpec *s = &cfg->model.spec;
-  return backbone_param_count(s, cfg->data.image_size, cfg->data.channels) +
-         head_param_count(backbone_feature_dim(s), cfg->model.head_hidden_dim,
-                          cfg->model.head_out_dim);
-}
-
 void head_init(ProjectionHead *h, Builder *b, const char *name, int N, int in_dim, int hidden_dim,
                int out_dim) {
   int train = b->mode == OP_TRAIN;

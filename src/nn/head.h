@@ -1,7 +1,6 @@
 // Projection head: Linear(in, hidden) -> BatchNorm + ReLU -> Linear(hidden, out), as in SimCLR.
 // The contrastive loss sees its output; evaluation uses the backbone feature before it.
 #pragma once
-#include "config.h"
 #include "ops/batchnorm.h"
 #include "ops/linear.h"
 
@@ -14,9 +13,6 @@ typedef struct {
   float *din;    // (N, in) = fc1.din
 } ProjectionHead;
 
-size_t head_param_count(int in_dim, int hidden_dim, int out_dim);
-// Backbone followed by the configured projection head (inbatch, moco).
-size_t backbone_with_head_param_count(const Config *cfg);
 void head_init(ProjectionHead *h, Builder *b, const char *name, int N, int in_dim, int hidden_dim,
                int out_dim);
 void head_forward(ProjectionHead *h, DnnlCtx *ctx, const float *in);
