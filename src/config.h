@@ -6,30 +6,12 @@
 #include <stdio.h>
 
 #include "config_keys.h"
+#include "nn/model_spec.h"
 
 #define CONFIG_PATH_MAX 512
-#define CONFIG_MAX_STAGES 8
 #define CONFIG_MAX_REPLICAS 64  // local replicas (threads) in one process
 #define CONFIG_MAX_OBJECTIVES 8
 
-typedef struct {
-  // [backbone] type = resnet | vit
-  char type[16];
-  // resnet: 3x3 stem, stages of basic residual blocks, global average pool.
-  int stem_channels;                      // 32
-  int n_stages;                           // length of the lists below
-  int stage_channels[CONFIG_MAX_STAGES];  // 32,64,128
-  int stage_blocks[CONFIG_MAX_STAGES];    // 1,1,1
-  int stage_strides[CONFIG_MAX_STAGES];   // 1,2,2
-  // vit: patch embedding, pre-norm transformer blocks, fixed 2-D sin-cos positions, cls token.
-  int patch_size;  // 4
-  int pad_to;      // 0 = no padding; else images are zero-padded (centred) to this size
-  int dim;         // 128
-  int depth;       // 4
-  int heads;       // 4
-  int mlp_ratio;   // 4
-  char pool[8];    // cls | mean: which token summary is the representation
-} ModelSpec;
 
 #define CONFIG_MAX_KEYS 192  // recipe keys, objectives' sections included
 
