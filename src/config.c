@@ -170,7 +170,8 @@ static const KeySpec model_keys[] = {
     INT_KEY(BACKBONE(patch_size), "4", 1, 256,
             "vit: patch side in pixels; must divide the (padded) image side"),
     INT_KEY(BACKBONE(pad_to), "0", 0, 4096,
-            "images are zero-padded (centred) to this side (resnet: by an even margin); 0 = no "
+            "images are framed (centred) to this side in black, i.e. padded before normalization "
+            "(resnet: by an even margin); 0 = no "
             "padding"),
     INT_KEY(BACKBONE(dim), "128", 1, 65536, "vit: token width; a multiple of 4 and of `heads`"),
     INT_KEY(BACKBONE(depth), "4", 1, 256, "vit: transformer blocks"),

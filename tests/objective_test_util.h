@@ -82,7 +82,7 @@ static inline Fixture *fixture_new(const char *objective, const char *backbone,
   f->def = objective_find(objective);
   assert_non_null(f->def);
   paramset_alloc(&f->ps, objective_param_count(f->def, &f->cfg), 3);
-  ObjectiveEnv env = {&f->cfg, &f->ctx, f->comm, &f->ps, B, B, TOTAL_STEPS, NULL};
+  ObjectiveEnv env = {&f->cfg, &f->ctx, f->comm, &f->ps, B, B, TOTAL_STEPS, NULL, NULL, NULL};
   f->obj = f->def->create(&env);
   assert_non_null(f->obj);
   Rng r = rng_stream(11, RNG_TEST, 0, 0);

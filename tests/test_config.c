@@ -508,6 +508,7 @@ static const char *const every_key[][2] = {
     {"model.head_hidden_dim", "512"},
     {"model.head_out_dim", "128"},
     {"model.bn_splits", "4"},
+    {"model.sync_bn", "1"},
     {"train.batch_size", "64"},
     {"train.epochs", "3"},
     {"train.steps", "123"},

@@ -84,55 +84,6 @@ static void test_resnet_backbone_gradient(void **state) {
   free(c);
 }
 
-// Features (4, 8) of a freshly initialized backbone (parameter seed 3) on 4 images of `size`.
-static void backbone_features(const ModelSpec *spec, int size, const float *images, float *out) {
-  DnnlCtx ctx;
-  ParamSet ps;
-  dnnl_ctx_init(&ctx);
-  paramset_alloc(&ps, backbone_param_count(spec, size, C), 3);
-  Builder b = {&ctx, &ps, OP_TRAIN};
-  Backbone *bb = backbone_create(spec, &b, 4, size, C);
-  bb->forward(bb, &ctx, images);
-  memcpy(out, bb->feature, sizeof(float) * 4 * 8);
-  bb->destroy(bb);
-  paramset_free(&ps);
-  dnnl_ctx_destroy(&ctx);
-}
-
-// pad_to on ResNet (the stem's padding grows by the margin) gives the features of the same
-// network run on images explicitly zero-padded to that size. The parameter count does not
-// depend on the image size, so both networks start from the same weights.
-static void test_resnet_pad_to_is_zero_padding(void **state) {
-  (void)state;
-  enum { P = S + 4, M = (P - S) / 2 };
-  Config cfg;
-  tiny_config(&cfg, "resnet", NULL);
-  float images[4 * S * S * C], padded[4 * P * P * C] = {0};
-  Rng r = rng_stream(12, RNG_TEST, 0, 0);
-  for (int n = 0; n < 4; n++)
-    for (int y = 0; y < S; y++)
-      for (int x = 0; x < S; x++)
-        for (int ch = 0; ch < C; ch++) {
-          float v = rng_normal(&r);
-          images[((n * S + y) * S + x) * C + ch] = v;
-          padded[((n * P + y + M) * P + x + M) * C + ch] = v;
-        }
-  float implicit[4 * 8], explicit[4 * 8], unpadded[4 * 8];
-  cfg.model.spec.pad_to = P;
-  backbone_features(&cfg.model.spec, S, images, implicit);
-  cfg.model.spec.pad_to = 0;
-  backbone_features(&cfg.model.spec, P, padded, explicit);
-  backbone_features(&cfg.model.spec, S, images, unpadded);
-  double largest = 0, diff = 0;
-  for (int i = 0; i < 4 * 8; i++) {
-    assert_float_equal(implicit[i], explicit[i], 1e-5);
-    largest = fmax(largest, fabs(explicit[i]));
-    diff += fabs(unpadded[i] - implicit[i]);
-  }
-  assert_true(largest > 0.1);  // not a comparison of two zero vectors
-  assert_true(diff > 1e-2);    // and the padding does change what the network sees
-}
-
 // What one step of each contrastive objective encodes and compares, on ResNet.
 static void test_contrastive_counts_resnet(void **state) {
   (void)state;
@@ -302,7 +253,6 @@ int main(void) {
       cmocka_unit_test(test_mae_loss_reference),
       cmocka_unit_test(test_mae_mask_per_image_and_step),
       cmocka_unit_test(test_resnet_backbone_gradient),
-      cmocka_unit_test(test_resnet_pad_to_is_zero_padding),
       cmocka_unit_test(test_contrastive_counts_resnet),
       cmocka_unit_test(test_moco_momentum_rule_and_queue),
   };

@@ -30,6 +30,7 @@ void knn_monitor_init(KnnMonitor *m, const Config *cfg, const Dataset *train, co
   paramset_bind(&m->bound, params, NULL, count);
   Builder b = {&m->ctx, &m->bound, OP_INFER};
   m->encoder = backbone_create(spec, &b, m->batch, S, C);
+  backbone_set_input_normalization(m->encoder, aug->mean, aug->std);
   int D = m->encoder->feature_dim;
   m->images = tl_alloc(sizeof(float) * (size_t)m->batch * S * S * C, MEM_EVAL, COMP_OTHER);
   m->train_feat = tl_alloc(sizeof(float) * (size_t)m->n_train * D, MEM_EVAL, COMP_OTHER);

@@ -32,3 +32,8 @@ Backbone *backbone_create(const ModelSpec *spec, Builder *b, int N, int image_si
   }
   return resnet_create(spec, b, N, image_size, channels);
 }
+
+void backbone_set_input_normalization(Backbone *bb, const float *mean, const float *std) {
+  for (int c = 0; c < bb->channels; c++)
+    bb->pad_value[c] = mean && std ? (0.0f - mean[c]) / std[c] : 0.0f;
+}

@@ -2,6 +2,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ops/add.h"
 #include "ops/batchnorm.h"
@@ -27,6 +28,8 @@ typedef struct {
 typedef struct {
   Backbone base;
   OpMode mode;
+  int image_size, padded_size;  // S, P_S
+  float *padded;                // (N, P_S, P_S, C) the stem's input when pad_to frames the images
   Conv2d stem;
   BatchNorm stem_bn;  // with fused ReLU
   int n_blocks;
@@ -130,9 +133,26 @@ static void block_destroy(BasicBlock *blk) {
   if (blk->train) add_destroy(&blk->dsum);
 }
 
+// padded (N, P_S, P_S, C) = images (N, S, S, C) centred in a frame of pad_value.
+static void pad_images(const ResNet *r, const float *images) {
+  const int S = r->image_size, P = r->padded_size, C = r->base.channels, before = (P - S) / 2;
+  const size_t row_floats = (size_t)S * C;
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < r->base.N; n++)
+    for (int y = 0; y < P; y++) {
+      float *row = r->padded + ((size_t)n * P + y) * P * C;
+      for (int x = 0; x < P; x++)
+        for (int c = 0; c < C; c++) row[(size_t)x * C + c] = r->base.pad_value[c];
+      if (y >= before && y < before + S)
+        memcpy(row + (size_t)before * C, images + ((size_t)n * S + y - before) * row_floats,
+               sizeof(float) * row_floats);
+    }
+}
+
 static void resnet_forward(Backbone *bb, DnnlCtx *ctx, const float *images) {
   ResNet *r = (ResNet *)bb;
-  conv2d_forward(&r->stem, ctx, images);
+  if (r->padded && !ctx->dry_run) pad_images(r, images);
+  conv2d_forward(&r->stem, ctx, r->padded ? r->padded : images);
   batchnorm_forward(&r->stem_bn, ctx, r->stem.out);
   const float *x = r->stem_bn.out;
   for (int i = 0; i < r->n_blocks; i++) x = block_forward(&r->blocks[i], ctx, x);
@@ -151,6 +171,7 @@ static void resnet_backward(Backbone *bb, DnnlCtx *ctx, const float *dfeature) {
 
 static void resnet_destroy(Backbone *bb) {
   ResNet *r = (ResNet *)bb;
+  tl_free(r->padded);
   conv2d_destroy(&r->stem);
   batchnorm_destroy(&r->stem_bn);
   for (int i = 0; i < r->n_blocks; i++) block_destroy(&r->blocks[i]);
@@ -160,15 +181,21 @@ static void resnet_destroy(Backbone *bb) {
 }
 
 Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels) {
+  TL_ASSERT(channels <= BACKBONE_MAX_CHANNELS);
   ResNet *r = calloc(1, sizeof *r);
   if (!r) TL_DIE("out of memory");
   r->mode = b->mode;
   int train = b->mode == OP_TRAIN;
-  int C = spec->stem_channels, H = image_size, W = image_size;
-  // pad_to: the stem's zero padding grows by the margin, the same as convolving a zero-padded
-  // image without materializing it (config_validate keeps the margin even).
-  const int margin = (backbone_padded_size(spec, image_size) - image_size) / 2;
-  conv2d_init(&r->stem, b, "stem.conv", N, channels, H, W, C, 3, 1, 1 + margin, 0, 0);
+  r->image_size = image_size;
+  r->padded_size = backbone_padded_size(spec, image_size);
+  // The frame is materialized once per forward: the stem's own zero padding still surrounds it,
+  // as a convolution with padding 1 sees a padded image in PyTorch. In training the stem keeps
+  // its input for the weight gradient, so the frame is an activation like any op's output.
+  if (r->padded_size > image_size)
+    r->padded = tl_alloc(sizeof(float) * (size_t)N * r->padded_size * r->padded_size * channels,
+                         builder_out_category(b), b->ctx->component);
+  int C = spec->stem_channels, H = r->padded_size, W = r->padded_size;
+  conv2d_init(&r->stem, b, "stem.conv", N, channels, H, W, C, 3, 1, 1, 0, 0);
   H = r->stem.OH;
   W = r->stem.OW;
   batchnorm_init(&r->stem_bn, b, "stem.bn", N, C, H, W, 1, train);
@@ -189,6 +216,7 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
   gap_init(&r->pool, b, N, H, W, C, train);
   r->base = (Backbone){.kind = "resnet",
                        .N = N,
+                       .channels = channels,
                        .feature_dim = C,
                        .feature = r->pool.out,
                        .forward = resnet_forward,

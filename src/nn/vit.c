@@ -13,7 +13,7 @@ int vit_patch_count(const ModelSpec *spec, int image_size) {
 
 int vit_check_spec(const ModelSpec *spec, int image_size, int channels) {
   if (strcmp(spec->type, "vit") != 0) return tl_fail("vit: backbone type is %s", spec->type);
-  if (image_size <= 0 || channels <= 0)
+  if (image_size <= 0 || channels <= 0 || channels > BACKBONE_MAX_CHANNELS)
     return tl_fail("vit: bad image geometry %dx%d with %d channels", image_size, image_size,
                    channels);
   int padded = backbone_padded_size(spec, image_size);
@@ -61,7 +61,7 @@ void vit_sincos_pos_embed(float *table, int grid, int dim) {
 }
 
 // patches (N, n_keep, P*P*C): patch keep_idx[n][k] (k when keep_idx is NULL) of image n, read
-// from the zero-padded image without materializing it.
+// from the image framed with pad_value without materializing it.
 static void patchify_gather(const Vit *v, const float *images, const int *keep_idx, int n_keep,
                             float *patches) {
   int S = v->image_size, C = v->channels, P = v->patch_size, G = v->grid;
@@ -77,7 +77,7 @@ static void patchify_gather(const Vit *v, const float *images, const int *keep_i
           int x = gx * P + px - v->pad_before;
           float *d = dst + ((size_t)py * P + px) * C;
           if (y < 0 || y >= S || x < 0 || x >= S)
-            memset(d, 0, sizeof(float) * (size_t)C);
+            memcpy(d, v->base.pad_value, sizeof(float) * (size_t)C);
           else
             memcpy(d, images + (((size_t)n * S + y) * S + x) * C, sizeof(float) * (size_t)C);
         }
@@ -284,6 +284,7 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
   }
   v->base = (Backbone){.kind = "vit",
                        .N = N,
+                       .channels = channels,
                        .feature_dim = v->D,
                        .feature = v->feature,
                        .forward = vit_backbone_forward,

@@ -1,8 +1,8 @@
 // Vision Transformer backbone (ViT/MAE style) on NHWC images.
 //
-// images (N, S, S, C) -> zero padding to P_S = pad_to (centered: floor((P_S - S) / 2) rows and
-// columns of zeros above and to the left, the rest below and to the right) -> patches
-// (N, G*G, P*P*C), G = P_S / P -> patch embedding Linear(P*P*C -> D) (a convolution with
+// images (N, S, S, C) -> framed with base.pad_value (normalized black) to P_S = pad_to (centered:
+// floor((P_S - S) / 2) rows and columns above and to the left, the rest below and to the right)
+// -> patches (N, G*G, P*P*C), G = P_S / P -> patch embedding Linear(P*P*C -> D) (a convolution with
 // kernel = stride = P) -> + fixed 2-D sin-cos position embedding -> [cls token first, when
 // pool = cls] -> depth pre-norm transformer blocks -> final LayerNorm = `tokens` ->
 // `feature` (N, D): the cls token (pool = cls) or the mean of the patch tokens (pool = mean).
@@ -31,7 +31,7 @@ typedef struct {
   Backbone base;  // first member: a Vit * is a Backbone *
   int N, image_size, channels;
   int padded_size;                  // P_S
-  int pad_before;                   // zero rows (and columns) above (left of) the image
+  int pad_before;                   // frame rows (and columns) above (left of) the image
   int patch_size, grid, n_patches;  // P, G, G*G
   int patch_dim;                    // P*P*C
   int n_keep;                       // patches encoded per image (n_patches unless masked)

@@ -67,6 +67,7 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   Builder online = {env->ctx, env->params, OP_TRAIN};
   env->ctx->component = COMP_ENCODER;
   o->base.online = backbone_create(spec, &online, rows, S, C);
+  backbone_set_input_normalization(o->base.online, env->input_mean, env->input_std);
   head_init(&o->projector, &online, "head", rows, o->base.online->feature_dim, hidden, d);
   // Online parameters: backbone, projector ("head", as every objective's), then the predictor;
   // the target mirrors the part before the predictor.
@@ -78,6 +79,7 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   paramset_alloc_nograd(&o->target_params, target_count, cfg->train.seed, MEM_MOMENTUM);
   Builder target = {env->ctx, &o->target_params, OP_FORWARD};
   o->target_backbone = backbone_create(spec, &target, rows, S, C);
+  backbone_set_input_normalization(o->target_backbone, env->input_mean, env->input_std);
   head_init(&o->target_projector, &target, "head", rows, o->target_backbone->feature_dim, hidden,
             d);
   if (!env->ctx->dry_run)

@@ -47,6 +47,7 @@ static Objective *inbatch_create(const ObjectiveEnv *env) {
   env->ctx->component = COMP_ENCODER;
   o->base.online =
       backbone_create(&cfg->model.spec, &bld, rows, cfg->data.image_size, cfg->data.channels);
+  backbone_set_input_normalization(o->base.online, env->input_mean, env->input_std);
   head_init(&o->head, &bld, "head", rows, o->base.online->feature_dim, cfg->model.head_hidden_dim,
             d);
   env->ctx->component = COMP_LOSS;

@@ -114,6 +114,7 @@ static Objective *mae_create(const ObjectiveEnv *env) {
     free(o);
     return NULL;
   }
+  backbone_set_input_normalization(&o->encoder->base, env->input_mean, env->input_std);
   o->base.online = &o->encoder->base;
   o->has_cls = o->encoder->has_cls;
   o->Te = o->encoder->T;

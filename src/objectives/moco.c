@@ -91,6 +91,7 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   Builder online = {env->ctx, env->params, OP_TRAIN};
   env->ctx->component = COMP_ENCODER;
   o->base.online = backbone_create(spec, &online, nq, S, C);
+  backbone_set_input_normalization(o->base.online, env->input_mean, env->input_std);
   head_init(&o->head, &online, "head", nq, o->base.online->feature_dim, cfg->model.head_hidden_dim,
             d);
 
@@ -98,6 +99,7 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   paramset_alloc_nograd(&o->key_params, env->params->used, cfg->train.seed, MEM_MOMENTUM);
   Builder key = {env->ctx, &o->key_params, OP_FORWARD};
   o->key_backbone = backbone_create(spec, &key, nq, S, C);
+  backbone_set_input_normalization(o->key_backbone, env->input_mean, env->input_std);
   head_init(&o->key_head, &key, "key_head", nq, o->key_backbone->feature_dim,
             cfg->model.head_hidden_dim, d);
   if (!env->ctx->dry_run)

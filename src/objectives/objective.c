@@ -33,7 +33,7 @@ size_t objective_param_count(const ObjectiveDef *def, const Config *cfg) {
   ParamSet ps;
   paramset_alloc_counting(&ps, cfg->train.seed);
   const int batch = cfg->train.batch_size;
-  ObjectiveEnv env = {cfg, &ctx, comm, &ps, batch, batch, 1, NULL};
+  ObjectiveEnv env = {cfg, &ctx, comm, &ps, batch, batch, 1, NULL, NULL, NULL};
   Objective *o = def->create(&env);
   size_t count = o ? ps.used : 0;
   if (o) def->destroy(o);

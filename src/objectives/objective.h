@@ -20,6 +20,9 @@ typedef struct {
   int global_batch;     // samples over all replicas per step
   long total_steps;     // steps in the run (schedules)
   const char *out_dir;  // run folder for the objective's own outputs (images); NULL = none
+  // (C) each: the normalization the views went through, (x - mean) / std per channel; every
+  // backbone is told it (pad_to frames images in normalized black). NULL in a plan.
+  const float *input_mean, *input_std;
 } ObjectiveEnv;
 
 typedef struct ObjectiveDef ObjectiveDef;

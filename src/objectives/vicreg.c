@@ -65,6 +65,7 @@ static Objective *vicreg_create(const ObjectiveEnv *env) {
   env->ctx->component = COMP_ENCODER;
   o->base.online =
       backbone_create(&cfg->model.spec, &bld, rows, cfg->data.image_size, cfg->data.channels);
+  backbone_set_input_normalization(o->base.online, env->input_mean, env->input_std);
   // Named "head" like every objective's projection head, so export --with-head and --init take it.
   head_init(&o->expander, &bld, "head", rows, o->base.online->feature_dim,
             cfg->model.head_hidden_dim, d);

@@ -153,7 +153,7 @@ static void *plan_replica(void *arg) {
   wait_turn(pl, rank);
   MemSnapshot before, after;
   snapshot(before);
-  // No run folder: a plan writes no images.
+  // No run folder: a plan writes no images, and reads none (no input normalization).
   ReplicaSpec spec = {pl->cfg,
                       pl->def,
                       rank,
@@ -162,7 +162,9 @@ static void *plan_replica(void *arg) {
                       pl->has_shard_sizes ? pl->shard_sizes : NULL,
                       pl->total_steps,
                       NULL,
-                      1};
+                      1,
+                      NULL,
+                      NULL};
   Replica r;
   const int built = replica_build(&r, &spec, rep->comm) == 0;
   KnnMonitor mon;

@@ -41,7 +41,9 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
                       r->local_batch,
                       spec->global_batch,
                       spec->total_steps,
-                      spec->rank == 0 ? spec->out_dir : NULL};
+                      spec->rank == 0 ? spec->out_dir : NULL,
+                      spec->input_mean,
+                      spec->input_std};
   r->obj = spec->def->create(&env);
   if (!r->obj) return -1;
   r->optim = optim_create_from_config(cfg, &r->ps);

@@ -30,10 +30,11 @@ typedef struct {
   const Config *cfg;
   const ObjectiveDef *def;
   int rank, world, global_batch;
-  const int *shard_sizes;  // NULL: the global batch split evenly
-  long total_steps;        // the schedules' length
-  const char *out_dir;     // where the objective may write images (rank 0), or NULL
-  int dry_run;             // a plan: build and walk the step, compute nothing
+  const int *shard_sizes;               // NULL: the global batch split evenly
+  long total_steps;                     // the schedules' length
+  const char *out_dir;                  // where the objective may write images (rank 0), or NULL
+  int dry_run;                          // a plan: build and walk the step, compute nothing
+  const float *input_mean, *input_std;  // the views' normalization (ObjectiveEnv); NULL in a plan
 } ReplicaSpec;
 
 // Builds the replica: every replica initializes from the same seed, so all start identical.

@@ -335,8 +335,9 @@ static void replica_open(ReplicaState *r) {
   Run *run = r->run;
   const Config *cfg = r->cfg;
   const int *shards = run->has_shard_sizes ? run->shard_sizes : NULL;
-  ReplicaSpec spec = {cfg,    run->def,         r->rank,           r->world, run->global_batch,
-                      shards, run->total_steps, run->opt->out_dir, 0};
+  ReplicaSpec spec = {cfg,         run->def,         r->rank,           r->world, run->global_batch,
+                      shards,      run->total_steps, run->opt->out_dir, 0,        run->aug.mean,
+                      run->aug.std};
   int ok = replica_build(&r->rep, &spec, r->comm) == 0;
   // Every replica reads the checkpoint itself (under MPI the run folder must be readable on
   // every host, like the data).

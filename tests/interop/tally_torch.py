@@ -23,8 +23,10 @@ vit     patches of P x P (a Conv2d with kernel = stride = P) + fixed 2-D sin-cos
         or the mean of all tokens. LayerNorm eps 1e-6, exact (erf) GELU, qkv laid out
         [q | k | v], each split into heads as [head 0 | head 1 | ...], scores scaled 1/sqrt(Dh).
 
-Both see the normalized image zero-padded (after normalization) to `pad_to` when the model file
-sets it: floor((pad_to - S) / 2) rows/columns above/left, the rest below/right.
+Both see the normalized image framed to `pad_to` when the model file sets it (floor((pad_to - S)
+/ 2) rows/columns above/left, the rest below/right) with black as the normalization maps it,
+(0 - mean) / std per channel: the same as padding the raw image with 0 before normalizing
+(torchvision's Pad), not zeros after it. Each encoder holds that value as its `pad_value` buffer.
 
 Only the Python standard library, NumPy and PyTorch are needed: a safetensors file is an 8-byte
 little-endian header length, a JSON header, then the raw little-endian tensor data.
@@ -132,7 +134,7 @@ class Spec:
             raise ValueError("the file's metadata lacks input_mean/input_std for every channel")
 
     def pad(self):
-        """Zero rows/columns (before, after) around the image: floor above/left, rest after."""
+        """Frame rows/columns (before, after) around the image: floor above/left, rest after."""
         before = (self.pad_to - self.image_size) // 2
         return before, self.pad_to - self.image_size - before
 
@@ -159,9 +161,22 @@ class Preprocess(nn.Module):
         return (x - self.mean) / self.std
 
 
-def zero_pad(x, spec):
+def pad_value(spec):
+    """(C,) normalized black, float32 as Tally computes it (src/nn/backbone.c)."""
+    mean = torch.tensor(spec.mean, dtype=torch.float32)
+    std = torch.tensor(spec.std, dtype=torch.float32)
+    return (0.0 - mean) / std
+
+
+def frame(x, value, spec):
+    """x: normalized (N, C, S, S) -> (N, C, pad_to, pad_to), centred in a frame of `value` (C,)."""
     before, after = spec.pad()
-    return F.pad(x, (before, after, before, after)) if before or after else x
+    if not (before or after):
+        return x
+    n, c, size = x.shape[0], x.shape[1], spec.pad_to
+    out = value.view(1, c, 1, 1).expand(n, c, size, size).clone()
+    out[:, :, before:before + spec.image_size, before:before + spec.image_size] = x
+    return out
 
 
 # --- ResNet ----------------------------------------------------------------------------------
@@ -212,11 +227,13 @@ class ResNet(nn.Module):
             self.add_module(f"stage{s}", nn.Sequential(stage))
         self.num_stages = len(spec.stage_channels)
         self.feature_dim = ch
+        # Derived from input_mean/input_std, not a tensor of the export: not in the state_dict.
+        self.register_buffer("pad_value", pad_value(spec), persistent=False)
 
     def forward(self, x):
         """x: normalized images (N, C, S, S) -> features (N, D)."""
-        # pad_to: Tally widens the stem convolution's zero padding, i.e. zeros after normalization.
-        x = self.stem(zero_pad(x, self.spec))
+        # The stem's own padding=1 then adds zeros around the frame, as Tally's stem does.
+        x = self.stem(frame(x, self.pad_value, self.spec))
         for s in range(1, self.num_stages + 1):
             x = getattr(self, f"stage{s}")(x)
         return x.mean(dim=(2, 3))
@@ -300,11 +317,12 @@ class ViT(nn.Module):
         self.grid = spec.pad_to // spec.patch_size
         # Fixed, not a parameter: not in the state_dict.
         self.register_buffer("pos_embed", sincos_pos_embed(self.grid, D), persistent=False)
+        self.register_buffer("pad_value", pad_value(spec), persistent=False)
         self.feature_dim = D
 
     def tokens(self, x):
         """x: normalized images (N, C, S, S) -> final-LayerNorm tokens (N, T, D), cls first."""
-        x = self.patch_embed(zero_pad(x, self.spec)) + self.pos_embed
+        x = self.patch_embed(frame(x, self.pad_value, self.spec)) + self.pos_embed
         if self.spec.pool == "cls":  # the cls token has no position embedding
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         for block in self.blocks:
