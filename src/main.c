@@ -13,7 +13,7 @@
 
 #include "config.h"
 #include "core/error.h"
-#include "eval/evaluate.h"
+#include "train/evaluate.h"
 #include "io/npy.h"
 #include "ledger/bytes.h"
 #include "train/plan.h"

@@ -9,23 +9,23 @@
 
 static int limit_or_all(int limit, int n) { return limit > 0 && limit < n ? limit : n; }
 
-void knn_monitor_init(KnnMonitor *m, const Config *cfg, const Dataset *train, const Dataset *test,
-                      const AugmentParams *aug, float *params) {
+void knn_monitor_init(KnnMonitor *m, const MonitorSettings *set, const Dataset *train,
+                      const Dataset *test, const AugmentParams *aug, float *params) {
   memset(m, 0, sizeof *m);
-  m->cfg = cfg;
+  m->set = *set;
   m->train = train;
   m->test = test;
   m->aug = aug;
-  m->n_train = limit_or_all(cfg->eval.knn_train_limit, train->n);
+  m->n_train = limit_or_all(set->train_limit, train->n);
   m->n_test = test->n;
-  m->batch = cfg->eval.batch_size;
+  m->batch = set->batch;
   // Everything the monitor allocates, its model's outputs and scratchpad included, is
   // evaluation memory: the training ledger's workspace stays the training step's own.
   tl_alloc_scope_begin(MEM_EVAL);
   dnnl_ctx_init(&m->ctx);
   m->ctx.scratchpad_category = MEM_EVAL;
-  const ModelSpec *spec = &cfg->model.spec;
-  int S = cfg->data.image_size, C = cfg->data.channels;
+  const ModelSpec *spec = set->spec;
+  int S = set->image_size, C = set->channels;
   size_t count = backbone_param_count(spec, S, C);
   paramset_bind(&m->bound, params, NULL, count);
   Builder b = {&m->ctx, &m->bound, OP_INFER};
@@ -40,7 +40,7 @@ void knn_monitor_init(KnnMonitor *m, const Config *cfg, const Dataset *train, co
 
 // Encodes the first n images of ds into feat (n, D); the last partial batch is zero-padded.
 static void encode_all(KnnMonitor *m, const Dataset *ds, int n, float *feat) {
-  const int S = m->cfg->data.image_size, C = m->cfg->data.channels, D = m->encoder->feature_dim;
+  const int S = m->set.image_size, C = m->set.channels, D = m->encoder->feature_dim;
   const size_t image_floats = (size_t)S * S * C;
   for (int start = 0; start < n; start += m->batch) {
     int count = n - start < m->batch ? n - start : m->batch;
@@ -56,18 +56,18 @@ static void encode_all(KnnMonitor *m, const Dataset *ds, int n, float *feat) {
 
 static KnnResult vote(KnnMonitor *m, const float *train_feat, const float *test_feat, int d) {
   KnnResult r = {.linear_top1 = NAN};
-  const int ks[2] = {m->cfg->eval.knn_k, 20};
+  const int ks[2] = {m->set.k, 20};
   double acc[2] = {-1, -1};
   if (knn_top1_multi(train_feat, m->train->labels, m->n_train, test_feat, m->test->labels,
-                     m->n_test, d, m->train->n_classes, ks, 2, m->cfg->eval.knn_temperature,
-                     &m->ctx, acc, NULL) != 0)
+                     m->n_test, d, m->train->n_classes, ks, 2, m->set.temperature, &m->ctx, acc,
+                     NULL) != 0)
     TL_DIE("kNN monitor: %s", tl_last_error());
   r.top1 = acc[0];
   r.top1_k20 = acc[1];
-  if (m->cfg->eval.linear) {
+  if (m->set.linear) {
     LinearProbeResult p;
     if (linear_probe(train_feat, m->train->labels, m->n_train, test_feat, m->test->labels,
-                     m->n_test, d, m->train->n_classes, m->cfg->train.seed, &m->ctx, &p) != 0)
+                     m->n_test, d, m->train->n_classes, m->set.seed, &m->ctx, &p) != 0)
       TL_DIE("linear probe: %s", tl_last_error());
     r.linear_top1 = p.test_top1;
   }
@@ -85,7 +85,7 @@ KnnResult knn_monitor_run(KnnMonitor *m) {
 
 KnnResult knn_monitor_raw_pixels(KnnMonitor *m) {
   double t0 = now_ms();
-  const int S = m->cfg->data.image_size, C = m->cfg->data.channels, d = S * S * C;
+  const int S = m->set.image_size, C = m->set.channels, d = S * S * C;
   float *train_px = tl_alloc(sizeof(float) * (size_t)m->n_train * d, MEM_EVAL, COMP_OTHER);
   float *test_px = tl_alloc(sizeof(float) * (size_t)m->n_test * d, MEM_EVAL, COMP_OTHER);
 #pragma omp parallel for schedule(static)

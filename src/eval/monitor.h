@@ -2,13 +2,26 @@
 // copy of the online backbone (running BatchNorm statistics, parameters shared, not copied) and
 // reports weighted kNN top-1, plus the same on raw pixels as a baseline.
 #pragma once
-#include "config.h"
+#include <stdint.h>
+
 #include "data/augment.h"
 #include "data/dataset.h"
 #include "nn/backbone.h"
 
+// What the monitor needs of a run: the encoder and the evaluation settings ([eval]).
 typedef struct {
-  const Config *cfg;
+  const ModelSpec *spec;  // the backbone the monitor builds for inference
+  int image_size, channels;
+  int batch;        // images per inference forward
+  int train_limit;  // memory bank: the first N training images; 0 = all
+  int k;            // neighbours that vote (k = 20 is reported too)
+  float temperature;
+  int linear;     // also fit a linear probe at each evaluation
+  uint64_t seed;  // the probe's validation split
+} MonitorSettings;
+
+typedef struct {
+  MonitorSettings set;
   const Dataset *train, *test;
   const AugmentParams *aug;
   int n_train, n_test;  // images used (memory bank may be limited by eval.knn_train_limit)
@@ -29,8 +42,8 @@ typedef struct {
 } KnnResult;
 
 // `params` is the online ParamSet; its first backbone_param_count floats are the backbone's.
-void knn_monitor_init(KnnMonitor *m, const Config *cfg, const Dataset *train, const Dataset *test,
-                      const AugmentParams *aug, float *params);
+void knn_monitor_init(KnnMonitor *m, const MonitorSettings *set, const Dataset *train,
+                      const Dataset *test, const AugmentParams *aug, float *params);
 KnnResult knn_monitor_run(KnnMonitor *m);
 // kNN on normalized raw pixels (the baseline a representation must beat).
 KnnResult knn_monitor_raw_pixels(KnnMonitor *m);

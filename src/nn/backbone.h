@@ -1,7 +1,7 @@
 // An encoder that maps a batch of images to one feature vector each. Objectives use backbones
 // only through this interface, so every objective runs on every backbone (resnet, vit).
 #pragma once
-#include "config.h"
+#include "nn/model_spec.h"
 #include "ops/builder.h"
 
 enum { BACKBONE_MAX_CHANNELS = 3 };

@@ -80,7 +80,8 @@ static void plan_monitor(Plan *pl, KnnMonitor *mon, float *params) {
   Dataset train = {.n = pl->n_train, .h = S, .w = S, .c = C};
   Dataset test = {.n = pl->n_test, .h = S, .w = S, .c = C};
   const size_t base = snapshot_cat(pl->baseline, MEM_EVAL);
-  knn_monitor_init(mon, cfg, &train, &test, &no_aug, params);
+  const MonitorSettings set = replica_monitor_settings(cfg);
+  knn_monitor_init(mon, &set, &train, &test, &no_aug, params);
   const int nt = mon->n_train, ne = mon->n_test, D = mon->encoder->feature_dim;
   // knn_monitor_raw_pixels: both banks of raw pixels, then a vote over px-wide features.
   knn_reserve_scratchpad(&mon->ctx, nt, ne, px);

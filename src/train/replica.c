@@ -11,6 +11,18 @@ static void sync_bn_average(void *comm, float *buf, size_t n, double samples) {
   comm_allreduce_weighted(comm, buf, n, samples);
 }
 
+MonitorSettings replica_monitor_settings(const Config *cfg) {
+  return (MonitorSettings){.spec = &cfg->model.spec,
+                           .image_size = cfg->data.image_size,
+                           .channels = cfg->data.channels,
+                           .batch = cfg->eval.batch_size,
+                           .train_limit = cfg->eval.knn_train_limit,
+                           .k = cfg->eval.knn_k,
+                           .temperature = cfg->eval.knn_temperature,
+                           .linear = cfg->eval.linear,
+                           .seed = cfg->train.seed};
+}
+
 int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
   const Config *cfg = spec->cfg;
   memset(r, 0, sizeof *r);

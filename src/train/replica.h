@@ -7,6 +7,7 @@
 #include "config.h"
 #include "core/dnnl_ctx.h"
 #include "core/params.h"
+#include "eval/monitor.h"
 #include "ledger/record.h"
 #include "objectives/objective.h"
 #include "parallel/comm.h"
@@ -36,6 +37,9 @@ typedef struct {
   int dry_run;                          // a plan: build and walk the step, compute nothing
   const float *input_mean, *input_std;  // the views' normalization (ObjectiveEnv); NULL in a plan
 } ReplicaSpec;
+
+// The kNN monitor's settings from the run's configuration.
+MonitorSettings replica_monitor_settings(const Config *cfg);
 
 // Builds the replica: every replica initializes from the same seed, so all start identical.
 // Returns 0, or -1 with the reason recorded (tl_last_error); replica_destroy cleans up either way.

@@ -309,7 +309,8 @@ static int open_monitor(ReplicaState *r) {
   Run *run = r->run;
   r->use_knn = !run->no_knn;
   if (!r->use_knn) return 0;
-  knn_monitor_init(&r->mon, r->cfg, &run->train, &run->test, &run->aug, r->rep.ps.data);
+  const MonitorSettings set = replica_monitor_settings(r->cfg);
+  knn_monitor_init(&r->mon, &set, &run->train, &run->test, &run->aug, r->rep.ps.data);
   if (!run->opt->quiet) {
     printf("kNN monitor: raw-pixel baseline on %d training and %d test images...\n", r->mon.n_train,
            r->mon.n_test);

@@ -1,4 +1,4 @@
-#include "eval/features.h"
+#include "train/features.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-#include "eval/evaluate.h"
+#include "train/evaluate.h"
 
 #include <math.h>
 #include <stdio.h>

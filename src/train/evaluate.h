@@ -2,7 +2,7 @@
 // (k = 200 and 20, cosine, as the training monitor) and a linear probe on frozen features — next
 // to the same measures on raw pixels, the baseline a representation must beat.
 #pragma once
-#include "eval/features.h"
+#include "train/features.h"
 
 typedef struct {
   int knn, linear;  // which measures to run
