@@ -114,9 +114,9 @@ static void test_transformer_block(void **state) {
   (void)state;
   BlockCase c;
   dnnl_ctx_init(&c.ctx);
-  size_t count = transformer_block_param_count(BD, BR);
-  assert_int_equal(count, 2 * 2 * BD + (BD * 3 * BD + 3 * BD) + (BD * BD + BD) +
-                              (BD * BR * BD + BR * BD) + (BR * BD * BD + BD));
+  // Two LayerNorms, qkv, the output projection and the MLP's two Linears, with biases.
+  size_t count = 2 * 2 * BD + (BD * 3 * BD + 3 * BD) + (BD * BD + BD) + (BD * BR * BD + BR * BD) +
+                 (BR * BD * BD + BD);
   paramset_alloc(&c.ps, count, 11);
   Builder b = {&c.ctx, &c.ps, OP_TRAIN};
   transformer_block_init(&c.blk, &b, "blocks.0", BN, BT, BD, BH, BR, 1);
@@ -174,6 +174,20 @@ static ModelSpec tiny_spec(const char *pool) {
   return s;
 }
 
+// The counting pass against hand arithmetic: patch embedding (weights and bias), the cls token
+// when pooling by it, each block's two LayerNorms, qkv, projection and MLP, the final LayerNorm.
+static void test_vit_parameter_count(void **state) {
+  (void)state;
+  const size_t D = VD, H = (size_t)VR * VD, patch = (size_t)VP * VP * VC;
+  const size_t block = 2 * 2 * D + (D * 3 * D + 3 * D) + (D * D + D) + (D * H + H) + (H * D + D);
+  for (int with_cls = 0; with_cls < 2; with_cls++) {
+    ModelSpec s = tiny_spec(with_cls ? "cls" : "mean");
+    s.depth = 3;
+    size_t expected = patch * D + D + (with_cls ? D : 0) + 3 * block + 2 * D;
+    assert_int_equal(backbone_param_count(&s, VS, VC), expected);
+  }
+}
+
 typedef struct {
   DnnlCtx ctx;
   ParamSet ps;
@@ -185,7 +199,7 @@ typedef struct {
 static void vit_case_init(VitCase *c, const char *pool, OpMode mode) {
   dnnl_ctx_init(&c->ctx);
   c->spec = tiny_spec(pool);
-  paramset_alloc(&c->ps, vit_param_count(&c->spec, VS, VC), 5);
+  paramset_alloc(&c->ps, backbone_param_count(&c->spec, VS, VC), 5);
   Builder b = {&c->ctx, &c->ps, mode};
   c->vit = (Vit *)vit_create(&c->spec, &b, VN, VS, VC);
   assert_non_null(c->vit);
@@ -477,7 +491,7 @@ static void test_vit_bad_specs(void **state) {
   dnnl_ctx_init(&ctx);
   ParamSet ps;
   s = tiny_spec("cls");
-  paramset_alloc(&ps, vit_param_count(&s, VS, VC), 1);
+  paramset_alloc(&ps, backbone_param_count(&s, VS, VC), 1);
   Builder b = {&ctx, &ps, OP_INFER};
   assert_null(vit_create_masked(&s, &b, VN, VS, VC, N_PATCHES + 1));
   assert_int_equal(ps.used, 0);
@@ -488,6 +502,7 @@ static void test_vit_bad_specs(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_transformer_block),
+      cmocka_unit_test(test_vit_parameter_count),
       cmocka_unit_test(test_sincos_table),
       cmocka_unit_test(test_vit_patchify),
       cmocka_unit_test(test_vit_cls),

@@ -25,7 +25,8 @@ struct Backbone {
   void (*destroy)(Backbone *bb);
 };
 
-// Parameters (and buffers) a backbone takes from its ParamSet, computed from the spec alone.
+// Parameters (and buffers) a backbone takes from its ParamSet: the backbone built once in dry run
+// on a counting set (paramset_alloc_counting), so the count is the builders' own.
 size_t backbone_param_count(const ModelSpec *spec, int image_size, int channels);
 int backbone_feature_dim(const ModelSpec *spec);
 // Patches per image for token backbones (vit), 0 for the others.

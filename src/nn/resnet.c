@@ -37,26 +37,6 @@ typedef struct {
   GlobalAvgPool pool;
 } ResNet;
 
-static size_t block_param_count(int ic, int oc, int stride) {
-  size_t n = conv2d_param_count(ic, oc, 3, 0) + batchnorm_param_count(oc) +
-             conv2d_param_count(oc, oc, 3, 0) + batchnorm_param_count(oc);
-  if (stride != 1 || ic != oc) n += conv2d_param_count(ic, oc, 1, 0) + batchnorm_param_count(oc);
-  return n;
-}
-
-size_t resnet_param_count(const ModelSpec *spec, int channels) {
-  size_t n = conv2d_param_count(channels, spec->stem_channels, 3, 0) +
-             batchnorm_param_count(spec->stem_channels);
-  int c = spec->stem_channels;
-  for (int s = 0; s < spec->n_stages; s++)
-    for (int i = 0; i < spec->stage_blocks[s]; i++) {
-      int stride = i == 0 ? spec->stage_strides[s] : 1;
-      n += block_param_count(c, spec->stage_channels[s], stride);
-      c = spec->stage_channels[s];
-    }
-  return n;
-}
-
 static void block_init(BasicBlock *blk, Builder *b, const char *name, int N, int IC, int IH, int IW,
                        int OC, int stride) {
   char nm[64];

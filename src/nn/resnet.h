@@ -4,5 +4,4 @@
 #pragma once
 #include "nn/backbone.h"
 
-size_t resnet_param_count(const ModelSpec *spec, int channels);
 Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels);

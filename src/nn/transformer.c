@@ -3,13 +3,6 @@
 #include <stdio.h>
 #include <string.h>
 
-size_t transformer_block_param_count(int D, int mlp_ratio) {
-  int hidden = mlp_ratio * D;
-  return 2 * layernorm_param_count(D) + linear_param_count(D, 3 * D, 1) +
-         linear_param_count(D, D, 1) + linear_param_count(D, hidden, 1) +
-         linear_param_count(hidden, D, 1);
-}
-
 void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name, int N, int T,
                             int D, int heads, int mlp_ratio, int need_din) {
   memset(blk, 0, sizeof *blk);

@@ -27,7 +27,6 @@ typedef struct {
   float *din;         // (N, T, D) = dx_sum.out, when need_din (OP_TRAIN)
 } TransformerBlock;
 
-size_t transformer_block_param_count(int D, int mlp_ratio);
 void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name, int N, int T,
                             int D, int heads, int mlp_ratio, int need_din);
 // Returns blk->out.

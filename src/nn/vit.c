@@ -34,15 +34,6 @@ int vit_check_spec(const ModelSpec *spec, int image_size, int channels) {
   return 0;
 }
 
-size_t vit_param_count(const ModelSpec *spec, int image_size, int channels) {
-  (void)image_size;  // the sin-cos positions are fixed, so the grid size adds no parameters
-  size_t patch_dim = (size_t)spec->patch_size * spec->patch_size * channels;
-  size_t cls = strcmp(spec->pool, "cls") == 0 ? (size_t)spec->dim : 0;
-  return linear_param_count((int)patch_dim, spec->dim, 1) + cls +
-         (size_t)spec->depth * transformer_block_param_count(spec->dim, spec->mlp_ratio) +
-         layernorm_param_count(spec->dim);
-}
-
 void vit_sincos_pos_embed(float *table, int grid, int dim) {
   TL_ASSERT(dim % 4 == 0);
   if (tl_alloc_untouched()) return;  // a plan: nothing reads the table

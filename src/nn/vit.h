@@ -58,7 +58,6 @@ typedef struct {
 int vit_check_spec(const ModelSpec *spec, int image_size, int channels);
 // G*G: patches per image after padding to backbone_padded_size.
 int vit_patch_count(const ModelSpec *spec, int image_size);
-size_t vit_param_count(const ModelSpec *spec, int image_size, int channels);
 
 // The Backbone: forward/backward encode all G*G patches. NULL (tl_last_error) on a bad spec.
 Backbone *vit_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels);
