@@ -97,6 +97,12 @@ static const KeySpec recipe_keys[] = {
              "the run's length as compute, overriding `steps` and `epochs`: training time "
              "(420s, 7m, 1.5h; evaluation excluded), FLOPs of every replica (5e15flop, 5PFLOP) "
              "or epochs (3epochs); empty = none"),
+    TEXT_KEY(RECIPE(train, precision), "fp32", "fp32|bf16",
+             "`bf16`: convolutions and linear layers multiply in bf16 (inputs, weights and "
+             "output gradients converted at each layer), accumulating in fp32 into fp32 "
+             "outputs and gradients of the fp32 weights; normalization, attention, losses and "
+             "evaluation stay fp32. Fast only on a CPU with AVX512-BF16; `fp32`: everything "
+             "fp32"),
 
     TEXT_KEY(RECIPE(optim, name), "sgd", "sgd|lars|adamw",
              "`sgd` (PyTorch's, momentum, no Nesterov), `lars` (SimCLR's, per-tensor trust "

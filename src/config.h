@@ -64,6 +64,7 @@ typedef struct {
     char budget[32];          // "" = none; else the run's length as compute: 420s, 7m, 1.5h
                               // (training time, evaluation excluded), 5e15flop, 5PFLOP (every
                               // replica's FLOPs), 3epochs; overrides steps and epochs
+    char precision[8];        // fp32 | bf16 (convolutions and linear layers; see DnnlCtx.bf16)
     int checkpoint_every;     // 50 steps between checkpoints (also at each epoch's end and the
                               // run's); 0 = only those. A checkpoint costs ~10 ms here.
   } train;

@@ -510,6 +510,7 @@ static const char *const every_key[][2] = {
     {"model.bn_splits", "4"},
     {"model.sync_bn", "1"},
     {"train.batch_size", "64"},
+    {"train.precision", "bf16"},
     {"train.epochs", "3"},
     {"train.steps", "123"},
     {"train.seed", "18446744073709551615"},

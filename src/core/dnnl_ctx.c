@@ -95,9 +95,18 @@ void dnnl_mem_bind(dnnl_memory_t mem, const void *ptr) {
 }
 
 dnnl_memory_desc_t dnnl_md_plain(int ndims, const dnnl_dims_t dims, dnnl_format_tag_t tag) {
+  return dnnl_md_typed(ndims, dims, dnnl_f32, tag);
+}
+
+dnnl_memory_desc_t dnnl_md_typed(int ndims, const dnnl_dims_t dims, dnnl_data_type_t type,
+                                 dnnl_format_tag_t tag) {
   dnnl_memory_desc_t md;
-  DNNL_CHECK(dnnl_memory_desc_init_by_tag(&md, ndims, dims, dnnl_f32, tag));
+  DNNL_CHECK(dnnl_memory_desc_init_by_tag(&md, ndims, dims, type, tag));
   return md;
+}
+
+dnnl_data_type_t dnnl_ctx_compute_type(const DnnlCtx *ctx) {
+  return ctx->bf16 ? dnnl_bf16 : dnnl_f32;
 }
 
 dnnl_memory_desc_t dnnl_pd_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what, int index) {
@@ -155,4 +164,25 @@ void dnnl_reorder_destroy(DnnlReorder *r) {
   if (r->src) dnnl_memory_destroy(r->src);
   if (r->dst) dnnl_memory_destroy(r->dst);
   memset(r, 0, sizeof *r);
+}
+
+void dnnl_copy_init(DnnlCopy *c, DnnlCtx *ctx, const dnnl_memory_desc_t *src_md,
+                    const dnnl_memory_desc_t *dst_md, MemCategory category, MemComponent comp) {
+  dnnl_reorder_init(&c->reorder, ctx, src_md, dst_md);
+  c->buf =
+      dnnl_reorder_needed(&c->reorder) ? tl_alloc(dnnl_md_bytes(dst_md), category, comp) : NULL;
+}
+
+const void *dnnl_copy_run(DnnlCopy *c, DnnlCtx *ctx, const void *src) {
+  if (!c->buf) return src;
+  dnnl_reorder_run(&c->reorder, ctx, src, c->buf);
+  return c->buf;
+}
+
+const void *dnnl_copy_last(const DnnlCopy *c, const void *src) { return c->buf ? c->buf : src; }
+
+void dnnl_copy_destroy(DnnlCopy *c) {
+  dnnl_reorder_destroy(&c->reorder);
+  tl_free(c->buf);
+  c->buf = NULL;
 }

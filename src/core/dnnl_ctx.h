@@ -35,6 +35,10 @@ typedef struct {
   void (*bn_sync)(void *user, float *buf, size_t n, double samples);
   void *bn_sync_user;
   double bn_sync_scale;
+  // [train] precision = bf16: convolutions and linear layers multiply bf16 copies of their inputs,
+  // weights and output gradients, accumulating in f32 into f32 outputs and f32 weight gradients
+  // (see dnnl_ctx_compute_type). 0: everything f32, as the evaluation context always is.
+  int bf16;
   // Analytic FLOPs (multiply-add = 2) added by ops as they execute, reset by the trainer per step.
   double flops_forward[COMP_NCOMP];
   double flops_backward[COMP_NCOMP];
@@ -62,6 +66,12 @@ void dnnl_mem_bind(dnnl_memory_t mem, const void *ptr);
 
 // Plain memory descriptors (f32, row-major in the order given).
 dnnl_memory_desc_t dnnl_md_plain(int ndims, const dnnl_dims_t dims, dnnl_format_tag_t tag);
+// The same in another data type (e.g. the compute type's copy of an f32 tensor).
+dnnl_memory_desc_t dnnl_md_typed(int ndims, const dnnl_dims_t dims, dnnl_data_type_t type,
+                                 dnnl_format_tag_t tag);
+
+// The data type convolutions and linear layers multiply in: bf16 when ctx->bf16, else f32.
+dnnl_data_type_t dnnl_ctx_compute_type(const DnnlCtx *ctx);
 
 // Queries a memory descriptor of a primitive descriptor (e.g. dnnl_query_src_md, index 0).
 dnnl_memory_desc_t dnnl_pd_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what, int index);
@@ -84,3 +94,18 @@ void dnnl_reorder_init(DnnlReorder *r, DnnlCtx *ctx, const dnnl_memory_desc_t *s
 int dnnl_reorder_needed(const DnnlReorder *r);
 void dnnl_reorder_run(DnnlReorder *r, DnnlCtx *ctx, const void *src, void *dst);
 void dnnl_reorder_destroy(DnnlReorder *r);
+
+// A tensor as a primitive reads it: converted into a buffer of its own when the primitive's
+// descriptor differs from the source's (layout or data type), else the source itself.
+typedef struct {
+  DnnlReorder reorder;
+  void *buf;  // NULL when no conversion is needed
+} DnnlCopy;
+// `category` and `comp` tag the buffer for the ledger (MEM_ACT when the copy is kept for backward).
+void dnnl_copy_init(DnnlCopy *c, DnnlCtx *ctx, const dnnl_memory_desc_t *src_md,
+                    const dnnl_memory_desc_t *dst_md, MemCategory category, MemComponent comp);
+// Converts `src` when needed; returns what the primitive should read.
+const void *dnnl_copy_run(DnnlCopy *c, DnnlCtx *ctx, const void *src);
+// The last converted copy (or `src`) without converting again.
+const void *dnnl_copy_last(const DnnlCopy *c, const void *src);
+void dnnl_copy_destroy(DnnlCopy *c);

@@ -11,49 +11,34 @@
 // one copy: in oneDNN 2.6 on avx512_core, for the resnet-small-32 shapes, forward (brgconv, Ohwi32o
 // or Ohwi64o) and backward data (jit, OIhw16o16i) have only the reference implementation in each
 // other's layout, and backward weights only the reference one writing oihw.
-typedef struct {
-  DnnlReorder to_prim;  // oihw -> primitive layout (no-op when equal)
-  float *buf;           // primitive-layout copy, MEM_WORKSPACE; NULL when no reorder is needed
-} WeightLayout;
-
+//
+// Under [train] precision = bf16 the same reorders also convert the weights to bf16, and the input
+// (in forward) and the output gradient (in backward) get bf16 copies of their own; outputs, input
+// gradients and weight gradients stay f32, so the ops around a convolution never see bf16.
+// Backward weights of a strided convolution stays f32, on the f32 input and output gradient:
+// oneDNN 2.6's bf16 kernel for it is far slower than its f32 one here (batch 512, nhwc, ms per
+// step: 3x3 stride 2 32->64 246 vs 108, 64->128 2397 vs 90; blocked activations no better),
+// while at stride 1 bf16 is 1.6-2.6x faster (32->32 at 32x32: 190 vs 489).
 struct ConvPrivate {
   dnnl_primitive_desc_t fwd_pd, bwd_data_pd, bwd_weights_pd;
   dnnl_primitive_t fwd, bwd_data, bwd_weights;
-  // Activations are plain nhwc for every primitive, so one memory object each serves forward and
-  // backward; the pointer is bound per call. Measured (batch 512, the six resnet-small-32 shapes,
-  // two threads): letting the primitives pick blocked activations (format any), with reorders at
-  // the convolution's edges, took 2339 ms over forward and both backward passes against 2354 ms in
-  // nhwc, within the noise; per shape it ranged from 25% faster to 80% slower.
-  dnnl_memory_t src, dst, bias;
+  // Activations are plain nhwc for every primitive; the pointer is bound per call. Measured (batch
+  // 512, the six resnet-small-32 shapes, two threads, f32): letting the primitives pick blocked
+  // activations (format any), with reorders at the convolution's edges, took 2339 ms over forward
+  // and both backward passes against 2354 ms in nhwc, within the noise; per shape it ranged from
+  // 25% faster to 80% slower.
+  dnnl_memory_t src, diff_src, dst, diff_dst, bias;  // src, diff_dst in the compute type
   dnnl_memory_t wei_fwd, wei_bwd_data, dwei;
-  WeightLayout fwd_w, bwd_data_w, dw;
-  int bwd_data_shares_fwd_w;  // backward-data layout equals forward's: reuse its reordered copy
-  const ParamSet *params;     // told when dweight and dbias are ready
+  dnnl_memory_t bw_src, bw_diff_dst;  // backward weights' operands, f32 when bwd_weights_f32
+  int bwd_weights_f32;                // bf16 elsewhere, but backward weights in f32 (strided)
+  DnnlCopy in;                        // the input in the compute type, kept for backward weights
+  DnnlCopy dout;               // the output gradient in the compute type, for both backward passes
+  DnnlCopy fwd_w, bwd_data_w;  // oihw f32 -> each primitive's layout and type
+  DnnlReorder dw_to_plain;     // backward weights' layout -> oihw (no-op when equal)
+  float *dw_buf;               // the gradient in the primitive's layout, when that is not oihw
+  int bwd_data_shares_fwd_w;   // backward-data layout equals forward's: reuse its reordered copy
+  const ParamSet *params;      // told when dweight and dbias are ready
 };
-
-// Sets up the oihw <-> primitive-layout reorder for one weights tensor. `to_plain` selects the
-// direction (the weight gradient goes from the primitive's layout back to oihw).
-static void weight_layout_init(WeightLayout *w, DnnlCtx *ctx, const dnnl_memory_desc_t *plain,
-                               const dnnl_memory_desc_t *prim_md, int to_plain, MemComponent comp) {
-  if (to_plain)
-    dnnl_reorder_init(&w->to_prim, ctx, prim_md, plain);
-  else
-    dnnl_reorder_init(&w->to_prim, ctx, plain, prim_md);
-  w->buf = dnnl_reorder_needed(&w->to_prim) ? tl_alloc(dnnl_md_bytes(prim_md), MEM_WORKSPACE, comp)
-                                            : NULL;
-}
-
-static void weight_layout_destroy(WeightLayout *w) {
-  dnnl_reorder_destroy(&w->to_prim);
-  tl_free(w->buf);
-}
-
-// Weights as the primitive wants them: reorders `plain` into the private copy when needed.
-static const float *weights_for(WeightLayout *w, DnnlCtx *ctx, const float *plain) {
-  if (!w->buf) return plain;
-  dnnl_reorder_run(&w->to_prim, ctx, plain, w->buf);
-  return w->buf;
-}
 
 size_t conv2d_param_count(int IC, int OC, int K, int has_bias) {
   return (size_t)OC * IC * K * K + (has_bias ? (size_t)OC : 0);
@@ -105,14 +90,17 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   p->params = b->params;
 
   // oneDNN describes tensors in NCHW dimension order; the tag gives the actual nhwc layout.
+  dnnl_data_type_t type = dnnl_ctx_compute_type(ctx);
   dnnl_dims_t src_dims = {N, IC, IH, IW}, dst_dims = {N, OC, l->OH, l->OW};
   dnnl_dims_t w_dims = {OC, IC, K, K}, b_dims = {OC};
   dnnl_dims_t strides = {stride, stride}, padding = {pad, pad};
-  dnnl_memory_desc_t src_md = dnnl_md_plain(4, src_dims, dnnl_nhwc);
+  dnnl_memory_desc_t src_f32 = dnnl_md_plain(4, src_dims, dnnl_nhwc);
+  dnnl_memory_desc_t src_md = dnnl_md_typed(4, src_dims, type, dnnl_nhwc);
   dnnl_memory_desc_t dst_md = dnnl_md_plain(4, dst_dims, dnnl_nhwc);
+  dnnl_memory_desc_t diff_dst_md = dnnl_md_typed(4, dst_dims, type, dnnl_nhwc);
   dnnl_memory_desc_t w_plain = dnnl_md_plain(4, w_dims, dnnl_oihw);
-  dnnl_memory_desc_t w_any;
-  DNNL_CHECK(dnnl_memory_desc_init_by_tag(&w_any, 4, w_dims, dnnl_f32, dnnl_format_tag_any));
+  dnnl_memory_desc_t w_any = dnnl_md_typed(4, w_dims, type, dnnl_format_tag_any);
+  dnnl_memory_desc_t dw_any = dnnl_md_plain(4, w_dims, dnnl_format_tag_any);
   dnnl_memory_desc_t b_md = dnnl_md_plain(1, b_dims, dnnl_a);
   const dnnl_memory_desc_t *b_md_or_null = has_bias ? &b_md : NULL;
 
@@ -122,7 +110,10 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
       dnnl_convolution_direct, &src_md, &w_any, b_md_or_null, &dst_md, strides, padding, padding));
   p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
   dnnl_memory_desc_t w_fwd_md = dnnl_pd_md(p->fwd_pd, dnnl_query_weights_md, 0);
-  weight_layout_init(&p->fwd_w, ctx, &w_plain, &w_fwd_md, 0, l->comp);
+  dnnl_copy_init(&p->fwd_w, ctx, &w_plain, &w_fwd_md, MEM_WORKSPACE, l->comp);
+  p->bwd_weights_f32 = type != dnnl_f32 && stride > 1;
+  MemCategory in_category = b->mode == OP_TRAIN && !p->bwd_weights_f32 ? MEM_ACT : MEM_WORKSPACE;
+  dnnl_copy_init(&p->in, ctx, &src_f32, &src_md, in_category, l->comp);
   p->src = dnnl_mem_new(ctx, &src_md);
   p->dst = dnnl_mem_new(ctx, &dst_md);
   p->wei_fwd = dnnl_mem_new(ctx, &w_fwd_md);
@@ -132,34 +123,46 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
       tl_alloc((size_t)N * l->OH * l->OW * OC * sizeof(float), builder_out_category(b), l->comp);
   if (b->mode != OP_TRAIN) return;
 
+  // Read in its own type only by backward data, or by a bf16 backward weights.
+  if (l->need_din || !p->bwd_weights_f32)
+    dnnl_copy_init(&p->dout, ctx, &dst_md, &diff_dst_md, MEM_ACT_GRAD, l->comp);
+  p->diff_dst = dnnl_mem_new(ctx, &diff_dst_md);
   if (l->need_din) {
     dnnl_convolution_desc_t bd_desc;
-    DNNL_CHECK(dnnl_convolution_backward_data_desc_init(
-        &bd_desc, dnnl_convolution_direct, &src_md, &w_any, &dst_md, strides, padding, padding));
+    DNNL_CHECK(dnnl_convolution_backward_data_desc_init(&bd_desc, dnnl_convolution_direct, &src_f32,
+                                                        &w_any, &diff_dst_md, strides, padding,
+                                                        padding));
     p->bwd_data = dnnl_ctx_make(ctx, &bd_desc, p->fwd_pd, &p->bwd_data_pd);
     dnnl_memory_desc_t w_bd_md = dnnl_pd_md(p->bwd_data_pd, dnnl_query_weights_md, 0);
     p->bwd_data_shares_fwd_w = dnnl_md_equal(&w_bd_md, &w_fwd_md);
     if (!p->bwd_data_shares_fwd_w)
-      weight_layout_init(&p->bwd_data_w, ctx, &w_plain, &w_bd_md, 0, l->comp);
+      dnnl_copy_init(&p->bwd_data_w, ctx, &w_plain, &w_bd_md, MEM_WORKSPACE, l->comp);
     p->wei_bwd_data = dnnl_mem_new(ctx, &w_bd_md);
+    p->diff_src = dnnl_mem_new(ctx, &src_f32);
     l->din = tl_alloc((size_t)N * IH * IW * IC * sizeof(float), MEM_ACT_GRAD, l->comp);
   }
 
+  const dnnl_memory_desc_t *bw_src_md = p->bwd_weights_f32 ? &src_f32 : &src_md;
+  const dnnl_memory_desc_t *bw_diff_dst_md = p->bwd_weights_f32 ? &dst_md : &diff_dst_md;
   dnnl_convolution_desc_t bw_desc;
-  DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&bw_desc, dnnl_convolution_direct, &src_md,
-                                                         &w_any, b_md_or_null, &dst_md, strides,
-                                                         padding, padding));
+  DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(
+      &bw_desc, dnnl_convolution_direct, bw_src_md, &dw_any, b_md_or_null, bw_diff_dst_md, strides,
+      padding, padding));
   p->bwd_weights = dnnl_ctx_make(ctx, &bw_desc, p->fwd_pd, &p->bwd_weights_pd);
   dnnl_memory_desc_t dw_md = dnnl_pd_md(p->bwd_weights_pd, dnnl_query_diff_weights_md, 0);
-  weight_layout_init(&p->dw, ctx, &w_plain, &dw_md, 1, l->comp);
+  dnnl_reorder_init(&p->dw_to_plain, ctx, &dw_md, &w_plain);
+  if (dnnl_reorder_needed(&p->dw_to_plain))
+    p->dw_buf = tl_alloc(dnnl_md_bytes(&dw_md), MEM_WORKSPACE, l->comp);
   p->dwei = dnnl_mem_new(ctx, &dw_md);
+  p->bw_src = dnnl_mem_new(ctx, bw_src_md);
+  p->bw_diff_dst = dnnl_mem_new(ctx, bw_diff_dst_md);
 }
 
 void conv2d_forward(Conv2d *l, DnnlCtx *ctx, const float *in) {
   struct ConvPrivate *p = l->priv;
   l->in = in;
-  dnnl_mem_bind(p->src, in);
-  dnnl_mem_bind(p->wei_fwd, weights_for(&p->fwd_w, ctx, l->weight));
+  dnnl_mem_bind(p->src, dnnl_copy_run(&p->in, ctx, in));
+  dnnl_mem_bind(p->wei_fwd, dnnl_copy_run(&p->fwd_w, ctx, l->weight));
   dnnl_mem_bind(p->dst, l->out);
   dnnl_exec_arg_t args[4] = {
       {DNNL_ARG_SRC, p->src}, {DNNL_ARG_WEIGHTS, p->wei_fwd}, {DNNL_ARG_DST, p->dst}};
@@ -175,36 +178,41 @@ void conv2d_forward(Conv2d *l, DnnlCtx *ctx, const float *in) {
 void conv2d_backward(Conv2d *l, DnnlCtx *ctx, const float *dout) {
   struct ConvPrivate *p = l->priv;
   TL_ASSERT(l->mode == OP_TRAIN && l->in);
-  dnnl_mem_bind(p->dst, dout);
+  dnnl_mem_bind(p->diff_dst, dnnl_copy_run(&p->dout, ctx, dout));
 
   if (l->need_din) {
     // Weights have not changed since forward (the optimizer steps after backward), so the
     // forward's reordered copy is still valid when the layouts agree.
-    const float *w;
-    if (p->bwd_data_shares_fwd_w)
-      w = p->fwd_w.buf ? p->fwd_w.buf : l->weight;
-    else
-      w = weights_for(&p->bwd_data_w, ctx, l->weight);
+    const void *w = p->bwd_data_shares_fwd_w ? dnnl_copy_last(&p->fwd_w, l->weight)
+                                             : dnnl_copy_run(&p->bwd_data_w, ctx, l->weight);
     dnnl_mem_bind(p->wei_bwd_data, w);
-    dnnl_mem_bind(p->src, l->din);
-    dnnl_exec_arg_t args[] = {{DNNL_ARG_DIFF_DST, p->dst},
+    dnnl_mem_bind(p->diff_src, l->din);
+    dnnl_exec_arg_t args[] = {{DNNL_ARG_DIFF_DST, p->diff_dst},
                               {DNNL_ARG_WEIGHTS, p->wei_bwd_data},
-                              {DNNL_ARG_DIFF_SRC, p->src}};
+                              {DNNL_ARG_DIFF_SRC, p->diff_src}};
     dnnl_ctx_exec(ctx, p->bwd_data, p->bwd_data_pd, 3, args);
     ctx->flops_backward[l->comp] += conv_pass_flops(l);
   }
 
-  dnnl_mem_bind(p->src, l->in);
-  dnnl_mem_bind(p->dwei, p->dw.buf ? p->dw.buf : l->dweight);
-  dnnl_exec_arg_t args[4] = {
-      {DNNL_ARG_SRC, p->src}, {DNNL_ARG_DIFF_DST, p->dst}, {DNNL_ARG_DIFF_WEIGHTS, p->dwei}};
+  // The input's converted copy from forward is still this layer's input.
+  if (p->bwd_weights_f32) {
+    dnnl_mem_bind(p->bw_src, l->in);
+    dnnl_mem_bind(p->bw_diff_dst, dout);
+  } else {
+    dnnl_mem_bind(p->bw_src, dnnl_copy_last(&p->in, l->in));
+    dnnl_mem_bind(p->bw_diff_dst, dnnl_copy_last(&p->dout, dout));
+  }
+  dnnl_mem_bind(p->dwei, p->dw_buf ? p->dw_buf : l->dweight);
+  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, p->bw_src},
+                             {DNNL_ARG_DIFF_DST, p->bw_diff_dst},
+                             {DNNL_ARG_DIFF_WEIGHTS, p->dwei}};
   int nargs = 3;
   if (l->has_bias) {
     dnnl_mem_bind(p->bias, l->dbias);
     args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_BIAS, p->bias};
   }
   dnnl_ctx_exec(ctx, p->bwd_weights, p->bwd_weights_pd, nargs, args);
-  if (p->dw.buf) dnnl_reorder_run(&p->dw.to_prim, ctx, p->dw.buf, l->dweight);
+  if (p->dw_buf) dnnl_reorder_run(&p->dw_to_plain, ctx, p->dw_buf, l->dweight);
   paramset_grad_ready(p->params, l->dweight, (size_t)l->OC * l->IC * l->K * l->K);
   if (l->has_bias) paramset_grad_ready(p->params, l->dbias, (size_t)l->OC);
   ctx->flops_backward[l->comp] += conv_pass_flops(l) + conv_bias_flops(l);
@@ -219,12 +227,14 @@ void conv2d_destroy(Conv2d *l) {
       if (prims[i]) dnnl_primitive_destroy(prims[i]);
       if (pds[i]) dnnl_primitive_desc_destroy(pds[i]);
     }
-    dnnl_memory_t mems[] = {p->src, p->dst, p->bias, p->wei_fwd, p->wei_bwd_data, p->dwei};
+    dnnl_memory_t mems[] = {p->src,     p->diff_src,     p->dst,  p->diff_dst, p->bias,
+                            p->wei_fwd, p->wei_bwd_data, p->dwei, p->bw_src,   p->bw_diff_dst};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++)
       if (mems[i]) dnnl_memory_destroy(mems[i]);
-    weight_layout_destroy(&p->fwd_w);
-    weight_layout_destroy(&p->bwd_data_w);
-    weight_layout_destroy(&p->dw);
+    DnnlCopy *copies[] = {&p->in, &p->dout, &p->fwd_w, &p->bwd_data_w};
+    for (size_t i = 0; i < sizeof copies / sizeof copies[0]; i++) dnnl_copy_destroy(copies[i]);
+    dnnl_reorder_destroy(&p->dw_to_plain);
+    tl_free(p->dw_buf);
     free(p);
   }
   tl_free(l->out);

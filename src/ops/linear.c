@@ -11,12 +11,18 @@
 // (about 0.01 ms); backward data is no faster that way and backward weights up to 35% slower. So
 // forward reads a blocked copy made from the plain parameters at each call, and both backward
 // primitives work on the plain (OC, IC) parameter and gradient slices directly.
+//
+// Under [train] precision = bf16 the primitives read bf16 copies of the input (made in forward,
+// kept for backward weights), of the weights (forward's blocked copy, and a plain one for backward
+// data) and of the output gradient; outputs and all gradients stay f32.
 struct LinearPrivate {
   dnnl_primitive_desc_t fwd_pd, bwd_data_pd, bwd_weights_pd;
   dnnl_primitive_t fwd, bwd_data, bwd_weights;
-  dnnl_memory_t src, fwd_weight, bias, dst;  // forward
-  DnnlReorder weight_reorder;                // plain -> forward layout (no-op when equal)
-  float *fwd_weight_buf;                     // the reordered weights, when a reorder is needed
+  dnnl_memory_t src, fwd_weight, bias, dst;  // forward; src in the compute type
+  DnnlCopy in;                               // the input in the compute type
+  DnnlCopy fwd_w;                            // plain f32 -> forward layout and type
+  DnnlCopy bwd_data_w;                       // plain f32 -> plain in the compute type
+  DnnlCopy dout;                             // the output gradient in the compute type
   dnnl_memory_t diff_dst, weight, diff_src;  // backward data (diff_dst also for weights)
   dnnl_memory_t diff_weight, diff_bias;      // backward weights
   const ParamSet *params;                    // told when dweight and dbias are ready
@@ -58,12 +64,16 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   if (!p) TL_DIE("out of memory");
   l->priv = p;
   p->params = b->params;
+  dnnl_data_type_t type = dnnl_ctx_compute_type(ctx);
   dnnl_dims_t src_dims = {M, IC}, weight_dims = {OC, IC}, bias_dims = {OC}, dst_dims = {M, OC};
-  dnnl_memory_desc_t src_md = dnnl_md_plain(2, src_dims, dnnl_ab);
+  dnnl_memory_desc_t src_f32 = dnnl_md_plain(2, src_dims, dnnl_ab);
+  dnnl_memory_desc_t src_md = dnnl_md_typed(2, src_dims, type, dnnl_ab);
   dnnl_memory_desc_t weight_md = dnnl_md_plain(2, weight_dims, dnnl_oi);
-  dnnl_memory_desc_t any_weight_md = dnnl_md_plain(2, weight_dims, dnnl_format_tag_any);
+  dnnl_memory_desc_t weight_typed_md = dnnl_md_typed(2, weight_dims, type, dnnl_oi);
+  dnnl_memory_desc_t any_weight_md = dnnl_md_typed(2, weight_dims, type, dnnl_format_tag_any);
   dnnl_memory_desc_t bias_md = dnnl_md_plain(1, bias_dims, dnnl_a);
   dnnl_memory_desc_t dst_md = dnnl_md_plain(2, dst_dims, dnnl_ab);
+  dnnl_memory_desc_t diff_dst_md = dnnl_md_typed(2, dst_dims, type, dnnl_ab);
   const dnnl_memory_desc_t *bias_or_none = has_bias ? &bias_md : NULL;
 
   dnnl_inner_product_desc_t fwd_desc;
@@ -72,9 +82,8 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
       &any_weight_md, bias_or_none, &dst_md));
   p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
   dnnl_memory_desc_t fwd_weight_md = dnnl_pd_md(p->fwd_pd, dnnl_query_weights_md, 0);
-  dnnl_reorder_init(&p->weight_reorder, ctx, &weight_md, &fwd_weight_md);
-  if (dnnl_reorder_needed(&p->weight_reorder))
-    p->fwd_weight_buf = tl_alloc(dnnl_md_bytes(&fwd_weight_md), MEM_WORKSPACE, l->comp);
+  dnnl_copy_init(&p->fwd_w, ctx, &weight_md, &fwd_weight_md, MEM_WORKSPACE, l->comp);
+  dnnl_copy_init(&p->in, ctx, &src_f32, &src_md, builder_out_category(b), l->comp);
   p->src = dnnl_mem_new(ctx, &src_md);
   p->fwd_weight = dnnl_mem_new(ctx, &fwd_weight_md);
   if (has_bias) p->bias = dnnl_mem_new(ctx, &bias_md);
@@ -84,19 +93,21 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
 
   dnnl_inner_product_desc_t bwd_weights_desc;
   DNNL_CHECK(dnnl_inner_product_backward_weights_desc_init(&bwd_weights_desc, &src_md, &weight_md,
-                                                           bias_or_none, &dst_md));
+                                                           bias_or_none, &diff_dst_md));
   p->bwd_weights = dnnl_ctx_make(ctx, &bwd_weights_desc, p->fwd_pd, &p->bwd_weights_pd);
-  p->diff_dst = dnnl_mem_new(ctx, &dst_md);
+  dnnl_copy_init(&p->dout, ctx, &dst_md, &diff_dst_md, MEM_ACT_GRAD, l->comp);
+  p->diff_dst = dnnl_mem_new(ctx, &diff_dst_md);
   p->diff_weight = dnnl_mem_new(ctx, &weight_md);
   if (has_bias) p->diff_bias = dnnl_mem_new(ctx, &bias_md);
   if (!l->need_din) return;
 
   dnnl_inner_product_desc_t bwd_data_desc;
-  DNNL_CHECK(
-      dnnl_inner_product_backward_data_desc_init(&bwd_data_desc, &src_md, &weight_md, &dst_md));
+  DNNL_CHECK(dnnl_inner_product_backward_data_desc_init(&bwd_data_desc, &src_f32, &weight_typed_md,
+                                                        &diff_dst_md));
   p->bwd_data = dnnl_ctx_make(ctx, &bwd_data_desc, p->fwd_pd, &p->bwd_data_pd);
-  p->weight = dnnl_mem_new(ctx, &weight_md);
-  p->diff_src = dnnl_mem_new(ctx, &src_md);
+  dnnl_copy_init(&p->bwd_data_w, ctx, &weight_md, &weight_typed_md, MEM_WORKSPACE, l->comp);
+  p->weight = dnnl_mem_new(ctx, &weight_typed_md);
+  p->diff_src = dnnl_mem_new(ctx, &src_f32);
   l->din = tl_alloc((size_t)M * (size_t)IC * sizeof(float), MEM_ACT_GRAD, l->comp);
 }
 
@@ -105,13 +116,8 @@ static double linear_flops(const Linear *l) { return 2.0 * l->M * (double)l->IC 
 void linear_forward(Linear *l, DnnlCtx *ctx, const float *in) {
   struct LinearPrivate *p = l->priv;
   l->in = in;
-  const float *weight = l->weight;
-  if (p->fwd_weight_buf) {
-    dnnl_reorder_run(&p->weight_reorder, ctx, l->weight, p->fwd_weight_buf);
-    weight = p->fwd_weight_buf;
-  }
-  dnnl_mem_bind(p->src, in);
-  dnnl_mem_bind(p->fwd_weight, weight);
+  dnnl_mem_bind(p->src, dnnl_copy_run(&p->in, ctx, in));
+  dnnl_mem_bind(p->fwd_weight, dnnl_copy_run(&p->fwd_w, ctx, l->weight));
   dnnl_mem_bind(p->dst, l->out);
   dnnl_exec_arg_t args[4] = {
       {DNNL_ARG_SRC, p->src}, {DNNL_ARG_WEIGHTS, p->fwd_weight}, {DNNL_ARG_DST, p->dst}};
@@ -128,8 +134,9 @@ void linear_backward(Linear *l, DnnlCtx *ctx, const float *dout) {
   struct LinearPrivate *p = l->priv;
   if (l->mode != OP_TRAIN) TL_DIE("linear_backward on a layer built without backward");
   TL_ASSERT(l->in);
-  dnnl_mem_bind(p->diff_dst, dout);
-  dnnl_mem_bind(p->src, l->in);
+  dnnl_mem_bind(p->diff_dst, dnnl_copy_run(&p->dout, ctx, dout));
+  // The input's converted copy from forward is still this layer's input.
+  dnnl_mem_bind(p->src, dnnl_copy_last(&p->in, l->in));
   dnnl_mem_bind(p->diff_weight, l->dweight);
   dnnl_exec_arg_t wargs[4] = {{DNNL_ARG_SRC, p->src},
                               {DNNL_ARG_DIFF_DST, p->diff_dst},
@@ -145,7 +152,7 @@ void linear_backward(Linear *l, DnnlCtx *ctx, const float *dout) {
   ctx->flops_backward[l->comp] += linear_flops(l);
   if (!l->need_din) return;
 
-  dnnl_mem_bind(p->weight, l->weight);
+  dnnl_mem_bind(p->weight, dnnl_copy_run(&p->bwd_data_w, ctx, l->weight));
   dnnl_mem_bind(p->diff_src, l->din);
   dnnl_exec_arg_t dargs[] = {{DNNL_ARG_DIFF_DST, p->diff_dst},
                              {DNNL_ARG_WEIGHTS, p->weight},
@@ -167,8 +174,8 @@ void linear_destroy(Linear *l) {
                             p->weight, p->diff_src,   p->diff_weight, p->diff_bias};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++)
       if (mems[i]) dnnl_memory_destroy(mems[i]);
-    dnnl_reorder_destroy(&p->weight_reorder);
-    tl_free(p->fwd_weight_buf);
+    DnnlCopy *copies[] = {&p->in, &p->fwd_w, &p->bwd_data_w, &p->dout};
+    for (size_t i = 0; i < sizeof copies / sizeof copies[0]; i++) dnnl_copy_destroy(copies[i]);
     free(p);
   }
   tl_free(l->out);
