@@ -12,18 +12,22 @@ static uint64_t params_checksum(const ParamSet *ps) {
   return h;
 }
 
+size_t replica_buffer_floats(const ParamSet *ps) {
+  size_t n = 0;
+  for (int e = 0; e < ps->n_entries; e++)
+    if (ps->entries[e].is_buffer) n += ps->entries[e].count;
+  return n;
+}
+
 // BatchNorm running statistics are per replica (each normalizes its own shard); averaging them
 // by sample count after every step keeps the replicas identical for evaluation and checkpoints.
 // All of them go in one exchange: a call per buffer cost a message round each (a ResNet's 21
 // buffers were 42 blocking MPI exchanges a step, each waiting out a time slice on a busy host).
-void replica_average_buffers(Comm *comm, ParamSet *ps, int samples) {
-  size_t n = 0;
-  for (int e = 0; e < ps->n_entries; e++)
-    if (ps->entries[e].is_buffer) n += ps->entries[e].count;
+void replica_average_buffers(Comm *comm, ParamSet *ps, int samples, float *packed) {
+  const size_t n = replica_buffer_floats(ps);
   if (n == 0) return;
   // A plan exchanges the same block without filling it.
   const int planning = tl_alloc_untouched();
-  float *packed = tl_alloc(n * sizeof(float), MEM_WORKSPACE, COMP_OTHER);
   for (size_t e = 0, at = 0; e < (size_t)ps->n_entries && !planning; e++) {
     const ParamEntry *pe = &ps->entries[e];
     if (!pe->is_buffer) continue;
@@ -37,7 +41,6 @@ void replica_average_buffers(Comm *comm, ParamSet *ps, int samples) {
     memcpy(ps->data + pe->offset, packed + at, sizeof(float) * pe->count);
     at += pe->count;
   }
-  tl_free(packed);
 }
 
 // Gathers every replica's checksum; returns the first rank that differs from rank 0, or -1.

@@ -61,6 +61,10 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
   if (!r->obj) return -1;
   r->optim = optim_create_from_config(cfg, &r->ps);
   if (!r->optim) return -1;
+  // Held for the run, like every buffer a step uses, so the ledger sees it at any moment.
+  if (spec->world > 1)
+    r->buffer_pack =
+        tl_alloc(sizeof(float) * (replica_buffer_floats(&r->ps) + 1), MEM_WORKSPACE, COMP_OTHER);
   if (spec->world > 1 && comm_has_async(comm))
     r->grad_sync = grad_sync_create(comm, &r->ps, (size_t)cfg->parallel.bucket_kib * 1024);
   return 0;
@@ -68,6 +72,7 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
 
 void replica_destroy(Replica *r) {
   grad_sync_destroy(r->grad_sync);
+  tl_free(r->buffer_pack);
   if (r->optim) optim_destroy(r->optim);
   if (r->obj) r->def->destroy(r->obj);
   paramset_free(&r->ps);
@@ -89,7 +94,7 @@ void replica_update(Replica *r, const Batch *batch, float lr, LedgerRecord *rec,
     comm_allreduce_weighted(r->comm, r->ps.grad, r->ps.count, (double)batch->n);
   t->averaged = now_ms();
   if (!r->ctx.dry_run) optim_step(r->optim, lr);
-  if (r->world > 1) replica_average_buffers(r->comm, &r->ps, batch->n);
+  if (r->world > 1) replica_average_buffers(r->comm, &r->ps, batch->n, r->buffer_pack);
   if (r->def->after_update) r->def->after_update(r->obj, batch, rec);
   t->updated = now_ms();
 }

@@ -25,6 +25,7 @@ typedef struct {
   Objective *obj;
   Optimizer *optim;
   GradSync *grad_sync;  // overlapped gradient averaging, where the backend can
+  float *buffer_pack;   // (replica_buffer_floats) BatchNorm statistics on their way to the average
 } Replica;
 
 typedef struct {
