@@ -13,6 +13,16 @@ typedef struct {
   Builder b;
 } Env;
 
+// An op's parameter floats, stated by hand in PyTorch's shapes (the ops take exactly these).
+static inline size_t conv_floats(int IC, int OC, int K, int has_bias) {
+  return (size_t)OC * IC * K * K + (has_bias ? (size_t)OC : 0);  // weight (OC, IC, K, K), bias
+}
+static inline size_t linear_floats(int IC, int OC, int has_bias) {
+  return (size_t)OC * IC + (has_bias ? (size_t)OC : 0);  // weight (OC, IC), bias
+}
+static inline size_t batchnorm_floats(int C) { return 4 * (size_t)C; }  // gamma, beta, mean, var
+static inline size_t layernorm_floats(int D) { return 2 * (size_t)D; }  // gamma, beta
+
 static inline void env_init(Env *e, size_t n_params, OpMode mode) {
   dnnl_ctx_init(&e->ctx);
   paramset_alloc(&e->ps, n_params, 7);

@@ -48,7 +48,7 @@ static void test_conv_bf16_matches_f32(void **state) {
   (void)state;
   enum { N = 8, IC = 32, H = 16, OC = 64, K = 3 };
   Pair p;
-  pair_init(&p, conv2d_param_count(IC, OC, K, 1));
+  pair_init(&p, conv_floats(IC, OC, K, 1));
   size_t act_before = tl_mem_live(MEM_ACT);
   Conv2d a, b;
   conv2d_init(&a, &p.f32.b, "conv", N, IC, H, H, OC, K, 1, 1, 1, 1);
@@ -85,7 +85,7 @@ static void test_linear_bf16_matches_f32(void **state) {
   (void)state;
   enum { M = 520, IC = 128, OC = 512 };
   Pair p;
-  pair_init(&p, linear_param_count(IC, OC, 1));
+  pair_init(&p, linear_floats(IC, OC, 1));
   size_t grad_before = tl_mem_live(MEM_ACT_GRAD);
   Linear a, b;
   linear_init(&a, &p.f32.b, "fc", M, IC, OC, 1, 1, 0.0f);

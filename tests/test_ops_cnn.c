@@ -116,7 +116,7 @@ static void conv_reference(const ConvCase *c, int OH, int OW, const float *in, c
 
 static void check_conv(const ConvCase *c) {
   Env e;
-  env_init(&e, conv2d_param_count(c->IC, c->OC, c->K, c->has_bias), OP_TRAIN);
+  env_init(&e, conv_floats(c->IC, c->OC, c->K, c->has_bias), OP_TRAIN);
   Conv2d l;
   conv2d_init(&l, &e.b, "conv", c->N, c->IC, c->IH, c->IW, c->OC, c->K, c->stride, c->pad,
               c->has_bias, c->need_din);
@@ -184,7 +184,7 @@ static void test_conv_init_and_infer_mode(void **state) {
   (void)state;
   enum { IC = 8, OC = 8, K = 3 };
   Env e;
-  env_init(&e, conv2d_param_count(IC, OC, K, 1), OP_INFER);
+  env_init(&e, conv_floats(IC, OC, K, 1), OP_INFER);
   size_t act_before = tl_mem_live(MEM_ACT), grad_before = tl_mem_live(MEM_ACT_GRAD);
   Conv2d l;
   conv2d_init(&l, &e.b, "conv", 2, IC, 5, 5, OC, K, 1, 1, 1, 1);
@@ -245,7 +245,7 @@ static void fill_bn_input(float *x, size_t M, int C, const float *gamma, const f
 static void check_batchnorm(int N, int C, int H, int W, int relu) {
   assert_true(C <= 8);
   Env e;
-  env_init(&e, batchnorm_param_count(C), OP_TRAIN);
+  env_init(&e, batchnorm_floats(C), OP_TRAIN);
   BatchNorm l;
   batchnorm_init(&l, &e.b, "bn", N, C, H, W, relu, 1);
   for (int c = 0; c < C; c++) {
@@ -300,7 +300,7 @@ static void test_bn_split_groups(void **state) {
   (void)state;
   enum { N = 6, C = 3, H = 2, W = 2, G = 3 };
   Env e;
-  env_init(&e, batchnorm_param_count(C), OP_TRAIN);
+  env_init(&e, batchnorm_floats(C), OP_TRAIN);
   e.ctx.bn_splits = G;
   BatchNorm l;
   batchnorm_init(&l, &e.b, "bn", N, C, H, W, 1, 1);
@@ -365,7 +365,7 @@ static void test_bn_modes(void **state) {
   enum { N = 3, C = 4, H = 2, W = 3 };
   const size_t M = N * H * W, n = M * C;
   Env e;
-  env_init(&e, batchnorm_param_count(C), OP_TRAIN);
+  env_init(&e, batchnorm_floats(C), OP_TRAIN);
   BatchNorm train;
   batchnorm_init(&train, &e.b, "bn", N, C, H, W, 1, 1);
   fill_uniform(train.gamma, C, 0.5f, 1.5f, 7);

@@ -63,7 +63,7 @@ static double linear_loss(void *p) {
 static void test_linear(void **state) {
   (void)state;
   LinearCase c;
-  env_init(&c.env, linear_param_count(LIN_IC, LIN_OC, 1), OP_TRAIN);
+  env_init(&c.env, linear_floats(LIN_IC, LIN_OC, 1), OP_TRAIN);
   linear_init(&c.l, &c.env.b, "fc", LIN_M, LIN_IC, LIN_OC, 1, 1, 0.0f);
   // Xavier-uniform bound sqrt(6 / (fan_in + fan_out)), zero bias.
   float bound = sqrtf(6.0f / (LIN_IC + LIN_OC));
@@ -104,7 +104,7 @@ static void test_linear_normal_init_no_bias(void **state) {
   (void)state;
   enum { IC = 64, OC = 64 };
   Env env;
-  env_init(&env, linear_param_count(IC, OC, 0), OP_TRAIN);
+  env_init(&env, linear_floats(IC, OC, 0), OP_TRAIN);
   Linear l;
   linear_init(&l, &env.b, "proj", 3, IC, OC, 0, 0, 0.02f);
   assert_int_equal(env.ps.used, IC * OC);
@@ -136,7 +136,7 @@ static double layernorm_loss(void *p) {
 static void test_layernorm(void **state) {
   (void)state;
   LayerNormCase c;
-  env_init(&c.env, layernorm_param_count(LN_D), OP_TRAIN);
+  env_init(&c.env, layernorm_floats(LN_D), OP_TRAIN);
   layernorm_init(&c.ln, &c.env.b, "ln", LN_M, LN_D);
   for (int d = 0; d < LN_D; d++) assert_true(c.ln.gamma[d] == 1.0f && c.ln.beta[d] == 0.0f);
   assert_true(c.env.ps.entries[0].no_decay && c.env.ps.entries[1].no_decay);

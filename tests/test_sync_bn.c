@@ -41,7 +41,7 @@ static void average(void *comm, float *buf, size_t n, double samples) {
 // gradient scaled by N_ALL / n.
 static void run_shard(Shard *s, int world) {
   Env e;
-  env_init(&e, batchnorm_param_count(C), OP_TRAIN);
+  env_init(&e, batchnorm_floats(C), OP_TRAIN);
   if (world > 1) {
     e.ctx.bn_sync = average;
     e.ctx.bn_sync_user = s->comm;

@@ -44,8 +44,6 @@ struct BatchNormPrivate {
   const ParamSet *params;
 };
 
-size_t batchnorm_param_count(int C) { return 4 * (size_t)C; }
-
 static size_t bn_elems(const BatchNorm *l) { return (size_t)l->N * l->H * l->W * l->C; }
 
 void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, int H, int W,

@@ -26,7 +26,6 @@ typedef struct {
 
 void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, int H, int W,
                     int fuse_relu, int need_din);
-size_t batchnorm_param_count(int C);  // gamma, beta, running mean and var
 void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in);
 void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout);
 void batchnorm_destroy(BatchNorm *l);

@@ -40,10 +40,6 @@ struct ConvPrivate {
   const ParamSet *params;      // told when dweight and dbias are ready
 };
 
-size_t conv2d_param_count(int IC, int OC, int K, int has_bias) {
-  return (size_t)OC * IC * K * K + (has_bias ? (size_t)OC : 0);
-}
-
 // FLOPs of one pass (forward, backward-data or backward-weights): a multiply-add per output element
 // per kernel tap and input channel.
 static double conv_pass_flops(const Conv2d *l) {

@@ -19,7 +19,6 @@ typedef struct {
 // + 1.
 void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH, int IW, int OC,
                  int K, int stride, int pad, int has_bias, int need_din);
-size_t conv2d_param_count(int IC, int OC, int K, int has_bias);
 void conv2d_forward(Conv2d *l, DnnlCtx *ctx, const float *in);
 void conv2d_backward(Conv2d *l, DnnlCtx *ctx, const float *dout);  // dweight, dbias, din
 void conv2d_destroy(Conv2d *l);

@@ -18,8 +18,6 @@ struct LayerNormPrivate {
   const ParamSet *params;          // told when dgamma and dbeta are ready
 };
 
-size_t layernorm_param_count(int D) { return 2 * (size_t)D; }
-
 double layernorm_flops_forward(int M, int D) { return LN_FWD_FLOPS_PER_ELEM * (double)M * D; }
 double layernorm_flops_backward(int M, int D) { return LN_BWD_FLOPS_PER_ELEM * (double)M * D; }
 

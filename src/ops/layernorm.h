@@ -18,7 +18,6 @@ typedef struct {
 } LayerNorm;
 
 void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D);
-size_t layernorm_param_count(int D);  // gamma, beta
 void layernorm_forward(LayerNorm *l, DnnlCtx *ctx, const float *in);
 // din, dgamma and dbeta (overwritten).
 void layernorm_backward(LayerNorm *l, DnnlCtx *ctx, const float *dout);

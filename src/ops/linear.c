@@ -28,10 +28,6 @@ struct LinearPrivate {
   const ParamSet *params;                    // told when dweight and dbias are ready
 };
 
-size_t linear_param_count(int IC, int OC, int has_bias) {
-  return (size_t)OC * (size_t)IC + (has_bias ? (size_t)OC : 0);
-}
-
 void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC, int has_bias,
                  int need_din, float init_std) {
   if (M <= 0 || IC <= 0 || OC <= 0) TL_DIE("linear %s: bad shape (%d, %d) -> %d", name, M, IC, OC);

@@ -18,7 +18,6 @@ typedef struct {
 // Weights: `init_std` > 0 draws normal(0, init_std); 0 means Xavier-uniform. Bias zero.
 void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC, int has_bias,
                  int need_din, float init_std);
-size_t linear_param_count(int IC, int OC, int has_bias);
 void linear_forward(Linear *l, DnnlCtx *ctx, const float *in);
 void linear_backward(Linear *l, DnnlCtx *ctx, const float *dout);
 void linear_destroy(Linear *l);
