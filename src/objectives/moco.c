@@ -147,27 +147,25 @@ static void encode_keys_shuffled(Moco *o, DnnlCtx *ctx) {
   comm_allgather(comm, o->key_images, (size_t)o->n_query * f, o->all_images, &offset_floats);
   const int n_global = (o->n_query / o->b) * o->base.env.global_batch;
   const int my0 = (int)(offset_floats / (size_t)f);
-  if (ctx->dry_run) {
-    encode_keys_local(o, ctx, o->key_images, o->k);
-    comm_allgather(comm, o->k, (size_t)o->n_query * d, o->all_keys, NULL);
-    return;
+  // A plan walks the same collectives and encoder; only the host shuffling is skipped.
+  if (!ctx->dry_run) {
+    Rng r = rng_stream(o->base.env.cfg->train.seed, RNG_SHUFFLE, 0x5b, (uint64_t)o->step);
+    for (int i = 0; i < n_global; i++) o->perm[i] = i;
+    for (int i = n_global - 1; i > 0; i--) {
+      int j = (int)rng_below(&r, (uint32_t)(i + 1));
+      int t = o->perm[i];
+      o->perm[i] = o->perm[j];
+      o->perm[j] = t;
+    }
+    // This replica encodes the shuffled positions [my0, my0 + n_query).
+    for (int i = 0; i < o->n_query; i++)
+      memcpy(o->key_images + (size_t)i * f, o->all_images + (size_t)o->perm[my0 + i] * f,
+             sizeof(float) * (size_t)f);
   }
-  Rng r = rng_stream(o->base.env.cfg->train.seed, RNG_SHUFFLE, 0x5b, (uint64_t)o->step);
-  for (int i = 0; i < n_global; i++) o->perm[i] = i;
-  for (int i = n_global - 1; i > 0; i--) {
-    int j = (int)rng_below(&r, (uint32_t)(i + 1));
-    int t = o->perm[i];
-    o->perm[i] = o->perm[j];
-    o->perm[j] = t;
-  }
-  // This replica encodes the shuffled positions [my0, my0 + n_query).
-  for (int i = 0; i < o->n_query; i++)
-    memcpy(o->key_images + (size_t)i * f, o->all_images + (size_t)o->perm[my0 + i] * f,
-           sizeof(float) * (size_t)f);
   encode_keys_local(o, ctx, o->key_images, o->k);
   comm_allgather(comm, o->k, (size_t)o->n_query * d, o->all_keys, NULL);
   // all_keys[p] is the key of sample perm[p]; pick this replica's samples back in order.
-  for (int p = 0; p < n_global; p++) {
+  for (int p = 0; p < n_global && !ctx->dry_run; p++) {
     int sample = o->perm[p];
     if (sample >= my0 && sample < my0 + o->n_query)
       memcpy(o->k + (size_t)(sample - my0) * d, o->all_keys + (size_t)p * d,
