@@ -28,7 +28,8 @@ struct BatchNormPrivate {
   // measures this replica's statistics.
   dnnl_primitive_desc_t fwd_global_pd, bwd_global_pd;
   dnnl_primitive_t fwd_global, bwd_global;
-  float *sync_buf;  // (2, C): what the replicas average
+  float *sync_buf;   // (2, C): what the replicas average
+  float *sync_coef;  // (3, C): backward's per-channel terms (gamma/sigma, two global means)
   // (N, H, W, C) nhwc; backward binds dout to `dst` as DIFF_DST.
   dnnl_memory_t src, dst, diff_src;
   // (C) each; `ws` is the fused-ReLU mask.
@@ -131,6 +132,7 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
                                                           l->eps, flags | dnnl_use_global_stats));
     p->fwd_global = dnnl_ctx_make(ctx, &desc, NULL, &p->fwd_global_pd);
     p->sync_buf = tl_alloc(2 * (size_t)C * sizeof(float), MEM_WORKSPACE, l->comp);
+    p->sync_coef = tl_alloc(3 * (size_t)C * sizeof(float), MEM_WORKSPACE, l->comp);
   }
   if (b->mode != OP_TRAIN) return;
   if (l->sync) {
@@ -260,8 +262,7 @@ static void sync_din(BatchNorm *l, DnnlCtx *ctx, float *din) {
   }
   ctx->bn_sync(ctx->bn_sync_user, p->sync_buf, 2 * (size_t)C, samples);
   if (ctx->dry_run) return;
-  float *a = malloc(sizeof(float) * 3 * (size_t)C);
-  if (!a) TL_DIE("out of memory");
+  float *a = p->sync_coef;
   for (int c = 0; c < C; c++) {
     const float inv_sigma = 1.0f / sqrtf(p->batch_var[c] + l->eps);
     a[c] = l->gamma[c] * inv_sigma;                                    // gamma / sigma
@@ -276,7 +277,6 @@ static void sync_din(BatchNorm *l, DnnlCtx *ctx, float *din) {
     for (int c = 0; c < C; c++)
       d[c] -= a[c] * (a[C + c] + (x[c] - p->batch_mean[c]) * a[2 * C + c]);
   }
-  free(a);
 }
 
 void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout) {
@@ -336,6 +336,7 @@ void batchnorm_destroy(BatchNorm *l) {
     if (p->bwd_global) dnnl_primitive_destroy(p->bwd_global);
     if (p->bwd_global_pd) dnnl_primitive_desc_destroy(p->bwd_global_pd);
     tl_free(p->sync_buf);
+    tl_free(p->sync_coef);
     dnnl_memory_t mems[] = {p->src,  p->dst, p->diff_src, p->scale,  p->shift,
                             p->mean, p->var, p->ws,       p->dscale, p->dshift};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++)
