@@ -2,26 +2,19 @@
 
 #include <string.h>
 
+#include "core/counting.h"
+
 #include "nn/resnet.h"
 #include "nn/vit.h"
 
 // Built once in dry run on a counting parameter set: the count is what the builders take.
 size_t backbone_param_count(const ModelSpec *spec, int image_size, int channels) {
-  const int was_untouched = tl_alloc_untouched();
-  tl_alloc_set_untouched(1);
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
-  ctx.dry_run = 1;
-  ParamSet ps;
-  paramset_alloc_counting(&ps, 0);
-  Builder b = {&ctx, &ps, OP_INFER};
+  CountingPass pass;
+  counting_begin(&pass, 0);
+  Builder b = {&pass.ctx, &pass.ps, OP_INFER};
   Backbone *bb = backbone_create(spec, &b, 2, image_size, channels);
-  const size_t count = ps.used;
   bb->destroy(bb);
-  paramset_free(&ps);
-  dnnl_ctx_destroy(&ctx);
-  tl_alloc_set_untouched(was_untouched);
-  return count;
+  return counting_end(&pass);
 }
 
 int backbone_feature_dim(const ModelSpec *spec) {

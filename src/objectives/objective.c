@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/counting.h"
 #include "core/error.h"
 
 extern const ObjectiveDef objective_inbatch;
@@ -22,27 +23,19 @@ const ObjectiveDef *objective_find(const char *name) {
 }
 
 size_t objective_param_count(const ObjectiveDef *def, const Config *cfg) {
-  const int was_untouched = tl_alloc_untouched();
-  tl_alloc_set_untouched(1);
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
-  ctx.dry_run = 1;
+  CountingPass pass;
+  counting_begin(&pass, cfg->train.seed);
   LocalGroup *group = comm_local_group_create(1);
   Comm *comm = comm_local_rank(group, 0);
   comm_set_dry_run(comm, 1);
-  ParamSet ps;
-  paramset_alloc_counting(&ps, cfg->train.seed);
   const int batch = cfg->train.batch_size;
-  ObjectiveEnv env = {cfg, &ctx, comm, &ps, batch, batch, 1, NULL, NULL, NULL};
+  ObjectiveEnv env = {cfg, &pass.ctx, comm, &pass.ps, batch, batch, 1, NULL, NULL, NULL};
   Objective *o = def->create(&env);
-  size_t count = o ? ps.used : 0;
   if (o) def->destroy(o);
-  paramset_free(&ps);
   comm_destroy(comm);
   comm_local_group_destroy(group);
-  dnnl_ctx_destroy(&ctx);
-  tl_alloc_set_untouched(was_untouched);
-  return count;
+  const size_t count = counting_end(&pass);
+  return o ? count : 0;
 }
 
 const char *objective_names(void) {
