@@ -140,6 +140,7 @@ const char *comm_failure(const Comm *c) {
 }
 
 void comm_set_dry_run(Comm *c, int dry_run) { c->dry_run = dry_run; }
+int comm_dry_run(const Comm *c) { return c->dry_run; }
 
 void comm_stats_reset(Comm *c) { memset(&c->stats, 0, sizeof c->stats); }
 

@@ -76,6 +76,7 @@ const char *comm_failure(const Comm *c);
 // Planning: from now on collectives count their bytes (and agree on gathered sizes) without
 // reading or writing the buffers, which a plan only reserves.
 void comm_set_dry_run(Comm *c, int dry_run);
+int comm_dry_run(const Comm *c);
 void comm_stats_reset(Comm *c);
 CommStats comm_stats(const Comm *c);
 void comm_destroy(Comm *c);

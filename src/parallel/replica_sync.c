@@ -27,7 +27,7 @@ void replica_average_buffers(Comm *comm, ParamSet *ps, int samples, float *packe
   const size_t n = replica_buffer_floats(ps);
   if (n == 0) return;
   // A plan exchanges the same block without filling it.
-  const int planning = tl_alloc_untouched();
+  const int planning = comm_dry_run(comm);
   for (size_t e = 0, at = 0; e < (size_t)ps->n_entries && !planning; e++) {
     const ParamEntry *pe = &ps->entries[e];
     if (!pe->is_buffer) continue;
@@ -47,7 +47,7 @@ void replica_average_buffers(Comm *comm, ParamSet *ps, int samples, float *packe
 int replica_check_identical(Comm *comm, const ParamSet *ps) {
   int world = comm_size(comm);
   // A plan sends the same exchange over parameters it never filled.
-  uint64_t mine = tl_alloc_untouched() ? 0 : params_checksum(ps);
+  uint64_t mine = comm_dry_run(comm) ? 0 : params_checksum(ps);
   // Exchanged as two floats' worth of bits per 32-bit half, through the float allgather.
   float local[2], *all = calloc((size_t)world * 2, sizeof(float));
   memcpy(local, &mine, sizeof mine);
