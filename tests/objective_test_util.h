@@ -104,7 +104,11 @@ static inline void fixture_free(Fixture *f) {
   free(f);
 }
 
-static inline double step_loss(Fixture *f) { return f->def->step(f->obj, &f->batch, &f->rec); }
+// One step as the trainer runs it: gradients zeroed first (ops accumulate into them).
+static inline double step_loss(Fixture *f) {
+  paramset_zero_grad(&f->ps, 0);
+  return f->def->step(f->obj, &f->batch, &f->rec);
+}
 
 // Central difference of the step's loss with respect to *x.
 static inline double step_quotient(Fixture *f, float *x, float eps) {

@@ -26,7 +26,7 @@ static inline size_t layernorm_floats(int D) { return 2 * (size_t)D; }  // gamma
 static inline void env_init(Env *e, size_t n_params, OpMode mode) {
   dnnl_ctx_init(&e->ctx);
   paramset_alloc(&e->ps, n_params, 7);
-  e->b = (Builder){&e->ctx, &e->ps, mode};
+  e->b = (Builder){.ctx = &e->ctx, .params = &e->ps, .mode = mode};
 }
 
 static inline void env_destroy(Env *e) {

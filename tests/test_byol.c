@@ -143,7 +143,7 @@ static void test_counts_and_target_shape(void **state) {
   assert_int_equal(target_state.n_tensors, f->ps.n_entries - predictor_entries);
   st_free(&target_state);
 
-  double loss = f->def->step(f->obj, &f->batch, &f->rec);
+  double loss = step_loss(f);
   assert_true(loss > 0 && loss < 8);
   assert_int_equal(f->rec.images_source, B);
   assert_int_equal(f->rec.views_grad, 2 * B);
@@ -172,7 +172,7 @@ static void test_target_follows_momentum_rule(void **state) {
                                  1 - 0.1 * (cos(M_PI * 99 / 100) + 1) / 2};
   for (int k = 0; k < 4; k++) {
     f->batch.global_step = steps[k];
-    f->def->step(f->obj, &f->batch, &f->rec);
+    step_loss(f);
     for (size_t i = 0; i < f->ps.count; i++) f->ps.data[i] -= 0.05f * f->ps.grad[i];
     memcpy(before, target, sizeof(float) * n);
     f->def->after_update(f->obj, &f->batch, &f->rec);

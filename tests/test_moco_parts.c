@@ -179,6 +179,7 @@ static void *shuffle_replica_thread(void *arg) {
                    .indices = indices,
                    .labels = labels};
     LedgerRecord rec = {0};
+    paramset_zero_grad(&ps, 0);
     def->step(o, &batch, &rec);
     memcpy(r->keys[s], moco_last_keys(o), sizeof(float) * r->b * SB_DIM);
     def->after_update(o, &batch, &rec);

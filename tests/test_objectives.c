@@ -58,7 +58,7 @@ static void test_resnet_backbone_gradient(void **state) {
   tiny_config(&cfg, "resnet", NULL);
   dnnl_ctx_init(&c->ctx);
   paramset_alloc(&c->ps, backbone_param_count(&cfg.model.spec, S, C), 3);
-  Builder b = {&c->ctx, &c->ps, OP_TRAIN};
+  Builder b = {.ctx = &c->ctx, .params = &c->ps, .mode = OP_TRAIN};
   c->bb = backbone_create(&cfg.model.spec, &b, 4, S, C);
   assert_int_equal(c->bb->feature_dim, 8);
   assert_int_equal(c->ps.used, c->ps.count);
@@ -88,7 +88,7 @@ static void test_resnet_backbone_gradient(void **state) {
 static void test_contrastive_counts_resnet(void **state) {
   (void)state;
   Fixture *f = fixture_new("inbatch", "resnet", settings);
-  double loss = f->def->step(f->obj, &f->batch, &f->rec);
+  double loss = step_loss(f);
   assert_true(isfinite(loss));
   assert_int_equal(f->rec.views_grad, 2 * B);
   assert_int_equal(f->rec.views_nograd, 0);
@@ -96,7 +96,7 @@ static void test_contrastive_counts_resnet(void **state) {
   assert_int_equal(f->rec.encodings_next_reused, 0);
   fixture_free(f);
   f = fixture_new("moco", "resnet", settings);
-  loss = f->def->step(f->obj, &f->batch, &f->rec);
+  loss = step_loss(f);
   assert_true(isfinite(loss));
   assert_int_equal(f->rec.views_grad, B);
   assert_int_equal(f->rec.views_nograd, B);
@@ -119,7 +119,7 @@ static void test_moco_momentum_rule_and_queue(void **state) {
   float *key_before = malloc(sizeof(float) * key->count);
   for (int step = 0; step < 4; step++) {
     memcpy(key_before, key->data, sizeof(float) * key->count);
-    f->def->step(f->obj, &f->batch, &f->rec);
+    step_loss(f);
     // A stand-in update of the online parameters, so the momentum rule has something to follow.
     for (size_t i = 0; i < f->ps.count; i++) f->ps.data[i] -= 0.05f * f->ps.grad[i];
     int next_before = q->next;
@@ -179,7 +179,7 @@ static void test_mae_sees_only_visible_patches(void **state) {
   (void)state;
   Fixture *f = fixture_new("mae", "vit", settings);
   for (int i = 0; i < B; i++) f->indices[i] = 7 * i;
-  f->def->step(f->obj, &f->batch, &f->rec);
+  step_loss(f);
   int n_keep;
   const int *keep = mae_last_keep(f->obj, &n_keep);
   assert_int_equal(n_keep, 1);

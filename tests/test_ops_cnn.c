@@ -379,7 +379,7 @@ static void test_bn_modes(void **state) {
 
   ParamSet bound;
   paramset_bind(&bound, e.ps.data, NULL, e.ps.count);
-  Builder bi = {&e.ctx, &bound, OP_INFER};
+  Builder bi = {.ctx = &e.ctx, .params = &bound, .mode = OP_INFER};
   BatchNorm infer;
   batchnorm_init(&infer, &bi, "bn", N, C, H, W, 1, 1);
   assert_ptr_equal(infer.running_mean, train.running_mean);
@@ -399,7 +399,7 @@ static void test_bn_modes(void **state) {
 
   ParamSet bound_fwd;
   paramset_bind(&bound_fwd, e.ps.data, NULL, e.ps.count);
-  Builder bf = {&e.ctx, &bound_fwd, OP_FORWARD};
+  Builder bf = {.ctx = &e.ctx, .params = &bound_fwd, .mode = OP_FORWARD};
   BatchNorm fwd;
   batchnorm_init(&fwd, &bf, "bn", N, C, H, W, 1, 1);
   assert_null(fwd.din);

@@ -58,7 +58,7 @@ typedef struct {
 static void encoder_open(Encoder *e, const ModelSpec *spec, int size) {
   dnnl_ctx_init(&e->ctx);
   paramset_alloc(&e->ps, backbone_param_count(spec, size, C), 3);
-  Builder b = {&e->ctx, &e->ps, OP_TRAIN};
+  Builder b = {.ctx = &e->ctx, .params = &e->ps, .mode = OP_TRAIN};
   e->bb = backbone_create(spec, &b, N, size, C);
   assert_non_null(e->bb);
   assert_int_equal(e->ps.used, e->ps.count);
@@ -73,6 +73,7 @@ static void encoder_close(Encoder *e) {
 // Features (N, FEATURE_DIM) into `feature`, then backward of sum(feature * dfeature): the
 // parameter gradients are left in e->ps.grad.
 static void encoder_run(Encoder *e, const float *images, const float *dfeature, float *feature) {
+  paramset_zero_grad(&e->ps, 0);
   e->bb->forward(e->bb, &e->ctx, images);
   memcpy(feature, e->bb->feature, sizeof(float) * N * FEATURE_DIM);
   e->bb->backward(e->bb, &e->ctx, dfeature);

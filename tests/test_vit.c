@@ -71,7 +71,7 @@ static double block_loss(void *p) {
 static void block_reference(DnnlCtx *ctx, ParamSet *ps, const float *x, float *out) {
   ParamSet bound;
   paramset_bind(&bound, ps->data, NULL, ps->count);
-  Builder b = {ctx, &bound, OP_INFER};
+  Builder b = {.ctx = ctx, .params = &bound, .mode = OP_INFER};
   int M = BN * BT;
   LayerNorm ln1, ln2;
   Linear qkv, proj, fc1, fc2;
@@ -118,7 +118,7 @@ static void test_transformer_block(void **state) {
   size_t count = 2 * 2 * BD + (BD * 3 * BD + 3 * BD) + (BD * BD + BD) + (BD * BR * BD + BR * BD) +
                  (BR * BD * BD + BD);
   paramset_alloc(&c.ps, count, 11);
-  Builder b = {&c.ctx, &c.ps, OP_TRAIN};
+  Builder b = {.ctx = &c.ctx, .params = &c.ps, .mode = OP_TRAIN};
   transformer_block_init(&c.blk, &b, "blocks.0", BN, BT, BD, BH, BR, 1);
   assert_int_equal(c.ps.used, count);
   // Xavier-uniform weights (qkv as one (3D, D) matrix, as MAE does), zero biases, unit gamma.
@@ -200,7 +200,7 @@ static void vit_case_init(VitCase *c, const char *pool, OpMode mode) {
   dnnl_ctx_init(&c->ctx);
   c->spec = tiny_spec(pool);
   paramset_alloc(&c->ps, backbone_param_count(&c->spec, VS, VC), 5);
-  Builder b = {&c->ctx, &c->ps, mode};
+  Builder b = {.ctx = &c->ctx, .params = &c->ps, .mode = mode};
   c->vit = (Vit *)vit_create(&c->spec, &b, VN, VS, VC);
   assert_non_null(c->vit);
   assert_int_equal(c->ps.used, c->ps.count);
@@ -288,7 +288,7 @@ static void vit_reference_tokens(VitCase *c, int has_cls, float *tokens) {
   int T = has_cls + N_PATCHES;
   ParamSet bound;
   paramset_bind(&bound, c->ps.data, NULL, c->ps.count);
-  Builder b = {&c->ctx, &bound, OP_INFER};
+  Builder b = {.ctx = &c->ctx, .params = &bound, .mode = OP_INFER};
   Linear embed;
   linear_init(&embed, &b, "embed", VN * N_PATCHES, PATCH_DIM, VD, 1, 0, 0);
   const float *cls = has_cls ? paramset_take(&bound, "cls", VD, 1, NULL) : NULL;
@@ -384,7 +384,7 @@ typedef struct {
 
 static Vit *masked_on(VitCase *c, int n_keep, OpMode mode, ParamSet *bound) {
   paramset_bind(bound, c->ps.data, c->ps.grad, c->ps.count);
-  Builder b = {&c->ctx, bound, mode};
+  Builder b = {.ctx = &c->ctx, .params = bound, .mode = mode};
   Vit *v = vit_create_masked(&c->spec, &b, VN, VS, VC, n_keep);
   assert_non_null(v);
   return v;
@@ -492,7 +492,7 @@ static void test_vit_bad_specs(void **state) {
   ParamSet ps;
   s = tiny_spec("cls");
   paramset_alloc(&ps, backbone_param_count(&s, VS, VC), 1);
-  Builder b = {&ctx, &ps, OP_INFER};
+  Builder b = {.ctx = &ctx, .params = &ps, .mode = OP_INFER};
   assert_null(vit_create_masked(&s, &b, VN, VS, VC, N_PATCHES + 1));
   assert_int_equal(ps.used, 0);
   paramset_free(&ps);

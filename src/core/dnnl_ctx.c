@@ -166,20 +166,38 @@ void dnnl_reorder_destroy(DnnlReorder *r) {
   memset(r, 0, sizeof *r);
 }
 
+void dnnl_copy_init_slots(DnnlCopy *c, DnnlCtx *ctx, const dnnl_memory_desc_t *src_md,
+                          const dnnl_memory_desc_t *dst_md, MemCategory category, MemComponent comp,
+                          int slots) {
+  dnnl_reorder_init(&c->reorder, ctx, src_md, dst_md);
+  c->slot_bytes = dnnl_md_bytes(dst_md);
+  c->buf = dnnl_reorder_needed(&c->reorder)
+               ? tl_alloc(c->slot_bytes * (size_t)slots, category, comp)
+               : NULL;
+}
+
 void dnnl_copy_init(DnnlCopy *c, DnnlCtx *ctx, const dnnl_memory_desc_t *src_md,
                     const dnnl_memory_desc_t *dst_md, MemCategory category, MemComponent comp) {
-  dnnl_reorder_init(&c->reorder, ctx, src_md, dst_md);
-  c->buf =
-      dnnl_reorder_needed(&c->reorder) ? tl_alloc(dnnl_md_bytes(dst_md), category, comp) : NULL;
+  dnnl_copy_init_slots(c, ctx, src_md, dst_md, category, comp, 1);
+}
+
+const void *dnnl_copy_last_at(const DnnlCopy *c, const void *src, int slot) {
+  return c->buf ? (const char *)c->buf + c->slot_bytes * (size_t)slot : src;
+}
+
+const void *dnnl_copy_run_at(DnnlCopy *c, DnnlCtx *ctx, const void *src, int slot) {
+  const void *dst = dnnl_copy_last_at(c, src, slot);
+  if (dst != src) dnnl_reorder_run(&c->reorder, ctx, src, (void *)dst);
+  return dst;
 }
 
 const void *dnnl_copy_run(DnnlCopy *c, DnnlCtx *ctx, const void *src) {
-  if (!c->buf) return src;
-  dnnl_reorder_run(&c->reorder, ctx, src, c->buf);
-  return c->buf;
+  return dnnl_copy_run_at(c, ctx, src, 0);
 }
 
-const void *dnnl_copy_last(const DnnlCopy *c, const void *src) { return c->buf ? c->buf : src; }
+const void *dnnl_copy_last(const DnnlCopy *c, const void *src) {
+  return dnnl_copy_last_at(c, src, 0);
+}
 
 void dnnl_copy_destroy(DnnlCopy *c) {
   dnnl_reorder_destroy(&c->reorder);

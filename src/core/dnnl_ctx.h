@@ -99,13 +99,20 @@ void dnnl_reorder_destroy(DnnlReorder *r);
 // descriptor differs from the source's (layout or data type), else the source itself.
 typedef struct {
   DnnlReorder reorder;
-  void *buf;  // NULL when no conversion is needed
+  void *buf;          // NULL when no conversion is needed; else `slots` copies side by side
+  size_t slot_bytes;  // one copy's
 } DnnlCopy;
 // `category` and `comp` tag the buffer for the ledger (MEM_ACT when the copy is kept for backward).
 void dnnl_copy_init(DnnlCopy *c, DnnlCtx *ctx, const dnnl_memory_desc_t *src_md,
                     const dnnl_memory_desc_t *dst_md, MemCategory category, MemComponent comp);
+// The same with `slots` copies, one per forward call an op keeps (ops/builder.h).
+void dnnl_copy_init_slots(DnnlCopy *c, DnnlCtx *ctx, const dnnl_memory_desc_t *src_md,
+                          const dnnl_memory_desc_t *dst_md, MemCategory category, MemComponent comp,
+                          int slots);
 // Converts `src` when needed; returns what the primitive should read.
 const void *dnnl_copy_run(DnnlCopy *c, DnnlCtx *ctx, const void *src);
+const void *dnnl_copy_run_at(DnnlCopy *c, DnnlCtx *ctx, const void *src, int slot);
 // The last converted copy (or `src`) without converting again.
 const void *dnnl_copy_last(const DnnlCopy *c, const void *src);
+const void *dnnl_copy_last_at(const DnnlCopy *c, const void *src, int slot);
 void dnnl_copy_destroy(DnnlCopy *c);

@@ -12,6 +12,7 @@ static void paramset_reset(ParamSet *ps, size_t count, uint64_t seed) {
   memset(ps, 0, sizeof *ps);
   ps->count = count;
   ps->seed = seed;
+  ps->grad_generation = 1;
 }
 
 void paramset_alloc(ParamSet *ps, size_t count, uint64_t seed) {
@@ -63,6 +64,7 @@ void paramset_free(ParamSet *ps) {
     tl_free(ps->data);
     tl_free(ps->grad);
   }
+  tl_free(ps->grad_scratch);
   free(ps->entries);
   memset(ps, 0, sizeof *ps);
 }
@@ -103,6 +105,37 @@ void paramset_set_shape(ParamSet *ps, int ndim, const long *shape) {
   TL_ASSERT(n == e->count);
   e->ndim = ndim;
   memcpy(e->shape, shape, sizeof(long) * (size_t)ndim);
+}
+
+void paramset_zero_grad(ParamSet *ps, int dry_run) {
+  if (ps->grad && !dry_run) memset(ps->grad, 0, ps->count * sizeof(float));
+  ps->grad_generation++;
+}
+
+void paramset_reserve_grad_scratch(ParamSet *ps, size_t count) {
+  if (count <= ps->grad_scratch_count) return;
+  tl_free(ps->grad_scratch);
+  ps->grad_scratch = tl_alloc(count * sizeof(float), MEM_WORKSPACE, COMP_OTHER);
+  ps->grad_scratch_count = count;
+}
+
+float *paramset_grad_target(const ParamSet *ps, float *grad, size_t count, int accumulate,
+                            size_t scratch_offset) {
+  if (!accumulate) return grad;
+  if (scratch_offset + count > ps->grad_scratch_count)
+    TL_DIE(
+        "gradient accumulation needs %zu scratch floats, %zu reserved (an op run twice "
+        "before backward must be built for several calls)",
+        scratch_offset + count, ps->grad_scratch_count);
+  return ps->grad_scratch + scratch_offset;
+}
+
+void paramset_grad_commit(const ParamSet *ps, float *grad, const float *target, size_t count) {
+  if (target == grad) return;
+  TL_ASSERT(target >= ps->grad_scratch &&
+            target + count <= ps->grad_scratch + ps->grad_scratch_count);
+#pragma omp parallel for simd schedule(static) if (count > 65536)
+  for (size_t i = 0; i < count; i++) grad[i] += target[i];
 }
 
 void paramset_grad_ready(const ParamSet *ps, const float *grad, size_t count) {

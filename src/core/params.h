@@ -33,6 +33,12 @@ typedef struct {
   // (parallel/grad_sync.h installs it). NULL: nobody listens.
   void (*grad_ready)(void *user, size_t offset, size_t count);
   void *grad_ready_user;
+  // Gradient accumulation (ops/builder.h): bumped by each zero, starting at 1, so an op can tell
+  // its first backward of a step from a later call's; the scratch holds a later call's gradient
+  // before it is added, sized by the ops built for several calls.
+  unsigned grad_generation;
+  float *grad_scratch;
+  size_t grad_scratch_count;
 } ParamSet;
 
 // Allocates data (MEM_PARAM) and grad (MEM_GRAD) for exactly `count` floats.
@@ -60,6 +66,20 @@ float *paramset_take_buffer(ParamSet *ps, const char *name, size_t n);
 // Gives the entry taken last its shape (the product must equal its count), for checkpoints and
 // exports.
 void paramset_set_shape(ParamSet *ps, int ndim, const long *shape);
+
+// Starts a step's gradients: zeroes the whole gradient block (slices no op writes this step stay
+// zero) and opens a new generation, so each op's first backward writes and later ones add.
+// `dry_run` (a plan): only the generation moves.
+void paramset_zero_grad(ParamSet *ps, int dry_run);
+// An op built for several calls reserves scratch for the gradient floats one backward writes.
+void paramset_reserve_grad_scratch(ParamSet *ps, size_t count);
+// Where a backward writes `count` gradient floats: `grad` itself, or when `accumulate`, the
+// scratch at `scratch_offset` (the op's slices side by side, within what it reserved).
+float *paramset_grad_target(const ParamSet *ps, float *grad, size_t count, int accumulate,
+                            size_t scratch_offset);
+// After writing to `target`: adds it into `grad` when it is the scratch (not in a plan: the
+// caller skips it when its context is a dry run).
+void paramset_grad_commit(const ParamSet *ps, float *grad, const float *target, size_t count);
 
 // Every op that writes parameter gradients calls this right after writing them, once per taken
 // slice: `grad` is the slice paramset_take handed out, `count` its length. Never for buffers

@@ -28,7 +28,7 @@ void knn_monitor_init(KnnMonitor *m, const MonitorSettings *set, const Dataset *
   int S = set->image_size, C = set->channels;
   size_t count = backbone_param_count(spec, S, C);
   paramset_bind(&m->bound, params, NULL, count);
-  Builder b = {&m->ctx, &m->bound, OP_INFER};
+  Builder b = {.ctx = &m->ctx, .params = &m->bound, .mode = OP_INFER};
   m->encoder = backbone_create(spec, &b, m->batch, S, C);
   backbone_set_input_normalization(m->encoder, aug->mean, aug->std);
   int D = m->encoder->feature_dim;

@@ -11,7 +11,7 @@
 size_t backbone_param_count(const ModelSpec *spec, int image_size, int channels) {
   CountingPass pass;
   counting_begin(&pass, 0);
-  Builder b = {&pass.ctx, &pass.ps, OP_INFER};
+  Builder b = {.ctx = &pass.ctx, .params = &pass.ps, .mode = OP_INFER};
   Backbone *bb = backbone_create(spec, &b, 2, image_size, channels);
   bb->destroy(bb);
   return counting_end(&pass);

@@ -27,6 +27,7 @@ void head_forward(ProjectionHead *h, DnnlCtx *ctx, const float *in) {
   linear_forward(&h->fc1, ctx, in);
   batchnorm_forward(&h->bn, ctx, h->fc1.out);
   linear_forward(&h->fc2, ctx, h->bn.out);
+  h->out = h->fc2.out;
 }
 
 void head_backward(ProjectionHead *h, DnnlCtx *ctx, const float *dout) {

@@ -30,6 +30,8 @@ typedef struct {
   OpMode mode;
   int image_size, padded_size;  // S, P_S
   float *padded;                // (N, P_S, P_S, C) the stem's input when pad_to frames the images
+  float *padded_slots;          // one per forward call (ops/builder.h)
+  OpCalls pad_calls;
   Conv2d stem;
   BatchNorm stem_bn;  // with fused ReLU
   int n_blocks;
@@ -114,6 +116,10 @@ static void block_destroy(BasicBlock *blk) {
 }
 
 // padded (N, P_S, P_S, C) = images (N, S, S, C) centred in a frame of pad_value.
+static size_t padded_bytes(const ResNet *r) {
+  return sizeof(float) * (size_t)r->base.N * r->padded_size * r->padded_size * r->base.channels;
+}
+
 static void pad_images(const ResNet *r, const float *images) {
   const int S = r->image_size, P = r->padded_size, C = r->base.channels, before = (P - S) / 2;
   const size_t row_floats = (size_t)S * C;
@@ -131,12 +137,16 @@ static void pad_images(const ResNet *r, const float *images) {
 
 static void resnet_forward(Backbone *bb, DnnlCtx *ctx, const float *images) {
   ResNet *r = (ResNet *)bb;
-  if (r->padded && !ctx->dry_run) pad_images(r, images);
+  if (r->padded_slots) {
+    r->padded = op_slot(r->padded_slots, padded_bytes(r), op_calls_forward(&r->pad_calls, "pad"));
+    if (!ctx->dry_run) pad_images(r, images);
+  }
   conv2d_forward(&r->stem, ctx, r->padded ? r->padded : images);
   batchnorm_forward(&r->stem_bn, ctx, r->stem.out);
   const float *x = r->stem_bn.out;
   for (int i = 0; i < r->n_blocks; i++) x = block_forward(&r->blocks[i], ctx, x);
   gap_forward(&r->pool, ctx, x);
+  bb->feature = r->pool.out;
 }
 
 static void resnet_backward(Backbone *bb, DnnlCtx *ctx, const float *dfeature) {
@@ -151,7 +161,7 @@ static void resnet_backward(Backbone *bb, DnnlCtx *ctx, const float *dfeature) {
 
 static void resnet_destroy(Backbone *bb) {
   ResNet *r = (ResNet *)bb;
-  tl_free(r->padded);
+  tl_free(r->padded_slots);
   conv2d_destroy(&r->stem);
   batchnorm_destroy(&r->stem_bn);
   for (int i = 0; i < r->n_blocks; i++) block_destroy(&r->blocks[i]);
@@ -171,9 +181,12 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
   // The frame is materialized once per forward: the stem's own zero padding still surrounds it,
   // as a convolution with padding 1 sees a padded image in PyTorch. In training the stem keeps
   // its input for the weight gradient, so the frame is an activation like any op's output.
+  r->base.N = N;
+  r->base.channels = channels;
+  op_calls_init(&r->pad_calls, b);
   if (r->padded_size > image_size)
-    r->padded = tl_alloc(sizeof(float) * (size_t)N * r->padded_size * r->padded_size * channels,
-                         builder_out_category(b), b->ctx->component);
+    r->padded = r->padded_slots =
+        op_calls_alloc(&r->pad_calls, padded_bytes(r), builder_out_category(b), b->ctx->component);
   int C = spec->stem_channels, H = r->padded_size, W = r->padded_size;
   conv2d_init(&r->stem, b, "stem.conv", N, channels, H, W, C, 3, 1, 1, 0, 0);
   H = r->stem.OH;

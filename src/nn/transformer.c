@@ -56,7 +56,7 @@ const float *transformer_block_forward(TransformerBlock *blk, DnnlCtx *ctx, cons
   eltwise_forward(&blk->gelu, ctx, blk->fc1.out);
   linear_forward(&blk->fc2, ctx, blk->gelu.out);
   add_forward(&blk->mlp_residual, ctx, x1, blk->fc2.out);
-  return blk->out;
+  return blk->out = blk->mlp_residual.out;
 }
 
 const float *transformer_block_backward(TransformerBlock *blk, DnnlCtx *ctx, const float *dout) {

@@ -22,8 +22,8 @@ typedef struct {
   Add mlp_residual;   // out (N, T, D)
   Add dx1_sum;        // gradient at x1: from the output directly and through the MLP branch
   Add dx_sum;         // gradient at x: directly and through the attention branch (need_din)
-  const float *in;    // (N, T, D) remembered from forward
-  float *out;         // (N, T, D) = mlp_residual.out
+  const float *in;    // (N, T, D), the last forward's
+  float *out;         // (N, T, D) = mlp_residual.out of the last forward
   float *din;         // (N, T, D) = dx_sum.out, when need_din (OP_TRAIN)
 } TransformerBlock;
 

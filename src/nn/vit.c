@@ -123,6 +123,11 @@ void vit_forward_visible(Vit *v, DnnlCtx *ctx, const float *images, const int *k
       if (keep_idx[i] < 0 || keep_idx[i] >= v->n_patches)
         TL_DIE("vit_forward_visible: keep_idx[%zu] = %d outside [0, %d)", i, keep_idx[i],
                v->n_patches);
+  int call = op_calls_forward(&v->calls, "vit");
+  size_t D = (size_t)v->D, rows = (size_t)v->N * v->n_keep;
+  v->patches = op_slot(v->patches_slots, rows * v->patch_dim * sizeof(float), call);
+  v->embedded = op_slot(v->embedded_slots, (size_t)v->N * v->T * D * sizeof(float), call);
+  v->base.feature = v->feature = op_slot(v->feature_slots, (size_t)v->N * D * sizeof(float), call);
   if (!ctx->dry_run) patchify_gather(v, images, keep_idx, v->n_keep, v->patches);
   linear_forward(&v->patch_embed, ctx, v->patches);
   if (!ctx->dry_run) add_positions(v, keep_idx);
@@ -131,6 +136,7 @@ void vit_forward_visible(Vit *v, DnnlCtx *ctx, const float *images, const int *k
   const float *x = v->embedded;
   for (int i = 0; i < v->depth; i++) x = transformer_block_forward(&v->blocks[i], ctx, x);
   layernorm_forward(&v->norm, ctx, x);
+  v->tokens = v->norm.out;
 
   if (!ctx->dry_run) pool_feature(v);
   if (!v->has_cls) ctx->flops_forward[v->comp] += (double)v->N * v->T * v->D;
@@ -139,23 +145,28 @@ void vit_forward_visible(Vit *v, DnnlCtx *ctx, const float *images, const int *k
 void vit_backward_tokens(Vit *v, DnnlCtx *ctx, const float *dtokens) {
   if (v->mode != OP_TRAIN) TL_DIE("vit_backward_tokens on a ViT built without backward");
   int D = v->D, T = v->T;
+  op_calls_backward(&v->calls, "vit");
   layernorm_backward(&v->norm, ctx, dtokens);
   const float *d = v->norm.din;
   for (int i = v->depth - 1; i >= 0; i--) d = transformer_block_backward(&v->blocks[i], ctx, d);
   // d: (N, T, D) gradient of the embedded tokens. The position table is fixed, so the patch
   // rows go straight to the patch embedding; the cls rows sum into the cls token.
   const float *dpatch = d;
+  float *dcls = v->has_cls ? paramset_grad_target(v->params, v->dcls, (size_t)D,
+                                                  op_calls_accumulates(&v->calls), 0)
+                           : NULL;
   if (v->has_cls && !ctx->dry_run) {
-    memset(v->dcls, 0, sizeof(float) * (size_t)D);
+    memset(dcls, 0, sizeof(float) * (size_t)D);
     for (int n = 0; n < v->N; n++) {
       const float *row = d + (size_t)n * T * D;
-      for (int e = 0; e < D; e++) v->dcls[e] += row[e];
+      for (int e = 0; e < D; e++) dcls[e] += row[e];
       memcpy(v->dpatch_tokens + (size_t)n * v->n_keep * D, row + D,
              sizeof(float) * (size_t)v->n_keep * D);
     }
   }
   if (v->has_cls) {
-    paramset_grad_ready(v->params, v->dcls, (size_t)D);
+    op_grad_commit(ctx, v->comp, v->params, v->dcls, dcls, (size_t)D);
+    if (op_calls_done(&v->calls)) paramset_grad_ready(v->params, v->dcls, (size_t)D);
     ctx->flops_backward[v->comp] += (double)v->N * D;
     dpatch = v->dpatch_tokens;
   }
@@ -193,13 +204,13 @@ static void vit_backbone_backward(Backbone *bb, DnnlCtx *ctx, const float *dfeat
 static void vit_destroy(Backbone *bb) {
   Vit *v = (Vit *)bb;
   tl_free(v->pos_embed);
-  tl_free(v->patches);
+  tl_free(v->patches_slots);
   linear_destroy(&v->patch_embed);
-  tl_free(v->embedded);
+  tl_free(v->embedded_slots);
   for (int i = 0; i < v->depth; i++) transformer_block_destroy(&v->blocks[i]);
   free(v->blocks);
   layernorm_destroy(&v->norm);
-  tl_free(v->feature);
+  tl_free(v->feature_slots);
   tl_free(v->dtokens_from_feature);
   tl_free(v->dpatch_tokens);
   free(v);
@@ -249,14 +260,18 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
 
   v->pos_embed = tl_alloc((size_t)v->n_patches * D * sizeof(float), MEM_WORKSPACE, v->comp);
   vit_sincos_pos_embed(v->pos_embed, grid, v->D);
-  v->patches = tl_alloc((size_t)N * n_keep * v->patch_dim * sizeof(float), out_cat, v->comp);
+  op_calls_init(&v->calls, b);
+  v->patches = v->patches_slots = op_calls_alloc(
+      &v->calls, (size_t)N * n_keep * v->patch_dim * sizeof(float), out_cat, v->comp);
   linear_init(&v->patch_embed, b, "patch_embed", N * n_keep, v->patch_dim, v->D, 1, 0, 0.0f);
   if (v->has_cls) {
     // Like a bias, the cls token is exempt from weight decay.
     v->cls = paramset_take(b->params, "cls_token", D, 1, &v->dcls);
     paramset_init_normal(b->params, v->cls, D, 0.02f);
+    if (v->calls.count > 1) paramset_reserve_grad_scratch(b->params, D);
   }
-  v->embedded = tl_alloc(tokens * D * sizeof(float), out_cat, v->comp);
+  v->embedded = v->embedded_slots =
+      op_calls_alloc(&v->calls, tokens * D * sizeof(float), out_cat, v->comp);
   v->blocks = calloc((size_t)v->depth, sizeof *v->blocks);
   if (!v->blocks && v->depth) TL_DIE("out of memory");
   for (int i = 0; i < v->depth; i++) {
@@ -267,7 +282,8 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
   }
   layernorm_init(&v->norm, b, "norm", N * v->T, v->D);
   v->tokens = v->norm.out;
-  v->feature = tl_alloc((size_t)N * D * sizeof(float), out_cat, v->comp);
+  v->feature = v->feature_slots =
+      op_calls_alloc(&v->calls, (size_t)N * D * sizeof(float), out_cat, v->comp);
   if (train) {
     v->dtokens_from_feature = tl_alloc(tokens * D * sizeof(float), MEM_ACT_GRAD, v->comp);
     if (v->has_cls)

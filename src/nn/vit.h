@@ -40,12 +40,16 @@ typedef struct {
   int D, depth;
   OpMode mode;
   MemComponent comp;
-  float *pos_embed;          // (G*G, D) fixed sin-cos table, not a parameter
-  float *cls, *dcls;         // (D), when has_cls
-  const ParamSet *params;    // the block cls comes from: told when dcls is ready
-  float *patches;            // (N, n_keep, P*P*C) the patches encoded by the last forward
-  Linear patch_embed;        // (N*n_keep, P*P*C) -> (N*n_keep, D)
-  float *embedded;           // (N, T, D) input of the first block
+  float *pos_embed;        // (G*G, D) fixed sin-cos table, not a parameter
+  float *cls, *dcls;       // (D), when has_cls
+  const ParamSet *params;  // the block cls comes from: told when dcls is ready
+  // The last forward call's patches, embedded tokens and feature; one of each per call (the
+  // module's OpCalls, ops/builder.h) in the *_slots buffers.
+  OpCalls calls;
+  float *patches;      // (N, n_keep, P*P*C) the patches encoded by the last forward
+  Linear patch_embed;  // (N*n_keep, P*P*C) -> (N*n_keep, D)
+  float *embedded;     // (N, T, D) input of the first block
+  float *patches_slots, *embedded_slots, *feature_slots;
   TransformerBlock *blocks;  // (depth)
   LayerNorm norm;
   float *tokens;                // (N, T, D) final-LN output = norm.out; cls first when has_cls

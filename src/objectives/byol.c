@@ -64,7 +64,7 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   const int hidden = cfg->model.head_hidden_dim, d = cfg->model.head_out_dim;
   const ModelSpec *spec = &cfg->model.spec;
 
-  Builder online = {env->ctx, env->params, OP_TRAIN};
+  Builder online = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
   env->ctx->component = COMP_ENCODER;
   o->base.online = backbone_create(spec, &online, rows, S, C);
   backbone_set_input_normalization(o->base.online, env->input_mean, env->input_std);
@@ -77,7 +77,7 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   // The target starts as an exact copy of the online backbone and projector (the online block's
   // first floats, taken in the same order) and then only follows the momentum rule.
   paramset_alloc_nograd(&o->target_params, target_count, cfg->train.seed, MEM_MOMENTUM);
-  Builder target = {env->ctx, &o->target_params, OP_FORWARD};
+  Builder target = {.ctx = env->ctx, .params = &o->target_params, .mode = OP_FORWARD};
   o->target_backbone = backbone_create(spec, &target, rows, S, C);
   backbone_set_input_normalization(o->target_backbone, env->input_mean, env->input_std);
   head_init(&o->target_projector, &target, "head", rows, o->target_backbone->feature_dim, hidden,

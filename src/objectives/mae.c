@@ -102,7 +102,7 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   o->base.env = *env;
   o->b = env->local_batch;
   const int S = cfg->data.image_size, C = cfg->data.channels, b = o->b;
-  Builder bld = {env->ctx, env->params, OP_TRAIN};
+  Builder bld = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
 
   // The encoder: the same parameters, in the same order, as the vit backbone the kNN monitor
   // builds, but sized for the visible patches only.

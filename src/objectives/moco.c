@@ -88,7 +88,7 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   o->image_floats = S * S * C;
   const ModelSpec *spec = &cfg->model.spec;
 
-  Builder online = {env->ctx, env->params, OP_TRAIN};
+  Builder online = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
   env->ctx->component = COMP_ENCODER;
   o->base.online = backbone_create(spec, &online, nq, S, C);
   backbone_set_input_normalization(o->base.online, env->input_mean, env->input_std);
@@ -97,7 +97,7 @@ static Objective *moco_create(const ObjectiveEnv *env) {
 
   // The key encoder starts as an exact copy and then only follows the momentum rule.
   paramset_alloc_nograd(&o->key_params, env->params->used, cfg->train.seed, MEM_MOMENTUM);
-  Builder key = {env->ctx, &o->key_params, OP_FORWARD};
+  Builder key = {.ctx = env->ctx, .params = &o->key_params, .mode = OP_FORWARD};
   o->key_backbone = backbone_create(spec, &key, nq, S, C);
   backbone_set_input_normalization(o->key_backbone, env->input_mean, env->input_std);
   head_init(&o->key_head, &key, "key_head", nq, o->key_backbone->feature_dim,

@@ -52,7 +52,8 @@ struct ObjectiveDef {
   // error. Parameters are taken from env->params in build order (backbone first, then heads and
   // decoders); objective_param_count runs it once on a counting set to size the real one.
   Objective *(*create)(const ObjectiveEnv *env);
-  // Forward, loss and backward on this replica's shard. Leaves in env.params->grad the gradient
+  // Forward, loss and backward on this replica's shard, on gradients the caller zeroed
+  // (paramset_zero_grad; ops add into them). Leaves in env.params->grad the gradient
   // whose sample-count-weighted average over replicas is the gradient of the global loss.
   // Returns the global loss (identical on every replica). Fills the ledger's "encoded",
   // "cached" and "next step" counts and forward_ms/backward_ms.

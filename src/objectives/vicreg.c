@@ -61,7 +61,7 @@ static Objective *vicreg_create(const ObjectiveEnv *env) {
   o->base.env = *env;
   o->b = env->local_batch;
   const int rows = 2 * o->b, d = cfg->model.head_out_dim;
-  Builder bld = {env->ctx, env->params, OP_TRAIN};
+  Builder bld = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
   env->ctx->component = COMP_ENCODER;
   o->base.online =
       backbone_create(&cfg->model.spec, &bld, rows, cfg->data.image_size, cfg->data.channels);

@@ -16,6 +16,9 @@ void add_init(Add *l, Builder *b, size_t n, MemCategory cat, int is_backward) {
   l->n = n;
   l->comp = ctx->component;
   l->is_backward = is_backward;
+  Builder one_call = *b;
+  one_call.calls = 1;
+  op_calls_init(&l->calls, is_backward ? &one_call : b);
 
   struct AddPrivate *p = calloc(1, sizeof *p);
   if (!p) TL_DIE("out of memory");
@@ -28,11 +31,12 @@ void add_init(Add *l, Builder *b, size_t n, MemCategory cat, int is_backward) {
   p->a = dnnl_mem_new(ctx, &md);
   p->b = dnnl_mem_new(ctx, &md);
   p->out = dnnl_mem_new(ctx, &md);
-  l->out = tl_alloc(n * sizeof(float), cat, l->comp);
+  l->out = l->out_slots = op_calls_alloc(&l->calls, n * sizeof(float), cat, l->comp);
 }
 
 void add_forward(Add *l, DnnlCtx *ctx, const float *a, const float *bb) {
   struct AddPrivate *p = l->priv;
+  l->out = op_slot(l->out_slots, l->n * sizeof(float), op_calls_forward(&l->calls, "add"));
   dnnl_mem_bind(p->a, a);
   dnnl_mem_bind(p->b, bb);
   dnnl_mem_bind(p->out, l->out);
@@ -52,6 +56,6 @@ void add_destroy(Add *l) {
     dnnl_memory_destroy(p->out);
     free(p);
   }
-  tl_free(l->out);
+  tl_free(l->out_slots);
   memset(l, 0, sizeof *l);
 }

@@ -8,7 +8,9 @@ typedef struct {
   size_t n;
   MemComponent comp;
   int is_backward;  // counts its FLOPs as backward (gradient summation)
-  float *out;       // (n), owned
+  OpCalls calls;    // one slot for a gradient sum: it is consumed before the next call's
+  float *out;       // (n), owned: the last call's; one per call in out_slots
+  float *out_slots;
   struct AddPrivate *priv;
 } Add;
 

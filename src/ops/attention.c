@@ -35,14 +35,14 @@ struct AttentionPrivate {
   dnnl_primitive_t softmax_fwd, softmax_bwd;
   dnnl_memory_t probs_mem, dprobs_mem;
   // (N, H, T, T): scores, turned into probabilities in place by the softmax (kept for backward)
-  float *probs;
+  float *probs;  // (calls, N, H, T, T)
   // (N, H, T, T): dP, turned into dS (gradient of the scaled scores) in place; OP_TRAIN only
   float *dprobs_buf;
   // T < DENSE_HEADS_MAX_T: Q, K, V as dense (3, N, H, T, Dh) heads, and their gradients.
   int dense_heads;
   dnnl_dim_t part_offset;  // floats from Q to K to V in whichever buffer holds them
   DnnlReorder to_heads, from_heads;
-  float *heads;   // (3, N, H, T, Dh), kept for backward
+  float *heads;   // (calls, 3, N, H, T, Dh), kept for backward
   float *dheads;  // (3, N, H, T, Dh), OP_TRAIN only
 };
 
@@ -113,6 +113,7 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   a->H = heads;
   a->mode = b->mode;
   a->comp = ctx->component;
+  op_calls_init(&a->calls, b);
   struct AttentionPrivate *p = calloc(1, sizeof *p);
   if (!p) TL_DIE("out of memory");
   a->priv = p;
@@ -136,7 +137,8 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
     DNNL_CHECK(dnnl_memory_desc_init_by_strides(&fused, 5, dims, dnnl_f32, fused_strides));
     DNNL_CHECK(dnnl_memory_desc_init_by_tag(&split, 5, dims, dnnl_f32, dnnl_abcde));
     dnnl_reorder_init(&p->to_heads, ctx, &fused, &split);
-    p->heads = tl_alloc(qkv_count * sizeof(float), builder_out_category(b), a->comp);
+    p->heads =
+        op_calls_alloc(&a->calls, qkv_count * sizeof(float), builder_out_category(b), a->comp);
     if (train) {
       dnnl_reorder_init(&p->from_heads, ctx, &split, &fused);
       p->dheads = tl_alloc(qkv_count * sizeof(float), MEM_ACT_GRAD, a->comp);
@@ -159,9 +161,10 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   p->softmax_fwd = dnnl_ctx_make(ctx, &softmax_fwd_desc, NULL, &p->softmax_fwd_pd);
   p->probs_mem = dnnl_mem_new(ctx, &probs);
   size_t probs_count = (size_t)N * (size_t)probs_image;
-  p->probs = tl_alloc(probs_count * sizeof(float), builder_out_category(b), a->comp);
-  a->out =
-      tl_alloc((size_t)N * (size_t)out_image * sizeof(float), builder_out_category(b), a->comp);
+  p->probs =
+      op_calls_alloc(&a->calls, probs_count * sizeof(float), builder_out_category(b), a->comp);
+  a->out = a->out_slots = op_calls_alloc(&a->calls, (size_t)N * (size_t)out_image * sizeof(float),
+                                         builder_out_category(b), a->comp);
   if (!train) return;
 
   head_matmul_init(&p->dprobs, ctx, &out_head, &qkv_head_t, &probs, 1.0f);
@@ -176,31 +179,49 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   a->din = tl_alloc(qkv_count * sizeof(float), MEM_ACT_GRAD, a->comp);
 }
 
+// One call's saved tensors: its output, softmax output and (dense) heads.
+typedef struct {
+  float *probs, *heads;
+} AttentionCall;
+
+static AttentionCall attention_call(Attention *a, int call) {
+  struct AttentionPrivate *p = a->priv;
+  size_t qkv_bytes = (size_t)a->N * a->T * 3 * a->D * sizeof(float);
+  size_t probs_bytes = (size_t)a->N * a->H * a->T * a->T * sizeof(float);
+  a->out = op_slot(a->out_slots, (size_t)a->N * a->T * a->D * sizeof(float), call);
+  return (AttentionCall){op_slot(p->probs, probs_bytes, call), op_slot(p->heads, qkv_bytes, call)};
+}
+
 void attention_forward(Attention *a, DnnlCtx *ctx, const float *qkv) {
   struct AttentionPrivate *p = a->priv;
-  a->qkv = qkv;
-  if (p->dense_heads) dnnl_reorder_run(&p->to_heads, ctx, qkv, p->heads);
-  const float *q = p->dense_heads ? p->heads : qkv;
+  int call = op_calls_forward(&a->calls, "attention");
+  a->calls.in[call] = a->qkv = qkv;
+  AttentionCall c = attention_call(a, call);
+  if (p->dense_heads) dnnl_reorder_run(&p->to_heads, ctx, qkv, c.heads);
+  const float *q = p->dense_heads ? c.heads : qkv;
   const float *k = q + p->part_offset, *v = q + 2 * p->part_offset;
-  head_matmul_run(&p->scores, ctx, q, k, p->probs);
-  dnnl_mem_bind(p->probs_mem, p->probs);
+  head_matmul_run(&p->scores, ctx, q, k, c.probs);
+  dnnl_mem_bind(p->probs_mem, c.probs);
   dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, p->probs_mem}, {DNNL_ARG_DST, p->probs_mem}};
   dnnl_ctx_exec(ctx, p->softmax_fwd, p->softmax_fwd_pd, 2, args);
-  head_matmul_run(&p->context, ctx, p->probs, v, a->out);
+  head_matmul_run(&p->context, ctx, c.probs, v, a->out);
   ctx->flops_forward[a->comp] += attention_flops_forward(a->N, a->T, a->D, a->H);
 }
 
 void attention_backward(Attention *a, DnnlCtx *ctx, const float *dout) {
   struct AttentionPrivate *p = a->priv;
   if (a->mode != OP_TRAIN) TL_DIE("attention_backward on an op built without backward");
+  int call = op_calls_backward(&a->calls, "attention");
+  a->qkv = a->calls.in[call];
+  AttentionCall c = attention_call(a, call);
   TL_ASSERT(a->qkv);
-  const float *q = p->dense_heads ? p->heads : a->qkv;
+  const float *q = p->dense_heads ? c.heads : a->qkv;
   const float *k = q + p->part_offset, *v = q + 2 * p->part_offset;
   float *dq = p->dense_heads ? p->dheads : a->din;
   float *dk = dq + p->part_offset, *dv = dq + 2 * p->part_offset;
   head_matmul_run(&p->dprobs, ctx, dout, v, p->dprobs_buf);
-  head_matmul_run(&p->dvalue, ctx, p->probs, dout, dv);
-  dnnl_mem_bind(p->probs_mem, p->probs);
+  head_matmul_run(&p->dvalue, ctx, c.probs, dout, dv);
+  dnnl_mem_bind(p->probs_mem, c.probs);
   dnnl_mem_bind(p->dprobs_mem, p->dprobs_buf);
   dnnl_exec_arg_t args[] = {{DNNL_ARG_DST, p->probs_mem},
                             {DNNL_ARG_DIFF_DST, p->dprobs_mem},
@@ -231,7 +252,7 @@ void attention_destroy(Attention *a) {
     tl_free(p->dheads);
     free(p);
   }
-  tl_free(a->out);
+  tl_free(a->out_slots);
   tl_free(a->din);
   memset(a, 0, sizeof *a);
 }

@@ -13,8 +13,10 @@ typedef struct {
   int N, T, D, H;
   OpMode mode;
   MemComponent comp;
-  const float *qkv;               // (N, T, 3D) remembered from forward
-  float *out;                     // (N, T, D)
+  OpCalls calls;
+  const float *qkv;  // (N, T, 3D), the call forward or backward works on
+  float *out;        // (N, T, D), the same call's; one per call in out_slots
+  float *out_slots;
   float *din;                     // (N, T, 3D) = [dQ | dK | dV], OP_TRAIN only
   struct AttentionPrivate *priv;  // primitives; the softmax output (N, H, T, T) kept for backward
 } Attention;

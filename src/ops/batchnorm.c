@@ -34,13 +34,16 @@ struct BatchNormPrivate {
   dnnl_memory_t src, dst, diff_src;
   // (C) each; `ws` is the fused-ReLU mask.
   dnnl_memory_t scale, shift, mean, var, dscale, dshift, ws;
-  // Batch statistics of the last forward, (splits, C) each (biased variance, as oneDNN normalizes
-  // with it).
+  // Batch statistics, (splits, C) each (biased variance, as oneDNN normalizes with it), and the
+  // fused-ReLU mask written in forward and read in backward, (splits) of them: the call's being
+  // worked on, one per call in the *_slots buffers.
   float *batch_mean, *batch_var;
+  void *relu_ws;
+  float *mean_slots, *var_slots;
+  void *relu_ws_slots;
+  size_t relu_ws_bytes;               // one group's
   float *dgamma_split, *dbeta_split;  // (splits, C) when splits > 1: summed into dgamma, dbeta
-  void *relu_ws;         // fused-ReLU mask written in forward, read in backward, (splits) of them
-  size_t relu_ws_bytes;  // one group's
-  float *din_discard;    // diff_src target when need_din = 0: oneDNN always computes it
+  float *din_discard;  // diff_src target when need_din = 0: oneDNN always computes it
   // Told when dgamma and dbeta are ready.
   const ParamSet *params;
 };
@@ -69,6 +72,7 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   l->need_din = need_din && b->mode == OP_TRAIN;
   l->mode = b->mode;
   l->comp = ctx->component;
+  op_calls_init(&l->calls, b);
   l->sync = b->mode != OP_INFER && ctx->bn_sync != NULL;
   if (l->sync && l->splits > 1) TL_DIE("batchnorm %s: sync_bn with bn_splits > 1", name);
   l->eps = 1e-5f;
@@ -111,20 +115,21 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   p->shift = dnnl_mem_new(ctx, &c_md);
   p->mean = dnnl_mem_new(ctx, &c_md);
   p->var = dnnl_mem_new(ctx, &c_md);
-  l->out = tl_alloc(bn_elems(l) * sizeof(float), builder_out_category(b), l->comp);
+  l->out = l->out_slots =
+      op_calls_alloc(&l->calls, bn_elems(l) * sizeof(float), builder_out_category(b), l->comp);
   if (infer) return;
 
   // Batch statistics (and the ReLU mask) are kept for backward in training; the momentum encoder
   // only needs them for the running-statistics update right after forward.
   MemCategory kept = builder_out_category(b);
   const size_t G = (size_t)l->splits;
-  p->batch_mean = tl_alloc(G * C * sizeof(float), kept, l->comp);
-  p->batch_var = tl_alloc(G * C * sizeof(float), kept, l->comp);
+  p->batch_mean = p->mean_slots = op_calls_alloc(&l->calls, G * C * sizeof(float), kept, l->comp);
+  p->batch_var = p->var_slots = op_calls_alloc(&l->calls, G * C * sizeof(float), kept, l->comp);
   if (fuse_relu) {
     dnnl_memory_desc_t ws_md = dnnl_pd_md(p->fwd_pd, dnnl_query_workspace_md, 0);
     p->ws = dnnl_mem_new(ctx, &ws_md);
     p->relu_ws_bytes = dnnl_md_bytes(&ws_md);
-    p->relu_ws = tl_alloc(G * p->relu_ws_bytes, kept, l->comp);
+    p->relu_ws = p->relu_ws_slots = op_calls_alloc(&l->calls, G * p->relu_ws_bytes, kept, l->comp);
   }
   if (l->sync) {
     dnnl_batch_normalization_desc_t desc;
@@ -135,6 +140,7 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
     p->sync_coef = tl_alloc(3 * (size_t)C * sizeof(float), MEM_WORKSPACE, l->comp);
   }
   if (b->mode != OP_TRAIN) return;
+  if (l->calls.count > 1) paramset_reserve_grad_scratch(b->params, 2 * (size_t)C);
   if (l->sync) {
     dnnl_batch_normalization_desc_t desc;
     DNNL_CHECK(dnnl_batch_normalization_backward_desc_init(&desc, dnnl_backward, &data_md, &data_md,
@@ -209,9 +215,21 @@ static void sync_statistics(BatchNorm *l, DnnlCtx *ctx) {
   }
 }
 
+// Points the op at one call's output, statistics and mask.
+static void bn_select_call(BatchNorm *l, int call) {
+  struct BatchNormPrivate *p = l->priv;
+  const size_t stats_bytes = (size_t)l->splits * l->C * sizeof(float);
+  l->out = op_slot(l->out_slots, bn_elems(l) * sizeof(float), call);
+  p->batch_mean = op_slot(p->mean_slots, stats_bytes, call);
+  p->batch_var = op_slot(p->var_slots, stats_bytes, call);
+  p->relu_ws = op_slot(p->relu_ws_slots, (size_t)l->splits * p->relu_ws_bytes, call);
+}
+
 void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
   struct BatchNormPrivate *p = l->priv;
-  l->in = in;
+  int call = op_calls_forward(&l->calls, "batchnorm");
+  l->calls.in[call] = l->in = in;
+  bn_select_call(l, call);
   int batch_stats = l->mode != OP_INFER;
   dnnl_mem_bind(p->scale, l->gamma);
   dnnl_mem_bind(p->shift, l->beta);
@@ -252,13 +270,15 @@ void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
 //   din = gamma/sigma * (dy - (avg dbeta + xhat * avg dgamma) / n_local),
 // where avg is the sample-weighted average over replicas (one replica: the textbook formula).
 // dgamma and dbeta stay local: the trainer's weighted average of them is the global gradient.
-static void sync_din(BatchNorm *l, DnnlCtx *ctx, float *din) {
+// `dgamma` and `dbeta` hold this call's sums.
+static void sync_din(BatchNorm *l, DnnlCtx *ctx, float *din, const float *dgamma,
+                     const float *dbeta) {
   struct BatchNormPrivate *p = l->priv;
   const int C = l->C;
   const double samples = (double)l->N * l->H * l->W;
   if (!ctx->dry_run) {
-    memcpy(p->sync_buf, l->dbeta, sizeof(float) * C);
-    memcpy(p->sync_buf + C, l->dgamma, sizeof(float) * C);
+    memcpy(p->sync_buf, dbeta, sizeof(float) * C);
+    memcpy(p->sync_buf + C, dgamma, sizeof(float) * C);
   }
   ctx->bn_sync(ctx->bn_sync_user, p->sync_buf, 2 * (size_t)C, samples);
   if (ctx->dry_run) return;
@@ -281,8 +301,15 @@ static void sync_din(BatchNorm *l, DnnlCtx *ctx, float *din) {
 
 void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout) {
   struct BatchNormPrivate *p = l->priv;
-  TL_ASSERT(l->mode == OP_TRAIN && l->in);
+  TL_ASSERT(l->mode == OP_TRAIN);
+  int call = op_calls_backward(&l->calls, "batchnorm");
+  l->in = l->calls.in[call];
+  bn_select_call(l, call);
+  TL_ASSERT(l->in);
   const int G = l->splits;
+  int accumulate = op_calls_accumulates(&l->calls);
+  float *dgamma = paramset_grad_target(p->params, l->dgamma, (size_t)l->C, accumulate, 0);
+  float *dbeta = paramset_grad_target(p->params, l->dbeta, (size_t)l->C, accumulate, l->C);
   float *din = l->need_din ? l->din : p->din_discard;
   dnnl_mem_bind(p->scale, l->gamma);
   dnnl_mem_bind(p->shift, l->beta);
@@ -292,8 +319,8 @@ void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout) {
     dnnl_mem_bind(p->diff_src, din + g * group_elems(l));
     dnnl_mem_bind(p->mean, p->batch_mean + g * l->C);
     dnnl_mem_bind(p->var, p->batch_var + g * l->C);
-    dnnl_mem_bind(p->dscale, G > 1 ? p->dgamma_split + g * l->C : l->dgamma);
-    dnnl_mem_bind(p->dshift, G > 1 ? p->dbeta_split + g * l->C : l->dbeta);
+    dnnl_mem_bind(p->dscale, G > 1 ? p->dgamma_split + g * l->C : dgamma);
+    dnnl_mem_bind(p->dshift, G > 1 ? p->dbeta_split + g * l->C : dbeta);
     // oneDNN 2.6 requires the shift as an input of backward though dbeta does not depend on it.
     dnnl_exec_arg_t args[10] = {{DNNL_ARG_SRC, p->src},           {DNNL_ARG_DIFF_DST, p->dst},
                                 {DNNL_ARG_DIFF_SRC, p->diff_src}, {DNNL_ARG_SCALE, p->scale},
@@ -308,17 +335,21 @@ void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout) {
     dnnl_ctx_exec(ctx, l->sync ? p->bwd_global : p->bwd, l->sync ? p->bwd_global_pd : p->bwd_pd,
                   nargs, args);
   }
-  if (l->sync) sync_din(l, ctx, din);
+  if (l->sync) sync_din(l, ctx, din, dgamma, dbeta);
   // gamma and beta are shared by the groups: their gradients add up.
   if (G > 1 && !ctx->dry_run)
     for (int c = 0; c < l->C; c++) {
       float dg = 0, db = 0;
       for (int g = 0; g < G; g++)
         dg += p->dgamma_split[g * l->C + c], db += p->dbeta_split[g * l->C + c];
-      l->dgamma[c] = dg, l->dbeta[c] = db;
+      dgamma[c] = dg, dbeta[c] = db;
     }
-  paramset_grad_ready(p->params, l->dgamma, (size_t)l->C);
-  paramset_grad_ready(p->params, l->dbeta, (size_t)l->C);
+  op_grad_commit(ctx, l->comp, p->params, l->dgamma, dgamma, (size_t)l->C);
+  op_grad_commit(ctx, l->comp, p->params, l->dbeta, dbeta, (size_t)l->C);
+  if (op_calls_done(&l->calls)) {
+    paramset_grad_ready(p->params, l->dgamma, (size_t)l->C);
+    paramset_grad_ready(p->params, l->dbeta, (size_t)l->C);
+  }
   int per_elem = BN_BWD_FLOPS_PER_ELEM + (l->fuse_relu ? BN_RELU_FLOPS_PER_ELEM : 0) +
                  (l->sync ? BN_SYNC_BWD_FLOPS_PER_ELEM : 0);
   ctx->flops_backward[l->comp] += per_elem * (double)bn_elems(l);
@@ -341,15 +372,15 @@ void batchnorm_destroy(BatchNorm *l) {
                             p->mean, p->var, p->ws,       p->dscale, p->dshift};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++)
       if (mems[i]) dnnl_memory_destroy(mems[i]);
-    tl_free(p->batch_mean);
-    tl_free(p->batch_var);
-    tl_free(p->relu_ws);
+    tl_free(p->mean_slots);
+    tl_free(p->var_slots);
+    tl_free(p->relu_ws_slots);
     tl_free(p->dgamma_split);
     tl_free(p->dbeta_split);
     tl_free(p->din_discard);
     free(p);
   }
-  tl_free(l->out);
+  tl_free(l->out_slots);
   tl_free(l->din);
   memset(l, 0, sizeof *l);
 }

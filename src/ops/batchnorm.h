@@ -18,9 +18,11 @@ typedef struct {
   float *beta, *dbeta;    // (C) shift, init 0, no weight decay
   float *running_mean;    // (C) buffer in the parameter block (paramset_take_buffer)
   float *running_var;     // (C)
-  const float *in;        // (N, H, W, C)
-  float *out;             // (N, H, W, C)
-  float *din;             // (N, H, W, C), when need_din
+  OpCalls calls;
+  const float *in;  // (N, H, W, C), the call forward or backward works on
+  float *out;       // (N, H, W, C), the same call's; one per call in out_slots
+  float *out_slots;
+  float *din;  // (N, H, W, C), when need_din
   struct BatchNormPrivate *priv;
 } BatchNorm;
 

@@ -7,7 +7,15 @@
 // - An op is created once for fixed shapes (its primitives are created then, never per step),
 //   owns its output `out` and, when asked, its input gradient `din`; it remembers the input
 //   pointer it was given in forward for use in backward.
-// - Parameter gradients are overwritten (not accumulated) by backward.
+// - Calls: an op built for `calls` > 1 (OP_TRAIN) keeps one output, one input pointer and one
+//   set of saved workspaces per forward call, so a module can run on several inputs (two views)
+//   before backward; backward takes the calls back last-in first-out and `out` names the output
+//   of the call being worked on. The input gradient `din` is one buffer: a call's backward hands
+//   it on before the next call's backward begins.
+// - Parameter gradients accumulate over the calls of a step: paramset_zero_grad starts the step,
+//   the op's first backward after it writes, its later ones add (through the set's scratch, which
+//   an op built for several calls reserves); the set hears that a slice is ready when the op's
+//   last outstanding call has gone back (op_calls_backward leaves depth 0).
 // - Buffers: `out` is MEM_ACT when kept for backward (OP_TRAIN), MEM_WORKSPACE otherwise; `din` is
 //   MEM_ACT_GRAD; workspaces kept between forward and backward are MEM_ACT; all tagged with
 //   ctx->component at creation time.
@@ -15,6 +23,9 @@
 //   ctx->flops_forward/backward[component given at creation].
 #pragma once
 #include "core/dnnl_ctx.h"
+#include <string.h>
+
+#include "core/error.h"
 #include "core/params.h"
 
 typedef enum {
@@ -27,7 +38,89 @@ typedef struct {
   DnnlCtx *ctx;
   ParamSet *params;
   OpMode mode;
+  int calls;  // forward calls before backward, OP_TRAIN only; 0 means 1
 } Builder;
+
+enum { OP_MAX_CALLS = 8 };
+
+// The forward calls an op built by `b` keeps state for.
+static inline int builder_calls(const Builder *b) {
+  if (b->calls > OP_MAX_CALLS)
+    TL_DIE("ops keep at most %d calls, asked for %d", OP_MAX_CALLS, b->calls);
+  return b->mode == OP_TRAIN && b->calls > 1 ? b->calls : 1;
+}
+
+// Which of an op's per-call slots a pass uses. With one slot every forward reuses it (a forward
+// without backward — a finite-difference probe, a monitor pass — replaces what was kept, as
+// before calls existed). With several, a step's forwards stack up to `count` and backward pops
+// them; a step is a generation of the parameter set (paramset_zero_grad), so an op whose
+// backward a step skips (no input gradient wanted) starts the next step from slot 0 again.
+typedef struct {
+  int count;                     // slots: builder_calls()
+  int depth;                     // this step's forwards whose backward is still due
+  unsigned step;                 // the set's grad_generation `depth` belongs to
+  unsigned grad_written;         // the set's grad_generation when this op last wrote gradients
+  const ParamSet *params;        // whose generation counts steps
+  const void *in[OP_MAX_CALLS];  // each call's input, for its backward
+} OpCalls;
+
+static inline void op_calls_init(OpCalls *c, const Builder *b) {
+  memset(c, 0, sizeof *c);
+  c->count = builder_calls(b);
+  c->params = b->params;
+}
+
+static inline void op_calls_new_step(OpCalls *c) {
+  if (c->step == c->params->grad_generation) return;
+  c->step = c->params->grad_generation;
+  c->depth = 0;
+}
+
+// `count` buffers of `bytes` side by side, one allocation for the ledger; op_slot finds one.
+static inline void *op_calls_alloc(const OpCalls *c, size_t bytes, MemCategory cat,
+                                   MemComponent comp) {
+  return tl_alloc(bytes * (size_t)c->count, cat, comp);
+}
+static inline void *op_slot(void *base, size_t bytes, int slot) {
+  return base ? (char *)base + bytes * (size_t)slot : NULL;
+}
+
+static inline int op_calls_forward(OpCalls *c, const char *op) {
+  if (c->count == 1) return c->depth = 1, 0;
+  op_calls_new_step(c);
+  if (c->depth == c->count)
+    TL_DIE("%s: forward call %d in one step, built for %d", op, c->depth + 1, c->count);
+  return c->depth++;
+}
+
+// The slot of the call this backward works on: the latest forward not yet gone back.
+static inline int op_calls_backward(OpCalls *c, const char *op) {
+  if (c->count == 1) return c->depth = 0, 0;
+  op_calls_new_step(c);
+  if (c->depth == 0) TL_DIE("%s: backward without an outstanding forward call", op);
+  return --c->depth;
+}
+
+// After op_calls_backward: whether this backward adds to gradients an earlier call of the op
+// wrote since the set's last zero (1), or writes them (0). Call once per backward.
+static inline int op_calls_accumulates(OpCalls *c) {
+  if (c->grad_written == c->params->grad_generation) return 1;
+  c->grad_written = c->params->grad_generation;
+  return 0;
+}
+
+// Adds a gradient written to the scratch into its slice (counted as backward FLOPs: one add per
+// float); nothing when it was written in place.
+static inline void op_grad_commit(DnnlCtx *ctx, MemComponent comp, const ParamSet *ps, float *grad,
+                                  const float *target, size_t count) {
+  if (target == grad) return;
+  if (!ctx->dry_run) paramset_grad_commit(ps, grad, target, count);
+  ctx->flops_backward[comp] += (double)count;
+}
+
+// After op_calls_backward: whether this was the op's last outstanding call, so its parameter
+// gradients are complete for the step.
+static inline int op_calls_done(const OpCalls *c) { return c->depth == 0; }
 
 // Memory category for an op's output under this builder's mode.
 static inline MemCategory builder_out_category(const Builder *b) {

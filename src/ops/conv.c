@@ -51,6 +51,10 @@ static double conv_bias_flops(const Conv2d *l) {
   return l->has_bias ? (double)l->N * l->OH * l->OW * l->OC : 0.0;
 }
 
+static size_t conv_out_bytes(const Conv2d *l) {
+  return (size_t)l->N * l->OH * l->OW * l->OC * sizeof(float);
+}
+
 void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH, int IW, int OC,
                  int K, int stride, int pad, int has_bias, int need_din) {
   if (N <= 0 || IC <= 0 || OC <= 0 || K <= 0 || stride <= 0 || pad < 0 || IH + 2 * pad < K ||
@@ -65,6 +69,7 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   l->stride = stride, l->pad = pad, l->has_bias = has_bias;
   l->mode = b->mode;
   l->comp = ctx->component;
+  op_calls_init(&l->calls, b);
   // Backward data is only needed in training, and not for the first layer.
   l->need_din = need_din && b->mode == OP_TRAIN;
 
@@ -109,15 +114,17 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   dnnl_copy_init(&p->fwd_w, ctx, &w_plain, &w_fwd_md, MEM_WORKSPACE, l->comp);
   p->bwd_weights_f32 = type != dnnl_f32 && stride > 1;
   MemCategory in_category = b->mode == OP_TRAIN && !p->bwd_weights_f32 ? MEM_ACT : MEM_WORKSPACE;
-  dnnl_copy_init(&p->in, ctx, &src_f32, &src_md, in_category, l->comp);
+  dnnl_copy_init_slots(&p->in, ctx, &src_f32, &src_md, in_category, l->comp, l->calls.count);
   p->src = dnnl_mem_new(ctx, &src_md);
   p->dst = dnnl_mem_new(ctx, &dst_md);
   p->wei_fwd = dnnl_mem_new(ctx, &w_fwd_md);
   if (has_bias) p->bias = dnnl_mem_new(ctx, &b_md);
 
-  l->out =
-      tl_alloc((size_t)N * l->OH * l->OW * OC * sizeof(float), builder_out_category(b), l->comp);
+  l->out = l->out_slots =
+      op_calls_alloc(&l->calls, conv_out_bytes(l), builder_out_category(b), l->comp);
   if (b->mode != OP_TRAIN) return;
+  if (l->calls.count > 1)
+    paramset_reserve_grad_scratch(b->params, (size_t)OC * IC * K * K + (has_bias ? OC : 0));
 
   // Read in its own type only by backward data, or by a bf16 backward weights.
   if (l->need_din || !p->bwd_weights_f32)
@@ -156,8 +163,10 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
 
 void conv2d_forward(Conv2d *l, DnnlCtx *ctx, const float *in) {
   struct ConvPrivate *p = l->priv;
-  l->in = in;
-  dnnl_mem_bind(p->src, dnnl_copy_run(&p->in, ctx, in));
+  int call = op_calls_forward(&l->calls, "conv");
+  l->calls.in[call] = l->in = in;
+  l->out = op_slot(l->out_slots, conv_out_bytes(l), call);
+  dnnl_mem_bind(p->src, dnnl_copy_run_at(&p->in, ctx, in, call));
   dnnl_mem_bind(p->wei_fwd, dnnl_copy_run(&p->fwd_w, ctx, l->weight));
   dnnl_mem_bind(p->dst, l->out);
   dnnl_exec_arg_t args[4] = {
@@ -173,7 +182,11 @@ void conv2d_forward(Conv2d *l, DnnlCtx *ctx, const float *in) {
 
 void conv2d_backward(Conv2d *l, DnnlCtx *ctx, const float *dout) {
   struct ConvPrivate *p = l->priv;
-  TL_ASSERT(l->mode == OP_TRAIN && l->in);
+  TL_ASSERT(l->mode == OP_TRAIN);
+  int call = op_calls_backward(&l->calls, "conv");
+  l->in = l->calls.in[call];
+  l->out = op_slot(l->out_slots, conv_out_bytes(l), call);
+  TL_ASSERT(l->in);
   dnnl_mem_bind(p->diff_dst, dnnl_copy_run(&p->dout, ctx, dout));
 
   if (l->need_din) {
@@ -190,27 +203,35 @@ void conv2d_backward(Conv2d *l, DnnlCtx *ctx, const float *dout) {
     ctx->flops_backward[l->comp] += conv_pass_flops(l);
   }
 
-  // The input's converted copy from forward is still this layer's input.
+  // The input's converted copy from forward is still this call's input.
   if (p->bwd_weights_f32) {
     dnnl_mem_bind(p->bw_src, l->in);
     dnnl_mem_bind(p->bw_diff_dst, dout);
   } else {
-    dnnl_mem_bind(p->bw_src, dnnl_copy_last(&p->in, l->in));
+    dnnl_mem_bind(p->bw_src, dnnl_copy_last_at(&p->in, l->in, call));
     dnnl_mem_bind(p->bw_diff_dst, dnnl_copy_last(&p->dout, dout));
   }
-  dnnl_mem_bind(p->dwei, p->dw_buf ? p->dw_buf : l->dweight);
+  int accumulate = op_calls_accumulates(&l->calls);
+  size_t nw = (size_t)l->OC * l->IC * l->K * l->K;
+  float *dw = paramset_grad_target(p->params, l->dweight, nw, accumulate, 0);
+  float *db = l->has_bias ? paramset_grad_target(p->params, l->dbias, l->OC, accumulate, nw) : NULL;
+  dnnl_mem_bind(p->dwei, p->dw_buf ? p->dw_buf : dw);
   dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, p->bw_src},
                              {DNNL_ARG_DIFF_DST, p->bw_diff_dst},
                              {DNNL_ARG_DIFF_WEIGHTS, p->dwei}};
   int nargs = 3;
   if (l->has_bias) {
-    dnnl_mem_bind(p->bias, l->dbias);
+    dnnl_mem_bind(p->bias, db);
     args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_BIAS, p->bias};
   }
   dnnl_ctx_exec(ctx, p->bwd_weights, p->bwd_weights_pd, nargs, args);
-  if (p->dw_buf) dnnl_reorder_run(&p->dw_to_plain, ctx, p->dw_buf, l->dweight);
-  paramset_grad_ready(p->params, l->dweight, (size_t)l->OC * l->IC * l->K * l->K);
-  if (l->has_bias) paramset_grad_ready(p->params, l->dbias, (size_t)l->OC);
+  if (p->dw_buf) dnnl_reorder_run(&p->dw_to_plain, ctx, p->dw_buf, dw);
+  op_grad_commit(ctx, l->comp, p->params, l->dweight, dw, nw);
+  if (l->has_bias) op_grad_commit(ctx, l->comp, p->params, l->dbias, db, (size_t)l->OC);
+  if (op_calls_done(&l->calls)) {
+    paramset_grad_ready(p->params, l->dweight, nw);
+    if (l->has_bias) paramset_grad_ready(p->params, l->dbias, (size_t)l->OC);
+  }
   ctx->flops_backward[l->comp] += conv_pass_flops(l) + conv_bias_flops(l);
 }
 
@@ -233,7 +254,7 @@ void conv2d_destroy(Conv2d *l) {
     tl_free(p->dw_buf);
     free(p);
   }
-  tl_free(l->out);
+  tl_free(l->out_slots);
   tl_free(l->din);
   memset(l, 0, sizeof *l);
 }

@@ -7,10 +7,12 @@ typedef struct {
   int N, IC, IH, IW, OC, OH, OW, K, stride, pad, has_bias, need_din;
   OpMode mode;
   MemComponent comp;
-  float *weight, *dweight;   // (OC, IC, K, K) plain oihw
-  float *bias, *dbias;       // (OC), when has_bias
-  const float *in;           // (N, IH, IW, IC) remembered from forward
-  float *out;                // (N, OH, OW, OC)
+  float *weight, *dweight;  // (OC, IC, K, K) plain oihw
+  float *bias, *dbias;      // (OC), when has_bias
+  OpCalls calls;
+  const float *in;  // (N, IH, IW, IC), the call forward or backward works on
+  float *out;       // (N, OH, OW, OC), the same call's; one per call in out_slots
+  float *out_slots;
   float *din;                // (N, IH, IW, IC), when need_din
   struct ConvPrivate *priv;  // primitives, memories, weight layout reorders
 } Conv2d;

@@ -26,6 +26,7 @@ void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_d
   l->need_din = need_din && b->mode == OP_TRAIN;
   l->mode = b->mode;
   l->comp = ctx->component;
+  op_calls_init(&l->calls, b);
 
   struct EltwisePrivate *p = calloc(1, sizeof *p);
   if (!p) TL_DIE("out of memory");
@@ -43,7 +44,8 @@ void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_d
   p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
   p->src = dnnl_mem_new(ctx, &md);
   p->dst = dnnl_mem_new(ctx, &md);
-  l->out = tl_alloc(n * sizeof(float), builder_out_category(b), l->comp);
+  l->out = l->out_slots =
+      op_calls_alloc(&l->calls, n * sizeof(float), builder_out_category(b), l->comp);
   if (!l->need_din) return;
 
   dnnl_eltwise_desc_t bwd_desc;
@@ -56,7 +58,9 @@ void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_d
 
 void eltwise_forward(Eltwise *l, DnnlCtx *ctx, const float *in) {
   struct EltwisePrivate *p = l->priv;
-  l->in = in;
+  int call = op_calls_forward(&l->calls, "eltwise");
+  l->calls.in[call] = l->in = in;
+  l->out = op_slot(l->out_slots, l->n * sizeof(float), call);
   dnnl_mem_bind(p->src, in);
   dnnl_mem_bind(p->dst, l->out);
   dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, p->src}, {DNNL_ARG_DST, p->dst}};
@@ -68,6 +72,9 @@ void eltwise_forward(Eltwise *l, DnnlCtx *ctx, const float *in) {
 void eltwise_backward(Eltwise *l, DnnlCtx *ctx, const float *dout) {
   struct EltwisePrivate *p = l->priv;
   if (!l->need_din) return;
+  int call = op_calls_backward(&l->calls, "eltwise");
+  l->in = l->calls.in[call];
+  l->out = op_slot(l->out_slots, l->n * sizeof(float), call);
   TL_ASSERT(l->in);
   dnnl_mem_bind(p->diff_dst, dout);
   dnnl_mem_bind(p->diff_src, l->din);
@@ -95,7 +102,7 @@ void eltwise_destroy(Eltwise *l) {
       if (mems[i]) dnnl_memory_destroy(mems[i]);
     free(p);
   }
-  tl_free(l->out);
+  tl_free(l->out_slots);
   tl_free(l->din);
   memset(l, 0, sizeof *l);
 }

@@ -10,9 +10,11 @@ typedef struct {
   int need_din;
   OpMode mode;
   MemComponent comp;
-  const float *in;  // (n)
-  float *out;       // (n)
-  float *din;       // (n)
+  OpCalls calls;
+  const float *in;  // (n), the call forward or backward works on
+  float *out;       // (n), the same call's; one per call in out_slots
+  float *out_slots;
+  float *din;  // (n)
   struct EltwisePrivate *priv;
 } Eltwise;
 

@@ -14,12 +14,15 @@ struct LayerNormPrivate {
   dnnl_primitive_t fwd, bwd;
   dnnl_memory_t src, dst, scale, shift, mean, variance;  // forward
   dnnl_memory_t diff_dst, diff_src, diff_scale, diff_shift;
-  float *mean_buf, *variance_buf;  // (M) each, OP_TRAIN: the statistics backward reuses
+  float *mean_buf, *variance_buf;  // (calls, M) each, OP_TRAIN: the statistics backward reuses
   const ParamSet *params;          // told when dgamma and dbeta are ready
 };
 
 double layernorm_flops_forward(int M, int D) { return LN_FWD_FLOPS_PER_ELEM * (double)M * D; }
 double layernorm_flops_backward(int M, int D) { return LN_BWD_FLOPS_PER_ELEM * (double)M * D; }
+
+static size_t ln_data_bytes(const LayerNorm *l) { return (size_t)l->M * l->D * sizeof(float); }
+static size_t ln_stat_bytes(const LayerNorm *l) { return (size_t)l->M * sizeof(float); }
 
 void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   if (M <= 0 || D <= 0) TL_DIE("layernorm %s: bad shape (%d, %d)", name, M, D);
@@ -30,6 +33,7 @@ void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   l->mode = b->mode;
   l->comp = ctx->component;
   l->eps = 1e-6f;
+  op_calls_init(&l->calls, b);
 
   char pname[64];
   snprintf(pname, sizeof pname, "%s.gamma", name);
@@ -61,13 +65,15 @@ void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   p->dst = dnnl_mem_new(ctx, &data_md);
   p->scale = dnnl_mem_new(ctx, &param_md);
   p->shift = dnnl_mem_new(ctx, &param_md);
-  l->out = tl_alloc((size_t)M * (size_t)D * sizeof(float), builder_out_category(b), l->comp);
+  l->out = l->out_slots =
+      op_calls_alloc(&l->calls, ln_data_bytes(l), builder_out_category(b), l->comp);
   if (!train) return;
+  if (l->calls.count > 1) paramset_reserve_grad_scratch(b->params, 2 * (size_t)D);
 
   p->mean = dnnl_mem_new(ctx, &stat_md);
   p->variance = dnnl_mem_new(ctx, &stat_md);
-  p->mean_buf = tl_alloc((size_t)M * sizeof(float), MEM_ACT, l->comp);
-  p->variance_buf = tl_alloc((size_t)M * sizeof(float), MEM_ACT, l->comp);
+  p->mean_buf = op_calls_alloc(&l->calls, ln_stat_bytes(l), MEM_ACT, l->comp);
+  p->variance_buf = op_calls_alloc(&l->calls, ln_stat_bytes(l), MEM_ACT, l->comp);
   dnnl_layer_normalization_desc_t bwd_desc;
   DNNL_CHECK(dnnl_layer_normalization_backward_desc_init(&bwd_desc, dnnl_backward, &data_md,
                                                          &data_md, &stat_md, l->eps, flags));
@@ -81,7 +87,9 @@ void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
 
 void layernorm_forward(LayerNorm *l, DnnlCtx *ctx, const float *in) {
   struct LayerNormPrivate *p = l->priv;
-  l->in = in;
+  int call = op_calls_forward(&l->calls, "layernorm");
+  l->calls.in[call] = l->in = in;
+  l->out = op_slot(l->out_slots, ln_data_bytes(l), call);
   dnnl_mem_bind(p->src, in);
   dnnl_mem_bind(p->dst, l->out);
   dnnl_mem_bind(p->scale, l->gamma);
@@ -92,8 +100,8 @@ void layernorm_forward(LayerNorm *l, DnnlCtx *ctx, const float *in) {
                              {DNNL_ARG_SHIFT, p->shift}};
   int nargs = 4;
   if (l->mode == OP_TRAIN) {
-    dnnl_mem_bind(p->mean, p->mean_buf);
-    dnnl_mem_bind(p->variance, p->variance_buf);
+    dnnl_mem_bind(p->mean, op_slot(p->mean_buf, ln_stat_bytes(l), call));
+    dnnl_mem_bind(p->variance, op_slot(p->variance_buf, ln_stat_bytes(l), call));
     args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_MEAN, p->mean};
     args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_VARIANCE, p->variance};
   }
@@ -104,16 +112,24 @@ void layernorm_forward(LayerNorm *l, DnnlCtx *ctx, const float *in) {
 void layernorm_backward(LayerNorm *l, DnnlCtx *ctx, const float *dout) {
   struct LayerNormPrivate *p = l->priv;
   if (l->mode != OP_TRAIN) TL_DIE("layernorm_backward on a layer built without backward");
+  int call = op_calls_backward(&l->calls, "layernorm");
+  l->in = l->calls.in[call];
+  l->out = op_slot(l->out_slots, ln_data_bytes(l), call);
   TL_ASSERT(l->in);
+  int accumulate = op_calls_accumulates(&l->calls);
+  float *dgamma = paramset_grad_target(p->params, l->dgamma, (size_t)l->D, accumulate, 0);
+  float *dbeta = paramset_grad_target(p->params, l->dbeta, (size_t)l->D, accumulate, l->D);
   dnnl_mem_bind(p->src, l->in);
+  dnnl_mem_bind(p->mean, op_slot(p->mean_buf, ln_stat_bytes(l), call));
+  dnnl_mem_bind(p->variance, op_slot(p->variance_buf, ln_stat_bytes(l), call));
   dnnl_mem_bind(p->scale, l->gamma);
   // oneDNN 2.6 rejects the backward call without the shift argument when dnnl_use_shift is set,
   // although the gradient does not depend on it.
   dnnl_mem_bind(p->shift, l->beta);
   dnnl_mem_bind(p->diff_dst, dout);
   dnnl_mem_bind(p->diff_src, l->din);
-  dnnl_mem_bind(p->diff_scale, l->dgamma);
-  dnnl_mem_bind(p->diff_shift, l->dbeta);
+  dnnl_mem_bind(p->diff_scale, dgamma);
+  dnnl_mem_bind(p->diff_shift, dbeta);
   dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, p->src},
                             {DNNL_ARG_MEAN, p->mean},
                             {DNNL_ARG_VARIANCE, p->variance},
@@ -124,8 +140,12 @@ void layernorm_backward(LayerNorm *l, DnnlCtx *ctx, const float *dout) {
                             {DNNL_ARG_DIFF_SCALE, p->diff_scale},
                             {DNNL_ARG_DIFF_SHIFT, p->diff_shift}};
   dnnl_ctx_exec(ctx, p->bwd, p->bwd_pd, (int)(sizeof args / sizeof args[0]), args);
-  paramset_grad_ready(p->params, l->dgamma, (size_t)l->D);
-  paramset_grad_ready(p->params, l->dbeta, (size_t)l->D);
+  op_grad_commit(ctx, l->comp, p->params, l->dgamma, dgamma, (size_t)l->D);
+  op_grad_commit(ctx, l->comp, p->params, l->dbeta, dbeta, (size_t)l->D);
+  if (op_calls_done(&l->calls)) {
+    paramset_grad_ready(p->params, l->dgamma, (size_t)l->D);
+    paramset_grad_ready(p->params, l->dbeta, (size_t)l->D);
+  }
   ctx->flops_backward[l->comp] += layernorm_flops_backward(l->M, l->D);
 }
 
@@ -144,7 +164,7 @@ void layernorm_destroy(LayerNorm *l) {
     tl_free(p->variance_buf);
     free(p);
   }
-  tl_free(l->out);
+  tl_free(l->out_slots);
   tl_free(l->din);
   memset(l, 0, sizeof *l);
 }

@@ -10,8 +10,10 @@ typedef struct {
   float eps;              // 1e-6
   float *gamma, *dgamma;  // (D) scale, init 1, no weight decay
   float *beta, *dbeta;    // (D) shift, init 0, no weight decay
-  const float *in;        // (M, D) remembered from forward
-  float *out;             // (M, D)
+  OpCalls calls;
+  const float *in;  // (M, D), the call forward or backward works on
+  float *out;       // (M, D), the same call's; one per call in out_slots
+  float *out_slots;
   // (M, D), OP_TRAIN only: oneDNN's backward with scale/shift gradients always produces it.
   float *din;
   struct LayerNormPrivate *priv;  // primitives and the per-row mean/variance kept for backward

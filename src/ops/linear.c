@@ -28,6 +28,8 @@ struct LinearPrivate {
   const ParamSet *params;                    // told when dweight and dbias are ready
 };
 
+static size_t linear_out_bytes(const Linear *l) { return (size_t)l->M * l->OC * sizeof(float); }
+
 void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC, int has_bias,
                  int need_din, float init_std) {
   if (M <= 0 || IC <= 0 || OC <= 0) TL_DIE("linear %s: bad shape (%d, %d) -> %d", name, M, IC, OC);
@@ -40,6 +42,7 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   l->mode = b->mode;
   l->need_din = need_din && b->mode == OP_TRAIN;
   l->comp = ctx->component;
+  op_calls_init(&l->calls, b);
 
   char pname[64];
   snprintf(pname, sizeof pname, "%s.weight", name);
@@ -79,13 +82,16 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
   dnnl_memory_desc_t fwd_weight_md = dnnl_pd_md(p->fwd_pd, dnnl_query_weights_md, 0);
   dnnl_copy_init(&p->fwd_w, ctx, &weight_md, &fwd_weight_md, MEM_WORKSPACE, l->comp);
-  dnnl_copy_init(&p->in, ctx, &src_f32, &src_md, builder_out_category(b), l->comp);
+  dnnl_copy_init_slots(&p->in, ctx, &src_f32, &src_md, builder_out_category(b), l->comp,
+                       l->calls.count);
   p->src = dnnl_mem_new(ctx, &src_md);
   p->fwd_weight = dnnl_mem_new(ctx, &fwd_weight_md);
   if (has_bias) p->bias = dnnl_mem_new(ctx, &bias_md);
   p->dst = dnnl_mem_new(ctx, &dst_md);
-  l->out = tl_alloc((size_t)M * (size_t)OC * sizeof(float), builder_out_category(b), l->comp);
+  l->out = l->out_slots =
+      op_calls_alloc(&l->calls, linear_out_bytes(l), builder_out_category(b), l->comp);
   if (b->mode != OP_TRAIN) return;
+  if (l->calls.count > 1) paramset_reserve_grad_scratch(b->params, (size_t)OC * IC + OC);
 
   dnnl_inner_product_desc_t bwd_weights_desc;
   DNNL_CHECK(dnnl_inner_product_backward_weights_desc_init(&bwd_weights_desc, &src_md, &weight_md,
@@ -111,8 +117,10 @@ static double linear_flops(const Linear *l) { return 2.0 * l->M * (double)l->IC 
 
 void linear_forward(Linear *l, DnnlCtx *ctx, const float *in) {
   struct LinearPrivate *p = l->priv;
-  l->in = in;
-  dnnl_mem_bind(p->src, dnnl_copy_run(&p->in, ctx, in));
+  int call = op_calls_forward(&l->calls, "linear");
+  l->calls.in[call] = l->in = in;
+  l->out = op_slot(l->out_slots, linear_out_bytes(l), call);
+  dnnl_mem_bind(p->src, dnnl_copy_run_at(&p->in, ctx, in, call));
   dnnl_mem_bind(p->fwd_weight, dnnl_copy_run(&p->fwd_w, ctx, l->weight));
   dnnl_mem_bind(p->dst, l->out);
   dnnl_exec_arg_t args[4] = {
@@ -129,22 +137,33 @@ void linear_forward(Linear *l, DnnlCtx *ctx, const float *in) {
 void linear_backward(Linear *l, DnnlCtx *ctx, const float *dout) {
   struct LinearPrivate *p = l->priv;
   if (l->mode != OP_TRAIN) TL_DIE("linear_backward on a layer built without backward");
+  int call = op_calls_backward(&l->calls, "linear");
+  l->in = l->calls.in[call];
+  l->out = op_slot(l->out_slots, linear_out_bytes(l), call);
   TL_ASSERT(l->in);
+  int accumulate = op_calls_accumulates(&l->calls);
+  size_t nw = (size_t)l->OC * l->IC;
+  float *dw = paramset_grad_target(p->params, l->dweight, nw, accumulate, 0);
+  float *db = l->has_bias ? paramset_grad_target(p->params, l->dbias, l->OC, accumulate, nw) : NULL;
   dnnl_mem_bind(p->diff_dst, dnnl_copy_run(&p->dout, ctx, dout));
-  // The input's converted copy from forward is still this layer's input.
-  dnnl_mem_bind(p->src, dnnl_copy_last(&p->in, l->in));
-  dnnl_mem_bind(p->diff_weight, l->dweight);
+  // The input's converted copy from forward is still this call's input.
+  dnnl_mem_bind(p->src, dnnl_copy_last_at(&p->in, l->in, call));
+  dnnl_mem_bind(p->diff_weight, dw);
   dnnl_exec_arg_t wargs[4] = {{DNNL_ARG_SRC, p->src},
                               {DNNL_ARG_DIFF_DST, p->diff_dst},
                               {DNNL_ARG_DIFF_WEIGHTS, p->diff_weight}};
   int nargs = 3;
   if (l->has_bias) {
-    dnnl_mem_bind(p->diff_bias, l->dbias);
+    dnnl_mem_bind(p->diff_bias, db);
     wargs[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_BIAS, p->diff_bias};
   }
   dnnl_ctx_exec(ctx, p->bwd_weights, p->bwd_weights_pd, nargs, wargs);
-  paramset_grad_ready(p->params, l->dweight, (size_t)l->OC * l->IC);
-  if (l->has_bias) paramset_grad_ready(p->params, l->dbias, (size_t)l->OC);
+  op_grad_commit(ctx, l->comp, p->params, l->dweight, dw, nw);
+  if (l->has_bias) op_grad_commit(ctx, l->comp, p->params, l->dbias, db, (size_t)l->OC);
+  if (op_calls_done(&l->calls)) {
+    paramset_grad_ready(p->params, l->dweight, nw);
+    if (l->has_bias) paramset_grad_ready(p->params, l->dbias, (size_t)l->OC);
+  }
   ctx->flops_backward[l->comp] += linear_flops(l);
   if (!l->need_din) return;
 
@@ -174,7 +193,7 @@ void linear_destroy(Linear *l) {
     for (size_t i = 0; i < sizeof copies / sizeof copies[0]; i++) dnnl_copy_destroy(copies[i]);
     free(p);
   }
-  tl_free(l->out);
+  tl_free(l->out_slots);
   tl_free(l->din);
   memset(l, 0, sizeof *l);
 }

@@ -9,9 +9,11 @@ typedef struct {
   MemComponent comp;
   float *weight, *dweight;  // (OC, IC)
   float *bias, *dbias;      // (OC)
-  const float *in;          // (M, IC)
-  float *out;               // (M, OC)
-  float *din;               // (M, IC)
+  OpCalls calls;
+  const float *in;  // (M, IC), the call forward or backward works on
+  float *out;       // (M, OC), the same call's; one per call in out_slots
+  float *out_slots;
+  float *din;  // (M, IC)
   struct LinearPrivate *priv;
 } Linear;
 

@@ -22,6 +22,7 @@ void gap_init(GlobalAvgPool *l, Builder *b, int N, int H, int W, int C, int need
   l->need_din = need_din && b->mode == OP_TRAIN;
   l->mode = b->mode;
   l->comp = ctx->component;
+  op_calls_init(&l->calls, b);
 
   struct PoolPrivate *p = calloc(1, sizeof *p);
   if (!p) TL_DIE("out of memory");
@@ -37,7 +38,8 @@ void gap_init(GlobalAvgPool *l, Builder *b, int N, int H, int W, int C, int need
   p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
   p->src = dnnl_mem_new(ctx, &src_md);
   p->dst = dnnl_mem_new(ctx, &dst_md);
-  l->out = tl_alloc((size_t)N * C * sizeof(float), builder_out_category(b), l->comp);
+  l->out = l->out_slots =
+      op_calls_alloc(&l->calls, (size_t)N * C * sizeof(float), builder_out_category(b), l->comp);
   if (!l->need_din) return;
 
   dnnl_pooling_desc_t bwd_desc;
@@ -49,6 +51,8 @@ void gap_init(GlobalAvgPool *l, Builder *b, int N, int H, int W, int C, int need
 
 void gap_forward(GlobalAvgPool *l, DnnlCtx *ctx, const float *in) {
   struct PoolPrivate *p = l->priv;
+  int call = op_calls_forward(&l->calls, "pool");
+  l->out = op_slot(l->out_slots, (size_t)l->N * l->C * sizeof(float), call);
   dnnl_mem_bind(p->src, in);
   dnnl_mem_bind(p->dst, l->out);
   dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, p->src}, {DNNL_ARG_DST, p->dst}};
@@ -60,6 +64,8 @@ void gap_forward(GlobalAvgPool *l, DnnlCtx *ctx, const float *in) {
 void gap_backward(GlobalAvgPool *l, DnnlCtx *ctx, const float *dout) {
   struct PoolPrivate *p = l->priv;
   if (!l->need_din) return;
+  int call = op_calls_backward(&l->calls, "pool");
+  l->out = op_slot(l->out_slots, (size_t)l->N * l->C * sizeof(float), call);
   dnnl_mem_bind(p->dst, dout);
   dnnl_mem_bind(p->src, l->din);
   dnnl_exec_arg_t args[] = {{DNNL_ARG_DIFF_DST, p->dst}, {DNNL_ARG_DIFF_SRC, p->src}};
@@ -78,7 +84,7 @@ void gap_destroy(GlobalAvgPool *l) {
     dnnl_memory_destroy(p->dst);
     free(p);
   }
-  tl_free(l->out);
+  tl_free(l->out_slots);
   tl_free(l->din);
   memset(l, 0, sizeof *l);
 }

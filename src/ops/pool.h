@@ -6,7 +6,9 @@ typedef struct {
   int N, H, W, C, need_din;
   OpMode mode;
   MemComponent comp;
-  float *out;  // (N, C)
+  OpCalls calls;
+  float *out;  // (N, C), the call forward worked on last; one per call in out_slots
+  float *out_slots;
   float *din;  // (N, H, W, C)
   struct PoolPrivate *priv;
 } GlobalAvgPool;

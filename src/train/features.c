@@ -62,7 +62,7 @@ int feature_encoder_open(FeatureEncoder *e, const char *src, int batch) {
     dnnl_ctx_init(&e->ctx);
     e->ctx.scratchpad_category = MEM_EVAL;
     paramset_alloc_nograd(&e->ps, backbone_param_count(&cfg->model.spec, S, C), 0, MEM_EVAL);
-    Builder b = {&e->ctx, &e->ps, OP_INFER};
+    Builder b = {.ctx = &e->ctx, .params = &e->ps, .mode = OP_INFER};
     e->encoder = backbone_create(&cfg->model.spec, &b, batch, S, C);
     backbone_set_input_normalization(e->encoder, e->norm.mean, e->norm.std);
     e->images = tl_alloc(sizeof(float) * (size_t)batch * S * S * C, MEM_EVAL, COMP_OTHER);

@@ -83,6 +83,7 @@ void replica_destroy(Replica *r) {
 double replica_forward_backward(Replica *r, const Batch *batch, LedgerRecord *rec) {
   dnnl_ctx_reset_flops(&r->ctx);
   comm_stats_reset(r->comm);
+  paramset_zero_grad(&r->ps, r->ctx.dry_run);
   if (r->grad_sync) grad_sync_begin(r->grad_sync, batch->n, r->global_batch);
   return r->def->step(r->obj, batch, rec);
 }
