@@ -32,6 +32,7 @@ typedef struct {
   float *padded;                // (N, P_S, P_S, C) the stem's input when pad_to frames the images
   float *padded_slots;          // one per forward call (ops/builder.h)
   OpCalls pad_calls;
+  GradPool grads;  // every input gradient of the network, OP_TRAIN
   Conv2d stem;
   BatchNorm stem_bn;  // with fused ReLU
   int n_blocks;
@@ -39,30 +40,45 @@ typedef struct {
   GlobalAvgPool pool;
 } ResNet;
 
+// Input gradients share three buffers (GradPool), named by when they are live in backward. The
+// gradient between blocks is in A. A block's backward: relu A -> X (read by bn2 and, as the
+// shortcut's gradient, by proj_bn or the final sum), bn2 X -> A, conv2 A -> B, bn1 B -> A,
+// conv1 A -> B (held for the sum), proj_bn X -> A, proj A -> X, sum B + X -> A. Each op writes a
+// buffer other than the one it reads, and nothing still needed is overwritten.
+enum { GRAD_X, GRAD_A, GRAD_B };
+
 static void block_init(BasicBlock *blk, Builder *b, const char *name, int N, int IC, int IH, int IW,
                        int OC, int stride) {
   char nm[64];
   int train = b->mode == OP_TRAIN;
   blk->train = train;
   snprintf(nm, sizeof nm, "%s.conv1", name);
+  b->grad_slot = GRAD_B;
   conv2d_init(&blk->conv1, b, nm, N, IC, IH, IW, OC, 3, stride, 1, 0, train);
   int H = blk->conv1.OH, W = blk->conv1.OW;
   snprintf(nm, sizeof nm, "%s.bn1", name);
+  b->grad_slot = GRAD_A;
   batchnorm_init(&blk->bn1, b, nm, N, OC, H, W, 1, train);
   snprintf(nm, sizeof nm, "%s.conv2", name);
+  b->grad_slot = GRAD_B;
   conv2d_init(&blk->conv2, b, nm, N, OC, H, W, OC, 3, 1, 1, 0, train);
   snprintf(nm, sizeof nm, "%s.bn2", name);
+  b->grad_slot = GRAD_A;
   batchnorm_init(&blk->bn2, b, nm, N, OC, H, W, 0, train);
   blk->has_projection = stride != 1 || IC != OC;
   if (blk->has_projection) {
     snprintf(nm, sizeof nm, "%s.proj", name);
+    b->grad_slot = GRAD_X;
     conv2d_init(&blk->proj, b, nm, N, IC, IH, IW, OC, 1, stride, 0, 0, train);
     snprintf(nm, sizeof nm, "%s.proj_bn", name);
+    b->grad_slot = GRAD_A;
     batchnorm_init(&blk->proj_bn, b, nm, N, OC, H, W, 0, train);
   }
   size_t out_n = (size_t)N * H * W * OC;
   add_init(&blk->sum, b, out_n, builder_out_category(b), 0);
+  b->grad_slot = GRAD_X;
   eltwise_init(&blk->relu, b, ELTWISE_RELU, out_n, train);
+  b->grad_slot = GRAD_A;
   if (train) add_init(&blk->dsum, b, (size_t)N * IH * IW * IC, MEM_ACT_GRAD, 1);
 }
 
@@ -167,6 +183,7 @@ static void resnet_destroy(Backbone *bb) {
   for (int i = 0; i < r->n_blocks; i++) block_destroy(&r->blocks[i]);
   free(r->blocks);
   gap_destroy(&r->pool);
+  grad_pool_free(&r->grads);
   free(r);
 }
 
@@ -187,10 +204,14 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
   if (r->padded_size > image_size)
     r->padded = r->padded_slots =
         op_calls_alloc(&r->pad_calls, padded_bytes(r), builder_out_category(b), b->ctx->component);
+  Builder pooled = *b;
+  if (train) pooled.grad_pool = &r->grads;
+  b = &pooled;
   int C = spec->stem_channels, H = r->padded_size, W = r->padded_size;
   conv2d_init(&r->stem, b, "stem.conv", N, channels, H, W, C, 3, 1, 1, 0, 0);
   H = r->stem.OH;
   W = r->stem.OW;
+  b->grad_slot = GRAD_B;  // reads the first block's A
   batchnorm_init(&r->stem_bn, b, "stem.bn", N, C, H, W, 1, train);
   for (int s = 0; s < spec->n_stages; s++) r->n_blocks += spec->stage_blocks[s];
   r->blocks = calloc((size_t)r->n_blocks, sizeof *r->blocks);
@@ -206,7 +227,9 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
       H = r->blocks[k].conv1.OH;
       W = r->blocks[k].conv1.OW;
     }
+  b->grad_slot = GRAD_A;
   gap_init(&r->pool, b, N, H, W, C, train);
+  if (train) grad_pool_finish(&r->grads, b->ctx->component);
   r->base = (Backbone){.kind = "resnet",
                        .N = N,
                        .channels = channels,

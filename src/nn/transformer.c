@@ -17,30 +17,44 @@ void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name,
   int M = N * T, hidden = mlp_ratio * D;
   size_t n = (size_t)M * (size_t)D;
   char nm[64];
+  // With a gradient pool (b->grad_pool), the block's input gradients share four buffers: the
+  // block's incoming and outgoing gradients are in the builder's slot, dx1 (live from the MLP
+  // branch's sum to the block's) in Q, and the ops of each branch alternate between A and B.
+  const int slot = b->grad_slot;
+  const int Q = (slot + 1) % 4, A = (slot + 2) % 4, B = (slot + 3) % 4;
   snprintf(nm, sizeof nm, "%s.norm1", name);
+  b->grad_slot = B;
   layernorm_init(&blk->norm1, b, nm, M, D);
   // qkv's input gradient is needed even without need_din: norm1's scale and shift gradients
   // come from it.
   snprintf(nm, sizeof nm, "%s.attn.qkv", name);
+  b->grad_slot = A;
   linear_init(&blk->qkv, b, nm, M, D, 3 * D, 1, train, 0.0f);
+  b->grad_slot = B;
   attention_init(&blk->attn, b, N, T, D, heads);
   snprintf(nm, sizeof nm, "%s.attn.proj", name);
+  b->grad_slot = A;
   linear_init(&blk->proj, b, nm, M, D, D, 1, train, 0.0f);
   add_init(&blk->attn_residual, b, n, builder_out_category(b), 0);
   snprintf(nm, sizeof nm, "%s.norm2", name);
+  b->grad_slot = B;
   layernorm_init(&blk->norm2, b, nm, M, D);
   snprintf(nm, sizeof nm, "%s.mlp.fc1", name);
+  b->grad_slot = A;
   linear_init(&blk->fc1, b, nm, M, D, hidden, 1, train, 0.0f);
+  b->grad_slot = B;
   eltwise_init(&blk->gelu, b, ELTWISE_GELU, (size_t)M * (size_t)hidden, train);
   snprintf(nm, sizeof nm, "%s.mlp.fc2", name);
+  b->grad_slot = A;
   linear_init(&blk->fc2, b, nm, M, hidden, D, 1, train, 0.0f);
   add_init(&blk->mlp_residual, b, n, builder_out_category(b), 0);
   blk->out = blk->mlp_residual.out;
+  b->grad_slot = slot;
   if (!train) return;
+  b->grad_slot = Q;
   add_init(&blk->dx1_sum, b, n, MEM_ACT_GRAD, 1);
-  if (!blk->need_din) return;
-  add_init(&blk->dx_sum, b, n, MEM_ACT_GRAD, 1);
-  blk->din = blk->dx_sum.out;
+  b->grad_slot = slot;
+  if (blk->need_din) add_init(&blk->dx_sum, b, n, MEM_ACT_GRAD, 1);
 }
 
 const float *transformer_block_forward(TransformerBlock *blk, DnnlCtx *ctx, const float *in) {
@@ -73,7 +87,7 @@ const float *transformer_block_backward(TransformerBlock *blk, DnnlCtx *ctx, con
   layernorm_backward(&blk->norm1, ctx, blk->qkv.din);
   if (!blk->need_din) return NULL;
   add_forward(&blk->dx_sum, ctx, dx1, blk->norm1.din);
-  return blk->din;
+  return blk->din = blk->dx_sum.out;
 }
 
 void transformer_block_destroy(TransformerBlock *blk) {

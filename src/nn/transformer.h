@@ -24,7 +24,7 @@ typedef struct {
   Add dx_sum;         // gradient at x: directly and through the attention branch (need_din)
   const float *in;    // (N, T, D), the last forward's
   float *out;         // (N, T, D) = mlp_residual.out of the last forward
-  float *din;         // (N, T, D) = dx_sum.out, when need_din (OP_TRAIN)
+  float *din;         // (N, T, D) = dx_sum.out after backward, when need_din (OP_TRAIN)
 } TransformerBlock;
 
 void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name, int N, int T,

@@ -31,7 +31,11 @@ void add_init(Add *l, Builder *b, size_t n, MemCategory cat, int is_backward) {
   p->a = dnnl_mem_new(ctx, &md);
   p->b = dnnl_mem_new(ctx, &md);
   p->out = dnnl_mem_new(ctx, &md);
-  l->out = l->out_slots = op_calls_alloc(&l->calls, n * sizeof(float), cat, l->comp);
+  if (is_backward && cat == MEM_ACT_GRAD)
+    op_din_alloc(b, &l->out_slots, n * sizeof(float), l->comp, &l->calls.din_pooled);
+  else
+    l->out_slots = op_calls_alloc(&l->calls, n * sizeof(float), cat, l->comp);
+  l->out = l->out_slots;
 }
 
 void add_forward(Add *l, DnnlCtx *ctx, const float *a, const float *bb) {
@@ -56,6 +60,6 @@ void add_destroy(Add *l) {
     dnnl_memory_destroy(p->out);
     free(p);
   }
-  tl_free(l->out_slots);
+  op_din_free(l->out_slots, l->calls.din_pooled);
   memset(l, 0, sizeof *l);
 }

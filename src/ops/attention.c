@@ -176,7 +176,7 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   p->softmax_bwd = dnnl_ctx_make(ctx, &softmax_bwd_desc, p->softmax_fwd_pd, &p->softmax_bwd_pd);
   p->dprobs_mem = dnnl_mem_new(ctx, &probs);
   p->dprobs_buf = tl_alloc(probs_count * sizeof(float), MEM_ACT_GRAD, a->comp);
-  a->din = tl_alloc(qkv_count * sizeof(float), MEM_ACT_GRAD, a->comp);
+  op_din_alloc(b, &a->din, qkv_count * sizeof(float), a->comp, &a->calls.din_pooled);
 }
 
 // One call's saved tensors: its output, softmax output and (dense) heads.
@@ -253,6 +253,6 @@ void attention_destroy(Attention *a) {
     free(p);
   }
   tl_free(a->out_slots);
-  tl_free(a->din);
+  op_din_free(a->din, a->calls.din_pooled);
   memset(a, 0, sizeof *a);
 }

@@ -160,7 +160,7 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   p->dscale = dnnl_mem_new(ctx, &c_md);
   p->dshift = dnnl_mem_new(ctx, &c_md);
   if (l->need_din)
-    l->din = tl_alloc(bn_elems(l) * sizeof(float), MEM_ACT_GRAD, l->comp);
+    op_din_alloc(b, &l->din, bn_elems(l) * sizeof(float), l->comp, &l->calls.din_pooled);
   else
     p->din_discard = tl_alloc(bn_elems(l) * sizeof(float), MEM_WORKSPACE, l->comp);
 }
@@ -381,6 +381,6 @@ void batchnorm_destroy(BatchNorm *l) {
     free(p);
   }
   tl_free(l->out_slots);
-  tl_free(l->din);
+  op_din_free(l->din, l->calls.din_pooled);
   memset(l, 0, sizeof *l);
 }

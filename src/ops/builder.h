@@ -34,11 +34,29 @@ typedef enum {
   OP_INFER,    // forward inference (running statistics), no backward (evaluation)
 } OpMode;
 
+enum { GRAD_POOL_BUFFERS = 4, GRAD_POOL_USERS = 1024 };
+
+// Input gradients in a few shared buffers instead of one per op: a module that knows which of
+// its ops' gradients are live at the same time points Builder.grad_pool at a pool and, before
+// building each op, sets Builder.grad_slot to the buffer that op's `din` may use (one no other
+// gradient live across that op's backward uses). The ops record where their `din` goes;
+// grad_pool_finish then allocates each buffer once at its largest request and fills those
+// pointers in. An autograd engine gets the same by freeing a gradient once it is consumed.
+typedef struct {
+  size_t bytes[GRAD_POOL_BUFFERS];  // the largest request per buffer
+  float *buf[GRAD_POOL_BUFFERS];
+  int n_users;
+  float **user[GRAD_POOL_USERS];  // an op's din field, filled in by grad_pool_finish
+  int user_slot[GRAD_POOL_USERS];
+} GradPool;
+
 typedef struct {
   DnnlCtx *ctx;
   ParamSet *params;
   OpMode mode;
-  int calls;  // forward calls before backward, OP_TRAIN only; 0 means 1
+  int calls;            // forward calls before backward, OP_TRAIN only; 0 means 1
+  GradPool *grad_pool;  // NULL: each op owns its input gradient
+  int grad_slot;        // with a pool: the buffer the next op's din takes
 } Builder;
 
 enum { OP_MAX_CALLS = 8 };
@@ -62,6 +80,7 @@ typedef struct {
   unsigned grad_written;         // the set's grad_generation when this op last wrote gradients
   const ParamSet *params;        // whose generation counts steps
   const void *in[OP_MAX_CALLS];  // each call's input, for its backward
+  int din_pooled;                // the op's din lives in a GradPool (op_din_alloc)
 } OpCalls;
 
 static inline void op_calls_init(OpCalls *c, const Builder *b) {
@@ -74,6 +93,37 @@ static inline void op_calls_new_step(OpCalls *c) {
   if (c->step == c->params->grad_generation) return;
   c->step = c->params->grad_generation;
   c->depth = 0;
+}
+
+// An op's input gradient (MEM_ACT_GRAD): its own buffer, or with a pool the builder's slot, filled
+// in by grad_pool_finish (NULL until then). `*pooled` tells the op's destroy not to free it.
+static inline float *op_din_alloc(const Builder *b, float **din, size_t bytes, MemComponent comp,
+                                  int *pooled) {
+  GradPool *pool = b->grad_pool;
+  *pooled = pool != NULL;
+  if (!pool) return *din = tl_alloc(bytes, MEM_ACT_GRAD, comp);
+  if (b->grad_slot < 0 || b->grad_slot >= GRAD_POOL_BUFFERS || pool->n_users == GRAD_POOL_USERS)
+    TL_DIE("gradient pool: slot %d, %d users", b->grad_slot, pool->n_users);
+  if (bytes > pool->bytes[b->grad_slot]) pool->bytes[b->grad_slot] = bytes;
+  pool->user[pool->n_users] = din;
+  pool->user_slot[pool->n_users++] = b->grad_slot;
+  return *din = NULL;
+}
+
+static inline void op_din_free(float *din, int pooled) {
+  if (!pooled) tl_free(din);
+}
+
+// Allocates the pool's buffers (tagged `comp`) and points every recorded din at its own.
+static inline void grad_pool_finish(GradPool *pool, MemComponent comp) {
+  for (int i = 0; i < GRAD_POOL_BUFFERS; i++)
+    if (pool->bytes[i]) pool->buf[i] = tl_alloc(pool->bytes[i], MEM_ACT_GRAD, comp);
+  for (int u = 0; u < pool->n_users; u++) *pool->user[u] = pool->buf[pool->user_slot[u]];
+}
+
+static inline void grad_pool_free(GradPool *pool) {
+  for (int i = 0; i < GRAD_POOL_BUFFERS; i++) tl_free(pool->buf[i]);
+  memset(pool, 0, sizeof *pool);
 }
 
 // `count` buffers of `bytes` side by side, one allocation for the ledger; op_slot finds one.

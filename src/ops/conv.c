@@ -142,7 +142,8 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
       dnnl_copy_init(&p->bwd_data_w, ctx, &w_plain, &w_bd_md, MEM_WORKSPACE, l->comp);
     p->wei_bwd_data = dnnl_mem_new(ctx, &w_bd_md);
     p->diff_src = dnnl_mem_new(ctx, &src_f32);
-    l->din = tl_alloc((size_t)N * IH * IW * IC * sizeof(float), MEM_ACT_GRAD, l->comp);
+    op_din_alloc(b, &l->din, (size_t)N * IH * IW * IC * sizeof(float), l->comp,
+                 &l->calls.din_pooled);
   }
 
   const dnnl_memory_desc_t *bw_src_md = p->bwd_weights_f32 ? &src_f32 : &src_md;
@@ -255,6 +256,6 @@ void conv2d_destroy(Conv2d *l) {
     free(p);
   }
   tl_free(l->out_slots);
-  tl_free(l->din);
+  op_din_free(l->din, l->calls.din_pooled);
   memset(l, 0, sizeof *l);
 }

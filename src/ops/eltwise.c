@@ -53,7 +53,7 @@ void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_d
   p->bwd = dnnl_ctx_make(ctx, &bwd_desc, p->fwd_pd, &p->bwd_pd);
   p->diff_dst = dnnl_mem_new(ctx, &md);
   p->diff_src = dnnl_mem_new(ctx, &md);
-  l->din = tl_alloc(n * sizeof(float), MEM_ACT_GRAD, l->comp);
+  op_din_alloc(b, &l->din, n * sizeof(float), l->comp, &l->calls.din_pooled);
 }
 
 void eltwise_forward(Eltwise *l, DnnlCtx *ctx, const float *in) {
@@ -103,6 +103,6 @@ void eltwise_destroy(Eltwise *l) {
     free(p);
   }
   tl_free(l->out_slots);
-  tl_free(l->din);
+  op_din_free(l->din, l->calls.din_pooled);
   memset(l, 0, sizeof *l);
 }

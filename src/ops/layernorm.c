@@ -82,7 +82,7 @@ void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   p->diff_src = dnnl_mem_new(ctx, &data_md);
   p->diff_scale = dnnl_mem_new(ctx, &param_md);
   p->diff_shift = dnnl_mem_new(ctx, &param_md);
-  l->din = tl_alloc((size_t)M * (size_t)D * sizeof(float), MEM_ACT_GRAD, l->comp);
+  op_din_alloc(b, &l->din, (size_t)M * D * sizeof(float), l->comp, &l->calls.din_pooled);
 }
 
 void layernorm_forward(LayerNorm *l, DnnlCtx *ctx, const float *in) {
@@ -165,6 +165,6 @@ void layernorm_destroy(LayerNorm *l) {
     free(p);
   }
   tl_free(l->out_slots);
-  tl_free(l->din);
+  op_din_free(l->din, l->calls.din_pooled);
   memset(l, 0, sizeof *l);
 }

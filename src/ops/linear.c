@@ -110,7 +110,7 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   dnnl_copy_init(&p->bwd_data_w, ctx, &weight_md, &weight_typed_md, MEM_WORKSPACE, l->comp);
   p->weight = dnnl_mem_new(ctx, &weight_typed_md);
   p->diff_src = dnnl_mem_new(ctx, &src_f32);
-  l->din = tl_alloc((size_t)M * (size_t)IC * sizeof(float), MEM_ACT_GRAD, l->comp);
+  op_din_alloc(b, &l->din, (size_t)M * IC * sizeof(float), l->comp, &l->calls.din_pooled);
 }
 
 static double linear_flops(const Linear *l) { return 2.0 * l->M * (double)l->IC * l->OC; }
@@ -194,6 +194,6 @@ void linear_destroy(Linear *l) {
     free(p);
   }
   tl_free(l->out_slots);
-  tl_free(l->din);
+  op_din_free(l->din, l->calls.din_pooled);
   memset(l, 0, sizeof *l);
 }

@@ -46,7 +46,7 @@ void gap_init(GlobalAvgPool *l, Builder *b, int N, int H, int W, int C, int need
   DNNL_CHECK(dnnl_pooling_backward_desc_init(&bwd_desc, dnnl_pooling_avg_exclude_padding, &src_md,
                                              &dst_md, strides, kernel, padding, padding));
   p->bwd = dnnl_ctx_make(ctx, &bwd_desc, p->fwd_pd, &p->bwd_pd);
-  l->din = tl_alloc((size_t)N * H * W * C * sizeof(float), MEM_ACT_GRAD, l->comp);
+  op_din_alloc(b, &l->din, (size_t)N * H * W * C * sizeof(float), l->comp, &l->calls.din_pooled);
 }
 
 void gap_forward(GlobalAvgPool *l, DnnlCtx *ctx, const float *in) {
@@ -85,6 +85,6 @@ void gap_destroy(GlobalAvgPool *l) {
     free(p);
   }
   tl_free(l->out_slots);
-  tl_free(l->din);
+  op_din_free(l->din, l->calls.din_pooled);
   memset(l, 0, sizeof *l);
 }
