@@ -32,7 +32,8 @@ typedef struct {
   float *padded;                // (N, P_S, P_S, C) the stem's input when pad_to frames the images
   float *padded_slots;          // one per forward call (ops/builder.h)
   OpCalls pad_calls;
-  GradPool grads;  // every input gradient of the network, OP_TRAIN
+  BufferPool grads;  // every input gradient of the network, OP_TRAIN
+  BufferPool outs;   // every output but the feature, forward-only networks
   Conv2d stem;
   BatchNorm stem_bn;  // with fused ReLU
   int n_blocks;
@@ -46,6 +47,10 @@ typedef struct {
 // conv1 A -> B (held for the sum), proj_bn X -> A, proj A -> X, sum B + X -> A. Each op writes a
 // buffer other than the one it reads, and nothing still needed is overwritten.
 enum { GRAD_X, GRAD_A, GRAD_B };
+// Without backward (momentum encoder, evaluation) the outputs share four buffers the same way.
+// A block's input and output are in P: conv1 P -> A, bn1 A -> B, conv2 B -> A, bn2 A -> B,
+// proj P -> A, proj_bn A -> C, sum B + (C or P) -> A, relu A -> P.
+enum { OUT_P, OUT_A, OUT_B, OUT_C };
 
 static void block_init(BasicBlock *blk, Builder *b, const char *name, int N, int IC, int IH, int IW,
                        int OC, int stride) {
@@ -53,30 +58,31 @@ static void block_init(BasicBlock *blk, Builder *b, const char *name, int N, int
   int train = b->mode == OP_TRAIN;
   blk->train = train;
   snprintf(nm, sizeof nm, "%s.conv1", name);
-  b->grad_slot = GRAD_B;
+  b->grad_slot = GRAD_B, b->out_slot = OUT_A;
   conv2d_init(&blk->conv1, b, nm, N, IC, IH, IW, OC, 3, stride, 1, 0, train);
   int H = blk->conv1.OH, W = blk->conv1.OW;
   snprintf(nm, sizeof nm, "%s.bn1", name);
-  b->grad_slot = GRAD_A;
+  b->grad_slot = GRAD_A, b->out_slot = OUT_B;
   batchnorm_init(&blk->bn1, b, nm, N, OC, H, W, 1, train);
   snprintf(nm, sizeof nm, "%s.conv2", name);
-  b->grad_slot = GRAD_B;
+  b->grad_slot = GRAD_B, b->out_slot = OUT_A;
   conv2d_init(&blk->conv2, b, nm, N, OC, H, W, OC, 3, 1, 1, 0, train);
   snprintf(nm, sizeof nm, "%s.bn2", name);
-  b->grad_slot = GRAD_A;
+  b->grad_slot = GRAD_A, b->out_slot = OUT_B;
   batchnorm_init(&blk->bn2, b, nm, N, OC, H, W, 0, train);
   blk->has_projection = stride != 1 || IC != OC;
   if (blk->has_projection) {
     snprintf(nm, sizeof nm, "%s.proj", name);
-    b->grad_slot = GRAD_X;
+    b->grad_slot = GRAD_X, b->out_slot = OUT_A;
     conv2d_init(&blk->proj, b, nm, N, IC, IH, IW, OC, 1, stride, 0, 0, train);
     snprintf(nm, sizeof nm, "%s.proj_bn", name);
-    b->grad_slot = GRAD_A;
+    b->grad_slot = GRAD_A, b->out_slot = OUT_C;
     batchnorm_init(&blk->proj_bn, b, nm, N, OC, H, W, 0, train);
   }
   size_t out_n = (size_t)N * H * W * OC;
+  b->out_slot = OUT_A;
   add_init(&blk->sum, b, out_n, builder_out_category(b), 0);
-  b->grad_slot = GRAD_X;
+  b->grad_slot = GRAD_X, b->out_slot = OUT_P;
   eltwise_init(&blk->relu, b, ELTWISE_RELU, out_n, train);
   b->grad_slot = GRAD_A;
   if (train) add_init(&blk->dsum, b, (size_t)N * IH * IW * IC, MEM_ACT_GRAD, 1);
@@ -183,7 +189,8 @@ static void resnet_destroy(Backbone *bb) {
   for (int i = 0; i < r->n_blocks; i++) block_destroy(&r->blocks[i]);
   free(r->blocks);
   gap_destroy(&r->pool);
-  grad_pool_free(&r->grads);
+  buffer_pool_free(&r->grads);
+  buffer_pool_free(&r->outs);
   free(r);
 }
 
@@ -206,12 +213,14 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
         op_calls_alloc(&r->pad_calls, padded_bytes(r), builder_out_category(b), b->ctx->component);
   Builder pooled = *b;
   if (train) pooled.grad_pool = &r->grads;
+  if (!train) pooled.out_pool = &r->outs;
   b = &pooled;
   int C = spec->stem_channels, H = r->padded_size, W = r->padded_size;
+  b->out_slot = OUT_A;
   conv2d_init(&r->stem, b, "stem.conv", N, channels, H, W, C, 3, 1, 1, 0, 0);
   H = r->stem.OH;
   W = r->stem.OW;
-  b->grad_slot = GRAD_B;  // reads the first block's A
+  b->grad_slot = GRAD_B, b->out_slot = OUT_P;  // reads the first block's A; writes its input
   batchnorm_init(&r->stem_bn, b, "stem.bn", N, C, H, W, 1, train);
   for (int s = 0; s < spec->n_stages; s++) r->n_blocks += spec->stage_blocks[s];
   r->blocks = calloc((size_t)r->n_blocks, sizeof *r->blocks);
@@ -227,9 +236,10 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
       H = r->blocks[k].conv1.OH;
       W = r->blocks[k].conv1.OW;
     }
-  b->grad_slot = GRAD_A;
+  b->grad_slot = GRAD_A, b->out_slot = -1;  // the feature outlives the pass
   gap_init(&r->pool, b, N, H, W, C, train);
-  if (train) grad_pool_finish(&r->grads, b->ctx->component);
+  if (train) buffer_pool_finish(&r->grads, MEM_ACT_GRAD, b->ctx->component);
+  if (!train) buffer_pool_finish(&r->outs, MEM_WORKSPACE, b->ctx->component);
   r->base = (Backbone){.kind = "resnet",
                        .N = N,
                        .channels = channels,

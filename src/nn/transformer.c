@@ -20,33 +20,40 @@ void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name,
   // With a gradient pool (b->grad_pool), the block's input gradients share four buffers: the
   // block's incoming and outgoing gradients are in the builder's slot, dx1 (live from the MLP
   // branch's sum to the block's) in Q, and the ops of each branch alternate between A and B.
-  const int slot = b->grad_slot;
+  // Without backward, with an output pool (b->out_pool), the outputs rotate the same way from the
+  // builder's out_slot: norm1 P -> A, qkv -> B, attention -> A, proj -> B, residual P + B -> Q,
+  // norm2 Q -> A, fc1 -> B, GELU -> A, fc2 -> B, residual Q + B -> P.
+  const int slot = b->grad_slot, out = b->out_slot;
   const int Q = (slot + 1) % 4, A = (slot + 2) % 4, B = (slot + 3) % 4;
+  const int oQ = out < 0 ? -1 : (out + 1) % 4, oA = out < 0 ? -1 : (out + 2) % 4,
+            oB = out < 0 ? -1 : (out + 3) % 4;
   snprintf(nm, sizeof nm, "%s.norm1", name);
-  b->grad_slot = B;
+  b->grad_slot = B, b->out_slot = oA;
   layernorm_init(&blk->norm1, b, nm, M, D);
   // qkv's input gradient is needed even without need_din: norm1's scale and shift gradients
   // come from it.
   snprintf(nm, sizeof nm, "%s.attn.qkv", name);
-  b->grad_slot = A;
+  b->grad_slot = A, b->out_slot = oB;
   linear_init(&blk->qkv, b, nm, M, D, 3 * D, 1, train, 0.0f);
-  b->grad_slot = B;
+  b->grad_slot = B, b->out_slot = oA;
   attention_init(&blk->attn, b, N, T, D, heads);
   snprintf(nm, sizeof nm, "%s.attn.proj", name);
-  b->grad_slot = A;
+  b->grad_slot = A, b->out_slot = oB;
   linear_init(&blk->proj, b, nm, M, D, D, 1, train, 0.0f);
+  b->out_slot = oQ;
   add_init(&blk->attn_residual, b, n, builder_out_category(b), 0);
   snprintf(nm, sizeof nm, "%s.norm2", name);
-  b->grad_slot = B;
+  b->grad_slot = B, b->out_slot = oA;
   layernorm_init(&blk->norm2, b, nm, M, D);
   snprintf(nm, sizeof nm, "%s.mlp.fc1", name);
-  b->grad_slot = A;
+  b->grad_slot = A, b->out_slot = oB;
   linear_init(&blk->fc1, b, nm, M, D, hidden, 1, train, 0.0f);
-  b->grad_slot = B;
+  b->grad_slot = B, b->out_slot = oA;
   eltwise_init(&blk->gelu, b, ELTWISE_GELU, (size_t)M * (size_t)hidden, train);
   snprintf(nm, sizeof nm, "%s.mlp.fc2", name);
-  b->grad_slot = A;
+  b->grad_slot = A, b->out_slot = oB;
   linear_init(&blk->fc2, b, nm, M, hidden, D, 1, train, 0.0f);
+  b->out_slot = out;
   add_init(&blk->mlp_residual, b, n, builder_out_category(b), 0);
   blk->out = blk->mlp_residual.out;
   b->grad_slot = slot;

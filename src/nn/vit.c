@@ -210,7 +210,8 @@ static void vit_destroy(Backbone *bb) {
   for (int i = 0; i < v->depth; i++) transformer_block_destroy(&v->blocks[i]);
   free(v->blocks);
   layernorm_destroy(&v->norm);
-  grad_pool_free(&v->grads);
+  buffer_pool_free(&v->grads);
+  buffer_pool_free(&v->outs);
   tl_free(v->feature_slots);
   tl_free(v->dtokens_from_feature);
   tl_free(v->dpatch_tokens);
@@ -275,19 +276,23 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
       op_calls_alloc(&v->calls, tokens * D * sizeof(float), out_cat, v->comp);
   v->blocks = calloc((size_t)v->depth, sizeof *v->blocks);
   if (!v->blocks && v->depth) TL_DIE("out of memory");
-  // The gradient between blocks (and the final norm's) shares buffer 0 of the pool; each block
-  // takes the other three for its own (see transformer_block_init).
+  // The gradient between blocks (and the final norm's) shares buffer 0 of the pool, and so do the
+  // outputs between blocks of a forward-only ViT; each block takes the other three for its own
+  // (see transformer_block_init).
   Builder pooled = *b;
   if (train) pooled.grad_pool = &v->grads;
-  pooled.grad_slot = 0;
+  if (!train) pooled.out_pool = &v->outs;
+  pooled.grad_slot = pooled.out_slot = 0;
   for (int i = 0; i < v->depth; i++) {
     char name[32];
     snprintf(name, sizeof name, "blocks.%d", i);
     transformer_block_init(&v->blocks[i], &pooled, name, N, v->T, v->D, spec->heads,
                            spec->mlp_ratio, train);
   }
+  pooled.out_slot = -1;  // the tokens outlive the pass
   layernorm_init(&v->norm, &pooled, "norm", N * v->T, v->D);
-  if (train) grad_pool_finish(&v->grads, v->comp);
+  if (train) buffer_pool_finish(&v->grads, MEM_ACT_GRAD, v->comp);
+  if (!train) buffer_pool_finish(&v->outs, MEM_WORKSPACE, v->comp);
   v->tokens = v->norm.out;
   v->feature = v->feature_slots =
       op_calls_alloc(&v->calls, (size_t)N * D * sizeof(float), out_cat, v->comp);

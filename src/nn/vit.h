@@ -51,7 +51,8 @@ typedef struct {
   float *embedded;     // (N, T, D) input of the first block
   float *patches_slots, *embedded_slots, *feature_slots;
   TransformerBlock *blocks;  // (depth)
-  GradPool grads;            // the blocks' and final norm's input gradients, OP_TRAIN
+  BufferPool grads;          // the blocks' and final norm's input gradients, OP_TRAIN
+  BufferPool outs;           // the blocks' outputs, forward-only
   LayerNorm norm;
   float *tokens;                // (N, T, D) final-LN output = norm.out; cls first when has_cls
   float *feature;               // (N, D) = base.feature

@@ -32,7 +32,9 @@ void add_init(Add *l, Builder *b, size_t n, MemCategory cat, int is_backward) {
   p->b = dnnl_mem_new(ctx, &md);
   p->out = dnnl_mem_new(ctx, &md);
   if (is_backward && cat == MEM_ACT_GRAD)
-    op_din_alloc(b, &l->out_slots, n * sizeof(float), l->comp, &l->calls.din_pooled);
+    op_din_alloc(b, &l->calls, &l->out_slots, n * sizeof(float), l->comp);
+  else if (!is_backward && cat == builder_out_category(b))
+    op_out_alloc(b, &l->calls, &l->out_slots, n * sizeof(float), l->comp);
   else
     l->out_slots = op_calls_alloc(&l->calls, n * sizeof(float), cat, l->comp);
   l->out = l->out_slots;
@@ -60,6 +62,6 @@ void add_destroy(Add *l) {
     dnnl_memory_destroy(p->out);
     free(p);
   }
-  op_din_free(l->out_slots, l->calls.din_pooled);
+  op_buffer_free(l->out_slots, l->calls.din_pooled || l->calls.out_pooled);
   memset(l, 0, sizeof *l);
 }

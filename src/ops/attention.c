@@ -163,8 +163,8 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   size_t probs_count = (size_t)N * (size_t)probs_image;
   p->probs =
       op_calls_alloc(&a->calls, probs_count * sizeof(float), builder_out_category(b), a->comp);
-  a->out = a->out_slots = op_calls_alloc(&a->calls, (size_t)N * (size_t)out_image * sizeof(float),
-                                         builder_out_category(b), a->comp);
+  op_out_alloc(b, &a->calls, &a->out_slots, (size_t)N * (size_t)out_image * sizeof(float), a->comp);
+  a->out = a->out_slots;
   if (!train) return;
 
   head_matmul_init(&p->dprobs, ctx, &out_head, &qkv_head_t, &probs, 1.0f);
@@ -176,7 +176,7 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   p->softmax_bwd = dnnl_ctx_make(ctx, &softmax_bwd_desc, p->softmax_fwd_pd, &p->softmax_bwd_pd);
   p->dprobs_mem = dnnl_mem_new(ctx, &probs);
   p->dprobs_buf = tl_alloc(probs_count * sizeof(float), MEM_ACT_GRAD, a->comp);
-  op_din_alloc(b, &a->din, qkv_count * sizeof(float), a->comp, &a->calls.din_pooled);
+  op_din_alloc(b, &a->calls, &a->din, qkv_count * sizeof(float), a->comp);
 }
 
 // One call's saved tensors: its output, softmax output and (dense) heads.
@@ -252,7 +252,7 @@ void attention_destroy(Attention *a) {
     tl_free(p->dheads);
     free(p);
   }
-  tl_free(a->out_slots);
-  op_din_free(a->din, a->calls.din_pooled);
+  op_buffer_free(a->out_slots, a->calls.out_pooled);
+  op_buffer_free(a->din, a->calls.din_pooled);
   memset(a, 0, sizeof *a);
 }

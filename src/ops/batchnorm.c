@@ -115,8 +115,8 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   p->shift = dnnl_mem_new(ctx, &c_md);
   p->mean = dnnl_mem_new(ctx, &c_md);
   p->var = dnnl_mem_new(ctx, &c_md);
-  l->out = l->out_slots =
-      op_calls_alloc(&l->calls, bn_elems(l) * sizeof(float), builder_out_category(b), l->comp);
+  op_out_alloc(b, &l->calls, &l->out_slots, bn_elems(l) * sizeof(float), l->comp);
+  l->out = l->out_slots;
   if (infer) return;
 
   // Batch statistics (and the ReLU mask) are kept for backward in training; the momentum encoder
@@ -160,7 +160,7 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   p->dscale = dnnl_mem_new(ctx, &c_md);
   p->dshift = dnnl_mem_new(ctx, &c_md);
   if (l->need_din)
-    op_din_alloc(b, &l->din, bn_elems(l) * sizeof(float), l->comp, &l->calls.din_pooled);
+    op_din_alloc(b, &l->calls, &l->din, bn_elems(l) * sizeof(float), l->comp);
   else
     p->din_discard = tl_alloc(bn_elems(l) * sizeof(float), MEM_WORKSPACE, l->comp);
 }
@@ -380,7 +380,7 @@ void batchnorm_destroy(BatchNorm *l) {
     tl_free(p->din_discard);
     free(p);
   }
-  tl_free(l->out_slots);
-  op_din_free(l->din, l->calls.din_pooled);
+  op_buffer_free(l->out_slots, l->calls.out_pooled);
+  op_buffer_free(l->din, l->calls.din_pooled);
   memset(l, 0, sizeof *l);
 }

@@ -34,30 +34,41 @@ typedef enum {
   OP_INFER,    // forward inference (running statistics), no backward (evaluation)
 } OpMode;
 
-enum { GRAD_POOL_BUFFERS = 4, GRAD_POOL_USERS = 1024 };
+enum { POOL_BUFFERS = 4, POOL_USERS = 1024 };
 
-// Input gradients in a few shared buffers instead of one per op: a module that knows which of
-// its ops' gradients are live at the same time points Builder.grad_pool at a pool and, before
-// building each op, sets Builder.grad_slot to the buffer that op's `din` may use (one no other
-// gradient live across that op's backward uses). The ops record where their `din` goes;
-// grad_pool_finish then allocates each buffer once at its largest request and fills those
-// pointers in. An autograd engine gets the same by freeing a gradient once it is consumed.
+// Buffers shared by ops whose contents are never live at the same time, instead of one per op. A
+// module that knows which are live together points the builder at a pool and, before building
+// each op, sets the slot that op may use (one nothing else live across that op's pass uses):
+// - grad_pool: input gradients (`din`, and gradient sums) in training. An autograd engine gets
+//   the same by freeing a gradient once the layer below has consumed it.
+// - out_pool: outputs of a forward-only network (momentum encoder, evaluation), which nothing
+//   keeps once the next layer has read them; ignored in training, where outputs are kept for
+//   backward. A slot < 0 gives the op its own output.
+// The ops record where their buffer goes; buffer_pool_finish then allocates each buffer once at
+// its largest request and fills those pointers in.
 typedef struct {
-  size_t bytes[GRAD_POOL_BUFFERS];  // the largest request per buffer
-  float *buf[GRAD_POOL_BUFFERS];
+  size_t bytes[POOL_BUFFERS];  // the largest request per buffer
+  float *buf[POOL_BUFFERS];
   int n_users;
-  float **user[GRAD_POOL_USERS];  // an op's din field, filled in by grad_pool_finish
-  int user_slot[GRAD_POOL_USERS];
-} GradPool;
+  float **user[POOL_USERS];  // an op's field, filled in by buffer_pool_finish
+  int user_slot[POOL_USERS];
+} BufferPool;
 
 typedef struct {
   DnnlCtx *ctx;
   ParamSet *params;
   OpMode mode;
-  int calls;            // forward calls before backward, OP_TRAIN only; 0 means 1
-  GradPool *grad_pool;  // NULL: each op owns its input gradient
-  int grad_slot;        // with a pool: the buffer the next op's din takes
+  int calls;              // forward calls before backward, OP_TRAIN only; 0 means 1
+  BufferPool *grad_pool;  // NULL: each op owns its input gradient
+  int grad_slot;          // with a pool: the buffer the next op's din takes
+  BufferPool *out_pool;   // NULL (or OP_TRAIN): each op owns its output
+  int out_slot;           // with a pool: the buffer the next op's output takes, < 0 its own
 } Builder;
+
+// Memory category for an op's output under this builder's mode.
+static inline MemCategory builder_out_category(const Builder *b) {
+  return b->mode == OP_TRAIN ? MEM_ACT : MEM_WORKSPACE;
+}
 
 enum { OP_MAX_CALLS = 8 };
 
@@ -80,7 +91,8 @@ typedef struct {
   unsigned grad_written;         // the set's grad_generation when this op last wrote gradients
   const ParamSet *params;        // whose generation counts steps
   const void *in[OP_MAX_CALLS];  // each call's input, for its backward
-  int din_pooled;                // the op's din lives in a GradPool (op_din_alloc)
+  int din_pooled;                // the op's din lives in a pool (op_din_alloc)
+  int out_pooled;                // its output does (op_out_alloc)
 } OpCalls;
 
 static inline void op_calls_init(OpCalls *c, const Builder *b) {
@@ -95,34 +107,24 @@ static inline void op_calls_new_step(OpCalls *c) {
   c->depth = 0;
 }
 
-// An op's input gradient (MEM_ACT_GRAD): its own buffer, or with a pool the builder's slot, filled
-// in by grad_pool_finish (NULL until then). `*pooled` tells the op's destroy not to free it.
-static inline float *op_din_alloc(const Builder *b, float **din, size_t bytes, MemComponent comp,
-                                  int *pooled) {
-  GradPool *pool = b->grad_pool;
-  *pooled = pool != NULL;
-  if (!pool) return *din = tl_alloc(bytes, MEM_ACT_GRAD, comp);
-  if (b->grad_slot < 0 || b->grad_slot >= GRAD_POOL_BUFFERS || pool->n_users == GRAD_POOL_USERS)
-    TL_DIE("gradient pool: slot %d, %d users", b->grad_slot, pool->n_users);
-  if (bytes > pool->bytes[b->grad_slot]) pool->bytes[b->grad_slot] = bytes;
-  pool->user[pool->n_users] = din;
-  pool->user_slot[pool->n_users++] = b->grad_slot;
-  return *din = NULL;
+static inline void buffer_pool_record(BufferPool *pool, int slot, float **user, size_t bytes) {
+  if (slot < 0 || slot >= POOL_BUFFERS || pool->n_users == POOL_USERS)
+    TL_DIE("buffer pool: slot %d, %d users", slot, pool->n_users);
+  if (bytes > pool->bytes[slot]) pool->bytes[slot] = bytes;
+  pool->user[pool->n_users] = user;
+  pool->user_slot[pool->n_users++] = slot;
+  *user = NULL;
 }
 
-static inline void op_din_free(float *din, int pooled) {
-  if (!pooled) tl_free(din);
-}
-
-// Allocates the pool's buffers (tagged `comp`) and points every recorded din at its own.
-static inline void grad_pool_finish(GradPool *pool, MemComponent comp) {
-  for (int i = 0; i < GRAD_POOL_BUFFERS; i++)
-    if (pool->bytes[i]) pool->buf[i] = tl_alloc(pool->bytes[i], MEM_ACT_GRAD, comp);
+// Allocates the pool's buffers (tagged `cat`, `comp`) and points every recorded field at its own.
+static inline void buffer_pool_finish(BufferPool *pool, MemCategory cat, MemComponent comp) {
+  for (int i = 0; i < POOL_BUFFERS; i++)
+    if (pool->bytes[i]) pool->buf[i] = tl_alloc(pool->bytes[i], cat, comp);
   for (int u = 0; u < pool->n_users; u++) *pool->user[u] = pool->buf[pool->user_slot[u]];
 }
 
-static inline void grad_pool_free(GradPool *pool) {
-  for (int i = 0; i < GRAD_POOL_BUFFERS; i++) tl_free(pool->buf[i]);
+static inline void buffer_pool_free(BufferPool *pool) {
+  for (int i = 0; i < POOL_BUFFERS; i++) tl_free(pool->buf[i]);
   memset(pool, 0, sizeof *pool);
 }
 
@@ -130,6 +132,32 @@ static inline void grad_pool_free(GradPool *pool) {
 static inline void *op_calls_alloc(const OpCalls *c, size_t bytes, MemCategory cat,
                                    MemComponent comp) {
   return tl_alloc(bytes * (size_t)c->count, cat, comp);
+}
+
+// An op's input gradient (MEM_ACT_GRAD): its own buffer, or with a grad_pool the builder's slot,
+// filled in by buffer_pool_finish (NULL until then).
+static inline void op_din_alloc(const Builder *b, OpCalls *c, float **din, size_t bytes,
+                                MemComponent comp) {
+  c->din_pooled = b->grad_pool != NULL;
+  if (c->din_pooled)
+    buffer_pool_record(b->grad_pool, b->grad_slot, din, bytes);
+  else
+    *din = tl_alloc(bytes, MEM_ACT_GRAD, comp);
+}
+
+// An op's output, one per call (`slots`): its own, or in a forward-only network with an out_pool
+// the builder's slot (filled in by buffer_pool_finish).
+static inline void op_out_alloc(const Builder *b, OpCalls *c, float **slots, size_t bytes,
+                                MemComponent comp) {
+  c->out_pooled = b->out_pool && b->mode != OP_TRAIN && b->out_slot >= 0;
+  if (c->out_pooled)
+    buffer_pool_record(b->out_pool, b->out_slot, slots, bytes);
+  else
+    *slots = op_calls_alloc(c, bytes, builder_out_category(b), comp);
+}
+
+static inline void op_buffer_free(float *buf, int pooled) {
+  if (!pooled) tl_free(buf);
 }
 static inline void *op_slot(void *base, size_t bytes, int slot) {
   return base ? (char *)base + bytes * (size_t)slot : NULL;
@@ -171,8 +199,3 @@ static inline void op_grad_commit(DnnlCtx *ctx, MemComponent comp, const ParamSe
 // After op_calls_backward: whether this was the op's last outstanding call, so its parameter
 // gradients are complete for the step.
 static inline int op_calls_done(const OpCalls *c) { return c->depth == 0; }
-
-// Memory category for an op's output under this builder's mode.
-static inline MemCategory builder_out_category(const Builder *b) {
-  return b->mode == OP_TRAIN ? MEM_ACT : MEM_WORKSPACE;
-}

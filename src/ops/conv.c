@@ -120,8 +120,8 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   p->wei_fwd = dnnl_mem_new(ctx, &w_fwd_md);
   if (has_bias) p->bias = dnnl_mem_new(ctx, &b_md);
 
-  l->out = l->out_slots =
-      op_calls_alloc(&l->calls, conv_out_bytes(l), builder_out_category(b), l->comp);
+  op_out_alloc(b, &l->calls, &l->out_slots, conv_out_bytes(l), l->comp);
+  l->out = l->out_slots;
   if (b->mode != OP_TRAIN) return;
   if (l->calls.count > 1)
     paramset_reserve_grad_scratch(b->params, (size_t)OC * IC * K * K + (has_bias ? OC : 0));
@@ -142,8 +142,7 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
       dnnl_copy_init(&p->bwd_data_w, ctx, &w_plain, &w_bd_md, MEM_WORKSPACE, l->comp);
     p->wei_bwd_data = dnnl_mem_new(ctx, &w_bd_md);
     p->diff_src = dnnl_mem_new(ctx, &src_f32);
-    op_din_alloc(b, &l->din, (size_t)N * IH * IW * IC * sizeof(float), l->comp,
-                 &l->calls.din_pooled);
+    op_din_alloc(b, &l->calls, &l->din, (size_t)N * IH * IW * IC * sizeof(float), l->comp);
   }
 
   const dnnl_memory_desc_t *bw_src_md = p->bwd_weights_f32 ? &src_f32 : &src_md;
@@ -255,7 +254,7 @@ void conv2d_destroy(Conv2d *l) {
     tl_free(p->dw_buf);
     free(p);
   }
-  tl_free(l->out_slots);
-  op_din_free(l->din, l->calls.din_pooled);
+  op_buffer_free(l->out_slots, l->calls.out_pooled);
+  op_buffer_free(l->din, l->calls.din_pooled);
   memset(l, 0, sizeof *l);
 }

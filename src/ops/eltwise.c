@@ -44,8 +44,8 @@ void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_d
   p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
   p->src = dnnl_mem_new(ctx, &md);
   p->dst = dnnl_mem_new(ctx, &md);
-  l->out = l->out_slots =
-      op_calls_alloc(&l->calls, n * sizeof(float), builder_out_category(b), l->comp);
+  op_out_alloc(b, &l->calls, &l->out_slots, n * sizeof(float), l->comp);
+  l->out = l->out_slots;
   if (!l->need_din) return;
 
   dnnl_eltwise_desc_t bwd_desc;
@@ -53,7 +53,7 @@ void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_d
   p->bwd = dnnl_ctx_make(ctx, &bwd_desc, p->fwd_pd, &p->bwd_pd);
   p->diff_dst = dnnl_mem_new(ctx, &md);
   p->diff_src = dnnl_mem_new(ctx, &md);
-  op_din_alloc(b, &l->din, n * sizeof(float), l->comp, &l->calls.din_pooled);
+  op_din_alloc(b, &l->calls, &l->din, n * sizeof(float), l->comp);
 }
 
 void eltwise_forward(Eltwise *l, DnnlCtx *ctx, const float *in) {
@@ -102,7 +102,7 @@ void eltwise_destroy(Eltwise *l) {
       if (mems[i]) dnnl_memory_destroy(mems[i]);
     free(p);
   }
-  tl_free(l->out_slots);
-  op_din_free(l->din, l->calls.din_pooled);
+  op_buffer_free(l->out_slots, l->calls.out_pooled);
+  op_buffer_free(l->din, l->calls.din_pooled);
   memset(l, 0, sizeof *l);
 }

@@ -65,8 +65,8 @@ void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   p->dst = dnnl_mem_new(ctx, &data_md);
   p->scale = dnnl_mem_new(ctx, &param_md);
   p->shift = dnnl_mem_new(ctx, &param_md);
-  l->out = l->out_slots =
-      op_calls_alloc(&l->calls, ln_data_bytes(l), builder_out_category(b), l->comp);
+  op_out_alloc(b, &l->calls, &l->out_slots, ln_data_bytes(l), l->comp);
+  l->out = l->out_slots;
   if (!train) return;
   if (l->calls.count > 1) paramset_reserve_grad_scratch(b->params, 2 * (size_t)D);
 
@@ -82,7 +82,7 @@ void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   p->diff_src = dnnl_mem_new(ctx, &data_md);
   p->diff_scale = dnnl_mem_new(ctx, &param_md);
   p->diff_shift = dnnl_mem_new(ctx, &param_md);
-  op_din_alloc(b, &l->din, (size_t)M * D * sizeof(float), l->comp, &l->calls.din_pooled);
+  op_din_alloc(b, &l->calls, &l->din, (size_t)M * D * sizeof(float), l->comp);
 }
 
 void layernorm_forward(LayerNorm *l, DnnlCtx *ctx, const float *in) {
@@ -164,7 +164,7 @@ void layernorm_destroy(LayerNorm *l) {
     tl_free(p->variance_buf);
     free(p);
   }
-  tl_free(l->out_slots);
-  op_din_free(l->din, l->calls.din_pooled);
+  op_buffer_free(l->out_slots, l->calls.out_pooled);
+  op_buffer_free(l->din, l->calls.din_pooled);
   memset(l, 0, sizeof *l);
 }

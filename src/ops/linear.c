@@ -88,8 +88,8 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   p->fwd_weight = dnnl_mem_new(ctx, &fwd_weight_md);
   if (has_bias) p->bias = dnnl_mem_new(ctx, &bias_md);
   p->dst = dnnl_mem_new(ctx, &dst_md);
-  l->out = l->out_slots =
-      op_calls_alloc(&l->calls, linear_out_bytes(l), builder_out_category(b), l->comp);
+  op_out_alloc(b, &l->calls, &l->out_slots, linear_out_bytes(l), l->comp);
+  l->out = l->out_slots;
   if (b->mode != OP_TRAIN) return;
   if (l->calls.count > 1) paramset_reserve_grad_scratch(b->params, (size_t)OC * IC + OC);
 
@@ -110,7 +110,7 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   dnnl_copy_init(&p->bwd_data_w, ctx, &weight_md, &weight_typed_md, MEM_WORKSPACE, l->comp);
   p->weight = dnnl_mem_new(ctx, &weight_typed_md);
   p->diff_src = dnnl_mem_new(ctx, &src_f32);
-  op_din_alloc(b, &l->din, (size_t)M * IC * sizeof(float), l->comp, &l->calls.din_pooled);
+  op_din_alloc(b, &l->calls, &l->din, (size_t)M * IC * sizeof(float), l->comp);
 }
 
 static double linear_flops(const Linear *l) { return 2.0 * l->M * (double)l->IC * l->OC; }
@@ -193,7 +193,7 @@ void linear_destroy(Linear *l) {
     for (size_t i = 0; i < sizeof copies / sizeof copies[0]; i++) dnnl_copy_destroy(copies[i]);
     free(p);
   }
-  tl_free(l->out_slots);
-  op_din_free(l->din, l->calls.din_pooled);
+  op_buffer_free(l->out_slots, l->calls.out_pooled);
+  op_buffer_free(l->din, l->calls.din_pooled);
   memset(l, 0, sizeof *l);
 }

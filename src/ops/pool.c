@@ -38,15 +38,15 @@ void gap_init(GlobalAvgPool *l, Builder *b, int N, int H, int W, int C, int need
   p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
   p->src = dnnl_mem_new(ctx, &src_md);
   p->dst = dnnl_mem_new(ctx, &dst_md);
-  l->out = l->out_slots =
-      op_calls_alloc(&l->calls, (size_t)N * C * sizeof(float), builder_out_category(b), l->comp);
+  op_out_alloc(b, &l->calls, &l->out_slots, (size_t)N * C * sizeof(float), l->comp);
+  l->out = l->out_slots;
   if (!l->need_din) return;
 
   dnnl_pooling_desc_t bwd_desc;
   DNNL_CHECK(dnnl_pooling_backward_desc_init(&bwd_desc, dnnl_pooling_avg_exclude_padding, &src_md,
                                              &dst_md, strides, kernel, padding, padding));
   p->bwd = dnnl_ctx_make(ctx, &bwd_desc, p->fwd_pd, &p->bwd_pd);
-  op_din_alloc(b, &l->din, (size_t)N * H * W * C * sizeof(float), l->comp, &l->calls.din_pooled);
+  op_din_alloc(b, &l->calls, &l->din, (size_t)N * H * W * C * sizeof(float), l->comp);
 }
 
 void gap_forward(GlobalAvgPool *l, DnnlCtx *ctx, const float *in) {
@@ -84,7 +84,7 @@ void gap_destroy(GlobalAvgPool *l) {
     dnnl_memory_destroy(p->dst);
     free(p);
   }
-  tl_free(l->out_slots);
-  op_din_free(l->din, l->calls.din_pooled);
+  op_buffer_free(l->out_slots, l->calls.out_pooled);
+  op_buffer_free(l->din, l->calls.din_pooled);
   memset(l, 0, sizeof *l);
 }

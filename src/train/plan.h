@@ -36,7 +36,11 @@ typedef struct {
   size_t dataset_bytes;             // training and test images and labels (in MEM_DATA)
   size_t loader_bytes;              // prefetch buffers and epoch permutations (in MEM_DATA)
   size_t eval_peak_bytes;           // MEM_EVAL at its highest, inside a kNN vote
-  size_t total_bytes;               // the planned peak: every category, MEM_EVAL at its peak
+  // What no category counts: code, libraries, oneDNN's generated kernels, thread stacks and the
+  // C heap — the planning process's own peak resident memory once it has built every network of
+  // its first plan (a dry run touches none of the counted buffers).
+  size_t process_bytes;
+  size_t total_bytes;  // the planned peak: every category, MEM_EVAL at its peak
 } PlanTotals;
 
 // As the step of plan_build: the run's last step.
