@@ -1,34 +1,35 @@
 #!/usr/bin/env bash
 # Checks `tally plan --nodes 2 --link RATE` against two machines on a real, rate-limited link:
-# two network namespaces on this box joined by a veth pair, one MPI rank in each, the link shaped
-# by `tc ... tbf` on both ends of the pair.
+# two network namespaces on this box joined by a veth pair (tests/netns_lib.sh), one MPI rank in
+# each, the link shaped by `tc ... tbf` on both ends of the pair.
 #
 #   scripts/validate_scaling.sh [OBJECTIVE...]     default: inbatch moco mae
 #
 # For each objective (its recipe in configs/: resnet-small for inbatch and moco, vit-tiny for
 # mae; batch 256, no kNN) and each link (unlimited, 1 Gbit/s, 100 Mbit/s; the last two again
-# with Open MPI's ring for the gradient allreduce, the algorithm the prediction assumes):
+# with Open MPI's ring for the gradient allreduce instead of its own choice, binomial):
 #   1. a reference run of two local replicas (`--set parallel.replicas=2`: threads of one
 #      process, one core each, as each namespace rank has one core here), right before the
 #      measured run, so that both see the same load on a shared machine;
-#   2. the prediction from it, `tally plan --from REF --nodes 2 --link RATE --json` (unlimited is
-#      predicted at 1000 Gbit/s: latency only);
+#   2. the prediction from it, `tally plan --from REF --nodes 2 --link RATE --allreduce ALG
+#      --json` (ALG ring for the ring rows, else auto; unlimited is predicted at 1000 Gbit/s:
+#      latency only);
 #   3. the same run over the two namespaces (`--set parallel.backend=mpi`, mpirun over TCP only),
 #      tbf at the rate on both ends of the veth pair (no qdisc for unlimited);
 #   4. a table row: the median step_ms and comm_ms of the measured run's ledger (steps from
 #      WARMUP on) against the predicted ones; the error is (predicted − measured) / measured.
 # The table is printed last and written with every run folder and log under
-# bench-results/<timestamp>-scaling/, next to diagnosis.md: per row, compute (step_ms − comm_ms)
-# of the reference and the measured run, the reference's comm_ms (local replicas exchange in
-# memory, so that is waiting for the slower replica), and the link's share of the comm time,
-# predicted and measured (comm_ms minus the same objective's comm_ms at unlimited).
+# bench-results/<timestamp>-scaling/, next to diagnosis.md: per row, the load average when the
+# row started, compute (step_ms − comm_ms) of the reference and the measured run, the reference's
+# comm_ms (local replicas exchange in memory, so that is waiting for the slower replica: the
+# prediction's wait), the predicted link time (all of it, and the part backward does not hide),
+# the measured run's comm_ms above the same objective's at unlimited, and its step_ms above its
+# reference's.
 #
 # The ranks wait with `--mca mpi_yield_when_idle 1`: two ranks on two cores that other work
 # shares are oversubscribed, and a rank that busy-polls keeps the CPU its peer needs to answer
-# (each blocking exchange then waits out a time slice). Open MPI 4.1 runs a non-blocking
-# allreduce that is in place (Tally's gradient buckets) or on fewer than 4 ranks as a binomial
-# reduce then broadcast; `--mca coll_libnbc_iallreduce_algorithm 1` makes it a ring. MPI_MCA
-# adds mpirun options to every 2-host run.
+# (each blocking exchange then waits out a time slice). MPI_MCA adds mpirun options to every
+# 2-host run.
 #
 # Environment: TALLY_BIN (default build/tally), MPIEXEC (mpirun), MPI_MCA, STEPS (20),
 # WARMUP (2), LATENCY (--latency of the prediction, 50us). Needs root, `ip netns`, `tc` and
@@ -45,19 +46,15 @@ STEPS=${STEPS:-20}
 WARMUP=${WARMUP:-2}
 LATENCY=${LATENCY:-50us}
 LIMIT=600  # seconds for any one run
-SHORT=10   # seconds for any one ip / tc command
 OBJECTIVES=("$@")
 ((${#OBJECTIVES[@]})) || OBJECTIVES=(inbatch moco mae)
 
 # Links: the label in the table, the rate `tally plan` is given, the rate tbf is given (none:
 # no qdisc), and "ring" to force the ring allreduce; unlimited first, as the others' link share
-# is measured against it. tbf lets a burst through at line rate: 32 kB is 2.6 ms at 100 Mbit/s,
-# a small part of a step's megabytes. Its queue holds 50 ms of traffic before it drops packets.
+# is measured against it.
 LINKS=("unlimited|1000Gbit|none|" "1 Gbit/s|1Gbit|1gbit|" "100 Mbit/s|100Mbit|100mbit|"
   "1 Gbit/s, ring|1Gbit|1gbit|ring" "100 Mbit/s, ring|100Mbit|100mbit|ring")
 RING=(--mca coll_libnbc_iallreduce_algorithm 1)
-TBF_BURST=32kb
-TBF_LATENCY=50ms
 
 die() {
   echo "validate_scaling: $*" >&2
@@ -70,56 +67,17 @@ MPIRUN=$(command -v "${MPIEXEC:-mpirun}") || die "${MPIEXEC:-mpirun} is not inst
 command -v ip >/dev/null || die "needs iproute2 (ip)"
 command -v tc >/dev/null || die "needs iproute2 (tc)"
 
-# The two hosts: namespaces unique to this run, a private subnet that exists only inside them.
-NS_A=tally-val$$-a
-NS_B=tally-val$$-b
-IF=val0
-SUBNET=10.78.0.0/24
-ADDR_A=10.78.0.1
-ADDR_B=10.78.0.2
-NAMESPACES=()
-
-# On any exit: whatever is left in our namespaces, then the namespaces (the veth pair and its
-# qdiscs go with them).
-release() {
-  local ns pids
-  for ns in "${NAMESPACES[@]}"; do
-    pids=$(timeout "$SHORT" ip netns pids "$ns" 2>/dev/null || true)
-    # shellcheck disable=SC2086  # one pid a word
-    [[ -z $pids ]] || kill -KILL $pids 2>/dev/null || true
-    timeout "$SHORT" ip netns del "$ns" 2>/dev/null || true
-  done
-}
-trap release EXIT
+# shellcheck source=../tests/netns_lib.sh source-path=SCRIPTDIR
+source "$ROOT/tests/netns_lib.sh"
+trap netns_release EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
 OUT=$ROOT/bench-results/$(date +%Y%m%d-%H%M%S)-scaling
 mkdir -p "$OUT"
 
-for ns in "$NS_A" "$NS_B"; do
-  timeout "$SHORT" ip netns add "$ns"
-  NAMESPACES+=("$ns")
-done
-timeout "$SHORT" ip link add name "$IF" netns "$NS_A" type veth peer name "$IF" netns "$NS_B"
-timeout "$SHORT" ip -n "$NS_A" addr add "$ADDR_A/24" dev "$IF"
-timeout "$SHORT" ip -n "$NS_B" addr add "$ADDR_B/24" dev "$IF"
-for ns in "$NS_A" "$NS_B"; do
-  timeout "$SHORT" ip -n "$ns" link set lo up
-  timeout "$SHORT" ip -n "$ns" link set "$IF" up
-done
-printf '%s slots=1\n%s slots=1\n' "$ADDR_A" "$ADDR_B" >"$OUT/hosts"
-export NETNS_RSH_MAP="$ADDR_A=$NS_A $ADDR_B=$NS_B"
-
-# shape TBF_RATE: both ends of the pair send at most TBF_RATE (none: no limit).
-shape() {
-  local ns
-  for ns in "$NS_A" "$NS_B"; do
-    timeout "$SHORT" tc -n "$ns" qdisc del dev "$IF" root 2>/dev/null || true
-    [[ $1 == none ]] || timeout "$SHORT" tc -n "$ns" qdisc add dev "$IF" root tbf rate "$1" \
-      burst "$TBF_BURST" latency "$TBF_LATENCY"
-  done
-}
+# The two hosts: namespaces unique to this run, a private subnet that exists only inside them.
+netns_create "tally-val$$" 10.78.0 "$OUT/hosts" || die "cannot make the two hosts: $NETNS_ERROR"
 
 # recipe OBJECTIVE: the training arguments every run of OBJECTIVE shares, absolute paths (a
 # rank's working directory is wherever its namespace's shell starts).
@@ -144,11 +102,7 @@ hosts() {
   local args objective=$1 run=$2
   shift 2
   read -ra args <<<"$(recipe "$objective")"
-  timeout -k 5 "$LIMIT" ip netns exec "$NS_A" "$MPIRUN" --allow-run-as-root \
-    --hostfile "$OUT/hosts" -np 2 --map-by node \
-    --mca plm_rsh_agent "bash $ROOT/tests/netns_rsh.sh" \
-    --mca btl tcp,self --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET" \
-    --mca mpi_yield_when_idle 1 "${MPI_MCA[@]}" "$@" \
+  timeout -k 5 "$LIMIT" "${NETNS_MPIRUN[@]}" --mca mpi_yield_when_idle 1 "${MPI_MCA[@]}" "$@" \
     "$TALLY_BIN" train "${args[@]}" --set parallel.backend=mpi --out "$OUT/$run" \
     >"$OUT/$run.log" 2>&1 || die "the 2-host run $run failed: see $OUT/$run.log"
 }
@@ -179,9 +133,10 @@ TABLE=$OUT/table.md
 } >"$TABLE"
 DIAG=$OUT/diagnosis.md
 {
-  echo "| objective | link | compute ms reference / measured | reference comm ms |" \
-    "link ms predicted / measured |"
-  echo "|---|---|---:|---:|---:|"
+  echo "| objective | link | load | compute ms reference / measured | reference comm ms |" \
+    "link ms predicted: all / not hidden | measured: comm − comm at unlimited |" \
+    "step − reference step |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|"
 } >"$DIAG"
 
 echo "validate_scaling: $STEPS steps a run (medians from step $WARMUP), load average" \
@@ -192,35 +147,33 @@ for objective in "${OBJECTIVES[@]}"; do
     run=$objective-${plan_rate,,}${algorithm:+-$algorithm}
     options=()
     [[ $algorithm == ring ]] && options=("${RING[@]}")
-    echo "$objective at $label: reference run of two local replicas, then two hosts"
+    load=$(cut -d' ' -f1 /proc/loadavg)
+    echo "$objective at $label (load average $load): reference run of two local replicas," \
+      "then two hosts"
     reference "$objective" "$run-reference"
     plan=$("$TALLY_BIN" plan --from "$OUT/$run-reference" --nodes 2 --link "$plan_rate" \
-      --latency "$LATENCY" --json)
+      --latency "$LATENCY" --allreduce "${algorithm:-auto}" --json)
     echo "$plan" >"$OUT/$run.plan.json"
-    shape "$tbf_rate"
+    netns_shape "$tbf_rate" || die "cannot shape the link: $NETNS_ERROR"
     hosts "$objective" "$run" "${options[@]}"
     step_p=$(predicted "$plan" predicted_step_ms)
     serial_p=$(predicted "$plan" predicted_step_ms_no_overlap)
     comm_p=$(predicted "$plan" predicted_comm_ms)
+    wait_p=$(predicted "$plan" predicted_wait_ms)
+    link_p=$(predicted "$plan" predicted_link_ms)
     step_m=$(median "$run" step_ms)
     comm_m=$(median "$run" comm_ms)
     echo "| $objective | $label | $step_p / $step_m | $(error "$step_p" "$step_m") |" \
       "$serial_p | $(error "$serial_p" "$step_m") |" \
       "$comm_p / $comm_m | $(error "$comm_p" "$comm_m") |" >>"$TABLE"
-    if [[ $tbf_rate == none ]]; then
-      comm_p_unlimited=$comm_p
-      comm_m_unlimited=$comm_m
-    fi
+    [[ $tbf_rate == none ]] && comm_m_unlimited=$comm_m
     ref_step=$(median "$run-reference" step_ms)
     ref_comm=$(median "$run-reference" comm_ms)
-    compute_ref=$(minus "$ref_step" "$ref_comm")
-    compute_m=$(minus "$step_m" "$comm_m")
-    link_p=$(minus "$comm_p" "$comm_p_unlimited")
-    link_m=$(minus "$comm_m" "$comm_m_unlimited")
-    echo "| $objective | $label | $compute_ref / $compute_m | $ref_comm | $link_p / $link_m |" \
-      >>"$DIAG"
+    echo "| $objective | $label | $load | $(minus "$ref_step" "$ref_comm") /" \
+      "$(minus "$step_m" "$comm_m") | $ref_comm | $link_p / $(minus "$comm_p" "$wait_p") |" \
+      "$(minus "$comm_m" "$comm_m_unlimited") | $(minus "$step_m" "$ref_step") |" >>"$DIAG"
   done
-  shape none
+  netns_shape none || die "cannot remove the link's qdisc: $NETNS_ERROR"
 done
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo

@@ -409,26 +409,39 @@ static void usage_plan(FILE *f) {
           "  --no-knn, --knn-at-start   plan a run started with these train options\n"
           "\n"
           "Scaling past one machine (one replica per node):\n"
-          "  --from RUN --nodes N[,N...] --link RATE [--latency T] [--keep-replica-batch]\n"
+          "  --from RUN --nodes N[,N...] --link RATE [--latency T] [--allreduce ALG]\n"
+          "  [--keep-replica-batch]\n"
           "                    predicted step time and images/s at N nodes on a link of RATE\n"
-          "                    (10Gbit, 100Mbit, 125MB/s): compute per replica from RUN's\n"
-          "                    ledger (scaled by the samples a node holds), communication from\n"
-          "                    the step's own byte counts (ring allreduce 2(N-1)/N of the\n"
-          "                    gradients; gathers N-1 blocks) and collective calls, each\n"
-          "                    waiting T per round of its algorithm (log2 N rounds for a sum\n"
-          "                    under 10 kB, 2(N-1) for a ring allreduce, N-1 for a gather;\n"
-          "                    default 50us, TCP through one switch), with the gradient\n"
-          "                    allreduce overlapping backward and without; the global batch is\n"
-          "                    split over the nodes unless --keep-replica-batch. --json:\n"
-          "                    predicted_step_ms, predicted_comm_ms, predicted_images_per_s,\n"
-          "                    nodes, link_bytes_per_s, latency_s\n",
+          "                    (10Gbit, 100Mbit, 125MB/s). Compute per replica is RUN's step\n"
+          "                    outside its collectives (scaled by the samples a node holds);\n"
+          "                    a RUN of several replicas adds their waiting for the slower one\n"
+          "                    (its comm_ms). Communication comes from the step's own bytes and\n"
+          "                    collective calls, each waiting T per round of its algorithm\n"
+          "                    (default 50us, TCP through one switch): the gradient is summed\n"
+          "                    in buckets while backward runs, each starting once backward has\n"
+          "                    produced it, one after another on the link; other sums take\n"
+          "                    log2 N rounds, a gather its counts (log2 N) and N-1 blocks. The\n"
+          "                    global batch is split over the nodes unless --keep-replica-batch.\n"
+          "  --allreduce ALG   the gradient buckets' algorithm: ring (2(N-1)/N of the bytes,\n"
+          "                    2(N-1) rounds; Open MPI with --mca\n"
+          "                    coll_libnbc_iallreduce_algorithm 1), binomial (reduce then\n"
+          "                    broadcast: 2 log2 N times the bytes in turn, 2 log2 N rounds), or\n"
+          "                    auto (default): Open MPI 4.1's own choice for an in-place\n"
+          "                    non-blocking sum, binomial at every N\n"
+          "  --json            with --from, one object per node count: nodes, link_bytes_per_s,\n"
+          "                    latency_s, allreduce, predicted_compute_ms, predicted_wait_ms,\n"
+          "                    predicted_link_ms (on the link, hidden or not),\n"
+          "                    predicted_comm_ms (inside collectives, as the ledger's comm_ms),\n"
+          "                    predicted_step_ms, predicted_step_ms_no_overlap,\n"
+          "                    predicted_images_per_s\n",
           objective_names());
 }
 
-// What one step sends, from plans: the gradient block every replica averages, what a sample
-// adds to the gathers (from a plan of two replicas: rank 0 sends its block and receives the
-// other, 2 x its block), and the collectives it calls (two replicas take every multi-replica
-// path, as N do).
+// What one step sends, from plans: the gradient block every replica averages and the buckets it
+// is averaged in, the other sums' payload (a two-replica ring moves 2 (2-1)/2 = 1 times each
+// payload each way, so half the allreduce bytes are payload), what a sample adds to the gathers
+// (rank 0 sends its block and receives the other, 2 x its block), and the collectives it calls
+// (two replicas take every multi-replica path, as N do).
 static int step_traffic(const Config *cfg, const char *objective, StepTraffic *t) {
   static Config two;
   two = *cfg;
@@ -440,7 +453,16 @@ static int step_traffic(const Config *cfg, const char *objective, StepTraffic *t
   LedgerRecord rec;
   PlanTotals totals;
   if (plan_build(&two, objective, 0, &no_knn, &rec, &totals) != 0) return -1;
+  static double bucket_bytes[PLAN_MAX_BUCKETS], bucket_ready[PLAN_MAX_BUCKETS];
+  for (int b = 0; b < totals.grad_buckets; b++) {
+    bucket_bytes[b] = (double)totals.grad_bucket_floats[b] * sizeof(float);
+    bucket_ready[b] = totals.grad_bucket_ready[b];
+  }
   t->allreduce_payload_bytes = (double)totals.param_count * sizeof(float);
+  t->gradient_buckets = totals.grad_buckets;
+  t->bucket_bytes = bucket_bytes;
+  t->bucket_ready = bucket_ready;
+  t->other_allreduce_bytes = fmax(0, rec.comm_allreduce_bytes / 2.0 - t->allreduce_payload_bytes);
   t->gather_bytes_per_sample = rec.comm_allgather_bytes / 2.0 / totals.local_batch;
   t->allreduce_calls = rec.comm_allreduce_calls;
   t->allgather_calls = rec.comm_allgather_calls;
@@ -449,10 +471,13 @@ static int step_traffic(const Config *cfg, const char *objective, StepTraffic *t
 
 // tally plan --from RUN --nodes N[,N...] --link RATE: throughput at N machines, one replica each.
 static int plan_scaling(const char *run_dir, const char *nodes_text, const char *link_text,
-                        const char *latency_text, int keep_replica_batch, int json) {
+                        const char *latency_text, const char *allreduce_text,
+                        int keep_replica_batch, int json) {
   double link, latency;
+  ScaleAllreduce allreduce;
   if (scaling_parse_rate(link_text, &link) != 0 ||
-      scaling_parse_latency(latency_text, &latency) != 0) {
+      scaling_parse_latency(latency_text, &latency) != 0 ||
+      scaling_parse_allreduce(allreduce_text, &allreduce) != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 2;
   }
@@ -479,19 +504,29 @@ static int plan_scaling(const char *run_dir, const char *nodes_text, const char 
   if (!json) {
     printf(
         "tally plan: %s from %s (%d replica%s of %d images; per step: compute %.1f ms, "
-        "backward %.1f ms),\n",
+        "backward %.1f ms, waiting for the slower replica %.1f ms),\n",
         objective, run_dir, m.replicas, m.replicas == 1 ? "" : "s", m.local_batch,
-        m.step_ms - m.comm_ms, m.backward_ms);
+        m.step_ms - m.comm_ms, m.backward_ms, m.replicas > 1 ? m.comm_ms : 0.0);
     printf(
         "link %.3g Gbit/s with %.3g us latency, one replica per node, %s; gradient allreduce "
-        "%.2f MB, gathers %.0f bytes per sample; %ld allreduces and %ld gathers per step\n",
+        "%.2f MB in %d bucket%s (%s), other sums %.0f bytes, gathers %.0f bytes per sample; "
+        "%ld allreduces and %ld gathers per step\n",
         link * 8 / 1e9, latency * 1e6,
         keep_replica_batch ? "each keeps the measured per-replica batch"
                            : "the measured global batch split over the nodes",
-        traffic.allreduce_payload_bytes / 1e6, traffic.gather_bytes_per_sample,
-        traffic.allreduce_calls, traffic.allgather_calls);
-    printf("%7s %7s %7s %11s %11s %11s %13s %11s %10s\n", "nodes", "batch", "/node", "compute ms",
-           "comm ms", "step ms", "no-overlap ms", "images/s", "efficiency");
+        traffic.allreduce_payload_bytes / 1e6, traffic.gradient_buckets,
+        traffic.gradient_buckets == 1 ? "" : "s",
+        scaling_allreduce_name(allreduce == SCALE_ALLREDUCE_AUTO ? SCALE_ALLREDUCE_BINOMIAL
+                                                                 : allreduce),
+        traffic.other_allreduce_bytes, traffic.gather_bytes_per_sample, traffic.allreduce_calls,
+        traffic.allgather_calls);
+    printf("gradient buckets in the order they start (MB, written by this share of backward):");
+    for (int b = 0; b < traffic.gradient_buckets; b++)
+      printf(" %.2f (%.0f%%)", traffic.bucket_bytes[b] / 1e6, 100 * traffic.bucket_ready[b]);
+    printf("\n");
+    printf("%7s %7s %7s %11s %9s %11s %11s %13s %11s %10s\n", "nodes", "batch", "/node",
+           "compute ms", "link ms", "comm ms", "step ms", "no-overlap ms", "images/s",
+           "efficiency");
     // Efficiency: the share of a step spent computing, i.e. images/s against N nodes that
     // never wait for the link.
   }
@@ -504,21 +539,27 @@ static int plan_scaling(const char *run_dir, const char *nodes_text, const char 
       fprintf(stderr, "tally: --nodes '%s': expected node counts such as 2,8,64\n", nodes_text);
       return 2;
     }
-    ScaleQuestion q = {(int)nodes, link, keep_replica_batch, latency};
+    ScaleQuestion q = {.nodes = (int)nodes,
+                       .link_bytes_per_s = link,
+                       .keep_replica_batch = keep_replica_batch,
+                       .latency_s = latency,
+                       .allreduce = allreduce};
     ScalePrediction p;
     scaling_predict(&m, &traffic, &q, &p);
     if (json)
       printf(
           "{\"objective\":\"%s\",\"nodes\":%ld,\"link_bytes_per_s\":%.6g,\"latency_s\":%.6g,"
-          "\"local_batch\":%d,\"global_batch\":%d,\"predicted_compute_ms\":%.3f,"
-          "\"predicted_comm_ms\":%.3f,\"predicted_step_ms\":%.3f,"
+          "\"allreduce\":\"%s\",\"local_batch\":%d,\"global_batch\":%d,"
+          "\"predicted_compute_ms\":%.3f,\"predicted_wait_ms\":%.3f,"
+          "\"predicted_link_ms\":%.3f,\"predicted_comm_ms\":%.3f,\"predicted_step_ms\":%.3f,"
           "\"predicted_step_ms_no_overlap\":%.3f,\"predicted_images_per_s\":%.2f}\n",
-          objective, nodes, link, latency, p.local_batch, p.global_batch, p.compute_ms, p.comm_ms,
-          p.step_ms, p.step_ms_no_overlap, p.images_per_s);
+          objective, nodes, link, latency, scaling_allreduce_name(p.allreduce), p.local_batch,
+          p.global_batch, p.compute_ms, p.wait_ms, p.link_ms, p.comm_ms, p.step_ms,
+          p.step_ms_no_overlap, p.images_per_s);
     else
-      printf("%7ld %7d %7d %11.1f %11.1f %11.1f %13.1f %11.0f %9.0f%%\n", nodes, p.global_batch,
-             p.local_batch, p.compute_ms, p.comm_ms, p.step_ms, p.step_ms_no_overlap,
-             p.images_per_s, 100 * p.compute_ms / p.step_ms);
+      printf("%7ld %7d %7d %11.1f %9.1f %11.1f %11.1f %13.1f %11.0f %9.0f%%\n", nodes,
+             p.global_batch, p.local_batch, p.compute_ms, p.link_ms, p.comm_ms, p.step_ms,
+             p.step_ms_no_overlap, p.images_per_s, 100 * p.compute_ms / p.step_ms);
   }
   return 0;
 }
@@ -526,7 +567,7 @@ static int plan_scaling(const char *run_dir, const char *nodes_text, const char 
 static int cmd_plan(int argc, char **argv) {
   const char *objectives = "inbatch", *budget_text = NULL, *step_text = NULL;
   // 50 us: Open MPI over TCP through one Ethernet switch delivers a small message in tens of us.
-  const char *from = NULL, *nodes = NULL, *link = NULL, *latency = "50us";
+  const char *from = NULL, *nodes = NULL, *link = NULL, *latency = "50us", *allreduce = "auto";
   ConfigArgs ca = {0};
   PlanOptions popt = {0};
   int json = 0, keep_replica_batch = 0;
@@ -552,6 +593,8 @@ static int cmd_plan(int argc, char **argv) {
       link = v;
     } else if ((v = option_value(argc, argv, &i, "--latency"))) {
       latency = v;
+    } else if ((v = option_value(argc, argv, &i, "--allreduce"))) {
+      allreduce = v;
     } else if (!strcmp(argv[i], "--keep-replica-batch")) {
       keep_replica_batch = 1;
     } else if (!strcmp(argv[i], "--json")) {
@@ -570,7 +613,7 @@ static int cmd_plan(int argc, char **argv) {
       fprintf(stderr, "tally plan: --from RUN, --nodes N[,N...] and --link RATE go together\n");
       return 2;
     }
-    return plan_scaling(from, nodes, link, latency, keep_replica_batch, json);
+    return plan_scaling(from, nodes, link, latency, allreduce, keep_replica_batch, json);
   }
   size_t budget = 0;
   if (budget_text && plan_parse_size(budget_text, &budget) != 0) {

@@ -8,6 +8,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <mpi.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -15,6 +16,33 @@
 #include "parallel/comm.h"
 
 static Comm *comm;
+
+// The exchanges this process starts, counted through MPI's profiling interface: these
+// definitions take the calls Tally's backend makes and pass them on to the PMPI_ entry points.
+static int exchanges;
+
+int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
+                  MPI_Comm c) {
+  exchanges++;
+  return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, c);
+}
+
+int MPI_Iallreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
+                   MPI_Comm c, MPI_Request *request) {
+  exchanges++;
+  return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, c, request);
+}
+
+int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+                  int recvcount, MPI_Datatype recvtype, MPI_Comm c) {
+  exchanges++;
+  return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, c);
+}
+
+int MPI_Bcast(void *buffer, int count, MPI_Datatype datatype, int root, MPI_Comm c) {
+  exchanges++;
+  return PMPI_Bcast(buffer, count, datatype, root, c);
+}
 
 // One SGD step at lr 0.1 from parameters (1, 2) with the averaged gradient of the two replicas'
 // mean gradients (2, 4) and (6, 0), weighted by their sample counts. `agree` receives whether
@@ -64,6 +92,27 @@ static void test_worked_example(void **state) {
   assert_true(uneven_agree);
 }
 
+// A weighted mean is one exchange (the weight travels with the values), one allreduce call in the
+// ledger, and its bytes are the payload's: a ring over W ranks moves 2 (W-1)/W of 3 floats each
+// way, 4 * 1/2 * 12 = 24 bytes for W = 2, none for W = 1. Rank 0 holds no samples (weight 0): its
+// values must not count, so every rank ends with rank 1's (1.5, -2, 0.25) exactly.
+static void test_weighted_is_one_exchange(void **state) {
+  (void)state;
+  int rank = comm_rank(comm), world = comm_size(comm);
+  float buf[3] = {1.5f, -2.0f, 0.25f};
+  if (rank == 0 && world > 1) buf[0] = buf[1] = buf[2] = 1e6f;
+  comm_stats_reset(comm);
+  exchanges = 0;
+  comm_allreduce_weighted(comm, buf, 3, rank == 0 && world > 1 ? 0 : 3);
+  int counted = exchanges;
+  CommStats stats = comm_stats(comm);
+
+  assert_int_equal(counted, 1);
+  assert_int_equal(stats.calls[COLL_ALLREDUCE], 1);
+  assert_true(stats.bytes[COLL_ALLREDUCE] == (world == 2 ? 24.0 : 0.0) || world > 2);
+  assert_true(buf[0] == 1.5f && buf[1] == -2.0f && buf[2] == 0.25f);
+}
+
 // Rank r contributes r+1 floats 100r, 100r+1, ...: uneven counts, known totals.
 static void test_allgatherv(void **state) {
   (void)state;
@@ -108,6 +157,7 @@ int main(int argc, char **argv) {
   }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_worked_example),
+      cmocka_unit_test(test_weighted_is_one_exchange),
       cmocka_unit_test(test_allgatherv),
       cmocka_unit_test(test_sum_f64_and_backend),
   };

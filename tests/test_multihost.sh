@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Open MPI over real TCP between several "machines": two network namespaces on this box, joined
 # by a veth pair (10.77.0.1/24 and 10.77.0.2/24, addresses that exist only inside the namespaces
-# this script creates). mpirun starts inside the first namespace with a hostfile of the two
-# addresses and tests/netns_rsh.sh as its rsh agent (it enters the namespace of an address), one
-# rank per namespace, TCP only (btl tcp,self; btl and oob restricted to the veth subnet).
+# this script creates; tests/netns_lib.sh). mpirun starts inside the first namespace with a
+# hostfile of the two addresses and tests/netns_rsh.sh as its rsh agent (it enters the namespace
+# of an address), one rank per namespace, TCP only (btl tcp,self; btl and oob restricted to the
+# veth subnet).
 #
 #   1 mae (no BatchNorm): the ledger losses of the 2-host run equal a 1-replica run's with the
 #     same global batch at every step, within 1e-4 relative (tests/test_parallel.c's rule: the
@@ -26,26 +27,17 @@ set -u
 
 # shellcheck source=lib.sh source-path=SCRIPTDIR
 source "$(dirname "$0")/lib.sh"
+# shellcheck source=netns_lib.sh source-path=SCRIPTDIR
+source "$ROOT/tests/netns_lib.sh"
 
-AGENT=$ROOT/tests/netns_rsh.sh
 SHORT=10  # seconds for any one ip / setup command
 STEPS=4
-
-# The two hosts: namespace names unique to this run (two runs of the test may overlap), the
-# same interface name in both, and a private subnet that only exists inside them.
-NS_A=tally-mh$$-a
-NS_B=tally-mh$$-b
-IF=mh0
-SUBNET=10.77.0.0/24
-ADDR_A=10.77.0.1
-ADDR_B=10.77.0.2
 
 MPIRUN=$(command -v "${MPIEXEC:-mpirun}") || setup_fail "${MPIEXEC:-mpirun} is not installed"
 [[ $EUID -eq 0 ]] || skip_or_fail "not root (network namespaces need CAP_SYS_ADMIN)"
 command -v ip >/dev/null 2>&1 || skip_or_fail "iproute2 (ip) is not installed"
 timeout "$SHORT" ip netns list >/dev/null 2>&1 || skip_or_fail "'ip netns' is unavailable"
 
-NAMESPACES=()
 BG=""  # the bounded command under way, if any
 
 # bounded ARGS...: runs ARGS under the timeout, in the background so that a signal to this
@@ -59,50 +51,25 @@ bounded() {
   return "$r"
 }
 
-# Kills what is left in our namespaces (only processes inside namespaces this script created:
-# a stray orted or tally), then deletes the namespaces, which destroys the veth pair with them.
-kill_in_namespaces() {
-  local ns pids
-  for ns in "${NAMESPACES[@]}"; do
-    pids=$(timeout "$SHORT" ip netns pids "$ns" 2>/dev/null)
-    # shellcheck disable=SC2086  # one pid a word
-    [[ -z $pids ]] || kill -KILL $pids 2>/dev/null
-  done
-}
 # On any exit (tests/lib.sh), before the temp dir goes.
 release() {
-  local ns
   # timeout passes the TERM on to its command, and kills it 5 s later if it is still there.
   if [[ -n $BG ]]; then
     kill -TERM "$BG" 2>/dev/null
     wait "$BG" 2>/dev/null
   fi
-  kill_in_namespaces
-  for ns in "${NAMESPACES[@]}"; do
-    timeout "$SHORT" ip -n "$ns" link del "$IF" 2>/dev/null
-    timeout "$SHORT" ip netns del "$ns" 2>/dev/null
-  done
+  netns_release
 }
 
-# --- The two hosts.
-for ns in "$NS_A" "$NS_B"; do
-  timeout "$SHORT" ip netns add "$ns" 2>"$TMP/netns.err" ||
-    skip_or_fail "cannot create a network namespace: $(head -c 200 "$TMP/netns.err")"
-  NAMESPACES+=("$ns")
-done
-# The veth pair is created with its ends already in the namespaces: nothing in the host's own.
-timeout "$SHORT" ip link add name "$IF" netns "$NS_A" type veth peer name "$IF" netns "$NS_B" \
-  2>"$TMP/veth.err" || skip_or_fail "cannot create a veth pair: $(head -c 200 "$TMP/veth.err")"
-{
-  timeout "$SHORT" ip -n "$NS_A" addr add "$ADDR_A/24" dev "$IF" &&
-    timeout "$SHORT" ip -n "$NS_B" addr add "$ADDR_B/24" dev "$IF" &&
-    for ns in "$NS_A" "$NS_B"; do
-      timeout "$SHORT" ip -n "$ns" link set lo up && timeout "$SHORT" ip -n "$ns" link set "$IF" up
-    done
-} 2>"$TMP/addr.err" || setup_fail "cannot configure the veth pair: $(head -c 200 "$TMP/addr.err")"
-
-printf '%s slots=1\n%s slots=1\n' "$ADDR_A" "$ADDR_B" >"$TMP/hosts"
-export NETNS_RSH_MAP="$ADDR_A=$NS_A $ADDR_B=$NS_B"
+# --- The two hosts: namespace names unique to this run (two runs of the test may overlap) and a
+# private subnet that only exists inside them.
+netns_create "tally-mh$$" 10.77.0 "$TMP/hosts"
+case $? in
+  1) skip_or_fail "cannot create the two hosts: $NETNS_ERROR" ;;
+  2) setup_fail "cannot configure the veth pair: $NETNS_ERROR" ;;
+esac
+NS_A=$NETNS_A
+NS_B=$NETNS_B
 
 # Small runs with absolute paths (each rank's cwd is a private empty dir, so nothing relative).
 SMALL=(--set data.limit=256 --set train.batch_size=32 --steps "$STEPS" --no-knn --quiet)
@@ -130,11 +97,7 @@ hosts() {
   mkdir -p "$priv/rank0" "$priv/rank1"
   start=$SECONDS
   # shellcheck disable=SC2016  # expanded by each rank's bash
-  bounded ip netns exec "$NS_A" "$MPIRUN" --allow-run-as-root \
-    --hostfile "$TMP/hosts" -np 2 --map-by node \
-    --mca plm_rsh_agent "bash $AGENT" \
-    --mca btl tcp,self --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET" \
-    -x OMP_NUM_THREADS=1 "${opts[@]}" \
+  bounded "${NETNS_MPIRUN[@]}" -x OMP_NUM_THREADS=1 "${opts[@]}" \
     bash -c 'r=$OMPI_COMM_WORLD_RANK; ip netns identify >"$0/netns.$r"; cd "$0/rank$r" &&
              HOME=$0/rank$r exec "$@"' "$priv" \
     "$TALLY_BIN" train --set parallel.backend=mpi "$@" "${SMALL[@]}" --out "$TMP/runs/$label" \
@@ -148,9 +111,9 @@ losses() { grep -o '"loss":[^,}]*' "$TMP/runs/$1/ledger.jsonl" 2>/dev/null | cut
 
 # veth_bytes: bytes through the first host's end of the veth pair (received + sent).
 veth_bytes() {
-  local rx tx
-  rx=$(timeout "$SHORT" ip netns exec "$NS_A" cat "/sys/class/net/$IF/statistics/rx_bytes" 2>/dev/null)
-  tx=$(timeout "$SHORT" ip netns exec "$NS_A" cat "/sys/class/net/$IF/statistics/tx_bytes" 2>/dev/null)
+  local rx tx stats=/sys/class/net/$NETNS_IF/statistics
+  rx=$(timeout "$SHORT" ip netns exec "$NS_A" cat "$stats/rx_bytes" 2>/dev/null)
+  tx=$(timeout "$SHORT" ip netns exec "$NS_A" cat "$stats/tx_bytes" 2>/dev/null)
   echo $((${rx:-0} + ${tx:-0}))
 }
 
@@ -246,7 +209,7 @@ for ((i = 0; i < 10; i++)); do
   sleep 1
 done
 [[ -z $left ]] || bad "processes left 10 s after mpirun returned: $left"
-kill_in_namespaces
+netns_kill
 [[ -z $why ]] && name+=" (exit $rc after ${seconds} s)"
 finish "$name"
 

@@ -64,10 +64,38 @@ int scaling_read_run(const char *dir, MeasuredRun *m) {
   return rc;
 }
 
-// Open MPI's choice for an allreduce (its tuned component's fixed rule): recursive doubling
-// under 10 kB, a ring above. Rounds of messages one node waits for, one after another.
-static double allreduce_rounds(int nodes, double payload_bytes) {
-  return payload_bytes < 10e3 ? ceil(log2(nodes)) : 2.0 * (nodes - 1);
+static double log2_rounds(int nodes) { return ceil(log2(nodes)); }
+
+// libnbc (Open MPI 4.1, nbc_iallreduce.c) takes its binomial algorithm whenever the buffer is in
+// place, as each gradient bucket is, and also on fewer than 4 ranks or under 64 kB: for Tally's
+// buckets that is every N. It would choose otherwise only for separate send and receive buffers.
+static ScaleAllreduce resolve(ScaleAllreduce asked) {
+  return asked == SCALE_ALLREDUCE_AUTO ? SCALE_ALLREDUCE_BINOMIAL : asked;
+}
+
+// The gradient average over N > 1 nodes: its time on the link (*link_ms, latency included) and
+// the part of it that outlasts backward (*exposed_ms). Each bucket can start once backward has
+// written it, and the link carries the buckets one after another: the last bucket is always
+// exposed, and a link slower than backward exposes the backlog too.
+static void gradient_on_link(const StepTraffic *t, int N, ScaleAllreduce alg, double backward_ms,
+                             double ms_per_byte, double latency_ms, double *link_ms,
+                             double *exposed_ms, double *latency_total_ms) {
+  *link_ms = *exposed_ms = *latency_total_ms = 0;
+  if (!(t->allreduce_payload_bytes > 0)) return;
+  // Bytes through the busiest link per payload byte, and rounds, one bucket's sum.
+  const double through = alg == SCALE_ALLREDUCE_RING ? 2.0 * (N - 1) / N : 2 * log2_rounds(N);
+  const double rounds = alg == SCALE_ALLREDUCE_RING ? 2.0 * (N - 1) : 2 * log2_rounds(N);
+  const int K = t->gradient_buckets > 0 ? t->gradient_buckets : 1;
+  double done_ms = 0;
+  for (int k = 0; k < K; k++) {
+    const double bytes = t->gradient_buckets > 0 ? t->bucket_bytes[k] : t->allreduce_payload_bytes;
+    const double ready = t->gradient_buckets > 0 ? t->bucket_ready[k] : 1;
+    const double bucket_ms = through * bytes * ms_per_byte + rounds * latency_ms;
+    done_ms = fmax(done_ms, backward_ms * ready) + bucket_ms;
+    *link_ms += bucket_ms;
+    *latency_total_ms += rounds * latency_ms;
+  }
+  *exposed_ms = fmax(0, done_ms - backward_ms);
 }
 
 void scaling_predict(const MeasuredRun *m, const StepTraffic *t, const ScaleQuestion *q,
@@ -76,36 +104,36 @@ void scaling_predict(const MeasuredRun *m, const StepTraffic *t, const ScaleQues
   memset(p, 0, sizeof *p);
   p->nodes = N;
   p->link_bytes_per_s = q->link_bytes_per_s;
+  p->allreduce = resolve(q->allreduce);
   p->global_batch = q->keep_replica_batch ? m->local_batch * N : m->global_batch;
   p->local_batch = q->keep_replica_batch ? m->local_batch : (p->global_batch + N - 1) / N;
   // Per-sample work scales with the samples a replica holds; the measured time is one replica's.
-  double scale = (double)p->local_batch / m->local_batch;
-  double forward = m->forward_ms * scale, backward = m->backward_ms * scale;
-  double data = m->data_ms * scale, optimizer = m->optimizer_ms;  // the update is per parameter
-  p->compute_ms = data + forward + backward + optimizer;
-  const double ms_per_byte = 1e3 / q->link_bytes_per_s, latency_ms = q->latency_s * 1e3;
-  // The gradient average; the step's other allreduces carry a few numbers each, so only their
-  // latency counts. The gathers' blocks grow with N and their ring takes N - 1 rounds.
-  double gradient_ms = 0, small_sums_ms = 0;
+  // Compute is the step outside its collectives (the measured run's own were in memory); the
+  // update is per parameter and does not scale.
+  const double scale = (double)p->local_batch / m->local_batch;
+  const double per_sample_ms = fmax(0, m->step_ms - m->comm_ms - m->optimizer_ms);
+  p->compute_ms = per_sample_ms * scale + m->optimizer_ms;
   if (N > 1) {
-    double gradient_latency_ms = allreduce_rounds(N, t->allreduce_payload_bytes) * latency_ms;
-    small_sums_ms = (double)(t->allreduce_calls > 1 ? t->allreduce_calls - 1 : 0) *
-                    allreduce_rounds(N, 0) * latency_ms;
-    double gather_latency_ms = (double)t->allgather_calls * (N - 1) * latency_ms;
-    gradient_ms =
-        2.0 * (N - 1) / N * t->allreduce_payload_bytes * ms_per_byte + gradient_latency_ms;
+    const double ms_per_byte = 1e3 / q->link_bytes_per_s, latency_ms = q->latency_s * 1e3;
+    // Replicas of the measured run waited for the slowest at their collectives: compute that
+    // varies from replica to replica, so it scales with the samples. Not extrapolated in N.
+    p->wait_ms = m->replicas > 1 ? m->comm_ms * scale : 0;
+    double gradient_latency_ms;
+    gradient_on_link(t, N, p->allreduce, m->backward_ms * scale, ms_per_byte, latency_ms,
+                     &p->gradient_ms, &p->gradient_exposed_ms, &gradient_latency_ms);
+    const long other_sums = t->allreduce_calls > 1 ? t->allreduce_calls - 1 : 0;
+    const double sums_latency_ms = (double)other_sums * log2_rounds(N) * latency_ms;
+    p->sums_ms = 2.0 * (N - 1) / N * t->other_allreduce_bytes * ms_per_byte + sums_latency_ms;
+    const double gather_latency_ms =
+        (double)t->allgather_calls * (log2_rounds(N) + (N - 1)) * latency_ms;
     p->allgather_ms = (double)(N - 1) * p->local_batch * t->gather_bytes_per_sample * ms_per_byte +
                       gather_latency_ms;
-    p->latency_ms = gradient_latency_ms + small_sums_ms + gather_latency_ms;
+    p->latency_ms = gradient_latency_ms + sums_latency_ms + gather_latency_ms;
   }
-  p->allreduce_ms = gradient_ms + small_sums_ms;
-  p->comm_ms = p->allreduce_ms + p->allgather_ms;
-  p->step_ms_no_overlap = p->compute_ms + p->comm_ms;
-  // Gradient buckets are averaged while backward goes on: the gradient average costs only what
-  // backward does not hide. Gathers (projections, keys) sit between forward and the loss, the
-  // small sums after backward: not hidden.
-  p->step_ms =
-      data + forward + fmax(backward, gradient_ms) + optimizer + small_sums_ms + p->allgather_ms;
+  p->link_ms = p->gradient_ms + p->sums_ms + p->allgather_ms;
+  p->comm_ms = p->wait_ms + p->gradient_exposed_ms + p->sums_ms + p->allgather_ms;
+  p->step_ms = p->compute_ms + p->comm_ms;
+  p->step_ms_no_overlap = p->compute_ms + p->wait_ms + p->link_ms;
   p->images_per_s = p->global_batch / (p->step_ms / 1e3);
 }
 
@@ -133,6 +161,21 @@ int scaling_parse_rate(const char *text, double *bytes_per_s) {
       return 0;
     }
   return tl_fail("--link '%s': unknown unit (kbit, Mbit, Gbit, Tbit; KB/s, MB/s, GB/s)", text);
+}
+
+static const char *const allreduce_names[] = {"auto", "ring", "binomial"};
+
+int scaling_parse_allreduce(const char *text, ScaleAllreduce *out) {
+  for (int a = 0; a < 3; a++)
+    if (strcasecmp(text, allreduce_names[a]) == 0) {
+      *out = (ScaleAllreduce)a;
+      return 0;
+    }
+  return tl_fail("--allreduce '%s': expected ring, binomial or auto", text);
+}
+
+const char *scaling_allreduce_name(ScaleAllreduce a) {
+  return a >= 0 && a < 3 ? allreduce_names[a] : "?";
 }
 
 int scaling_parse_latency(const char *text, double *seconds) {

@@ -1,14 +1,28 @@
 // Predicting throughput at N machines before buying them: a measured run gives the compute of a
-// step per replica (its ledger's data, forward, backward and optimizer times), the plan gives
-// what the step sends (the ledger's own byte counts: the gradient allreduce's payload and the
-// gathers' bytes per sample), and the link's rate turns bytes into time under the algorithms the
-// collectives use: a ring allreduce moves 2 (N-1)/N of its payload through each node's link; an
-// allgather brings each node the other N-1 blocks. Each collective also waits the link's latency
-// once per round of its algorithm (the ledger counts the calls), so a step of many small
-// collectives is not predicted as free: Open MPI sums a payload under 10 kB by recursive
-// doubling (ceil(log2 N) rounds) and a larger one on a ring (2 (N-1) rounds); a gather's ring
-// takes N-1.
+// step per replica (its ledger's time outside the collectives) and, when it ran several replicas,
+// how long one waits for the slower (its own comm_ms: local replicas exchange in memory, so that
+// is waiting); the plan gives what the step sends (the gradient block and the buckets it is
+// averaged in, the other sums' payload, the gathers' bytes per sample, the collectives per step)
+// and the link's rate and latency turn it into time under the algorithms Open MPI runs:
+//   gradient buckets (non-blocking, in place): Open MPI 4.1's libnbc picks a binomial reduce then
+//     broadcast, 2 ceil(log2 N) times each bucket's bytes in turn through the root's link and as
+//     many rounds; a ring (`--mca coll_libnbc_iallreduce_algorithm 1`) moves 2 (N-1)/N of them in
+//     2 (N-1) rounds. The buckets are summed while backward goes on, one after another on the
+//     link, each from when backward has written it (backward's time taken as its FLOPs): what
+//     backward does not hide is exposed.
+//   other sums (losses, BatchNorm statistics): 2 (N-1)/N of their bytes, ceil(log2 N) rounds
+//     each (recursive doubling; they are small).
+//   gathers: N-1 blocks come in, and two exchanges, the counts (ceil(log2 N) rounds) then the
+//     blocks (a ring, N-1 rounds).
+// Every round waits the link's latency once, so many small collectives are not free at scale.
 #pragma once
+
+// The algorithm of the gradient's non-blocking sums.
+typedef enum {
+  SCALE_ALLREDUCE_AUTO,      // what Open MPI 4.1 chooses itself (binomial, see above)
+  SCALE_ALLREDUCE_RING,      // forced with --mca coll_libnbc_iallreduce_algorithm 1
+  SCALE_ALLREDUCE_BINOMIAL,  // reduce up a binomial tree, then broadcast down it
+} ScaleAllreduce;
 
 typedef struct {
   int replicas;                   // of the measured run
@@ -19,9 +33,15 @@ typedef struct {
 
 typedef struct {
   double allreduce_payload_bytes;  // the gradient block every step averages
+  // The buckets it is averaged in while backward runs, in the order they start: their bytes,
+  // and the share of backward done when backward has written each (from the plan's backward
+  // FLOPs). 0 buckets: one of the whole block, ready as backward ends.
+  int gradient_buckets;
+  const double *bucket_bytes, *bucket_ready;
+  double other_allreduce_bytes;    // the payload of the step's other sums, all together
   double gather_bytes_per_sample;  // what one sample adds to the step's allgathers (0: none)
-  // Collectives per step: the gradient average is one of the allreduces, the others sum a few
-  // numbers each (losses, BatchNorm statistics).
+  // Collectives per step, as the ledger counts them: the gradient average is one of the
+  // allreduces, the others sum a few numbers each (losses, BatchNorm statistics).
   long allreduce_calls, allgather_calls;
 } StepTraffic;
 
@@ -31,18 +51,26 @@ typedef struct {
   int keep_replica_batch;  // 1: each node keeps the measured per-replica batch (the global batch
                            // grows with N); 0: the measured global batch is split N ways
   double latency_s;        // one message's latency on the link, paid per round of an algorithm
+  ScaleAllreduce allreduce;
 } ScaleQuestion;
 
 typedef struct {
   int nodes, local_batch, global_batch;
   double link_bytes_per_s;
-  double compute_ms;                  // data + forward + backward + optimizer, per replica
-  double allreduce_ms, allgather_ms;  // on the link, latency included
-  double latency_ms;                  // the part of both that is latency, not bytes
-  double comm_ms;                     // both
-  double step_ms;                     // the allreduce overlapping backward (as on MPI)
-  double step_ms_no_overlap;          // everything in sequence
-  double images_per_s;                // global batch / step_ms
+  ScaleAllreduce allreduce;      // the gradient's algorithm (never AUTO: resolved)
+  double compute_ms;             // the step outside collectives, per replica
+  double wait_ms;                // waiting for the slower replica, from the measured run
+  double gradient_ms;            // the gradient average on the link (latency in), hidden or not
+  double gradient_exposed_ms;    // the part of it backward does not hide
+  double sums_ms, allgather_ms;  // the other sums and the gathers on the link (never hidden)
+  double latency_ms;             // the part of gradient, sums and gathers that is latency
+  double link_ms;                // gradient + sums + gathers
+  // What the ledger's comm_ms would read on the nodes: the time inside collectives, i.e. the
+  // wait, the exposed gradient, the sums and the gathers.
+  double comm_ms;
+  double step_ms;             // compute + comm
+  double step_ms_no_overlap;  // compute + wait + link: nothing hidden
+  double images_per_s;        // global batch / step_ms
 } ScalePrediction;
 
 // Reads a run folder's ledger.jsonl. -1 with tl_last_error() when it has fewer than 2 steps.
@@ -55,6 +83,10 @@ void scaling_predict(const MeasuredRun *m, const StepTraffic *t, const ScaleQues
 // "10Gbit", "100Mbit", "1Gbit/s", "125MB/s", "1.25GB/s", "800kbit": bits (kbit, Mbit, Gbit,
 // Tbit) or bytes (KB, MB, GB per second), decimal. Returns 0, or -1 with tl_last_error().
 int scaling_parse_rate(const char *text, double *bytes_per_s);
+
+// "auto", "ring", "binomial". Returns 0, or -1 with tl_last_error().
+int scaling_parse_allreduce(const char *text, ScaleAllreduce *out);
+const char *scaling_allreduce_name(ScaleAllreduce a);
 
 // "50us", "0.2ms", "2000ns", "0": a latency, >= 0. Returns 0, or -1 with tl_last_error().
 int scaling_parse_latency(const char *text, double *seconds);

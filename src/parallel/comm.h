@@ -39,7 +39,9 @@ int comm_size(const Comm *c);
 const char *comm_backend(const Comm *c);
 
 // buf <- sum_r w_r * buf_r / sum_r w_r, with w_r = local_weight of rank r (its sample count).
-// In place; every rank ends with bit-identical values (ranks reduce in the same order).
+// In place; every rank ends with bit-identical values (ranks reduce in the same order). One
+// exchange on every backend: the weights travel with the values, so a call costs one message
+// round, as a prediction of its latency counts it.
 void comm_allreduce_weighted(Comm *c, float *buf, size_t n, double local_weight);
 // buf <- sum_r buf_r (doubles, e.g. loss sums and counts).
 void comm_allreduce_sum_f64(Comm *c, double *buf, size_t n);
@@ -83,7 +85,9 @@ void comm_destroy(Comm *c);
 
 // The traffic model behind CommStats.bytes, the same for every backend (MPI does not report the
 // bytes its algorithms move), so `tally plan` can predict it exactly: bytes one rank sends plus
-// receives, payload only (the exchange of counts and weights is not counted); 0 when world is 1.
+// receives, payload only; 0 when world is 1. Not counted: a gather's exchange of counts, and the
+// weight a weighted sum sends as one more float of its message (the bucketed gradient average
+// sends none, and both must count alike: a plan of local replicas predicts an mpi run's bytes).
 // allreduce: a ring (reduce-scatter then allgather), 2 (world-1)/world of the payload each way.
 double comm_allreduce_bytes(int world, size_t payload_bytes);
 // allgather: this rank's block goes to every other rank, every other block comes to this rank.

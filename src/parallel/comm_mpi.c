@@ -19,6 +19,11 @@ typedef struct {
   int *recv_counts, *displs;            // [world] the same, and offsets, as MPI wants them
   MPI_Request *started;                 // [cap_started] non-blocking sums not yet waited for
   int n_started, cap_started;
+  // A weighted sum's values and weight, sent together: grown to the largest sum so far. Open
+  // MPI's own buffers are not in the ledger either; Tally's large sum (the gradient) goes
+  // through the non-blocking buckets; this holds BatchNorm statistics and inbatch's columns.
+  float *packed;
+  size_t cap_packed;
   char failure[COMM_FAILURE_CHARS];
 } MpiComm;
 
@@ -63,23 +68,36 @@ static int fits_int(Comm *c, size_t count, const char *what) {
   return 0;
 }
 
-// Each rank scales its buffer by its share of the total weight, so one float sum gives the
-// weighted mean. MPI hands every rank the same reduced result, which keeps replicas identical.
+// One exchange: each rank sends w * buf and, as one more float, w; the sums divided by the summed
+// weight are the weighted mean. A sum of the weights first and then of the scaled values cost
+// two exchanges per call, and over TCP every exchange waits a round trip (on a busy host also
+// the peer's wake-up), for each BatchNorm average and loss term of a step. The weight as a float
+// is exact for sample counts below 2^24. MPI hands every rank the same sums, and every rank
+// divides them by the same total, which keeps replicas identical.
 static int mpi_allreduce_weighted(Comm *c, float *buf, size_t n, double local_weight) {
-  MPI_Comm comm = mpi_of(c)->comm;
-  if (!fits_int(c, n, "allreduce_weighted")) return -1;
-  double total_weight = local_weight;
-  if (check(c, MPI_Allreduce(MPI_IN_PLACE, &total_weight, 1, MPI_DOUBLE, MPI_SUM, comm),
-            "allreduce_weighted: MPI_Allreduce of the weights"))
+  MpiComm *m = mpi_of(c);
+  if (!fits_int(c, n + 1, "allreduce_weighted")) return -1;
+  if (n + 1 > m->cap_packed) {
+    free(m->packed);
+    m->cap_packed = n + 1;
+    m->packed = malloc(sizeof *m->packed * m->cap_packed);
+    if (!m->packed) TL_DIE("out of memory for a weighted sum of %zu floats", n);
+  }
+  // The float weight scales the values too, so numerator and denominator agree exactly.
+  const float weight = (float)local_weight;
+  float *packed = m->packed;
+  for (size_t i = 0; i < n; i++) packed[i] = buf[i] * weight;
+  packed[n] = weight;
+  if (check(c, MPI_Allreduce(MPI_IN_PLACE, packed, (int)(n + 1), MPI_FLOAT, MPI_SUM, m->comm),
+            "allreduce_weighted: MPI_Allreduce"))
     return -1;
+  const double total_weight = packed[n];
   if (!(total_weight > 0)) {
     mpi_abort(c, "allreduce_weighted: the weights of all ranks sum to 0");
     return -1;
   }
-  double share = local_weight / total_weight;
-  for (size_t i = 0; i < n; i++) buf[i] = (float)(buf[i] * share);
-  return check(c, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, comm),
-               "allreduce_weighted: MPI_Allreduce");
+  for (size_t i = 0; i < n; i++) buf[i] = (float)(packed[i] / total_weight);
+  return 0;
 }
 
 static int mpi_allreduce_sum_f64(Comm *c, double *buf, size_t n) {
@@ -170,6 +188,7 @@ static void mpi_destroy(Comm *c) {
   free(m->recv_counts);
   free(m->displs);
   free(m->started);
+  free(m->packed);
   free(m);
   live_handles--;
   release_mpi();

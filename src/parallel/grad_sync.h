@@ -37,7 +37,9 @@ void grad_sync_begin(GradSync *gs, double local_weight, double total_weight);
 // After backward: ps->grad holds the weighted mean over the replicas; ps's callback is removed.
 void grad_sync_finish(GradSync *gs);
 
-// The layout and its progress, for tests. Bucket 0 ends at the end of the block.
+// The layout and its progress, for tests, and for a plan predicting the overlap (on a backend
+// without non-blocking sums nothing starts, but reports still complete buckets). Bucket 0 ends
+// at the end of the block.
 int grad_sync_bucket_count(const GradSync *gs);
 // Bucket b covers grad floats [*offset, *offset + *count).
 void grad_sync_bucket_range(const GradSync *gs, int b, size_t *offset, size_t *count);

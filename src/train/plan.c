@@ -18,6 +18,7 @@
 #include "eval/monitor.h"
 #include "objectives/objective.h"
 #include "parallel/comm.h"
+#include "parallel/grad_sync.h"
 #include "train/optim.h"
 #include "train/replica.h"
 
@@ -63,6 +64,9 @@ typedef struct {
   // the highest it reaches inside a vote.
   size_t eval_before_first, eval_after_first, eval_peak;
   LedgerRecord rec;  // rank 0's step: counts, FLOPs, communication
+  int grad_buckets;  // rank 0's gradient buckets, as PlanTotals has them
+  size_t grad_bucket_floats[PLAN_MAX_BUCKETS];
+  double grad_bucket_ready[PLAN_MAX_BUCKETS];
 } Plan;
 
 typedef struct {
@@ -111,6 +115,74 @@ static void wait_turn(Plan *pl, int turn) {
   pthread_mutex_unlock(&pl->mutex);
 }
 
+// Rank 0's backward FLOPs when each gradient bucket of an mpi run completes: the plan's replicas
+// are local and average the gradient after backward, but the buckets an mpi run would start as
+// backward writes them are tracked by a bucketer of the same layout (it starts nothing on this
+// backend), and the FLOPs counted so far are read whenever a report completes one.
+typedef struct {
+  GradSync *gs;
+  const DnnlCtx *ctx;
+  void (*bucketer)(void *user, size_t offset, size_t count);
+  void *bucketer_user;
+  int n;
+  double *flops;  // [n] when bucket b completed; -1 until it does
+} BucketClock;
+
+static double backward_flops(const DnnlCtx *ctx) {
+  double sum = 0;
+  for (int c = 0; c < COMP_NCOMP; c++) sum += ctx->flops_backward[c];
+  return sum;
+}
+
+static void on_grad_reported(void *user, size_t offset, size_t count) {
+  BucketClock *bc = user;
+  bc->bucketer(bc->bucketer_user, offset, count);
+  for (int b = 0; b < bc->n; b++)
+    if (bc->flops[b] < 0 && grad_sync_bucket_complete(bc->gs, b))
+      bc->flops[b] = backward_flops(bc->ctx);
+}
+
+static void bucket_clock_start(BucketClock *bc, Replica *r) {
+  bc->gs = grad_sync_create(r->comm, &r->ps, (size_t)r->cfg->parallel.bucket_kib * 1024);
+  bc->ctx = &r->ctx;
+  bc->n = grad_sync_bucket_count(bc->gs);
+  bc->flops = malloc(sizeof *bc->flops * (size_t)bc->n);
+  if (!bc->flops) TL_DIE("out of memory");
+  for (int b = 0; b < bc->n; b++) bc->flops[b] = -1;
+  grad_sync_begin(bc->gs, 1, 1);
+  bc->bucketer = r->ps.grad_ready;
+  bc->bucketer_user = r->ps.grad_ready_user;
+  r->ps.grad_ready = on_grad_reported;
+  r->ps.grad_ready_user = bc;
+}
+
+// After backward: the buckets, merged in neighbouring pairs while there are too many, into pl.
+// Buckets start in index order on every rank (grad_sync.h), so one written early still waits for
+// those before it.
+static void bucket_clock_stop(BucketClock *bc, Plan *pl) {
+  const double total = backward_flops(bc->ctx);
+  double ready = 0;
+  int n = 0;
+  for (int b = 0; b < bc->n; b++) {
+    size_t offset, count;
+    grad_sync_bucket_range(bc->gs, b, &offset, &count);
+    ready = fmax(ready, bc->flops[b] >= 0 && total > 0 ? bc->flops[b] / total : 1);
+    pl->grad_bucket_floats[n] = count;
+    pl->grad_bucket_ready[n] = ready;
+    if (++n == PLAN_MAX_BUCKETS) {
+      for (int k = 0; k < n / 2; k++) {
+        pl->grad_bucket_floats[k] =
+            pl->grad_bucket_floats[2 * k] + pl->grad_bucket_floats[2 * k + 1];
+        pl->grad_bucket_ready[k] = pl->grad_bucket_ready[2 * k + 1];
+      }
+      n /= 2;
+    }
+  }
+  pl->grad_buckets = n;
+  grad_sync_destroy(bc->gs);  // nothing started, so nothing to wait for; detaches the callback
+  free(bc->flops);
+}
+
 // The trainer's step (the same replica functions), on a stand-in batch of the right size: views,
 // indices and labels reserved and never written (nothing reads them in a dry run).
 static void plan_step(Plan *pl, Replica *r) {
@@ -125,7 +197,10 @@ static void plan_step(Plan *pl, Replica *r) {
   batch.labels = tl_alloc(sizeof(int) * (size_t)local, MEM_DATA, COMP_OTHER);
   LedgerRecord rec = {0};
   StepTimes t = {0};
+  BucketClock clock;
+  if (r->rank == 0) bucket_clock_start(&clock, r);
   replica_forward_backward(r, &batch, &rec);
+  if (r->rank == 0) bucket_clock_stop(&clock, pl);
   replica_update(r, &batch, 0.0f, &rec, &t);
   (void)replica_check(r, pl->step);  // the same exchange; a plan's verdict is moot
   comm_barrier(r->comm);
@@ -341,6 +416,9 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   if (pl->def->plan) pl->def->plan(cfg, r.step, pl->global_batch, &r, &facts);
   t.queue_size = facts.queue_size;
   t.mask_ratio = facts.mask_ratio;
+  t.grad_buckets = pl->grad_buckets;
+  memcpy(t.grad_bucket_floats, pl->grad_bucket_floats, sizeof t.grad_bucket_floats);
+  memcpy(t.grad_bucket_ready, pl->grad_bucket_ready, sizeof t.grad_bucket_ready);
   // Every replica's FLOPs so far, accumulated step by step as the trainer does (the same sum of
   // the same numbers, so the same bits).
   int rank0_batch;

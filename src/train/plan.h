@@ -17,6 +17,8 @@ typedef struct {
   int knn_at_start;  // as `tally train --knn-at-start`: the encoder is evaluated before step 0
 } PlanOptions;
 
+enum { PLAN_MAX_BUCKETS = 64 };
+
 typedef struct {
   // What the plan was drawn from.
   char backbone[64];    // the model file's name, e.g. resnet-small
@@ -30,6 +32,14 @@ typedef struct {
   int patches_per_image, patches_visible;  // vit backbones (mae: visible after masking); else 0
   int queue_size;                          // moco's K; 0 for objectives without a queue
   double mask_ratio;                       // mae's; 0 otherwise
+  // The buckets an mpi run averages the gradient in while backward runs (parallel/grad_sync.h),
+  // in the order they start: their floats, and the share of the step's backward FLOPs done when
+  // backward had written each and those before it (where its sum starts; 1 for one it never
+  // completes). Planned steps only (0 buckets otherwise); past PLAN_MAX_BUCKETS, neighbours are
+  // merged in pairs.
+  int grad_buckets;
+  size_t grad_bucket_floats[PLAN_MAX_BUCKETS];
+  double grad_bucket_ready[PLAN_MAX_BUCKETS];
   // Memory in bytes, as the ledger counts it: the whole process (every local replica; one
   // replica's process under the mpi backend).
   size_t category_bytes[MEM_NCAT];  // live while training, MEM_EVAL after every evaluation

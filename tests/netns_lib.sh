@@ -1,0 +1,105 @@
+# shellcheck shell=bash
+# Two "machines" on this box for Open MPI over real TCP, sourced by tests/test_multihost.sh and
+# scripts/validate_scaling.sh: two network namespaces joined by a veth pair whose addresses exist
+# only inside them, a hostfile of the two, and tests/netns_rsh.sh as mpirun's rsh agent (it
+# enters the namespace of an address). Every namespace shares this machine's filesystem, so the
+# binary, the data and the run folder have the same paths on both "hosts".
+#
+#   netns_create NAME NET HOSTFILE   e.g. netns_create "tally-mh$$" 10.77.0 "$TMP/hosts"
+#       Creates namespaces NAME-a and NAME-b (NETNS_A, NETNS_B), the veth pair NETNS_IF between
+#       them with NET.1 and NET.2 (NETNS_ADDR_A, NETNS_ADDR_B; NETNS_SUBNET is NET.0/24), writes
+#       HOSTFILE (one slot per host), exports NETNS_RSH_MAP for the agent and sets NETNS_MPIRUN.
+#       Returns 0; 1 when this machine cannot make namespaces or a veth pair (a test skips), or
+#       2 when it made them but cannot configure them (a failure); NETNS_ERROR says why. What
+#       it made is in NETNS_NAMESPACES, so netns_release removes it whatever happened.
+#   "${NETNS_MPIRUN[@]}" [MPIRUN OPTIONS...] PROGRAM ARGS...
+#       mpirun ($MPIRUN, set by the caller) started inside NETNS_A: one rank per host, TCP only
+#       (btl tcp,self), MPI and mpirun's own traffic both restricted to the veth subnet (left to
+#       itself Open MPI may pick any interface, and hang on one the other host cannot reach).
+#   netns_shape RATE      tbf at RATE (tc's units: 100mbit, 1gbit) on both ends of the pair, or
+#                         none: no qdisc. Bursts of NETNS_TBF_BURST pass at line rate; the queue
+#                         holds NETNS_TBF_LATENCY of traffic before tbf drops packets.
+#   netns_kill            kills every process left in the namespaces (a stray orted or tally).
+#   netns_release         netns_kill, then deletes the namespaces; the veth pair and its qdiscs
+#                         go with them.
+# Every ip and tc command is bounded by NETNS_TIMEOUT seconds.
+# shellcheck disable=SC2034  # NETNS_* are read by the scripts that source this
+
+NETNS_TIMEOUT=${NETNS_TIMEOUT:-10}
+NETNS_IF=tally0
+# 32 kB is 2.6 ms at 100 Mbit/s, a small part of a step's megabytes.
+NETNS_TBF_BURST=32kb
+NETNS_TBF_LATENCY=50ms
+NETNS_NAMESPACES=()
+NETNS_ERROR=""
+NETNS_AGENT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/netns_rsh.sh"
+
+# netns_run ARGS...: ARGS under the timeout, stderr kept for NETNS_ERROR.
+netns_run() {
+  local err
+  if ! err=$(timeout "$NETNS_TIMEOUT" "$@" 2>&1 >/dev/null); then
+    NETNS_ERROR="$*: ${err:0:200}"
+    return 1
+  fi
+}
+
+netns_create() {
+  local name=$1 net=$2 hostfile=$3 ns
+  NETNS_A=$name-a
+  NETNS_B=$name-b
+  NETNS_ADDR_A=$net.1
+  NETNS_ADDR_B=$net.2
+  NETNS_SUBNET=$net.0/24
+  for ns in "$NETNS_A" "$NETNS_B"; do
+    netns_run ip netns add "$ns" || return 1
+    NETNS_NAMESPACES+=("$ns")
+  done
+  # The pair is created with its ends already in the namespaces: nothing in the host's own.
+  netns_run ip link add name "$NETNS_IF" netns "$NETNS_A" type veth peer name "$NETNS_IF" \
+    netns "$NETNS_B" || return 1
+  netns_run ip -n "$NETNS_A" addr add "$NETNS_ADDR_A/24" dev "$NETNS_IF" || return 2
+  netns_run ip -n "$NETNS_B" addr add "$NETNS_ADDR_B/24" dev "$NETNS_IF" || return 2
+  for ns in "$NETNS_A" "$NETNS_B"; do
+    netns_run ip -n "$ns" link set lo up || return 2
+    netns_run ip -n "$ns" link set "$NETNS_IF" up || return 2
+  done
+  printf '%s slots=1\n%s slots=1\n' "$NETNS_ADDR_A" "$NETNS_ADDR_B" >"$hostfile" || {
+    NETNS_ERROR="cannot write $hostfile"
+    return 2
+  }
+  export NETNS_RSH_MAP="$NETNS_ADDR_A=$NETNS_A $NETNS_ADDR_B=$NETNS_B"
+  # shellcheck disable=SC2054  # tcp,self is one word
+  NETNS_MPIRUN=(ip netns exec "$NETNS_A" "$MPIRUN" --allow-run-as-root
+    --hostfile "$hostfile" -np 2 --map-by node --mca plm_rsh_agent "bash $NETNS_AGENT"
+    --mca btl tcp,self --mca btl_tcp_if_include "$NETNS_SUBNET"
+    --mca oob_tcp_if_include "$NETNS_SUBNET")
+}
+
+netns_shape() {
+  local ns
+  for ns in "$NETNS_A" "$NETNS_B"; do
+    timeout "$NETNS_TIMEOUT" tc -n "$ns" qdisc del dev "$NETNS_IF" root 2>/dev/null || true
+    if [[ $1 != none ]]; then
+      netns_run tc -n "$ns" qdisc add dev "$NETNS_IF" root tbf rate "$1" \
+        burst "$NETNS_TBF_BURST" latency "$NETNS_TBF_LATENCY" || return 1
+    fi
+  done
+}
+
+netns_kill() {
+  local ns pids
+  for ns in "${NETNS_NAMESPACES[@]}"; do
+    pids=$(timeout "$NETNS_TIMEOUT" ip netns pids "$ns" 2>/dev/null)
+    # shellcheck disable=SC2086  # one pid a word
+    [[ -z $pids ]] || kill -KILL $pids 2>/dev/null || true
+  done
+}
+
+netns_release() {
+  local ns
+  netns_kill
+  for ns in "${NETNS_NAMESPACES[@]}"; do
+    timeout "$NETNS_TIMEOUT" ip netns del "$ns" 2>/dev/null || true
+  done
+  NETNS_NAMESPACES=()
+}
