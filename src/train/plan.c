@@ -696,12 +696,9 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
     }
   fputc('\n', f);
   fprintf(f, "Memory totals\n");
-  static const char *const total_names[] = {"dataset (train + test)",
-                                            "loader buffers",
-                                            "evaluation (kNN monitor)",
-                                            "evaluation at its peak",
-                                            "process (code, libraries, kernels)",
-                                            "planned peak (all memory)"};
+  static const char *const total_names[] = {
+      "dataset (train + test)", "loader buffers",          "evaluation (kNN monitor)",
+      "evaluation at its peak", "process (code, kernels)", "planned peak (all memory)"};
   for (int row = 0; row < 6; row++) {
     for (int j = 0; j < n; j++) format_bytes(total_row(&totals[j], row), cells[j], 48);
     print_row(f, total_names[row], n, cells);
