@@ -27,6 +27,7 @@ typedef struct {
   float *mask_token, *dmask_token;  // (Dd) parameter
   float *dec_pos;                   // (P, Dd) fixed sin-cos
   TransformerBlock *blocks;         // (depth) on (b, Td, Dd)
+  BufferPool grads;                 // the decoder's input gradients but embed's
   LayerNorm norm;                   // (b*Td, Dd)
   Linear pred;                      // (b*Td, Dd) -> (b*Td, patch_dim)
   int *keep;                        // (b, n_keep) visible patch indices
@@ -130,14 +131,22 @@ static Objective *mae_create(const ObjectiveEnv *env) {
       paramset_take(env->params, "decoder.mask_token", (size_t)o->Dd, 1, &o->dmask_token);
   paramset_init_normal(env->params, o->mask_token, (size_t)o->Dd, 0.02f);
   o->blocks = calloc((size_t)o->depth, sizeof *o->blocks);
+  // The decoder's input gradients share four buffers, as the encoder's do: the gradient between
+  // blocks and the final norm's in 0 (the blocks take 1-3 for their own), the prediction's in 2,
+  // read by the norm before the last block overwrites it.
+  Builder pooled = bld;
+  pooled.grad_pool = &o->grads;
+  pooled.grad_slot = 0;
   for (int i = 0; i < o->depth; i++) {
     char name[32];
     snprintf(name, sizeof name, "decoder.blocks.%d", i);
-    transformer_block_init(&o->blocks[i], &bld, name, b, o->Td, o->Dd, settings(cfg)->decoder_heads,
-                           spec->mlp_ratio, 1);
+    transformer_block_init(&o->blocks[i], &pooled, name, b, o->Td, o->Dd,
+                           settings(cfg)->decoder_heads, spec->mlp_ratio, 1);
   }
-  layernorm_init(&o->norm, &bld, "decoder.norm", b * o->Td, o->Dd);
-  linear_init(&o->pred, &bld, "decoder.pred", b * o->Td, o->Dd, o->patch_dim, 1, 1, 0.0f);
+  layernorm_init(&o->norm, &pooled, "decoder.norm", b * o->Td, o->Dd);
+  pooled.grad_slot = 2;
+  linear_init(&o->pred, &pooled, "decoder.pred", b * o->Td, o->Dd, o->patch_dim, 1, 1, 0.0f);
+  buffer_pool_finish(&o->grads, MEM_ACT_GRAD, COMP_DECODER);
   o->dec_pos = tl_alloc(sizeof(float) * (size_t)o->P * o->Dd, MEM_PARAM, COMP_DECODER);
   vit_sincos_pos_embed(o->dec_pos, o->encoder->grid, o->Dd);
   o->dec_in = tl_alloc(sizeof(float) * (size_t)b * o->Td * o->Dd, MEM_ACT, COMP_DECODER);
@@ -416,6 +425,7 @@ static void mae_destroy(Objective *base) {
   free(o->blocks);
   layernorm_destroy(&o->norm);
   linear_destroy(&o->pred);
+  buffer_pool_free(&o->grads);
   tl_free(o->dec_pos);
   tl_free(o->dec_in);
   tl_free(o->dembed);
