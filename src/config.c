@@ -176,9 +176,12 @@ static const KeySpec model_keys[] = {
     INT_KEY(BACKBONE(patch_size), "4", 1, 256,
             "vit: patch side in pixels; must divide the (padded) image side"),
     INT_KEY(BACKBONE(pad_to), "0", 0, 4096,
-            "images are framed (centred) to this side in black, i.e. padded before normalization "
-            "(resnet: by an even margin); 0 = no "
-            "padding"),
+            "images are framed (centred) to this side with `pad_fill` (resnet: by an even "
+            "margin); 0 = no padding"),
+    TEXT_KEY(BACKBONE(pad_fill), "black", "black|mean",
+             "what `pad_to` frames the images with: `black`, raw 0 padded before normalization "
+             "as torchvision's Pad does ((0 - mean) / std once normalized); `mean`, the data's "
+             "mean (0 once normalized), a frame that stands apart from a black background"),
     INT_KEY(BACKBONE(dim), "128", 1, 65536, "vit: token width; a multiple of 4 and of `heads`"),
     INT_KEY(BACKBONE(depth), "4", 1, 256, "vit: transformer blocks"),
     INT_KEY(BACKBONE(heads), "4", 1, 256, "vit: attention heads per block"),

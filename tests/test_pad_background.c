@@ -29,6 +29,7 @@ static void tiny_spec(ModelSpec *m, const char *type, int pad_to) {
   memset(m, 0, sizeof *m);
   snprintf(m->type, sizeof m->type, "%s", type);
   m->pad_to = pad_to;
+  snprintf(m->pad_fill, sizeof m->pad_fill, "black");
   if (strcmp(type, "vit") == 0) {
     m->patch_size = 4;
     m->dim = FEATURE_DIM;
@@ -136,6 +137,44 @@ static void check_frame_is_normalized_black(const char *type) {
   encoder_close(&plain);
 }
 
+// pad_fill = mean frames with the data's mean, 0 once normalized: the padded backbone equals the
+// plain one on the normalized images framed with 0, on both backbones.
+static void check_mean_fill(const char *type) {
+  float small[N * S * S * C], framed[N * P * P * C], dfeature[N * FEATURE_DIM];
+  make_images(small, framed);
+  for (int n = 0; n < N; n++)
+    for (int y = 0; y < P; y++)
+      for (int x = 0; x < P; x++)
+        if (!(y >= M && y < M + S && x >= M && x < M + S))
+          for (int ch = 0; ch < C; ch++) framed[((n * P + y) * P + x) * C + ch] = 0.0f;
+  for (int i = 0; i < N * FEATURE_DIM; i++) dfeature[i] = 1.0f;
+  ModelSpec padded_spec, plain_spec;
+  tiny_spec(&padded_spec, type, P);
+  snprintf(padded_spec.pad_fill, sizeof padded_spec.pad_fill, "mean");
+  tiny_spec(&plain_spec, type, 0);
+  Encoder plain, padded;
+  encoder_open(&plain, &plain_spec, P);
+  encoder_open(&padded, &padded_spec, S);
+  backbone_set_input_normalization(padded.bb, mean, std_dev);
+  for (int c = 0; c < C; c++) assert_true(padded.bb->pad_value[c] == 0.0f);
+  float want[N * FEATURE_DIM], got[N * FEATURE_DIM];
+  encoder_run(&plain, framed, dfeature, want);
+  encoder_run(&padded, small, dfeature, got);
+  for (int i = 0; i < N * FEATURE_DIM; i++) assert_float_equal(got[i], want[i], 1e-5);
+  encoder_close(&padded);
+  encoder_close(&plain);
+}
+
+static void test_resnet_mean_fill(void **state) {
+  (void)state;
+  check_mean_fill("resnet");
+}
+
+static void test_vit_mean_fill(void **state) {
+  (void)state;
+  check_mean_fill("vit");
+}
+
 static void test_resnet_frame_is_normalized_black(void **state) {
   (void)state;
   check_frame_is_normalized_black("resnet");
@@ -186,6 +225,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_resnet_frame_is_normalized_black),
       cmocka_unit_test(test_vit_frame_is_normalized_black),
+      cmocka_unit_test(test_resnet_mean_fill),
+      cmocka_unit_test(test_vit_mean_fill),
       cmocka_unit_test(test_vit_patches_border_and_interior),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -42,5 +42,5 @@ Backbone *backbone_create(const ModelSpec *spec, Builder *b, int N, int image_si
 
 void backbone_set_input_normalization(Backbone *bb, const float *mean, const float *std) {
   for (int c = 0; c < bb->channels; c++)
-    bb->pad_value[c] = mean && std ? (0.0f - mean[c]) / std[c] : 0.0f;
+    bb->pad_value[c] = mean && std && !bb->pad_mean ? (0.0f - mean[c]) / std[c] : 0.0f;
 }

@@ -13,11 +13,13 @@ struct Backbone {
   int channels;      // C of the images
   int feature_dim;
   float *feature;  // (N, feature_dim), owned by the backbone
-  // (C) what pad_to frames the images with: black as the input normalization maps it, as if the
-  // raw image were padded before normalizing (torchvision's Pad(fill=0)). Normalized black is
-  // not 0 (0 is the data's mean grey), so neither a convolution's zero padding nor a zero fill
-  // can stand in for it. 0 until backbone_set_input_normalization says otherwise.
+  // (C) what pad_to frames the images with. [backbone] pad_fill = black: black as the input
+  // normalization maps it, as if the raw image were padded before normalizing (torchvision's
+  // Pad(fill=0)); normalized black is not 0 (0 is the data's mean grey), so neither a
+  // convolution's zero padding nor a zero fill can stand in for it. pad_fill = mean: 0. 0 until
+  // backbone_set_input_normalization says otherwise.
   float pad_value[BACKBONE_MAX_CHANNELS];
+  int pad_mean;  // pad_fill = mean
   // images: (N, S, S, C) NHWC floats, S = data.image_size.
   void (*forward)(Backbone *bb, DnnlCtx *ctx, const float *images);
   // dfeature: (N, feature_dim). Fills the parameter gradients of the backbone (OP_TRAIN only).

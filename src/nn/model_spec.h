@@ -14,11 +14,12 @@ typedef struct {
   int stage_blocks[CONFIG_MAX_STAGES];    // 1,1,1
   int stage_strides[CONFIG_MAX_STAGES];   // 1,2,2
   // vit: patch embedding, pre-norm transformer blocks, fixed 2-D sin-cos positions, cls token.
-  int patch_size;  // 4
-  int pad_to;      // 0 = no padding; else images are framed in black (centred) to this size
-  int dim;         // 128
-  int depth;       // 4
-  int heads;       // 4
-  int mlp_ratio;   // 4
-  char pool[8];    // cls | mean: which token summary is the representation
+  int patch_size;    // 4
+  int pad_to;        // 0 = no padding; else images are framed (centred) to this size
+  char pad_fill[8];  // black | mean: the frame's value, raw 0 or the data's mean
+  int dim;           // 128
+  int depth;         // 4
+  int heads;         // 4
+  int mlp_ratio;     // 4
+  char pool[8];      // cls | mean: which token summary is the representation
 } ModelSpec;

@@ -199,8 +199,9 @@ int export_checkpoint(const char *ckpt, const char *out, int with_head) {
     st_set_meta(&ex, "backbone", cfg.model.spec.type);
     st_set_meta(&ex, "pool", cfg.model.spec.type[0] == 'v' ? cfg.model.spec.pool : "avg");
     // The input normalization the encoder expects: (x - mean) / std per channel, x in [0, 1].
-    // It also fixes pad_to's frame, normalized black (0 - mean) / std: a loader of the export
-    // derives it from these two, as backbone_set_input_normalization does.
+    // It also fixes pad_to's frame, normalized black (0 - mean) / std, or 0 with the model's
+    // pad_fill = mean: a loader of the export derives it from these two and the model, as
+    // backbone_set_input_normalization does.
     const char *norm[] = {"data.mean", "data.std"};
     const char *meta[] = {"input_mean", "input_std"};
     for (int k = 0; k < 2; k++) {

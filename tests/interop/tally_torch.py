@@ -109,6 +109,7 @@ class Spec:
         self.image_size = config.getint("data", "image_size")
         self.channels = config.getint("data", "channels")
         self.pad_to = bb.getint("pad_to", 0) or self.image_size
+        self.pad_fill = bb.get("pad_fill", "black")
         # resnet
         self.stem_channels = bb.getint("stem_channels")
         self.stage_channels = _ints(bb.get("stage_channels", ""))
@@ -162,9 +163,12 @@ class Preprocess(nn.Module):
 
 
 def pad_value(spec):
-    """(C,) normalized black, float32 as Tally computes it (src/nn/backbone.c)."""
+    """(C,) normalized black, or 0 with pad_fill = mean, float32 as Tally computes it
+    (src/nn/backbone.c)."""
     mean = torch.tensor(spec.mean, dtype=torch.float32)
     std = torch.tensor(spec.std, dtype=torch.float32)
+    if spec.pad_fill == "mean":
+        return torch.zeros_like(mean)
     return (0.0 - mean) / std
 
 
