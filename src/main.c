@@ -77,10 +77,10 @@ static void usage_train(FILE *f) {
           "  --overwrite       replace the run a folder already holds (else refused)\n"
           "  --resume DIR      continue the run in DIR from its checkpoint, with its own\n"
           "                    configuration; --set may change only what cannot change the\n"
-          "                    model, objective or data (train.steps, train.log_every,\n"
-          "                    train.checkpoint_every, eval.*, ...). A larger --steps\n"
-          "                    lengthens the run: the schedules follow the new length from\n"
-          "                    the step resumed\n"
+          "                    model, objective or data (train.steps, train.precision,\n"
+          "                    train.log_every, train.checkpoint_every, eval.*, ...). A\n"
+          "                    larger --steps lengthens the run: the schedules follow the new\n"
+          "                    length from the step resumed\n"
           "  --stop-at S       end after step S as an interruption would: checkpoint, exit 0,\n"
           "                    no summary.json; --resume continues\n"
           "  --init FILE       start from the weights in FILE (a checkpoint, or an export with\n"
@@ -188,19 +188,15 @@ static int load_config(const char *objective, const ConfigArgs *a, Config *cfg) 
 }
 
 // Keys a resumed run may change: none of them changes the model, the objective, the data or
-// the optimization of the steps already taken.
+// the optimization of the steps already taken. train.precision is among them because bf16 lives
+// only inside a step: the parameters and the optimizer and objective state a checkpoint holds are
+// f32 in either precision.
 static int resume_may_set(const char *assignment) {
-  static const char *const allowed[] = {"train.steps=",
-                                        "train.epochs=",
-                                        "train.log_every=",
-                                        "train.checkpoint_every=",
-                                        "eval.",
-                                        "mae.png_every=",
-                                        "ledger.every=",
-                                        "parallel.checksum_every=",
-                                        "parallel.bucket_kib=",
-                                        "parallel.replicas=",
-                                        "parallel.backend="};
+  static const char *const allowed[] = {
+      "train.steps=",         "train.epochs=",           "train.precision=",
+      "train.log_every=",     "train.checkpoint_every=", "eval.",
+      "mae.png_every=",       "ledger.every=",           "parallel.checksum_every=",
+      "parallel.bucket_kib=", "parallel.replicas=",      "parallel.backend="};
   for (size_t i = 0; i < sizeof allowed / sizeof *allowed; i++)
     if (strncmp(assignment, allowed[i], strlen(allowed[i])) == 0) return 1;
   return 0;

@@ -4,6 +4,9 @@
 // encoder and queue), the step — plus metadata: the resolved configuration and model, the
 // objective. Saving writes the list; restoring builds the same list from a freshly built
 // replica and copies each tensor into place, checking names, dtypes and shapes.
+// The tensors and their dtypes are the same whatever [train] precision is (bf16 copies live only
+// inside a step): that is what lets --resume switch the precision, so state that outlasts a step
+// belongs here in f32 even when a step computes it in bf16.
 #pragma once
 #include <stddef.h>
 
