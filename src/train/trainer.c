@@ -556,7 +556,11 @@ static int end_of_step(ReplicaState *r, int step) {
     if (!sig && r->use_knn && (last || (epoch_end && epoch % r->cfg->eval.knn_every_epochs == 0))) {
       double te = now_ms();
       if (evaluate(run, &r->mon, done) != 0) comm_abort(r->comm, tl_last_error());
-      r->train_start_ms += now_ms() - te;  // evaluation time is not training time
+      // Evaluation time is not training time: neither the run's rate nor the next progress
+      // line's recent rate counts it.
+      const double spent = now_ms() - te;
+      r->train_start_ms += spent;
+      r->last_log_ms += spent;
     }
   }
   if (due) comm_barrier(r->comm);
