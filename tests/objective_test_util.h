@@ -227,6 +227,18 @@ static inline void expect_planned_as_measured(const char *what, const char *plan
   if (p != m) fail_msg("%s: %s planned %.9g, measured %.9g", what, key, p, m);
 }
 
+// Ledger records a run in tmpdir/NAME has written so far (whole lines); 0 without a ledger.
+static inline int ledger_lines(const char *dir) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s/ledger.jsonl", tmpdir, dir);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  int n = 0, c;
+  while ((c = fgetc(f)) != EOF) n += c == '\n';
+  fclose(f);
+  return n;
+}
+
 // `tally train ARGS EXTRA --steps 6` into tmpdir/NAME and `tally plan ARGS EXTRA --steps 6
 // --step 5 --json` agree on step 5: every field of the ledger's table that is neither text nor
 // measured only is planned as measured, and the measured-only ones are null in the plan. Returns

@@ -129,18 +129,6 @@ static void test_resume_mae(void **state) {
   stop_and_resume("mae");
 }
 
-// Ledger records written so far (whole lines).
-static int ledger_lines(const char *dir) {
-  char path[512];
-  snprintf(path, sizeof path, "%s/%s/ledger.jsonl", tmpdir, dir);
-  FILE *f = fopen(path, "r");
-  if (!f) return 0;
-  int n = 0, c;
-  while ((c = fgetc(f)) != EOF) n += c == '\n';
-  fclose(f);
-  return n;
-}
-
 // Starts a run in the background and returns its pid once it has written `records` records.
 static pid_t start_and_wait(const char *extra, const char *dir, int records) {
   pid_t pid = fork();

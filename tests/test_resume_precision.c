@@ -42,17 +42,6 @@ static void ledger_step(const char *dir, int step, char loss[40], double *activa
   snprintf(loss, 40, "%.*s", (int)strcspn(l + 7, ",}"), l + 7);
 }
 
-static int ledger_records(const char *dir) {
-  char path[512];
-  snprintf(path, sizeof path, "%s/%s/ledger.jsonl", tmpdir, dir);
-  FILE *f = fopen(path, "r");
-  if (!f) return 0;
-  int n = 0, c;
-  while ((c = fgetc(f)) != EOF) n += c == '\n';
-  fclose(f);
-  return n;
-}
-
 // ||a - b|| / ||b|| over the online parameters of two runs' final checkpoints.
 static double params_apart(const char *a, const char *b) {
   char pa[512], pb[512];
@@ -99,7 +88,7 @@ static void test_resume_switches_precision(void **state) {
   }
   assert_int_equal(sh("grep -qx 'precision = fp32' %s/switched/config.ini", tmpdir), 0);
   assert_int_equal(sh("test -e %s/switched/summary.json", tmpdir), 0);
-  assert_int_equal(ledger_records("switched"), STEPS);
+  assert_int_equal(ledger_lines("switched"), STEPS);
 
   for (int step = 0; step < STEPS; step++) {
     char want_loss[40], got_loss[40];
@@ -154,9 +143,9 @@ static void test_resume_still_refuses(void **state) {
   }
   assert_int_equal(resume("--set train.precision=fp16 --steps 5", "rules"), 1);
   assert_int_equal(sh("tail -n 1 %s/rules.log | grep -q 'precision'", tmpdir), 0);
-  assert_int_equal(ledger_records("rules"), 3);
+  assert_int_equal(ledger_lines("rules"), 3);
   assert_int_equal(resume("--set train.precision=bf16 --steps 5", "rules"), 0);
-  assert_int_equal(ledger_records("rules"), 5);
+  assert_int_equal(ledger_lines("rules"), 5);
 }
 
 int main(void) {
