@@ -201,6 +201,8 @@ typedef struct {
   Faults faults;
   double train_start_ms, images_done, last_log_ms;
   double probe_start_seconds;  // rank 0: training time when a time budget's timed steps began
+  int probe_start_step;        // rank 0: steps done then
+  int length_frozen;           // this replica's copy of the run's (each stops on its own count)
   int last_log_step;
 } ReplicaState;
 
@@ -229,7 +231,8 @@ static int save_checkpoint(ReplicaState *r, long steps_done) {
   st_set_meta(&s, "objective", run->def->name);
   snprintf(text, sizeof text, "%ld", steps_done);
   st_set_meta(&s, "step", text);
-  snprintf(text, sizeof text, "%d", run->total_steps);
+  // 0 while a budget's probe has not fixed the length: a resumed run then times its own steps.
+  snprintf(text, sizeof text, "%d", run->length_frozen ? run->total_steps : 0);
   st_set_meta(&s, "total_steps", text);
   st_set_meta(&s, "config", run->config_text);
   st_set_meta(&s, "model", run->model_text);
@@ -436,7 +439,7 @@ static void account_step(ReplicaState *r, int step, float lr, double loss, const
 // A progress line with the rate since the last line and the ETA it implies.
 static void print_progress(ReplicaState *r, int step, const LedgerRecord *rec) {
   Run *run = r->run;
-  int last = step + 1 == run->total_steps;
+  int last = r->length_frozen && step + 1 == run->total_steps;
   if (run->opt->quiet ||
       !((step + 1) % r->cfg->train.log_every == 0 || last || step == run->start_step))
     return;
@@ -446,13 +449,21 @@ static void print_progress(ReplicaState *r, int step, const LedgerRecord *rec) {
   int first = step == run->start_step;
   double per_step_ms = first ? rec->step_ms : (now - r->last_log_ms) / (step - r->last_log_step);
   double run_per_step_ms = (now - r->train_start_ms) / (step + 1 - run->start_step);
-  char eta[32];
-  format_duration((run->total_steps - step - 1) * run_per_step_ms / 1e3, eta, sizeof eta);
+  // While a time budget's first steps are timed, the count is not known yet: "?", and the ETA is
+  // what is left of the budget.
+  char eta[32], total[16];
+  if (r->length_frozen) {
+    snprintf(total, sizeof total, "%d", run->total_steps);
+    format_duration((run->total_steps - step - 1) * run_per_step_ms / 1e3, eta, sizeof eta);
+  } else {
+    snprintf(total, sizeof total, "?");
+    format_duration(fmax(run->budget.amount - rec->train_seconds, 0), eta, sizeof eta);
+  }
   printf(
-      "step %*d/%d  epoch %d  loss %.4f  lr %.4g  %.0f img/s  act %.0f MiB  %.1f GFLOP  ETA %s\n",
-      (int)snprintf(NULL, 0, "%d", run->total_steps), step + 1, run->total_steps, rec->epoch + 1,
-      rec->loss, rec->lr, run->global_batch / (per_step_ms / 1e3),
-      rec->activation_bytes / 1048576.0, (rec->flops_forward + rec->flops_backward) / 1e9, eta);
+      "step %*d/%s  epoch %d  loss %.4f  lr %.4g  %.0f img/s  act %.0f MiB  %.1f GFLOP  ETA %s\n",
+      (int)strlen(total), step + 1, total, rec->epoch + 1, rec->loss, rec->lr,
+      run->global_batch / (per_step_ms / 1e3), rec->activation_bytes / 1048576.0,
+      (rec->flops_forward + rec->flops_backward) / 1e9, eta);
   fflush(stdout);
   r->last_log_ms = now;
   r->last_log_step = step;
@@ -485,47 +496,62 @@ static int agreed_stop_signal(ReplicaState *r) {
   return sig;
 }
 
-// Steps timed before a time budget fixes the run's length (the first, which creates oneDNN's
-// kernels and faults the buffers in, is left out of the mean).
-enum { BUDGET_PROBE_STEPS = 6 };
+// A time budget's length comes from the steps this process times after its first (which creates
+// oneDNN's kernels and faults the buffers in): at least BUDGET_PROBE_STEPS of them and at least
+// BUDGET_PROBE_FRACTION of the budget (at most BUDGET_PROBE_MAX_S), so that a recipe whose steps
+// take a fraction of a second is timed over many of them, not over a few that the loader's
+// start-up and the first page faults still slow down.
+enum { BUDGET_PROBE_STEPS = 5 };
+static const double BUDGET_PROBE_FRACTION = 0.02, BUDGET_PROBE_MAX_S = 30;
 
-// A time or FLOP budget fixes the run's length once its first steps are measured: after step 0
-// for FLOPs (the count is exact and the same every step), after BUDGET_PROBE_STEPS for time. The
-// schedules of the steps before follow the provisional length; their learning rate and momentum
-// do not depend on it at step 0, and hardly in a few steps of a cosine. Rank 0 decides, every
-// replica takes its number.
+// The steps a time budget allows, once the probe has timed enough of them (0: not yet).
+static long time_budget_steps(ReplicaState *r, int step, const LedgerRecord *rec) {
+  const double amount = r->run->budget.amount;
+  const int done = step + 1;
+  if (step == r->run->start_step) {
+    r->probe_start_seconds = rec->train_seconds;
+    r->probe_start_step = done;
+    return rec->train_seconds >= amount ? done : 0;
+  }
+  const int timed = done - r->probe_start_step;
+  const double probe_s = rec->train_seconds - r->probe_start_seconds;
+  if (rec->train_seconds >= amount) return done;
+  if (timed < BUDGET_PROBE_STEPS ||
+      probe_s < fmin(BUDGET_PROBE_FRACTION * amount, BUDGET_PROBE_MAX_S))
+    return 0;
+  return done + (long)floor((amount - rec->train_seconds) / (probe_s / timed));
+}
+
+// A time or FLOP budget fixes the run's length once its first steps are measured: after the first
+// step for FLOPs (the count is exact and the same every step), after the probe above for time.
+// Until then the schedules follow a run without end (after any warm-up, the peak learning rate
+// and the base momentum), and the run goes on whatever its provisional length. Rank 0 decides and
+// every replica takes its number, each step of the probe, so all of them stop after the same one.
 static void freeze_length(ReplicaState *r, int step, const LedgerRecord *rec) {
   Run *run = r->run;
-  if (run->length_frozen) return;
-  const Budget *b = &run->budget;
+  if (r->length_frozen) return;
   const int done = step + 1;
-  if (b->kind == BUDGET_SECONDS && done < BUDGET_PROBE_STEPS) {
-    if (r->rank == 0 && step == 0) r->probe_start_seconds = rec->train_seconds;
-    return;
-  }
-  long total = run->total_steps;
+  long total = 0;
   if (r->rank == 0) {
-    if (b->kind == BUDGET_FLOPS) {
-      double per_step = run->flops_total / done;
-      total = (long)floor(b->amount / per_step);
-    } else {
-      double per_step_s = (rec->train_seconds - r->probe_start_seconds) / (done - 1);
-      double spent = rec->train_seconds;
-      total = done + (long)floor((b->amount - spent) / per_step_s);
-    }
-    if (total < done) total = done;
+    if (run->budget.kind == BUDGET_FLOPS)
+      total = (long)floor(run->budget.amount / (run->flops_total / done));
+    else
+      total = time_budget_steps(r, step, rec);
+    if (total != 0 && total < done) total = done;
     if (total > INT_MAX) total = INT_MAX;
-    run->total_steps = (int)total;
+    if (total) run->total_steps = (int)total;
   }
-  int t = run->total_steps;
+  int t = (int)total;
   if (r->world > 1) comm_broadcast(r->comm, &t, sizeof t, 0);
-  if (r->rank != 0 && r->run->quiet_rank) run->total_steps = t;
+  if (t == 0) return;
+  if (r->rank != 0 && run->quiet_rank) run->total_steps = t;
+  r->length_frozen = 1;
   r->rep.obj->env.total_steps = t;
   if (r->rank == 0) {
     run->length_frozen = 1;
     if (!run->quiet_rank && !run->opt->quiet) {
       printf("budget %s: %d steps (%s per step measured)\n", r->cfg->train.budget, t,
-             b->kind == BUDGET_FLOPS ? "FLOPs" : "time");
+             run->budget.kind == BUDGET_FLOPS ? "FLOPs" : "time");
       fflush(stdout);
     }
   }
@@ -538,7 +564,7 @@ static int end_of_step(ReplicaState *r, int step) {
   Run *run = r->run;
   const int done = step + 1;
   int epoch_end = done % run->steps_per_epoch == 0;
-  int last = done == run->total_steps;
+  int last = r->length_frozen && done == run->total_steps;
   int sig = agreed_stop_signal(r);
   int stop_at = run->opt->stop_at > 0 && done == run->opt->stop_at && !last;
   int every = r->cfg->train.checkpoint_every;
@@ -613,12 +639,15 @@ static void *replica_main(void *arg) {
   omp_set_num_threads(ncores / r->world > 0 ? ncores / r->world : 1);
 
   replica_open(r);
+  r->length_frozen = run->length_frozen;
+  if (!r->length_frozen) r->rep.obj->env.total_steps = INT_MAX;
   comm_barrier(r->comm);
   r->train_start_ms = r->last_log_ms = now_ms();
-  for (int step = run->start_step; step < run->total_steps && !comm_failed(r->comm); step++) {
+  for (int step = run->start_step;
+       (step < run->total_steps || !r->length_frozen) && !comm_failed(r->comm); step++) {
     const Config *cfg = r->cfg;
-    float lr = lr_at_step(cfg->optim.lr, step, cfg->optim.warmup_steps, run->total_steps,
-                          cfg->optim.schedule);
+    float lr = lr_at_step(cfg->optim.lr, step, cfg->optim.warmup_steps,
+                          r->length_frozen ? run->total_steps : INT_MAX, cfg->optim.schedule);
     LedgerRecord rec = {0};
     StepTimes t;
     const Batch *batch = NULL;
@@ -820,7 +849,7 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     run->length_frozen = 1;
   }
   run->flops_total = opt->spent_flops;
-  if (run->start_step > run->total_steps) {
+  if (run->length_frozen && run->start_step > run->total_steps) {
     fprintf(stderr,
             "tally: the checkpoint is at step %d, past the run's %d steps; give a larger "
             "--steps to go on\n",
@@ -852,17 +881,22 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
   a->blur_prob = cfg->augment.blur_prob;
   dataset_channel_stats(&run->train, a->mean, a->std);
 
+  // A budget not yet turned into steps says what it is; its first steps will fix the count.
+  char steps_text[64];
+  if (run->length_frozen)
+    snprintf(steps_text, sizeof steps_text, "%d", run->total_steps);
+  else
+    snprintf(steps_text, sizeof steps_text, "budget %s of", cfg->train.budget);
   if (!run->quiet_rank)
     printf(
         "tally train: objective %s, backbone %s (%s), %d training images (%dx%dx%d), "
-        "batch %d, %d steps (%d per epoch), %d replica%s\n",
+        "batch %d, %s steps (%d per epoch), %d replica%s\n",
         run->def->name, cfg->model.spec.type, cfg->model.file, run->train.n, run->train.h,
-        run->train.w, run->train.c, run->global_batch, run->total_steps, run->steps_per_epoch,
-        run->world, run->world == 1 ? "" : "s");
+        run->train.w, run->train.c, run->global_batch, steps_text, run->steps_per_epoch, run->world,
+        run->world == 1 ? "" : "s");
   if (!run->quiet_rank) {
     printf("data loaded in %.1f s; run folder %s\n", (now_ms() - t0) / 1e3, opt->out_dir);
-    if (run->start_step > 0)
-      printf("resuming at step %d of %d\n", run->start_step, run->total_steps);
+    if (run->start_step > 0) printf("resuming at step %d of %s\n", run->start_step, steps_text);
     fflush(stdout);
     config_texts(run);
     if (make_run_dir(opt->out_dir, run) != 0) {
