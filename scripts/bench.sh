@@ -32,10 +32,14 @@
 #   alternative says; the PyTorch process reports the BLAS it actually mapped, and the benchmark
 #   stops if that is not OpenBLAS (--any-blas to go on anyway). Convolutions go through oneDNN
 #   (the same libdnnl 2.6 Tally links) in both.
-# - GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967295 for PyTorch only: with default malloc
-#   every large tensor is a fresh mmap and its page faults make PyTorch's batch-256 steps several
-#   times slower here (it trades memory for speed: PyTorch's peak RSS is the tuned one). Tally
-#   runs as built, with default malloc and no environment of its own.
+# - GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=... for PyTorch only: with
+#   default malloc every large tensor is a fresh mmap, and freed heap is handed back, so its page
+#   faults make PyTorch's batch-256 steps several times slower here (it trades memory for speed:
+#   PyTorch's peak RSS is the tuned one). No mmap and no trimming keeps freed tensors in the heap
+#   for the next step. (glibc 2.36 silently ignores an mmap_threshold above 32 MiB, which is
+#   what an earlier form of this setting relied on.) The PyTorch side reports its minor page
+#   faults per measured step, and the summary says when they show the tunables did not take.
+#   Tally runs as built, with default malloc and no environment of its own.
 # - torch.set_num_threads(2) and OMP_NUM_THREADS=2 (Tally uses both cores by itself); the same
 #   batch (train.batch_size from TALLY_BENCH_BATCH, default 256), input size, optimizer and
 #   objective settings: the PyTorch side reads Tally's resolved config.ini of the same row, and
@@ -48,7 +52,7 @@ cd "$(dirname "$0")/.."
 
 PY=/usr/bin/python3
 OPENBLAS_DIR=/usr/lib/x86_64-linux-gnu/openblas-openmp
-TUNABLES=glibc.malloc.mmap_threshold=4294967295
+TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184
 
 die() {
   echo "bench: $*" >&2

@@ -251,7 +251,7 @@ def cmd_run(args):
             return x.reshape(N, L, Pp * Pp * C)
 
         def step(views):
-            imgs = tally_torch.zero_pad(views[0], spec)
+            imgs = tally_torch.frame(views[0], encoder.pad_value, spec)
             N = imgs.shape[0]
             noise = torch.rand(N, L)
             keep = torch.argsort(noise, dim=1)[:, :n_keep]
@@ -277,11 +277,15 @@ def cmd_run(args):
 
     step_ms, losses = [], []
     total = args.warmup + args.steps
+    faults_measured = 0  # minor page faults inside the measured steps' timers
     for i in range(total):
         views = torch.randn(n_views, B, C, S, S)
+        faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         loss = step(views)
         step_ms.append((time.perf_counter() - t0) * 1e3)
+        if i >= args.warmup:
+            faults_measured += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
         losses.append(float(loss))
         if i == 0:
             blas = loaded_libraries("blas")  # mapped by now: the first step ran matmuls
@@ -311,6 +315,9 @@ def cmd_run(args):
         "rss_before_import_bytes": rss_before_import,
         "rss_after_import_bytes": rss_after_import,
         "cpu_seconds": usage.ru_utime + usage.ru_stime,
+        # tens of thousands a step mean the allocator hands memory back and faults it in again:
+        # the tunables did not take
+        "minor_faults_per_step": faults_measured / max(args.steps, 1),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "blas": blas,
@@ -441,6 +448,7 @@ def tally_run(folder, warmup):
 
 
 BUSY = 0.25  # cores of other load above which a run counts as disturbed
+FAULTS_WARN = 20000  # PyTorch minor page faults a step (80 MB faulted in) that mean malloc returns memory
 
 
 def per_repeat(medians, batch):
@@ -483,6 +491,7 @@ def cmd_summarize(args):
         reps = range(1, int(meta.get("repeats", 1)) + 1)
         t_steps, t_data, t_rss, t_med, t_other, gflop, batch = [], [], [], [], [], None, 256
         p_steps, p_rss, p_med, p_other, p_base, p_blas, p_params = [], [], [], [], [], set(), None
+        p_faults = []
         for rep in reps:
             t = tally_run(os.path.join(folder, f"tally-rep{rep}"), warmup)
             te = read_json(os.path.join(folder, f"tally-rep{rep}.exec.json")) or {}
@@ -504,6 +513,8 @@ def cmd_summarize(args):
                 p_med.append((statistics.median(ms), pe.get("other_load_cores")))
                 p_blas.update(p.get("blas", []))
                 p_params = p.get("parameters")
+                if p.get("minor_faults_per_step") is not None:
+                    p_faults.append(p["minor_faults_per_step"])
                 if pe.get("other_load_cores") is not None:
                     p_other.append(pe["other_load_cores"])
 
@@ -536,7 +547,9 @@ def cmd_summarize(args):
             f"{per_repeat(p_med, batch)}; peak RSS "
             f"{', '.join(gib(r) for r in p_rss)} (after import torch: "
             f"{gib(max(p_base) if p_base else 0)}); {p_params} parameters; "
-            f"BLAS {', '.join(sorted(p_blas)) or '?'}\n"
+            f"BLAS {', '.join(sorted(p_blas)) or '?'}; minor page faults a measured step "
+            f"{', '.join(f'{f:.0f}' for f in p_faults) or '?'}"
+            f"{' (the allocator tunables did not take: PyTorch is slowed)' if p_faults and max(p_faults) > FAULTS_WARN else ''}\n"
             f"  GFLOP/step {gflop or float('nan'):.1f}: Tally {t_gfs:.0f} GFLOP/s, PyTorch "
             f"{p_gfs:.0f} GFLOP/s; other processes kept "
             f"{max(other) if other else float('nan'):.2f} cores busy at most (mean "
