@@ -202,7 +202,9 @@ typedef struct {
   double train_start_ms, images_done, last_log_ms;
   double probe_start_seconds;  // rank 0: training time when a time budget's timed steps began
   int probe_start_step;        // rank 0: steps done then
-  int length_frozen;           // this replica's copy of the run's (each stops on its own count)
+  double *probe_ms;            // rank 0: the probe's step times so far (probe_n of probe_cap)
+  int probe_n, probe_cap;
+  int length_frozen;  // this replica's copy of the run's (each stops on its own count)
   int last_log_step;
 } ReplicaState;
 
@@ -499,10 +501,18 @@ static int agreed_stop_signal(ReplicaState *r) {
 // A time budget's length comes from the steps this process times after its first (which creates
 // oneDNN's kernels and faults the buffers in): at least BUDGET_PROBE_STEPS of them and at least
 // BUDGET_PROBE_FRACTION of the budget (at most BUDGET_PROBE_MAX_S), so that a recipe whose steps
-// take a fraction of a second is timed over many of them, not over a few that the loader's
-// start-up and the first page faults still slow down.
+// take a fraction of a second is timed over many of them. A start has a few slow steps (the
+// loader filling up, first page faults: one of 18 took 2.4x the others), which a plain mean
+// counts as if the whole run had them: a 420 s budget trained 390 s. So a step is the mean of the
+// fastest BUDGET_PROBE_KEEP of the probe's step times (that one left out, the same run predicts
+// 418 s), plus the mean time between steps (ledger writes, checkpoints).
 enum { BUDGET_PROBE_STEPS = 5 };
-static const double BUDGET_PROBE_FRACTION = 0.02, BUDGET_PROBE_MAX_S = 30;
+static const double BUDGET_PROBE_FRACTION = 0.02, BUDGET_PROBE_MAX_S = 30, BUDGET_PROBE_KEEP = 0.9;
+
+static int compare_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
 
 // The steps a time budget allows, once the probe has timed enough of them (0: not yet).
 static long time_budget_steps(ReplicaState *r, int step, const LedgerRecord *rec) {
@@ -513,13 +523,30 @@ static long time_budget_steps(ReplicaState *r, int step, const LedgerRecord *rec
     r->probe_start_step = done;
     return rec->train_seconds >= amount ? done : 0;
   }
+  if (r->probe_n == r->probe_cap) {
+    r->probe_cap = r->probe_cap ? 2 * r->probe_cap : 64;
+    r->probe_ms = realloc(r->probe_ms, sizeof *r->probe_ms * (size_t)r->probe_cap);
+    if (!r->probe_ms) TL_DIE("out of memory for %d step times", r->probe_cap);
+  }
+  r->probe_ms[r->probe_n++] = rec->step_ms;
   const int timed = done - r->probe_start_step;
   const double probe_s = rec->train_seconds - r->probe_start_seconds;
   if (rec->train_seconds >= amount) return done;
   if (timed < BUDGET_PROBE_STEPS ||
       probe_s < fmin(BUDGET_PROBE_FRACTION * amount, BUDGET_PROBE_MAX_S))
     return 0;
-  return done + (long)floor((amount - rec->train_seconds) / (probe_s / timed));
+  double all_ms = 0;
+  for (int i = 0; i < r->probe_n; i++) all_ms += r->probe_ms[i];
+  qsort(r->probe_ms, (size_t)r->probe_n, sizeof *r->probe_ms, compare_double);
+  const int keep = (int)ceil(BUDGET_PROBE_KEEP * r->probe_n);
+  double kept_ms = 0;
+  for (int i = 0; i < keep; i++) kept_ms += r->probe_ms[i];
+  const double between_s = fmax(probe_s - all_ms / 1e3, 0) / r->probe_n;
+  const double per_step_s = kept_ms / keep / 1e3 + between_s;
+  free(r->probe_ms);
+  r->probe_ms = NULL;
+  r->probe_n = r->probe_cap = 0;
+  return done + (long)floor((amount - rec->train_seconds) / per_step_s);
 }
 
 // A time or FLOP budget fixes the run's length once its first steps are measured: after the first
@@ -606,6 +633,7 @@ static int end_of_step(ReplicaState *r, int step) {
 
 static void replica_close(ReplicaState *r) {
   Run *run = r->run;
+  free(r->probe_ms);  // a run that stopped while its budget's probe ran
   if (r->rank == 0) {
     int ledger_ok = (!r->jsonl || fclose(r->jsonl) == 0) & (!r->csv || fclose(r->csv) == 0);
     if (!ledger_ok && run->exit_code == 0 && !comm_failed(r->comm)) {
