@@ -152,9 +152,9 @@ void vit_backward_tokens(Vit *v, DnnlCtx *ctx, const float *dtokens) {
   // d: (N, T, D) gradient of the embedded tokens. The position table is fixed, so the patch
   // rows go straight to the patch embedding; the cls rows sum into the cls token.
   const float *dpatch = d;
-  float *dcls = v->has_cls ? paramset_grad_target(v->params, v->dcls, (size_t)D,
-                                                  op_calls_accumulates(&v->calls), 0)
-                           : NULL;
+  OpGrads g = {{NULL, NULL}, {NULL, NULL}, {0, 0}};
+  if (v->has_cls) g = op_grads_begin(&v->calls, v->dcls, (size_t)D, NULL, 0);
+  float *dcls = g.target[0];
   if (v->has_cls && !ctx->dry_run) {
     memset(dcls, 0, sizeof(float) * (size_t)D);
     for (int n = 0; n < v->N; n++) {
@@ -165,8 +165,7 @@ void vit_backward_tokens(Vit *v, DnnlCtx *ctx, const float *dtokens) {
     }
   }
   if (v->has_cls) {
-    op_grad_commit(ctx, v->comp, v->params, v->dcls, dcls, (size_t)D);
-    if (op_calls_done(&v->calls)) paramset_grad_ready(v->params, v->dcls, (size_t)D);
+    op_grads_end(ctx, v->comp, &v->calls, &g);
     ctx->flops_backward[v->comp] += (double)v->N * D;
     dpatch = v->dpatch_tokens;
   }

@@ -307,9 +307,8 @@ void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout) {
   bn_select_call(l, call);
   TL_ASSERT(l->in);
   const int G = l->splits;
-  int accumulate = op_calls_accumulates(&l->calls);
-  float *dgamma = paramset_grad_target(p->params, l->dgamma, (size_t)l->C, accumulate, 0);
-  float *dbeta = paramset_grad_target(p->params, l->dbeta, (size_t)l->C, accumulate, l->C);
+  OpGrads g = op_grads_begin(&l->calls, l->dgamma, (size_t)l->C, l->dbeta, (size_t)l->C);
+  float *dgamma = g.target[0], *dbeta = g.target[1];
   float *din = l->need_din ? l->din : p->din_discard;
   dnnl_mem_bind(p->scale, l->gamma);
   dnnl_mem_bind(p->shift, l->beta);
@@ -344,12 +343,7 @@ void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout) {
         dg += p->dgamma_split[g * l->C + c], db += p->dbeta_split[g * l->C + c];
       dgamma[c] = dg, dbeta[c] = db;
     }
-  op_grad_commit(ctx, l->comp, p->params, l->dgamma, dgamma, (size_t)l->C);
-  op_grad_commit(ctx, l->comp, p->params, l->dbeta, dbeta, (size_t)l->C);
-  if (op_calls_done(&l->calls)) {
-    paramset_grad_ready(p->params, l->dgamma, (size_t)l->C);
-    paramset_grad_ready(p->params, l->dbeta, (size_t)l->C);
-  }
+  op_grads_end(ctx, l->comp, &l->calls, &g);
   int per_elem = BN_BWD_FLOPS_PER_ELEM + (l->fuse_relu ? BN_RELU_FLOPS_PER_ELEM : 0) +
                  (l->sync ? BN_SYNC_BWD_FLOPS_PER_ELEM : 0);
   ctx->flops_backward[l->comp] += per_elem * (double)bn_elems(l);

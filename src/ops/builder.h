@@ -199,3 +199,31 @@ static inline void op_grad_commit(DnnlCtx *ctx, MemComponent comp, const ParamSe
 // After op_calls_backward: whether this was the op's last outstanding call, so its parameter
 // gradients are complete for the step.
 static inline int op_calls_done(const OpCalls *c) { return c->depth == 0; }
+
+// The parameter gradients one backward call writes: up to two slices of its set (weight and
+// bias, gamma and beta; a NULL slice is skipped). op_grads_begin picks where each is written:
+// in place, or the set's scratch when an earlier call of the op wrote it since the last zero
+// (the second slice after the first in the scratch). op_grads_end adds the scratch into the
+// slices and, after the op's last outstanding call, tells the set they are complete.
+typedef struct {
+  float *grad[2];
+  float *target[2];
+  size_t count[2];
+} OpGrads;
+
+static inline OpGrads op_grads_begin(OpCalls *c, float *g0, size_t n0, float *g1, size_t n1) {
+  OpGrads g = {{g0, g1}, {NULL, NULL}, {n0, n1}};
+  int accumulate = op_calls_accumulates(c);
+  if (g0) g.target[0] = paramset_grad_target(c->params, g0, n0, accumulate, 0);
+  if (g1) g.target[1] = paramset_grad_target(c->params, g1, n1, accumulate, g0 ? n0 : 0);
+  return g;
+}
+
+static inline void op_grads_end(DnnlCtx *ctx, MemComponent comp, const OpCalls *c,
+                                const OpGrads *g) {
+  for (int i = 0; i < 2; i++)
+    if (g->grad[i]) op_grad_commit(ctx, comp, c->params, g->grad[i], g->target[i], g->count[i]);
+  if (!op_calls_done(c)) return;
+  for (int i = 0; i < 2; i++)
+    if (g->grad[i]) paramset_grad_ready(c->params, g->grad[i], g->count[i]);
+}

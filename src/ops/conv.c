@@ -211,10 +211,10 @@ void conv2d_backward(Conv2d *l, DnnlCtx *ctx, const float *dout) {
     dnnl_mem_bind(p->bw_src, dnnl_copy_last_at(&p->in, l->in, call));
     dnnl_mem_bind(p->bw_diff_dst, dnnl_copy_last(&p->dout, dout));
   }
-  int accumulate = op_calls_accumulates(&l->calls);
   size_t nw = (size_t)l->OC * l->IC * l->K * l->K;
-  float *dw = paramset_grad_target(p->params, l->dweight, nw, accumulate, 0);
-  float *db = l->has_bias ? paramset_grad_target(p->params, l->dbias, l->OC, accumulate, nw) : NULL;
+  OpGrads g = op_grads_begin(&l->calls, l->dweight, nw, l->has_bias ? l->dbias : NULL,
+                             (size_t)l->OC);
+  float *dw = g.target[0], *db = g.target[1];
   dnnl_mem_bind(p->dwei, p->dw_buf ? p->dw_buf : dw);
   dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, p->bw_src},
                              {DNNL_ARG_DIFF_DST, p->bw_diff_dst},
@@ -226,12 +226,7 @@ void conv2d_backward(Conv2d *l, DnnlCtx *ctx, const float *dout) {
   }
   dnnl_ctx_exec(ctx, p->bwd_weights, p->bwd_weights_pd, nargs, args);
   if (p->dw_buf) dnnl_reorder_run(&p->dw_to_plain, ctx, p->dw_buf, dw);
-  op_grad_commit(ctx, l->comp, p->params, l->dweight, dw, nw);
-  if (l->has_bias) op_grad_commit(ctx, l->comp, p->params, l->dbias, db, (size_t)l->OC);
-  if (op_calls_done(&l->calls)) {
-    paramset_grad_ready(p->params, l->dweight, nw);
-    if (l->has_bias) paramset_grad_ready(p->params, l->dbias, (size_t)l->OC);
-  }
+  op_grads_end(ctx, l->comp, &l->calls, &g);
   ctx->flops_backward[l->comp] += conv_pass_flops(l) + conv_bias_flops(l);
 }
 

@@ -116,9 +116,8 @@ void layernorm_backward(LayerNorm *l, DnnlCtx *ctx, const float *dout) {
   l->in = l->calls.in[call];
   l->out = op_slot(l->out_slots, ln_data_bytes(l), call);
   TL_ASSERT(l->in);
-  int accumulate = op_calls_accumulates(&l->calls);
-  float *dgamma = paramset_grad_target(p->params, l->dgamma, (size_t)l->D, accumulate, 0);
-  float *dbeta = paramset_grad_target(p->params, l->dbeta, (size_t)l->D, accumulate, l->D);
+  OpGrads g = op_grads_begin(&l->calls, l->dgamma, (size_t)l->D, l->dbeta, (size_t)l->D);
+  float *dgamma = g.target[0], *dbeta = g.target[1];
   dnnl_mem_bind(p->src, l->in);
   dnnl_mem_bind(p->mean, op_slot(p->mean_buf, ln_stat_bytes(l), call));
   dnnl_mem_bind(p->variance, op_slot(p->variance_buf, ln_stat_bytes(l), call));
@@ -140,12 +139,7 @@ void layernorm_backward(LayerNorm *l, DnnlCtx *ctx, const float *dout) {
                             {DNNL_ARG_DIFF_SCALE, p->diff_scale},
                             {DNNL_ARG_DIFF_SHIFT, p->diff_shift}};
   dnnl_ctx_exec(ctx, p->bwd, p->bwd_pd, (int)(sizeof args / sizeof args[0]), args);
-  op_grad_commit(ctx, l->comp, p->params, l->dgamma, dgamma, (size_t)l->D);
-  op_grad_commit(ctx, l->comp, p->params, l->dbeta, dbeta, (size_t)l->D);
-  if (op_calls_done(&l->calls)) {
-    paramset_grad_ready(p->params, l->dgamma, (size_t)l->D);
-    paramset_grad_ready(p->params, l->dbeta, (size_t)l->D);
-  }
+  op_grads_end(ctx, l->comp, &l->calls, &g);
   ctx->flops_backward[l->comp] += layernorm_flops_backward(l->M, l->D);
 }
 

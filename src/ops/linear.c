@@ -141,10 +141,10 @@ void linear_backward(Linear *l, DnnlCtx *ctx, const float *dout) {
   l->in = l->calls.in[call];
   l->out = op_slot(l->out_slots, linear_out_bytes(l), call);
   TL_ASSERT(l->in);
-  int accumulate = op_calls_accumulates(&l->calls);
   size_t nw = (size_t)l->OC * l->IC;
-  float *dw = paramset_grad_target(p->params, l->dweight, nw, accumulate, 0);
-  float *db = l->has_bias ? paramset_grad_target(p->params, l->dbias, l->OC, accumulate, nw) : NULL;
+  OpGrads g = op_grads_begin(&l->calls, l->dweight, nw, l->has_bias ? l->dbias : NULL,
+                             (size_t)l->OC);
+  float *dw = g.target[0], *db = g.target[1];
   dnnl_mem_bind(p->diff_dst, dnnl_copy_run(&p->dout, ctx, dout));
   // The input's converted copy from forward is still this call's input.
   dnnl_mem_bind(p->src, dnnl_copy_last_at(&p->in, l->in, call));
@@ -158,12 +158,7 @@ void linear_backward(Linear *l, DnnlCtx *ctx, const float *dout) {
     wargs[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_BIAS, p->diff_bias};
   }
   dnnl_ctx_exec(ctx, p->bwd_weights, p->bwd_weights_pd, nargs, wargs);
-  op_grad_commit(ctx, l->comp, p->params, l->dweight, dw, nw);
-  if (l->has_bias) op_grad_commit(ctx, l->comp, p->params, l->dbias, db, (size_t)l->OC);
-  if (op_calls_done(&l->calls)) {
-    paramset_grad_ready(p->params, l->dweight, nw);
-    if (l->has_bias) paramset_grad_ready(p->params, l->dbias, (size_t)l->OC);
-  }
+  op_grads_end(ctx, l->comp, &l->calls, &g);
   ctx->flops_backward[l->comp] += linear_flops(l);
   if (!l->need_din) return;
 
