@@ -78,6 +78,42 @@ static void test_infonce_unusable_is_absent(void **state) {
   dnnl_ctx_destroy(&ctx);
 }
 
+// A temperature far below the logits' spread leaves the positive a probability no float holds
+// (exp(-2 / 0.005) is 1e-174): the loss must still be the exact cross entropy, here summed in
+// double by the test from the definition, and the gradient still finite.
+static void test_infonce_cold_temperature(void **state) {
+  (void)state;
+  DnnlCtx ctx;
+  dnnl_ctx_init(&ctx);
+  const float t = 0.005f;
+  float q[N * D], norms[N], dq[N * D];
+  l2norm_forward(infonce_ref_zq, q, norms, N, D);
+  InfoNce l;
+  infonce_init(&l, &ctx, N, K, D, t);
+  double got = infonce_forward_backward(&l, &ctx, q, infonce_ref_k, infonce_ref_bank, NULL, N, dq);
+  double want = 0;
+  int tiny = 0;
+  for (int i = 0; i < N; i++) {
+    double logits[K + 1], mx = -INFINITY, z = 0;
+    for (int j = 0; j <= K; j++) {
+      const float *x = j < K ? infonce_ref_bank + (size_t)j * D : infonce_ref_k + (size_t)i * D;
+      double dot = 0;
+      for (int e = 0; e < D; e++) dot += (double)q[i * D + e] * x[e];
+      logits[j] = dot / t;
+      mx = fmax(mx, logits[j]);
+    }
+    for (int j = 0; j <= K; j++) z += exp(logits[j] - mx);
+    double li = mx + log(z) - logits[K];
+    tiny += li > 69;  // the positive's probability is below 1e-30
+    want += li;
+  }
+  assert_true(tiny > 0);  // the case this test is for
+  assert_true(fabs(got - want) <= 1e-4 * fabs(want));
+  for (int i = 0; i < N * D; i++) assert_true(isfinite(dq[i]));
+  infonce_destroy(&l);
+  dnnl_ctx_destroy(&ctx);
+}
+
 static void test_queue_fifo_and_ages(void **state) {
   (void)state;
   KeyQueue q;
@@ -292,6 +328,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_infonce_reference_and_fd),
       cmocka_unit_test(test_infonce_unusable_is_absent),
+      cmocka_unit_test(test_infonce_cold_temperature),
       cmocka_unit_test(test_queue_fifo_and_ages),
       cmocka_unit_test(test_shufflebn_two_replicas),
       cmocka_unit_test(test_shufflebn_three_replicas),

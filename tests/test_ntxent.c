@@ -107,11 +107,45 @@ static void test_against_reference(void **state) {
   case_destroy(&c);
 }
 
+// A temperature far below the similarities' spread: rows whose positive is much less similar
+// than their nearest negative have a probability no float holds. The loss must still be the
+// exact cross entropy, summed here in double from the definition, and the gradient finite.
+static void test_cold_temperature(void **state) {
+  (void)state;
+  Case c;
+  const int rows = 12, d = 5;
+  const float t = 0.004f;
+  case_init(&c, rows, d, t);
+  Rng r = rng_stream(11, RNG_TEST, 0, 0);
+  for (int i = 0; i < rows * d; i++) c.z[i] = rng_normal(&r);
+  double got = case_run(&c) * rows;
+  double want = 0;
+  int tiny = 0;
+  for (int j = 0; j < rows; j++) {
+    double s[12], mx = -INFINITY, z = 0;
+    for (int k = 0; k < rows; k++) {
+      double dot = 0;
+      for (int e = 0; e < d; e++) dot += (double)c.u[j * d + e] * c.u[k * d + e];
+      s[k] = dot / t;
+      if (k != j) mx = fmax(mx, s[k]);
+    }
+    for (int k = 0; k < rows; k++) z += k == j ? 0.0 : exp(s[k] - mx);
+    double lj = mx + log(z) - s[(j + rows / 2) % rows];
+    tiny += lj > 69;  // the positive's probability is below 1e-30
+    want += lj;
+  }
+  assert_true(tiny > 0);  // the case this test is for
+  assert_true(fabs(got - want) <= 1e-4 * fabs(want));
+  for (int i = 0; i < rows * d; i++) assert_true(isfinite(c.dz[i]));
+  case_destroy(&c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_two_samples_by_hand),
       cmocka_unit_test(test_finite_differences),
       cmocka_unit_test(test_against_reference),
+      cmocka_unit_test(test_cold_temperature),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

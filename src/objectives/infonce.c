@@ -9,54 +9,80 @@ void infonce_init(InfoNce *l, DnnlCtx *ctx, int n, int K, int d, float temperatu
   l->K = K;
   l->d = d;
   l->temperature = temperature;
-  matmul_init(&l->neg, ctx, n, d, K, 0, 1, COMP_LOSS, 0);
-  matmul_init(&l->grad, ctx, n, K, d, 0, 0, COMP_LOSS, 1);
-  l->neg_logits = tl_alloc(sizeof(float) * (size_t)n * K, MEM_ACT, COMP_LOSS);
-  l->pos_prob = tl_alloc(sizeof(float) * (size_t)n, MEM_ACT, COMP_LOSS);
+  const int row = K + 1;
+  matmul_init_ld(&l->neg, ctx, n, d, K, 0, 1, 0, row, COMP_LOSS, 0);
+  matmul_init_ld(&l->grad, ctx, n, K, d, 0, 0, row, 0, COMP_LOSS, 1);
+  dnnl_memory_desc_t md;
+  dnnl_dims_t dims = {n, row};
+  DNNL_CHECK(dnnl_memory_desc_init_by_tag(&md, 2, dims, dnnl_f32, dnnl_ab));
+  dnnl_softmax_desc_t sm;
+  DNNL_CHECK(dnnl_softmax_forward_desc_init(&sm, dnnl_forward_inference, &md, 1));
+  l->softmax = dnnl_ctx_make(ctx, &sm, NULL, &l->softmax_pd);
+  l->logits_mem = dnnl_mem_new(ctx, &md);
+  l->logits = tl_alloc(sizeof(float) * (size_t)n * row, MEM_ACT, COMP_LOSS);
+  l->q_scaled = tl_alloc(sizeof(float) * (size_t)n * d, MEM_ACT, COMP_LOSS);
 }
 
-// neg_logits (n, K) -> their gradient weights in place, pos_prob; returns the summed loss.
-static double softmax_rows(InfoNce *l, const float *q, const float *k, const unsigned char *usable,
-                           int mean_over) {
-  const int n = l->n, K = l->K, d = l->d;
-  const float inv_t = 1.0f / l->temperature;
-  double loss_sum = 0;
-#pragma omp parallel for reduction(+ : loss_sum) schedule(static)
-  for (int i = 0; i < n; i++) {
-    float *s = l->neg_logits + (size_t)i * K;
-    double pos = 0;
-    for (int j = 0; j < d; j++) pos += (double)q[(size_t)i * d + j] * k[(size_t)i * d + j];
-    pos *= inv_t;
-    double mx = pos;
+// Query i's loss from its logits recomputed in double, for when its positive's probability is
+// too small for a float (a temperature far below the logits' spread).
+static double row_loss_exact(const InfoNce *l, int i, const float *k, const float *bank,
+                             const unsigned char *usable) {
+  const int K = l->K, d = l->d;
+  const float *q = l->q_scaled + (size_t)i * d;
+  double pos = 0, mx, z = 0;
+  for (int e = 0; e < d; e++) pos += (double)q[e] * k[(size_t)i * d + e];
+  mx = pos;
+  for (int pass = 0; pass < 2; pass++)
     for (int j = 0; j < K; j++) {
-      s[j] *= inv_t;
-      if ((!usable || usable[j]) && s[j] > mx) mx = s[j];
+      if (usable && !usable[j]) continue;
+      double s = 0;
+      for (int e = 0; e < d; e++) s += (double)q[e] * bank[(size_t)j * d + e];
+      if (pass == 0 && s > mx) mx = s;
+      if (pass == 1) z += exp(s - mx);
     }
-    double z = exp(pos - mx);
-    for (int j = 0; j < K; j++)
-      if (!usable || usable[j]) z += exp((double)s[j] - mx);
-    double lse = mx + log(z);
-    loss_sum += lse - pos;
-    // Softmax probabilities scaled for the gradient: d loss_i / d logit_j = p_j - [j == 0].
-    for (int j = 0; j < K; j++)
-      s[j] = (!usable || usable[j]) ? (float)(exp((double)s[j] - lse) * inv_t / mean_over) : 0.0f;
-    l->pos_prob[i] = (float)exp(pos - lse);
-  }
-  return loss_sum;
+  z += exp(pos - mx);
+  return mx + log(z) - pos;
 }
 
 double infonce_forward_backward(InfoNce *l, DnnlCtx *ctx, const float *q, const float *k,
                                 const float *bank, const unsigned char *usable, int mean_over,
                                 float *dq) {
-  const int n = l->n, K = l->K, d = l->d;
+  const int n = l->n, K = l->K, d = l->d, row = K + 1;
   const float inv_t = 1.0f / l->temperature;
-  matmul_run(&l->neg, ctx, q, bank, l->neg_logits);
-  double loss_sum = ctx->dry_run ? 0.0 : softmax_rows(l, q, k, usable, mean_over);
-  // dq_i = sum_j p_ij n_j / t + (p_i0 - 1) k_i / t, all over mean_over.
-  matmul_run(&l->grad, ctx, l->neg_logits, bank, dq);
+  int masked = 0;
+  for (int j = 0; usable && !ctx->dry_run && j < K && !masked; j++) masked = !usable[j];
+  if (!ctx->dry_run)
+    for (size_t i = 0; i < (size_t)n * d; i++) l->q_scaled[i] = q[i] * inv_t;
+  matmul_run(&l->neg, ctx, l->q_scaled, bank, l->logits);
+  double loss_sum = 0;
+  if (!ctx->dry_run) {
+    for (int i = 0; i < n; i++) {
+      float *s = l->logits + (size_t)i * row;
+      double pos = 0;
+      for (int j = 0; j < d; j++) pos += (double)l->q_scaled[(size_t)i * d + j] * k[(size_t)i * d + j];
+      s[K] = (float)pos;
+      for (int j = 0; masked && j < K; j++)
+        if (!usable[j]) s[j] = -INFINITY;
+    }
+  }
+  // Rows of probabilities in place (exp(-inf) is 0); the loss is minus the positive's log.
+  dnnl_mem_bind(l->logits_mem, l->logits);
+  dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, l->logits_mem}, {DNNL_ARG_DST, l->logits_mem}};
+  dnnl_ctx_exec(ctx, l->softmax, l->softmax_pd, 2, args);
   for (int i = 0; i < n && !ctx->dry_run; i++) {
-    float c = (l->pos_prob[i] - 1.0f) * inv_t / (float)mean_over;
-    for (int j = 0; j < d; j++) dq[(size_t)i * d + j] += c * k[(size_t)i * d + j];
+    float *p = l->logits + (size_t)i * row;
+    loss_sum += p[K] >= INFONCE_MIN_PROB ? -log((double)p[K]) : row_loss_exact(l, i, k, bank, usable);
+    for (int j = 0; masked && j < K; j++)
+      if (!usable[j]) p[j] = 0.0f;
+  }
+  // d loss_i / d logit_j = p_j - [j is the positive], logit = q . x / t, all over mean_over:
+  // dq_i = (sum_j p_ij n_j + (p_i,pos - 1) k_i) / (t mean_over).
+  matmul_run(&l->grad, ctx, l->logits, bank, dq);
+  const float c = inv_t / (float)mean_over;
+  for (int i = 0; i < n && !ctx->dry_run; i++) {
+    float w = l->logits[(size_t)i * row + K] - 1.0f;
+    for (int j = 0; j < d; j++)
+      dq[(size_t)i * d + j] = c * (dq[(size_t)i * d + j] + w * k[(size_t)i * d + j]);
   }
   ctx->flops_forward[COMP_LOSS] += 2.0 * n * d + 4.0 * n * K;
   ctx->flops_backward[COMP_LOSS] += 2.0 * n * d + 2.0 * n * K;
@@ -66,6 +92,9 @@ double infonce_forward_backward(InfoNce *l, DnnlCtx *ctx, const float *q, const 
 void infonce_destroy(InfoNce *l) {
   matmul_destroy(&l->neg);
   matmul_destroy(&l->grad);
-  tl_free(l->neg_logits);
-  tl_free(l->pos_prob);
+  if (l->softmax) dnnl_primitive_destroy(l->softmax);
+  if (l->softmax_pd) dnnl_primitive_desc_destroy(l->softmax_pd);
+  if (l->logits_mem) dnnl_memory_destroy(l->logits_mem);
+  tl_free(l->logits);
+  tl_free(l->q_scaled);
 }

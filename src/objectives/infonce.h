@@ -1,17 +1,24 @@
 // InfoNCE with one positive and a bank of negatives (MoCo's loss): for each query q_i,
-// logits = [q_i . k_i, q_i . n_1, ..., q_i . n_K] / t and cross entropy with the positive at
-// index 0. Negatives that are not usable (too old) are left out of the softmax.
+// logits = [q_i . n_1, ..., q_i . n_K, q_i . k_i] / t and cross entropy with the positive in the
+// last column. Negatives that are not usable (too old) are left out of the softmax.
 #pragma once
 #include "ops/matmul.h"
 
 typedef struct {
   int n, K, d;
   float temperature;
-  Matmul neg;         // (n, d) x (K, d)^T -> (n, K)
-  Matmul grad;        // (n, K) x (K, d)   -> (n, d)
-  float *neg_logits;  // (n, K) logits, then probabilities; MEM_ACT loss
-  float *pos_prob;    // (n)
+  Matmul neg;          // (n, d) x (K, d)^T -> the first K columns of `logits`
+  Matmul grad;         // the first K columns of `logits` (n, K) x (K, d) -> (n, d)
+  float *logits;       // (n, K + 1) logits, then probabilities; MEM_ACT loss
+  float *q_scaled;     // (n, d) q / t
+  dnnl_primitive_desc_t softmax_pd;
+  dnnl_primitive_t softmax;  // oneDNN, rows in place over `logits`
+  dnnl_memory_t logits_mem;
 } InfoNce;
+
+// Below this positive probability a query's loss is recomputed in double: -log of a float
+// that small has lost its digits.
+#define INFONCE_MIN_PROB 1e-30f
 
 void infonce_init(InfoNce *l, DnnlCtx *ctx, int n, int K, int d, float temperature);
 // q, k: (n, d) normalized; bank: (K, d); usable: (K) 0/1 (NULL = all). Returns the sum of the
