@@ -46,11 +46,13 @@ static const KeySpec recipe_keys[] = {
 
     FLOAT_KEY(RECIPE(augment, crop_scale_min), "0.2", 0, 1, OPEN_MIN,
               "random resized crop: smallest crop as a fraction of the image's area (aspect "
-              "ratio 3/4 to 4/3)"),
+              "ratio 3/4 to 4/3); raise it where the object fills little of the image, or a crop "
+              "may miss it"),
     FLOAT_KEY(RECIPE(augment, crop_scale_max), "1", 0, 1, OPEN_MIN,
               "random resized crop: largest crop as a fraction of the image's area"),
     FLOAT_KEY(RECIPE(augment, flip_prob), "0.5", 0, 1, 0,
-              "probability of a horizontal flip per view"),
+              "probability of a horizontal flip per view; 0 for characters, digits or text, "
+              "where a mirror image can be another class"),
     FLOAT_KEY(RECIPE(augment, jitter_strength), "0.4", 0, 1, 0,
               "colour jitter s: brightness, contrast (and saturation on RGB) factors uniform in "
               "[1 − s, 1 + s], in random order"),
