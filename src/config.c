@@ -457,6 +457,13 @@ static int set_key(const KeySpec *k, void *base, const char *where, const char *
   TL_DIE("key type %d", (int)k->type);
 }
 
+// Entries before the first 0 (list entries are at least 1; see model_keys).
+static int list_length(const int *list) {
+  int n = 0;
+  while (n < CONFIG_MAX_STAGES && list[n] != 0) n++;
+  return n;
+}
+
 static void format_value(const KeySpec *k, const void *base, char *out, size_t cap) {
   const char *field = (const char *)base + k->offset;
   switch (k->type) {
@@ -481,7 +488,9 @@ static void format_value(const KeySpec *k, const void *base, char *out, size_t c
       snprintf(out, cap, "%s", field);
       return;
     case KEY_INT_LIST: {
-      int n = *(const int *)((const char *)base + k->count_offset);
+      // The list's own entries, not the shared stage count: a list set alone (or of another
+      // length) must be written as it was read, or the written file would not load back.
+      int n = list_length((const int *)field);
       size_t used = 0;
       out[0] = '\0';
       for (int i = 0; i < n && used < cap; i++)
@@ -808,13 +817,6 @@ int config_set(Config *cfg, const char *assignment) {
   return 0;
 }
 
-// Entries before the first 0 (list entries are at least 1; see model_keys).
-static int list_length(const int *list) {
-  int n = 0;
-  while (n < CONFIG_MAX_STAGES && list[n] != 0) n++;
-  return n;
-}
-
 static int validate_shard_weights(const Config *cfg, const char *where) {
   const char *w = cfg->parallel.shard_weights;
   if (!*w) return 0;
@@ -841,6 +843,18 @@ static int validate_model(const Config *cfg) {
   if (m->pad_to && m->pad_to < cfg->data.image_size)
     return tl_fail("%s: [backbone] pad_to = %d is smaller than [data] image_size = %d", where,
                    m->pad_to, cfg->data.image_size);
+  // Whatever the type: a vit ignores the stage lists, but a model file whose lists contradict
+  // each other is a mistake worth naming, and it would not describe one network if the type
+  // were switched.
+  if (strcmp(m->type, "vit") != 0 && m->n_stages < 1)
+    return tl_fail("%s: [backbone] resnet needs at least one stage (stage_channels)", where);
+  int channels = list_length(m->stage_channels), blocks = list_length(m->stage_blocks),
+      strides = list_length(m->stage_strides);
+  if (channels != blocks || blocks != strides)
+    return tl_fail(
+        "%s: [backbone] stage lists differ in length: stage_channels has %d, "
+        "stage_blocks %d, stage_strides %d",
+        where, channels, blocks, strides);
   if (strcmp(m->type, "vit") == 0) {
     int size = m->pad_to ? m->pad_to : cfg->data.image_size;
     if (size % m->patch_size)
@@ -859,15 +873,6 @@ static int validate_model(const Config *cfg) {
         "%s: [backbone] pad_to = %d: resnet pads evenly on both sides, so it must differ from "
         "[data] image_size = %d by an even number",
         where, m->pad_to, cfg->data.image_size);
-  int channels = list_length(m->stage_channels), blocks = list_length(m->stage_blocks),
-      strides = list_length(m->stage_strides);
-  if (m->n_stages < 1)
-    return tl_fail("%s: [backbone] resnet needs at least one stage (stage_channels)", where);
-  if (channels != m->n_stages || blocks != m->n_stages || strides != m->n_stages)
-    return tl_fail(
-        "%s: [backbone] stage lists differ in length: stage_channels has %d, "
-        "stage_blocks %d, stage_strides %d",
-        where, channels, blocks, strides);
   return 0;
 }
 

@@ -468,6 +468,22 @@ static void stage_lists(void **state) {
   assert_contains(tl_last_error(), c.model.file);
   assert_contains(tl_last_error(), "stage_channels has 2, stage_blocks 3, stage_strides 3");
 
+  // The same for a vit, which ignores the lists: a file contradicting itself is named, not
+  // accepted and then written back in a form that no longer loads.
+  rc = load_model_text(&c, "[backbone]\ntype = vit\nstage_channels = 32,6\nstage_blocks = 1,1,1\n");
+  if (rc) fail_msg("%s", tl_last_error());
+  assert_int_equal(config_validate(&c), -1);
+  assert_contains(tl_last_error(), "stage_channels has 2, stage_blocks 3, stage_strides 3");
+
+  // Each list is written as it was read, whatever length the list read last had: a written
+  // file states the same contradiction, and validation names it again.
+  rc = load_model_text(&c, "[backbone]\nstage_channels = 8,16,32\nstage_blocks = 3,4\n");
+  if (rc) fail_msg("%s", tl_last_error());
+  const char *model = written_by(&c, config_write_model);
+  assert_contains(model, "stage_channels = 8,16,32\n");
+  assert_contains(model, "stage_blocks = 3,4\n");
+  assert_contains(model, "stage_strides = 1,2,2\n");
+
   assert_int_equal(load_model_text(&c, "[backbone]\nstage_channels = 16,x\n"), -1);
   assert_contains(tl_last_error(), ":2: [backbone] stage_channels = '16,x': 'x' is not an integer");
   assert_int_equal(load_model_text(&c, "[backbone]\nstage_strides = 1,2,9\n"), -1);

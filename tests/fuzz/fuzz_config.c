@@ -38,8 +38,7 @@ static void print_first_difference(const char *a, const char *b) {
   }
 }
 
-// Written, read back and written again, the texts must be the same. (Texts, not structs: a ViT's
-// unused stage lists share one length, n_stages, so only what is written is kept.)
+// Written, read back and written again, the texts must be the same.
 static void check_round_trip(const Config *cfg) {
   char *recipe = written(cfg, config_write), *model = written(cfg, config_write_model);
   static Config again;
