@@ -27,9 +27,19 @@ void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name,
   const int Q = (slot + 1) % 4, A = (slot + 2) % 4, B = (slot + 3) % 4;
   const int oQ = out < 0 ? -1 : (out + 1) % 4, oA = out < 0 ? -1 : (out + 2) % 4,
             oB = out < 0 ? -1 : (out + 3) % 4;
+  // In training, with a scratch pool (b->scratch_pool), what backward does not read where it
+  // was written lives in two buffers shared by every block and call: the norms' outputs and the
+  // projections back to D (proj, fc2) in buffer 0, GELU's output in buffer 1. proj and fc2 are
+  // read once, by the residual sums; the norms' and GELU's outputs are read by linear layers
+  // whose backward either keeps its own bf16 copy or gets the output recomputed first
+  // (transformer_block_backward). What stays per block and call: the residual stream (x1, out),
+  // qkv, attention's probabilities and output, and fc1's output.
+  const int scratch = b->scratch_pool ? b->scratch_slot : -1;
+  const int s0 = scratch < 0 ? -1 : scratch, s1 = scratch < 0 ? -1 : scratch + 1;
   snprintf(nm, sizeof nm, "%s.norm1", name);
-  b->grad_slot = B, b->out_slot = oA;
+  b->grad_slot = B, b->out_slot = oA, b->scratch_slot = s0;
   layernorm_init(&blk->norm1, b, nm, M, D);
+  b->scratch_slot = -1;
   // qkv's input gradient is needed even without need_din: norm1's scale and shift gradients
   // come from it.
   snprintf(nm, sizeof nm, "%s.attn.qkv", name);
@@ -38,23 +48,26 @@ void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name,
   b->grad_slot = B, b->out_slot = oA;
   attention_init(&blk->attn, b, N, T, D, heads);
   snprintf(nm, sizeof nm, "%s.attn.proj", name);
-  b->grad_slot = A, b->out_slot = oB;
+  b->grad_slot = A, b->out_slot = oB, b->scratch_slot = s0;
   linear_init(&blk->proj, b, nm, M, D, D, 1, train, 0.0f);
+  b->scratch_slot = -1;
   b->out_slot = oQ;
   add_init(&blk->attn_residual, b, n, builder_out_category(b), 0);
   snprintf(nm, sizeof nm, "%s.norm2", name);
-  b->grad_slot = B, b->out_slot = oA;
+  b->grad_slot = B, b->out_slot = oA, b->scratch_slot = s0;
   layernorm_init(&blk->norm2, b, nm, M, D);
+  b->scratch_slot = -1;
   snprintf(nm, sizeof nm, "%s.mlp.fc1", name);
   b->grad_slot = A, b->out_slot = oB;
   linear_init(&blk->fc1, b, nm, M, D, hidden, 1, train, 0.0f);
-  b->grad_slot = B, b->out_slot = oA;
+  b->grad_slot = B, b->out_slot = oA, b->scratch_slot = s1;
   eltwise_init(&blk->gelu, b, ELTWISE_GELU, (size_t)M * (size_t)hidden, train);
   snprintf(nm, sizeof nm, "%s.mlp.fc2", name);
-  b->grad_slot = A, b->out_slot = oB;
+  b->grad_slot = A, b->out_slot = oB, b->scratch_slot = s0;
   linear_init(&blk->fc2, b, nm, M, hidden, D, 1, train, 0.0f);
-  b->out_slot = out;
+  b->out_slot = out, b->scratch_slot = -1;
   add_init(&blk->mlp_residual, b, n, builder_out_category(b), 0);
+  b->scratch_slot = scratch;
   blk->out = blk->mlp_residual.out;
   b->grad_slot = slot;
   if (!train) return;
@@ -82,14 +95,22 @@ const float *transformer_block_forward(TransformerBlock *blk, DnnlCtx *ctx, cons
 
 const float *transformer_block_backward(TransformerBlock *blk, DnnlCtx *ctx, const float *dout) {
   if (blk->mode != OP_TRAIN) TL_DIE("transformer_block_backward on a block built without backward");
+  // A scratch output a linear layer's backward reads is written again first (fp32; in bf16 the
+  // layer reads the copy it kept).
+  if (blk->gelu.calls.out_shared && linear_backward_reads_input(&blk->fc2))
+    eltwise_recompute(&blk->gelu, ctx);
   linear_backward(&blk->fc2, ctx, dout);
   eltwise_backward(&blk->gelu, ctx, blk->fc2.din);
+  if (blk->norm2.calls.out_shared && linear_backward_reads_input(&blk->fc1))
+    layernorm_recompute(&blk->norm2, ctx);
   linear_backward(&blk->fc1, ctx, blk->gelu.din);
   layernorm_backward(&blk->norm2, ctx, blk->fc1.din);
   add_forward(&blk->dx1_sum, ctx, dout, blk->norm2.din);
   const float *dx1 = blk->dx1_sum.out;
   linear_backward(&blk->proj, ctx, dx1);
   attention_backward(&blk->attn, ctx, blk->proj.din);
+  if (blk->norm1.calls.out_shared && linear_backward_reads_input(&blk->qkv))
+    layernorm_recompute(&blk->norm1, ctx);
   linear_backward(&blk->qkv, ctx, blk->attn.din);
   layernorm_backward(&blk->norm1, ctx, blk->qkv.din);
   if (!blk->need_din) return NULL;

@@ -211,6 +211,7 @@ static void vit_destroy(Backbone *bb) {
   layernorm_destroy(&v->norm);
   buffer_pool_free(&v->grads);
   buffer_pool_free(&v->outs);
+  buffer_pool_free(&v->scratch);
   tl_free(v->feature_slots);
   tl_free(v->dtokens_from_feature);
   tl_free(v->dpatch_tokens);
@@ -279,18 +280,19 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
   // outputs between blocks of a forward-only ViT; each block takes the other three for its own
   // (see transformer_block_init).
   Builder pooled = *b;
-  if (train) pooled.grad_pool = &v->grads;
+  if (train) pooled.grad_pool = &v->grads, pooled.scratch_pool = &v->scratch;
   if (!train) pooled.out_pool = &v->outs;
-  pooled.grad_slot = pooled.out_slot = 0;
+  pooled.grad_slot = pooled.out_slot = pooled.scratch_slot = 0;
   for (int i = 0; i < v->depth; i++) {
     char name[32];
     snprintf(name, sizeof name, "blocks.%d", i);
     transformer_block_init(&v->blocks[i], &pooled, name, N, v->T, v->D, spec->heads,
                            spec->mlp_ratio, train);
   }
-  pooled.out_slot = -1;  // the tokens outlive the pass
+  pooled.out_slot = pooled.scratch_slot = -1;  // the tokens outlive the pass
   layernorm_init(&v->norm, &pooled, "norm", N * v->T, v->D);
   if (train) buffer_pool_finish(&v->grads, MEM_ACT_GRAD, v->comp);
+  if (train) buffer_pool_finish(&v->scratch, MEM_WORKSPACE, v->comp);
   if (!train) buffer_pool_finish(&v->outs, MEM_WORKSPACE, v->comp);
   v->tokens = v->norm.out;
   v->feature = v->feature_slots =

@@ -53,6 +53,7 @@ typedef struct {
   TransformerBlock *blocks;  // (depth)
   BufferPool grads;          // the blocks' and final norm's input gradients, OP_TRAIN
   BufferPool outs;           // the blocks' outputs, forward-only
+  BufferPool scratch;        // OP_TRAIN: what the blocks' backward does not read in place
   LayerNorm norm;
   float *tokens;                // (N, T, D) final-LN output = norm.out; cls first when has_cls
   float *feature;               // (N, D) = base.feature

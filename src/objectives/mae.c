@@ -28,6 +28,7 @@ typedef struct {
   float *dec_pos;                   // (P, Dd) fixed sin-cos
   TransformerBlock *blocks;         // (depth) on (b, Td, Dd)
   BufferPool grads;                 // the decoder's input gradients but embed's
+  BufferPool scratch;               // what the decoder blocks' backward does not read in place
   LayerNorm norm;                   // (b*Td, Dd)
   Linear pred;                      // (b*Td, Dd) -> (b*Td, patch_dim)
   int *keep;                        // (b, n_keep) visible patch indices
@@ -137,16 +138,20 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   Builder pooled = bld;
   pooled.grad_pool = &o->grads;
   pooled.grad_slot = 0;
+  pooled.scratch_pool = &o->scratch;  // as the encoder's blocks (transformer_block_init)
+  pooled.scratch_slot = 0;
   for (int i = 0; i < o->depth; i++) {
     char name[32];
     snprintf(name, sizeof name, "decoder.blocks.%d", i);
     transformer_block_init(&o->blocks[i], &pooled, name, b, o->Td, o->Dd,
                            settings(cfg)->decoder_heads, spec->mlp_ratio, 1);
   }
+  pooled.scratch_slot = -1;
   layernorm_init(&o->norm, &pooled, "decoder.norm", b * o->Td, o->Dd);
   pooled.grad_slot = 2;
   linear_init(&o->pred, &pooled, "decoder.pred", b * o->Td, o->Dd, o->patch_dim, 1, 1, 0.0f);
   buffer_pool_finish(&o->grads, MEM_ACT_GRAD, COMP_DECODER);
+  buffer_pool_finish(&o->scratch, MEM_WORKSPACE, COMP_DECODER);
   o->dec_pos = tl_alloc(sizeof(float) * (size_t)o->P * o->Dd, MEM_PARAM, COMP_DECODER);
   vit_sincos_pos_embed(o->dec_pos, o->encoder->grid, o->Dd);
   o->dec_in = tl_alloc(sizeof(float) * (size_t)b * o->Td * o->Dd, MEM_ACT, COMP_DECODER);
@@ -426,6 +431,7 @@ static void mae_destroy(Objective *base) {
   layernorm_destroy(&o->norm);
   linear_destroy(&o->pred);
   buffer_pool_free(&o->grads);
+  buffer_pool_free(&o->scratch);
   tl_free(o->dec_pos);
   tl_free(o->dec_in);
   tl_free(o->dembed);

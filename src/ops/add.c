@@ -42,7 +42,8 @@ void add_init(Add *l, Builder *b, size_t n, MemCategory cat, int is_backward) {
 
 void add_forward(Add *l, DnnlCtx *ctx, const float *a, const float *bb) {
   struct AddPrivate *p = l->priv;
-  l->out = op_slot(l->out_slots, l->n * sizeof(float), op_calls_forward(&l->calls, "add"));
+  l->out = op_out_slot(&l->calls, l->out_slots, l->n * sizeof(float),
+                       op_calls_forward(&l->calls, "add"));
   dnnl_mem_bind(p->a, a);
   dnnl_mem_bind(p->b, bb);
   dnnl_mem_bind(p->out, l->out);

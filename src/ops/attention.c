@@ -188,7 +188,7 @@ static AttentionCall attention_call(Attention *a, int call) {
   struct AttentionPrivate *p = a->priv;
   size_t qkv_bytes = (size_t)a->N * a->T * 3 * a->D * sizeof(float);
   size_t probs_bytes = (size_t)a->N * a->H * a->T * a->T * sizeof(float);
-  a->out = op_slot(a->out_slots, (size_t)a->N * a->T * a->D * sizeof(float), call);
+  a->out = op_out_slot(&a->calls, a->out_slots, (size_t)a->N * a->T * a->D * sizeof(float), call);
   return (AttentionCall){op_slot(p->probs, probs_bytes, call), op_slot(p->heads, qkv_bytes, call)};
 }
 

@@ -219,7 +219,7 @@ static void sync_statistics(BatchNorm *l, DnnlCtx *ctx) {
 static void bn_select_call(BatchNorm *l, int call) {
   struct BatchNormPrivate *p = l->priv;
   const size_t stats_bytes = (size_t)l->splits * l->C * sizeof(float);
-  l->out = op_slot(l->out_slots, bn_elems(l) * sizeof(float), call);
+  l->out = op_out_slot(&l->calls, l->out_slots, bn_elems(l) * sizeof(float), call);
   p->batch_mean = op_slot(p->mean_slots, stats_bytes, call);
   p->batch_var = op_slot(p->var_slots, stats_bytes, call);
   p->relu_ws = op_slot(p->relu_ws_slots, (size_t)l->splits * p->relu_ws_bytes, call);

@@ -44,6 +44,12 @@ enum { POOL_BUFFERS = 4, POOL_USERS = 1024 };
 // - out_pool: outputs of a forward-only network (momentum encoder, evaluation), which nothing
 //   keeps once the next layer has read them; ignored in training, where outputs are kept for
 //   backward. A slot < 0 gives the op its own output.
+// - scratch_pool: outputs in training that backward does not read where they were written: the
+//   next op reads them at once and keeps what its own backward needs (a residual add; a linear
+//   layer computing in bf16 keeps its converted input), or the module recomputes them just
+//   before the backward that needs them (*_recompute). One buffer serves every forward call of
+//   the step; MEM_WORKSPACE. An autograd engine gets the same by dropping a tensor no backward
+//   node saved; checkpointing libraries by recomputing it.
 // The ops record where their buffer goes; buffer_pool_finish then allocates each buffer once at
 // its largest request and fills those pointers in.
 typedef struct {
@@ -63,6 +69,8 @@ typedef struct {
   int grad_slot;          // with a pool: the buffer the next op's din takes
   BufferPool *out_pool;   // NULL (or OP_TRAIN): each op owns its output
   int out_slot;           // with a pool: the buffer the next op's output takes, < 0 its own
+  BufferPool *scratch_pool;  // NULL (or not OP_TRAIN): outputs are kept for backward
+  int scratch_slot;          // with a scratch pool: the next op's output's buffer, < 0 its own
 } Builder;
 
 // Memory category for an op's output under this builder's mode.
@@ -93,6 +101,7 @@ typedef struct {
   const void *in[OP_MAX_CALLS];  // each call's input, for its backward
   int din_pooled;                // the op's din lives in a pool (op_din_alloc)
   int out_pooled;                // its output does (op_out_alloc)
+  int out_shared;                // one output for every call: a scratch output (op_out_slot)
 } OpCalls;
 
 static inline void op_calls_init(OpCalls *c, const Builder *b) {
@@ -149,6 +158,12 @@ static inline void op_din_alloc(const Builder *b, OpCalls *c, float **din, size_
 // the builder's slot (filled in by buffer_pool_finish).
 static inline void op_out_alloc(const Builder *b, OpCalls *c, float **slots, size_t bytes,
                                 MemComponent comp) {
+  c->out_shared = b->scratch_pool && b->mode == OP_TRAIN && b->scratch_slot >= 0;
+  if (c->out_shared) {
+    c->out_pooled = 1;
+    buffer_pool_record(b->scratch_pool, b->scratch_slot, slots, bytes);
+    return;
+  }
   c->out_pooled = b->out_pool && b->mode != OP_TRAIN && b->out_slot >= 0;
   if (c->out_pooled)
     buffer_pool_record(b->out_pool, b->out_slot, slots, bytes);
@@ -161,6 +176,11 @@ static inline void op_buffer_free(float *buf, int pooled) {
 }
 static inline void *op_slot(void *base, size_t bytes, int slot) {
   return base ? (char *)base + bytes * (size_t)slot : NULL;
+}
+
+// Where call `call`'s output lives: its own slot, or the one scratch buffer.
+static inline float *op_out_slot(const OpCalls *c, float *slots, size_t bytes, int call) {
+  return c->out_shared ? slots : op_slot(slots, bytes, call);
 }
 
 static inline int op_calls_forward(OpCalls *c, const char *op) {
@@ -177,6 +197,14 @@ static inline int op_calls_backward(OpCalls *c, const char *op) {
   op_calls_new_step(c);
   if (c->depth == 0) TL_DIE("%s: backward without an outstanding forward call", op);
   return --c->depth;
+}
+
+// The call the op's next backward will take, without taking it (a recompute before it).
+static inline int op_calls_next_backward(OpCalls *c, const char *op) {
+  if (c->count == 1) return 0;
+  op_calls_new_step(c);
+  if (c->depth == 0) TL_DIE("%s: recompute without an outstanding forward call", op);
+  return c->depth - 1;
 }
 
 // After op_calls_backward: whether this backward adds to gradients an earlier call of the op

@@ -165,7 +165,7 @@ void conv2d_forward(Conv2d *l, DnnlCtx *ctx, const float *in) {
   struct ConvPrivate *p = l->priv;
   int call = op_calls_forward(&l->calls, "conv");
   l->calls.in[call] = l->in = in;
-  l->out = op_slot(l->out_slots, conv_out_bytes(l), call);
+  l->out = op_out_slot(&l->calls, l->out_slots, conv_out_bytes(l), call);
   dnnl_mem_bind(p->src, dnnl_copy_run_at(&p->in, ctx, in, call));
   dnnl_mem_bind(p->wei_fwd, dnnl_copy_run(&p->fwd_w, ctx, l->weight));
   dnnl_mem_bind(p->dst, l->out);
@@ -185,7 +185,7 @@ void conv2d_backward(Conv2d *l, DnnlCtx *ctx, const float *dout) {
   TL_ASSERT(l->mode == OP_TRAIN);
   int call = op_calls_backward(&l->calls, "conv");
   l->in = l->calls.in[call];
-  l->out = op_slot(l->out_slots, conv_out_bytes(l), call);
+  l->out = op_out_slot(&l->calls, l->out_slots, conv_out_bytes(l), call);
   TL_ASSERT(l->in);
   dnnl_mem_bind(p->diff_dst, dnnl_copy_run(&p->dout, ctx, dout));
 

@@ -56,16 +56,27 @@ void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_d
   op_din_alloc(b, &l->calls, &l->din, n * sizeof(float), l->comp);
 }
 
-void eltwise_forward(Eltwise *l, DnnlCtx *ctx, const float *in) {
+static void eltwise_run_forward(Eltwise *l, DnnlCtx *ctx, int call) {
   struct EltwisePrivate *p = l->priv;
-  int call = op_calls_forward(&l->calls, "eltwise");
-  l->calls.in[call] = l->in = in;
-  l->out = op_slot(l->out_slots, l->n * sizeof(float), call);
-  dnnl_mem_bind(p->src, in);
+  l->in = l->calls.in[call];
+  l->out = op_out_slot(&l->calls, l->out_slots, l->n * sizeof(float), call);
+  dnnl_mem_bind(p->src, l->in);
   dnnl_mem_bind(p->dst, l->out);
   dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, p->src}, {DNNL_ARG_DST, p->dst}};
   dnnl_ctx_exec(ctx, p->fwd, p->fwd_pd, 2, args);
+}
+
+void eltwise_forward(Eltwise *l, DnnlCtx *ctx, const float *in) {
+  int call = op_calls_forward(&l->calls, "eltwise");
+  l->calls.in[call] = in;
+  eltwise_run_forward(l, ctx, call);
   ctx->flops_forward[l->comp] += ELTWISE_FWD_FLOPS_PER_ELEM[l->kind] * (double)l->n;
+}
+
+void eltwise_recompute(Eltwise *l, DnnlCtx *ctx) {
+  if (l->mode != OP_TRAIN) TL_DIE("eltwise_recompute on an op built without backward");
+  eltwise_run_forward(l, ctx, op_calls_next_backward(&l->calls, "eltwise"));
+  ctx->flops_backward[l->comp] += ELTWISE_FWD_FLOPS_PER_ELEM[l->kind] * (double)l->n;
 }
 
 // A no-op without din: an activation has no parameters, so there is nothing else to compute.
@@ -74,7 +85,7 @@ void eltwise_backward(Eltwise *l, DnnlCtx *ctx, const float *dout) {
   if (!l->need_din) return;
   int call = op_calls_backward(&l->calls, "eltwise");
   l->in = l->calls.in[call];
-  l->out = op_slot(l->out_slots, l->n * sizeof(float), call);
+  l->out = op_out_slot(&l->calls, l->out_slots, l->n * sizeof(float), call);
   TL_ASSERT(l->in);
   dnnl_mem_bind(p->diff_dst, dout);
   dnnl_mem_bind(p->diff_src, l->din);

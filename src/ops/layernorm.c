@@ -85,12 +85,11 @@ void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   op_din_alloc(b, &l->calls, &l->din, (size_t)M * D * sizeof(float), l->comp);
 }
 
-void layernorm_forward(LayerNorm *l, DnnlCtx *ctx, const float *in) {
+static void layernorm_run_forward(LayerNorm *l, DnnlCtx *ctx, int call) {
   struct LayerNormPrivate *p = l->priv;
-  int call = op_calls_forward(&l->calls, "layernorm");
-  l->calls.in[call] = l->in = in;
-  l->out = op_slot(l->out_slots, ln_data_bytes(l), call);
-  dnnl_mem_bind(p->src, in);
+  l->in = l->calls.in[call];
+  l->out = op_out_slot(&l->calls, l->out_slots, ln_data_bytes(l), call);
+  dnnl_mem_bind(p->src, l->in);
   dnnl_mem_bind(p->dst, l->out);
   dnnl_mem_bind(p->scale, l->gamma);
   dnnl_mem_bind(p->shift, l->beta);
@@ -106,7 +105,19 @@ void layernorm_forward(LayerNorm *l, DnnlCtx *ctx, const float *in) {
     args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_VARIANCE, p->variance};
   }
   dnnl_ctx_exec(ctx, p->fwd, p->fwd_pd, nargs, args);
+}
+
+void layernorm_forward(LayerNorm *l, DnnlCtx *ctx, const float *in) {
+  int call = op_calls_forward(&l->calls, "layernorm");
+  l->calls.in[call] = in;
+  layernorm_run_forward(l, ctx, call);
   ctx->flops_forward[l->comp] += layernorm_flops_forward(l->M, l->D);
+}
+
+void layernorm_recompute(LayerNorm *l, DnnlCtx *ctx) {
+  if (l->mode != OP_TRAIN) TL_DIE("layernorm_recompute on a layer built without backward");
+  layernorm_run_forward(l, ctx, op_calls_next_backward(&l->calls, "layernorm"));
+  ctx->flops_backward[l->comp] += layernorm_flops_forward(l->M, l->D);
 }
 
 void layernorm_backward(LayerNorm *l, DnnlCtx *ctx, const float *dout) {
@@ -114,7 +125,7 @@ void layernorm_backward(LayerNorm *l, DnnlCtx *ctx, const float *dout) {
   if (l->mode != OP_TRAIN) TL_DIE("layernorm_backward on a layer built without backward");
   int call = op_calls_backward(&l->calls, "layernorm");
   l->in = l->calls.in[call];
-  l->out = op_slot(l->out_slots, ln_data_bytes(l), call);
+  l->out = op_out_slot(&l->calls, l->out_slots, ln_data_bytes(l), call);
   TL_ASSERT(l->in);
   OpGrads g = op_grads_begin(&l->calls, l->dgamma, (size_t)l->D, l->dbeta, (size_t)l->D);
   float *dgamma = g.target[0], *dbeta = g.target[1];

@@ -119,7 +119,7 @@ void linear_forward(Linear *l, DnnlCtx *ctx, const float *in) {
   struct LinearPrivate *p = l->priv;
   int call = op_calls_forward(&l->calls, "linear");
   l->calls.in[call] = l->in = in;
-  l->out = op_slot(l->out_slots, linear_out_bytes(l), call);
+  l->out = op_out_slot(&l->calls, l->out_slots, linear_out_bytes(l), call);
   dnnl_mem_bind(p->src, dnnl_copy_run_at(&p->in, ctx, in, call));
   dnnl_mem_bind(p->fwd_weight, dnnl_copy_run(&p->fwd_w, ctx, l->weight));
   dnnl_mem_bind(p->dst, l->out);
@@ -139,7 +139,7 @@ void linear_backward(Linear *l, DnnlCtx *ctx, const float *dout) {
   if (l->mode != OP_TRAIN) TL_DIE("linear_backward on a layer built without backward");
   int call = op_calls_backward(&l->calls, "linear");
   l->in = l->calls.in[call];
-  l->out = op_slot(l->out_slots, linear_out_bytes(l), call);
+  l->out = op_out_slot(&l->calls, l->out_slots, linear_out_bytes(l), call);
   TL_ASSERT(l->in);
   size_t nw = (size_t)l->OC * l->IC;
   OpGrads g = op_grads_begin(&l->calls, l->dweight, nw, l->has_bias ? l->dbias : NULL,
@@ -169,6 +169,11 @@ void linear_backward(Linear *l, DnnlCtx *ctx, const float *dout) {
                              {DNNL_ARG_DIFF_SRC, p->diff_src}};
   dnnl_ctx_exec(ctx, p->bwd_data, p->bwd_data_pd, 3, dargs);
   ctx->flops_backward[l->comp] += linear_flops(l);
+}
+
+int linear_backward_reads_input(const Linear *l) {
+  const struct LinearPrivate *p = l->priv;
+  return p->in.buf == NULL;
 }
 
 void linear_destroy(Linear *l) {

@@ -22,4 +22,7 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
                  int need_din, float init_std);
 void linear_forward(Linear *l, DnnlCtx *ctx, const float *in);
 void linear_backward(Linear *l, DnnlCtx *ctx, const float *dout);
+// Whether backward reads the forward input where it was (1), or a converted copy of its own (0:
+// bf16 compute), so the input's buffer may be reused once forward has read it.
+int linear_backward_reads_input(const Linear *l);
 void linear_destroy(Linear *l);

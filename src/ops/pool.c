@@ -52,7 +52,7 @@ void gap_init(GlobalAvgPool *l, Builder *b, int N, int H, int W, int C, int need
 void gap_forward(GlobalAvgPool *l, DnnlCtx *ctx, const float *in) {
   struct PoolPrivate *p = l->priv;
   int call = op_calls_forward(&l->calls, "pool");
-  l->out = op_slot(l->out_slots, (size_t)l->N * l->C * sizeof(float), call);
+  l->out = op_out_slot(&l->calls, l->out_slots, (size_t)l->N * l->C * sizeof(float), call);
   dnnl_mem_bind(p->src, in);
   dnnl_mem_bind(p->dst, l->out);
   dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, p->src}, {DNNL_ARG_DST, p->dst}};
@@ -65,7 +65,7 @@ void gap_backward(GlobalAvgPool *l, DnnlCtx *ctx, const float *dout) {
   struct PoolPrivate *p = l->priv;
   if (!l->need_din) return;
   int call = op_calls_backward(&l->calls, "pool");
-  l->out = op_slot(l->out_slots, (size_t)l->N * l->C * sizeof(float), call);
+  l->out = op_out_slot(&l->calls, l->out_slots, (size_t)l->N * l->C * sizeof(float), call);
   dnnl_mem_bind(p->dst, dout);
   dnnl_mem_bind(p->src, l->din);
   dnnl_exec_arg_t args[] = {{DNNL_ARG_DIFF_DST, p->dst}, {DNNL_ARG_DIFF_SRC, p->src}};
