@@ -22,19 +22,21 @@ void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name,
   // branch's sum to the block's) in Q, and the ops of each branch alternate between A and B.
   // Without backward, with an output pool (b->out_pool), the outputs rotate the same way from the
   // builder's out_slot: norm1 P -> A, qkv -> B, attention -> A, proj -> B, residual P + B -> Q,
-  // norm2 Q -> A, fc1 -> B, GELU -> A, fc2 -> B, residual Q + B -> P.
+  // norm2 Q -> A, fc1 -> B, GELU in place in B, fc2 -> A, residual Q + A -> P; so only B is
+  // ever as wide as the MLP's hidden layer.
   const int slot = b->grad_slot, out = b->out_slot;
   const int Q = (slot + 1) % 4, A = (slot + 2) % 4, B = (slot + 3) % 4;
   const int oQ = out < 0 ? -1 : (out + 1) % 4, oA = out < 0 ? -1 : (out + 2) % 4,
             oB = out < 0 ? -1 : (out + 3) % 4;
-  // In training, with a scratch pool (b->scratch_pool), what backward does not read where it
+  // With a scratch pool (b->scratch_pool), in training, what backward does not read where it
   // was written lives in two buffers shared by every block and call: the norms' outputs and the
   // projections back to D (proj, fc2) in buffer 0, GELU's output in buffer 1. proj and fc2 are
   // read once, by the residual sums; the norms' and GELU's outputs are read by linear layers
   // whose backward either keeps its own bf16 copy or gets the output recomputed first
   // (transformer_block_backward). What stays per block and call: the residual stream (x1, out),
   // qkv, attention's probabilities and output, and fc1's output.
-  const int scratch = b->scratch_pool ? b->scratch_slot : -1;
+  // Attention's inner buffers (ops/builder.h) take buffers 2 and 3, in any mode.
+  const int scratch = b->scratch_pool ? b->scratch_slot : -1, inner = b->inner_slot;
   const int s0 = scratch < 0 ? -1 : scratch, s1 = scratch < 0 ? -1 : scratch + 1;
   snprintf(nm, sizeof nm, "%s.norm1", name);
   b->grad_slot = B, b->out_slot = oA, b->scratch_slot = s0;
@@ -45,8 +47,9 @@ void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name,
   snprintf(nm, sizeof nm, "%s.attn.qkv", name);
   b->grad_slot = A, b->out_slot = oB;
   linear_init(&blk->qkv, b, nm, M, D, 3 * D, 1, train, 0.0f);
-  b->grad_slot = B, b->out_slot = oA;
+  b->grad_slot = B, b->out_slot = oA, b->inner_slot = scratch < 0 ? -1 : scratch + 2;
   attention_init(&blk->attn, b, N, T, D, heads);
+  b->inner_slot = inner;
   snprintf(nm, sizeof nm, "%s.attn.proj", name);
   b->grad_slot = A, b->out_slot = oB, b->scratch_slot = s0;
   linear_init(&blk->proj, b, nm, M, D, D, 1, train, 0.0f);
@@ -60,10 +63,10 @@ void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name,
   snprintf(nm, sizeof nm, "%s.mlp.fc1", name);
   b->grad_slot = A, b->out_slot = oB;
   linear_init(&blk->fc1, b, nm, M, D, hidden, 1, train, 0.0f);
-  b->grad_slot = B, b->out_slot = oA, b->scratch_slot = s1;
+  b->grad_slot = B, b->out_slot = oB, b->scratch_slot = s1;
   eltwise_init(&blk->gelu, b, ELTWISE_GELU, (size_t)M * (size_t)hidden, train);
   snprintf(nm, sizeof nm, "%s.mlp.fc2", name);
-  b->grad_slot = A, b->out_slot = oB, b->scratch_slot = s0;
+  b->grad_slot = A, b->out_slot = oA, b->scratch_slot = s0;
   linear_init(&blk->fc2, b, nm, M, hidden, D, 1, train, 0.0f);
   b->out_slot = out, b->scratch_slot = -1;
   add_init(&blk->mlp_residual, b, n, builder_out_category(b), 0);

@@ -27,9 +27,10 @@ typedef struct {
   float *din;         // (N, T, D) = dx_sum.out after backward, when need_din (OP_TRAIN)
 } TransformerBlock;
 
-// With b->scratch_pool in OP_TRAIN, the block takes buffers scratch_slot and scratch_slot + 1 of
-// it for what backward does not read where it was written (see transformer_block_init); the
-// owner finishes the pool (buffer_pool_finish) before the first forward.
+// With b->scratch_pool, the block takes buffers scratch_slot to scratch_slot + 3 of it: in
+// training for what backward does not read where it was written, in any mode for what lives
+// only inside attention's passes (see transformer_block_init); the owner finishes the pool
+// (buffer_pool_finish) before the first forward.
 void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name, int N, int T,
                             int D, int heads, int mlp_ratio, int need_din);
 // Returns blk->out.

@@ -280,8 +280,9 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
   // outputs between blocks of a forward-only ViT; each block takes the other three for its own
   // (see transformer_block_init).
   Builder pooled = *b;
-  if (train) pooled.grad_pool = &v->grads, pooled.scratch_pool = &v->scratch;
+  if (train) pooled.grad_pool = &v->grads;
   if (!train) pooled.out_pool = &v->outs;
+  pooled.scratch_pool = &v->scratch;
   pooled.grad_slot = pooled.out_slot = pooled.scratch_slot = 0;
   for (int i = 0; i < v->depth; i++) {
     char name[32];
@@ -292,7 +293,7 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
   pooled.out_slot = pooled.scratch_slot = -1;  // the tokens outlive the pass
   layernorm_init(&v->norm, &pooled, "norm", N * v->T, v->D);
   if (train) buffer_pool_finish(&v->grads, MEM_ACT_GRAD, v->comp);
-  if (train) buffer_pool_finish(&v->scratch, MEM_WORKSPACE, v->comp);
+  buffer_pool_finish(&v->scratch, MEM_WORKSPACE, v->comp);
   if (!train) buffer_pool_finish(&v->outs, MEM_WORKSPACE, v->comp);
   v->tokens = v->norm.out;
   v->feature = v->feature_slots =

@@ -53,7 +53,8 @@ typedef struct {
   TransformerBlock *blocks;  // (depth)
   BufferPool grads;          // the blocks' and final norm's input gradients, OP_TRAIN
   BufferPool outs;           // the blocks' outputs, forward-only
-  BufferPool scratch;        // OP_TRAIN: what the blocks' backward does not read in place
+  BufferPool scratch;        // what the blocks' backward does not read in place, and attention's
+                             // inner buffers (transformer_block_init)
   LayerNorm norm;
   float *tokens;                // (N, T, D) final-LN output = norm.out; cls first when has_cls
   float *feature;               // (N, D) = base.feature

@@ -44,6 +44,9 @@ struct AttentionPrivate {
   DnnlReorder to_heads, from_heads;
   float *heads;   // (calls, 3, N, H, T, Dh), kept for backward
   float *dheads;  // (3, N, H, T, Dh), OP_TRAIN only
+  // Which of probs, heads (forward-only), dprobs_buf, dheads (training) are a pool's
+  // (op_inner_alloc): none is read outside the pass that writes it.
+  int probs_pooled, heads_pooled, dprobs_pooled, dheads_pooled;
 };
 
 double attention_flops_forward(int N, int T, int D, int heads) {
@@ -119,6 +122,7 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   a->priv = p;
 
   int H = heads, Dh = D / heads, train = b->mode == OP_TRAIN;
+  const int inner = b->inner_slot;  // see ops/builder.h
   dnnl_dim_t qkv_row = 3 * (dnnl_dim_t)D, qkv_image = (dnnl_dim_t)T * qkv_row;
   dnnl_dim_t out_image = (dnnl_dim_t)T * D, probs_head = (dnnl_dim_t)T * T;
   dnnl_dim_t probs_image = H * probs_head;
@@ -137,11 +141,15 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
     DNNL_CHECK(dnnl_memory_desc_init_by_strides(&fused, 5, dims, dnnl_f32, fused_strides));
     DNNL_CHECK(dnnl_memory_desc_init_by_tag(&split, 5, dims, dnnl_f32, dnnl_abcde));
     dnnl_reorder_init(&p->to_heads, ctx, &fused, &split);
-    p->heads =
-        op_calls_alloc(&a->calls, qkv_count * sizeof(float), builder_out_category(b), a->comp);
+    if (train)
+      p->heads = op_calls_alloc(&a->calls, qkv_count * sizeof(float), MEM_ACT, a->comp);
+    else
+      p->heads_pooled = op_inner_alloc(b, inner < 0 ? -1 : inner + 1, &p->heads,
+                                       qkv_count * sizeof(float), MEM_WORKSPACE, a->comp);
     if (train) {
       dnnl_reorder_init(&p->from_heads, ctx, &split, &fused);
-      p->dheads = tl_alloc(qkv_count * sizeof(float), MEM_ACT_GRAD, a->comp);
+      p->dheads_pooled = op_inner_alloc(b, inner < 0 ? -1 : inner + 1, &p->dheads,
+                                        qkv_count * sizeof(float), MEM_ACT_GRAD, a->comp);
     }
   } else {
     qkv_head = head_view(N, H, T, Dh, qkv_image, Dh, qkv_row, 1);
@@ -161,8 +169,11 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   p->softmax_fwd = dnnl_ctx_make(ctx, &softmax_fwd_desc, NULL, &p->softmax_fwd_pd);
   p->probs_mem = dnnl_mem_new(ctx, &probs);
   size_t probs_count = (size_t)N * (size_t)probs_image;
-  p->probs =
-      op_calls_alloc(&a->calls, probs_count * sizeof(float), builder_out_category(b), a->comp);
+  if (train)
+    p->probs = op_calls_alloc(&a->calls, probs_count * sizeof(float), MEM_ACT, a->comp);
+  else
+    p->probs_pooled =
+        op_inner_alloc(b, inner, &p->probs, probs_count * sizeof(float), MEM_WORKSPACE, a->comp);
   op_out_alloc(b, &a->calls, &a->out_slots, (size_t)N * (size_t)out_image * sizeof(float), a->comp);
   a->out = a->out_slots;
   if (!train) return;
@@ -175,7 +186,8 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   DNNL_CHECK(dnnl_softmax_backward_desc_init(&softmax_bwd_desc, &probs, &probs, 3));
   p->softmax_bwd = dnnl_ctx_make(ctx, &softmax_bwd_desc, p->softmax_fwd_pd, &p->softmax_bwd_pd);
   p->dprobs_mem = dnnl_mem_new(ctx, &probs);
-  p->dprobs_buf = tl_alloc(probs_count * sizeof(float), MEM_ACT_GRAD, a->comp);
+  p->dprobs_pooled = op_inner_alloc(b, inner, &p->dprobs_buf, probs_count * sizeof(float),
+                                    MEM_ACT_GRAD, a->comp);
   op_din_alloc(b, &a->calls, &a->din, qkv_count * sizeof(float), a->comp);
 }
 
@@ -244,12 +256,12 @@ void attention_destroy(Attention *a) {
     if (p->softmax_bwd_pd) dnnl_primitive_desc_destroy(p->softmax_bwd_pd);
     if (p->probs_mem) dnnl_memory_destroy(p->probs_mem);
     if (p->dprobs_mem) dnnl_memory_destroy(p->dprobs_mem);
-    tl_free(p->probs);
-    tl_free(p->dprobs_buf);
+    op_buffer_free(p->probs, p->probs_pooled);
+    op_buffer_free(p->dprobs_buf, p->dprobs_pooled);
     dnnl_reorder_destroy(&p->to_heads);
     dnnl_reorder_destroy(&p->from_heads);
-    tl_free(p->heads);
-    tl_free(p->dheads);
+    op_buffer_free(p->heads, p->heads_pooled);
+    op_buffer_free(p->dheads, p->dheads_pooled);
     free(p);
   }
   op_buffer_free(a->out_slots, a->calls.out_pooled);

@@ -49,7 +49,8 @@ enum { POOL_BUFFERS = 4, POOL_USERS = 1024 };
 //   layer computing in bf16 keeps its converted input), or the module recomputes them just
 //   before the backward that needs them (*_recompute). One buffer serves every forward call of
 //   the step; MEM_WORKSPACE. An autograd engine gets the same by dropping a tensor no backward
-//   node saved; checkpointing libraries by recomputing it.
+//   node saved; checkpointing libraries by recomputing it. The same pool also holds what lives
+//   only inside one pass of an op (inner_slot), in any mode.
 // The ops record where their buffer goes; buffer_pool_finish then allocates each buffer once at
 // its largest request and fills those pointers in.
 typedef struct {
@@ -71,6 +72,10 @@ typedef struct {
   int out_slot;           // with a pool: the buffer the next op's output takes, < 0 its own
   BufferPool *scratch_pool;  // NULL (or not OP_TRAIN): outputs are kept for backward
   int scratch_slot;          // with a scratch pool: the next op's output's buffer, < 0 its own
+  // With a scratch pool, in any mode: the first of two buffers the next op may take for what
+  // lives only inside one of its passes (attention: the probabilities and dense heads of a
+  // forward-only pass; the score and dense-head gradients of a backward); < 0 its own.
+  int inner_slot;
 } Builder;
 
 // Memory category for an op's output under this builder's mode.
@@ -169,6 +174,18 @@ static inline void op_out_alloc(const Builder *b, OpCalls *c, float **slots, siz
     buffer_pool_record(b->out_pool, b->out_slot, slots, bytes);
   else
     *slots = op_calls_alloc(c, bytes, builder_out_category(b), comp);
+}
+
+// A buffer that lives only inside one pass of the op: with a scratch pool and slot >= 0 that
+// buffer of the pool (filled in by buffer_pool_finish; returns 1), else its own (returns 0).
+static inline int op_inner_alloc(const Builder *b, int slot, float **buf, size_t bytes,
+                                 MemCategory cat, MemComponent comp) {
+  if (b->scratch_pool && slot >= 0) {
+    buffer_pool_record(b->scratch_pool, slot, buf, bytes);
+    return 1;
+  }
+  *buf = tl_alloc(bytes, cat, comp);
+  return 0;
 }
 
 static inline void op_buffer_free(float *buf, int pooled) {

@@ -1,4 +1,6 @@
-// Elementwise activations (oneDNN eltwise): ReLU (backward from dst) and GELU (erf form).
+// Elementwise activations (oneDNN eltwise): ReLU (backward from dst) and GELU (erf form). Forward
+// may run in place (out == in, as oneDNN allows): a forward-only network's output pool gives
+// GELU its input's buffer.
 #pragma once
 #include "ops/builder.h"
 
