@@ -106,6 +106,12 @@ static const KeySpec recipe_keys[] = {
              "evaluation stay fp32. Fast only on a CPU with AVX512-BF16; `fp32`: everything "
              "fp32"),
 
+    BOOL_KEY(RECIPE(train, recompute), "1",
+             "vit: 1: each transformer block's LayerNorm and GELU outputs are not kept for "
+             "backward but computed again just before the fp32 matmuls that read them, about "
+             "40% less activation memory for a few percent more step time (the same gradients); "
+             "0: kept (faster, more memory). bf16 matmuls keep their own copies either way"),
+
     TEXT_KEY(RECIPE(optim, name), "sgd", "sgd|lars|adamw",
              "`sgd` (PyTorch's, momentum, no Nesterov), `lars` (SimCLR's, per-tensor trust "
              "ratio) or `adamw` (PyTorch's, decoupled weight decay)"),

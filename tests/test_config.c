@@ -527,6 +527,7 @@ static const char *const every_key[][2] = {
     {"model.sync_bn", "1"},
     {"train.batch_size", "64"},
     {"train.precision", "bf16"},
+    {"train.recompute", "0"},
     {"train.epochs", "3"},
     {"train.steps", "123"},
     {"train.seed", "18446744073709551615"},

@@ -196,8 +196,10 @@ typedef struct {
   float *images, *r;
 } VitCase;
 
-static void vit_case_init(VitCase *c, const char *pool, OpMode mode) {
+// recompute: [train] recompute, what the blocks keep for backward (DnnlCtx.recompute).
+static void vit_case_open(VitCase *c, const char *pool, OpMode mode, int recompute) {
   dnnl_ctx_init(&c->ctx);
+  c->ctx.recompute = recompute;
   c->spec = tiny_spec(pool);
   paramset_alloc(&c->ps, backbone_param_count(&c->spec, VS, VC), 5);
   Builder b = {.ctx = &c->ctx, .params = &c->ps, .mode = mode};
@@ -209,6 +211,10 @@ static void vit_case_init(VitCase *c, const char *pool, OpMode mode) {
   c->r = new_tensor(VN * (1 + N_PATCHES) * VD);
   fill_uniform(c->images, VN * VS * VS * VC, -1, 1, 3);
   fill_uniform(c->r, VN * (1 + N_PATCHES) * VD, -1, 1, 4);
+}
+
+static void vit_case_init(VitCase *c, const char *pool, OpMode mode) {
+  vit_case_open(c, pool, mode, 1);
 }
 
 static void vit_case_destroy(VitCase *c) {
@@ -502,9 +508,43 @@ static void test_vit_bad_specs(void **state) {
   dnnl_ctx_destroy(&ctx);
 }
 
+// [train] recompute = 0 keeps each block's two LayerNorm outputs (M x D each) and GELU's output
+// (M x mlp_ratio D) for backward; = 1 writes them again before the matmuls that read them. The
+// same gradients either way, and the kept activations differ by exactly those three tensors.
+static void test_recompute_keeps_gradients(void **state) {
+  (void)state;
+  const double M = VN * (1 + N_PATCHES);
+  size_t act_before = tl_mem_live_comp(MEM_ACT, COMP_ENCODER);
+  VitCase keep, again;
+  vit_case_open(&keep, "cls", OP_TRAIN, 0);
+  size_t act_keep = tl_mem_live_comp(MEM_ACT, COMP_ENCODER) - act_before;
+  act_before = tl_mem_live_comp(MEM_ACT, COMP_ENCODER);
+  vit_case_open(&again, "cls", OP_TRAIN, 1);
+  size_t act_again = tl_mem_live_comp(MEM_ACT, COMP_ENCODER) - act_before;
+  assert_int_equal(act_keep - act_again, (size_t)(M * (2 * VD + VR * VD) * sizeof(float)));
+
+  VitCase *cases[] = {&keep, &again};
+  for (int i = 0; i < 2; i++) {
+    VitCase *c = cases[i];
+    paramset_zero_grad(&c->ps, 0);
+    dnnl_ctx_reset_flops(&c->ctx);
+    vit_forward_visible(c->vit, &c->ctx, c->images, NULL);
+    vit_backward_tokens(c->vit, &c->ctx, c->r);
+  }
+  assert_int_equal(keep.ps.count, again.ps.count);
+  assert_true(max_abs_diff(keep.ps.grad, again.ps.grad, keep.ps.count) == 0);
+  // The recomputed forwards count as backward work: two norms and GELU over M rows.
+  double extra = 2 * LN_FWD * M * VD + GELU_FWD * M * VR * VD;
+  assert_true(fabs(again.ctx.flops_backward[COMP_ENCODER] -
+                   keep.ctx.flops_backward[COMP_ENCODER] - extra) < 1e-9 * extra);
+  vit_case_destroy(&keep);
+  vit_case_destroy(&again);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_transformer_block),
+      cmocka_unit_test(test_recompute_keeps_gradients),
       cmocka_unit_test(test_vit_parameter_count),
       cmocka_unit_test(test_sincos_table),
       cmocka_unit_test(test_vit_patchify),

@@ -20,6 +20,7 @@ void dnnl_ctx_init(DnnlCtx *ctx) {
   ctx->component = COMP_ENCODER;
   ctx->scratchpad_category = MEM_WORKSPACE;
   ctx->bn_splits = 1;
+  ctx->recompute = 1;
 }
 
 void dnnl_ctx_destroy(DnnlCtx *ctx) {

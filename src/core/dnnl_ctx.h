@@ -39,6 +39,9 @@ typedef struct {
   // weights and output gradients, accumulating in f32 into f32 outputs and f32 weight gradients
   // (see dnnl_ctx_compute_type). 0: everything f32, as the evaluation context always is.
   int bf16;
+  // [train] recompute (default 1): transformer blocks in training recompute their LayerNorm and
+  // GELU outputs before the f32 matmuls whose backward reads them, instead of keeping them.
+  int recompute;
   // Analytic FLOPs (multiply-add = 2) added by ops as they execute, reset by the trainer per step.
   double flops_forward[COMP_NCOMP];
   double flops_backward[COMP_NCOMP];

@@ -33,13 +33,17 @@ void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name,
   // projections back to D (proj, fc2) in buffer 0, GELU's output in buffer 1. proj and fc2 are
   // read once, by the residual sums; the norms' and GELU's outputs are read by linear layers
   // whose backward either keeps its own bf16 copy or gets the output recomputed first
-  // (transformer_block_backward). What stays per block and call: the residual stream (x1, out),
+  // (transformer_block_backward; [train] recompute = 0 keeps them instead, in fp32). What stays per block and call: the residual stream (x1, out),
   // qkv, attention's probabilities and output, and fc1's output.
   // Attention's inner buffers (ops/builder.h) take buffers 2 and 3, in any mode.
   const int scratch = b->scratch_pool ? b->scratch_slot : -1, inner = b->inner_slot;
   const int s0 = scratch < 0 ? -1 : scratch, s1 = scratch < 0 ? -1 : scratch + 1;
+  // The norms and GELU go to the scratch only when recomputing is allowed (ctx->recompute) or
+  // their consumers keep bf16 copies anyway (nothing to recompute then).
+  const int recompute = b->ctx->recompute || b->ctx->bf16;
+  const int r0 = recompute ? s0 : -1, r1 = recompute ? s1 : -1;
   snprintf(nm, sizeof nm, "%s.norm1", name);
-  b->grad_slot = B, b->out_slot = oA, b->scratch_slot = s0;
+  b->grad_slot = B, b->out_slot = oA, b->scratch_slot = r0;
   layernorm_init(&blk->norm1, b, nm, M, D);
   b->scratch_slot = -1;
   // qkv's input gradient is needed even without need_din: norm1's scale and shift gradients
@@ -57,13 +61,13 @@ void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name,
   b->out_slot = oQ;
   add_init(&blk->attn_residual, b, n, builder_out_category(b), 0);
   snprintf(nm, sizeof nm, "%s.norm2", name);
-  b->grad_slot = B, b->out_slot = oA, b->scratch_slot = s0;
+  b->grad_slot = B, b->out_slot = oA, b->scratch_slot = r0;
   layernorm_init(&blk->norm2, b, nm, M, D);
   b->scratch_slot = -1;
   snprintf(nm, sizeof nm, "%s.mlp.fc1", name);
   b->grad_slot = A, b->out_slot = oB;
   linear_init(&blk->fc1, b, nm, M, D, hidden, 1, train, 0.0f);
-  b->grad_slot = B, b->out_slot = oB, b->scratch_slot = s1;
+  b->grad_slot = B, b->out_slot = oB, b->scratch_slot = r1;
   eltwise_init(&blk->gelu, b, ELTWISE_GELU, (size_t)M * (size_t)hidden, train);
   snprintf(nm, sizeof nm, "%s.mlp.fc2", name);
   b->grad_slot = A, b->out_slot = oA, b->scratch_slot = s0;

@@ -35,6 +35,7 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
   dnnl_ctx_init(&r->ctx);
   r->ctx.bn_splits = cfg->model.bn_splits;
   r->ctx.bf16 = strcmp(cfg->train.precision, "bf16") == 0;
+  r->ctx.recompute = cfg->train.recompute;
   r->ctx.dry_run = spec->dry_run;
   comm_set_dry_run(comm, spec->dry_run);
   loader_shard(spec->global_batch, spec->rank, spec->world, spec->shard_sizes, &r->offset,
