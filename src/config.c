@@ -165,10 +165,9 @@ static const KeySpec recipe_keys[] = {
             "steps between records in ledger.jsonl and ledger.csv"),
 };
 
-// List entries are at least 1, so the zeros after a list's end mark its length (see
-// list_length) and config_validate can tell lists of different lengths apart.
-#define STAGE_LIST(name, def, lo, hi, meaning) \
-  LIST_KEY(BACKBONE(name), def, lo, hi, offsetof(ModelSpec, n_stages), meaning)
+// List entries are at least 1, so the zeros after a list's end mark its length
+// (model_spec_list_length) and config_validate can tell lists of different lengths apart.
+#define STAGE_LIST(name, def, lo, hi, meaning) LIST_KEY(BACKBONE(name), def, lo, hi, meaning)
 
 static const KeySpec model_keys[] = {
     TEXT_KEY(BACKBONE(type), "resnet", "resnet|vit",
@@ -232,7 +231,6 @@ static void build_recipe_schema(void) {
       KeySpec key = sec->keys[k];
       size_t slot = offsetof(Config, objective_settings) + (size_t)o * CONFIG_SETTINGS_BYTES;
       key.offset += slot;
-      if (key.type == KEY_INT_LIST) key.count_offset += slot;
       all_recipe_keys[n++] = key;
     }
   }
@@ -380,7 +378,6 @@ static int set_int_list(const KeySpec *k, void *base, const char *where, const c
   int *dst = (int *)((char *)base + k->offset);
   memset(dst, 0, k->size);
   memcpy(dst, values, n * sizeof(int));
-  *(int *)((char *)base + k->count_offset) = (int)n;
   return 0;
 }
 
@@ -463,13 +460,6 @@ static int set_key(const KeySpec *k, void *base, const char *where, const char *
   TL_DIE("key type %d", (int)k->type);
 }
 
-// Entries before the first 0 (list entries are at least 1; see model_keys).
-static int list_length(const int *list) {
-  int n = 0;
-  while (n < CONFIG_MAX_STAGES && list[n] != 0) n++;
-  return n;
-}
-
 static void format_value(const KeySpec *k, const void *base, char *out, size_t cap) {
   const char *field = (const char *)base + k->offset;
   switch (k->type) {
@@ -494,9 +484,7 @@ static void format_value(const KeySpec *k, const void *base, char *out, size_t c
       snprintf(out, cap, "%s", field);
       return;
     case KEY_INT_LIST: {
-      // The list's own entries, not the shared stage count: a list set alone (or of another
-      // length) must be written as it was read, or the written file would not load back.
-      int n = list_length((const int *)field);
+      int n = model_spec_list_length((const int *)field);
       size_t used = 0;
       out[0] = '\0';
       for (int i = 0; i < n && used < cap; i++)
@@ -852,10 +840,11 @@ static int validate_model(const Config *cfg) {
   // Whatever the type: a vit ignores the stage lists, but a model file whose lists contradict
   // each other is a mistake worth naming, and it would not describe one network if the type
   // were switched.
-  if (strcmp(m->type, "vit") != 0 && m->n_stages < 1)
+  int channels = model_spec_list_length(m->stage_channels),
+      blocks = model_spec_list_length(m->stage_blocks),
+      strides = model_spec_list_length(m->stage_strides);
+  if (strcmp(m->type, "vit") != 0 && channels < 1)
     return tl_fail("%s: [backbone] resnet needs at least one stage (stage_channels)", where);
-  int channels = list_length(m->stage_channels), blocks = list_length(m->stage_blocks),
-      strides = list_length(m->stage_strides);
   if (channels != blocks || blocks != strides)
     return tl_fail(
         "%s: [backbone] stage lists differ in length: stage_channels has %d, "

@@ -22,7 +22,6 @@ typedef struct {
                              // u64 keys take their whole range
   int open;
   const char *choices;  // "a|b": the only values a string key accepts; NULL = free text
-  size_t count_offset;  // lists: the int that receives the number of entries
   // One line for the reader of `tally keys`: what the key does, its unit, what 0 or empty means.
   const char *help;
 } KeySpec;
@@ -49,11 +48,9 @@ typedef struct {
   { at, .type = KEY_U64, .default_text = def, .help = meaning }
 #define TEXT_KEY(at, def, allowed, meaning) \
   { at, .type = KEY_STRING, .default_text = def, .choices = allowed, .help = meaning }
-#define LIST_KEY(at, def, lo, hi, count, meaning)                                               \
-  {                                                                                             \
-    at, .type = KEY_INT_LIST, .default_text = def, .min = lo, .max = hi, .count_offset = count, \
-        .help = meaning                                                                         \
-  }
+// A list ends at its first 0 (entries are at least 1), so its length is not stored apart.
+#define LIST_KEY(at, def, lo, hi, meaning) \
+  { at, .type = KEY_INT_LIST, .default_text = def, .min = lo, .max = hi, .help = meaning }
 
 // A key of an objective's own section: `type` is the objective's settings struct, `sec` its
 // section (the objective's name).

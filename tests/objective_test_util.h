@@ -43,7 +43,10 @@ static inline void tiny_config(Config *cfg, const char *backbone, const char *co
   } else {
     strcpy(m->type, "resnet");
     m->stem_channels = 4;
-    m->n_stages = 2;
+    // Two stages: the defaults' third entries cleared (a list ends at its first 0).
+    memset(m->stage_channels, 0, sizeof m->stage_channels);
+    memset(m->stage_blocks, 0, sizeof m->stage_blocks);
+    memset(m->stage_strides, 0, sizeof m->stage_strides);
     m->stage_channels[0] = 4;
     m->stage_channels[1] = 8;
     m->stage_blocks[0] = m->stage_blocks[1] = 1;

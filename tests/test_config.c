@@ -454,7 +454,7 @@ static void stage_lists(void **state) {
   if (rc) fail_msg("%s", tl_last_error());
   const int channels[] = {16, 32, 64, 128, 0, 0, 0, 0}, blocks[] = {2, 2, 2, 2, 0, 0, 0, 0},
             strides[] = {1, 2, 2, 2, 0, 0, 0, 0};
-  assert_int_equal(c.model.spec.n_stages, 4);
+  assert_int_equal(model_spec_stages(&c.model.spec), 4);
   assert_memory_equal(c.model.spec.stage_channels, channels, sizeof channels);
   assert_memory_equal(c.model.spec.stage_blocks, blocks, sizeof blocks);
   assert_memory_equal(c.model.spec.stage_strides, strides, sizeof strides);
@@ -690,7 +690,6 @@ static void validate_cross_field(void **state) {
   expect_invalid(&c, "is not a list of positive numbers");
 
   memcpy(&c, &base, sizeof c);
-  c.model.spec.n_stages = 0;
   memset(c.model.spec.stage_channels, 0, sizeof c.model.spec.stage_channels);
   expect_invalid(&c, "at least one stage");
 

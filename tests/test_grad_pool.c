@@ -23,7 +23,6 @@ static size_t act_grad_bytes_of(int blocks_in_stage1) {
   snprintf(m.type, sizeof m.type, "resnet");
   m.pad_to = P;
   m.stem_channels = 4;
-  m.n_stages = 2;
   m.stage_channels[0] = 4;
   m.stage_channels[1] = 8;
   m.stage_blocks[0] = blocks_in_stage1;

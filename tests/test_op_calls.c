@@ -90,7 +90,6 @@ static void spec_for(ModelSpec *m, const char *type) {
   } else {
     m->pad_to = S + 4;  // the frame is a kept input of its own
     m->stem_channels = 4;
-    m->n_stages = 2;
     m->stage_channels[0] = 4;
     m->stage_channels[1] = 8;
     m->stage_blocks[0] = m->stage_blocks[1] = 1;

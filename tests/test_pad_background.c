@@ -39,7 +39,6 @@ static void tiny_spec(ModelSpec *m, const char *type, int pad_to) {
     snprintf(m->pool, sizeof m->pool, "cls");
   } else {
     m->stem_channels = 4;
-    m->n_stages = 2;
     m->stage_channels[0] = 4;
     m->stage_channels[1] = FEATURE_DIM;
     m->stage_blocks[0] = m->stage_blocks[1] = 1;

@@ -19,7 +19,7 @@ size_t backbone_param_count(const ModelSpec *spec, int image_size, int channels)
 
 int backbone_feature_dim(const ModelSpec *spec) {
   if (strcmp(spec->type, "vit") == 0) return spec->dim;
-  return spec->stage_channels[spec->n_stages - 1];
+  return spec->stage_channels[model_spec_stages(spec) - 1];
 }
 
 int backbone_patch_count(const ModelSpec *spec, int image_size) {

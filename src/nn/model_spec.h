@@ -9,7 +9,8 @@ typedef struct {
   char type[16];
   // resnet: 3x3 stem, stages of basic residual blocks, global average pool.
   int stem_channels;                      // 32
-  int n_stages;                           // length of the lists below
+  // Each list ends at its first 0 (entries are at least 1) or at CONFIG_MAX_STAGES; the config
+  // rejects lists of different lengths. model_spec_stages: the count.
   int stage_channels[CONFIG_MAX_STAGES];  // 32,64,128
   int stage_blocks[CONFIG_MAX_STAGES];    // 1,1,1
   int stage_strides[CONFIG_MAX_STAGES];   // 1,2,2
@@ -23,3 +24,15 @@ typedef struct {
   int mlp_ratio;     // 4
   char pool[8];      // cls | mean: which token summary is the representation
 } ModelSpec;
+
+// Entries of a stage list before its first 0.
+static inline int model_spec_list_length(const int *list) {
+  int n = 0;
+  while (n < CONFIG_MAX_STAGES && list[n] != 0) n++;
+  return n;
+}
+
+// The resnet's stages: the length of stage_channels (and, once validated, of the other lists).
+static inline int model_spec_stages(const ModelSpec *spec) {
+  return model_spec_list_length(spec->stage_channels);
+}

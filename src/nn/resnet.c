@@ -222,11 +222,12 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
   W = r->stem.OW;
   b->grad_slot = GRAD_B, b->out_slot = OUT_P;  // reads the first block's A; writes its input
   batchnorm_init(&r->stem_bn, b, "stem.bn", N, C, H, W, 1, train);
-  for (int s = 0; s < spec->n_stages; s++) r->n_blocks += spec->stage_blocks[s];
+  const int stages = model_spec_stages(spec);
+  for (int s = 0; s < stages; s++) r->n_blocks += spec->stage_blocks[s];
   r->blocks = calloc((size_t)r->n_blocks, sizeof *r->blocks);
   if (!r->blocks) TL_DIE("out of memory");
   int k = 0;
-  for (int s = 0; s < spec->n_stages; s++)
+  for (int s = 0; s < stages; s++)
     for (int i = 0; i < spec->stage_blocks[s]; i++, k++) {
       char name[32];
       snprintf(name, sizeof name, "stage%d.block%d", s + 1, i + 1);
