@@ -30,42 +30,39 @@ void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name,
             oB = out < 0 ? -1 : (out + 3) % 4;
   // With a scratch pool (b->scratch_pool), in training, what backward does not read where it
   // was written lives in two buffers shared by every block and call: the norms' outputs and the
-  // projections back to D (proj, fc2) in buffer 0, GELU's output in buffer 1. proj and fc2 are
-  // read once, by the residual sums; the norms' and GELU's outputs are read by linear layers
-  // whose backward either keeps its own bf16 copy or gets the output recomputed first
-  // (transformer_block_backward; [train] recompute = 0 keeps them instead, in fp32). What stays per block and call: the residual stream (x1, out),
-  // qkv, attention's probabilities and output, and fc1's output.
-  // Attention's inner buffers (ops/builder.h) take buffers 2 and 3, in any mode.
-  const int scratch = b->scratch_pool ? b->scratch_slot : -1, inner = b->inner_slot;
-  const int s0 = scratch < 0 ? -1 : scratch, s1 = scratch < 0 ? -1 : scratch + 1;
-  // The norms and GELU go to the scratch only when recomputing is allowed (ctx->recompute) or
-  // their consumers keep bf16 copies anyway (nothing to recompute then).
-  const int recompute = b->ctx->recompute || b->ctx->bf16;
-  const int r0 = recompute ? s0 : -1, r1 = recompute ? s1 : -1;
+  // projections back to D (proj, fc2) in buffer S, GELU's output in buffer S + 1. proj and fc2
+  // are read once, by the residual sums. The norms' and GELU's outputs are read by linear layers
+  // whose backward either reads a converted copy of its own (a compute type other than f32) or
+  // gets the output recomputed first (transformer_block_backward); [train] recompute = 0 keeps
+  // them instead. What stays per block and call: the residual stream (x1, out), qkv,
+  // attention's probabilities and output, and fc1's output. Attention's inner buffers
+  // (ops/builder.h) take S + 2 and S + 3, in any mode. Each op's slot is set before it is built,
+  // as its gradient and output slots are; -1: its own buffer.
+  const int scratch_in = b->scratch_slot, inner_in = b->inner_slot;
+  const int S = b->scratch_pool ? scratch_in : -1;
+  const int s0 = S, s1 = S < 0 ? -1 : S + 1, inner = S < 0 ? -1 : S + 2;
+  const int copies = dnnl_ctx_compute_type(b->ctx) != dnnl_f32;  // what linear_init decides
+  const int r0 = b->ctx->recompute || copies ? s0 : -1, r1 = b->ctx->recompute || copies ? s1 : -1;
   snprintf(nm, sizeof nm, "%s.norm1", name);
   b->grad_slot = B, b->out_slot = oA, b->scratch_slot = r0;
   layernorm_init(&blk->norm1, b, nm, M, D);
-  b->scratch_slot = -1;
   // qkv's input gradient is needed even without need_din: norm1's scale and shift gradients
   // come from it.
   snprintf(nm, sizeof nm, "%s.attn.qkv", name);
-  b->grad_slot = A, b->out_slot = oB;
+  b->grad_slot = A, b->out_slot = oB, b->scratch_slot = -1;
   linear_init(&blk->qkv, b, nm, M, D, 3 * D, 1, train, 0.0f);
-  b->grad_slot = B, b->out_slot = oA, b->inner_slot = scratch < 0 ? -1 : scratch + 2;
+  b->grad_slot = B, b->out_slot = oA, b->scratch_slot = -1, b->inner_slot = inner;
   attention_init(&blk->attn, b, N, T, D, heads);
-  b->inner_slot = inner;
   snprintf(nm, sizeof nm, "%s.attn.proj", name);
   b->grad_slot = A, b->out_slot = oB, b->scratch_slot = s0;
   linear_init(&blk->proj, b, nm, M, D, D, 1, train, 0.0f);
-  b->scratch_slot = -1;
-  b->out_slot = oQ;
+  b->out_slot = oQ, b->scratch_slot = -1;
   add_init(&blk->attn_residual, b, n, builder_out_category(b), 0);
   snprintf(nm, sizeof nm, "%s.norm2", name);
   b->grad_slot = B, b->out_slot = oA, b->scratch_slot = r0;
   layernorm_init(&blk->norm2, b, nm, M, D);
-  b->scratch_slot = -1;
   snprintf(nm, sizeof nm, "%s.mlp.fc1", name);
-  b->grad_slot = A, b->out_slot = oB;
+  b->grad_slot = A, b->out_slot = oB, b->scratch_slot = -1;
   linear_init(&blk->fc1, b, nm, M, D, hidden, 1, train, 0.0f);
   b->grad_slot = B, b->out_slot = oB, b->scratch_slot = r1;
   eltwise_init(&blk->gelu, b, ELTWISE_GELU, (size_t)M * (size_t)hidden, train);
@@ -74,7 +71,7 @@ void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name,
   linear_init(&blk->fc2, b, nm, M, hidden, D, 1, train, 0.0f);
   b->out_slot = out, b->scratch_slot = -1;
   add_init(&blk->mlp_residual, b, n, builder_out_category(b), 0);
-  b->scratch_slot = scratch;
+  b->scratch_slot = scratch_in, b->inner_slot = inner_in;
   blk->out = blk->mlp_residual.out;
   b->grad_slot = slot;
   if (!train) return;
