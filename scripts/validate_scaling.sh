@@ -12,12 +12,16 @@
 #      process, one core each, as each namespace rank has one core here), right before the
 #      measured run, so that both see the same load on a shared machine;
 #   2. the prediction from it, `tally plan --from REF --nodes 2 --link RATE --allreduce ALG
-#      --json` (ALG ring for the ring rows, else auto; unlimited is predicted at 1000 Gbit/s:
-#      latency only);
+#      --json` (ALG ring for the ring rows, else auto): RATE is the rate tbf is given, a line
+#      rate of which the plan takes TCP's payload at MTU 1500; the unshaped pair, which moves
+#      bytes as fast as the CPU copies them, is predicted at the payload rate measured on it
+#      (`--link RATE --mtu 0`);
 #   3. the same run over the two namespaces (`--set parallel.backend=mpi`, mpirun over TCP only),
 #      tbf at the rate on both ends of the veth pair (no qdisc for unlimited);
 #   4. a table row: the median step_ms and comm_ms of the measured run's ledger (steps from
 #      WARMUP on) against the predicted ones; the error is (predicted − measured) / measured.
+# Before the runs, each link's TCP payload rate is measured with a bulk transfer between the
+# namespaces (2 s, python3), against what the plan takes (links.md).
 # The table is printed last and written with every run folder and log under
 # bench-results/<timestamp>-scaling/, next to diagnosis.md: per row, the load average when the
 # row started, compute (step_ms − comm_ms) of the reference and the measured run, the reference's
@@ -49,10 +53,10 @@ LIMIT=600  # seconds for any one run
 OBJECTIVES=("$@")
 ((${#OBJECTIVES[@]})) || OBJECTIVES=(inbatch moco mae)
 
-# Links: the label in the table, the rate `tally plan` is given, the rate tbf is given (none:
-# no qdisc), and "ring" to force the ring allreduce; unlimited first, as the others' link share
-# is measured against it.
-LINKS=("unlimited|1000Gbit|none|" "1 Gbit/s|1Gbit|1gbit|" "100 Mbit/s|100Mbit|100mbit|"
+# Links: the label in the table, the rate `tally plan` is given (none for unlimited: the measured
+# payload rate), the rate tbf is given (none: no qdisc), and "ring" to force the ring allreduce;
+# unlimited first, as the others' link share is measured against it.
+LINKS=("unlimited||none|" "1 Gbit/s|1Gbit|1gbit|" "100 Mbit/s|100Mbit|100mbit|"
   "1 Gbit/s, ring|1Gbit|1gbit|ring" "100 Mbit/s, ring|100Mbit|100mbit|ring")
 RING=(--mca coll_libnbc_iallreduce_algorithm 1)
 
@@ -66,6 +70,7 @@ MPIRUN=$(command -v "${MPIEXEC:-mpirun}") || die "${MPIEXEC:-mpirun} is not inst
 [[ $EUID -eq 0 ]] || die "needs root (network namespaces and tc)"
 command -v ip >/dev/null || die "needs iproute2 (ip)"
 command -v tc >/dev/null || die "needs iproute2 (tc)"
+command -v python3 >/dev/null || die "needs python3 (to measure the links)"
 
 # shellcheck source=../tests/netns_lib.sh source-path=SCRIPTDIR
 source "$ROOT/tests/netns_lib.sh"
@@ -78,6 +83,39 @@ mkdir -p "$OUT"
 
 # The two hosts: namespaces unique to this run, a private subnet that exists only inside them.
 netns_create "tally-val$$" 10.78.0 "$OUT/hosts" || die "cannot make the two hosts: $NETNS_ERROR"
+
+# payload_rate: bytes/s of TCP payload from the first namespace to the second as the link is
+# shaped now: the sender writes for 2 s, the receiver counts from its first byte to the last.
+payload_rate() {
+  local result
+  result=$(ip netns exec "$NETNS_B" timeout 30 python3 -c '
+import socket, sys, time
+server = socket.create_server((sys.argv[1], 5201))
+server.settimeout(20)
+conn, _ = server.accept()
+first, last, n = None, None, 0
+while True:
+    b = conn.recv(1 << 20)
+    if not b:
+        break
+    last = time.monotonic()
+    first = first or last
+    n += len(b)
+print("%.0f" % (n / (last - first)) if n and last > first else "0")
+' "$NETNS_ADDR_B" &
+    sleep 0.5
+    ip netns exec "$NETNS_A" timeout 30 python3 -c '
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], 5201), timeout=10)
+block, end = bytes(1 << 20), time.monotonic() + 2
+while time.monotonic() < end:
+    s.sendall(block)
+s.close()
+' "$NETNS_ADDR_B" >/dev/null
+    wait)
+  [[ $result =~ ^[0-9]+$ && $result != 0 ]] || die "could not measure the link's payload rate"
+  echo "$result"
+}
 
 # recipe OBJECTIVE: the training arguments every run of OBJECTIVE shares, absolute paths (a
 # rank's working directory is wherever its namespace's shell starts).
@@ -141,6 +179,30 @@ DIAG=$OUT/diagnosis.md
 
 echo "validate_scaling: $STEPS steps a run (medians from step $WARMUP), load average" \
   "$(cut -d' ' -f1-3 /proc/loadavg) at the start; results in $OUT"
+
+# Each link's payload rate, measured, against the plan's (MTU 1500 of the line rate).
+declare -A PAYLOAD
+LINKS_MD=$OUT/links.md
+{
+  echo "| link | tbf rate, burst | TCP payload measured | plan's payload (MTU 1500) |"
+  echo "|---|---|---:|---:|"
+} >"$LINKS_MD"
+for link in "${LINKS[@]}"; do
+  IFS='|' read -r label plan_rate tbf_rate algorithm <<<"$link"
+  [[ -n ${PAYLOAD[$tbf_rate]:-} ]] && continue
+  netns_shape "$tbf_rate" || die "cannot shape the link: $NETNS_ERROR"
+  PAYLOAD[$tbf_rate]=$(payload_rate)
+  shaping=none modelled="(the measured rate)"
+  if [[ $tbf_rate != none ]]; then
+    shaping="$tbf_rate, burst $(netns_burst "$tbf_rate") B"
+    modelled=$(awk -v r="$plan_rate" 'BEGIN { v = r + 0; if (r ~ /Gbit/) v *= 1000;
+      printf "%.1f Mbit/s", v * 1448 / 1538 }')
+  fi
+  measured=$(awk -v b="${PAYLOAD[$tbf_rate]}" 'BEGIN { printf "%.1f Mbit/s", b * 8e-6 }')
+  echo "| $label | $shaping | $measured | $modelled |" >>"$LINKS_MD"
+done
+netns_shape none || die "cannot remove the link's qdisc: $NETNS_ERROR"
+cat "$LINKS_MD"
 for objective in "${OBJECTIVES[@]}"; do
   for link in "${LINKS[@]}"; do
     IFS='|' read -r label plan_rate tbf_rate algorithm <<<"$link"
@@ -151,7 +213,9 @@ for objective in "${OBJECTIVES[@]}"; do
     echo "$objective at $label (load average $load): reference run of two local replicas," \
       "then two hosts"
     reference "$objective" "$run-reference"
-    plan=$("$TALLY_BIN" plan --from "$OUT/$run-reference" --nodes 2 --link "$plan_rate" \
+    link_args=(--link "$plan_rate")
+    [[ $tbf_rate == none ]] && link_args=(--link "${PAYLOAD[none]}B/s" --mtu 0)
+    plan=$("$TALLY_BIN" plan --from "$OUT/$run-reference" --nodes 2 "${link_args[@]}" \
       --latency "$LATENCY" --allreduce "${algorithm:-auto}" --json)
     echo "$plan" >"$OUT/$run.plan.json"
     netns_shape "$tbf_rate" || die "cannot shape the link: $NETNS_ERROR"
@@ -176,6 +240,8 @@ for objective in "${OBJECTIVES[@]}"; do
   netns_shape none || die "cannot remove the link's qdisc: $NETNS_ERROR"
 done
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+cat "$LINKS_MD"
 echo
 cat "$DIAG"
 echo

@@ -17,8 +17,9 @@
 #       (btl tcp,self), MPI and mpirun's own traffic both restricted to the veth subnet (left to
 #       itself Open MPI may pick any interface, and hang on one the other host cannot reach).
 #   netns_shape RATE      tbf at RATE (tc's units: 100mbit, 1gbit) on both ends of the pair, or
-#                         none: no qdisc. Bursts of NETNS_TBF_BURST pass at line rate; the queue
-#                         holds NETNS_TBF_LATENCY of traffic before tbf drops packets.
+#                         none: no qdisc. Bursts of 1 ms of RATE (at least NETNS_TBF_BURST_MIN)
+#                         pass at line rate; the queue holds NETNS_TBF_LATENCY of traffic before
+#                         tbf drops packets.
 #   netns_kill            kills every process left in the namespaces (a stray orted or tally).
 #   netns_release         netns_kill, then deletes the namespaces; the veth pair and its qdiscs
 #                         go with them.
@@ -27,8 +28,11 @@
 
 NETNS_TIMEOUT=${NETNS_TIMEOUT:-10}
 NETNS_IF=tally0
-# 32 kB is 2.6 ms at 100 Mbit/s, a small part of a step's megabytes.
-NETNS_TBF_BURST=32kb
+# tbf hands out its tokens when its timer fires, so a bucket smaller than the rate's worth of a
+# timer's lateness caps the rate: with 32 kB at 1gbit, TCP moved 740 Mbit/s of payload; with 1 ms
+# of the rate (125 kB) 949, what 1448 payload bytes in each 1514-byte frame tbf counts allow. At
+# 100mbit 32 kB (2.6 ms) is enough, and a small part of a step's megabytes.
+NETNS_TBF_BURST_MIN=32768
 NETNS_TBF_LATENCY=50ms
 NETNS_NAMESPACES=()
 NETNS_ERROR=""
@@ -75,13 +79,23 @@ netns_create() {
     --mca oob_tcp_if_include "$NETNS_SUBNET")
 }
 
+# netns_burst RATE: tbf's bucket for RATE (tc's units), bytes: 1 ms of it, at least
+# NETNS_TBF_BURST_MIN.
+netns_burst() {
+  awk -v rate="${1,,}" -v least="$NETNS_TBF_BURST_MIN" 'BEGIN {
+    bits = rate + 0
+    if (rate ~ /gbit$/) bits *= 1e9; else if (rate ~ /mbit$/) bits *= 1e6;
+    else if (rate ~ /kbit$/) bits *= 1e3;
+    b = int(bits / 8 / 1000); printf "%d", (b > least ? b : least) }'
+}
+
 netns_shape() {
   local ns
   for ns in "$NETNS_A" "$NETNS_B"; do
     timeout "$NETNS_TIMEOUT" tc -n "$ns" qdisc del dev "$NETNS_IF" root 2>/dev/null || true
     if [[ $1 != none ]]; then
       netns_run tc -n "$ns" qdisc add dev "$NETNS_IF" root tbf rate "$1" \
-        burst "$NETNS_TBF_BURST" latency "$NETNS_TBF_LATENCY" || return 1
+        burst "$(netns_burst "$1")" latency "$NETNS_TBF_LATENCY" || return 1
     fi
   done
 }

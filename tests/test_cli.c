@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "cli_test_util.h"
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,12 +279,53 @@ static void test_smoke_run_on_sample_data(void **state) {
   assert_non_null(strstr(out, "kNN monitor off"));
 }
 
+// A JSON number field of tally's output, or -1 when it is missing.
+static double json_field(const char *text, const char *key) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\":", key);
+  const char *at = strstr(text, pat);
+  return at ? strtod(at + strlen(pat), NULL) : -1;
+}
+
+// tally plan --from a run of two local replicas: the link's rate is a line's, of which TCP at
+// MTU 1500 carries 1448 bytes in every 1538; so with no latency everything on the link takes
+// 1538 / 1448 as long as at --mtu 0 (the rate taken as payload). One node sends nothing; an
+// MTU TCP cannot use is a usage error.
+static void test_plan_from_run(void **state) {
+  (void)state;
+  char out[16384], line[16384];
+  int rc = run(out, sizeof out,
+               "train --config configs/smoke.ini --set parallel.replicas=2 --steps 3 --quiet "
+               "--out %s/two",
+               tmpdir);
+  if (rc != 0) fprintf(stderr, "%s", out);
+  assert_int_equal(rc, 0);
+  const char *plan = "plan --from %s/two --nodes %s --link 100Mbit --latency 0 --mtu %s --json";
+  assert_int_equal(run(out, sizeof out, plan, tmpdir, "2", "0"), 0);
+  snprintf(line, sizeof line, "%s", out);
+  assert_int_equal(run(out, sizeof out, plan, tmpdir, "2", "1500"), 0);
+  assert_true(json_field(line, "payload_bytes_per_s") == 12.5e6);
+  assert_true(fabs(json_field(out, "payload_bytes_per_s") / (12.5e6 * 1448 / 1538) - 1) < 1e-5);
+  assert_true(json_field(out, "link_bytes_per_s") == 12.5e6);
+  const double framed = json_field(out, "predicted_link_ms"),
+               raw = json_field(line, "predicted_link_ms");
+  assert_true(raw > 0);
+  assert_true(fabs(framed - raw * 1538 / 1448) < 0.002);
+  assert_true(json_field(out, "predicted_compute_ms") == json_field(line, "predicted_compute_ms"));
+  assert_int_equal(run(out, sizeof out, plan, tmpdir, "1", "1500"), 0);
+  assert_true(json_field(out, "predicted_comm_ms") == 0);
+  assert_int_equal(run(out, sizeof out, plan, tmpdir, "2", "100"), 2);
+  assert_non_null(strstr(out, "--mtu 100"));
+  assert_int_equal(run(out, sizeof out, plan, tmpdir, "2", "15OO"), 2);
+}
+
 int main(void) {
   if (cli_test_init("cli") != 0) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_help),
       cmocka_unit_test(test_short_training_run),
       cmocka_unit_test(test_smoke_run_on_sample_data),
+      cmocka_unit_test(test_plan_from_run),
       cmocka_unit_test(test_missing_dataset),
       cmocka_unit_test(test_truncated_gz),
       cmocka_unit_test(test_malformed_ini),

@@ -315,6 +315,23 @@ static void test_link_rates(void **state) {
   assert_int_equal(scaling_parse_rate("-1Gbit", &r), -1);
 }
 
+// The payload of a line: a 1500-byte frame takes 1538 bytes of the wire and carries 1448 of TCP
+// payload; a 9000-byte one 9038 and 8948; MTU 0 passes the rate through.
+static void test_payload_rate(void **state) {
+  (void)state;
+  double p;
+  assert_int_equal(scaling_payload_rate(12.5e6, 1500, &p), 0);
+  assert_true(fabs(p - 12.5e6 * 1448 / 1538) < 1e-6);
+  assert_true(p > 11.76e6 && p < 11.77e6);
+  assert_int_equal(scaling_payload_rate(1.25e9, 9000, &p), 0);
+  assert_true(fabs(p - 1.25e9 * 8948 / 9038) < 1e-3);
+  assert_int_equal(scaling_payload_rate(1.25e9, 0, &p), 0);
+  assert_true(p == 1.25e9);
+  assert_int_equal(scaling_payload_rate(1.25e9, 100, &p), -1);
+  assert_int_equal(scaling_payload_rate(1.25e9, 70000, &p), -1);
+  assert_int_equal(scaling_payload_rate(1.25e9, -1500, &p), -1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_one_node_is_the_measured_run),
@@ -330,6 +347,7 @@ int main(void) {
       cmocka_unit_test(test_plan_buckets),
       cmocka_unit_test(test_latencies),
       cmocka_unit_test(test_link_rates),
+      cmocka_unit_test(test_payload_rate),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

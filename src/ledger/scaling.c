@@ -163,6 +163,20 @@ int scaling_parse_rate(const char *text, double *bytes_per_s) {
   return tl_fail("--link '%s': unknown unit (kbit, Mbit, Gbit, Tbit; KB/s, MB/s, GB/s)", text);
 }
 
+int scaling_payload_rate(double line_bytes_per_s, long mtu, double *payload_bytes_per_s) {
+  if (mtu == 0) {
+    *payload_bytes_per_s = line_bytes_per_s;
+    return 0;
+  }
+  if (mtu < 576 || mtu > 65536)
+    return tl_fail(
+        "--mtu %ld: expected 576 to 65536 bytes (1500 for Ethernet, 9000 for jumbo "
+        "frames), or 0 when the rate is already TCP's payload rate",
+        mtu);
+  *payload_bytes_per_s = line_bytes_per_s * (double)(mtu - 52) / (double)(mtu + 38);
+  return 0;
+}
+
 static const char *const allreduce_names[] = {"auto", "ring", "binomial"};
 
 int scaling_parse_allreduce(const char *text, ScaleAllreduce *out) {

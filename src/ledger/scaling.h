@@ -47,16 +47,16 @@ typedef struct {
 
 typedef struct {
   int nodes;
-  double link_bytes_per_s;
-  int keep_replica_batch;  // 1: each node keeps the measured per-replica batch (the global batch
-                           // grows with N); 0: the measured global batch is split N ways
-  double latency_s;        // one message's latency on the link, paid per round of an algorithm
+  double link_bytes_per_s;  // what the payload moves at (scaling_payload_rate of a line rate)
+  int keep_replica_batch;   // 1: each node keeps the measured per-replica batch (the global batch
+                            // grows with N); 0: the measured global batch is split N ways
+  double latency_s;         // one message's latency on the link, paid per round of an algorithm
   ScaleAllreduce allreduce;
 } ScaleQuestion;
 
 typedef struct {
   int nodes, local_batch, global_batch;
-  double link_bytes_per_s;
+  double link_bytes_per_s;       // the question's payload rate
   ScaleAllreduce allreduce;      // the gradient's algorithm (never AUTO: resolved)
   double compute_ms;             // the step outside collectives, per replica
   double wait_ms;                // waiting for the slower replica, from the measured run
@@ -83,6 +83,13 @@ void scaling_predict(const MeasuredRun *m, const StepTraffic *t, const ScaleQues
 // "10Gbit", "100Mbit", "1Gbit/s", "125MB/s", "1.25GB/s", "800kbit": bits (kbit, Mbit, Gbit,
 // Tbit) or bytes (KB, MB, GB per second), decimal. Returns 0, or -1 with tl_last_error().
 int scaling_parse_rate(const char *text, double *bytes_per_s);
+
+// What of a line rate TCP over IPv4 and Ethernet carries as payload at an MTU of mtu bytes:
+// each frame takes mtu + 38 bytes of the line (header 14, frame check 4, preamble 8, gap 12)
+// and carries mtu - 52 of payload (IPv4 20, TCP 20, its timestamp option 12). At 1500 that is
+// 1448 / 1538 = 94.1%. mtu 0: the rate is already the payload's (e.g. measured with iperf).
+// Returns 0, or -1 with tl_last_error() for an MTU TCP cannot use (below 576 or above 65536).
+int scaling_payload_rate(double line_bytes_per_s, long mtu, double *payload_bytes_per_s);
 
 // "auto", "ring", "binomial". Returns 0, or -1 with tl_last_error().
 int scaling_parse_allreduce(const char *text, ScaleAllreduce *out);
