@@ -1,6 +1,7 @@
 // Input gradients live only as long as backward needs them: a training ResNet's share three
-// buffers, each the size of the largest activation, however deep the network — stated by hand for
-// a small network and checked against what the allocator holds. (That nothing still needed is
+// buffers, each the size of the largest activation, however deep the network; and a block keeps
+// only the activations its backward reads — stated by hand for a small network and checked
+// against what the allocator holds. (That nothing still needed is
 // overwritten is what the backbone gradient tests check against finite differences.)
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,7 +18,8 @@
 // 4 channels at stride 1, stage 2: 1 block of 8 channels at stride 2 (P / 2 square).
 enum { N = 4, S = 8, C = 3, P = S + 4 };
 
-static size_t act_grad_bytes_of(int blocks_in_stage1) {
+// What a training network of that shape holds in `cat`, bytes.
+static size_t bytes_held_n(int n, int blocks_in_stage1, MemCategory cat) {
   ModelSpec m;
   memset(&m, 0, sizeof m);
   snprintf(m.type, sizeof m.type, "resnet");
@@ -33,16 +35,20 @@ static size_t act_grad_bytes_of(int blocks_in_stage1) {
   dnnl_ctx_init(&ctx);
   ParamSet ps;
   paramset_alloc(&ps, backbone_param_count(&m, S, C), 3);
-  size_t before = tl_mem_live(MEM_ACT_GRAD);
+  size_t before = tl_mem_live(cat);
   Builder b = {.ctx = &ctx, .params = &ps, .mode = OP_TRAIN};
-  Backbone *bb = backbone_create(&m, &b, N, S, C);
+  Backbone *bb = backbone_create(&m, &b, n, S, C);
   assert_non_null(bb);
-  size_t held = tl_mem_live(MEM_ACT_GRAD) - before;
+  size_t held = tl_mem_live(cat) - before;
   bb->destroy(bb);
-  assert_int_equal(tl_mem_live(MEM_ACT_GRAD), before);
   paramset_free(&ps);
-  dnnl_ctx_destroy(&ctx);
+  dnnl_ctx_destroy(&ctx);  // the scratchpad is the context's
+  assert_int_equal(tl_mem_live(cat), before);
   return held;
+}
+
+static size_t bytes_held(int blocks_in_stage1, MemCategory cat) {
+  return bytes_held_n(N, blocks_in_stage1, cat);
 }
 
 static void test_resnet_input_gradients_share_three_buffers(void **state) {
@@ -50,13 +56,38 @@ static void test_resnet_input_gradients_share_three_buffers(void **state) {
   // The largest activation: the stem's and stage 1's output, N * P * P * 4 floats (stage 2's
   // projection gradient is the same size: its input). Stage 2's output is a quarter of that.
   const size_t largest = (size_t)N * P * P * 4 * sizeof(float);
-  assert_int_equal(act_grad_bytes_of(1), 3 * largest);
-  assert_int_equal(act_grad_bytes_of(4), 3 * largest);  // depth does not add any
+  assert_int_equal(bytes_held(1, MEM_ACT_GRAD), 3 * largest);
+  assert_int_equal(bytes_held(4, MEM_ACT_GRAD), 3 * largest);  // depth does not add any
+}
+
+// A block keeps four tensors of its output's size for backward: conv1's and conv2's outputs (the
+// BatchNorms' inputs), bn1's (conv2's input) and the block's output (the next convolutions'
+// input, and the final ReLU's gradient from its sign). bn2's output and the residual sum, read
+// only on the way forward, share one scratch buffer with every block's; so does the projection
+// BatchNorm's output (a second buffer). Besides the tensors, a block keeps BatchNorm statistics
+// (mean and variance per channel for bn1 and bn2) and bn1's fused-ReLU mask, at most a byte an
+// element (oneDNN's is a byte).
+static void test_resnet_block_keeps_four_tensors(void **state) {
+  (void)state;
+  const size_t tensor = (size_t)N * P * P * 4 * sizeof(float);  // a stage-1 block's output
+  const size_t stats = 2 * 2 * 4 * sizeof(float), mask_at_most = tensor / sizeof(float);
+  const size_t per_block = bytes_held(2, MEM_ACT) - bytes_held(1, MEM_ACT);
+  print_message("a stage-1 block keeps %zu bytes: 4 tensors of %zu, then %zu\n", per_block,
+                tensor, per_block - 4 * tensor);
+  assert_true(per_block >= 4 * tensor + stats);
+  assert_true(per_block <= 4 * tensor + stats + mask_at_most);
+  assert_int_equal(bytes_held(4, MEM_ACT) - bytes_held(1, MEM_ACT), 3 * per_block);
+  // bn2's and the sum's scratch is shared: what a block adds to the workspace (its
+  // convolutions' reordered weights) does not grow with the batch, as a buffer of its own would.
+  const size_t ws_block = bytes_held(2, MEM_WORKSPACE) - bytes_held(1, MEM_WORKSPACE);
+  assert_int_equal(bytes_held_n(2 * N, 2, MEM_WORKSPACE) - bytes_held_n(2 * N, 1, MEM_WORKSPACE),
+                   ws_block);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_resnet_input_gradients_share_three_buffers),
+      cmocka_unit_test(test_resnet_block_keeps_four_tensors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -32,8 +32,9 @@ typedef struct {
   float *padded;                // (N, P_S, P_S, C) the stem's input when pad_to frames the images
   float *padded_slots;          // one per forward call (ops/builder.h)
   OpCalls pad_calls;
-  BufferPool grads;  // every input gradient of the network, OP_TRAIN
-  BufferPool outs;   // every output but the feature, forward-only networks
+  BufferPool grads;    // every input gradient of the network, OP_TRAIN
+  BufferPool outs;     // every output but the feature, forward-only networks
+  BufferPool scratch;  // outputs no backward reads, OP_TRAIN (see SCRATCH_*)
   Conv2d stem;
   BatchNorm stem_bn;  // with fused ReLU
   int n_blocks;
@@ -51,6 +52,12 @@ enum { GRAD_X, GRAD_A, GRAD_B };
 // A block's input and output are in P: conv1 P -> A, bn1 A -> B, conv2 B -> A, bn2 A -> B,
 // proj P -> A, proj_bn A -> C, sum B + (C or P) -> A, relu A -> P.
 enum { OUT_P, OUT_A, OUT_B, OUT_C };
+// In training a block keeps what its backward reads: the convolutions' inputs (the block input,
+// bn1's output) for their weight gradients, the BatchNorms' inputs (the convolutions' outputs)
+// and the output, whose sign is the final ReLU's gradient. bn2's and proj_bn's outputs are read
+// only by the residual sum, and the sum's only by the ReLU after it: they live in scratch
+// buffers every block shares, the sum in place over bn2's output.
+enum { SCRATCH_SUM, SCRATCH_SHORTCUT };
 
 static void block_init(BasicBlock *blk, Builder *b, const char *name, int N, int IC, int IH, int IW,
                        int OC, int stride) {
@@ -68,21 +75,22 @@ static void block_init(BasicBlock *blk, Builder *b, const char *name, int N, int
   b->grad_slot = GRAD_B, b->out_slot = OUT_A;
   conv2d_init(&blk->conv2, b, nm, N, OC, H, W, OC, 3, 1, 1, 0, train);
   snprintf(nm, sizeof nm, "%s.bn2", name);
-  b->grad_slot = GRAD_A, b->out_slot = OUT_B;
+  b->grad_slot = GRAD_A, b->out_slot = OUT_B, b->scratch_slot = SCRATCH_SUM;
   batchnorm_init(&blk->bn2, b, nm, N, OC, H, W, 0, train);
+  b->scratch_slot = -1;
   blk->has_projection = stride != 1 || IC != OC;
   if (blk->has_projection) {
     snprintf(nm, sizeof nm, "%s.proj", name);
     b->grad_slot = GRAD_X, b->out_slot = OUT_A;
     conv2d_init(&blk->proj, b, nm, N, IC, IH, IW, OC, 1, stride, 0, 0, train);
     snprintf(nm, sizeof nm, "%s.proj_bn", name);
-    b->grad_slot = GRAD_A, b->out_slot = OUT_C;
+    b->grad_slot = GRAD_A, b->out_slot = OUT_C, b->scratch_slot = SCRATCH_SHORTCUT;
     batchnorm_init(&blk->proj_bn, b, nm, N, OC, H, W, 0, train);
   }
   size_t out_n = (size_t)N * H * W * OC;
-  b->out_slot = OUT_A;
+  b->out_slot = OUT_A, b->scratch_slot = SCRATCH_SUM;
   add_init(&blk->sum, b, out_n, builder_out_category(b), 0);
-  b->grad_slot = GRAD_X, b->out_slot = OUT_P;
+  b->grad_slot = GRAD_X, b->out_slot = OUT_P, b->scratch_slot = -1;
   eltwise_init(&blk->relu, b, ELTWISE_RELU, out_n, train);
   b->grad_slot = GRAD_A;
   if (train) add_init(&blk->dsum, b, (size_t)N * IH * IW * IC, MEM_ACT_GRAD, 1);
@@ -191,6 +199,7 @@ static void resnet_destroy(Backbone *bb) {
   gap_destroy(&r->pool);
   buffer_pool_free(&r->grads);
   buffer_pool_free(&r->outs);
+  buffer_pool_free(&r->scratch);
   free(r);
 }
 
@@ -212,8 +221,9 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
     r->padded = r->padded_slots =
         op_calls_alloc(&r->pad_calls, padded_bytes(r), builder_out_category(b), b->ctx->component);
   Builder pooled = *b;
-  if (train) pooled.grad_pool = &r->grads;
+  if (train) pooled.grad_pool = &r->grads, pooled.scratch_pool = &r->scratch;
   if (!train) pooled.out_pool = &r->outs;
+  pooled.scratch_slot = pooled.inner_slot = -1;
   b = &pooled;
   int C = spec->stem_channels, H = r->padded_size, W = r->padded_size;
   b->out_slot = OUT_A;
@@ -240,6 +250,7 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
   b->grad_slot = GRAD_A, b->out_slot = -1;  // the feature outlives the pass
   gap_init(&r->pool, b, N, H, W, C, train);
   if (train) buffer_pool_finish(&r->grads, MEM_ACT_GRAD, b->ctx->component);
+  if (train) buffer_pool_finish(&r->scratch, MEM_WORKSPACE, b->ctx->component);
   if (!train) buffer_pool_finish(&r->outs, MEM_WORKSPACE, b->ctx->component);
   r->base = (Backbone){.kind = "resnet",
                        .pad_mean = strcmp(spec->pad_fill, "mean") == 0,
