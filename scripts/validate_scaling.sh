@@ -134,13 +134,14 @@ reference() {
     --out "$OUT/$2" >"$OUT/$2.log" 2>&1 || die "the reference run of $1 failed: see $OUT/$2.log"
 }
 
-# hosts OBJECTIVE RUN [MPIRUN OPTIONS...]: one rank in each namespace, mpirun in the first, TCP
-# over the veth only.
+# hosts OBJECTIVE RUN [MPIRUN OPTIONS...]: one rank in each namespace on one thread, mpirun in the
+# first, TCP over the veth only.
 hosts() {
   local args objective=$1 run=$2
   shift 2
   read -ra args <<<"$(recipe "$objective")"
-  timeout -k 5 "$LIMIT" "${NETNS_MPIRUN[@]}" --mca mpi_yield_when_idle 1 "${MPI_MCA[@]}" "$@" \
+  timeout -k 5 "$LIMIT" "${NETNS_MPIRUN[@]}" -x OMP_NUM_THREADS=1 --mca mpi_yield_when_idle 1 \
+    "${MPI_MCA[@]}" "$@" \
     "$TALLY_BIN" train "${args[@]}" --set parallel.backend=mpi --out "$OUT/$run" \
     >"$OUT/$run.log" 2>&1 || die "the 2-host run $run failed: see $OUT/$run.log"
 }
@@ -206,7 +207,7 @@ cat "$LINKS_MD"
 for objective in "${OBJECTIVES[@]}"; do
   for link in "${LINKS[@]}"; do
     IFS='|' read -r label plan_rate tbf_rate algorithm <<<"$link"
-    run=$objective-${plan_rate,,}${algorithm:+-$algorithm}
+    run=$objective-$tbf_rate${algorithm:+-$algorithm}
     options=()
     [[ $algorithm == ring ]] && options=("${RING[@]}")
     load=$(cut -d' ' -f1 /proc/loadavg)

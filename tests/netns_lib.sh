@@ -15,7 +15,8 @@
 #   "${NETNS_MPIRUN[@]}" [MPIRUN OPTIONS...] PROGRAM ARGS...
 #       mpirun ($MPIRUN, set by the caller) started inside NETNS_A: one rank per host, TCP only
 #       (btl tcp,self), MPI and mpirun's own traffic both restricted to the veth subnet (left to
-#       itself Open MPI may pick any interface, and hang on one the other host cannot reach).
+#       itself Open MPI may pick any interface, and hang on one the other host cannot reach),
+#       ranks not bound to cores (the hosts share this machine's); give each rank its threads.
 #   netns_shape RATE      tbf at RATE (tc's units: 100mbit, 1gbit) on both ends of the pair, or
 #                         none: no qdisc. Bursts of 1 ms of RATE (at least NETNS_TBF_BURST_MIN)
 #                         pass at line rate; the queue holds NETNS_TBF_LATENCY of traffic before
@@ -73,8 +74,11 @@ netns_create() {
   }
   export NETNS_RSH_MAP="$NETNS_ADDR_A=$NETNS_A $NETNS_ADDR_B=$NETNS_B"
   # shellcheck disable=SC2054  # tcp,self is one word
+  # --bind-to none: each "host" would bind its rank to its own first core, and both firsts are
+  # this machine's core 0 (two ranks on one core, every step twice as long).
   NETNS_MPIRUN=(ip netns exec "$NETNS_A" "$MPIRUN" --allow-run-as-root
-    --hostfile "$hostfile" -np 2 --map-by node --mca plm_rsh_agent "bash $NETNS_AGENT"
+    --hostfile "$hostfile" -np 2 --map-by node --bind-to none
+    --mca plm_rsh_agent "bash $NETNS_AGENT"
     --mca btl tcp,self --mca btl_tcp_if_include "$NETNS_SUBNET"
     --mca oob_tcp_if_include "$NETNS_SUBNET")
 }
