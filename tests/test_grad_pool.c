@@ -9,6 +9,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -18,8 +19,7 @@
 // 4 channels at stride 1, stage 2: 1 block of 8 channels at stride 2 (P / 2 square).
 enum { N = 4, S = 8, C = 3, P = S + 4 };
 
-// What a training network of that shape holds in `cat`, bytes.
-static size_t bytes_held_n(int n, int blocks_in_stage1, MemCategory cat) {
+static ModelSpec spec_of(int blocks_in_stage1) {
   ModelSpec m;
   memset(&m, 0, sizeof m);
   snprintf(m.type, sizeof m.type, "resnet");
@@ -31,6 +31,12 @@ static size_t bytes_held_n(int n, int blocks_in_stage1, MemCategory cat) {
   m.stage_blocks[1] = 1;
   m.stage_strides[0] = 1;
   m.stage_strides[1] = 2;
+  return m;
+}
+
+// What a training network of that shape holds in `cat`, bytes.
+static size_t bytes_held_n(int n, int blocks_in_stage1, MemCategory cat) {
+  const ModelSpec m = spec_of(blocks_in_stage1);
   DnnlCtx ctx;
   dnnl_ctx_init(&ctx);
   ParamSet ps;
@@ -84,10 +90,50 @@ static void test_resnet_block_keeps_four_tensors(void **state) {
                    ws_block);
 }
 
+// A forward-only network (momentum encoder: batch statistics, nothing kept) passes its outputs
+// through three buffers, its BatchNorms and residual sums in place; on the same parameters and
+// images it computes the training network's features.
+static void test_resnet_forward_only_matches_training(void **state) {
+  (void)state;
+  const ModelSpec m = spec_of(2);
+  DnnlCtx ctx;
+  dnnl_ctx_init(&ctx);
+  ParamSet ps, bound;
+  paramset_alloc(&ps, backbone_param_count(&m, S, C), 3);
+  Builder bt = {.ctx = &ctx, .params = &ps, .mode = OP_TRAIN};
+  Backbone *train = backbone_create(&m, &bt, N, S, C);
+  paramset_bind(&bound, ps.data, NULL, ps.count);
+  Builder bf = {.ctx = &ctx, .params = &bound, .mode = OP_FORWARD};
+  Backbone *fwd = backbone_create(&m, &bf, N, S, C);
+  assert_non_null(train);
+  assert_non_null(fwd);
+  float images[N * S * S * C], feature[N * 8];
+  assert_int_equal(train->feature_dim, 8);
+  for (size_t i = 0; i < sizeof images / sizeof *images; i++)
+    images[i] = (float)((i * 7919) % 101) / 50.0f - 1.0f;
+  train->forward(train, &ctx, images);
+  memcpy(feature, train->feature, sizeof feature);
+  fwd->forward(fwd, &ctx, images);
+  double worst = 0, largest = 0;
+  for (int i = 0; i < N * 8; i++) {
+    worst = fmax(worst, fabs(fwd->feature[i] - feature[i]));
+    largest = fmax(largest, fabs(feature[i]));
+  }
+  print_message("features up to %.3g, forward-only differs by %.3g\n", largest, worst);
+  assert_true(largest > 0.01);
+  assert_true(worst <= 1e-5 * largest);
+  fwd->destroy(fwd);
+  train->destroy(train);
+  paramset_free(&bound);
+  paramset_free(&ps);
+  dnnl_ctx_destroy(&ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_resnet_input_gradients_share_three_buffers),
       cmocka_unit_test(test_resnet_block_keeps_four_tensors),
+      cmocka_unit_test(test_resnet_forward_only_matches_training),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
