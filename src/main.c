@@ -463,10 +463,33 @@ static int step_traffic(const Config *cfg, const char *objective, StepTraffic *t
   t->gradient_buckets = totals.grad_buckets;
   t->bucket_bytes = bucket_bytes;
   t->bucket_ready = bucket_ready;
-  t->other_allreduce_bytes = fmax(0, rec.comm_allreduce_bytes / 2.0 - t->allreduce_payload_bytes);
+  const double other = fmax(0, rec.comm_allreduce_bytes / 2.0 - t->allreduce_payload_bytes);
   t->gather_bytes_per_sample = rec.comm_allgather_bytes / 2.0 / totals.local_batch;
   t->allreduce_calls = rec.comm_allreduce_calls;
   t->allgather_calls = rec.comm_allgather_calls;
+  // Some sums grow with the global batch (inbatch's column gradients, 2 x batch x d floats): a
+  // plan of twice the batch (or, where that is refused, half) tells that part from the fixed.
+  const int batch = two.train.batch_size;
+  static Config other_batch;
+  LedgerRecord rec2;
+  PlanTotals totals2;
+  int batch2 = 0;
+  for (int attempt = 0; attempt < 2 && !batch2; attempt++) {
+    const int b2 = attempt == 0 ? 2 * batch : batch / 2;
+    char set[64];
+    snprintf(set, sizeof set, "train.batch_size=%d", b2);
+    other_batch = two;
+    if (b2 >= 2 && config_set(&other_batch, set) == 0 &&
+        plan_build(&other_batch, objective, 0, &no_knn, &rec2, &totals2) == 0)
+      batch2 = b2;
+  }
+  if (!batch2)
+    return tl_fail("cannot tell which of the step's sums grow with the batch: neither %d nor %d "
+                   "samples plan (%s)",
+                   2 * batch, batch / 2, tl_last_error());
+  const double other2 = fmax(0, rec2.comm_allreduce_bytes / 2.0 - t->allreduce_payload_bytes);
+  t->other_allreduce_bytes_per_sample = fmax(0, (other2 - other) / (batch2 - batch));
+  t->other_allreduce_bytes = fmax(0, other - t->other_allreduce_bytes_per_sample * batch);
   return 0;
 }
 
@@ -518,7 +541,8 @@ static int plan_scaling(const char *run_dir, const char *nodes_text, const char 
     printf(
         "link %.4g Gbit/s (TCP payload %.4g Gbit/s at MTU %ld) with %.3g us latency, one "
         "replica per node, %s; gradient allreduce %.2f MB in %d bucket%s (%s), other sums %.0f "
-        "bytes, gathers %.0f bytes per sample; %ld allreduces and %ld gathers per step\n",
+        "bytes (%.0f a sample of the global batch), gathers %.0f bytes per sample; %ld "
+        "allreduces and %ld gathers per step\n",
         link * 8 / 1e9, payload * 8 / 1e9, mtu, latency * 1e6,
         keep_replica_batch ? "each keeps the measured per-replica batch"
                            : "the measured global batch split over the nodes",
@@ -526,7 +550,8 @@ static int plan_scaling(const char *run_dir, const char *nodes_text, const char 
         traffic.gradient_buckets == 1 ? "" : "s",
         scaling_allreduce_name(allreduce == SCALE_ALLREDUCE_AUTO ? SCALE_ALLREDUCE_BINOMIAL
                                                                  : allreduce),
-        traffic.other_allreduce_bytes, traffic.gather_bytes_per_sample, traffic.allreduce_calls,
+        traffic.other_allreduce_bytes + traffic.other_allreduce_bytes_per_sample * m.global_batch,
+        traffic.other_allreduce_bytes_per_sample, traffic.gather_bytes_per_sample, traffic.allreduce_calls,
         traffic.allgather_calls);
     printf("gradient buckets in the order they start (MB, written by this share of backward):");
     for (int b = 0; b < traffic.gradient_buckets; b++)

@@ -10,8 +10,8 @@
 //     2 (N-1) rounds. The buckets are summed while backward goes on, one after another on the
 //     link, each from when backward has written it (backward's time taken as its FLOPs): what
 //     backward does not hide is exposed.
-//   other sums (losses, BatchNorm statistics): 2 (N-1)/N of their bytes, ceil(log2 N) rounds
-//     each (recursive doubling; they are small).
+//   other sums (losses, BatchNorm statistics, inbatch's column gradients, which grow with the
+//     global batch): 2 (N-1)/N of their bytes, ceil(log2 N) rounds each (recursive doubling).
 //   gathers: N-1 blocks come in, and two exchanges, the counts (ceil(log2 N) rounds) then the
 //     blocks (a ring, N-1 rounds).
 // Every round waits the link's latency once, so many small collectives are not free at scale.
@@ -38,7 +38,9 @@ typedef struct {
   // FLOPs). 0 buckets: one of the whole block, ready as backward ends.
   int gradient_buckets;
   const double *bucket_bytes, *bucket_ready;
-  double other_allreduce_bytes;    // the payload of the step's other sums, all together
+  // The payload of the step's other sums, all together: a fixed part, and a part that grows
+  // with the global batch (inbatch's column gradients), per sample of it.
+  double other_allreduce_bytes, other_allreduce_bytes_per_sample;
   double gather_bytes_per_sample;  // what one sample adds to the step's allgathers (0: none)
   // Collectives per step, as the ledger counts them: the gradient average is one of the
   // allreduces, the others sum a few numbers each (losses, BatchNorm statistics).
