@@ -51,8 +51,10 @@ enum { GRAD_X, GRAD_A, GRAD_B };
 // Without backward (momentum encoder, evaluation) the outputs share three buffers the same way,
 // the BatchNorms and the sum in place. A block's input and output are in P: conv1 P -> A,
 // bn1 A -> A, conv2 A -> B, bn2 B -> B, proj P -> A, proj_bn A -> A, sum B + (A or P) -> B,
-// relu B -> P.
-enum { OUT_P, OUT_A, OUT_B };
+// relu B -> P. A BatchNorm that cannot run in place (sync_bn reads its input twice) takes four:
+// conv1 P -> A, bn1 A -> B, conv2 B -> A, bn2 A -> B, proj P -> A, proj_bn A -> C,
+// sum B + (C or P) -> A, relu A -> P.
+enum { OUT_P, OUT_A, OUT_B, OUT_C };
 // In training a block keeps what its backward reads: the convolutions' inputs (the block input,
 // bn1's output) for their weight gradients, the BatchNorms' inputs (the convolutions' outputs)
 // and the output, whose sign is the final ReLU's gradient. bn2's and proj_bn's outputs are read
@@ -63,17 +65,17 @@ enum { SCRATCH_SUM, SCRATCH_SHORTCUT };
 static void block_init(BasicBlock *blk, Builder *b, const char *name, int N, int IC, int IH, int IW,
                        int OC, int stride) {
   char nm[64];
-  int train = b->mode == OP_TRAIN;
+  int train = b->mode == OP_TRAIN, in_place = batchnorm_in_place(b);
   blk->train = train;
   snprintf(nm, sizeof nm, "%s.conv1", name);
   b->grad_slot = GRAD_B, b->out_slot = OUT_A;
   conv2d_init(&blk->conv1, b, nm, N, IC, IH, IW, OC, 3, stride, 1, 0, train);
   int H = blk->conv1.OH, W = blk->conv1.OW;
   snprintf(nm, sizeof nm, "%s.bn1", name);
-  b->grad_slot = GRAD_A, b->out_slot = OUT_A;
+  b->grad_slot = GRAD_A, b->out_slot = in_place ? OUT_A : OUT_B;
   batchnorm_init(&blk->bn1, b, nm, N, OC, H, W, 1, train);
   snprintf(nm, sizeof nm, "%s.conv2", name);
-  b->grad_slot = GRAD_B, b->out_slot = OUT_B;
+  b->grad_slot = GRAD_B, b->out_slot = in_place ? OUT_B : OUT_A;
   conv2d_init(&blk->conv2, b, nm, N, OC, H, W, OC, 3, 1, 1, 0, train);
   snprintf(nm, sizeof nm, "%s.bn2", name);
   b->grad_slot = GRAD_A, b->out_slot = OUT_B, b->scratch_slot = SCRATCH_SUM;
@@ -85,11 +87,12 @@ static void block_init(BasicBlock *blk, Builder *b, const char *name, int N, int
     b->grad_slot = GRAD_X, b->out_slot = OUT_A;
     conv2d_init(&blk->proj, b, nm, N, IC, IH, IW, OC, 1, stride, 0, 0, train);
     snprintf(nm, sizeof nm, "%s.proj_bn", name);
-    b->grad_slot = GRAD_A, b->out_slot = OUT_A, b->scratch_slot = SCRATCH_SHORTCUT;
+    b->grad_slot = GRAD_A, b->out_slot = in_place ? OUT_A : OUT_C;
+    b->scratch_slot = SCRATCH_SHORTCUT;
     batchnorm_init(&blk->proj_bn, b, nm, N, OC, H, W, 0, train);
   }
   size_t out_n = (size_t)N * H * W * OC;
-  b->out_slot = OUT_B, b->scratch_slot = SCRATCH_SUM;
+  b->out_slot = in_place ? OUT_B : OUT_A, b->scratch_slot = SCRATCH_SUM;
   add_init(&blk->sum, b, out_n, builder_out_category(b), 0);
   b->grad_slot = GRAD_X, b->out_slot = OUT_P, b->scratch_slot = -1;
   eltwise_init(&blk->relu, b, ELTWISE_RELU, out_n, train);

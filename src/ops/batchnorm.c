@@ -73,7 +73,7 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   l->mode = b->mode;
   l->comp = ctx->component;
   op_calls_init(&l->calls, b);
-  l->sync = b->mode != OP_INFER && ctx->bn_sync != NULL;
+  l->sync = !batchnorm_in_place(b);
   if (l->sync && l->splits > 1) TL_DIE("batchnorm %s: sync_bn with bn_splits > 1", name);
   l->eps = 1e-5f;
   l->momentum = 0.1f;
@@ -230,6 +230,8 @@ void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
   int call = op_calls_forward(&l->calls, "batchnorm");
   l->calls.in[call] = l->in = in;
   bn_select_call(l, call);
+  if (l->sync && in == l->out && !ctx->dry_run)
+    TL_DIE("batchnorm: sync_bn reads its input after writing its output; not in place");
   int batch_stats = l->mode != OP_INFER;
   dnnl_mem_bind(p->scale, l->gamma);
   dnnl_mem_bind(p->shift, l->beta);

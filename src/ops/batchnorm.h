@@ -28,6 +28,11 @@ typedef struct {
 
 void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, int H, int W,
                     int fuse_relu, int need_din);
+// Whether a BatchNorm built by `b` may write its output over its input: not with sync_bn, whose
+// forward normalizes with this replica's statistics first and then reads its input again.
+static inline int batchnorm_in_place(const Builder *b) {
+  return b->mode == OP_INFER || b->ctx->bn_sync == NULL;
+}
 void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in);
 void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout);
 void batchnorm_destroy(BatchNorm *l);
