@@ -538,12 +538,18 @@ static int plan_scaling(const char *run_dir, const char *nodes_text, const char 
         "backward %.1f ms, waiting for the slower replica %.1f ms),\n",
         objective, run_dir, m.replicas, m.replicas == 1 ? "" : "s", m.local_batch,
         m.step_ms - m.comm_ms, m.backward_ms, m.replicas > 1 ? m.comm_ms : 0.0);
+    char framing[64];
+    if (mtu)
+      snprintf(framing, sizeof framing, "TCP payload %.4g Gbit/s at MTU %ld", payload * 8 / 1e9,
+               mtu);
+    else
+      snprintf(framing, sizeof framing, "taken as TCP payload");
     printf(
-        "link %.4g Gbit/s (TCP payload %.4g Gbit/s at MTU %ld) with %.3g us latency, one "
+        "link %.4g Gbit/s (%s) with %.3g us latency, one "
         "replica per node, %s; gradient allreduce %.2f MB in %d bucket%s (%s), other sums %.0f "
         "bytes (%.0f a sample of the global batch), gathers %.0f bytes per sample; %ld "
         "allreduces and %ld gathers per step\n",
-        link * 8 / 1e9, payload * 8 / 1e9, mtu, latency * 1e6,
+        link * 8 / 1e9, framing, latency * 1e6,
         keep_replica_batch ? "each keeps the measured per-replica batch"
                            : "the measured global batch split over the nodes",
         traffic.allreduce_payload_bytes / 1e6, traffic.gradient_buckets,
