@@ -107,11 +107,12 @@ static const KeySpec recipe_keys[] = {
              "fp32"),
 
     BOOL_KEY(RECIPE(train, recompute), "1",
-             "vit: 1: each transformer block's LayerNorm and GELU outputs are not kept for "
-             "backward but computed again just before the fp32 matmuls that read them: 28-32% less "
-             "activation memory on the shipped ViT recipes for 1-8% more step time (the same "
-             "gradients); "
-             "0: kept (faster, more memory). bf16 matmuls keep their own copies either way"),
+             "1: outputs cheap to compute again are not kept for backward but computed just "
+             "before the fp32 op whose backward reads them: each transformer block's LayerNorm "
+             "and GELU outputs (28-32% less activation memory on the shipped ViT recipes for "
+             "1-8% more step time), each ResNet block's first BatchNorm-ReLU output (18% less "
+             "on resnet-small-32); the same gradients. 0: kept (faster, more memory). bf16 "
+             "matmuls and convolutions keep their own copies either way"),
 
     TEXT_KEY(RECIPE(optim, name), "sgd", "sgd|lars|adamw",
              "`sgd` (PyTorch's, momentum, no Nesterov), `lars` (SimCLR's, per-tensor trust "

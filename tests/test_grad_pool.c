@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "nn/backbone.h"
@@ -34,11 +35,12 @@ static ModelSpec spec_of(int blocks_in_stage1) {
   return m;
 }
 
-// What a training network of that shape holds in `cat`, bytes.
-static size_t bytes_held_n(int n, int blocks_in_stage1, MemCategory cat) {
+// What a training network of that shape holds in `cat`, bytes, under [train] recompute.
+static size_t bytes_held_r(int n, int blocks_in_stage1, MemCategory cat, int recompute) {
   const ModelSpec m = spec_of(blocks_in_stage1);
   DnnlCtx ctx;
   dnnl_ctx_init(&ctx);
+  ctx.recompute = recompute;
   ParamSet ps;
   paramset_alloc(&ps, backbone_param_count(&m, S, C), 3);
   size_t before = tl_mem_live(cat);
@@ -51,6 +53,10 @@ static size_t bytes_held_n(int n, int blocks_in_stage1, MemCategory cat) {
   dnnl_ctx_destroy(&ctx);  // the scratchpad is the context's
   assert_int_equal(tl_mem_live(cat), before);
   return held;
+}
+
+static size_t bytes_held_n(int n, int blocks_in_stage1, MemCategory cat) {
+  return bytes_held_r(n, blocks_in_stage1, cat, 0);
 }
 
 static size_t bytes_held(int blocks_in_stage1, MemCategory cat) {
@@ -66,20 +72,20 @@ static void test_resnet_input_gradients_share_three_buffers(void **state) {
   assert_int_equal(bytes_held(4, MEM_ACT_GRAD), 3 * largest);  // depth does not add any
 }
 
-// A block keeps four tensors of its output's size for backward: conv1's and conv2's outputs (the
-// BatchNorms' inputs), bn1's (conv2's input) and the block's output (the next convolutions'
-// input, and the final ReLU's gradient from its sign). bn2's output and the residual sum, read
-// only on the way forward, share one scratch buffer with every block's; so does the projection
-// BatchNorm's output (a second buffer). Besides the tensors, a block keeps BatchNorm statistics
-// (mean and variance per channel for bn1 and bn2) and bn1's fused-ReLU mask, at most a byte an
-// element (oneDNN's is a byte).
+// A block keeps four tensors of its output's size for backward (with [train] recompute = 0):
+// conv1's and conv2's outputs (the BatchNorms' inputs), bn1's (conv2's input) and the block's
+// output (the next convolutions' input, and the final ReLU's gradient from its sign). bn2's output
+// and the residual sum, read only on the way forward, share one scratch buffer with every block's;
+// so does the projection BatchNorm's output (a second buffer). Besides the tensors, a block keeps
+// BatchNorm statistics (mean and variance per channel for bn1 and bn2) and bn1's fused-ReLU mask,
+// at most a byte an element (oneDNN's is a byte).
 static void test_resnet_block_keeps_four_tensors(void **state) {
   (void)state;
   const size_t tensor = (size_t)N * P * P * 4 * sizeof(float);  // a stage-1 block's output
   const size_t stats = 2 * 2 * 4 * sizeof(float), mask_at_most = tensor / sizeof(float);
   const size_t per_block = bytes_held(2, MEM_ACT) - bytes_held(1, MEM_ACT);
-  print_message("a stage-1 block keeps %zu bytes: 4 tensors of %zu, then %zu\n", per_block,
-                tensor, per_block - 4 * tensor);
+  print_message("a stage-1 block keeps %zu bytes: 4 tensors of %zu, then %zu\n", per_block, tensor,
+                per_block - 4 * tensor);
   assert_true(per_block >= 4 * tensor + stats);
   assert_true(per_block <= 4 * tensor + stats + mask_at_most);
   assert_int_equal(bytes_held(4, MEM_ACT) - bytes_held(1, MEM_ACT), 3 * per_block);
@@ -88,6 +94,61 @@ static void test_resnet_block_keeps_four_tensors(void **state) {
   const size_t ws_block = bytes_held(2, MEM_WORKSPACE) - bytes_held(1, MEM_WORKSPACE);
   assert_int_equal(bytes_held_n(2 * N, 2, MEM_WORKSPACE) - bytes_held_n(2 * N, 1, MEM_WORKSPACE),
                    ws_block);
+  // Recomputing bn1's output before conv2's backward (the default) keeps one tensor fewer; the
+  // output goes to the scratch bn2 uses, which adds nothing.
+  assert_int_equal(bytes_held_r(N, 2, MEM_ACT, 1) - bytes_held_r(N, 1, MEM_ACT, 1),
+                   per_block - tensor);
+  assert_int_equal(bytes_held_r(N, 2, MEM_WORKSPACE, 1), bytes_held(2, MEM_WORKSPACE));
+}
+
+// The parameter gradients of two views (two forward calls, backward in reverse), with and
+// without recomputing bn1's output: the same up to float rounding (oneDNN normalizes with given
+// statistics in another order of operations than with its own).
+static void grads_of(int recompute, float *grads, size_t count) {
+  const ModelSpec m = spec_of(2);
+  DnnlCtx ctx;
+  dnnl_ctx_init(&ctx);
+  ctx.recompute = recompute;
+  ParamSet ps;
+  paramset_alloc(&ps, backbone_param_count(&m, S, C), 3);
+  assert_int_equal(ps.count, count);
+  Builder b = {.ctx = &ctx, .params = &ps, .mode = OP_TRAIN, .calls = 2};
+  Backbone *bb = backbone_create(&m, &b, N, S, C);
+  float images[2][N * S * S * C], dfeature[2][N * 8];
+  for (int v = 0; v < 2; v++) {
+    for (size_t i = 0; i < N * S * S * C; i++)
+      images[v][i] = (float)(((i + 31 * v) * 7919) % 101) / 50.0f - 1.0f;
+    for (size_t i = 0; i < N * 8; i++)
+      dfeature[v][i] = (float)(((i + 7 * v) * 613) % 29) / 14.0f - 1.0f;
+  }
+  paramset_zero_grad(&ps, 0);
+  bb->forward(bb, &ctx, images[0]);
+  bb->forward(bb, &ctx, images[1]);
+  bb->backward(bb, &ctx, dfeature[1]);
+  bb->backward(bb, &ctx, dfeature[0]);
+  memcpy(grads, ps.grad, count * sizeof(float));
+  bb->destroy(bb);
+  paramset_free(&ps);
+  dnnl_ctx_destroy(&ctx);
+}
+
+static void test_resnet_recompute_keeps_gradients(void **state) {
+  (void)state;
+  const ModelSpec m = spec_of(2);
+  const size_t count = backbone_param_count(&m, S, C);
+  float *kept = calloc(count, sizeof(float)), *again = calloc(count, sizeof(float));
+  grads_of(0, kept, count);
+  grads_of(1, again, count);
+  double worst = 0, largest = 0;
+  for (size_t i = 0; i < count; i++) {
+    worst = fmax(worst, fabs(again[i] - kept[i]));
+    largest = fmax(largest, fabs(kept[i]));
+  }
+  print_message("gradients up to %.3g, recomputed differ by %.3g\n", largest, worst);
+  assert_true(largest > 0.01);
+  assert_true(worst <= 1e-4 * largest);
+  free(kept);
+  free(again);
 }
 
 // A forward-only network (momentum encoder: batch statistics, nothing kept) passes its outputs
@@ -134,6 +195,7 @@ int main(void) {
       cmocka_unit_test(test_resnet_input_gradients_share_three_buffers),
       cmocka_unit_test(test_resnet_block_keeps_four_tensors),
       cmocka_unit_test(test_resnet_forward_only_matches_training),
+      cmocka_unit_test(test_resnet_recompute_keeps_gradients),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -40,7 +40,8 @@ typedef struct {
   // (see dnnl_ctx_compute_type). 0: everything f32, as the evaluation context always is.
   int bf16;
   // [train] recompute (default 1): transformer blocks in training recompute their LayerNorm and
-  // GELU outputs before the f32 matmuls whose backward reads them, instead of keeping them.
+  // GELU outputs, ResNet blocks their first BatchNorm-ReLU output, before the f32 op whose
+  // backward reads them, instead of keeping them.
   int recompute;
   // Analytic FLOPs (multiply-add = 2) added by ops as they execute, reset by the trainer per step.
   double flops_forward[COMP_NCOMP];

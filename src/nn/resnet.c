@@ -59,7 +59,10 @@ enum { OUT_P, OUT_A, OUT_B, OUT_C };
 // bn1's output) for their weight gradients, the BatchNorms' inputs (the convolutions' outputs)
 // and the output, whose sign is the final ReLU's gradient. bn2's and proj_bn's outputs are read
 // only by the residual sum, and the sum's only by the ReLU after it: they live in scratch
-// buffers every block shares, the sum in place over bn2's output.
+// buffers every block shares, the sum in place over bn2's output. bn1's output goes there too
+// (conv2 reads it before bn2 writes) when conv2's backward reads a copy of its own (bf16), or
+// when it is computed again just before that backward ([train] recompute, from conv1's output
+// and the batch statistics bn1 keeps anyway).
 enum { SCRATCH_SUM, SCRATCH_SHORTCUT };
 
 static void block_init(BasicBlock *blk, Builder *b, const char *name, int N, int IC, int IH, int IW,
@@ -72,8 +75,11 @@ static void block_init(BasicBlock *blk, Builder *b, const char *name, int N, int
   conv2d_init(&blk->conv1, b, nm, N, IC, IH, IW, OC, 3, stride, 1, 0, train);
   int H = blk->conv1.OH, W = blk->conv1.OW;
   snprintf(nm, sizeof nm, "%s.bn1", name);
+  const int copies = dnnl_ctx_compute_type(b->ctx) != dnnl_f32;  // what conv2d_init decides
   b->grad_slot = GRAD_A, b->out_slot = in_place ? OUT_A : OUT_B;
+  b->scratch_slot = b->ctx->recompute || copies ? SCRATCH_SUM : -1;
   batchnorm_init(&blk->bn1, b, nm, N, OC, H, W, 1, train);
+  b->scratch_slot = -1;
   snprintf(nm, sizeof nm, "%s.conv2", name);
   b->grad_slot = GRAD_B, b->out_slot = in_place ? OUT_B : OUT_A;
   conv2d_init(&blk->conv2, b, nm, N, OC, H, W, OC, 3, 1, 1, 0, train);
@@ -122,6 +128,8 @@ static const float *block_backward(BasicBlock *blk, DnnlCtx *ctx, const float *d
   eltwise_backward(&blk->relu, ctx, dout);
   const float *dsum = blk->relu.din;  // reaches both the residual branch and the shortcut
   batchnorm_backward(&blk->bn2, ctx, dsum);
+  if (blk->bn1.calls.out_shared && conv2d_backward_reads_input(&blk->conv2))
+    batchnorm_recompute(&blk->bn1, ctx);
   conv2d_backward(&blk->conv2, ctx, blk->bn2.din);
   batchnorm_backward(&blk->bn1, ctx, blk->conv2.din);
   conv2d_backward(&blk->conv1, ctx, blk->bn1.din);

@@ -131,11 +131,14 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
     p->relu_ws_bytes = dnnl_md_bytes(&ws_md);
     p->relu_ws = p->relu_ws_slots = op_calls_alloc(&l->calls, G * p->relu_ws_bytes, kept, l->comp);
   }
-  if (l->sync) {
+  if (l->sync || b->mode == OP_TRAIN) {
+    // Normalizing with given statistics: sync_bn's second pass, and batchnorm_recompute's.
     dnnl_batch_normalization_desc_t desc;
     DNNL_CHECK(dnnl_batch_normalization_forward_desc_init(&desc, dnnl_forward_training, &data_md,
                                                           l->eps, flags | dnnl_use_global_stats));
     p->fwd_global = dnnl_ctx_make(ctx, &desc, NULL, &p->fwd_global_pd);
+  }
+  if (l->sync) {
     p->sync_buf = tl_alloc(2 * (size_t)C * sizeof(float), MEM_WORKSPACE, l->comp);
     p->sync_coef = tl_alloc(3 * (size_t)C * sizeof(float), MEM_WORKSPACE, l->comp);
   }
@@ -262,6 +265,35 @@ void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
       (l->fuse_relu ? BN_RELU_FLOPS_PER_ELEM : 0) +
       (l->sync ? BN_FWD_GLOBAL_FLOPS_PER_ELEM + BN_RELU_FLOPS_PER_ELEM * l->fuse_relu : 0);
   ctx->flops_forward[l->comp] += per_elem * (double)bn_elems(l);
+}
+
+void batchnorm_recompute(BatchNorm *l, DnnlCtx *ctx) {
+  struct BatchNormPrivate *p = l->priv;
+  if (l->mode != OP_TRAIN) TL_DIE("batchnorm_recompute on an op built without backward");
+  const int call = op_calls_next_backward(&l->calls, "batchnorm");
+  const float *in = l->calls.in[call];
+  bn_select_call(l, call);
+  dnnl_mem_bind(p->scale, l->gamma);
+  dnnl_mem_bind(p->shift, l->beta);
+  for (int g = 0; g < l->splits; g++) {
+    dnnl_mem_bind(p->src, in + g * group_elems(l));
+    dnnl_mem_bind(p->dst, l->out + g * group_elems(l));
+    dnnl_mem_bind(p->mean, p->batch_mean + g * l->C);
+    dnnl_mem_bind(p->var, p->batch_var + g * l->C);
+    dnnl_exec_arg_t args[7] = {{DNNL_ARG_SRC, p->src},     {DNNL_ARG_DST, p->dst},
+                               {DNNL_ARG_SCALE, p->scale}, {DNNL_ARG_SHIFT, p->shift},
+                               {DNNL_ARG_MEAN, p->mean},   {DNNL_ARG_VARIANCE, p->var}};
+    int nargs = 6;
+    if (p->ws) {
+      // The same mask again, where backward will read it.
+      dnnl_mem_bind(p->ws, (char *)p->relu_ws + g * p->relu_ws_bytes);
+      args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WORKSPACE, p->ws};
+    }
+    dnnl_ctx_exec(ctx, p->fwd_global, p->fwd_global_pd, nargs, args);
+  }
+  ctx->flops_backward[l->comp] +=
+      (BN_FWD_GLOBAL_FLOPS_PER_ELEM + (l->fuse_relu ? BN_RELU_FLOPS_PER_ELEM : 0)) *
+      (double)bn_elems(l);
 }
 
 // sync_bn backward. With the statistics taken as given, oneDNN returns din = gamma/sigma * dy and

@@ -34,5 +34,8 @@ static inline int batchnorm_in_place(const Builder *b) {
   return b->mode == OP_INFER || b->ctx->bn_sync == NULL;
 }
 void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in);
+// Writes the output of the call the next backward takes again, from its input and the batch
+// statistics forward kept (a scratch output a later backward reads; ops/builder.h).
+void batchnorm_recompute(BatchNorm *l, DnnlCtx *ctx);
 void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout);
 void batchnorm_destroy(BatchNorm *l);

@@ -230,6 +230,11 @@ void conv2d_backward(Conv2d *l, DnnlCtx *ctx, const float *dout) {
   ctx->flops_backward[l->comp] += conv_pass_flops(l) + conv_bias_flops(l);
 }
 
+int conv2d_backward_reads_input(const Conv2d *l) {
+  const struct ConvPrivate *p = l->priv;
+  return p->bwd_weights_f32 || p->in.buf == NULL;
+}
+
 void conv2d_destroy(Conv2d *l) {
   struct ConvPrivate *p = l->priv;
   if (p) {
