@@ -103,10 +103,16 @@ while True:
     n += len(b)
 print("%.0f" % (n / (last - first)) if n and last > first else "0")
 ' "$NETNS_ADDR_B" &
-    sleep 0.5
     ip netns exec "$NETNS_A" timeout 30 python3 -c '
 import socket, sys, time
-s = socket.create_connection((sys.argv[1], 5201), timeout=10)
+for attempt in range(100):  # until the receiver listens
+    try:
+        s = socket.create_connection((sys.argv[1], 5201), timeout=10)
+        break
+    except ConnectionRefusedError:
+        time.sleep(0.1)
+else:
+    sys.exit("nothing listens on %s" % sys.argv[1])
 block, end = bytes(1 << 20), time.monotonic() + 2
 while time.monotonic() < end:
     s.sendall(block)
@@ -134,14 +140,13 @@ reference() {
     --out "$OUT/$2" >"$OUT/$2.log" 2>&1 || die "the reference run of $1 failed: see $OUT/$2.log"
 }
 
-# hosts OBJECTIVE RUN [MPIRUN OPTIONS...]: one rank in each namespace on one thread, mpirun in the
-# first, TCP over the veth only.
+# hosts OBJECTIVE RUN [MPIRUN OPTIONS...]: one rank in each namespace, mpirun in the first, TCP
+# over the veth only; the trainer gives each rank this machine's cores / 2 threads.
 hosts() {
   local args objective=$1 run=$2
   shift 2
   read -ra args <<<"$(recipe "$objective")"
-  timeout -k 5 "$LIMIT" "${NETNS_MPIRUN[@]}" -x OMP_NUM_THREADS=1 --mca mpi_yield_when_idle 1 \
-    "${MPI_MCA[@]}" "$@" \
+  timeout -k 5 "$LIMIT" "${NETNS_MPIRUN[@]}" --mca mpi_yield_when_idle 1 "${MPI_MCA[@]}" "$@" \
     "$TALLY_BIN" train "${args[@]}" --set parallel.backend=mpi --out "$OUT/$run" \
     >"$OUT/$run.log" 2>&1 || die "the 2-host run $run failed: see $OUT/$run.log"
 }

@@ -83,23 +83,29 @@ netns_create() {
     --mca oob_tcp_if_include "$NETNS_SUBNET")
 }
 
-# netns_burst RATE: tbf's bucket for RATE (tc's units), bytes: 1 ms of it, at least
-# NETNS_TBF_BURST_MIN.
+# netns_burst RATE: tbf's bucket for RATE (a number and kbit, mbit or gbit), bytes: 1 ms of it,
+# at least NETNS_TBF_BURST_MIN. Returns 1 for any other unit.
 netns_burst() {
+  [[ ${1,,} =~ ^[0-9]+(\.[0-9]+)?[kmg]bit$ ]] || return 1
   awk -v rate="${1,,}" -v least="$NETNS_TBF_BURST_MIN" 'BEGIN {
     bits = rate + 0
-    if (rate ~ /gbit$/) bits *= 1e9; else if (rate ~ /mbit$/) bits *= 1e6;
-    else if (rate ~ /kbit$/) bits *= 1e3;
+    if (rate ~ /gbit$/) bits *= 1e9; else if (rate ~ /mbit$/) bits *= 1e6; else bits *= 1e3;
     b = int(bits / 8 / 1000); printf "%d", (b > least ? b : least) }'
 }
 
 netns_shape() {
-  local ns
+  local ns burst
   for ns in "$NETNS_A" "$NETNS_B"; do
     timeout "$NETNS_TIMEOUT" tc -n "$ns" qdisc del dev "$NETNS_IF" root 2>/dev/null || true
     if [[ $1 != none ]]; then
+      burst=$(netns_burst "$1") || {
+        NETNS_ERROR="netns_shape $1: expected a rate in kbit, mbit or gbit"
+        return 1
+      }
+      # overhead 24: a wire also carries each frame's preamble, gap and checksum, which tbf
+      # would not count, so that RATE is a line rate like an Ethernet link's.
       netns_run tc -n "$ns" qdisc add dev "$NETNS_IF" root tbf rate "$1" \
-        burst "$(netns_burst "$1")" latency "$NETNS_TBF_LATENCY" || return 1
+        burst "$burst" latency "$NETNS_TBF_LATENCY" overhead 24 || return 1
     fi
   done
 }
