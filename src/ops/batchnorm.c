@@ -131,8 +131,9 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
     p->relu_ws_bytes = dnnl_md_bytes(&ws_md);
     p->relu_ws = p->relu_ws_slots = op_calls_alloc(&l->calls, G * p->relu_ws_bytes, kept, l->comp);
   }
-  if (l->sync || b->mode == OP_TRAIN) {
-    // Normalizing with given statistics: sync_bn's second pass, and batchnorm_recompute's.
+  if (l->sync || (b->mode == OP_TRAIN && l->calls.out_shared)) {
+    // Normalizing with given statistics: sync_bn's second pass, and batchnorm_recompute's (for
+    // an output in a scratch buffer, ops/builder.h).
     dnnl_batch_normalization_desc_t desc;
     DNNL_CHECK(dnnl_batch_normalization_forward_desc_init(&desc, dnnl_forward_training, &data_md,
                                                           l->eps, flags | dnnl_use_global_stats));
@@ -228,6 +229,26 @@ static void bn_select_call(BatchNorm *l, int call) {
   p->relu_ws = op_slot(p->relu_ws_slots, (size_t)l->splits * p->relu_ws_bytes, call);
 }
 
+// Binds group g of a forward pass over `in` (its output, statistics and ReLU mask in the
+// current call's slots; `mean` and `var` are the whole call's) and fills `args`; returns their
+// count.
+static int bn_bind_forward(BatchNorm *l, const float *in, int g, const float *mean,
+                           const float *var, dnnl_exec_arg_t args[7]) {
+  struct BatchNormPrivate *p = l->priv;
+  dnnl_mem_bind(p->src, in + g * group_elems(l));
+  dnnl_mem_bind(p->dst, l->out + g * group_elems(l));
+  dnnl_mem_bind(p->mean, mean);
+  dnnl_mem_bind(p->var, var);
+  const dnnl_exec_arg_t fixed[6] = {{DNNL_ARG_SRC, p->src},     {DNNL_ARG_DST, p->dst},
+                                    {DNNL_ARG_SCALE, p->scale}, {DNNL_ARG_SHIFT, p->shift},
+                                    {DNNL_ARG_MEAN, p->mean},   {DNNL_ARG_VARIANCE, p->var}};
+  memcpy(args, fixed, sizeof fixed);
+  if (!p->ws) return 6;
+  dnnl_mem_bind(p->ws, (char *)p->relu_ws + g * p->relu_ws_bytes);
+  args[6] = (dnnl_exec_arg_t){DNNL_ARG_WORKSPACE, p->ws};
+  return 7;
+}
+
 void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
   struct BatchNormPrivate *p = l->priv;
   int call = op_calls_forward(&l->calls, "batchnorm");
@@ -239,19 +260,11 @@ void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
   dnnl_mem_bind(p->scale, l->gamma);
   dnnl_mem_bind(p->shift, l->beta);
   for (int g = 0; g < l->splits; g++) {
-    dnnl_mem_bind(p->src, in + g * group_elems(l));
-    dnnl_mem_bind(p->dst, l->out + g * group_elems(l));
     // Outputs with batch statistics, inputs with running statistics.
-    dnnl_mem_bind(p->mean, batch_stats ? p->batch_mean + g * l->C : l->running_mean);
-    dnnl_mem_bind(p->var, batch_stats ? p->batch_var + g * l->C : l->running_var);
-    dnnl_exec_arg_t args[7] = {{DNNL_ARG_SRC, p->src},     {DNNL_ARG_DST, p->dst},
-                               {DNNL_ARG_SCALE, p->scale}, {DNNL_ARG_SHIFT, p->shift},
-                               {DNNL_ARG_MEAN, p->mean},   {DNNL_ARG_VARIANCE, p->var}};
-    int nargs = 6;
-    if (p->ws) {
-      dnnl_mem_bind(p->ws, (char *)p->relu_ws + g * p->relu_ws_bytes);
-      args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WORKSPACE, p->ws};
-    }
+    dnnl_exec_arg_t args[7];
+    const int nargs =
+        bn_bind_forward(l, in, g, batch_stats ? p->batch_mean + g * l->C : l->running_mean,
+                        batch_stats ? p->batch_var + g * l->C : l->running_var, args);
     dnnl_ctx_exec(ctx, p->fwd, p->fwd_pd, nargs, args);
     if (l->sync) {
       // Normalize again, now with the global batch's statistics.
@@ -269,26 +282,18 @@ void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
 
 void batchnorm_recompute(BatchNorm *l, DnnlCtx *ctx) {
   struct BatchNormPrivate *p = l->priv;
-  if (l->mode != OP_TRAIN) TL_DIE("batchnorm_recompute on an op built without backward");
+  if (l->mode != OP_TRAIN || !l->calls.out_shared)
+    TL_DIE("batchnorm_recompute on an op without backward or whose output it keeps");
   const int call = op_calls_next_backward(&l->calls, "batchnorm");
   const float *in = l->calls.in[call];
   bn_select_call(l, call);
   dnnl_mem_bind(p->scale, l->gamma);
   dnnl_mem_bind(p->shift, l->beta);
   for (int g = 0; g < l->splits; g++) {
-    dnnl_mem_bind(p->src, in + g * group_elems(l));
-    dnnl_mem_bind(p->dst, l->out + g * group_elems(l));
-    dnnl_mem_bind(p->mean, p->batch_mean + g * l->C);
-    dnnl_mem_bind(p->var, p->batch_var + g * l->C);
-    dnnl_exec_arg_t args[7] = {{DNNL_ARG_SRC, p->src},     {DNNL_ARG_DST, p->dst},
-                               {DNNL_ARG_SCALE, p->scale}, {DNNL_ARG_SHIFT, p->shift},
-                               {DNNL_ARG_MEAN, p->mean},   {DNNL_ARG_VARIANCE, p->var}};
-    int nargs = 6;
-    if (p->ws) {
-      // The same mask again, where backward will read it.
-      dnnl_mem_bind(p->ws, (char *)p->relu_ws + g * p->relu_ws_bytes);
-      args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WORKSPACE, p->ws};
-    }
+    // The kept statistics; the same ReLU mask again, where backward will read it.
+    dnnl_exec_arg_t args[7];
+    const int nargs =
+        bn_bind_forward(l, in, g, p->batch_mean + g * l->C, p->batch_var + g * l->C, args);
     dnnl_ctx_exec(ctx, p->fwd_global, p->fwd_global_pd, nargs, args);
   }
   ctx->flops_backward[l->comp] +=
