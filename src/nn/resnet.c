@@ -75,9 +75,8 @@ static void block_init(BasicBlock *blk, Builder *b, const char *name, int N, int
   conv2d_init(&blk->conv1, b, nm, N, IC, IH, IW, OC, 3, stride, 1, 0, train);
   int H = blk->conv1.OH, W = blk->conv1.OW;
   snprintf(nm, sizeof nm, "%s.bn1", name);
-  const int copies = dnnl_ctx_compute_type(b->ctx) != dnnl_f32;  // what conv2d_init decides
   b->grad_slot = GRAD_A, b->out_slot = in_place ? OUT_A : OUT_B;
-  b->scratch_slot = b->ctx->recompute || copies ? SCRATCH_SUM : -1;
+  b->scratch_slot = b->ctx->recompute || !conv2d_will_read_input(b, 1) ? SCRATCH_SUM : -1;
   batchnorm_init(&blk->bn1, b, nm, N, OC, H, W, 1, train);
   b->scratch_slot = -1;
   snprintf(nm, sizeof nm, "%s.conv2", name);

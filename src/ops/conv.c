@@ -115,6 +115,7 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   p->bwd_weights_f32 = type != dnnl_f32 && stride > 1;
   MemCategory in_category = b->mode == OP_TRAIN && !p->bwd_weights_f32 ? MEM_ACT : MEM_WORKSPACE;
   dnnl_copy_init_slots(&p->in, ctx, &src_f32, &src_md, in_category, l->comp, l->calls.count);
+  TL_ASSERT(conv2d_backward_reads_input(l) == conv2d_will_read_input(b, stride));
   p->src = dnnl_mem_new(ctx, &src_md);
   p->dst = dnnl_mem_new(ctx, &dst_md);
   p->wei_fwd = dnnl_mem_new(ctx, &w_fwd_md);

@@ -26,4 +26,9 @@ void conv2d_backward(Conv2d *l, DnnlCtx *ctx, const float *dout);  // dweight, d
 // Whether backward reads the f32 input forward was given (its weight gradient's source), rather
 // than a converted copy forward kept (a compute type other than f32, at stride 1).
 int conv2d_backward_reads_input(const Conv2d *l);
+// The same, for a convolution `b` would build at `stride`, before it is built: f32, or a strided
+// one, whose weight gradient stays f32 (oneDNN 2.6's bf16 kernel for it is slower here).
+static inline int conv2d_will_read_input(const Builder *b, int stride) {
+  return dnnl_ctx_compute_type(b->ctx) == dnnl_f32 || stride > 1;
+}
 void conv2d_destroy(Conv2d *l);
