@@ -265,16 +265,22 @@ static int resume_config(const char *dir, const ConfigArgs *ca, Config *cfg, cha
   return 0;
 }
 
-static int parse_count(const char *option, const char *text, long *out) {
+// A whole number >= least from an option's text; 2 (usage) with a message otherwise.
+static int parse_whole(const char *option, const char *text, long least, long *out) {
   char *end;
   errno = 0;
   long v = strtol(text, &end, 10);
-  if (end == text || *end || v <= 0 || errno) {
-    fprintf(stderr, "tally: %s '%s': expected a positive whole number\n", option, text);
+  if (end == text || *end || v < least || errno) {
+    fprintf(stderr, "tally: %s '%s': expected a whole number of at least %ld\n", option, text,
+            least);
     return 2;
   }
   *out = v;
   return 0;
+}
+
+static int parse_count(const char *option, const char *text, long *out) {
+  return parse_whole(option, text, 1, out);
 }
 
 // A run that cannot fit is refused before it starts, from its plan (arithmetic, a fraction of a
@@ -498,13 +504,8 @@ static int plan_scaling(const char *run_dir, const char *nodes_text, const char 
                         int keep_replica_batch, int json) {
   double link, payload, latency;
   ScaleAllreduce allreduce;
-  char *mtu_end;
-  errno = 0;
-  const long mtu = strtol(mtu_text, &mtu_end, 10);
-  if (mtu_end == mtu_text || *mtu_end || errno) {
-    fprintf(stderr, "tally: --mtu '%s': expected a number of bytes (1500, 9000, or 0)\n", mtu_text);
-    return 2;
-  }
+  long mtu;
+  if (parse_whole("--mtu", mtu_text, 0, &mtu) != 0) return 2;
   if (scaling_parse_rate(link_text, &link) != 0 || scaling_payload_rate(link, mtu, &payload) != 0 ||
       scaling_parse_latency(latency_text, &latency) != 0 ||
       scaling_parse_allreduce(allreduce_text, &allreduce) != 0) {
@@ -555,7 +556,7 @@ static int plan_scaling(const char *run_dir, const char *nodes_text, const char 
         traffic.gradient_buckets == 1 ? "" : "s",
         scaling_allreduce_name(allreduce == SCALE_ALLREDUCE_AUTO ? SCALE_ALLREDUCE_BINOMIAL
                                                                  : allreduce),
-        traffic.other_allreduce_bytes + traffic.other_allreduce_bytes_per_sample * m.global_batch,
+        scaling_other_sum_bytes(&traffic, m.global_batch),
         traffic.other_allreduce_bytes_per_sample, traffic.gather_bytes_per_sample, traffic.allreduce_calls,
         traffic.allgather_calls);
     printf("gradient buckets in the order they start (MB, written by this share of backward):");

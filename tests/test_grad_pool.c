@@ -55,12 +55,8 @@ static size_t bytes_held_r(int n, int blocks_in_stage1, MemCategory cat, int rec
   return held;
 }
 
-static size_t bytes_held_n(int n, int blocks_in_stage1, MemCategory cat) {
-  return bytes_held_r(n, blocks_in_stage1, cat, 0);
-}
-
 static size_t bytes_held(int blocks_in_stage1, MemCategory cat) {
-  return bytes_held_n(N, blocks_in_stage1, cat);
+  return bytes_held_r(N, blocks_in_stage1, cat, 0);
 }
 
 static void test_resnet_input_gradients_share_three_buffers(void **state) {
@@ -92,8 +88,9 @@ static void test_resnet_block_keeps_four_tensors(void **state) {
   // bn2's and the sum's scratch is shared: what a block adds to the workspace (its
   // convolutions' reordered weights) does not grow with the batch, as a buffer of its own would.
   const size_t ws_block = bytes_held(2, MEM_WORKSPACE) - bytes_held(1, MEM_WORKSPACE);
-  assert_int_equal(bytes_held_n(2 * N, 2, MEM_WORKSPACE) - bytes_held_n(2 * N, 1, MEM_WORKSPACE),
-                   ws_block);
+  assert_int_equal(
+      bytes_held_r(2 * N, 2, MEM_WORKSPACE, 0) - bytes_held_r(2 * N, 1, MEM_WORKSPACE, 0),
+      ws_block);
   // Recomputing bn1's output before conv2's backward (the default) keeps one tensor fewer; the
   // output goes to the scratch bn2 uses, which adds nothing.
   assert_int_equal(bytes_held_r(N, 2, MEM_ACT, 1) - bytes_held_r(N, 1, MEM_ACT, 1),

@@ -123,9 +123,8 @@ void scaling_predict(const MeasuredRun *m, const StepTraffic *t, const ScaleQues
                      &p->gradient_ms, &p->gradient_exposed_ms, &gradient_latency_ms);
     const long other_sums = t->allreduce_calls > 1 ? t->allreduce_calls - 1 : 0;
     const double sums_latency_ms = (double)other_sums * log2_rounds(N) * latency_ms;
-    const double sums_bytes =
-        t->other_allreduce_bytes + t->other_allreduce_bytes_per_sample * p->global_batch;
-    p->sums_ms = 2.0 * (N - 1) / N * sums_bytes * ms_per_byte + sums_latency_ms;
+    p->sums_ms = 2.0 * (N - 1) / N * scaling_other_sum_bytes(t, p->global_batch) * ms_per_byte +
+                 sums_latency_ms;
     const double gather_latency_ms =
         (double)t->allgather_calls * (log2_rounds(N) + (N - 1)) * latency_ms;
     p->allgather_ms = (double)(N - 1) * p->local_batch * t->gather_bytes_per_sample * ms_per_byte +

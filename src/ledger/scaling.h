@@ -75,6 +75,11 @@ typedef struct {
   double images_per_s;        // global batch / step_ms
 } ScalePrediction;
 
+// The payload of the step's other sums at a global batch of `global_batch`.
+static inline double scaling_other_sum_bytes(const StepTraffic *t, int global_batch) {
+  return t->other_allreduce_bytes + t->other_allreduce_bytes_per_sample * global_batch;
+}
+
 // Reads a run folder's ledger.jsonl. -1 with tl_last_error() when it has fewer than 2 steps.
 int scaling_read_run(const char *dir, MeasuredRun *m);
 
