@@ -217,8 +217,9 @@ finish "$name"
 # replica's steps: step 0 to 1e-5 (rounding only), later steps to 2e-3 (this ResNet amplifies
 # rounding: one replica on 1 or 2 threads already differs by 1e-4 at this learning rate).
 SYNCED=(--set model.sync_bn=1 --set optim.lr=0.01)
-for objective in inbatch moco; do
-  name="4 $objective: 2 hosts with sync_bn have one replica's losses"
+for numbered in 4a:inbatch 4b:moco; do
+  objective=${numbered#*:}
+  name="${numbered%%:*} $objective: 2 hosts with sync_bn have one replica's losses"
   one "$objective-one" --objective="$objective" "${RESNET[@]}" "${SYNCED[@]}"
   one_rc=$rc
   hosts "$objective-hosts" -- --objective="$objective" "${RESNET[@]}" "${SYNCED[@]}"
