@@ -9,8 +9,12 @@
 #include <cmocka.h>
 
 #include <mpi.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/error.h"
 #include "parallel/comm.h"
@@ -42,6 +46,18 @@ int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, voi
 int MPI_Bcast(void *buffer, int count, MPI_Datatype datatype, int root, MPI_Comm c) {
   exchanges++;
   return PMPI_Bcast(buffer, count, datatype, root, c);
+}
+
+// Who drives the non-blocking sums: set when an MPI_Testall that some thread other than the main
+// one called found every started sum complete.
+static pthread_t main_thread;
+static atomic_int completed_elsewhere;
+
+int MPI_Testall(int count, MPI_Request requests[], int *flag, MPI_Status statuses[]) {
+  int rc = PMPI_Testall(count, requests, flag, statuses);
+  if (rc == MPI_SUCCESS && *flag && !pthread_equal(pthread_self(), main_thread))
+    atomic_store(&completed_elsewhere, 1);
+  return rc;
 }
 
 // One SGD step at lr 0.1 from parameters (1, 2) with the averaged gradient of the two replicas'
@@ -138,6 +154,34 @@ static void test_allgatherv(void **state) {
   assert_float_equal(stats.bytes[COLL_ALLGATHER], want_bytes, 1e-9);
 }
 
+// A started sum completes while the thread that started it makes no MPI call at all, only
+// sleeps (as backward computes): Open MPI moves data only inside MPI calls, so the backend's
+// progress thread must be making them. 4 MiB a rank, past every eager limit. Without the thread
+// the loop gives up after 10 s and the wait below completes the sum.
+static void test_sums_advance_while_computing(void **state) {
+  (void)state;
+  int rank = comm_rank(comm), world = comm_size(comm);
+  enum { N = 1 << 20 };
+  float *buf = malloc(N * sizeof *buf);
+  assert_non_null(buf);
+  for (size_t i = 0; i < N; i++) buf[i] = (float)(rank + 1) + (float)(i % 7);
+  atomic_store(&completed_elsewhere, 0);
+  comm_iallreduce_sum(comm, buf, N);
+  const struct timespec tick = {.tv_sec = 0, .tv_nsec = 10 * 1000 * 1000};
+  for (int i = 0; i < 1000 && !atomic_load(&completed_elsewhere); i++) nanosleep(&tick, NULL);
+  int advanced = atomic_load(&completed_elsewhere);
+  comm_wait_all(comm);
+
+  assert_true(advanced);
+  // Small integers: the sum is exact in any order.
+  const float ranks_sum = (float)world * (float)(world + 1) / 2;
+  for (size_t i = 0; i < N; i++)
+    if (buf[i] != ranks_sum + (float)world * (float)(i % 7))
+      fail_msg("float %zu: %g after the sum, expected %g", i, buf[i],
+               ranks_sum + (float)world * (float)(i % 7));
+  free(buf);
+}
+
 static void test_sum_f64_and_backend(void **state) {
   (void)state;
   int rank = comm_rank(comm), world = comm_size(comm);
@@ -150,6 +194,7 @@ static void test_sum_f64_and_backend(void **state) {
 }
 
 int main(int argc, char **argv) {
+  main_thread = pthread_self();
   comm = comm_mpi_create(&argc, &argv);
   if (!comm) {
     fprintf(stderr, "test_comm_mpi: %s\n", tl_last_error());
@@ -159,6 +204,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_worked_example),
       cmocka_unit_test(test_weighted_is_one_exchange),
       cmocka_unit_test(test_allgatherv),
+      cmocka_unit_test(test_sums_advance_while_computing),
       cmocka_unit_test(test_sum_f64_and_backend),
   };
   int failures = cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,13 +1,24 @@
 // MPI backend: one replica per process under mpirun. Collectives run on a duplicate of
 // MPI_COMM_WORLD whose error handler returns error codes, so an MPI error becomes a comm_abort
-// with a message saying which collective failed and why. Only the thread that created the handle
-// calls MPI (MPI_THREAD_FUNNELED): OpenMP threads compute, they never communicate. With no
-// progress thread, non-blocking sums advance only while that thread is inside an MPI call, which
-// is why comm_test_all exists.
+// with a message saying which collective failed and why. OpenMP threads compute, they never
+// communicate.
+//
+// Open MPI's TCP transport moves a message only while some thread of the process is inside an MPI
+// call: a gradient bucket started during backward would otherwise advance only at the next
+// gradient report (comm_test_all), and a binomial sum's turn from reduce to broadcast, or a
+// receiver draining its socket, would wait for it. So while non-blocking sums are outstanding a
+// progress thread calls MPI_Testall every PROGRESS_PERIOD_NS and sleeps in between (a few
+// microseconds of CPU a call); with nothing outstanding it waits on a condition variable and
+// costs nothing. Every MPI call of the backend holds `lock` (MPI_THREAD_SERIALIZED: never two
+// threads in MPI at once). A library that offers only MPI_THREAD_FUNNELED gets no thread, and
+// comm_test_all drives the sums as before.
+#include <errno.h>
 #include <limits.h>
 #include <mpi.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "core/error.h"
 #include "parallel/comm_backend.h"
@@ -25,7 +36,17 @@ typedef struct {
   float *packed;
   size_t cap_packed;
   char failure[COMM_FAILURE_CHARS];
+  // The progress thread (has_progress): it polls while n_started > 0 and it has seen no error
+  // (an error is left to MPI_Waitall, whose caller reports it); `stop` ends it.
+  int has_progress, stop, poll_failed;
+  pthread_t progress;
+  pthread_mutex_t lock;
+  pthread_cond_t wake;
 } MpiComm;
+
+// 1 ms: a 100 Mbit/s link moves 12.5 kB in it, a 10 Gbit/s one 1.25 MB, both within what the
+// kernel's socket buffers hold, so the link does not idle between polls.
+#define PROGRESS_PERIOD_NS 1000000L
 
 // MPI is finalized with the last handle, and only if this module initialized it.
 static int live_handles;
@@ -40,12 +61,41 @@ static void release_mpi(void) {
 
 static MpiComm *mpi_of(Comm *c) { return (MpiComm *)c; }
 
+static void lock(MpiComm *m) { pthread_mutex_lock(&m->lock); }
+static void unlock(MpiComm *m) { pthread_mutex_unlock(&m->lock); }
+
+static void *progress_main(void *arg) {
+  MpiComm *m = arg;
+  const struct timespec period = {.tv_sec = 0, .tv_nsec = PROGRESS_PERIOD_NS};
+  lock(m);
+  while (!m->stop) {
+    if (m->n_started == 0 || m->poll_failed) {
+      pthread_cond_wait(&m->wake, &m->lock);
+      continue;
+    }
+    int all_done = 0;
+    if (MPI_Testall(m->n_started, m->started, &all_done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+      m->poll_failed = 1;
+    else if (all_done)
+      m->n_started = 0;
+    unlock(m);
+    struct timespec left = period;
+    while (nanosleep(&left, &left) != 0 && errno == EINTR) {
+    }
+    lock(m);
+  }
+  unlock(m);
+  return NULL;
+}
+
 static void mpi_abort(Comm *c, const char *why) {
   MpiComm *m = mpi_of(c);
   snprintf(m->failure, sizeof m->failure, "rank %d: %s", c->rank, why);
   fprintf(stderr, "tally: rank %d of %d stops every rank: %s\n", c->rank, c->world, why);
   fflush(stderr);
+  lock(m);
   MPI_Abort(MPI_COMM_WORLD, 1);
+  unlock(m);
 }
 
 // 0 on success; otherwise aborts every rank with the collective's name and MPI's reason.
@@ -88,9 +138,10 @@ static int mpi_allreduce_weighted(Comm *c, float *buf, size_t n, double local_we
   float *packed = m->packed;
   for (size_t i = 0; i < n; i++) packed[i] = buf[i] * weight;
   packed[n] = weight;
-  if (check(c, MPI_Allreduce(MPI_IN_PLACE, packed, (int)(n + 1), MPI_FLOAT, MPI_SUM, m->comm),
-            "allreduce_weighted: MPI_Allreduce"))
-    return -1;
+  lock(m);
+  int rc = MPI_Allreduce(MPI_IN_PLACE, packed, (int)(n + 1), MPI_FLOAT, MPI_SUM, m->comm);
+  unlock(m);
+  if (check(c, rc, "allreduce_weighted: MPI_Allreduce")) return -1;
   const double total_weight = packed[n];
   if (!(total_weight > 0)) {
     mpi_abort(c, "allreduce_weighted: the weights of all ranks sum to 0");
@@ -101,41 +152,52 @@ static int mpi_allreduce_weighted(Comm *c, float *buf, size_t n, double local_we
 }
 
 static int mpi_allreduce_sum_f64(Comm *c, double *buf, size_t n) {
+  MpiComm *m = mpi_of(c);
   if (!fits_int(c, n, "allreduce_sum_f64")) return -1;
-  return check(c, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, mpi_of(c)->comm),
-               "allreduce_sum_f64: MPI_Allreduce");
+  lock(m);
+  int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, m->comm);
+  unlock(m);
+  return check(c, rc, "allreduce_sum_f64: MPI_Allreduce");
 }
 
 static int mpi_iallreduce_sum_f32(Comm *c, float *buf, size_t n) {
   MpiComm *m = mpi_of(c);
   if (!fits_int(c, n, "iallreduce_sum")) return -1;
+  lock(m);
   if (m->n_started == m->cap_started) {
     m->cap_started = m->cap_started ? 2 * m->cap_started : 16;
     m->started = realloc(m->started, sizeof *m->started * (size_t)m->cap_started);
     if (!m->started) TL_DIE("out of memory for %d MPI requests", m->cap_started);
   }
-  MPI_Request *request = &m->started[m->n_started];
-  if (check(c, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, m->comm, request),
-            "iallreduce_sum: MPI_Iallreduce"))
-    return -1;
-  m->n_started++;
-  return 0;
+  int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, m->comm,
+                          &m->started[m->n_started]);
+  if (rc == MPI_SUCCESS) {
+    m->n_started++;
+    pthread_cond_signal(&m->wake);
+  }
+  unlock(m);
+  return check(c, rc, "iallreduce_sum: MPI_Iallreduce");
 }
 
+// With the progress thread this is its job; calling MPI here too would only take the lock from
+// it, or make backward wait for it.
 static int mpi_test_all(Comm *c) {
   MpiComm *m = mpi_of(c);
+  if (m->has_progress) return 0;
   int all_done = 0;
-  if (check(c, MPI_Testall(m->n_started, m->started, &all_done, MPI_STATUSES_IGNORE),
-            "iallreduce_sum: MPI_Testall"))
-    return -1;
+  int rc = MPI_Testall(m->n_started, m->started, &all_done, MPI_STATUSES_IGNORE);
+  if (check(c, rc, "iallreduce_sum: MPI_Testall")) return -1;
   if (all_done) m->n_started = 0;
   return 0;
 }
 
 static int mpi_wait_all(Comm *c) {
   MpiComm *m = mpi_of(c);
+  lock(m);
   int rc = MPI_Waitall(m->n_started, m->started, MPI_STATUSES_IGNORE);
   m->n_started = 0;
+  m->poll_failed = 0;
+  unlock(m);
   return check(c, rc, "iallreduce_sum: MPI_Waitall");
 }
 
@@ -143,11 +205,11 @@ static int mpi_allgather(Comm *c, const float *local, size_t n_local, float *out
                          size_t *total_count) {
   MpiComm *m = mpi_of(c);
   unsigned long long mine = n_local;
-  if (check(c,
-            MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, m->gathered_counts, 1,
-                          MPI_UNSIGNED_LONG_LONG, m->comm),
-            "allgather: MPI_Allgather of the counts"))
-    return -1;
+  lock(m);
+  int rc = MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, m->gathered_counts, 1,
+                         MPI_UNSIGNED_LONG_LONG, m->comm);
+  unlock(m);
+  if (check(c, rc, "allgather: MPI_Allgather of the counts")) return -1;
   size_t at = 0;
   for (int r = 0; r < c->world; r++) {
     if (r == c->rank) *offset = at;
@@ -158,20 +220,28 @@ static int mpi_allgather(Comm *c, const float *local, size_t n_local, float *out
     if (!fits_int(c, at, "allgather")) return -1;
   }
   *total_count = at;
-  return check(c,
-               MPI_Allgatherv(local, (int)n_local, MPI_FLOAT, out, m->recv_counts, m->displs,
-                              MPI_FLOAT, m->comm),
-               "allgather: MPI_Allgatherv");
+  lock(m);
+  rc = MPI_Allgatherv(local, (int)n_local, MPI_FLOAT, out, m->recv_counts, m->displs, MPI_FLOAT,
+                      m->comm);
+  unlock(m);
+  return check(c, rc, "allgather: MPI_Allgatherv");
 }
 
 static int mpi_broadcast(Comm *c, void *buf, size_t bytes, int root) {
+  MpiComm *m = mpi_of(c);
   if (!fits_int(c, bytes, "broadcast")) return -1;
-  return check(c, MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, mpi_of(c)->comm),
-               "broadcast: MPI_Bcast");
+  lock(m);
+  int rc = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, m->comm);
+  unlock(m);
+  return check(c, rc, "broadcast: MPI_Bcast");
 }
 
 static int mpi_barrier(Comm *c) {
-  return check(c, MPI_Barrier(mpi_of(c)->comm), "barrier: MPI_Barrier");
+  MpiComm *m = mpi_of(c);
+  lock(m);
+  int rc = MPI_Barrier(m->comm);
+  unlock(m);
+  return check(c, rc, "barrier: MPI_Barrier");
 }
 
 static const char *mpi_failure(const Comm *c) {
@@ -183,6 +253,15 @@ static void mpi_destroy(Comm *c) {
   MpiComm *m = mpi_of(c);
   // MPI_Finalize must not find a request still pending.
   if (m->n_started) mpi_wait_all(c);
+  if (m->has_progress) {
+    lock(m);
+    m->stop = 1;
+    pthread_cond_signal(&m->wake);
+    unlock(m);
+    pthread_join(m->progress, NULL);
+  }
+  pthread_cond_destroy(&m->wake);
+  pthread_mutex_destroy(&m->lock);
   MPI_Comm_free(&m->comm);
   free(m->gathered_counts);
   free(m->recv_counts);
@@ -217,18 +296,20 @@ Comm *comm_mpi_create(int *argc, char ***argv) {
     tl_fail("comm mpi: MPI was already finalized in this process");
     return NULL;
   }
+  int provided = MPI_THREAD_SINGLE;
   if (!initialized) {
-    int provided = MPI_THREAD_SINGLE;
-    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
       tl_fail("comm mpi: MPI_Init_thread failed (is this process started by mpirun?)");
       return NULL;
     }
     initialized_here = 1;
-    if (provided < MPI_THREAD_FUNNELED) {
-      release_mpi();
-      tl_fail("comm mpi: the MPI library does not support MPI_THREAD_FUNNELED");
-      return NULL;
-    }
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  if (provided < MPI_THREAD_FUNNELED) {
+    release_mpi();
+    tl_fail("comm mpi: the MPI library does not support MPI_THREAD_FUNNELED");
+    return NULL;
   }
   MPI_Comm comm;
   if (MPI_Comm_dup(MPI_COMM_WORLD, &comm) != MPI_SUCCESS) {
@@ -252,6 +333,11 @@ Comm *comm_mpi_create(int *argc, char ***argv) {
   m->gathered_counts = gathered_counts;
   m->recv_counts = recv_counts;
   m->displs = displs;
+  pthread_mutex_init(&m->lock, NULL);
+  pthread_cond_init(&m->wake, NULL);
+  // Without the thread, comm_test_all at each gradient report drives the sums.
+  m->has_progress =
+      provided >= MPI_THREAD_SERIALIZED && pthread_create(&m->progress, NULL, progress_main, m) == 0;
   live_handles++;
   return &m->base;
 }
