@@ -8,12 +8,15 @@
 # For each objective (its recipe in configs/: resnet-small for inbatch and moco, vit-tiny for
 # mae; batch 256, no kNN) and each link (unlimited, 1 Gbit/s, 100 Mbit/s; the last two again
 # with Open MPI's ring for the gradient allreduce instead of its own choice, binomial):
-#   1. a reference run of two local replicas (`--set parallel.replicas=2`: threads of one
-#      process, one core each, as each namespace rank has one core here), right before the
-#      measured run, so that both see the same load on a shared machine;
-#   2. the prediction from it, `tally plan --from REF --nodes 2 --link RATE --allreduce ALG
-#      --json` (ALG ring for the ring rows, else auto): RATE is the rate tbf is given, a line
-#      rate of which the plan takes TCP's payload at MTU 1500; the unshaped pair, which moves
+#   1. two reference runs of two local replicas (`--set parallel.replicas=2`: threads of one
+#      process, one core each, as each namespace rank has one core here), one right before and
+#      one right after the measured run, so that together they see the load the measured run
+#      saw on a shared machine (a machine whose speed drifts by 20% within minutes otherwise
+#      decides the error);
+#   2. the prediction from each, `tally plan --from REF --nodes 2 --link RATE --allreduce ALG
+#      --json` (ALG ring for the ring rows, else auto), and the mean of the two: RATE is the
+#      rate tbf is given, a line rate of which the plan takes TCP's payload at MTU 1500; the
+#      unshaped pair, which moves
 #      bytes as fast as the CPU copies them, is predicted at the payload rate measured on it
 #      (`--link RATE --mtu 0`);
 #   3. the same run over the two namespaces (`--set parallel.backend=mpi`, mpirun over TCP only),
@@ -24,11 +27,11 @@
 # namespaces (2 s, python3), against what the plan takes (links.md).
 # The table is printed last and written with every run folder and log under
 # bench-results/<timestamp>-scaling/, next to diagnosis.md: per row, the load average when the
-# row started, compute (step_ms − comm_ms) of the reference and the measured run, the reference's
-# comm_ms (local replicas exchange in memory, so that is waiting for the slower replica: the
-# prediction's wait), the predicted link time (all of it, and the part backward does not hide),
-# the measured run's comm_ms above the same objective's at unlimited, and its step_ms above its
-# reference's.
+# row started, compute (step_ms − comm_ms) of the references (their mean) and of the measured
+# run, the references' comm_ms (local replicas exchange in memory, so that is waiting for the
+# slower replica: the prediction's wait), the predicted link time (all of it, and the part
+# backward does not hide), the measured run's comm_ms above the same objective's at unlimited,
+# and its step_ms above the references'.
 #
 # The ranks wait with `--mca mpi_yield_when_idle 1`: two ranks on two cores that other work
 # shares are oversubscribed, and a rank that busy-polls keeps the CPU its peer needs to answer
@@ -38,7 +41,7 @@
 # Environment: TALLY_BIN (default build/tally), MPIEXEC (mpirun), MPI_MCA, STEPS (20),
 # WARMUP (2), LATENCY (--latency of the prediction, 50us). Needs root, `ip netns`, `tc` and
 # Open MPI. The namespaces (with them the veth pair and its qdiscs) and any process left in them
-# are removed on any exit. About 15 minutes on 2 cores.
+# are removed on any exit. About 20 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -160,11 +163,19 @@ median() {
          END { printf "%.1f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
-# predicted JSON FIELD: a number from `tally plan --json`'s line.
-predicted() { grep -o "\"$2\":[-0-9.e+]*" <<<"$1" | cut -d: -f2 | awk '{ printf "%.1f", $1 }'; }
+# predicted FIELD JSON...: the mean of FIELD over `tally plan --json` lines.
+predicted() {
+  local field=$1
+  shift
+  printf '%s\n' "$@" | grep -o "\"$field\":[-0-9.e+]*" | cut -d: -f2 |
+    awk '{ s += $1 } END { printf "%.1f", NR ? s / NR : 0 }'
+}
 
 # error PREDICTED MEASURED: the prediction's error in % of the measurement, signed.
 error() { awk -v p="$1" -v m="$2" 'BEGIN { printf "%+.0f%%", (m > 0 ? 100 * (p - m) / m : 0) }'; }
+
+# mean A B: (A + B) / 2, one decimal.
+mean() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", (a + b) / 2 }'; }
 
 # minus A B: A − B, one decimal.
 minus() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", a - b }'; }
@@ -218,27 +229,34 @@ for objective in "${OBJECTIVES[@]}"; do
     load=$(cut -d' ' -f1 /proc/loadavg)
     echo "$objective at $label (load average $load): reference run of two local replicas," \
       "then two hosts"
-    reference "$objective" "$run-reference"
-    link_args=(--link "$plan_rate")
-    [[ $tbf_rate == none ]] && link_args=(--link "${PAYLOAD[none]}B/s" --mtu 0)
-    plan=$("$TALLY_BIN" plan --from "$OUT/$run-reference" --nodes 2 "${link_args[@]}" \
-      --latency "$LATENCY" --allreduce "${algorithm:-auto}" --json)
-    echo "$plan" >"$OUT/$run.plan.json"
+    reference "$objective" "$run-reference-before"
     netns_shape "$tbf_rate" || die "cannot shape the link: $NETNS_ERROR"
     hosts "$objective" "$run" "${options[@]}"
-    step_p=$(predicted "$plan" predicted_step_ms)
-    serial_p=$(predicted "$plan" predicted_step_ms_no_overlap)
-    comm_p=$(predicted "$plan" predicted_comm_ms)
-    wait_p=$(predicted "$plan" predicted_wait_ms)
-    link_p=$(predicted "$plan" predicted_link_ms)
+    netns_shape none || die "cannot remove the link's qdisc: $NETNS_ERROR"
+    reference "$objective" "$run-reference-after"
+    link_args=(--link "$plan_rate")
+    [[ $tbf_rate == none ]] && link_args=(--link "${PAYLOAD[none]}B/s" --mtu 0)
+    plans=()
+    for when in before after; do
+      plans+=("$("$TALLY_BIN" plan --from "$OUT/$run-reference-$when" --nodes 2 \
+        "${link_args[@]}" --latency "$LATENCY" --allreduce "${algorithm:-auto}" --json)")
+      echo "${plans[-1]}" >"$OUT/$run.plan-$when.json"
+    done
+    step_p=$(predicted predicted_step_ms "${plans[@]}")
+    serial_p=$(predicted predicted_step_ms_no_overlap "${plans[@]}")
+    comm_p=$(predicted predicted_comm_ms "${plans[@]}")
+    wait_p=$(predicted predicted_wait_ms "${plans[@]}")
+    link_p=$(predicted predicted_link_ms "${plans[@]}")
     step_m=$(median "$run" step_ms)
     comm_m=$(median "$run" comm_ms)
     echo "| $objective | $label | $step_p / $step_m | $(error "$step_p" "$step_m") |" \
       "$serial_p | $(error "$serial_p" "$step_m") |" \
       "$comm_p / $comm_m | $(error "$comm_p" "$comm_m") |" >>"$TABLE"
     [[ $tbf_rate == none ]] && comm_m_unlimited=$comm_m
-    ref_step=$(median "$run-reference" step_ms)
-    ref_comm=$(median "$run-reference" comm_ms)
+    ref_step=$(mean "$(median "$run-reference-before" step_ms)" \
+      "$(median "$run-reference-after" step_ms)")
+    ref_comm=$(mean "$(median "$run-reference-before" comm_ms)" \
+      "$(median "$run-reference-after" comm_ms)")
     echo "| $objective | $label | $load | $(minus "$ref_step" "$ref_comm") /" \
       "$(minus "$step_m" "$comm_m") | $ref_comm | $link_p / $(minus "$comm_p" "$wait_p") |" \
       "$(minus "$comm_m" "$comm_m_unlimited") | $(minus "$step_m" "$ref_step") |" >>"$DIAG"
