@@ -227,8 +227,8 @@ for objective in "${OBJECTIVES[@]}"; do
     options=()
     [[ $algorithm == ring ]] && options=("${RING[@]}")
     load=$(cut -d' ' -f1 /proc/loadavg)
-    echo "$objective at $label (load average $load): reference run of two local replicas," \
-      "then two hosts"
+    echo "$objective at $label (load average $load): two local replicas, two hosts, two local" \
+      "replicas again"
     reference "$objective" "$run-reference-before"
     netns_shape "$tbf_rate" || die "cannot shape the link: $NETNS_ERROR"
     hosts "$objective" "$run" "${options[@]}"
