@@ -251,8 +251,9 @@ static const char *mpi_failure(const Comm *c) {
 
 static void mpi_destroy(Comm *c) {
   MpiComm *m = mpi_of(c);
-  // MPI_Finalize must not find a request still pending.
-  if (m->n_started) mpi_wait_all(c);
+  // MPI_Finalize must not find a request still pending (waiting for none returns at once; the
+  // count is read under the lock, which the progress thread may be holding).
+  mpi_wait_all(c);
   if (m->has_progress) {
     lock(m);
     m->stop = 1;
