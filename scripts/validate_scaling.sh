@@ -261,7 +261,6 @@ for objective in "${OBJECTIVES[@]}"; do
       "$(minus "$step_m" "$comm_m") | $ref_comm | $link_p / $(minus "$comm_p" "$wait_p") |" \
       "$(minus "$comm_m" "$comm_m_unlimited") | $(minus "$step_m" "$ref_step") |" >>"$DIAG"
   done
-  netns_shape none || die "cannot remove the link's qdisc: $NETNS_ERROR"
 done
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo

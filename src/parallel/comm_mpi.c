@@ -64,6 +64,14 @@ static MpiComm *mpi_of(Comm *c) { return (MpiComm *)c; }
 static void lock(MpiComm *m) { pthread_mutex_lock(&m->lock); }
 static void unlock(MpiComm *m) { pthread_mutex_unlock(&m->lock); }
 
+// One look at the started sums, which lets MPI move their data; forgets them once all are done.
+static int poll_started(MpiComm *m) {
+  int all_done = 0;
+  int rc = MPI_Testall(m->n_started, m->started, &all_done, MPI_STATUSES_IGNORE);
+  if (rc == MPI_SUCCESS && all_done) m->n_started = 0;
+  return rc;
+}
+
 static void *progress_main(void *arg) {
   MpiComm *m = arg;
   const struct timespec period = {.tv_sec = 0, .tv_nsec = PROGRESS_PERIOD_NS};
@@ -73,11 +81,7 @@ static void *progress_main(void *arg) {
       pthread_cond_wait(&m->wake, &m->lock);
       continue;
     }
-    int all_done = 0;
-    if (MPI_Testall(m->n_started, m->started, &all_done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
-      m->poll_failed = 1;
-    else if (all_done)
-      m->n_started = 0;
+    if (poll_started(m) != MPI_SUCCESS) m->poll_failed = 1;
     unlock(m);
     struct timespec left = period;
     while (nanosleep(&left, &left) != 0 && errno == EINTR) {
@@ -184,11 +188,7 @@ static int mpi_iallreduce_sum_f32(Comm *c, float *buf, size_t n) {
 static int mpi_test_all(Comm *c) {
   MpiComm *m = mpi_of(c);
   if (m->has_progress) return 0;
-  int all_done = 0;
-  int rc = MPI_Testall(m->n_started, m->started, &all_done, MPI_STATUSES_IGNORE);
-  if (check(c, rc, "iallreduce_sum: MPI_Testall")) return -1;
-  if (all_done) m->n_started = 0;
-  return 0;
+  return check(c, poll_started(m), "iallreduce_sum: MPI_Testall");
 }
 
 static int mpi_wait_all(Comm *c) {
