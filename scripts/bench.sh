@@ -10,9 +10,13 @@
 #                    [--peak-size N] [--any-blas] [--wait-quiet SECONDS] [--require-quiet]
 #                    [OBJECTIVE/MODEL...]
 # Rows (default): inbatch/resnet-small-32 moco/resnet-small-32 mae/vit-tiny inbatch/vit-tiny
-# moco/vit-tiny; MODEL is a file in models/, the recipe configs/OBJECTIVE.ini
-# (configs/OBJECTIVE-vit.ini for a vit model, except mae). Each row runs R (default 2) pairs,
-# Tally then PyTorch, then PyTorch then Tally, ..., each W (5) warm-up + N (20) measured steps;
+# moco/vit-tiny inbatch/resnet18-small-images moco/resnet18-small-images; MODEL is a file in
+# models/, the recipe configs/OBJECTIVE.ini (configs/OBJECTIVE-vit.ini for a vit model, except
+# mae). The resnet18-small-images rows train on photo-sized input: 64x64 RGB at batch 64
+# (TALLY_BENCH_PHOTO_BATCH), from a folder of 512 synthetic RGB images the benchmark writes once
+# (bench-results/photos-64); PyTorch's side, as on every row, trains on random tensors. Each row
+# runs R (default 2) pairs, Tally then PyTorch, then PyTorch then Tally, ..., each W (5) warm-up
+# + N (20) measured steps;
 # scripts/bench_torch.py is the PyTorch side (and measures both sides' processes). Before the
 # rows and again after them, a oneDNN matmul of N×N×N (4096) in fp32 and, when the CPU has
 # avx512_bf16, bf16 measures the peak (the best reading) the achieved GFLOP/s are a fraction
@@ -240,6 +244,35 @@ ensure_openblas() {
 
 loadavg() { cut -d' ' -f1 /proc/loadavg; }
 
+# make_photos DIR N SIZE: N SIZExSIZE 24-bit RGB BMPs in DIR (once): smooth colour gradients with
+# a few discs, so crops, flips and colour jitter see an image rather than noise.
+make_photos() {
+  [ -f "$1/done" ] && return 0
+  mkdir -p "$1"
+  "$PY" - "$1" "$2" "$3" <<'PYEOF'
+import struct, sys
+import numpy as np
+out, n, s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rng = np.random.default_rng(0)
+y, x = np.mgrid[0:s, 0:s] / s
+for i in range(n):
+    a = rng.uniform(0, 1, (3, 3))
+    img = np.stack([a[c, 0] + a[c, 1] * x + a[c, 2] * y for c in range(3)], -1)
+    for _ in range(3):
+        cx, cy, r = rng.uniform(0, 1, 3) * (1, 1, 0.3)
+        img[(x - cx) ** 2 + (y - cy) ** 2 < r * r] = rng.uniform(0, 1, 3)
+    rgb = (np.clip(img / img.max(), 0, 1) * 255).astype(np.uint8)
+    rows = rgb[::-1, :, ::-1].reshape(s, s * 3)  # BMP: bottom-up rows, BGR
+    pad = (-s * 3) % 4
+    data = b"".join(r.tobytes() + b"\0" * pad for r in rows)
+    head = struct.pack("<2sIHHI", b"BM", 54 + len(data), 0, 0, 54)
+    info = struct.pack("<IiiHHIIiiII", 40, s, s, 1, 24, 0, len(data), 2835, 2835, 0, 0)
+    with open(f"{out}/img{i:04d}.bmp", "wb") as f:
+        f.write(head + info + data)
+PYEOF
+  touch "$1/done"
+}
+
 vs_pytorch() {
   local warmup=5 steps=20 repeats=2 peak=1 peak_n=4096 any_blas=0 wait_quiet=0 require_quiet=0
   local rows=()
@@ -259,7 +292,7 @@ vs_pytorch() {
       --wait-quiet) wait_quiet=${2:-}; shift 2 ;;
       --wait-quiet=*) wait_quiet=${1#*=}; shift ;;
       --require-quiet) require_quiet=1; shift ;;
-      -h | --help) sed -n '8,24p' "$0" | sed 's/^# \{0,1\}//'; return 0 ;;
+      -h | --help) sed -n '8,28p' "$0" | sed 's/^# \{0,1\}//'; return 0 ;;
       */*) rows+=("$1"); shift ;;
       *) die "unknown argument '$1' (rows are OBJECTIVE/MODEL, e.g. moco/vit-tiny)" ;;
     esac
@@ -269,7 +302,8 @@ vs_pytorch() {
   done
   if [ "$steps" -lt 1 ] || [ "$repeats" -lt 1 ]; then die "need --steps >= 1 and --repeats >= 1"; fi
   [ ${#rows[@]} -gt 0 ] ||
-    rows=(inbatch/resnet-small-32 moco/resnet-small-32 mae/vit-tiny inbatch/vit-tiny moco/vit-tiny)
+    rows=(inbatch/resnet-small-32 moco/resnet-small-32 mae/vit-tiny inbatch/vit-tiny moco/vit-tiny
+      inbatch/resnet18-small-images moco/resnet18-small-images)
 
   [ -x build/tally ] || scripts/setup.sh
   if ! "$PY" -c 'import torch' 2> /dev/null; then
@@ -322,6 +356,12 @@ vs_pytorch() {
     printf '%s\t%s\t%s\t%s\n' "$slug" "$objective" "models/$model.ini" "$config" >> "$out/rows.tsv"
     local set=(--set "model.file=models/$model.ini" "${extra[@]}")
     [ "$objective" = mae ] && set+=(--set mae.png_every=0)  # output, not training
+    if [ "$model" = resnet18-small-images ]; then
+      make_photos bench-results/photos-64 512 64
+      set+=(--set data.format=imagefolder --set data.labels=none --set data.train=bench-results/photos-64
+        --set data.test=bench-results/photos-64 --set data.image_size=64 --set data.channels=3
+        --set "train.batch_size=${TALLY_BENCH_PHOTO_BATCH:-64}")
+    fi
     params=$(build/tally plan --objective="$objective" --config "$config" "${set[@]}" 2> "$dir/plan.log" |
       awk '$1 == "parameters" { print $2 }') || true
     [ -n "$params" ] || { echo "bench: tally plan failed for $row, see $dir/plan.log" >&2; continue; }

@@ -66,6 +66,7 @@ typedef struct {
                               // replica's FLOPs), 3epochs; overrides steps and epochs
     char precision[8];        // fp32 | bf16 (convolutions and linear layers; see DnnlCtx.bf16)
     int recompute;            // 1: ViT blocks recompute norms and GELU in backward (DnnlCtx)
+    char conv_algorithm[12];  // auto | direct | winograd (3x3 convolutions; see DnnlCtx)
     int checkpoint_every;     // 50 steps between checkpoints (also at each epoch's end and the
                               // run's); 0 = only those. A checkpoint costs ~10 ms here.
   } train;

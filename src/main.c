@@ -189,12 +189,14 @@ static int load_config(const char *objective, const ConfigArgs *a, Config *cfg) 
 
 // Keys a resumed run may change: none of them changes the model, the objective, the data or
 // the optimization of the steps already taken (train.recompute changes only what is kept between
-// forward and backward, not a value). train.precision is among them because bf16 lives
-// only inside a step: the parameters and the optimizer and objective state a checkpoint holds are
-// f32 in either precision.
+// forward and backward, not a value). train.precision and train.conv_algorithm are among them
+// because they only change how a step multiplies: bf16 lives only inside a step (the parameters
+// and the optimizer and objective state a checkpoint holds are f32 in either precision), and
+// Winograd computes the same convolution.
 static int resume_may_set(const char *assignment) {
   static const char *const allowed[] = {
       "train.steps=",         "train.epochs=",           "train.precision=", "train.recompute=",
+      "train.conv_algorithm=",
       "train.log_every=",     "train.checkpoint_every=", "eval.",
       "mae.png_every=",       "ledger.every=",           "parallel.checksum_every=",
       "parallel.bucket_kib=", "parallel.replicas=",      "parallel.backend="};

@@ -528,6 +528,7 @@ static const char *const every_key[][2] = {
     {"train.batch_size", "64"},
     {"train.precision", "bf16"},
     {"train.recompute", "0"},
+    {"train.conv_algorithm", "winograd"},
     {"train.epochs", "3"},
     {"train.steps", "123"},
     {"train.seed", "18446744073709551615"},

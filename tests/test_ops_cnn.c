@@ -29,6 +29,12 @@
 #define GRAD_ATOL_SCALE 1e-2
 #define EPS_LINEAR 1e-2f
 #define EPS_SMOOTH 1e-2f
+// A convolution is linear in its input and in its weights, so a wide step has no truncation
+// error and divides the float32 rounding of the loss by more: the 64-channel cases sum 576
+// products an output, and Winograd rounds its transforms as well. Their tensors are checked at
+// WIDE_SAMPLES entries each (a fixed sample) rather than all 37k weights.
+#define EPS_WIDE 0.25f
+#define WIDE_SAMPLES 600
 // Inputs of ReLU-like kinks are kept at least this far from 0, well beyond any perturbation.
 #define KINK_MARGIN 0.05f
 
@@ -75,11 +81,16 @@ static double loss_fn(void *vctx) {
   return s;
 }
 
+static void expect_grad_sampled(LossCtx *lc, float *x, const float *g, size_t n, size_t samples,
+                                float eps, const char *label) {
+  assert_non_null(g);
+  double err = gradcheck(loss_fn, lc, x, g, n, samples, eps, GRAD_ATOL_SCALE, label);
+  assert_true(err < GRAD_RTOL);
+}
+
 static void expect_grad(LossCtx *lc, float *x, const float *g, size_t n, float eps,
                         const char *label) {
-  assert_non_null(g);
-  double err = gradcheck(loss_fn, lc, x, g, n, n, eps, GRAD_ATOL_SCALE, label);
-  assert_true(err < GRAD_RTOL);
+  expect_grad_sampled(lc, x, g, n, n, eps, label);
 }
 
 static void conv_fwd(void *l, DnnlCtx *ctx, const float *in) { conv2d_forward(l, ctx, in); }
@@ -114,9 +125,38 @@ static void conv_reference(const ConvCase *c, int OH, int OW, const float *in, c
         }
 }
 
-static void check_conv(const ConvCase *c) {
+// Index of element (n, h, w, c) of an (N, H, W, C) tensor in oneDNN's nChw16c (C a multiple of
+// 16): blocks of 16 channels, each an (H, W, 16) plane, images outermost.
+static size_t blocked_index(int H, int W, int C, int n, int h, int w, int c) {
+  return ((((size_t)n * (C / 16) + c / 16) * H + h) * W + w) * 16 + c % 16;
+}
+
+// nhwc `x` rearranged into (or, with to_blocked = 0, back from) nChw16c `y`.
+static void reblock(const float *x, float *y, int N, int H, int W, int C, int to_blocked) {
+  for (int n = 0; n < N; n++)
+    for (int h = 0; h < H; h++)
+      for (int w = 0; w < W; w++)
+        for (int c = 0; c < C; c++) {
+          size_t plain = (((size_t)n * H + h) * W + w) * C + c;
+          size_t blocked = blocked_index(H, W, C, n, h, w, c);
+          if (to_blocked)
+            y[blocked] = x[plain];
+          else
+            y[plain] = x[blocked];
+        }
+}
+
+// One case in the builder's activation layout (0: nhwc; nChw16c: activations blocked, an input of
+// fewer than 16 channels read nhwc as the images are) with `algo`; `winograd`: whether the op
+// must have taken Winograd. The reference works in nhwc; the op's input and output are converted
+// around it, while the gradients are checked in the op's own layout (the loss sum(out * R) does
+// not care which).
+static void check_conv_in(const ConvCase *c, dnnl_format_tag_t layout, ConvAlgorithm algo,
+                          int winograd, float eps) {
   Env e;
   env_init(&e, conv_floats(c->IC, c->OC, c->K, c->has_bias), OP_TRAIN);
+  e.b.layout = layout;
+  e.ctx.conv_algorithm = algo;
   Conv2d l;
   conv2d_init(&l, &e.b, "conv", c->N, c->IC, c->IH, c->IW, c->OC, c->K, c->stride, c->pad,
               c->has_bias, c->need_din);
@@ -124,21 +164,33 @@ static void check_conv(const ConvCase *c) {
   int OW = (c->IW + 2 * c->pad - c->K) / c->stride + 1;
   assert_int_equal(l.OH, OH);
   assert_int_equal(l.OW, OW);
+  assert_int_equal(l.winograd, winograd);
   if (!c->need_din) assert_null(l.din);
   // A bias starting at zero would not test its forward use.
   if (c->has_bias) fill_uniform(l.bias, (size_t)c->OC, -0.5f, 0.5f, 1);
 
   size_t n_in = (size_t)c->N * c->IH * c->IW * c->IC, n_out = (size_t)c->N * OH * OW * c->OC;
   size_t n_w = (size_t)c->OC * c->IC * c->K * c->K;
-  float *in = new_tensor(n_in), *R = new_tensor(n_out);
+  const int blocked_in = layout == dnnl_nChw16c && c->IC % 16 == 0;
+  const int blocked_out = layout == dnnl_nChw16c;
+  float *in = new_tensor(n_in), *in_op = new_tensor(n_in), *R = new_tensor(n_out);
+  float *out = new_tensor(n_out);
   double *ref = tl_alloc(n_out * sizeof(double), MEM_DATA, COMP_OTHER);
   fill_uniform(in, n_in, -1, 1, 2);
   fill_uniform(R, n_out, -1, 1, 3);
+  if (blocked_in)
+    reblock(in, in_op, c->N, c->IH, c->IW, c->IC, 1);
+  else
+    memcpy(in_op, in, n_in * sizeof(float));
 
   dnnl_ctx_reset_flops(&e.ctx);
-  conv2d_forward(&l, &e.ctx, in);
+  conv2d_forward(&l, &e.ctx, in_op);
   conv_reference(c, OH, OW, in, l.weight, l.has_bias ? l.bias : NULL, ref);
-  expect_close(l.out, ref, n_out, FWD_ATOL);
+  if (blocked_out)
+    reblock(l.out, out, c->N, OH, OW, c->OC, 0);
+  else
+    memcpy(out, l.out, n_out * sizeof(float));
+  expect_close(out, ref, n_out, FWD_ATOL);
 
   conv2d_backward(&l, &e.ctx, R);
   double pass = 2.0 * c->N * OH * OW * c->OC * c->IC * c->K * c->K;
@@ -146,18 +198,26 @@ static void check_conv(const ConvCase *c) {
   assert_float_equal(e.ctx.flops_forward[COMP_ENCODER], pass + bias, 0.5);
   assert_float_equal(e.ctx.flops_backward[COMP_ENCODER], (c->need_din ? pass : 0.0) + pass + bias,
                      0.5);
+  // Winograd's passes are counted at direct convolution's arithmetic.
+  assert_float_equal(e.ctx.flops_winograd, winograd ? (c->need_din ? 3 : 2) * pass : 0.0, 0.5);
 
-  LossCtx lc = {conv_fwd, &l, &e.ctx, in, l.out, R, n_out};
-  if (c->need_din) expect_grad(&lc, in, l.din, n_in, EPS_LINEAR, "conv din");
-  expect_grad(&lc, l.weight, l.dweight, n_w, EPS_LINEAR, "conv dweight");
-  if (c->has_bias) expect_grad(&lc, l.bias, l.dbias, (size_t)c->OC, EPS_LINEAR, "conv dbias");
+  LossCtx lc = {conv_fwd, &l, &e.ctx, in_op, l.out, R, n_out};
+  const size_t samples = eps == EPS_WIDE ? WIDE_SAMPLES : SIZE_MAX;
+  if (c->need_din) expect_grad_sampled(&lc, in_op, l.din, n_in, samples, eps, "conv din");
+  expect_grad_sampled(&lc, l.weight, l.dweight, n_w, samples, eps, "conv dweight");
+  if (c->has_bias)
+    expect_grad_sampled(&lc, l.bias, l.dbias, (size_t)c->OC, samples, eps, "conv dbias");
 
   tl_free(in);
+  tl_free(in_op);
   tl_free(R);
+  tl_free(out);
   tl_free(ref);
   conv2d_destroy(&l);
   env_destroy(&e);
 }
+
+static void check_conv(const ConvCase *c) { check_conv_in(c, 0, CONV_ALGO_AUTO, 0, EPS_LINEAR); }
 
 // Convolution cases: N, IC, IH, IW, OC, K, stride, pad, has_bias, need_din.
 static const ConvCase conv_cases[] = {
@@ -178,6 +238,36 @@ static const ConvCase conv_cases[] = {
 static void test_conv_cases(void **state) {
   (void)state;
   for (size_t i = 0; i < sizeof conv_cases / sizeof conv_cases[0]; i++) check_conv(&conv_cases[i]);
+}
+
+// Whether this oneDNN offers Winograd here: 2.x (3.2 removed it) on an AVX-512 CPU.
+static int winograd_available(void) {
+  const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  return DNNL_VERSION_MAJOR < 3 && (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+}
+
+// Blocked activations, as a ResNet whose channel counts are multiples of 16 runs: direct and
+// Winograd give the reference convolution and its gradients. Auto takes Winograd for 3x3
+// stride-1 layers of 64 channels and more only; strided, 1x1 and image-input layers stay direct
+// whatever is asked.
+static void test_conv_blocked_layouts(void **state) {
+  (void)state;
+  const int wino = winograd_available();
+  const ConvCase wide = {2, 64, 6, 6, 64, 3, 1, 1, 1, 1}, narrow = {2, 16, 5, 7, 32, 3, 1, 1, 0, 1};
+  check_conv_in(&wide, dnnl_nChw16c, CONV_ALGO_DIRECT, 0, EPS_WIDE);
+  check_conv_in(&wide, dnnl_nChw16c, CONV_ALGO_AUTO, wino, EPS_WIDE);
+  check_conv_in(&narrow, dnnl_nChw16c, CONV_ALGO_AUTO, 0, EPS_WIDE);
+  check_conv_in(&narrow, dnnl_nChw16c, CONV_ALGO_WINOGRAD, wino, EPS_WIDE);
+  // The images: 3 and 1 channels read nhwc, the output blocked; never Winograd.
+  const ConvCase rgb = {2, 3, 6, 6, 16, 3, 1, 1, 0, 0}, gray = {2, 1, 6, 6, 16, 3, 1, 1, 0, 0};
+  check_conv_in(&rgb, dnnl_nChw16c, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
+  check_conv_in(&gray, dnnl_nChw16c, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
+  // A strided 3x3 and a 1x1 projection on blocked activations.
+  const ConvCase strided = {2, 16, 6, 6, 32, 3, 2, 1, 0, 1}, proj = {2, 16, 6, 6, 32, 1, 2, 0, 0, 1};
+  check_conv_in(&strided, dnnl_nChw16c, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
+  check_conv_in(&proj, dnnl_nChw16c, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
+  // nhwc never runs Winograd (oneDNN has none for it).
+  check_conv_in(&wide, 0, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
 }
 
 static void test_conv_init_and_infer_mode(void **state) {
@@ -539,7 +629,8 @@ static void test_global_avg_pool(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_conv_cases), cmocka_unit_test(test_conv_init_and_infer_mode),
+      cmocka_unit_test(test_conv_cases), cmocka_unit_test(test_conv_blocked_layouts),
+      cmocka_unit_test(test_conv_init_and_infer_mode),
       cmocka_unit_test(test_bn_4d),      cmocka_unit_test(test_bn_4d_relu),
       cmocka_unit_test(test_bn_2d),      cmocka_unit_test(test_bn_2d_relu),
       cmocka_unit_test(test_bn_modes),   cmocka_unit_test(test_bn_split_groups),

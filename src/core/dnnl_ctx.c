@@ -34,6 +34,7 @@ void dnnl_ctx_destroy(DnnlCtx *ctx) {
 void dnnl_ctx_reset_flops(DnnlCtx *ctx) {
   memset(ctx->flops_forward, 0, sizeof ctx->flops_forward);
   memset(ctx->flops_backward, 0, sizeof ctx->flops_backward);
+  ctx->flops_winograd = 0;
 }
 
 double dnnl_ctx_total_flops(const DnnlCtx *ctx) {
@@ -60,12 +61,27 @@ dnnl_primitive_attr_t dnnl_ctx_attr(void) {
   return user_scratchpad_attr;
 }
 
-dnnl_primitive_t dnnl_ctx_make(DnnlCtx *ctx, const void *op_desc, const_dnnl_primitive_desc_t hint,
-                               dnnl_primitive_desc_t *pd) {
+ConvAlgorithm conv_algorithm_parse(const char *text) {
+  return strcmp(text, "direct") == 0     ? CONV_ALGO_DIRECT
+         : strcmp(text, "winograd") == 0 ? CONV_ALGO_WINOGRAD
+                                         : CONV_ALGO_AUTO;
+}
+
+dnnl_primitive_t dnnl_ctx_try_make(DnnlCtx *ctx, const void *op_desc,
+                                   const_dnnl_primitive_desc_t hint, dnnl_primitive_desc_t *pd) {
+  dnnl_status_t status = dnnl_primitive_desc_create(pd, op_desc, dnnl_ctx_attr(), ctx->engine, hint);
+  if (status == dnnl_unimplemented) return *pd = NULL, NULL;
+  DNNL_CHECK(status);
   dnnl_primitive_t prim;
-  DNNL_CHECK(dnnl_primitive_desc_create(pd, op_desc, dnnl_ctx_attr(), ctx->engine, hint));
   DNNL_CHECK(dnnl_primitive_create(&prim, *pd));
   dnnl_ctx_reserve_scratchpad(ctx, *pd);
+  return prim;
+}
+
+dnnl_primitive_t dnnl_ctx_make(DnnlCtx *ctx, const void *op_desc, const_dnnl_primitive_desc_t hint,
+                               dnnl_primitive_desc_t *pd) {
+  dnnl_primitive_t prim = dnnl_ctx_try_make(ctx, op_desc, hint, pd);
+  if (!prim) TL_DIE("oneDNN has no implementation for a primitive this build needs");
   return prim;
 }
 

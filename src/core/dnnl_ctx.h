@@ -14,6 +14,15 @@
       TL_DIE("oneDNN call failed (status %d): %s", (int)status_, #call); \
   } while (0)
 
+typedef enum {
+  CONV_ALGO_AUTO,      // Winograd where it was measured faster (ops/conv.c), else direct
+  CONV_ALGO_DIRECT,    // direct everywhere
+  CONV_ALGO_WINOGRAD,  // Winograd wherever oneDNN offers it
+} ConvAlgorithm;
+
+// "auto", "direct" or "winograd" (the config checked the text).
+ConvAlgorithm conv_algorithm_parse(const char *text);
+
 typedef struct {
   dnnl_engine_t engine;
   dnnl_stream_t stream;
@@ -43,9 +52,16 @@ typedef struct {
   // GELU outputs, ResNet blocks their first BatchNorm-ReLU output, before the f32 op whose
   // backward reads them, instead of keeping them.
   int recompute;
+  // [train] conv_algorithm: which 3x3 stride-1 convolutions on blocked activations run oneDNN's
+  // Winograd F(4x4, 3x3) kernels (see ops/conv.c); the others, and any the library lacks it
+  // for, run direct.
+  ConvAlgorithm conv_algorithm;
   // Analytic FLOPs (multiply-add = 2) added by ops as they execute, reset by the trainer per step.
   double flops_forward[COMP_NCOMP];
   double flops_backward[COMP_NCOMP];
+  // The part of the above (forward and backward, every component) that convolution passes run by
+  // Winograd kernels added: still the direct count, the arithmetic of the model.
+  double flops_winograd;
 } DnnlCtx;
 
 void dnnl_ctx_init(DnnlCtx *ctx);
@@ -60,6 +76,10 @@ dnnl_primitive_attr_t dnnl_ctx_attr(void);
 // descriptor for backward primitives, or NULL) and its primitive, and reserves its scratchpad.
 dnnl_primitive_t dnnl_ctx_make(DnnlCtx *ctx, const void *op_desc, const_dnnl_primitive_desc_t hint,
                                dnnl_primitive_desc_t *pd);
+// The same, but NULL (and *pd NULL) when the library has no implementation for `op_desc` (an
+// algorithm this build or CPU lacks), so the caller can fall back to another.
+dnnl_primitive_t dnnl_ctx_try_make(DnnlCtx *ctx, const void *op_desc,
+                                   const_dnnl_primitive_desc_t hint, dnnl_primitive_desc_t *pd);
 
 // Grows the shared scratchpad to at least what `pd` asks for (call once at op creation).
 void dnnl_ctx_reserve_scratchpad(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd);

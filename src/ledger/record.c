@@ -83,6 +83,7 @@ static const Field fields[] = {
              UNIT_FLOPS),
     FIELD_AT("flops_backward_loss", flops_backward_by[COMP_LOSS], F_DOUBLE, LEDGER_COST,
              UNIT_FLOPS),
+    FIELD(flops_winograd, F_DOUBLE, LEDGER_COST, UNIT_FLOPS),
     FIELD(comm_bytes, F_DOUBLE, LEDGER_COST, UNIT_BYTES),
     FIELD(comm_allreduce_bytes, F_DOUBLE, LEDGER_COST, UNIT_BYTES),
     FIELD(comm_allgather_bytes, F_DOUBLE, LEDGER_COST, UNIT_BYTES),

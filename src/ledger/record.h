@@ -51,6 +51,9 @@ typedef struct {
   // cost
   double flops_forward, flops_backward;
   double flops_forward_by[COMP_NCOMP], flops_backward_by[COMP_NCOMP];
+  // The part of flops_forward + flops_backward that convolutions ran by Winograd kernels
+  // ([train] conv_algorithm), counted as direct convolution's arithmetic like the rest.
+  double flops_winograd;
   double comm_bytes;
   double comm_allreduce_bytes, comm_allgather_bytes;
   // Collectives this step (a bucketed gradient average is one): each pays the link's latency

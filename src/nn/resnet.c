@@ -76,7 +76,7 @@ static void block_init(BasicBlock *blk, Builder *b, const char *name, int N, int
   int H = blk->conv1.OH, W = blk->conv1.OW;
   snprintf(nm, sizeof nm, "%s.bn1", name);
   b->grad_slot = GRAD_A, b->out_slot = in_place ? OUT_A : OUT_B;
-  b->scratch_slot = b->ctx->recompute || !conv2d_will_read_input(b, 1) ? SCRATCH_SUM : -1;
+  b->scratch_slot = b->ctx->recompute || !conv2d_will_read_input(b, OC, 1) ? SCRATCH_SUM : -1;
   batchnorm_init(&blk->bn1, b, nm, N, OC, H, W, 1, train);
   b->scratch_slot = -1;
   snprintf(nm, sizeof nm, "%s.conv2", name);
@@ -214,6 +214,18 @@ static void resnet_destroy(Backbone *bb) {
   free(r);
 }
 
+// Activations stay in oneDNN's blocked nChw16c from the stem's output to the pooled feature when
+// every channel count fills whole blocks of 16: the layout the Winograd convolutions need, which
+// direct convolution, BatchNorm, ReLU, the residual sum and pooling run on as fast as on nhwc,
+// so nothing is reordered between layers. The images enter nhwc (the stem converts them). A
+// builder that names a layout (tests: nhwc) has it.
+static dnnl_format_tag_t resnet_layout(const ModelSpec *spec) {
+  if (spec->stem_channels % 16 != 0) return dnnl_nhwc;
+  for (int s = 0; s < model_spec_stages(spec); s++)
+    if (spec->stage_channels[s] % 16 != 0) return dnnl_nhwc;
+  return dnnl_nChw16c;
+}
+
 Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels) {
   TL_ASSERT(channels <= BACKBONE_MAX_CHANNELS);
   ResNet *r = calloc(1, sizeof *r);
@@ -235,6 +247,7 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
   if (train) pooled.grad_pool = &r->grads, pooled.scratch_pool = &r->scratch;
   if (!train) pooled.out_pool = &r->outs;
   pooled.scratch_slot = pooled.inner_slot = -1;
+  if (!pooled.layout) pooled.layout = resnet_layout(spec);
   b = &pooled;
   int C = spec->stem_channels, H = r->padded_size, W = r->padded_size;
   b->out_slot = OUT_A;

@@ -69,6 +69,8 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
         "of at least 2 values per channel",
         name, l->splits, N);
   l->N = N, l->C = C, l->H = H, l->W = W, l->fuse_relu = fuse_relu;
+  l->blocked = builder_layout(b) == dnnl_nChw16c;
+  if (l->blocked && C % 16 != 0) TL_DIE("batchnorm %s: %d channels, blocked", name, C);
   l->need_din = need_din && b->mode == OP_TRAIN;
   l->mode = b->mode;
   l->comp = ctx->component;
@@ -99,7 +101,7 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
 
   // The primitives see one group; forward and backward run once per group.
   dnnl_dims_t data_dims = {N / l->splits, C, H, W}, c_dims = {C};
-  dnnl_memory_desc_t data_md = dnnl_md_plain(4, data_dims, dnnl_nhwc);
+  dnnl_memory_desc_t data_md = dnnl_md_plain(4, data_dims, builder_layout(b));
   dnnl_memory_desc_t c_md = dnnl_md_plain(1, c_dims, dnnl_a);
   unsigned flags = dnnl_use_scale | dnnl_use_shift | (fuse_relu ? dnnl_fuse_norm_relu : 0u);
 
@@ -328,13 +330,17 @@ static void sync_din(BatchNorm *l, DnnlCtx *ctx, float *din, const float *dgamma
     a[C + c] = (float)(p->sync_buf[c] / samples);                      // avg dbeta / n_local
     a[2 * C + c] = (float)(p->sync_buf[C + c] / samples) * inv_sigma;  // avg dgamma / n / sigma
   }
-  const size_t rows = (size_t)l->N * l->H * l->W;
+  // A row is `width` consecutive channels from `first`: all C of a pixel in nhwc; in nChw16c one
+  // block of 16, the blocks of an image one after another, each over every pixel.
+  const int width = l->blocked ? 16 : C;
+  const size_t pixels = (size_t)l->H * l->W, rows = (size_t)l->N * pixels * (C / width);
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < rows; i++) {
-    const float *x = l->in + i * C;
-    float *d = din + i * C;
-    for (int c = 0; c < C; c++)
-      d[c] -= a[c] * (a[C + c] + (x[c] - p->batch_mean[c]) * a[2 * C + c]);
+    const int first = l->blocked ? (int)((i / pixels) % (size_t)(C / 16)) * 16 : 0;
+    const float *x = l->in + i * width;
+    float *d = din + i * width;
+    for (int k = 0, c = first; k < width; k++, c++)
+      d[k] -= a[c] * (a[C + c] + (x[k] - p->batch_mean[c]) * a[2 * C + c]);
   }
 }
 

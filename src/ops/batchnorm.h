@@ -1,9 +1,9 @@
 // Batch normalization over N*H*W per channel, optionally with a fused ReLU (oneDNN's
 // dnnl_fuse_norm_relu: the ReLU mask is its workspace). Works for 2-D inputs with H = W = 1.
 // With ctx->bn_splits = G > 1 (training and momentum-encoder modes), the batch is normalized as
-// G groups of N/G samples, each with its own statistics — contiguous in NHWC, so each group is
-// one execution of a primitive made for N/G — as G replicas without synchronized BatchNorm
-// would; the running statistics follow the mean of the groups' statistics.
+// G groups of N/G samples, each with its own statistics — contiguous in NHWC and in the blocked
+// nChw16c, so each group is one execution of a primitive made for N/G — as G replicas without
+// synchronized BatchNorm would; the running statistics follow the mean of the groups' statistics.
 #pragma once
 #include "ops/builder.h"
 
@@ -11,6 +11,7 @@ typedef struct {
   int N, C, H, W, fuse_relu, need_din;
   int splits;  // groups with their own batch statistics (1: the whole batch)
   int sync;    // statistics of the global batch (ctx->bn_sync), and their gradient
+  int blocked;  // activations in nChw16c (the builder's layout), else nhwc
   OpMode mode;
   MemComponent comp;
   float eps, momentum;    // 1e-5, running stats updated as r = (1-momentum) r + momentum batch

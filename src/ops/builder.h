@@ -2,7 +2,9 @@
 // and FLOPs are counted), the parameter block it takes its weights from, and the mode it runs in.
 //
 // Conventions shared by all ops (src/ops/*.h):
-// - Layouts: 4-D activations are NHWC (oneDNN tag nhwc); 2-D are (rows, features) row-major;
+// - Layouts: 4-D activations are NHWC (oneDNN tag nhwc) unless the builder says otherwise (a
+//   network whose channel counts allow it runs oneDNN's blocked nChw16c, which its Winograd
+//   convolutions need; element-wise ops do not care); 2-D are (rows, features) row-major;
 //   token tensors are (N, T, D) row-major, which is the same memory as NHWC with H*W = T.
 // - An op is created once for fixed shapes (its primitives are created then, never per step),
 //   owns its output `out` and, when asked, its input gradient `din`; it remembers the input
@@ -76,7 +78,15 @@ typedef struct {
   // lives only inside one of its passes (attention: the probabilities and dense heads of a
   // forward-only pass; the score and dense-head gradients of a backward); < 0 its own.
   int inner_slot;
+  // The layout of the 4-D activations the ops pass each other: 0 (nhwc) or dnnl_nChw16c, which
+  // needs every channel count a multiple of 16 except a convolution's input read from outside
+  // the network (the images, nhwc).
+  dnnl_format_tag_t layout;
 } Builder;
+
+static inline dnnl_format_tag_t builder_layout(const Builder *b) {
+  return b->layout ? b->layout : dnnl_nhwc;
+}
 
 // Memory category for an op's output under this builder's mode.
 static inline MemCategory builder_out_category(const Builder *b) {

@@ -5,6 +5,7 @@
 
 typedef struct {
   int N, IC, IH, IW, OC, OH, OW, K, stride, pad, has_bias, need_din;
+  int winograd;  // forward runs oneDNN's Winograd kernel (ctx->conv_algorithm, ops/conv.c)
   OpMode mode;
   MemComponent comp;
   float *weight, *dweight;  // (OC, IC, K, K) plain oihw
@@ -26,9 +27,16 @@ void conv2d_backward(Conv2d *l, DnnlCtx *ctx, const float *dout);  // dweight, d
 // Whether backward reads the f32 input forward was given (its weight gradient's source), rather
 // than a converted copy forward kept (a compute type other than f32, at stride 1).
 int conv2d_backward_reads_input(const Conv2d *l);
-// The same, for a convolution `b` would build at `stride`, before it is built: f32, or a strided
-// one, whose weight gradient stays f32 (oneDNN 2.6's bf16 kernel for it is slower here).
-static inline int conv2d_will_read_input(const Builder *b, int stride) {
-  return dnnl_ctx_compute_type(b->ctx) == dnnl_f32 || stride > 1;
+// Whether a convolution `b` would build over IC input channels reads the images (nhwc) in a
+// blocked network, rather than an activation in the network's layout.
+static inline int conv_image_input(const Builder *b, int IC) {
+  return builder_layout(b) != dnnl_nhwc && IC % 16 != 0;
+}
+// The same, for a convolution `b` would build over IC channels at `stride`, before it is built:
+// f32 in the layout its kernel reads (not a 3-channel image a blocked network converts), or a
+// strided one, whose weight gradient stays f32 (oneDNN 2.6's bf16 kernel for it is slower here).
+static inline int conv2d_will_read_input(const Builder *b, int IC, int stride) {
+  return (dnnl_ctx_compute_type(b->ctx) == dnnl_f32 && !(conv_image_input(b, IC) && IC != 1)) ||
+         stride > 1;
 }
 void conv2d_destroy(Conv2d *l);

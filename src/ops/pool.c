@@ -27,10 +27,13 @@ void gap_init(GlobalAvgPool *l, Builder *b, int N, int H, int W, int C, int need
   struct PoolPrivate *p = calloc(1, sizeof *p);
   if (!p) TL_DIE("out of memory");
   l->priv = p;
+  // In the blocked layout (N, C, 1, 1) is the plain (N, C) the head reads only when C fills
+  // whole blocks.
+  if (builder_layout(b) != dnnl_nhwc && C % 16 != 0) TL_DIE("pool: %d channels, blocked", C);
   dnnl_dims_t src_dims = {N, C, H, W}, dst_dims = {N, C, 1, 1};
   dnnl_dims_t kernel = {H, W}, strides = {1, 1}, padding = {0, 0};
-  dnnl_memory_desc_t src_md = dnnl_md_plain(4, src_dims, dnnl_nhwc);
-  dnnl_memory_desc_t dst_md = dnnl_md_plain(4, dst_dims, dnnl_nhwc);
+  dnnl_memory_desc_t src_md = dnnl_md_plain(4, src_dims, builder_layout(b));
+  dnnl_memory_desc_t dst_md = dnnl_md_plain(4, dst_dims, builder_layout(b));
   dnnl_pooling_desc_t fwd_desc;
   DNNL_CHECK(dnnl_pooling_forward_desc_init(
       &fwd_desc, l->need_din ? dnnl_forward_training : dnnl_forward_inference,

@@ -36,6 +36,7 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
   r->ctx.bn_splits = cfg->model.bn_splits;
   r->ctx.bf16 = strcmp(cfg->train.precision, "bf16") == 0;
   r->ctx.recompute = cfg->train.recompute;
+  r->ctx.conv_algorithm = conv_algorithm_parse(cfg->train.conv_algorithm);
   r->ctx.dry_run = spec->dry_run;
   comm_set_dry_run(comm, spec->dry_run);
   loader_shard(spec->global_batch, spec->rank, spec->world, spec->shard_sizes, &r->offset,
@@ -115,6 +116,7 @@ void replica_count(const Replica *r, LedgerRecord *rec) {
     rec->flops_forward += r->ctx.flops_forward[c];
     rec->flops_backward += r->ctx.flops_backward[c];
   }
+  rec->flops_winograd = r->ctx.flops_winograd;
   ledger_record_comm(rec, &cs);
   rec->shard_samples = r->local_batch;
   rec->shard_weight = (double)r->local_batch / r->global_batch;
