@@ -69,6 +69,7 @@ static const char *const counted[] = {"step",
                                       "flops_backward_head",
                                       "flops_backward_decoder",
                                       "flops_backward_loss",
+                                      "flops_winograd",
                                       "comm_bytes",
                                       "comm_allreduce_bytes",
                                       "comm_allgather_bytes",
@@ -327,6 +328,17 @@ static void test_resnet_conv_flops(void **state) {
   // images need none).
   double conv_bwd = N * (2 * per_image - stem);
   assert_true(bwd >= conv_bwd && bwd <= 1.02 * conv_bwd);
+  // train.conv_algorithm = auto runs Winograd for the 3x3 stride-1 layers of 64 channels and more
+  // (stages 2 and 3's second convolutions), all three passes, where oneDNN has it (2.x, AVX-512).
+  const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  const int wino = DNNL_VERSION_MAJOR < 3 &&
+                   (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+  const double winograd = 3.0 * N * (conv_flops(14, 64, 64, 3) + conv_flops(7, 128, 128, 3));
+  print_message("Winograd %.4g of %.4g FLOPs\n", r.flops_winograd, fwd + bwd);
+  assert_float_equal(r.flops_winograd, wino ? winograd : 0.0, 1.0);
+  assert_true(config_set(&c, "train.conv_algorithm=direct") == 0);
+  plan(&c, "inbatch", 0, &r, &t);
+  assert_float_equal(r.flops_winograd, 0.0, 0.0);
 }
 
 static void test_memory_budget(void **state) {
