@@ -61,6 +61,11 @@ dnnl_primitive_attr_t dnnl_ctx_attr(void) {
   return user_scratchpad_attr;
 }
 
+int dnnl_cpu_has_avx512(void) {
+  const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  return (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+}
+
 ConvAlgorithm conv_algorithm_parse(const char *text) {
   return strcmp(text, "direct") == 0     ? CONV_ALGO_DIRECT
          : strcmp(text, "winograd") == 0 ? CONV_ALGO_WINOGRAD

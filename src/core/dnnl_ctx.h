@@ -20,6 +20,10 @@ typedef enum {
   CONV_ALGO_WINOGRAD,  // Winograd wherever oneDNN offers it
 } ConvAlgorithm;
 
+// Whether oneDNN runs AVX-512 (avx512_core) kernels on this CPU: blocked nChw16c activations and
+// Winograd convolutions are native there only.
+int dnnl_cpu_has_avx512(void);
+
 // "auto", "direct" or "winograd" (the config checked the text).
 ConvAlgorithm conv_algorithm_parse(const char *text);
 

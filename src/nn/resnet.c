@@ -223,8 +223,7 @@ static dnnl_format_tag_t resnet_layout(const ModelSpec *spec) {
   // Blocks of 16 are AVX-512's: without it oneDNN's fast kernels want nhwc or blocks of 8, and
   // several ops on nChw16c fall back to reference code (valgrind's AVX2-only CPU showed it), while
   // Winograd, the reason for the layout, exists only for AVX-512 anyway.
-  const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-  if ((isa & dnnl_cpu_isa_avx512_core) != dnnl_cpu_isa_avx512_core) return dnnl_nhwc;
+  if (!dnnl_cpu_has_avx512()) return dnnl_nhwc;
   if (spec->stem_channels % 16 != 0) return dnnl_nhwc;
   for (int s = 0; s < model_spec_stages(spec); s++)
     if (spec->stage_channels[s] % 16 != 0) return dnnl_nhwc;
