@@ -111,7 +111,8 @@ static const KeySpec recipe_keys[] = {
              "before the fp32 op whose backward reads them: each transformer block's LayerNorm "
              "and GELU outputs (28-32% less activation memory on the shipped ViT recipes for "
              "1-8% more step time), each ResNet block's first BatchNorm-ReLU output (18% less "
-             "on resnet-small-32 for 1-2% more step time); the same gradients. 0: kept (faster, more memory). bf16 "
+             "on resnet-small-32 for 1-2% more step time); the same gradients. 0: kept (faster, "
+             "more memory). bf16 "
              "matmuls and convolutions keep their own copies either way"),
 
     TEXT_KEY(RECIPE(train, conv_algorithm), "auto", "auto|direct|winograd",

@@ -12,7 +12,6 @@
 #define CONFIG_MAX_REPLICAS 64  // local replicas (threads) in one process
 #define CONFIG_MAX_OBJECTIVES 8
 
-
 #define CONFIG_MAX_KEYS 192  // recipe keys, objectives' sections included
 
 typedef struct {

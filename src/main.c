@@ -194,12 +194,20 @@ static int load_config(const char *objective, const ConfigArgs *a, Config *cfg) 
 // and the optimizer and objective state a checkpoint holds are f32 in either precision), and
 // Winograd computes the same convolution.
 static int resume_may_set(const char *assignment) {
-  static const char *const allowed[] = {
-      "train.steps=",         "train.epochs=",           "train.precision=", "train.recompute=",
-      "train.conv_algorithm=",
-      "train.log_every=",     "train.checkpoint_every=", "eval.",
-      "mae.png_every=",       "ledger.every=",           "parallel.checksum_every=",
-      "parallel.bucket_kib=", "parallel.replicas=",      "parallel.backend="};
+  static const char *const allowed[] = {"train.steps=",
+                                        "train.epochs=",
+                                        "train.precision=",
+                                        "train.recompute=",
+                                        "train.conv_algorithm=",
+                                        "train.log_every=",
+                                        "train.checkpoint_every=",
+                                        "eval.",
+                                        "mae.png_every=",
+                                        "ledger.every=",
+                                        "parallel.checksum_every=",
+                                        "parallel.bucket_kib=",
+                                        "parallel.replicas=",
+                                        "parallel.backend="};
   for (size_t i = 0; i < sizeof allowed / sizeof *allowed; i++)
     if (strncmp(assignment, allowed[i], strlen(allowed[i])) == 0) return 1;
   return 0;
@@ -558,9 +566,8 @@ static int plan_scaling(const char *run_dir, const char *nodes_text, const char 
         traffic.gradient_buckets == 1 ? "" : "s",
         scaling_allreduce_name(allreduce == SCALE_ALLREDUCE_AUTO ? SCALE_ALLREDUCE_BINOMIAL
                                                                  : allreduce),
-        scaling_other_sum_bytes(&traffic, m.global_batch),
-        traffic.other_allreduce_bytes_per_sample, traffic.gather_bytes_per_sample, traffic.allreduce_calls,
-        traffic.allgather_calls);
+        scaling_other_sum_bytes(&traffic, m.global_batch), traffic.other_allreduce_bytes_per_sample,
+        traffic.gather_bytes_per_sample, traffic.allreduce_calls, traffic.allgather_calls);
     printf("gradient buckets in the order they start (MB, written by this share of backward):");
     for (int b = 0; b < traffic.gradient_buckets; b++)
       printf(" %.2f (%.0f%%)", traffic.bucket_bytes[b] / 1e6, 100 * traffic.bucket_ready[b]);

@@ -241,9 +241,7 @@ static void test_conv_cases(void **state) {
 }
 
 // Whether this oneDNN offers Winograd here: 2.x (3.2 removed it) on an AVX-512 CPU.
-static int winograd_available(void) {
-  return DNNL_VERSION_MAJOR < 3 && dnnl_cpu_has_avx512();
-}
+static int winograd_available(void) { return DNNL_VERSION_MAJOR < 3 && dnnl_cpu_has_avx512(); }
 
 // Blocked activations, as a ResNet whose channel counts are multiples of 16 runs: direct and
 // Winograd give the reference convolution and its gradients. Auto takes Winograd for 3x3
@@ -262,7 +260,8 @@ static void test_conv_blocked_layouts(void **state) {
   check_conv_in(&rgb, dnnl_nChw16c, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
   check_conv_in(&gray, dnnl_nChw16c, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
   // A strided 3x3 and a 1x1 projection on blocked activations.
-  const ConvCase strided = {2, 16, 6, 6, 32, 3, 2, 1, 0, 1}, proj = {2, 16, 6, 6, 32, 1, 2, 0, 0, 1};
+  const ConvCase strided = {2, 16, 6, 6, 32, 3, 2, 1, 0, 1},
+                 proj = {2, 16, 6, 6, 32, 1, 2, 0, 0, 1};
   check_conv_in(&strided, dnnl_nChw16c, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
   check_conv_in(&proj, dnnl_nChw16c, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
   // nhwc never runs Winograd (oneDNN has none for it).
@@ -628,13 +627,19 @@ static void test_global_avg_pool(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_conv_cases), cmocka_unit_test(test_conv_blocked_layouts),
+      cmocka_unit_test(test_conv_cases),
+      cmocka_unit_test(test_conv_blocked_layouts),
       cmocka_unit_test(test_conv_init_and_infer_mode),
-      cmocka_unit_test(test_bn_4d),      cmocka_unit_test(test_bn_4d_relu),
-      cmocka_unit_test(test_bn_2d),      cmocka_unit_test(test_bn_2d_relu),
-      cmocka_unit_test(test_bn_modes),   cmocka_unit_test(test_bn_split_groups),
-      cmocka_unit_test(test_relu),       cmocka_unit_test(test_gelu),
-      cmocka_unit_test(test_add),        cmocka_unit_test(test_global_avg_pool),
+      cmocka_unit_test(test_bn_4d),
+      cmocka_unit_test(test_bn_4d_relu),
+      cmocka_unit_test(test_bn_2d),
+      cmocka_unit_test(test_bn_2d_relu),
+      cmocka_unit_test(test_bn_modes),
+      cmocka_unit_test(test_bn_split_groups),
+      cmocka_unit_test(test_relu),
+      cmocka_unit_test(test_gelu),
+      cmocka_unit_test(test_add),
+      cmocka_unit_test(test_global_avg_pool),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -74,7 +74,8 @@ ConvAlgorithm conv_algorithm_parse(const char *text) {
 
 dnnl_primitive_t dnnl_ctx_try_make(DnnlCtx *ctx, const void *op_desc,
                                    const_dnnl_primitive_desc_t hint, dnnl_primitive_desc_t *pd) {
-  dnnl_status_t status = dnnl_primitive_desc_create(pd, op_desc, dnnl_ctx_attr(), ctx->engine, hint);
+  dnnl_status_t status =
+      dnnl_primitive_desc_create(pd, op_desc, dnnl_ctx_attr(), ctx->engine, hint);
   if (status == dnnl_unimplemented) return *pd = NULL, NULL;
   DNNL_CHECK(status);
   dnnl_primitive_t prim;

@@ -9,8 +9,8 @@
 
 typedef struct {
   int N, C, H, W, fuse_relu, need_din;
-  int splits;  // groups with their own batch statistics (1: the whole batch)
-  int sync;    // statistics of the global batch (ctx->bn_sync), and their gradient
+  int splits;   // groups with their own batch statistics (1: the whole batch)
+  int sync;     // statistics of the global batch (ctx->bn_sync), and their gradient
   int blocked;  // activations in nChw16c (the builder's layout), else nhwc
   OpMode mode;
   MemComponent comp;

@@ -67,11 +67,11 @@ typedef struct {
   DnnlCtx *ctx;
   ParamSet *params;
   OpMode mode;
-  int calls;              // forward calls before backward, OP_TRAIN only; 0 means 1
-  BufferPool *grad_pool;  // NULL: each op owns its input gradient
-  int grad_slot;          // with a pool: the buffer the next op's din takes
-  BufferPool *out_pool;   // NULL (or OP_TRAIN): each op owns its output
-  int out_slot;           // with a pool: the buffer the next op's output takes, < 0 its own
+  int calls;                 // forward calls before backward, OP_TRAIN only; 0 means 1
+  BufferPool *grad_pool;     // NULL: each op owns its input gradient
+  int grad_slot;             // with a pool: the buffer the next op's din takes
+  BufferPool *out_pool;      // NULL (or OP_TRAIN): each op owns its output
+  int out_slot;              // with a pool: the buffer the next op's output takes, < 0 its own
   BufferPool *scratch_pool;  // NULL (or not OP_TRAIN): outputs are kept for backward
   int scratch_slot;          // with a scratch pool: the next op's output's buffer, < 0 its own
   // With a scratch pool, in any mode: the first of two buffers the next op may take for what

@@ -53,9 +53,12 @@ static int conv_winograd_wanted(const Conv2d *l, const DnnlCtx *ctx, dnnl_format
       dnnl_ctx_compute_type(ctx) != dnnl_f32)
     return 0;
   switch (ctx->conv_algorithm) {
-    case CONV_ALGO_DIRECT: return 0;
-    case CONV_ALGO_WINOGRAD: return 1;
-    case CONV_ALGO_AUTO: break;
+    case CONV_ALGO_DIRECT:
+      return 0;
+    case CONV_ALGO_WINOGRAD:
+      return 1;
+    case CONV_ALGO_AUTO:
+      break;
   }
   return l->IC >= 64 && l->OC >= 64;
 }
@@ -122,7 +125,9 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   dnnl_data_type_t type = dnnl_ctx_compute_type(ctx);
   const dnnl_format_tag_t act = builder_layout(b);
   const int image_input = conv_image_input(b, IC);
-  const dnnl_format_tag_t in_tag = image_input && IC == 1 ? dnnl_nchw : image_input ? dnnl_nhwc : act;
+  const dnnl_format_tag_t in_tag = image_input && IC == 1 ? dnnl_nchw
+                                   : image_input          ? dnnl_nhwc
+                                                          : act;
   const dnnl_format_tag_t src_tag = image_input ? dnnl_nchw : act;
   dnnl_dims_t src_dims = {N, IC, IH, IW}, dst_dims = {N, OC, l->OH, l->OW};
   dnnl_dims_t w_dims = {OC, IC, K, K}, b_dims = {OC};
@@ -137,21 +142,20 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   dnnl_memory_desc_t b_md = dnnl_md_plain(1, b_dims, dnnl_a);
   const dnnl_memory_desc_t *b_md_or_null = has_bias ? &b_md : NULL;
 
-  dnnl_alg_kind_t alg = conv_winograd_wanted(l, ctx, act) ? dnnl_convolution_winograd
-                                                          : dnnl_convolution_direct;
+  dnnl_alg_kind_t alg =
+      conv_winograd_wanted(l, ctx, act) ? dnnl_convolution_winograd : dnnl_convolution_direct;
   const dnnl_prop_kind_t prop =
       b->mode == OP_TRAIN ? dnnl_forward_training : dnnl_forward_inference;
   dnnl_convolution_desc_t fwd_desc;
-  DNNL_CHECK(dnnl_convolution_forward_desc_init(&fwd_desc, prop, alg, &src_md, &w_any,
-                                                b_md_or_null, &dst_md, strides, padding, padding));
+  DNNL_CHECK(dnnl_convolution_forward_desc_init(&fwd_desc, prop, alg, &src_md, &w_any, b_md_or_null,
+                                                &dst_md, strides, padding, padding));
   if (alg == dnnl_convolution_winograd &&
       !(p->fwd = dnnl_ctx_try_make(ctx, &fwd_desc, NULL, &p->fwd_pd))) {
     // This library or CPU has no Winograd kernel (oneDNN 3.2 removed them): direct, as asked
     // for where Winograd is not.
     alg = dnnl_convolution_direct;
-    DNNL_CHECK(dnnl_convolution_forward_desc_init(&fwd_desc, prop, alg, &src_md, &w_any,
-                                                  b_md_or_null, &dst_md, strides, padding,
-                                                  padding));
+    DNNL_CHECK(dnnl_convolution_forward_desc_init(
+        &fwd_desc, prop, alg, &src_md, &w_any, b_md_or_null, &dst_md, strides, padding, padding));
   }
   l->winograd = p->winograd[CONV_FWD] = alg == dnnl_convolution_winograd;
   if (!p->fwd) p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
@@ -199,9 +203,8 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   const dnnl_memory_desc_t *bw_diff_dst_md = p->bwd_weights_f32 ? &dst_md : &diff_dst_md;
   for (dnnl_alg_kind_t a = alg; !p->bwd_weights; a = dnnl_convolution_direct) {
     dnnl_convolution_desc_t bw_desc;
-    DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&bw_desc, a, bw_src_md, &dw_any,
-                                                           b_md_or_null, bw_diff_dst_md, strides,
-                                                           padding, padding));
+    DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(
+        &bw_desc, a, bw_src_md, &dw_any, b_md_or_null, bw_diff_dst_md, strides, padding, padding));
     p->bwd_weights = a == dnnl_convolution_direct
                          ? dnnl_ctx_make(ctx, &bw_desc, p->fwd_pd, &p->bwd_weights_pd)
                          : dnnl_ctx_try_make(ctx, &bw_desc, p->fwd_pd, &p->bwd_weights_pd);
@@ -269,8 +272,8 @@ void conv2d_backward(Conv2d *l, DnnlCtx *ctx, const float *dout) {
     dnnl_mem_bind(p->bw_diff_dst, dnnl_copy_last(&p->dout, dout));
   }
   size_t nw = (size_t)l->OC * l->IC * l->K * l->K;
-  OpGrads g = op_grads_begin(&l->calls, l->dweight, nw, l->has_bias ? l->dbias : NULL,
-                             (size_t)l->OC);
+  OpGrads g =
+      op_grads_begin(&l->calls, l->dweight, nw, l->has_bias ? l->dbias : NULL, (size_t)l->OC);
   float *dw = g.target[0], *db = g.target[1];
   dnnl_mem_bind(p->dwei, p->dw_buf ? p->dw_buf : dw);
   dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, p->bw_src},
