@@ -32,11 +32,6 @@ int dataset_load_imagefolder(Dataset *ds, const char *root, int image_size, int 
 
 void dataset_free(Dataset *ds);
 
-// Opens `path` read-only if it is a regular file, without blocking on a FIFO or a device:
-// the descriptor (its size in *bytes when not NULL), or -1 with tl_last_error() "PATH: no such
-// file" (errno ENOENT), "PATH: not a regular file" or "PATH: cannot open: reason".
-int dataset_open_regular(const char *path, int64_t *bytes);
-
 // Puts a test set's labels in the training set's terms before anything is scored: ImageFolder
 // classes are matched by name (a test set may hold a subset; a class the training set lacks is
 // an error naming it), IDX labels must lie among the training labels. -1 with tl_last_error().

@@ -13,6 +13,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "data/dataset.h"
+#include "io/regular_file.h"
 
 enum {
   IDX_MAGIC_IMAGES = 0x00000803,  // unsigned bytes, 3 dimensions (n, rows, cols)
@@ -39,28 +40,6 @@ static const char missing_hint[] =
 static const char images_tag[] = "-images-idx3-";
 static const char labels_tag[] = "-labels-idx1-";
 
-int dataset_open_regular(const char *path, int64_t *bytes) {
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    if (err == ENOENT)
-      tl_fail("%s: no such file", path);
-    else
-      tl_fail("%s: cannot open: %s", path, strerror(err));
-    errno = err;
-    return -1;
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    tl_fail("%s: not a regular file", path);
-    errno = EINVAL;
-    return -1;
-  }
-  if (bytes) *bytes = st.st_size;
-  return fd;
-}
-
 // An IDX file being read: its gzip (or plain) stream and what the file system says of it.
 typedef struct {
   const char *path;
@@ -73,7 +52,7 @@ typedef struct {
 static int open_idx(IdxFile *f, const char *path, const char *hint) {
   memset(f, 0, sizeof *f);
   f->path = path;
-  int fd = dataset_open_regular(path, &f->file_bytes);
+  int fd = regular_open(path, 0, &f->file_bytes);
   if (fd < 0) return errno == ENOENT ? tl_fail("%s: no such file (%s)", path, hint) : -1;
   if (!(f->gz = gzdopen(fd, "rb"))) {
     close(fd);

@@ -17,6 +17,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "data/dataset.h"
+#include "io/regular_file.h"
 
 static const char *const image_extensions[] = {".png", ".jpg", ".jpeg", ".bmp"};
 // stb_image allocates the whole decoded image, so its size is checked (stbi_info reads only the
@@ -178,7 +179,7 @@ static uint8_t *decode(FILE *f, long long pixels, int channels, int *w, int *h) 
 // regular there, so what is decoded is what was checked.
 static int load_image(const char *path, int size, int channels, uint8_t *out) {
   int64_t file_bytes = 0;
-  int fd = dataset_open_regular(path, &file_bytes);
+  int fd = regular_open(path, 0, &file_bytes);
   if (fd < 0) return -1;
   if (!magic_matches(path, fd)) {
     close(fd);

@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -31,6 +32,11 @@ int atomic_open(AtomicFile *a, const char *path) {
   // folder lock by mistake) never share a temporary file.
   static atomic_uint counter;
   memset(a, 0, sizeof *a);
+  // The rename would replace the node itself: a device such as /dev/null, or a FIFO, would become
+  // this file.
+  struct stat st;
+  if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+    return tl_fail("%s: not a regular file; write to a new path or a regular file", path);
   snprintf(a->path, sizeof a->path, "%s", path);
   snprintf(a->tmp, sizeof a->tmp, "%s.tmp.%ld.%u", path, (long)getpid(),
            atomic_fetch_add(&counter, 1));

@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/regular_file.h"
 #include "ledger/bytes.h"
 #include "ledger/record.h"
 
@@ -76,15 +78,11 @@ static int read_text(const char *dir, const char *file, char **text, size_t *len
   char path[4200];
   snprintf(path, sizeof path, "%s/%s", dir, file);
   *text = NULL;
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT ? 1 : tl_fail("%s: cannot read: %s", path, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    return tl_fail("%s: not a regular file", path);
-  }
+  int64_t bytes;
+  int fd = regular_open(path, 0, &bytes);
+  if (fd < 0) return errno == ENOENT ? 1 : -1;
   // The size read is what fstat said; a file still growing (a live run) is read up to there.
-  size_t len = 0, size = (size_t)st.st_size;
+  size_t len = 0, size = (size_t)bytes;
   char *buf = malloc(size + 1);
   if (!buf) TL_DIE("out of memory reading %s (%zu bytes)", path, size);
   ssize_t got = 1;
@@ -819,18 +817,10 @@ int report_write(int n_runs, const char *const *run_dirs, const char *out_path) 
   int rc = -1, loaded = 0;
   for (; loaded < n_runs; loaded++)
     if (load_run(&runs[loaded], run_dirs[loaded]) != 0) goto out;
-  char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.tmp", out_path);
-  FILE *f = fopen(tmp, "w");
-  if (!f) {
-    tl_fail("%s: cannot write: %s", out_path, strerror(errno));
-    goto out;
-  }
-  write_page(f, runs, n_runs);
-  if (fclose(f) != 0 || rename(tmp, out_path) != 0) {
-    tl_fail("%s: cannot write: %s", out_path, strerror(errno));
-    goto out;
-  }
+  AtomicFile a;
+  if (output_path_check(out_path) != 0 || atomic_open(&a, out_path) != 0) goto out;
+  write_page(a.f, runs, n_runs);
+  if (atomic_commit(&a) != 0) goto out;
   rc = 0;
 out:
   for (int k = 0; k < loaded; k++) run_free(&runs[k]);

@@ -1,0 +1,87 @@
+#include "io/regular_file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/error.h"
+
+const char *const RUN_STATE_FILES[] = {".lock",        "config.ini", "checkpoint.safetensors",
+                                       "ledger.jsonl", "ledger.csv", "eval.jsonl",
+                                       "summary.json", NULL};
+
+int regular_open(const char *path, int append, int64_t *bytes) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, and for writing
+  // for a reader, before fstat could say what it is.
+  int flags = append ? O_WRONLY | O_APPEND | O_CREAT : O_RDONLY;
+  int fd = open(path, flags | O_NONBLOCK | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    int err = errno;
+    if (err == ENOENT)
+      tl_fail("%s: no such file", path);
+    else
+      tl_fail("%s: cannot open: %s", path, strerror(err));
+    errno = err;
+    return -1;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    tl_fail("%s: not a regular file", path);
+    errno = EINVAL;
+    return -1;
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  if (bytes) *bytes = st.st_size;
+  return fd;
+}
+
+FILE *regular_fopen(const char *path, const char *mode) {
+  int append = mode[0] == 'a';
+  int fd = regular_open(path, append, NULL);
+  if (fd < 0) return NULL;
+  FILE *f = fdopen(fd, append ? "a" : "r");
+  if (!f) {
+    int err = errno;
+    close(fd);
+    tl_fail("%s: cannot open: %s", path, strerror(err));
+    errno = err;
+  }
+  return f;
+}
+
+// 1 when `dir` holds a run: its lock or its checkpoint.
+static int is_run_folder(const char *dir) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/.lock", dir);
+  if (access(path, F_OK) == 0) return 1;
+  snprintf(path, sizeof path, "%s/checkpoint.safetensors", dir);
+  return access(path, F_OK) == 0;
+}
+
+int output_path_check(const char *path) {
+  struct stat st;
+  if (stat(path, &st) != 0) {
+    if (errno == ENOENT) return 0;  // a new file (a missing folder is reported when writing)
+    return tl_fail("%s: cannot write there: %s", path, strerror(errno));
+  }
+  // The rename that puts the output in place would replace the node itself: a device such as
+  // /dev/null would become a regular file.
+  if (!S_ISREG(st.st_mode))
+    return tl_fail("%s: not a regular file; write the output to a new path or a regular file",
+                   path);
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  const char *name = slash ? slash + 1 : path;
+  if (slash)
+    slash == dir ? (void)(dir[1] = 0) : (void)(*slash = 0);
+  else
+    snprintf(dir, sizeof dir, ".");
+  for (int i = 0; RUN_STATE_FILES[i]; i++)
+    if (strcmp(name, RUN_STATE_FILES[i]) == 0 && is_run_folder(dir))
+      return tl_fail("%s: is the run's own %s; write the output elsewhere", path, name);
+  return 0;
+}

@@ -1,0 +1,24 @@
+// Files Tally reads or writes by name, whoever named them (a user, a copied run folder, a link):
+// only regular files, opened without blocking (a FIFO would wait for a writer forever, a device
+// such as /dev/zero or /dev/full never ends), and outputs that never replace a device node or a
+// run's own state.
+#pragma once
+#include <stdint.h>
+#include <stdio.h>
+
+// The files of a run folder that belong to its run (README, "Using it"): written only by the run.
+extern const char *const RUN_STATE_FILES[];
+
+// Opens `path` for reading (or, with `append`, for appending, created when missing) if it is a
+// regular file. Returns a file descriptor in blocking mode, or -1 with errno set (ENOENT when it
+// does not exist, EINVAL when it is not a regular file) and tl_last_error() naming the path.
+// *bytes (may be NULL) receives its size.
+int regular_open(const char *path, int append, int64_t *bytes);
+
+// The same as a stdio stream: mode "r" or "a".
+FILE *regular_fopen(const char *path, const char *mode);
+
+// A path a command may write its output to (atomically, by rename): a new path, or an existing
+// regular file that is not one of a run folder's own state files. -1 with tl_last_error()
+// saying why not.
+int output_path_check(const char *path);
