@@ -1135,10 +1135,36 @@ int config_budget(const Config *cfg, Budget *out) {
   for (size_t i = 0; i < sizeof units / sizeof *units; i++)
     if (strcasecmp(end, units[i].unit) == 0) {
       *out = (Budget){units[i].kind, v * units[i].scale};
+      if (out->kind == BUDGET_SECONDS && out->amount > BUDGET_MAX_SECONDS)
+        return tl_fail("[train] budget = '%s': more than a time budget may be (%.0f h)", text,
+                       BUDGET_MAX_SECONDS / 3600);
       return 0;
     }
   return tl_fail(
       "[train] budget = '%s': unknown unit '%s' (s, m, h; flop, GFLOP, TFLOP, PFLOP; "
       "epochs)",
       text, end);
+}
+
+int config_budget_steps(const Config *cfg, long done, double left, double per_step, int *total) {
+  Budget b;
+  if (config_budget(cfg, &b) != 0) return -1;
+  const char *unit = b.kind == BUDGET_FLOPS ? " FLOP" : " s";
+  if (!(per_step > 0) || !isfinite(per_step))
+    return tl_fail("[train] budget = '%s': a step measured %g%s, which divides no budget",
+                   cfg->train.budget, per_step, unit);
+  // In double first: the count of a large budget over a cheap step passes any integer type.
+  const double steps = (double)done + floor(fmax(left, 0) / per_step);
+  if (steps < 1)
+    return tl_fail(
+        "[train] budget = '%s' is less than one step of this run (%.4g%s a step); give at least "
+        "that much",
+        cfg->train.budget, per_step, unit);
+  if (steps > INT_MAX)
+    return tl_fail(
+        "[train] budget = '%s' allows %.4g steps of %.4g%s, more than Tally counts (%d); give a "
+        "smaller budget",
+        cfg->train.budget, steps, per_step, unit, INT_MAX);
+  *total = (int)steps;
+  return 0;
 }

@@ -144,8 +144,16 @@ typedef struct {
   BudgetKind kind;
   double amount;  // seconds, FLOPs or epochs
 } Budget;
-// [train] budget parsed. -1 with tl_last_error() on a bad amount or unit.
+// [train] budget parsed. -1 with tl_last_error() on a bad amount or unit, or a time budget
+// past BUDGET_MAX_SECONDS.
 int config_budget(const Config *cfg, Budget *out);
+#define BUDGET_MAX_SECONDS (366.0 * 24 * 3600)
+
+// The length a time or FLOP budget allows once a step's cost is measured: `done` steps and as
+// many more as `left` (what is left of the budget, in its unit) pays at `per_step` each. -1 with
+// tl_last_error() saying why when that is not a count Tally can run: less than one step in all,
+// or more than INT_MAX.
+int config_budget_steps(const Config *cfg, long done, double left, double per_step, int *total);
 
 // The run's length in steps: an epochs budget, else train.steps, else train.epochs epochs of
 // steps_per_epoch (time and FLOP budgets are fixed by the trainer after its first steps; this is

@@ -14,6 +14,7 @@
 #include "config.h"
 #include "core/error.h"
 #include "train/evaluate.h"
+#include "io/regular_file.h"
 #include "io/npy.h"
 #include "ledger/bytes.h"
 #include "train/plan.h"
@@ -240,6 +241,13 @@ static int resume_config(const char *dir, const ConfigArgs *ca, Config *cfg, cha
   const char *total = st_get_meta(&f, "total_steps");
   opt->spent_seconds = spent_s ? strtod(spent_s, NULL) : 0;
   opt->spent_flops = spent_f ? strtod(spent_f, NULL) : 0;
+  // Checkpoints from before the ledger was tied to them carry no record: nothing to check.
+  const char *ledger_step = st_get_meta(&f, "ledger_last_step");
+  const char *ledger_crc = st_get_meta(&f, "ledger_last_crc");
+  opt->ledger_last_step = ledger_step && ledger_crc ? strtol(ledger_step, NULL, 10) : -1;
+  opt->ledger_last_crc = ledger_crc ? strtoul(ledger_crc, NULL, 10) : 0;
+  const char *loss = st_get_meta(&f, "loss");
+  opt->last_loss = loss ? strtod(loss, NULL) : NAN;
   Budget budget;
   if (total && config_budget(cfg, &budget) == 0 &&
       (budget.kind == BUDGET_SECONDS || budget.kind == BUDGET_FLOPS))
@@ -311,6 +319,19 @@ static int fits_in_memory(const Config *cfg, const char *objective, const TrainO
           "machine has %s. Lower train.batch_size (or the model's size), or start it anyway with "
           "--no-memory-check\n",
           need, have);
+  return 0;
+}
+
+// A FLOP budget below one step, or above what Tally counts, is refused before the run starts:
+// its plan counts a step's FLOPs as training will (a dry run, a fraction of a second). A resumed
+// run's length is fixed already.
+static int budget_fits_steps(const Config *cfg, const char *objective, const TrainOptions *opt) {
+  Budget budget;
+  if (opt->resume_path || config_budget(cfg, &budget) != 0 || budget.kind != BUDGET_FLOPS) return 1;
+  PlanOptions po = {.no_knn = 1};
+  PlanTotals t;
+  if (plan_build(cfg, objective, 0, &po, NULL, &t) == 0) return 1;
+  fprintf(stderr, "tally: %s\n", tl_last_error());
   return 0;
 }
 
@@ -394,6 +415,7 @@ static int cmd_train(int argc, char **argv) {
   opt.objective = objective;
   opt.out_dir = out_dir;
   if (!no_memory_check && !fits_in_memory(&cfg, objective, &opt)) return 1;
+  if (!budget_fits_steps(&cfg, objective, &opt)) return 1;
   return train_run(&cfg, &opt);
 }
 
@@ -852,7 +874,7 @@ static int cmd_export(int argc, char **argv) {
              "encoder.safetensors");
     out = default_out;
   }
-  if (export_checkpoint(ckpt, out, with_head) != 0) {
+  if (output_path_check(out) != 0 || export_checkpoint(ckpt, out, with_head) != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 1;
   }
@@ -899,6 +921,16 @@ static int cmd_embed(int argc, char **argv) {
     fprintf(stderr, "tally embed: name the encoder and --data (see tally embed --help)\n");
     return 2;
   }
+  // Both outputs are checked before anything is written: a refused labels file must not leave
+  // embeddings without their labels.
+  char labels_path[4200];
+  size_t stem =
+      strlen(out) > 4 && !strcmp(out + strlen(out) - 4, ".npy") ? strlen(out) - 4 : strlen(out);
+  snprintf(labels_path, sizeof labels_path, "%.*s.labels.npy", (int)stem, out);
+  if (output_path_check(out) != 0 || output_path_check(labels_path) != 0) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
+    return 1;
+  }
   static FeatureEncoder enc;
   Dataset ds = {0};
   if (feature_encoder_open(&enc, src, 128) != 0) {
@@ -913,11 +945,6 @@ static int cmd_embed(int argc, char **argv) {
     rc = npy_write_f32(out, feat, (size_t)ds.n, (size_t)D);
     tl_free(feat);
     if (rc == 0 && ds.n_classes > 0) {
-      char labels_path[4200];
-      snprintf(labels_path, sizeof labels_path, "%.*s.labels.npy",
-               (int)(strlen(out) > 4 && !strcmp(out + strlen(out) - 4, ".npy") ? strlen(out) - 4
-                                                                               : strlen(out)),
-               out);
       int64_t *labels = tl_alloc(sizeof(int64_t) * (size_t)ds.n, MEM_EVAL, COMP_OTHER);
       for (int i = 0; i < ds.n; i++) labels[i] = ds.labels[i];
       rc = npy_write_i64(labels_path, labels, (size_t)ds.n);

@@ -12,6 +12,10 @@
 #   3 two runs on one folder; reuse, --overwrite   7 the loss becomes NaN
 #   4 SIGINT / SIGTERM / a second SIGINT           8 corrupt and truncated checkpoints
 #   5 kill -9 (during a step, during a write)      9 a step count beyond what Tally counts
+#  11 run-folder files that are not regular files; outputs over a device node or a run's own
+#     state; a checkpoint of another run in the folder
+#  12 budget edges (below one step, past what Tally counts); plan counts what train takes
+#  13 --resume of a finished run, and of one whose end was cut short
 #
 # Prints `ok - NAME` or `not ok - NAME: why` per case, `SKIP: ...` for a case this machine cannot
 # run, then `N passed, M failed`; exits 1 if any case failed. Needs root for the tmpfs mounts
@@ -602,6 +606,136 @@ else
   expect_rc 0 "plan"
   [[ $plan_count == "$train_count" ]] ||
     bad "train counts $train_count steps, plan $plan_count"
+fi
+finish "$name"
+
+# ---------------------------------------------------------------------------------------------
+# 11. Files in a run folder are read as files, and outputs never replace a device or a run's state.
+TRAIN_IDX=$(sed -n 's/^train = //p' "$(dirname "$0")/../data/fashion-mnist.ini")
+run=$TMP/files
+t files train "${SMALL[@]}" --steps 3 --out "$run"
+if [[ $rc == 0 && -s $run/checkpoint.safetensors ]]; then
+  cp -a "$run" "$TMP/files-good"
+  # restore: the run folder as it was after training
+  restore() { rm -rf "$run" && cp -a "$TMP/files-good" "$run"; }
+
+  name="11a --resume with ledger.jsonl a link to an endless device"
+  ln -sf /dev/zero "$run/ledger.jsonl"
+  t files-zero train --resume "$run" --steps 4 --no-knn --quiet
+  expect_rc 1 "train --resume"
+  one_line_error "$last.err" "ledger.jsonl.*not a regular file" "the refusal"
+  [[ -L $run/ledger.jsonl ]] || bad "the link was replaced"
+  finish "$name"
+
+  name="11b --resume with eval.jsonl a FIFO (no hang, the folder's lock released)"
+  restore
+  mkfifo "$run/eval.jsonl"
+  t files-fifo train --resume "$run" --steps 4 --no-knn --quiet
+  expect_rc 1 "train --resume"
+  said "$last.err" "eval.jsonl.*not a regular file" "the refusal"
+  [[ -p $run/eval.jsonl ]] || bad "the FIFO was replaced"
+  finish "$name"
+
+  name="11c plan --from a run whose ledger.jsonl is a FIFO"
+  restore
+  rm "$run/ledger.jsonl" && mkfifo "$run/ledger.jsonl"
+  t files-plan plan --from "$run" --nodes 2 --link 1Gbit
+  expect_rc 1 "plan --from"
+  said "$last.err" "not a regular file" "the refusal"
+  finish "$name"
+
+  name="11d export and embed --out a FIFO or a device node: refused, the node left as it is"
+  restore
+  mkfifo "$TMP/out.fifo"
+  t files-exp-fifo export "$run" --out "$TMP/out.fifo"
+  expect_rc 1 "export --out FIFO"
+  said "$last.err" "not a regular file" "the refusal"
+  [[ -p $TMP/out.fifo ]] || bad "the FIFO was replaced"
+  t files-emb-fifo embed "$run" --data "$TRAIN_IDX" --limit 10 --out "$TMP/out.fifo"
+  expect_rc 1 "embed --out FIFO"
+  [[ -p $TMP/out.fifo ]] || bad "embed replaced the FIFO"
+  if mknod "$TMP/null" c 1 3 2>/dev/null; then
+    t files-exp-dev export "$run" --out "$TMP/null"
+    expect_rc 1 "export --out a device node"
+    [[ -c $TMP/null ]] || bad "the device node was replaced"
+  else
+    echo "# (mknod refused: the device-node target is checked through the FIFO only)"
+  fi
+  finish "$name"
+
+  name="11e export/embed/report --out the run's own state files: refused, the files unchanged"
+  for target in checkpoint.safetensors ledger.jsonl summary.json config.ini; do
+    cp "$run/$target" "$TMP/before"
+    t files-own-exp export "$run" --out "$run/$target"
+    expect_rc 1 "export --out RUN/$target"
+    said "$last.err" "run's own" "the refusal"
+    t files-own-emb embed "$run" --data "$TRAIN_IDX" --limit 10 --out "$run/$target"
+    expect_rc 1 "embed --out RUN/$target"
+    t files-own-rep report "$run" --out "$run/$target"
+    expect_rc 1 "report --out RUN/$target"
+    cmp -s "$run/$target" "$TMP/before" || bad "$target was changed"
+  done
+  finish "$name"
+
+  name="11f a checkpoint from another run copied into the folder: --resume refuses, nothing changes"
+  t files-other train "${SMALL[@]}" --steps 3 --set train.seed=7 --out "$TMP/files-other"
+  cp "$TMP/files-other/checkpoint.safetensors" "$run/checkpoint.safetensors"
+  cp "$run/ledger.jsonl" "$TMP/ledger-before"
+  t files-mixed train --resume "$run" --steps 5 --no-knn --quiet
+  expect_rc 1 "train --resume"
+  one_line_error "$last.err" "ledger.jsonl.*not the ledger of this checkpoint" "the refusal"
+  cmp -s "$run/ledger.jsonl" "$TMP/ledger-before" || bad "ledger.jsonl was changed"
+  finish "$name"
+else
+  why="setup: train exited $rc: $(firstline "$last.err")"
+  finish "11 run-folder files"
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 12. Budgets: each fixes a length of at least one step Tally can count, or is refused before
+# anything is written. A step of SMALL is about 1.4e10 FLOP.
+PLAN_SMALL=(--set data.limit=256 --set train.batch_size=32 --no-knn)
+for budget in 1GFLOP 1e30FLOP 1e20s; do
+  name="12 --budget $budget: refused by train and by plan, no run folder"
+  t budget-$budget train "${SMALL[@]}" --budget "$budget" --out "$TMP/budget-$budget"
+  expect_rc 1 "train --budget $budget"
+  one_line_error "$last.err" "budget" "the refusal"
+  [[ ! -e $TMP/budget-$budget ]] || bad "a run folder was created"
+  t budget-plan-$budget plan "${PLAN_SMALL[@]}" --budget "$budget" --json
+  expect_rc 1 "plan --budget $budget"
+  finish "$name"
+done
+
+name="12d --budget 4.5e10FLOP: plan counts the steps train takes (3)"
+t budget-plan plan "${PLAN_SMALL[@]}" --budget 4.5e10FLOP --json
+expect_rc 0 "plan"
+planned=$(grep -o '"total_steps":[0-9]*' "$last.out" | cut -d: -f2)
+t budget-train train "${SMALL[@]}" --budget 4.5e10FLOP --out "$TMP/budget-run"
+expect_rc 0 "train"
+[[ $(summary_steps "$TMP/budget-run") == 3 && $planned == 3 ]] ||
+  bad "plan counts ${planned:-no} steps, train took $(summary_steps "$TMP/budget-run"), expected 3"
+finish "$name"
+
+# ---------------------------------------------------------------------------------------------
+# 13. A finished run's record stays; a run whose end was cut short gets its summary.
+run=$TMP/budget-run
+name="13a --resume of a finished run: exit 0, nothing changed"
+if [[ -s $run/summary.json ]]; then
+  cp "$run/summary.json" "$TMP/summary-before"
+  t finished train --resume "$run" --no-knn --quiet
+  expect_rc 0 "train --resume"
+  said "$last.out" "finished already" "no word that the run is finished"
+  cmp -s "$run/summary.json" "$TMP/summary-before" || bad "summary.json was rewritten"
+  name2="13b --resume of a run at its last step without summary.json: the run's own figures"
+  rm "$run/summary.json"
+  t unfinished train --resume "$run" --no-knn --quiet
+  expect_rc 0 "train --resume"
+  [[ $(summary_steps "$run") == 3 ]] || bad "summary.json says $(summary_steps "$run") steps, not 3"
+  grep -q '"train_seconds": 0.000' "$run/summary.json" && bad "summary.json says 0 s of training"
+  finish "$name"
+  name=$name2
+else
+  why="setup failed (see 12d)"
 fi
 finish "$name"
 

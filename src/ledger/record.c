@@ -6,9 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/regular_file.h"
 
 // One table drives both writers, the reader and the plan, so they can never disagree on names.
 typedef enum { F_LONG, F_INT, F_SIZE, F_DOUBLE, F_STRING } FieldType;
@@ -301,8 +303,8 @@ static long json_long_field(const char *line, const char *key) {
 // kept as is when `header` is set.
 static int rewrite_lines(const char *path, int header, int (*keep)(const char *line, long limit),
                          long limit) {
-  FILE *in = fopen(path, "r");
-  if (!in) return errno == ENOENT ? 0 : tl_fail("%s: cannot read: %s", path, strerror(errno));
+  FILE *in = regular_fopen(path, "r");
+  if (!in) return errno == ENOENT ? 0 : -1;
   AtomicFile out;
   if (atomic_open(&out, path) != 0) {
     fclose(in);
@@ -339,9 +341,37 @@ static int keep_eval(const char *line, long limit) {
   return step >= 0 && step <= limit && !strstr(line, "\"what\":\"raw_pixels\"");
 }
 
-int ledger_truncate_for_resume(const char *run_dir, long steps_done) {
+// 0 when ledger.jsonl is missing or its whole line of `step` has CRC-32 `crc` (the last such
+// line: a resumed run's records follow the ones it dropped).
+static int check_own_ledger(const char *path, long step, unsigned long crc) {
+  FILE *in = regular_fopen(path, "r");
+  if (!in) return errno == ENOENT ? 0 : -1;
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t n;
+  int found = 0;
+  unsigned long seen = 0;
+  while ((n = getline(&line, &cap, in)) > 0)
+    if (line[n - 1] == '\n' && json_long_field(line, "step") == step) {
+      found = 1;
+      seen = crc32(0L, (const Bytef *)line, (uInt)n);
+    }
+  free(line);
+  int read_failed = ferror(in);
+  fclose(in);
+  if (read_failed) return tl_fail("%s: read error", path);
+  if (found && seen == crc) return 0;
+  return tl_fail(
+      "%s: is not the ledger of this checkpoint's run (its record of step %ld %s); a "
+      "checkpoint from another run? Move the ledger files away to resume without them",
+      path, step, found ? "differs from the one the checkpoint saw" : "is missing");
+}
+
+int ledger_truncate_for_resume(const char *run_dir, long steps_done, long last_step,
+                               unsigned long last_crc) {
   char path[4200];
   snprintf(path, sizeof path, "%s/ledger.jsonl", run_dir);
+  if (last_step >= 0 && check_own_ledger(path, last_step, last_crc) != 0) return -1;
   if (rewrite_lines(path, 0, keep_record, steps_done) != 0) return -1;
   snprintf(path, sizeof path, "%s/ledger.csv", run_dir);
   if (rewrite_lines(path, 1, keep_csv_row, steps_done) != 0) return -1;

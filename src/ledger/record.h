@@ -132,4 +132,9 @@ void ledger_write_csv(FILE *f, const LedgerRecord *r);
 // the records of steps before it — the steps the checkpoint holds — and dropping later ones and
 // a last line cut off by a kill. eval.jsonl keeps evaluations up to and including it, except
 // the raw-pixel baseline, which the resumed run reports again. Missing files are fine.
-int ledger_truncate_for_resume(const char *run_dir, long steps_done);
+// The ledger must be the checkpoint's own: when `last_step` >= 0 (the last record written before
+// the checkpoint, and `last_crc` the CRC-32 of its ledger.jsonl line), a ledger.jsonl whose line
+// of that step is missing or differs is refused, untouched (a checkpoint copied from another
+// run would mix two runs' records).
+int ledger_truncate_for_resume(const char *run_dir, long steps_done, long last_step,
+                               unsigned long last_crc);

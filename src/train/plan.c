@@ -50,6 +50,7 @@ typedef struct {
   long step;  // < 0: memory only
   int world, global_batch, steps_per_epoch, n_train, n_test;
   long total_steps;
+  int length_unknown;  // a time budget: the length is timed by training
   int shard_sizes[LOADER_MAX_SHARDS];
   int has_shard_sizes;
   LocalGroup *group;
@@ -305,6 +306,25 @@ static size_t process_baseline_bytes(void) {
   return baseline;
 }
 
+// The steps a FLOP budget allows: step 0 planned without the budget gives a step's FLOPs over
+// every replica, as the trainer's first step measures them.
+static int flops_budget_steps(const Config *cfg, const char *objective, const PlanOptions *opt,
+                              int *total) {
+  Config *unbounded = malloc(sizeof *unbounded);
+  if (!unbounded) TL_DIE("out of memory");
+  *unbounded = *cfg;
+  unbounded->train.budget[0] = 0;
+  LedgerRecord r;
+  PlanTotals t;
+  int rc = plan_build(unbounded, objective, 0, opt, &r, &t);
+  free(unbounded);
+  if (rc != 0) return -1;
+  Budget budget;
+  config_budget(cfg, &budget);
+  const double per_step = (r.flops_forward + r.flops_backward) * t.global_batch / t.local_batch;
+  return config_budget_steps(cfg, 0, budget.amount, per_step, total);
+}
+
 int plan_build(const Config *cfg, const char *objective, long step, const PlanOptions *opt,
                LedgerRecord *out, PlanTotals *totals) {
   static const PlanOptions defaults;
@@ -341,6 +361,19 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   pl->steps_per_epoch = pl->n_train / pl->global_batch;
   int total_steps;
   if (config_total_steps(cfg, pl->steps_per_epoch, &total_steps) != 0) goto out;
+  Budget budget;
+  config_budget(cfg, &budget);  // validated above
+  // A FLOP budget's length is its amount over a step's FLOPs, as the trainer counts it after its
+  // first step; a time budget's is known only once training has timed its first steps (until
+  // then its schedules follow a run without end, as here).
+  if (budget.kind == BUDGET_FLOPS && step >= 0 &&
+      flops_budget_steps(cfg, objective, opt, &total_steps) != 0)
+    goto out;
+  if (budget.kind == BUDGET_SECONDS) {
+    total_steps = INT_MAX;
+    pl->length_unknown = 1;
+    if (step == PLAN_LAST_STEP) step = 0;
+  }
   pl->total_steps = total_steps;
   if (step == PLAN_LAST_STEP) {
     step = pl->total_steps - 1;
@@ -441,7 +474,7 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   loader_shard(pl->global_batch, 0, pl->world, pl->has_shard_sizes ? pl->shard_sizes : NULL,
                &(int){0}, &t.local_batch);
   t.steps_per_epoch = pl->steps_per_epoch;
-  t.total_steps = pl->total_steps;
+  t.total_steps = pl->length_unknown ? 0 : pl->total_steps;
   t.param_count = objective_param_count(pl->def, cfg);
   const char *slash = strrchr(cfg->model.file, '/');
   snprintf(t.backbone, sizeof t.backbone, "%.63s", slash ? slash + 1 : cfg->model.file);
@@ -654,8 +687,12 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
     snprintf(cells[j], sizeof cells[j], "%d (%d)", totals[j].global_batch, totals[j].local_batch);
   print_row(f, "batch (rank 0's shard)", n, cells);
   for (int j = 0; j < n; j++)
-    snprintf(cells[j], sizeof cells[j], "%ld (%d/epoch)", totals[j].total_steps,
-             totals[j].steps_per_epoch);
+    if (totals[j].total_steps)
+      snprintf(cells[j], sizeof cells[j], "%ld (%d/epoch)", totals[j].total_steps,
+               totals[j].steps_per_epoch);
+    else
+      snprintf(cells[j], sizeof cells[j], "timed at the start (%d/epoch)",
+               totals[j].steps_per_epoch);
   print_row(f, "steps in the run", n, cells);
   int any_vit = 0;
   for (int j = 0; j < n; j++) any_vit |= totals[j].patches_per_image > 0;
@@ -729,11 +766,17 @@ void plan_print_json(FILE *f, const LedgerRecord *rec, const PlanTotals *t) {
       "\"planned_process_bytes\":%zu,\"planned_dataset_bytes\":%zu,\"planned_loader_bytes\":%zu,"
       "\"planned_activation_grad_bytes\":%zu,\"planned_queue_bytes\":%zu,"
       "\"param_count\":%zu,\"n_train\":%d,\"n_test\":%d,\"global_batch\":%d,"
-      "\"local_batch\":%d,\"steps_per_epoch\":%d,\"total_steps\":%ld,"
-      "\"patches_per_image\":%d,\"patches_visible\":%d,\"queue_size\":%d,"
-      "\"mask_ratio\":%g}\n",
+      "\"local_batch\":%d,\"steps_per_epoch\":%d,",
       t->total_bytes, t->eval_peak_bytes, t->process_bytes, t->dataset_bytes, t->loader_bytes,
       t->category_bytes[MEM_ACT_GRAD], t->category_bytes[MEM_QUEUE], t->param_count, t->n_train,
-      t->n_test, t->global_batch, t->local_batch, t->steps_per_epoch, t->total_steps,
-      t->patches_per_image, t->patches_visible, t->queue_size, t->mask_ratio);
+      t->n_test, t->global_batch, t->local_batch, t->steps_per_epoch);
+  // null: a time budget's length, which training times.
+  if (t->total_steps)
+    fprintf(f, "\"total_steps\":%ld,", t->total_steps);
+  else
+    fprintf(f, "\"total_steps\":null,");
+  fprintf(f,
+          "\"patches_per_image\":%d,\"patches_visible\":%d,\"queue_size\":%d,"
+          "\"mask_ratio\":%g}\n",
+          t->patches_per_image, t->patches_visible, t->queue_size, t->mask_ratio);
 }

@@ -27,7 +27,7 @@ typedef struct {
   int world;  // [parallel] replicas (under the mpi backend: set it to the rank count)
   int global_batch, local_batch;  // local: rank 0's shard
   int steps_per_epoch;
-  long total_steps;
+  long total_steps;                        // 0: set by a time budget, which training times
   size_t param_count;                      // trainable floats (and buffers) of the online model
   int patches_per_image, patches_visible;  // vit backbones (mae: visible after masking); else 0
   int queue_size;                          // moco's K; 0 for objectives without a queue

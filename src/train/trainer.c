@@ -14,11 +14,13 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "core/timer.h"
 #include "data/loader.h"
 #include "eval/monitor.h"
 #include "io/atomic_file.h"
+#include "io/regular_file.h"
 #include "objectives/objective.h"
 #include "parallel/comm.h"
 #include "parallel/grad_sync.h"
@@ -53,8 +55,11 @@ typedef struct {
   int no_knn;         // the monitor is off: asked (--no-knn) or no labels to vote with
   Budget budget;      // [train] budget
   int length_frozen;  // the run's length is fixed (always, except a time/FLOP budget's first steps)
-  double flops_total;  // training FLOPs so far over every replica (rank 0's count, scaled)
-  int started;         // the replicas were started (failures after it stop them through Comm)
+  double flops_total;     // training FLOPs so far over every replica (rank 0's count, scaled)
+  long ledger_last_step;  // the last record in ledger.jsonl (-1: none yet)
+  unsigned long ledger_last_crc;  // the CRC-32 of its line, kept in checkpoints
+  int started;    // the replicas were started (failures after it stop them through Comm)
+  int finishing;  // resumed at its last step without a summary: evaluate and summarize
   KnnResult knn, knn_start, knn_raw;
   int steps_done;
   int quiet_rank;  // an MPI rank other than 0: trains, but writes and prints nothing
@@ -104,8 +109,8 @@ static void print_knn(const char *what, KnnResult r) {
 // Appends one evaluation to eval.jsonl: {"step", "knn_top1", "knn_top1_k20", "seconds"}.
 // Returns -1 with tl_last_error() when the line could not be written whole.
 static int record_eval(const Run *run, const char *what, long step, KnnResult r) {
-  FILE *f = fopen(run->path_eval, "a");
-  if (!f) return tl_fail("%s: cannot write: %s", run->path_eval, strerror(errno));
+  FILE *f = regular_fopen(run->path_eval, "a");
+  if (!f) return -1;
   fprintf(f, "{\"step\":%ld,\"what\":\"%s\",\"knn_top1\":%.6f,\"knn_top1_k20\":%.6f,", step, what,
           r.top1, r.top1_k20);
   if (isfinite(r.linear_top1)) fprintf(f, "\"linear_top1\":%.6f,", r.linear_top1);
@@ -142,8 +147,12 @@ static int write_summary(Run *run) {
   fprintf(f, "  \"steps\": %d,\n  \"epochs\": %.4f,\n  \"batch_size\": %d,\n  \"replicas\": %d,\n",
           run->steps_done, (double)run->steps_done / run->steps_per_epoch, run->global_batch,
           run->world);
-  fprintf(f, "  \"final_loss\": %.9g,\n  \"images_per_s\": %.3f,\n  \"train_seconds\": %.3f,\n",
-          run->final_loss, run->images_per_s, run->train_seconds);
+  if (isfinite(run->final_loss))
+    fprintf(f, "  \"final_loss\": %.9g,\n", run->final_loss);
+  else
+    fprintf(f, "  \"final_loss\": null,\n");
+  fprintf(f, "  \"images_per_s\": %.3f,\n  \"train_seconds\": %.3f,\n", run->images_per_s,
+          run->train_seconds);
   fprintf(f, "  \"peak_rss_bytes\": %zu,\n  \"flops_total\": %.6g,\n", run->peak_rss,
           run->flops_total);
   if (cfg->train.budget[0]) fprintf(f, "  \"budget\": \"%s\",\n", cfg->train.budget);
@@ -244,6 +253,12 @@ static int save_checkpoint(ReplicaState *r, long steps_done) {
   st_set_meta(&s, "flops_total", text);
   snprintf(text, sizeof text, "%.3f", run->train_seconds);
   st_set_meta(&s, "train_seconds", text);
+  snprintf(text, sizeof text, "%.9g", run->final_loss);
+  st_set_meta(&s, "loss", text);
+  snprintf(text, sizeof text, "%ld", run->ledger_last_step);
+  st_set_meta(&s, "ledger_last_step", text);
+  snprintf(text, sizeof text, "%lu", run->ledger_last_crc);
+  st_set_meta(&s, "ledger_last_crc", text);
   if (steps_done == r->faults.kill_in_checkpoint) {
     AtomicFile a;
     if (atomic_open(&a, run->path_ckpt) == 0) fwrite(run->config_text, 1, 100, a.f), fflush(a.f);
@@ -300,11 +315,9 @@ static int init_from_file(ReplicaState *r, const char *path) {
 // only the steps the checkpoint holds).
 static int open_ledger(ReplicaState *r) {
   Run *run = r->run;
-  const char *mode = run->start_step > 0 ? "a" : "w";
-  r->jsonl = fopen(run->path_jsonl, mode);
-  r->csv = fopen(run->path_csv, mode);
-  if (!r->jsonl || !r->csv)
-    return tl_fail("%s: cannot write the ledger: %s", run->path_jsonl, strerror(errno));
+  r->jsonl = regular_fopen(run->path_jsonl, "a");
+  r->csv = regular_fopen(run->path_csv, "a");
+  if (!r->jsonl || !r->csv) return -1;
   if (run->start_step == 0) ledger_write_csv_header(r->csv);
   return 0;
 }
@@ -425,8 +438,18 @@ static void account_step(ReplicaState *r, int step, float lr, double loss, const
   rec->train_seconds = run->opt->spent_seconds + (now_ms() - r->train_start_ms) / 1e3;
   rec->images_per_s = run->global_batch / (rec->step_ms / 1e3);
   if (step % r->cfg->ledger.every == 0 && r->jsonl) {
-    // Record by record: a kill loses at most the line being written, which readers skip.
-    ledger_write_json(r->jsonl, rec);
+    // Record by record: a kill loses at most the line being written, which readers skip. The
+    // line's CRC goes into the next checkpoint, which ties this ledger to it.
+    char *line = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&line, &len);
+    if (!m) TL_DIE("out of memory");
+    ledger_write_json(m, rec);
+    fclose(m);
+    fwrite(line, 1, len, r->jsonl);
+    run->ledger_last_step = step;
+    run->ledger_last_crc = crc32(0L, (const Bytef *)line, (uInt)len);
+    free(line);
     ledger_write_csv(r->csv, rec);
     if (fflush(r->jsonl) != 0 || fflush(r->csv) != 0 || ferror(r->jsonl) || ferror(r->csv)) {
       char why[4400];
@@ -514,14 +537,18 @@ static int compare_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-// The steps a time budget allows, once the probe has timed enough of them (0: not yet).
-static long time_budget_steps(ReplicaState *r, int step, const LedgerRecord *rec) {
+// Once the probe has timed enough steps of a time budget: 1, with what is left of the budget and
+// a step's time in seconds; 0 while it has not.
+static int time_budget_measured(ReplicaState *r, int step, const LedgerRecord *rec, double *left_s,
+                                double *per_step_s) {
   const double amount = r->run->budget.amount;
   const int done = step + 1;
+  *left_s = amount - rec->train_seconds;
+  *per_step_s = rec->step_ms / 1e3;
   if (step == r->run->start_step) {
     r->probe_start_seconds = rec->train_seconds;
     r->probe_start_step = done;
-    return rec->train_seconds >= amount ? done : 0;
+    return rec->train_seconds >= amount;
   }
   if (r->probe_n == r->probe_cap) {
     r->probe_cap = r->probe_cap ? 2 * r->probe_cap : 64;
@@ -531,7 +558,7 @@ static long time_budget_steps(ReplicaState *r, int step, const LedgerRecord *rec
   r->probe_ms[r->probe_n++] = rec->step_ms;
   const int timed = done - r->probe_start_step;
   const double probe_s = rec->train_seconds - r->probe_start_seconds;
-  if (rec->train_seconds >= amount) return done;
+  if (rec->train_seconds >= amount) return 1;
   if (timed < BUDGET_PROBE_STEPS ||
       probe_s < fmin(BUDGET_PROBE_FRACTION * amount, BUDGET_PROBE_MAX_S))
     return 0;
@@ -542,11 +569,11 @@ static long time_budget_steps(ReplicaState *r, int step, const LedgerRecord *rec
   double kept_ms = 0;
   for (int i = 0; i < keep; i++) kept_ms += r->probe_ms[i];
   const double between_s = fmax(probe_s - all_ms / 1e3, 0) / r->probe_n;
-  const double per_step_s = kept_ms / keep / 1e3 + between_s;
+  *per_step_s = kept_ms / keep / 1e3 + between_s;
   free(r->probe_ms);
   r->probe_ms = NULL;
   r->probe_n = r->probe_cap = 0;
-  return done + (long)floor((amount - rec->train_seconds) / per_step_s);
+  return 1;
 }
 
 // A time or FLOP budget fixes the run's length once its first steps are measured: after the first
@@ -558,17 +585,26 @@ static void freeze_length(ReplicaState *r, int step, const LedgerRecord *rec) {
   Run *run = r->run;
   if (r->length_frozen) return;
   const int done = step + 1;
-  long total = 0;
+  int total = 0;
   if (r->rank == 0) {
-    if (run->budget.kind == BUDGET_FLOPS)
-      total = (long)floor(run->budget.amount / (run->flops_total / done));
-    else
-      total = time_budget_steps(r, step, rec);
-    if (total != 0 && total < done) total = done;
-    if (total > INT_MAX) total = INT_MAX;
-    if (total) run->total_steps = (int)total;
+    // FLOPs: the whole budget over a step's count (the same every step); time: the steps done
+    // and what is left over a step's time.
+    double left, per_step;
+    int measured = 1, counted = done;
+    if (run->budget.kind == BUDGET_FLOPS) {
+      left = run->budget.amount;
+      per_step = run->flops_total / done;
+      counted = 0;
+    } else {
+      measured = time_budget_measured(r, step, rec, &left, &per_step);
+    }
+    if (measured && config_budget_steps(r->cfg, counted, left, per_step, &total) != 0) {
+      comm_abort(r->comm, tl_last_error());
+      return;
+    }
+    if (measured) run->total_steps = total;
   }
-  int t = (int)total;
+  int t = total;
   if (r->world > 1) comm_broadcast(r->comm, &t, sizeof t, 0);
   if (t == 0) return;
   if (r->rank != 0 && run->quiet_rank) run->total_steps = t;
@@ -631,6 +667,21 @@ static int end_of_step(ReplicaState *r, int step) {
   return 1;
 }
 
+// A resumed run whose checkpoint holds its last step but that has no summary (its end was
+// interrupted, e.g. during the final evaluation): no step to take; rank 0 evaluates and the
+// summary gives the run's own figures from the checkpoint.
+static void finish_without_steps(ReplicaState *r) {
+  Run *run = r->run;
+  if (r->rank != 0 || comm_failed(r->comm)) return;
+  run->steps_done = run->start_step;
+  run->train_seconds = run->opt->spent_seconds;
+  run->images_per_s =
+      run->train_seconds > 0 ? (double)run->start_step * run->global_batch / run->train_seconds : 0;
+  run->final_loss = run->opt->last_loss;
+  if (r->use_knn && evaluate(run, &r->mon, run->start_step) != 0)
+    comm_abort(r->comm, tl_last_error());
+}
+
 static void replica_close(ReplicaState *r) {
   Run *run = r->run;
   free(r->probe_ms);  // a run that stopped while its budget's probe ran
@@ -670,6 +721,7 @@ static void *replica_main(void *arg) {
   r->length_frozen = run->length_frozen;
   if (!r->length_frozen) r->rep.obj->env.total_steps = INT_MAX;
   comm_barrier(r->comm);
+  if (run->finishing) finish_without_steps(r);
   r->train_start_ms = r->last_log_ms = now_ms();
   for (int step = run->start_step;
        (step < run->total_steps || !r->length_frozen) && !comm_failed(r->comm); step++) {
@@ -742,16 +794,16 @@ static int make_run_dir(const char *dir, Run *run) {
   snprintf(run->path_ckpt, sizeof run->path_ckpt, "%s/%s", dir, CHECKPOINT_FILE);
   snprintf(run->path_summary, sizeof run->path_summary, "%s/summary.json", dir);
   snprintf(run->path_eval, sizeof run->path_eval, "%s/eval.jsonl", dir);
-  // A previous summary would look like this run's result if this run fails.
-  if (unlink(run->path_summary) != 0 && errno != ENOENT)
-    return tl_fail("%s: cannot remove: %s", run->path_summary, strerror(errno));
-  if (resuming) {
-    if (ledger_truncate_for_resume(dir, run->start_step) != 0) return -1;
-  } else if (unlink(run->path_eval) != 0 && errno != ENOENT) {
-    return tl_fail("%s: cannot remove: %s", run->path_eval, strerror(errno));
-  } else if (unlink(run->path_ckpt) != 0 && errno != ENOENT) {
-    return tl_fail("%s: cannot remove: %s", run->path_ckpt, strerror(errno));
-  }
+  // A previous summary would look like this run's result if this run fails; a new run starts
+  // from none of the old run's files.
+  const char *const remove_fresh[] = {run->path_summary, run->path_eval, run->path_ckpt,
+                                      run->path_jsonl, run->path_csv};
+  for (int i = 0; i < (resuming ? 1 : 5); i++)
+    if (unlink(remove_fresh[i]) != 0 && errno != ENOENT)
+      return tl_fail("%s: cannot remove: %s", remove_fresh[i], strerror(errno));
+  if (resuming && ledger_truncate_for_resume(dir, run->start_step, run->ledger_last_step,
+                                             run->ledger_last_crc) != 0)
+    return -1;
   char path[4200];
   snprintf(path, sizeof path, "%s/config.ini", dir);
   AtomicFile a;
@@ -877,12 +929,27 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     run->length_frozen = 1;
   }
   run->flops_total = opt->spent_flops;
+  run->ledger_last_step = opt->resume_path ? opt->ledger_last_step : -1;
+  run->ledger_last_crc = opt->ledger_last_crc;
   if (run->length_frozen && run->start_step > run->total_steps) {
     fprintf(stderr,
             "tally: the checkpoint is at step %d, past the run's %d steps; give a larger "
             "--steps to go on\n",
             run->start_step, run->total_steps);
     goto out;
+  }
+  // A finished run is left as it is; one whose end was cut short gets its evaluation and summary.
+  if (opt->resume_path && run->length_frozen && run->start_step == run->total_steps) {
+    if (exists(opt->out_dir, "summary.json")) {
+      if (!run->quiet_rank)
+        printf(
+            "%s: finished already (%d of %d steps; its summary.json); nothing to do. --steps N "
+            "continues it past %d\n",
+            opt->out_dir, run->start_step, run->total_steps, run->total_steps);
+      rc = 0;
+      goto out;
+    }
+    run->finishing = 1;
   }
   if (opt->stop_at > 0 && opt->stop_at <= run->start_step) {
     fprintf(stderr, "tally: --stop-at %ld: the run is already at step %d\n", opt->stop_at,

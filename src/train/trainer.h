@@ -17,6 +17,11 @@ typedef struct {
   // seconds and FLOPs it had spent (0 otherwise).
   long frozen_total_steps;
   double spent_seconds, spent_flops;
+  // Resuming: the last ledger record the checkpoint saw written (its step, -1 for none, and the
+  // CRC-32 of its ledger.jsonl line), which ties the run folder's ledger to the checkpoint.
+  long ledger_last_step;
+  unsigned long ledger_last_crc;
+  double last_loss;  // resuming: the loss of the checkpoint's last step (NaN if not recorded)
 } TrainOptions;
 
 // Runs a whole training job. Returns 0 on success (a finished run, or one stopped by --stop-at);
