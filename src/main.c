@@ -1,6 +1,7 @@
 // tally: self-supervised image representation training on the CPU, with a ledger of what every
 // step costs.
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
@@ -93,12 +94,13 @@ static void usage_train(FILE *f) {
           "                    more than this machine has (local backend; checked by default)\n"
           "\n"
           "Checkpoints: every train.checkpoint_every steps (default 50), at each epoch's end, at\n"
-          "the end, and on SIGINT/SIGTERM (the step under way finishes first; a second\n"
-          "Ctrl-C stops at once).\n"
+          "the end, and on SIGINT/SIGTERM/SIGHUP (the step under way finishes first; a second\n"
+          "Ctrl-C a moment later stops at once).\n"
           "\n"
-          "Exit codes: 0 success (or --stop-at), 1 error (bad input, I/O), 2 usage or not\n"
-          "available, 3 the loss became NaN or infinite (the last good checkpoint is kept),\n"
-          "130 stopped by SIGINT, 143 by SIGTERM (checkpoint written; --resume continues).\n",
+          "Exit codes: 0 success (or --stop-at, or a resumed run that had finished), 1 error\n"
+          "(bad input, I/O), 2 usage or not available, 3 the loss became NaN or infinite (the\n"
+          "last good checkpoint is kept), 130 stopped by SIGINT, 143 by SIGTERM, 129 by SIGHUP\n"
+          "(checkpoint written; --resume continues).\n",
           objective_names());
 }
 
@@ -1121,7 +1123,17 @@ static void set_search_root(void) {
   config_set_search_root(root);
 }
 
+// A closed stdin, stdout or stderr would make the next file opened take its number: progress
+// lines written into the run folder's lock, a checkpoint written to by printf.
+static void open_standard_streams(void) {
+  for (int fd = 0; fd < 3; fd++)
+    if (fcntl(fd, F_GETFD) < 0 && errno == EBADF &&
+        open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) < 0)
+      _exit(1);
+}
+
 int main(int argc, char **argv) {
+  open_standard_streams();
   setvbuf(stdout, NULL, _IOLBF, 0);
   set_search_root();
   if (argc < 2) {

@@ -10,7 +10,7 @@
 #   1 full disk (tmpfs of 64 KiB, then 4 MiB)      6 MPI: rank 0 cannot create its folder, a killed
 #   2 unwritable folder (read-only fs, uid 65534)    rank, more ranks than samples, moco shard of one
 #   3 two runs on one folder; reuse, --overwrite   7 the loss becomes NaN
-#   4 SIGINT / SIGTERM / a second SIGINT           8 corrupt and truncated checkpoints
+#   4 SIGINT / SIGTERM / SIGHUP / a second SIGINT  8 corrupt and truncated checkpoints
 #   5 kill -9 (during a step, during a write)      9 a step count beyond what Tally counts
 #  11 run-folder files that are not regular files; outputs over a device node or a run's own
 #     state; a checkpoint of another run in the folder
@@ -390,16 +390,16 @@ name="4b SIGTERM during training, then --resume"
 signal_case TERM 143
 finish "$name"
 
-name="4c a second SIGINT right after the first stops at once"
+name="4c a second SIGINT half a second after the first stops at once"
 run=$TMP/sig-twice
-# Steps of about a second (batches of 128) so that finishing one would be seen.
-start sig-twice train --set data.limit=512 --set train.batch_size=128 --no-knn --quiet \
+# Steps of a second or more (batches of 512) so that finishing one would be seen.
+start sig-twice train --set data.limit=1024 --set train.batch_size=512 --no-knn --quiet \
   --steps 8 --out "$run"
 if wait_lines "$run/ledger.jsonl" 1 "$tpid"; then
   child=$(child_of "$tpid")
   kill -INT "$child"
-  sleep 0.1
-  kill -INT "$child"
+  sleep 0.5
+  kill -INT "$child" 2>/dev/null || bad "the run ended within 0.5 s of the first SIGINT"
   t0=$(date +%s%N)
   finish_bg
   ms=$((($(date +%s%N) - t0) / 1000000))
@@ -410,6 +410,60 @@ if wait_lines "$run/ledger.jsonl" 1 "$tpid"; then
 else
   finish_bg
   bad "the run ended (exit $rc) before a step was logged: $(firstline "$last.err")"
+fi
+finish "$name"
+
+name="4d one SIGINT delivered twice at once (as timeout --foreground passes it on): a checkpoint"
+run=$TMP/sig-dup
+start sig-dup train "${SMALL512[@]}" --steps 8 --out "$run"
+if wait_lines "$run/ledger.jsonl" 2 "$tpid"; then
+  child=$(child_of "$tpid")
+  kill -INT "$child"
+  kill -INT "$child"
+  finish_bg
+  expect_rc 130 "train after one SIGINT delivered twice"
+  said "$last.out" "interrupted at step" "the stop message"
+  loads "$run"
+else
+  finish_bg
+  bad "the run ended (exit $rc) before 2 steps were logged: $(firstline "$last.err")"
+fi
+finish "$name"
+
+name="4e SIGHUP (a closed terminal) during training, then --resume"
+signal_case HUP 129
+finish "$name"
+
+name="4f stdout a pipe closed early (tally train | head -1): the run trains on to its summary"
+run=$TMP/sig-pipe
+{ timeout "$LIMIT" "$TALLY_BIN" train --set data.limit=256 --set train.batch_size=32 --no-knn \
+  --set train.log_every=1 --steps 6 --out "$run" 2>"$TMP/sig-pipe.err" | head -1 >/dev/null; } \
+  2>/dev/null
+rc=${PIPESTATUS[0]}
+last=$TMP/sig-pipe
+expect_rc 0 "train | head -1"
+has_summary "$run"
+finish "$name"
+
+name="4g SIGINT during the final kNN evaluation: exit 130, no summary; --resume evaluates"
+run=$TMP/sig-eval
+start sig-eval train --set data.limit=256 --set train.batch_size=32 --steps 2 --out "$run"
+if wait_lines "$TMP/sig-eval.out" 0 "$tpid" && for _ in $(seq 1 600); do
+  grep -q "encoding .* training and" "$TMP/sig-eval.out" && break
+  kill -0 "$tpid" 2>/dev/null || break
+  sleep 0.1
+done && grep -q "encoding .* training and" "$TMP/sig-eval.out"; then
+  kill -INT "$(child_of "$tpid")"
+  finish_bg
+  expect_rc 130 "train interrupted during its evaluation"
+  no_summary "$run"
+  t sig-eval-resume train --resume "$run" --quiet
+  expect_rc 0 "train --resume"
+  [[ $(summary_steps "$run") == 2 ]] || bad "summary.json says $(summary_steps "$run") steps, not 2"
+  grep -q '"knn_top1": 0\.' "$run/summary.json" || bad "summary.json has no kNN result"
+else
+  finish_bg
+  bad "the run ended (exit $rc) before its final evaluation began: $(firstline "$last.err")"
 fi
 finish "$name"
 

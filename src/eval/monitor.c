@@ -38,11 +38,13 @@ void knn_monitor_init(KnnMonitor *m, const MonitorSettings *set, const Dataset *
   tl_alloc_scope_end();
 }
 
+static int cancelled(const KnnMonitor *m) { return m->cancel && *m->cancel; }
+
 // Encodes the first n images of ds into feat (n, D); the last partial batch is zero-padded.
 static void encode_all(KnnMonitor *m, const Dataset *ds, int n, float *feat) {
   const int S = m->set.image_size, C = m->set.channels, D = m->encoder->feature_dim;
   const size_t image_floats = (size_t)S * S * C;
-  for (int start = 0; start < n; start += m->batch) {
+  for (int start = 0; start < n && !cancelled(m); start += m->batch) {
     int count = n - start < m->batch ? n - start : m->batch;
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < count; i++) eval_view(ds, start + i, m->aug, m->images + i * image_floats);
@@ -78,6 +80,7 @@ KnnResult knn_monitor_run(KnnMonitor *m) {
   double t0 = now_ms();
   encode_all(m, m->train, m->n_train, m->train_feat);
   encode_all(m, m->test, m->n_test, m->test_feat);
+  if (cancelled(m)) return (KnnResult){.top1 = NAN, .linear_top1 = NAN, .cancelled = 1};
   KnnResult r = vote(m, m->train_feat, m->test_feat, m->encoder->feature_dim);
   r.seconds = (now_ms() - t0) / 1e3;
   return r;

@@ -2,6 +2,7 @@
 // copy of the online backbone (running BatchNorm statistics, parameters shared, not copied) and
 // reports weighted kNN top-1, plus the same on raw pixels as a baseline.
 #pragma once
+#include <signal.h>
 #include <stdint.h>
 
 #include "data/augment.h"
@@ -32,6 +33,8 @@ typedef struct {
   float *images;        // (batch, S, S, C) MEM_EVAL
   float *train_feat;    // (n_train, D) MEM_EVAL
   float *test_feat;     // (n_test, D) MEM_EVAL
+  // When set and nonzero (a stop signal), an evaluation ends between batches, cancelled.
+  volatile sig_atomic_t *cancel;
 } KnnMonitor;
 
 typedef struct {
@@ -39,6 +42,7 @@ typedef struct {
   double top1_k20;     // k = 20, for comparison with published monitors
   double linear_top1;  // linear probe (eval.linear = 1), else NaN
   double seconds;
+  int cancelled;  // *cancel ended it: no result
 } KnnResult;
 
 // `params` is the online ParamSet; its first backbone_param_count floats are the backbone's.

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -72,6 +73,40 @@ typedef struct {
   Comm *comm;
 } ReplicaThread;
 
+// The signal that asked the run to stop (SIGINT, SIGTERM, SIGHUP), or 0. A second one ends the
+// process at once, unless it comes within STOP_REPEAT_NS of the first: one Ctrl-C can arrive
+// twice (`timeout --foreground` passes the terminal's SIGINT on to a child that got it too).
+static volatile sig_atomic_t stop_signal;
+static struct timespec stop_signal_time;
+#define STOP_REPEAT_NS 250000000L
+
+static void on_stop_signal(int sig) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
+  if (stop_signal) {
+    long ns = (now.tv_sec - stop_signal_time.tv_sec) * 1000000000L +
+              (now.tv_nsec - stop_signal_time.tv_nsec);
+    if (ns >= STOP_REPEAT_NS) _exit(128 + sig);
+    return;
+  }
+  stop_signal_time = now;
+  stop_signal = sig;
+}
+
+// A closed terminal or ssh session (SIGHUP) stops the run as SIGTERM does; a closed pipe on
+// stdout (`tally train | head`) loses the progress lines, not the run.
+static void install_stop_handlers(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+}
+
 static void format_duration(double seconds, char *buf, size_t n) {
   if (!(seconds >= 0) || seconds > 1e7) {
     snprintf(buf, n, "?");
@@ -121,7 +156,8 @@ static int record_eval(const Run *run, const char *what, long step, KnnResult r)
   return ok ? 0 : tl_fail("%s: cannot write: %s", run->path_eval, strerror(err ? err : EIO));
 }
 
-// Rank 0's evaluation; the other replicas wait at the barrier that follows.
+// Rank 0's evaluation; the other replicas wait at the barrier that follows. 1 when a stop
+// signal cut it short (nothing recorded).
 static int evaluate(Run *run, KnnMonitor *mon, int step) {
   // Encoding the memory bank takes a while: say so before it starts.
   if (!run->opt->quiet) {
@@ -129,6 +165,7 @@ static int evaluate(Run *run, KnnMonitor *mon, int step) {
     fflush(stdout);
   }
   KnnResult r = knn_monitor_run(mon);
+  if (r.cancelled) return 1;
   char what[64];
   snprintf(what, sizeof what, "after step %d:", step);
   print_knn(what, r);
@@ -329,6 +366,7 @@ static int open_monitor(ReplicaState *r) {
   if (!r->use_knn) return 0;
   const MonitorSettings set = replica_monitor_settings(r->cfg);
   knn_monitor_init(&r->mon, &set, &run->train, &run->test, &run->aug, r->rep.ps.data);
+  r->mon.cancel = &stop_signal;
   if (!run->opt->quiet) {
     printf("kNN monitor: raw-pixel baseline on %d training and %d test images...\n", r->mon.n_train,
            r->mon.n_test);
@@ -494,25 +532,6 @@ static void print_progress(ReplicaState *r, int step, const LedgerRecord *rec) {
   r->last_log_step = step;
 }
 
-// The signal that asked the run to stop (SIGINT, SIGTERM), or 0. A second one ends the process
-// at once.
-static volatile sig_atomic_t stop_signal;
-
-static void on_stop_signal(int sig) {
-  if (stop_signal) _exit(128 + sig);
-  stop_signal = sig;
-}
-
-static void install_stop_handlers(void) {
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_stop_signal;
-  sa.sa_flags = SA_RESTART;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
-}
-
 // Rank 0's view of the stop signal, shared with every replica so all stop after the same step.
 // Its bytes fall outside the step's ledger record (counted after it, reset before the next).
 static int agreed_stop_signal(ReplicaState *r) {
@@ -632,6 +651,7 @@ static int end_of_step(ReplicaState *r, int step) {
   int stop_at = run->opt->stop_at > 0 && done == run->opt->stop_at && !last;
   int every = r->cfg->train.checkpoint_every;
   int due = epoch_end || last || sig || stop_at || (every > 0 && done % every == 0);
+  int eval_cancelled = 0;
   if (r->rank == 0 && due) {
     double seconds = (now_ms() - r->train_start_ms) / 1e3;
     run->train_seconds = run->opt->spent_seconds + seconds;
@@ -644,7 +664,9 @@ static int end_of_step(ReplicaState *r, int step) {
     int epoch = done / run->steps_per_epoch;
     if (!sig && r->use_knn && (last || (epoch_end && epoch % r->cfg->eval.knn_every_epochs == 0))) {
       double te = now_ms();
-      if (evaluate(run, &r->mon, done) != 0) comm_abort(r->comm, tl_last_error());
+      int rc = evaluate(run, &r->mon, done);
+      if (rc < 0) comm_abort(r->comm, tl_last_error());
+      eval_cancelled = rc > 0;
       // Evaluation time is not training time: neither the run's rate nor the next progress
       // line's recent rate counts it.
       const double spent = now_ms() - te;
@@ -654,6 +676,12 @@ static int end_of_step(ReplicaState *r, int step) {
   }
   if (due) comm_barrier(r->comm);
   if (comm_failed(r->comm)) return 1;
+  // A signal during the checkpoint or the evaluation stops the run now, its checkpoint whole; at
+  // the last step only if it cut the evaluation short (--resume then evaluates and summarizes).
+  if (due && !sig) {
+    int late = agreed_stop_signal(r);
+    if (late && (!last || eval_cancelled)) sig = late;
+  }
   if (!sig && !stop_at) return 0;
   run->stopped_early = 1;
   if (r->rank == 0) {
