@@ -547,13 +547,18 @@ static int unknown_name(const Schema *s, const char *where, const char *section,
 
 static int load_dataset(Config *cfg, const char *where);
 
+// Set while a resolved configuration is read back (a checkpoint's copy): its [data] keys are
+// already the descriptor's, and the descriptor need not be where the run started.
+static _Thread_local int reading_resolved;
+
 static int assign(const Schema *s, void *base, const char *where, const char *section,
                   const char *key, const char *value) {
   const KeySpec *k = find_key(s, section, key);
   if (!k) return unknown_name(s, where, section, key);
   if (set_key(k, base, where, value)) return -1;
   // [data] dataset = NAME reads data/NAME.ini's [data] keys there and then.
-  if (s->keys != model_schema.keys && k->offset == offsetof(Config, data.dataset))
+  if (s->keys != model_schema.keys && k->offset == offsetof(Config, data.dataset) &&
+      !reading_resolved)
     return load_dataset(base, where);
   return 0;
 }
@@ -786,7 +791,10 @@ int config_load_text(Config *cfg, const char *name, const char *recipe, const ch
   Config next;
   memcpy(&next, cfg, sizeof next);
   if (copy_path(next.source_path, name)) return -1;
-  if (parse_text(&recipe_schema, &next, name, recipe)) return -1;
+  reading_resolved = 1;
+  int rc = parse_text(&recipe_schema, &next, name, recipe);
+  reading_resolved = 0;
+  if (rc) return -1;
   ModelSpec spec;
   memset(&spec, 0, sizeof spec);
   apply_defaults(&model_schema, &spec);

@@ -16,6 +16,7 @@
 #     state; a checkpoint of another run in the folder
 #  12 budget edges (below one step, past what Tally counts); plan counts what train takes
 #  13 --resume of a finished run, and of one whose end was cut short
+#  14 inbatch at a batch of 1; the binary used from another folder (installed)
 #
 # Prints `ok - NAME` or `not ok - NAME: why` per case, `SKIP: ...` for a case this machine cannot
 # run, then `N passed, M failed`; exits 1 if any case failed. Needs root for the tmpfs mounts
@@ -791,6 +792,39 @@ if [[ -s $run/summary.json ]]; then
 else
   why="setup failed (see 12d)"
 fi
+finish "$name"
+
+# ---------------------------------------------------------------------------------------------
+# 14. Degenerate and installed use.
+name="14a inbatch at a global batch of 1 (no negatives, a loss of 0): refused, by plan too"
+t deg-inbatch train --set data.limit=64 --set train.batch_size=1 --steps 2 --no-knn --quiet \
+  --out "$TMP/deg-inbatch"
+expect_rc 1 "train"
+said "$last.err" "at least 2" "no word of the smallest batch"
+no_summary "$TMP/deg-inbatch"
+t deg-inbatch-plan plan --set data.limit=64 --set train.batch_size=1 --no-knn
+expect_rc 1 "plan"
+finish "$name"
+
+name="14b installed: export, eval, embed and --resume need no data/ beside the binary or here"
+run=$TMP/installed
+mkdir -p "$TMP/bin" "$TMP/elsewhere"
+cp "$TALLY_BIN" "$TMP/bin/tally"
+t installed-train train "${SMALL[@]}" --steps 2 --out "$run"
+expect_rc 0 "train"
+(
+  cd "$TMP/elsewhere" || exit 1
+  TALLY_BIN=$TMP/bin/tally
+  t installed-export export "$run" --out "$TMP/elsewhere/e.safetensors"
+  expect_rc 0 "installed export" || echo "$why" >"$TMP/installed.why"
+  t installed-eval eval "$run" --set data.limit=256 --set data.test_limit=100
+  expect_rc 0 "installed eval" || echo "$why" >>"$TMP/installed.why"
+  t installed-embed embed "$run" --data "$TRAIN_IDX" --limit 10 --out "$TMP/elsewhere/x.npy"
+  expect_rc 0 "installed embed" || echo "$why" >>"$TMP/installed.why"
+  t installed-resume train --resume "$run" --steps 3 --no-knn --quiet
+  expect_rc 0 "installed --resume" || echo "$why" >>"$TMP/installed.why"
+)
+[[ ! -s $TMP/installed.why ]] || bad "$(tr '\n' ' ' <"$TMP/installed.why")"
 finish "$name"
 
 totals

@@ -38,6 +38,15 @@ typedef struct {
 static Objective *inbatch_create(const ObjectiveEnv *env) {
   const Config *cfg = env->cfg;
   const InBatchSettings *set = objective_settings(cfg, &objective_inbatch);
+  // With one image its two views have no other image to be told apart from: every row's only
+  // candidate is its positive, and the loss is 0 whatever the encoder does.
+  if (env->global_batch < 2) {
+    tl_fail(
+        "the global batch has %d image; contrasting views needs at least 2, so that each has "
+        "negatives (train.batch_size)",
+        env->global_batch);
+    return NULL;
+  }
   InBatch *o = calloc(1, sizeof *o);
   if (!o) TL_DIE("out of memory");
   o->base.env = *env;
