@@ -885,6 +885,53 @@ static void test_imagefolder_large_images(void **state) {
   dataset_free(&ds);
 }
 
+// A bilevel (1 bit a pixel) greyscale PNG of w x h white pixels, as scanners and line art store
+// them: 8 pixels a byte before deflate, so far more pixels per file byte than 8-bit images.
+static void write_bilevel_png(const char *path, uint32_t w, uint32_t h) {
+  const size_t row = 1 + (w + 7) / 8, raw_n = row * h;
+  uint8_t *raw = malloc(raw_n);
+  for (size_t y = 0; y < h; y++) {
+    raw[y * row] = 0;  // filter: none
+    memset(raw + y * row + 1, 0xff, row - 1);
+  }
+  uLongf packed_n = compressBound(raw_n);
+  uint8_t *png = malloc(8 + 25 + 12 + packed_n + 12);
+  assert_int_equal(compress2(png + 8 + 25 + 8, &packed_n, raw, raw_n, 9), Z_OK);
+  memcpy(png, "\x89PNG\r\n\x1a\n", 8);
+  uint8_t *ihdr = png + 8, *idat = png + 33, *iend = idat + 12 + packed_n;
+  put_be32(ihdr, 13);
+  memcpy(ihdr + 4, "IHDR", 4);
+  put_be32(ihdr + 8, w);
+  put_be32(ihdr + 12, h);
+  ihdr[16] = 1, ihdr[17] = 0, ihdr[18] = ihdr[19] = ihdr[20] = 0;  // 1 bit, greyscale
+  put_be32(ihdr + 21, (uint32_t)crc32(0, ihdr + 4, 17));
+  put_be32(idat, (uint32_t)packed_n);
+  memcpy(idat + 4, "IDAT", 4);
+  put_be32(idat + 8 + packed_n, (uint32_t)crc32(0, idat + 4, 4 + (uInt)packed_n));
+  put_be32(iend, 0);
+  memcpy(iend + 4, "IEND", 4);
+  put_be32(iend + 8, (uint32_t)crc32(0, iend + 4, 4));
+  write_bytes(path, png, (size_t)(iend + 12 - png), 0);
+  free(raw);
+  free(png);
+}
+
+// A valid bilevel scan stores more than 1100 pixels per file byte (a white 2048x2048 page is a
+// few hundred bytes): the check against made-up headers counts its stored bytes, not pixels.
+static void test_imagefolder_bilevel_png(void **state) {
+  const TempDir *t = *state;
+  write_image_tree(t);
+  write_bilevel_png(temp_path(t, "ant/page.png"), 2048, 2048);
+  struct stat st;
+  assert_int_equal(stat(temp_path(t, "ant/page.png"), &st), 0);
+  assert_true((double)2048 * 2048 / (double)st.st_size > 1100);
+  Dataset ds;
+  if (dataset_load_imagefolder(&ds, t->dir, 8, 1, 0) != 0) fail_msg("%s", tl_last_error());
+  assert_int_equal(ds.n, 4);
+  for (int i = 0; i < 64; i++) assert_int_equal(ds.pixels[64 + i], 255);  // ant/page.png
+  dataset_free(&ds);
+}
+
 static void assert_imagefolder_fails(const char *root, const char *expect_in_message) {
   size_t data_before = tl_mem_live(MEM_DATA);
   Dataset ds;
@@ -1129,6 +1176,7 @@ int main(void) {
       cmocka_unit_test(test_gaussian_blur),
       cmocka_unit_test_setup_teardown(test_imagefolder, temp_dir_make, temp_dir_remove),
       cmocka_unit_test_setup_teardown(test_imagefolder_errors, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_imagefolder_bilevel_png, temp_dir_make, temp_dir_remove),
       cmocka_unit_test_setup_teardown(test_imagefolder_large_images, temp_dir_make,
                                       temp_dir_remove),
       cmocka_unit_test(test_loader_shard),

@@ -5,6 +5,7 @@
 // RGB.
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <limits.h>
 #include <stb_image.h>
 #include <stdio.h>
@@ -31,7 +32,8 @@ static const long long max_source_pixels = 64ll << 20;
 // a small one per other thread.
 static const long long max_parallel_decode_pixels = 4ll << 20;
 static const int max_image_size = 4096;
-// Decoded pixels one byte of a file can stand for (deflate's limit is 1032:1).
+// Bytes of an image's stored (uncompressed) pixel data one byte of its file can stand for:
+// deflate's limit is 1032:1; JPEG's is below 300 (an 8x8 block costs at least two bits).
 static const double max_bytes_per_file_byte = 1100;
 
 typedef struct {
@@ -163,6 +165,21 @@ static int jpeg_tables_valid(int fd, int64_t bytes) {
   return ok;
 }
 
+// The bytes of pixel data the image stores before compression: a PNG's filtered rows at its own
+// bit depth (a bilevel scan stores 8 pixels a byte, so 1:1100 in pixels would refuse a valid
+// one), one byte a pixel for the other formats (their least; JPEG and BMP's RLE are far from the
+// ratio anyway).
+static double stored_bytes(const char *path, int fd, int w, int h) {
+  const char *dot = strrchr(path, '.');
+  unsigned char ihdr[2];
+  if (strcasecmp(dot, ".png") != 0 || pread(fd, ihdr, 2, 24) != 2) return (double)w * h;
+  // IHDR's bit depth and colour type (grey, -, RGB, palette, grey+alpha, -, RGBA)
+  static const int samples[7] = {1, 0, 3, 1, 2, 0, 4};
+  const int bits = ihdr[0] * (ihdr[1] < 7 ? samples[ihdr[1]] : 0);
+  if (bits < 1) return (double)w * h;  // stb_image refuses it with its own reason
+  return (double)h * (1 + ceil((double)w * bits / 8));
+}
+
 // stb_image's decode of the open file f (at `channels`), one large image at a time.
 static uint8_t *decode(FILE *f, long long pixels, int channels, int *w, int *h) {
   int file_channels;
@@ -205,7 +222,7 @@ static int load_image(const char *path, int size, int channels, uint8_t *out) {
     tl_fail("%s: not a readable image: %s", path, stbi_failure_reason());
   } else if (w < 1 || h < 1) {
     tl_fail("%s: an image of %dx%d pixels", path, w, h);
-  } else if ((double)w * h > max_bytes_per_file_byte * (double)file_bytes) {
+  } else if (stored_bytes(path, fileno(f), w, h) > max_bytes_per_file_byte * (double)file_bytes) {
     // No PNG, JPEG or BMP compresses better than about 1000:1 (deflate's limit is 1032:1): a
     // header claiming more pixels than its file can hold would decode mostly made-up data.
     tl_fail("%s: claims %dx%d pixels in %lld bytes (truncated or corrupt)", path, w, h,
