@@ -25,6 +25,7 @@
 //   ctx->flops_forward/backward[component given at creation].
 #pragma once
 #include "core/dnnl_ctx.h"
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -36,7 +37,7 @@ typedef enum {
   OP_INFER,    // forward inference (running statistics), no backward (evaluation)
 } OpMode;
 
-enum { POOL_BUFFERS = 4, POOL_USERS = 1024 };
+enum { POOL_BUFFERS = 4 };
 
 // Buffers shared by ops whose contents are never live at the same time, instead of one per op. A
 // module that knows which are live together points the builder at a pool and, before building
@@ -58,9 +59,11 @@ enum { POOL_BUFFERS = 4, POOL_USERS = 1024 };
 typedef struct {
   size_t bytes[POOL_BUFFERS];  // the largest request per buffer
   float *buf[POOL_BUFFERS];
-  int n_users;
-  float **user[POOL_USERS];  // an op's field, filled in by buffer_pool_finish
-  int user_slot[POOL_USERS];
+  // Every op's field to fill in by buffer_pool_finish, and its buffer: as many as the network
+  // has ops (a model file may ask for hundreds of blocks).
+  int n_users, cap_users;
+  float ***user;
+  int *user_slot;
 } BufferPool;
 
 typedef struct {
@@ -132,8 +135,13 @@ static inline void op_calls_new_step(OpCalls *c) {
 }
 
 static inline void buffer_pool_record(BufferPool *pool, int slot, float **user, size_t bytes) {
-  if (slot < 0 || slot >= POOL_BUFFERS || pool->n_users == POOL_USERS)
-    TL_DIE("buffer pool: slot %d, %d users", slot, pool->n_users);
+  if (slot < 0 || slot >= POOL_BUFFERS) TL_DIE("buffer pool: slot %d", slot);
+  if (pool->n_users == pool->cap_users) {
+    pool->cap_users = pool->cap_users ? 2 * pool->cap_users : 64;
+    pool->user = realloc(pool->user, sizeof *pool->user * (size_t)pool->cap_users);
+    pool->user_slot = realloc(pool->user_slot, sizeof *pool->user_slot * (size_t)pool->cap_users);
+    if (!pool->user || !pool->user_slot) TL_DIE("out of memory for %d pool users", pool->cap_users);
+  }
   if (bytes > pool->bytes[slot]) pool->bytes[slot] = bytes;
   pool->user[pool->n_users] = user;
   pool->user_slot[pool->n_users++] = slot;
@@ -149,6 +157,8 @@ static inline void buffer_pool_finish(BufferPool *pool, MemCategory cat, MemComp
 
 static inline void buffer_pool_free(BufferPool *pool) {
   for (int i = 0; i < POOL_BUFFERS; i++) tl_free(pool->buf[i]);
+  free(pool->user);
+  free(pool->user_slot);
   memset(pool, 0, sizeof *pool);
 }
 
