@@ -16,7 +16,8 @@
 #     state; a checkpoint of another run in the folder
 #  12 budget edges (below one step, past what Tally counts); plan counts what train takes
 #  13 --resume of a finished run, and of one whose end was cut short
-#  14 inbatch at a batch of 1; the binary used from another folder (installed)
+#  14 inbatch at a batch of 1; the binary used from another folder (installed); a deep model;
+#     an address-space limit (ulimit -v)
 #
 # Prints `ok - NAME` or `not ok - NAME: why` per case, `SKIP: ...` for a case this machine cannot
 # run, then `N passed, M failed`; exits 1 if any case failed. Needs root for the tmpfs mounts
@@ -826,5 +827,27 @@ expect_rc 0 "train"
 )
 [[ ! -s $TMP/installed.why ]] || bad "$(tr '\n' ' ' <"$TMP/installed.why")"
 finish "$name"
+
+name="14c a ResNet of 64 blocks a stage (inside the documented range): planned, not an internal error"
+sed 's/^stage_blocks = .*/stage_blocks = 64,64,64/' "$(dirname "$0")/../models/resnet-small.ini" \
+  >"$TMP/deep.ini"
+t deep plan --set model.file="$TMP/deep.ini" --set data.limit=256 --set train.batch_size=8 --no-knn
+expect_rc 0 "plan of a deep model"
+finish "$name"
+
+name="14d a 1.2 GB address-space limit (ulimit -v) and a run that needs about 150 MB: it trains"
+if ldd "$TALLY_BIN" 2>/dev/null | grep -q libasan; then
+  skip "14d: AddressSanitizer's shadow memory needs more address space than any such limit"
+else
+  (
+    ulimit -v 1200000
+    t ulimit train "${SMALL[@]}" --steps 2 --out "$TMP/ulimit"
+    echo "$rc" >"$TMP/ulimit.rc"
+  )
+  rc=$(cat "$TMP/ulimit.rc")
+  last=$TMP/ulimit
+  expect_rc 0 "train under ulimit -v 1200000"
+  finish "$name"
+fi
 
 totals

@@ -37,29 +37,44 @@ void paramset_bind(ParamSet *ps, float *data, float *grad, size_t count) {
 
 // A counting pass hands out slices of a window of address space that is never committed: a model
 // larger than the window takes its slices round it again (they alias, but nothing touches them).
-// 1 GiB of address space each for data and grad (valgrind, for one, refuses much larger maps).
-#define COUNTING_WINDOW_FLOATS ((size_t)1 << 28)
+// 64 MiB of address space each for data and grad, wider than any one tensor of the models Tally
+// builds, or less under a tight address-space limit (ulimit -v): 1 GiB each made a run that needs
+// 150 MB fail under a limit of 2 GB.
+#define COUNTING_WINDOW_FLOATS ((size_t)1 << 24)
+#define COUNTING_WINDOW_FLOATS_LEAST ((size_t)1 << 20)
 
-static float *reserve(void) {
-  void *p = mmap(NULL, COUNTING_WINDOW_FLOATS * sizeof(float), PROT_NONE,
+static void *reserve(size_t floats) {
+  void *p = mmap(NULL, floats * sizeof(float), PROT_NONE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) TL_DIE("cannot reserve address space for counting parameters");
-  return p;
+  return p == MAP_FAILED ? NULL : p;
 }
 
 void paramset_alloc_counting(ParamSet *ps, uint64_t seed) {
   paramset_reset(ps, SIZE_MAX / 2, seed);
-  ps->data = reserve();
-  ps->grad = reserve();
-  ps->counting = 1;
+  for (size_t n = COUNTING_WINDOW_FLOATS; n >= COUNTING_WINDOW_FLOATS_LEAST; n /= 2) {
+    void *data = reserve(n), *grad = data ? reserve(n) : NULL;
+    if (data && grad) {
+      ps->data = data;
+      ps->grad = grad;
+      ps->counting_window = n;
+      ps->counting = 1;
+      return;
+    }
+    if (data) munmap(data, n * sizeof(float));
+  }
+  fprintf(stderr,
+          "tally: cannot reserve 2 x %zu MiB of address space to count the model's parameters "
+          "(an address-space limit: ulimit -v)\n",
+          COUNTING_WINDOW_FLOATS_LEAST * sizeof(float) >> 20);
+  exit(1);
 }
 
 int paramset_complete(const ParamSet *ps) { return ps->counting || ps->used == ps->count; }
 
 void paramset_free(ParamSet *ps) {
   if (ps->counting) {
-    munmap(ps->data, COUNTING_WINDOW_FLOATS * sizeof(float));
-    munmap(ps->grad, COUNTING_WINDOW_FLOATS * sizeof(float));
+    munmap(ps->data, ps->counting_window * sizeof(float));
+    munmap(ps->grad, ps->counting_window * sizeof(float));
   } else if (ps->owns) {
     tl_free(ps->data);
     tl_free(ps->grad);
@@ -86,7 +101,7 @@ float *paramset_take(ParamSet *ps, const char *name, size_t n, int no_decay, flo
   e->ndim = 1;
   e->shape[0] = (long)n;
   ps->used += n;
-  const size_t at = ps->counting ? e->offset % COUNTING_WINDOW_FLOATS : e->offset;
+  const size_t at = ps->counting ? e->offset % ps->counting_window : e->offset;
   if (grad) *grad = ps->grad ? ps->grad + at : NULL;
   return ps->data + at;
 }

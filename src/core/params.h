@@ -25,9 +25,10 @@ typedef struct {
   size_t count, used;
   ParamEntry *entries;
   int n_entries, cap_entries;
-  int owns;       // 1: allocated here; 0: bound to another set's data
-  int counting;   // a counting pass: data and grad are reservations, `used` is the answer
-  uint64_t seed;  // initialization stream
+  int owns;                // 1: allocated here; 0: bound to another set's data
+  int counting;            // a counting pass: data and grad are reservations, `used` is the answer
+  size_t counting_window;  // floats in each of those reservations
+  uint64_t seed;           // initialization stream
   // Optional: told when backward has finished writing gradient floats [offset, offset + count)
   // for this step, so their averaging across replicas can start while backward goes on
   // (parallel/grad_sync.h installs it). NULL: nobody listens.
