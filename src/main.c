@@ -15,6 +15,7 @@
 #include "config.h"
 #include "core/error.h"
 #include "train/evaluate.h"
+#include "io/json_write.h"
 #include "io/regular_file.h"
 #include "io/npy.h"
 #include "ledger/bytes.h"
@@ -998,8 +999,11 @@ static void json_number(const char *name, double v, int last) {
 
 static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json) {
   if (json) {
-    printf("{\"source\": \"%s\", \"objective\": \"%s\", \"step\": %ld, ", enc->source,
-           enc->objective, enc->step);
+    printf("{\"source\": ");
+    json_put_string(stdout, enc->source);
+    printf(", \"objective\": ");
+    json_put_string(stdout, enc->objective);
+    printf(", \"step\": %ld, ", enc->step);
     printf("\"n_train\": %d, \"n_test\": %d, \"n_classes\": %d, \"feature_dim\": %d, ", r->n_train,
            r->n_test, r->n_classes, r->feature_dim);
     json_number("knn_top1", r->knn_top1, 0);

@@ -502,10 +502,13 @@ no_summary "$run"
 loads "$run"
 ckpt_step "$run"
 [[ -z $step || $step == 2 ]] || bad "the checkpoint left is of step $step, expected 2"
+ls "$run"/checkpoint.safetensors.tmp.* >/dev/null 2>&1 ||
+  bad "the killed write left no temporary file (the case tests nothing)"
 t kill-in-ckpt-resume train --resume "$run" --no-knn --quiet
 expect_rc 0 "train --resume"
 has_summary "$run"
 ledger_is "$run" 6
+no_stray "$run"  # the killed write's temporary file is gone
 finish "$name"
 
 # ---------------------------------------------------------------------------------------------
@@ -849,5 +852,15 @@ else
   expect_rc 0 "train under ulimit -v 1200000"
   finish "$name"
 fi
+
+name="14e eval --json of a run folder whose path holds a quote and a backslash: valid JSON"
+odd=$TMP/'we"ird\run'
+mkdir -p "$odd"
+cp "$TMP/installed/checkpoint.safetensors" "$odd/"
+t odd-json eval "$odd" --json --set data.limit=256 --set data.test_limit=100
+expect_rc 0 "eval --json"
+python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$last.out" 2>/dev/null ||
+  bad "not valid JSON: $(firstline "$last.out")"
+finish "$name"
 
 totals

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdint.h>
@@ -432,9 +433,15 @@ static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, do
   // The loss is global, so every replica sees the same value and stops at the same step.
   if (!isfinite(*loss)) {
     if (r->rank == 0) {
-      fprintf(stderr,
-              "tally: step %d: loss is %g; stopping. The last good checkpoint (%s) is kept.\n",
-              step, *loss, run->path_ckpt);
+      if (access(run->path_ckpt, F_OK) == 0)
+        fprintf(stderr,
+                "tally: step %d: loss is %g; stopping. The last good checkpoint (%s) is kept.\n",
+                step, *loss, run->path_ckpt);
+      else
+        fprintf(stderr,
+                "tally: step %d: loss is %g; stopping. No checkpoint was written before it; "
+                "lower optim.lr or start again.\n",
+                step, *loss);
       run->exit_code = 3;
     }
     return 1;
@@ -771,19 +778,25 @@ static void *replica_main(void *arg) {
   return NULL;
 }
 
-// mkdir -p
+// mkdir -p. The reason given is the first folder's that could not be made (a read-only file
+// system, not the "No such file" its missing child then gets).
 static int make_dirs(const char *dir) {
+  // Room for the longest name written inside it, a temporary checkpoint's.
   char path[4096];
+  if (strlen(dir) + 64 > sizeof path)
+    return tl_fail("%.64s...: a run folder's path of %zu bytes is too long (at most %zu)", dir,
+                   strlen(dir), sizeof path - 64);
   snprintf(path, sizeof path, "%s", dir);
-  for (char *p = path + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      mkdir(path, 0755);
-      *p = '/';
-    }
-  if (mkdir(path, 0755) != 0 && errno != EEXIST)
-    return tl_fail("%s: cannot create run folder: %s", dir, strerror(errno));
-  return 0;
+  for (char *p = path + 1;; p++) {
+    if (*p != '/' && *p) continue;
+    char c = *p;
+    *p = 0;
+    if (mkdir(path, 0755) != 0 && errno != EEXIST)
+      return tl_fail("%s: cannot create run folder%s%s: %s", dir, c ? " " : "", c ? path : "",
+                     strerror(errno));
+    if (!c) return 0;
+    *p = c;
+  }
 }
 
 // A run folder belongs to one run at a time: an exclusive lock on DIR/.lock, held until the
@@ -806,10 +819,29 @@ static int exists(const char *dir, const char *name) {
   return access(path, F_OK) == 0;
 }
 
+// The temporary files a killed writer left of the run's state files (atomic_file.h names them
+// FILE.tmp.PID.N): with the folder's lock held, no live writer owns one.
+static void remove_stale_temporaries(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  for (struct dirent *e; (e = readdir(d));)
+    for (int i = 0; RUN_STATE_FILES[i]; i++) {
+      size_t n = strlen(RUN_STATE_FILES[i]);
+      if (strncmp(e->d_name, RUN_STATE_FILES[i], n) == 0 &&
+          strncmp(e->d_name + n, ".tmp.", 5) == 0) {
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+      }
+    }
+  closedir(d);
+}
+
 // Creates and locks the run folder. A folder that holds a run is refused unless the run is
 // being resumed or --overwrite says to replace it.
 static int make_run_dir(const char *dir, Run *run) {
   if (make_dirs(dir) != 0 || lock_run_dir(dir) != 0) return -1;
+  remove_stale_temporaries(dir);
   int resuming = run->opt->resume_path != NULL;
   if (!resuming && !run->opt->overwrite &&
       (exists(dir, CHECKPOINT_FILE) || exists(dir, "ledger.jsonl") || exists(dir, "summary.json")))
