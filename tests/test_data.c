@@ -988,6 +988,11 @@ static void test_imagefolder_errors(void **state) {
   assert_imagefolder_fails(t->dir, "zebra/\\x1b[31mred.png: its content is not the image format");
   assert_null(strchr(tl_last_error(), '\x1b'));
   remove(escape);
+  // An image beside the class folders belongs to no class: refused, not left out unsaid.
+  const uint8_t gray[64] = {0};
+  write_png(temp_path(t, "stray.png"), 8, 8, 1, gray);
+  assert_imagefolder_fails(t->dir, "1 image beside the class folders (stray.png)");
+  remove(temp_path(t, "stray.png"));
   // An empty class folder, and a root that is missing.
   make_dir(temp_path(t, "empty"));
   assert_imagefolder_fails(t->dir, temp_path(t, "empty"));

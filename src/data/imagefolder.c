@@ -270,12 +270,22 @@ static void class_quotas(const NameList *files, int n_classes, int limit, int *k
 static int list_groups(const char *root, NameList *groups, int *labeled) {
   if (list_dir(root, 1, groups) < 0) return -1;
   *labeled = groups->n > 0;
-  if (*labeled) return 0;
   NameList images = {0};
   int rc = list_dir(root, 0, &images);
   int any = images.n > 0;
+  // Images beside class folders belong to no class: leaving them out unsaid would train on less
+  // than the user gave.
+  if (rc == 0 && *labeled && any)
+    rc = tl_fail(
+        "%s: %d image%s beside the class folders (%s%s) belong to no class; move them into one, "
+        "or out of the folder",
+        root, images.n, images.n == 1 ? "" : "s", images.names[0], images.n > 1 ? ", ..." : "");
   names_free(&images);
-  if (rc < 0) return -1;
+  if (rc < 0) {
+    names_free(groups);
+    return -1;
+  }
+  if (*labeled) return 0;
   if (!any) return tl_fail("%s: no class subfolders and no .png, .jpg, .jpeg or .bmp images", root);
   groups->names = malloc(sizeof *groups->names);
   if (!groups->names || !(groups->names[0] = strdup("."))) TL_DIE("out of memory");
