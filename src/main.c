@@ -128,6 +128,20 @@ typedef struct {
   char steps_set[64], epochs_set[64], budget_set[96];
 } ConfigArgs;
 
+// "key=value" into out, or -1 (printed) when the value would not fit: a value cut short would
+// be read as another number.
+static int as_setting(char *out, size_t cap, const char *option, const char *key,
+                      const char *value) {
+  if (snprintf(out, cap, "%s=%s", key, value) < (int)cap) return 1;
+  fprintf(stderr, "tally: %s '%.40s...': too long for a value of %s\n", option, value, key);
+  return -1;
+}
+
+// Any option that chooses the configuration was given.
+static int config_args_given(const ConfigArgs *a) {
+  return a->config_path || a->n_sets || a->steps_set[0] || a->epochs_set[0] || a->budget_set[0];
+}
+
 // Consumes argv[*i] if it is --config, --set, --steps or --epochs. Returns 1 if consumed, 0 if
 // not, -1 on error (printed).
 static int config_arg(int argc, char **argv, int *i, ConfigArgs *a) {
@@ -141,11 +155,11 @@ static int config_arg(int argc, char **argv, int *i, ConfigArgs *a) {
     }
     a->sets[a->n_sets++] = v;
   } else if ((v = option_value(argc, argv, i, "--steps"))) {
-    snprintf(a->steps_set, sizeof a->steps_set, "train.steps=%s", v);
+    return as_setting(a->steps_set, sizeof a->steps_set, "--steps", "train.steps", v);
   } else if ((v = option_value(argc, argv, i, "--epochs"))) {
-    snprintf(a->epochs_set, sizeof a->epochs_set, "train.epochs=%s", v);
+    return as_setting(a->epochs_set, sizeof a->epochs_set, "--epochs", "train.epochs", v);
   } else if ((v = option_value(argc, argv, i, "--budget"))) {
-    snprintf(a->budget_set, sizeof a->budget_set, "train.budget=%s", v);
+    return as_setting(a->budget_set, sizeof a->budget_set, "--budget", "train.budget", v);
   } else {
     return 0;
   }
@@ -375,6 +389,11 @@ static int cmd_train(int argc, char **argv) {
       fprintf(stderr, "tally train: unknown option '%s' (see tally train --help)\n", argv[i]);
       return 2;
     }
+  }
+  if (opt.knn_at_start && opt.no_knn) {
+    fprintf(stderr,
+            "tally: --knn-at-start evaluates with the kNN monitor, which --no-knn turns off\n");
+    return 2;
   }
   static Config cfg;
   static char resumed_objective[64], ckpt_path[4200];
@@ -645,7 +664,8 @@ static int cmd_plan(int argc, char **argv) {
              *mtu = "1500";
   ConfigArgs ca = {0};
   PlanOptions popt = {0};
-  int json = 0, keep_replica_batch = 0;
+  int json = 0, keep_replica_batch = 0, objective_given = 0;
+  const char *scaling_option = NULL;  // one that only a prediction from a run takes
   for (int i = 0; i < argc; i++) {
     const char *v;
     int used = config_arg(argc, argv, &i, &ca);
@@ -656,6 +676,7 @@ static int cmd_plan(int argc, char **argv) {
       return 0;
     } else if ((v = option_value(argc, argv, &i, "--objective"))) {
       objectives = v;
+      objective_given = 1;
     } else if ((v = option_value(argc, argv, &i, "--memory-budget"))) {
       budget_text = v;
     } else if ((v = option_value(argc, argv, &i, "--step"))) {
@@ -668,12 +689,16 @@ static int cmd_plan(int argc, char **argv) {
       link = v;
     } else if ((v = option_value(argc, argv, &i, "--latency"))) {
       latency = v;
+      scaling_option = "--latency";
     } else if ((v = option_value(argc, argv, &i, "--mtu"))) {
       mtu = v;
+      scaling_option = "--mtu";
     } else if ((v = option_value(argc, argv, &i, "--allreduce"))) {
       allreduce = v;
+      scaling_option = "--allreduce";
     } else if (!strcmp(argv[i], "--keep-replica-batch")) {
       keep_replica_batch = 1;
+      scaling_option = "--keep-replica-batch";
     } else if (!strcmp(argv[i], "--json")) {
       json = 1;
     } else if (!strcmp(argv[i], "--no-knn")) {
@@ -690,7 +715,26 @@ static int cmd_plan(int argc, char **argv) {
       fprintf(stderr, "tally plan: --from RUN, --nodes N[,N...] and --link RATE go together\n");
       return 2;
     }
+    // A prediction from a measured run takes that run's configuration: options that choose
+    // another would be ignored.
+    const char *unused = config_args_given(&ca) ? "--config, --set, --steps, --epochs or --budget"
+                         : objective_given      ? "--objective"
+                         : budget_text          ? "--memory-budget"
+                         : step_text            ? "--step"
+                         : popt.no_knn          ? "--no-knn"
+                         : popt.knn_at_start    ? "--knn-at-start"
+                                                : NULL;
+    if (unused) {
+      fprintf(stderr,
+              "tally plan: --from RUN predicts from that run's own configuration; drop %s\n",
+              unused);
+      return 2;
+    }
     return plan_scaling(from, nodes, link, mtu, latency, allreduce, keep_replica_batch, json);
+  }
+  if (scaling_option) {
+    fprintf(stderr, "tally plan: %s goes with --from RUN --nodes N --link RATE\n", scaling_option);
+    return 2;
   }
   size_t budget = 0;
   if (budget_text && plan_parse_size(budget_text, &budget) != 0) {

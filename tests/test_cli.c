@@ -319,6 +319,32 @@ static void test_plan_from_run(void **state) {
   assert_int_equal(run(out, sizeof out, plan, tmpdir, "2", "15OO"), 2);
 }
 
+// An option a command accepts either works there or is refused (exit 2, naming it), before any
+// run folder is made: none is silently ignored.
+static void test_options_not_ignored(void **state) {
+  (void)state;
+  char out[8192], dir[1024];
+  snprintf(dir, sizeof dir, "%s/ignored", tmpdir);
+  assert_int_equal(
+      run(out, sizeof out, "train %s --steps 2 --no-knn --knn-at-start --out %s", small, dir), 2);
+  assert_non_null(strstr(out, "--knn-at-start"));
+  assert_int_equal(
+      run(out, sizeof out, "train %s --steps 2 --stop-at 5 --no-knn --out %s", small, dir), 2);
+  assert_non_null(strstr(out, "--stop-at 5"));
+  assert_false(exists("%s", dir));
+  // --from predicts from the measured run's configuration; the others are plans of a config.
+  assert_int_equal(run(out, sizeof out, "plan --from %s --nodes 2 --link 1Gbit --step 3", dir), 2);
+  assert_non_null(strstr(out, "--step"));
+  assert_int_equal(run(out, sizeof out, "plan --from %s --nodes 2 --link 1Gbit --set a.b=1", dir),
+                   2);
+  const char *plan_small = "--set train.batch_size=32 --set data.limit=256";
+  assert_int_equal(run(out, sizeof out, "plan %s --mtu 9000", plan_small), 2);
+  assert_non_null(strstr(out, "--mtu"));
+  // A value too long for its setting is refused, not cut to another number.
+  assert_int_equal(run(out, sizeof out, "plan %s --steps 1%080d", plan_small, 0), 2);
+  assert_non_null(strstr(out, "too long"));
+}
+
 int main(void) {
   if (cli_test_init("cli") != 0) return 1;
   const struct CMUnitTest tests[] = {
@@ -326,6 +352,7 @@ int main(void) {
       cmocka_unit_test(test_short_training_run),
       cmocka_unit_test(test_smoke_run_on_sample_data),
       cmocka_unit_test(test_plan_from_run),
+      cmocka_unit_test(test_options_not_ignored),
       cmocka_unit_test(test_missing_dataset),
       cmocka_unit_test(test_truncated_gz),
       cmocka_unit_test(test_malformed_ini),

@@ -1011,6 +1011,11 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     }
     run->finishing = 1;
   }
+  if (opt->stop_at > 0 && run->length_frozen && opt->stop_at > run->total_steps) {
+    fprintf(stderr, "tally: --stop-at %ld: the run has %d steps\n", opt->stop_at, run->total_steps);
+    rc = 2;
+    goto out;
+  }
   if (opt->stop_at > 0 && opt->stop_at <= run->start_step) {
     fprintf(stderr, "tally: --stop-at %ld: the run is already at step %d\n", opt->stop_at,
             run->start_step);
