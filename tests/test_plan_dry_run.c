@@ -150,7 +150,7 @@ static void test_step_too_large_to_index_is_refused(void **state) {
   run_plan(r, "--objective=mae", "--set", set_model, "--set", "train.batch_size=1", "--no-knn",
            NULL);
   assert_int_equal(r->exit_code, 1);
-  assert_non_null(strstr(r->err, "more than this process can address"));
+  assert_non_null(strstr(r->err, "more address space than this process has"));
   assert_true(r->max_rss_kb < PLAN_RSS_LIMIT_KB);
   free(r);
 }

@@ -67,11 +67,14 @@ void *tl_alloc(size_t bytes, MemCategory cat, MemComponent comp) {
               : padded < bytes ? NULL
                                : aligned_alloc(ALIGN, padded + ALIGN);
   if (!raw) {
+    // What fails is the process's whole address space, not necessarily this buffer: say both.
     if (planned)
       fprintf(stderr,
-              "tally: this configuration needs one buffer of %zu bytes (%.3g TiB) for %s/%s, "
-              "more than this process can address (the machine's limit, or ulimit -v)\n",
-              bytes, (double)bytes / 0x1p40, category_names[cat], component_names[comp]);
+              "tally: planning this configuration reserves more address space than this process "
+              "has (the machine's limit, or ulimit -v): %.1f MiB reserved so far, then %.1f MiB "
+              "for %s/%s\n",
+              (double)atomic_load(&live_total) / 0x1p20, (double)bytes / 0x1p20,
+              category_names[cat], component_names[comp]);
     else
       fprintf(stderr, "tally: out of memory allocating %zu bytes for %s/%s\n", bytes,
               category_names[cat], component_names[comp]);
