@@ -1,11 +1,12 @@
 // libFuzzer harness: what `tally report` and --resume read from run folders: ledger lines
 // (ledger_read_json), whole run folders into an HTML page (report_write), and the ledger cut back
-// to a checkpoint's step (ledger_truncate_for_resume).
+// to a checkpoint's step after checking it is the checkpoint's own (ledger_truncate_for_resume).
 // Input: LEDGER.JSONL \0 EVAL.JSONL \0 SUMMARY.JSON \0 SECOND RUN'S LEDGER.JSONL; a part that is
 // not there is a file that is not there, and a second ledger makes a two-run report.
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "fuzz_util.h"
 #include "ledger/record.h"
@@ -47,7 +48,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const char *runs[] = {run1, run2};
   report_write(n > 3 ? 2 : 1, runs, out);
 
-  ledger_truncate_for_resume(run1, 2);
+  // The ledger's tie to a checkpoint: the record of step 1 is the one the checkpoint saw when it
+  // is the ledger's first line (a match), else it is missing or another (a refusal); -1 none.
+  const char *first_end = parts[0] ? memchr(parts[0], '\n', lens[0]) : NULL;
+  unsigned long first_crc =
+      first_end ? crc32(0L, (const Bytef *)parts[0], (uInt)(first_end - parts[0] + 1)) : 0;
+  ledger_truncate_for_resume(run1, 2, size % 2 ? 1 : -1, first_crc);
   fuzz_free_parts(parts, n);
   return 0;
 }
