@@ -1,9 +1,10 @@
-// A module run on two inputs before backward (ops built for two calls) gives, per input, the
-// output and input gradient it gives alone, and parameter gradients that are the sum of the two
-// separate runs' — on a transformer block, a ResNet (with BatchNorm groups and a pad_to frame)
-// and a ViT with a cls token. The set hears each gradient slice once, after the last call; the
-// kept buffers double and nothing else does; a step whose backward was skipped leaves nothing
-// behind for the next.
+// A module run on two inputs before backward (ops built for two calls, or a second instance over
+// the same weights at another batch and image size) gives, per input, the output and input
+// gradient it gives alone, and parameter gradients that are the sum of the two separate runs' —
+// on a transformer block, a ResNet (with BatchNorm groups and a pad_to frame) and a ViT with a
+// cls token. The set hears each gradient slice once, after the last contribution; the kept
+// buffers double and nothing else does; a step whose backward was skipped leaves nothing behind
+// for the next.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -236,6 +237,109 @@ static void test_vit_two_calls_bf16(void **state) {
   check_two_calls("vit", 1);
 }
 
+// A second instance of a backbone over the same weights, at another batch and image size (a view
+// of the first's set: multi-crop's small crops), run between the first's forward and backward:
+// each instance's output is its own, the parameter gradients are the sum of the two separate
+// runs', and the set hears each slice once, only after both backwards.
+enum { N_SMALL = 3, S_SMALL = 12 };
+
+static Backbone *backbone_at(const ModelSpec *spec, DnnlCtx *ctx, ParamSet *ps, int n, int s) {
+  Builder b = {.ctx = ctx, .params = ps, .mode = OP_TRAIN};
+  Backbone *bb = backbone_create(spec, &b, n, s, C);
+  assert_non_null(bb);
+  return bb;
+}
+
+static void check_shared(const char *type, int bf16) {
+  ModelSpec spec;
+  spec_for(&spec, type);
+  spec.pad_to = 0;  // each instance at its own size
+  const size_t np = backbone_param_count(&spec, S, C);
+  assert_int_equal(backbone_param_count(&spec, S_SMALL, C), np);
+  DnnlCtx ctx;
+  dnnl_ctx_init(&ctx);
+  ctx.bf16 = bf16;
+  const size_t na = (size_t)N * S * S * C, nb = (size_t)N_SMALL * S_SMALL * S_SMALL * C;
+  float *xa = malloc(na * sizeof(float)), *xb = malloc(nb * sizeof(float));
+  fill_uniform(xa, na, -1, 1, 1);
+  fill_uniform(xb, nb, -2, 1, 2);
+
+  // Alone: each size on a set of its own (the same weights: seed 3), one step each.
+  ParamSet alone_a, alone_b;
+  paramset_alloc(&alone_a, np, 3);
+  paramset_alloc(&alone_b, np, 3);
+  Backbone *a = backbone_at(&spec, &ctx, &alone_a, N, S);
+  Backbone *b = backbone_at(&spec, &ctx, &alone_b, N_SMALL, S_SMALL);
+  const size_t da_n = (size_t)N * a->feature_dim, db_n = (size_t)N_SMALL * b->feature_dim;
+  float *da = malloc(da_n * sizeof(float)), *db = malloc(db_n * sizeof(float));
+  fill_uniform(da, da_n, -1, 1, 3);
+  fill_uniform(db, db_n, -1, 1, 4);
+  paramset_zero_grad(&alone_a, 0);
+  paramset_zero_grad(&alone_b, 0);
+  a->forward(a, &ctx, xa);
+  float *out_a = copy_of(a->feature, da_n);
+  a->backward(a, &ctx, da);
+  b->forward(b, &ctx, xb);
+  float *out_b = copy_of(b->feature, db_n);
+  b->backward(b, &ctx, db);
+  float *grad_sum = copy_of(alone_a.grad, np);
+  for (size_t i = 0; i < np; i++) grad_sum[i] += alone_b.grad[i];
+
+  // Together: the small instance on a view of the large one's set.
+  ParamSet shared, view;
+  paramset_alloc(&shared, np, 3);
+  Backbone *large = backbone_at(&spec, &ctx, &shared, N, S);
+  paramset_view(&view, &shared, 0);
+  Backbone *small = backbone_at(&spec, &ctx, &view, N_SMALL, S_SMALL);
+  assert_int_equal(view.used, np);
+  ReadyLog log = {0};
+  shared.grad_ready = on_ready;
+  shared.grad_ready_user = &log;
+  paramset_zero_grad(&shared, 0);
+  large->forward(large, &ctx, xa);
+  small->forward(small, &ctx, xb);
+  assert_close(large->feature, out_a, da_n, 1e-5, "large instance's output");
+  assert_close(small->feature, out_b, db_n, 1e-5, "small instance's output");
+  small->backward(small, &ctx, db);
+  assert_int_equal(log.n, 0);  // the small crops' gradients alone are not the step's
+  large->backward(large, &ctx, da);
+  assert_close(shared.grad, grad_sum, np, 1e-4, "parameter gradients");
+  int trainable = 0;
+  for (int e = 0; e < shared.n_entries; e++) trainable += !shared.entries[e].is_buffer;
+  assert_int_equal(log.n, trainable);
+  for (int i = 0; i < log.n; i++) assert_int_equal(log.calls[i], 1);
+
+  Backbone *all[] = {a, b, large, small};
+  for (int i = 0; i < 4; i++) all[i]->destroy(all[i]);
+  paramset_free(&view);
+  paramset_free(&shared);
+  paramset_free(&alone_a);
+  paramset_free(&alone_b);
+  float *bufs[] = {xa, xb, da, db, out_a, out_b, grad_sum};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+  dnnl_ctx_destroy(&ctx);
+}
+
+static void test_resnet_shared(void **state) {
+  (void)state;
+  check_shared("resnet", 0);
+}
+
+static void test_resnet_shared_bf16(void **state) {
+  (void)state;
+  check_shared("resnet", 1);
+}
+
+static void test_vit_shared(void **state) {
+  (void)state;
+  check_shared("vit", 0);
+}
+
+static void test_vit_shared_bf16(void **state) {
+  (void)state;
+  check_shared("vit", 1);
+}
+
 // A linear layer (M rows, IC -> OC, fp32) built for three calls keeps three outputs and nothing
 // else more: its activations are 3 * M * OC floats, its input gradient one M * IC, and the set
 // holds scratch for one call's weight and bias gradients.
@@ -263,6 +367,8 @@ int main(void) {
       cmocka_unit_test(test_block_two_calls),    cmocka_unit_test(test_resnet_two_calls),
       cmocka_unit_test(test_vit_two_calls),      cmocka_unit_test(test_resnet_two_calls_bf16),
       cmocka_unit_test(test_vit_two_calls_bf16), cmocka_unit_test(test_linear_buffers_per_call),
+      cmocka_unit_test(test_resnet_shared),      cmocka_unit_test(test_resnet_shared_bf16),
+      cmocka_unit_test(test_vit_shared),         cmocka_unit_test(test_vit_shared_bf16),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -84,7 +84,39 @@ void paramset_free(ParamSet *ps) {
   memset(ps, 0, sizeof *ps);
 }
 
+void paramset_view(ParamSet *view, ParamSet *owner, size_t offset) {
+  owner = paramset_root(owner);
+  memset(view, 0, sizeof *view);
+  view->owner = owner;
+  view->data = owner->data;
+  view->grad = owner->grad;
+  view->count = owner->count;
+  view->used = offset;
+  view->counting = owner->counting;
+  view->counting_window = owner->counting_window;
+  while (view->replay_entry < owner->n_entries &&
+         owner->entries[view->replay_entry].offset < offset)
+    view->replay_entry++;
+}
+
+ParamSet *paramset_root(const ParamSet *ps) { return (ParamSet *)(ps->owner ? ps->owner : ps); }
+
+// A view's take: the owner's next slice, which must be the one asked for.
+static float *replay_take(ParamSet *view, const char *name, size_t n, float **grad) {
+  const ParamSet *owner = view->owner;
+  if (view->replay_entry >= owner->n_entries || owner->entries[view->replay_entry].count != n)
+    TL_DIE("a second instance takes %s (%zu floats) where the first took %s", name, n,
+           view->replay_entry < owner->n_entries ? owner->entries[view->replay_entry].name
+                                                 : "nothing");
+  const ParamEntry *e = &owner->entries[view->replay_entry++];
+  view->used = e->offset + n;
+  const size_t at = owner->counting ? e->offset % owner->counting_window : e->offset;
+  if (grad) *grad = owner->grad ? owner->grad + at : NULL;
+  return owner->data + at;
+}
+
 float *paramset_take(ParamSet *ps, const char *name, size_t n, int no_decay, float **grad) {
+  if (ps->owner) return replay_take(ps, name, n, grad);
   if (ps->used + n > ps->count)
     TL_DIE("parameter block overflow taking %s (%zu + %zu > %zu)", name, ps->used, n, ps->count);
   if (ps->n_entries == ps->cap_entries) {
@@ -108,11 +140,12 @@ float *paramset_take(ParamSet *ps, const char *name, size_t n, int no_decay, flo
 
 float *paramset_take_buffer(ParamSet *ps, const char *name, size_t n) {
   float *p = paramset_take(ps, name, n, 1, NULL);
-  ps->entries[ps->n_entries - 1].is_buffer = 1;
+  if (!ps->owner) ps->entries[ps->n_entries - 1].is_buffer = 1;
   return p;
 }
 
 void paramset_set_shape(ParamSet *ps, int ndim, const long *shape) {
+  if (ps->owner) return;  // the owner's entry has it
   TL_ASSERT(ps->n_entries > 0 && ndim >= 1 && ndim <= PARAM_MAX_DIMS);
   ParamEntry *e = &ps->entries[ps->n_entries - 1];
   size_t n = 1;
@@ -123,11 +156,13 @@ void paramset_set_shape(ParamSet *ps, int ndim, const long *shape) {
 }
 
 void paramset_zero_grad(ParamSet *ps, int dry_run) {
+  ps = paramset_root(ps);
   if (ps->grad && !dry_run) memset(ps->grad, 0, ps->count * sizeof(float));
   ps->grad_generation++;
 }
 
 void paramset_reserve_grad_scratch(ParamSet *ps, size_t count) {
+  ps = paramset_root(ps);
   if (count <= ps->grad_scratch_count) return;
   tl_free(ps->grad_scratch);
   ps->grad_scratch = tl_alloc(count * sizeof(float), MEM_WORKSPACE, COMP_OTHER);
@@ -137,6 +172,7 @@ void paramset_reserve_grad_scratch(ParamSet *ps, size_t count) {
 float *paramset_grad_target(const ParamSet *ps, float *grad, size_t count, int accumulate,
                             size_t scratch_offset) {
   if (!accumulate) return grad;
+  ps = paramset_root(ps);
   if (scratch_offset + count > ps->grad_scratch_count)
     TL_DIE(
         "gradient accumulation needs %zu scratch floats, %zu reserved (an op run twice "
@@ -147,13 +183,65 @@ float *paramset_grad_target(const ParamSet *ps, float *grad, size_t count, int a
 
 void paramset_grad_commit(const ParamSet *ps, float *grad, const float *target, size_t count) {
   if (target == grad) return;
+  ps = paramset_root(ps);
   TL_ASSERT(target >= ps->grad_scratch &&
             target + count <= ps->grad_scratch + ps->grad_scratch_count);
 #pragma omp parallel for simd schedule(static) if (count > 65536)
   for (size_t i = 0; i < count; i++) grad[i] += target[i];
 }
 
+// The entry whose gradient slice starts at `grad` (entries are in offset order).
+static ParamEntry *entry_of(ParamSet *root, const float *grad) {
+  TL_ASSERT(root->grad && grad >= root->grad && (size_t)(grad - root->grad) < root->count);
+  const size_t offset = (size_t)(grad - root->grad);
+  int lo = 0, hi = root->n_entries - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if (root->entries[mid].offset > offset)
+      hi = mid - 1;
+    else
+      lo = mid;
+  }
+  TL_ASSERT(root->n_entries > 0 && root->entries[lo].offset == offset);
+  return &root->entries[lo];
+}
+
+void paramset_grad_expect(ParamSet *ps, const float *grad, int contributions) {
+  ParamSet *root = paramset_root(ps);
+  if (root->counting || !grad) return;
+  entry_of(root, grad)->grad_expected += contributions;
+}
+
+int paramset_grad_expected(const ParamSet *ps, const float *grad) {
+  ParamSet *root = paramset_root(ps);
+  return root->counting || !grad ? 0 : entry_of(root, grad)->grad_expected;
+}
+
+int paramset_grad_accumulates(const ParamSet *ps, const float *grad) {
+  ParamSet *root = paramset_root(ps);
+  if (root->counting) return 0;
+  ParamEntry *e = entry_of(root, grad);
+  if (e->grad_written == root->grad_generation) return 1;
+  e->grad_written = root->grad_generation;
+  return 0;
+}
+
+void paramset_grad_contributed(const ParamSet *ps, const float *grad, size_t count) {
+  ParamSet *root = paramset_root(ps);
+  if (root->counting || !grad) return;
+  ParamEntry *e = entry_of(root, grad);
+  if (e->grad_seen_generation != root->grad_generation) {
+    e->grad_seen_generation = root->grad_generation;
+    e->grad_seen = 0;
+  }
+  if (++e->grad_seen > e->grad_expected)
+    TL_DIE("%s: backward contribution %d in one step, %d expected", e->name, e->grad_seen,
+           e->grad_expected);
+  if (e->grad_seen == e->grad_expected) paramset_grad_ready(root, grad, count);
+}
+
 void paramset_grad_ready(const ParamSet *ps, const float *grad, size_t count) {
+  ps = paramset_root(ps);
   if (!ps->grad_ready || !grad) return;
   TL_ASSERT(grad >= ps->grad && count <= ps->count &&
             (size_t)(grad - ps->grad) <= ps->count - count);

@@ -17,9 +17,16 @@ typedef struct {
   long shape[PARAM_MAX_DIMS];  // conv (O, I, kh, kw), linear (O, I): PyTorch's layouts
   int no_decay;   // biases and normalization parameters: no weight decay, excluded from LARS
   int is_buffer;  // running statistics: saved and copied with the model, never optimized
+  // Its gradient's bookkeeping, whichever op instances write it: the backward contributions a
+  // step brings (one per forward call of each op built over it), those seen this step, and the
+  // set's grad_generation when a backward last wrote it (a later one adds) and when `grad_seen`
+  // was counted.
+  int grad_expected, grad_seen;
+  unsigned grad_written, grad_seen_generation;
 } ParamEntry;
 
-typedef struct {
+typedef struct ParamSet ParamSet;
+struct ParamSet {
   float *data;  // (count)
   float *grad;  // (count), NULL for a bound (inference or momentum) copy
   size_t count, used;
@@ -40,7 +47,11 @@ typedef struct {
   unsigned grad_generation;
   float *grad_scratch;
   size_t grad_scratch_count;
-} ParamSet;
+  // A view (paramset_view): takes hand out the owner's slices again, in its order from
+  // `replay_entry`, and every gradient's bookkeeping is the owner's. NULL: a set of its own.
+  ParamSet *owner;
+  int replay_entry;
+};
 
 // Allocates data (MEM_PARAM) and grad (MEM_GRAD) for exactly `count` floats.
 void paramset_alloc(ParamSet *ps, size_t count, uint64_t seed);
@@ -53,6 +64,12 @@ void paramset_bind(ParamSet *ps, float *data, float *grad, size_t count);
 // is skipped while tl_alloc_untouched), so building a model once in dry run leaves its parameter
 // count in `used` — the count comes from the builders themselves, not from a formula beside them.
 void paramset_alloc_counting(ParamSet *ps, uint64_t seed);
+// A second instance of a module over the same weights (another batch or image size): `view`
+// hands out the owner's slices again, from the one at `offset` on, in the order the first
+// instance took them (a take of another size dies: a build bug). Gradients add into the owner's.
+void paramset_view(ParamSet *view, ParamSet *owner, size_t offset);
+// The set that owns the slices and their bookkeeping: ps, or the set a view replays.
+ParamSet *paramset_root(const ParamSet *ps);
 // Every slice of the block was taken (a counting set is complete whatever it holds).
 int paramset_complete(const ParamSet *ps);
 void paramset_free(ParamSet *ps);
@@ -82,9 +99,19 @@ float *paramset_grad_target(const ParamSet *ps, float *grad, size_t count, int a
 // caller skips it when its context is a dry run).
 void paramset_grad_commit(const ParamSet *ps, float *grad, const float *target, size_t count);
 
-// Every op that writes parameter gradients calls this right after writing them, once per taken
-// slice: `grad` is the slice paramset_take handed out, `count` its length. Never for buffers
-// (they have no gradient). No-op without a callback or when grad is NULL.
+// Gradient bookkeeping of a slice (`grad` as paramset_take handed it out, from the set or a view
+// of it): an op built in training over it expects `contributions` backward calls a step; a
+// backward asks whether it adds to what an earlier one wrote since the step's zero (1) or writes
+// (0); after writing it reports its contribution, and after the last expected one the set's
+// grad_ready hears the slice is complete. No-ops on a counting set.
+void paramset_grad_expect(ParamSet *ps, const float *grad, int contributions);
+int paramset_grad_expected(const ParamSet *ps, const float *grad);
+int paramset_grad_accumulates(const ParamSet *ps, const float *grad);
+void paramset_grad_contributed(const ParamSet *ps, const float *grad, size_t count);
+
+// Tells the set's listener that gradient floats [grad, grad + count) are complete for the step
+// (paramset_grad_contributed does, after the last contribution). No-op without a callback or when
+// grad is NULL.
 void paramset_grad_ready(const ParamSet *ps, const float *grad, size_t count);
 
 // Initialization helpers for an owned set (no-ops on a bound set). Each tensor gets its own

@@ -270,7 +270,7 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
     // Like a bias, the cls token is exempt from weight decay.
     v->cls = paramset_take(b->params, "cls_token", D, 1, &v->dcls);
     paramset_init_normal(b->params, v->cls, D, 0.02f);
-    if (v->calls.count > 1) paramset_reserve_grad_scratch(b->params, D);
+    op_grads_expect(b, &v->calls, v->dcls, (size_t)D, NULL, 0);
   }
   v->embedded = v->embedded_slots =
       op_calls_alloc(&v->calls, tokens * D * sizeof(float), out_cat, v->comp);

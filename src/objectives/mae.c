@@ -131,6 +131,7 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   o->mask_token =
       paramset_take(env->params, "decoder.mask_token", (size_t)o->Dd, 1, &o->dmask_token);
   paramset_init_normal(env->params, o->mask_token, (size_t)o->Dd, 0.02f);
+  paramset_grad_expect(env->params, o->dmask_token, 1);  // written whole by each backward
   o->blocks = calloc((size_t)o->depth, sizeof *o->blocks);
   // The decoder's input gradients share four buffers, as the encoder's do: the gradient between
   // blocks and the final norm's in 0 (the blocks take 1-3 for their own), the prediction's in 2,
@@ -393,7 +394,7 @@ static double mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   const float *d = o->norm.din;
   for (int i = o->depth - 1; i >= 0; i--) d = transformer_block_backward(&o->blocks[i], ctx, d);
   if (!ctx->dry_run) scatter_decoder_grad(o, d);
-  paramset_grad_ready(base->env.params, o->dmask_token, (size_t)Dd);
+  paramset_grad_contributed(base->env.params, o->dmask_token, (size_t)Dd);
   linear_backward(&o->embed, ctx, o->dembed);
   ctx->component = COMP_ENCODER;
   vit_backward_tokens(o->encoder, ctx, o->embed.din);

@@ -146,7 +146,7 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
     p->sync_coef = tl_alloc(3 * (size_t)C * sizeof(float), MEM_WORKSPACE, l->comp);
   }
   if (b->mode != OP_TRAIN) return;
-  if (l->calls.count > 1) paramset_reserve_grad_scratch(b->params, 2 * (size_t)C);
+  op_grads_expect(b, &l->calls, l->dgamma, (size_t)C, l->dbeta, (size_t)C);
   if (l->sync) {
     dnnl_batch_normalization_desc_t desc;
     DNNL_CHECK(dnnl_batch_normalization_backward_desc_init(&desc, dnnl_backward, &data_md, &data_md,

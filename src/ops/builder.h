@@ -14,10 +14,12 @@
 //   before backward; backward takes the calls back last-in first-out and `out` names the output
 //   of the call being worked on. The input gradient `din` is one buffer: a call's backward hands
 //   it on before the next call's backward begins.
-// - Parameter gradients accumulate over the calls of a step: paramset_zero_grad starts the step,
-//   the op's first backward after it writes, its later ones add (through the set's scratch, which
-//   an op built for several calls reserves); the set hears that a slice is ready when the op's
-//   last outstanding call has gone back (op_calls_backward leaves depth 0).
+// - Parameter gradients are the parameters' own bookkeeping, whichever op instance writes them
+//   (core/params.h): an op built in training tells the set how many backward contributions a
+//   step brings to its slices (its calls; a second instance over the same weights, built on a
+//   paramset_view, adds its own); paramset_zero_grad starts the step, the first backward after
+//   it writes, later ones add (through the set's scratch, reserved once a slice expects more
+//   than one), and the set hears that a slice is ready after its last expected contribution.
 // - Buffers: `out` is MEM_ACT when kept for backward (OP_TRAIN), MEM_WORKSPACE otherwise; `din` is
 //   MEM_ACT_GRAD; workspaces kept between forward and backward are MEM_ACT; all tagged with
 //   ctx->component at creation time.
@@ -114,8 +116,7 @@ typedef struct {
   int count;                     // slots: builder_calls()
   int depth;                     // this step's forwards whose backward is still due
   unsigned step;                 // the set's grad_generation `depth` belongs to
-  unsigned grad_written;         // the set's grad_generation when this op last wrote gradients
-  const ParamSet *params;        // whose generation counts steps
+  const ParamSet *params;        // whose generation counts steps (its root's, for a view)
   const void *in[OP_MAX_CALLS];  // each call's input, for its backward
   int din_pooled;                // the op's din lives in a pool (op_din_alloc)
   int out_pooled;                // its output does (op_out_alloc)
@@ -129,8 +130,9 @@ static inline void op_calls_init(OpCalls *c, const Builder *b) {
 }
 
 static inline void op_calls_new_step(OpCalls *c) {
-  if (c->step == c->params->grad_generation) return;
-  c->step = c->params->grad_generation;
+  const unsigned generation = paramset_root(c->params)->grad_generation;
+  if (c->step == generation) return;
+  c->step = generation;
   c->depth = 0;
 }
 
@@ -244,14 +246,6 @@ static inline int op_calls_next_backward(OpCalls *c, const char *op) {
   return c->depth - 1;
 }
 
-// After op_calls_backward: whether this backward adds to gradients an earlier call of the op
-// wrote since the set's last zero (1), or writes them (0). Call once per backward.
-static inline int op_calls_accumulates(OpCalls *c) {
-  if (c->grad_written == c->params->grad_generation) return 1;
-  c->grad_written = c->params->grad_generation;
-  return 0;
-}
-
 // Adds a gradient written to the scratch into its slice (counted as backward FLOPs: one add per
 // float); nothing when it was written in place.
 static inline void op_grad_commit(DnnlCtx *ctx, MemComponent comp, const ParamSet *ps, float *grad,
@@ -261,34 +255,47 @@ static inline void op_grad_commit(DnnlCtx *ctx, MemComponent comp, const ParamSe
   ctx->flops_backward[comp] += (double)count;
 }
 
-// After op_calls_backward: whether this was the op's last outstanding call, so its parameter
-// gradients are complete for the step.
-static inline int op_calls_done(const OpCalls *c) { return c->depth == 0; }
-
 // The parameter gradients one backward call writes: up to two slices of its set (weight and
-// bias, gamma and beta; a NULL slice is skipped). op_grads_begin picks where each is written:
-// in place, or the set's scratch when an earlier call of the op wrote it since the last zero
-// (the second slice after the first in the scratch). op_grads_end adds the scratch into the
-// slices and, after the op's last outstanding call, tells the set they are complete.
+// bias, gamma and beta; a NULL slice is skipped). op_grads_expect, when the op is built, tells
+// the set the op's calls will contribute to them each step, and reserves scratch for both once
+// either may be added to. op_grads_begin picks where each is written: in place, or the set's
+// scratch when a backward (of this op or another instance over the same weights) wrote it since
+// the last zero (the second slice after the first in the scratch). op_grads_end adds the scratch
+// into the slices and reports the contribution; after a slice's last one, the set says it is
+// complete.
 typedef struct {
   float *grad[2];
   float *target[2];
   size_t count[2];
 } OpGrads;
 
+static inline void op_grads_expect(const Builder *b, const OpCalls *c, const float *g0, size_t n0,
+                                   const float *g1, size_t n1) {
+  if (b->mode != OP_TRAIN || paramset_root(b->params)->counting) return;
+  paramset_grad_expect(b->params, g0, c->count);
+  paramset_grad_expect(b->params, g1, c->count);
+  // One contribution a step writes; a second one may add, through the scratch.
+  if ((g0 && paramset_grad_expected(b->params, g0) > 1) ||
+      (g1 && paramset_grad_expected(b->params, g1) > 1))
+    paramset_reserve_grad_scratch(b->params, (g0 ? n0 : 0) + (g1 ? n1 : 0));
+}
+
 static inline OpGrads op_grads_begin(OpCalls *c, float *g0, size_t n0, float *g1, size_t n1) {
   OpGrads g = {{g0, g1}, {NULL, NULL}, {n0, n1}};
-  int accumulate = op_calls_accumulates(c);
-  if (g0) g.target[0] = paramset_grad_target(c->params, g0, n0, accumulate, 0);
-  if (g1) g.target[1] = paramset_grad_target(c->params, g1, n1, accumulate, g0 ? n0 : 0);
+  if (g0)
+    g.target[0] =
+        paramset_grad_target(c->params, g0, n0, paramset_grad_accumulates(c->params, g0), 0);
+  if (g1)
+    g.target[1] = paramset_grad_target(c->params, g1, n1, paramset_grad_accumulates(c->params, g1),
+                                       g0 ? n0 : 0);
   return g;
 }
 
 static inline void op_grads_end(DnnlCtx *ctx, MemComponent comp, const OpCalls *c,
                                 const OpGrads *g) {
   for (int i = 0; i < 2; i++)
-    if (g->grad[i]) op_grad_commit(ctx, comp, c->params, g->grad[i], g->target[i], g->count[i]);
-  if (!op_calls_done(c)) return;
-  for (int i = 0; i < 2; i++)
-    if (g->grad[i]) paramset_grad_ready(c->params, g->grad[i], g->count[i]);
+    if (g->grad[i]) {
+      op_grad_commit(ctx, comp, c->params, g->grad[i], g->target[i], g->count[i]);
+      paramset_grad_contributed(c->params, g->grad[i], g->count[i]);
+    }
 }

@@ -173,8 +173,8 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   op_out_alloc(b, &l->calls, &l->out_slots, conv_out_bytes(l), l->comp);
   l->out = l->out_slots;
   if (b->mode != OP_TRAIN) return;
-  if (l->calls.count > 1)
-    paramset_reserve_grad_scratch(b->params, (size_t)OC * IC * K * K + (has_bias ? OC : 0));
+  op_grads_expect(b, &l->calls, l->dweight, (size_t)OC * IC * K * K, has_bias ? l->dbias : NULL,
+                  (size_t)OC);
 
   // Read in its own type only by backward data, or by a bf16 backward weights.
   if (l->need_din || !p->bwd_weights_f32)

@@ -68,7 +68,7 @@ void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   op_out_alloc(b, &l->calls, &l->out_slots, ln_data_bytes(l), l->comp);
   l->out = l->out_slots;
   if (!train) return;
-  if (l->calls.count > 1) paramset_reserve_grad_scratch(b->params, 2 * (size_t)D);
+  op_grads_expect(b, &l->calls, l->dgamma, (size_t)D, l->dbeta, (size_t)D);
 
   p->mean = dnnl_mem_new(ctx, &stat_md);
   p->variance = dnnl_mem_new(ctx, &stat_md);

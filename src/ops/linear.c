@@ -91,7 +91,8 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   op_out_alloc(b, &l->calls, &l->out_slots, linear_out_bytes(l), l->comp);
   l->out = l->out_slots;
   if (b->mode != OP_TRAIN) return;
-  if (l->calls.count > 1) paramset_reserve_grad_scratch(b->params, (size_t)OC * IC + OC);
+  op_grads_expect(b, &l->calls, l->dweight, (size_t)OC * IC, l->has_bias ? l->dbias : NULL,
+                  (size_t)OC);
 
   dnnl_inner_product_desc_t bwd_weights_desc;
   DNNL_CHECK(dnnl_inner_product_backward_weights_desc_init(&bwd_weights_desc, &src_md, &weight_md,
@@ -142,8 +143,8 @@ void linear_backward(Linear *l, DnnlCtx *ctx, const float *dout) {
   l->out = op_out_slot(&l->calls, l->out_slots, linear_out_bytes(l), call);
   TL_ASSERT(l->in);
   size_t nw = (size_t)l->OC * l->IC;
-  OpGrads g = op_grads_begin(&l->calls, l->dweight, nw, l->has_bias ? l->dbias : NULL,
-                             (size_t)l->OC);
+  OpGrads g =
+      op_grads_begin(&l->calls, l->dweight, nw, l->has_bias ? l->dbias : NULL, (size_t)l->OC);
   float *dw = g.target[0], *db = g.target[1];
   dnnl_mem_bind(p->diff_dst, dnnl_copy_run(&p->dout, ctx, dout));
   // The input's converted copy from forward is still this call's input.
