@@ -1021,15 +1021,66 @@ static void test_loader_shard(void **state) {
   assert_true(offset == 1 && size == 5);
 }
 
+// A recipe of one group (what every objective but a multi-crop one asks for); the loader copies
+// it, so one static recipe serves every call.
+static const ViewRecipe *one_group(const AugmentParams *p, int count) {
+  static ViewRecipe r;
+  r = view_recipe_single(p, count);
+  return &r;
+}
+
+// Groups of views at their own sizes and augmentations (a multi-crop recipe: two large crops,
+// three small ones without flips): each view is augment_view of its group's parameters with the
+// stream of its index over all groups, laid out group after group, each view-major.
+static void test_loader_view_groups(void **state) {
+  (void)state;
+  enum { N_IMG = 12, BATCH = 4, LARGE = 10, SMALL = 6 };
+  Dataset ds = make_dataset(N_IMG, 12, 12, 3, 5);
+  ViewRecipe r = {.n_groups = 2};
+  r.group[0] = (ViewGroup){.count = 2, .aug = ssl_params(LARGE)};
+  r.group[1] = (ViewGroup){.count = 3, .aug = ssl_params(SMALL)};
+  r.group[1].aug.flip_prob = 0;
+  r.group[1].aug.crop_scale_min = 0.05f, r.group[1].aug.crop_scale_max = 0.4f;
+  Loader l;
+  assert_int_equal(loader_init(&l, &ds, &r, BATCH, 7, 0, 1, NULL, 0), 0);
+  const Batch *b = loader_next(&l, NULL);
+  assert_int_equal(b->n_views, 5);
+  assert_int_equal(b->n_groups, 2);
+  assert_int_equal(b->group[0].count, 2);
+  assert_int_equal(b->group[1].size, SMALL);
+  assert_ptr_equal(b->group[0].views, b->views);
+  assert_ptr_equal(b->group[1].views, b->views + (size_t)2 * BATCH * LARGE * LARGE * 3);
+  float want[LARGE * LARGE * 3];
+  for (int i = 0; i < BATCH; i++)
+    for (int g = 0, v = 0; g < 2; g++) {
+      const int side = r.group[g].aug.out_size;
+      const size_t floats = (size_t)side * side * 3;
+      for (int k = 0; k < r.group[g].count; k++, v++) {
+        Rng rng =
+            rng_stream(7, RNG_AUGMENT, (uint64_t)0 << 32 | (uint64_t)v, (uint64_t)b->indices[i]);
+        augment_view(&ds, b->indices[i], &r.group[g].aug, &rng, want);
+        assert_memory_equal(b->group[g].views + ((size_t)k * BATCH + i) * floats, want,
+                            sizeof(float) * floats);
+      }
+    }
+  loader_destroy(&l);
+  // The memory a plan counts for it: both slots' views at each group's size.
+  assert_int_equal(loader_buffer_bytes(N_IMG, BATCH, &r, 3) -
+                       loader_buffer_bytes(N_IMG, BATCH, one_group(&r.group[0].aug, 2), 3),
+                   2 * sizeof(float) * BATCH * 3 * SMALL * SMALL * 3);
+  dataset_free(&ds);
+}
+
 // Every rank's shard, view by view, laid side by side must be the world=1 batch.
 static void check_shards_concatenate(const Dataset *ds, const AugmentParams *p, int world,
                                      const int *shard_sizes) {
   enum { BATCH = 6, VIEWS = 2, STEPS = 5 };
   const size_t view_floats = (size_t)p->out_size * p->out_size * ds->c;
   Loader whole, parts[4];
-  assert_int_equal(loader_init(&whole, ds, p, VIEWS, BATCH, 11, 0, 1, NULL, 0), 0);
+  assert_int_equal(loader_init(&whole, ds, one_group(p, VIEWS), BATCH, 11, 0, 1, NULL, 0), 0);
   for (int r = 0; r < world; r++)
-    assert_int_equal(loader_init(&parts[r], ds, p, VIEWS, BATCH, 11, r, world, shard_sizes, 0), 0);
+    assert_int_equal(
+        loader_init(&parts[r], ds, one_group(p, VIEWS), BATCH, 11, r, world, shard_sizes, 0), 0);
   for (int s = 0; s < STEPS; s++) {
     const Batch *w = loader_next(&whole, NULL);
     assert_int_equal(w->n, BATCH);
@@ -1068,7 +1119,7 @@ static void test_loader_epochs(void **state) {
   for (int n = 20; n <= 22; n += 2) {
     Dataset ds = make_dataset(n, 4, 4, 1, 1);
     Loader l;
-    assert_int_equal(loader_init(&l, &ds, &p, 1, 5, 3, 0, 1, NULL, 0), 0);
+    assert_int_equal(loader_init(&l, &ds, one_group(&p, 1), 5, 3, 0, 1, NULL, 0), 0);
     assert_int_equal(l.steps_per_epoch, 4);
     int first_of_epoch[3];
     for (int e = 0; e < 3; e++) {
@@ -1106,10 +1157,10 @@ static void test_loader_threads_and_resume(void **state) {
   Loader one, two, resumed;
   const int saved_threads = omp_get_max_threads();
   omp_set_num_threads(1);
-  assert_int_equal(loader_init(&one, &ds, &p, 2, 4, 5, 0, 1, NULL, 0), 0);
+  assert_int_equal(loader_init(&one, &ds, one_group(&p, 2), 4, 5, 0, 1, NULL, 0), 0);
   omp_set_num_threads(2);
-  assert_int_equal(loader_init(&two, &ds, &p, 2, 4, 5, 0, 1, NULL, 0), 0);
-  assert_int_equal(loader_init(&resumed, &ds, &p, 2, 4, 5, 0, 1, NULL, 6), 0);
+  assert_int_equal(loader_init(&two, &ds, one_group(&p, 2), 4, 5, 0, 1, NULL, 0), 0);
+  assert_int_equal(loader_init(&resumed, &ds, one_group(&p, 2), 4, 5, 0, 1, NULL, 6), 0);
   omp_set_num_threads(saved_threads);
   for (int s = 0; s < 9; s++) {
     double wait_ms = -1;
@@ -1140,16 +1191,17 @@ static void test_loader_destroy_and_errors(void **state) {
   AugmentParams p = ssl_params(32);
   for (int takes = 0; takes < 3; takes++) {
     Loader l;
-    assert_int_equal(loader_init(&l, &ds, &p, 2, 32, 1, 0, 1, NULL, 0), 0);
+    assert_int_equal(loader_init(&l, &ds, one_group(&p, 2), 32, 1, 0, 1, NULL, 0), 0);
     for (int s = 0; s < takes; s++) assert_non_null(loader_next(&l, NULL));
     loader_destroy(&l);
   }
   Loader bad;
-  assert_int_equal(loader_init(&bad, &ds, &p, 2, 65, 1, 0, 1, NULL, 0), -1);
+  assert_int_equal(loader_init(&bad, &ds, one_group(&p, 2), 65, 1, 0, 1, NULL, 0), -1);
   assert_contains(tl_last_error(), "global batch 65");
-  assert_int_equal(loader_init(&bad, &ds, &p, 2, 8, 1, 0, 2, (const int[]){3, 4}, 0), -1);
+  assert_int_equal(loader_init(&bad, &ds, one_group(&p, 2), 8, 1, 0, 2, (const int[]){3, 4}, 0),
+                   -1);
   assert_contains(tl_last_error(), "sum to 7");
-  assert_int_equal(loader_init(&bad, &ds, &p, 2, 8, 1, 2, 2, NULL, 0), -1);
+  assert_int_equal(loader_init(&bad, &ds, one_group(&p, 2), 8, 1, 2, 2, NULL, 0), -1);
   dataset_free(&ds);
   assert_int_equal(tl_mem_live(MEM_DATA), data_before);
 }
@@ -1189,6 +1241,7 @@ int main(void) {
       cmocka_unit_test(test_loader_epochs),
       cmocka_unit_test(test_loader_threads_and_resume),
       cmocka_unit_test(test_loader_destroy_and_errors),
+      cmocka_unit_test(test_loader_view_groups),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -95,18 +95,23 @@ static void fill_batch(Loader *l, int step, Batch *b) {
     b->indices[i] = first[i];
     b->labels[i] = l->ds->labels[first[i]];
   }
-  const size_t view_floats = (size_t)l->aug.out_size * l->aug.out_size * l->ds->c;
 #pragma omp parallel for schedule(dynamic)
   for (int i = 0; i < b->n; i++) {
     // Skipping the rest lets loader_destroy return promptly in the middle of a batch.
     if (atomic_load(&pv->stop)) continue;
-    for (int v = 0; v < l->n_views; v++) {
-      // Keyed by dataset index, not position in the shard: the pixels do not depend on how the
-      // batch is split over replicas or threads.
-      Rng rng = rng_stream(l->seed, RNG_AUGMENT, (uint64_t)step << 32 | (uint64_t)v,
-                           (uint64_t)b->indices[i]);
-      augment_view(l->ds, b->indices[i], &l->aug, &rng,
-                   b->views + ((size_t)v * b->n + i) * view_floats);
+    // v counts the image's views over every group, so a recipe of one group draws what it
+    // always drew.
+    for (int g = 0, v = 0; g < l->views.n_groups; g++) {
+      const ViewGroup *group = &l->views.group[g];
+      const size_t view_floats = (size_t)group->aug.out_size * group->aug.out_size * l->ds->c;
+      for (int k = 0; k < group->count; k++, v++) {
+        // Keyed by dataset index, not position in the shard: the pixels do not depend on how the
+        // batch is split over replicas or threads.
+        Rng rng = rng_stream(l->seed, RNG_AUGMENT, (uint64_t)step << 32 | (uint64_t)v,
+                             (uint64_t)b->indices[i]);
+        augment_view(l->ds, b->indices[i], &group->aug, &rng,
+                     b->group[g].views + ((size_t)k * b->n + i) * view_floats);
+      }
     }
   }
 }
@@ -136,32 +141,38 @@ static void *prefetch_main(void *arg) {
 // Bytes of one slot's buffers and of the epoch permutation: loader_init allocates exactly these,
 // and loader_buffer_bytes adds them up for `tally plan`.
 typedef struct {
-  size_t views;        // (n_views, shard, S, S, C) floats
+  size_t views;        // every group's (count, shard, size, size, C) floats
   size_t indices;      // (shard) ints
   size_t labels;       // (shard) ints
   size_t permutation;  // (dataset_n) ints
 } LoaderSizes;
 
-static LoaderSizes loader_sizes(int dataset_n, int shard_size, int n_views, int out_size,
+static LoaderSizes loader_sizes(int dataset_n, int shard_size, const ViewRecipe *views,
                                 int channels) {
-  const size_t view_floats = (size_t)out_size * out_size * channels;
-  return (LoaderSizes){sizeof(float) * n_views * (size_t)shard_size * view_floats,
+  return (LoaderSizes){sizeof(float) * (size_t)shard_size * view_recipe_floats(views, channels),
                        sizeof(int) * (size_t)shard_size, sizeof(int) * (size_t)shard_size,
                        sizeof(int) * (size_t)dataset_n};
 }
 
-size_t loader_buffer_bytes(int dataset_n, int shard_size, int n_views, int out_size, int channels) {
-  LoaderSizes z = loader_sizes(dataset_n, shard_size, n_views, out_size, channels);
+size_t loader_buffer_bytes(int dataset_n, int shard_size, const ViewRecipe *views, int channels) {
+  LoaderSizes z = loader_sizes(dataset_n, shard_size, views, channels);
   return N_SLOTS * (z.views + z.indices + z.labels) + z.permutation;
 }
 
-static int check_args(const Dataset *ds, const AugmentParams *aug, int n_views, int global_batch,
-                      int rank, int world, const int *shard_sizes, int start_step) {
-  if (n_views < 1) return tl_fail("loader: n_views must be at least 1, got %d", n_views);
-  if (aug->out_size < 1) return tl_fail("loader: out_size must be positive, got %d", aug->out_size);
-  if (!(aug->crop_ratio_min > 0 && aug->crop_ratio_max >= aug->crop_ratio_min))
-    return tl_fail("loader: crop ratio range [%g, %g] is not a positive interval",
-                   aug->crop_ratio_min, aug->crop_ratio_max);
+static int check_args(const Dataset *ds, const ViewRecipe *views, int global_batch, int rank,
+                      int world, const int *shard_sizes, int start_step) {
+  if (views->n_groups < 1 || views->n_groups > VIEW_MAX_GROUPS)
+    return tl_fail("loader: %d view groups, expected 1 to %d", views->n_groups, VIEW_MAX_GROUPS);
+  for (int g = 0; g < views->n_groups; g++) {
+    const AugmentParams *aug = &views->group[g].aug;
+    if (views->group[g].count < 1)
+      return tl_fail("loader: view group %d has %d views", g, views->group[g].count);
+    if (aug->out_size < 1)
+      return tl_fail("loader: view group %d: size must be positive, got %d", g, aug->out_size);
+    if (!(aug->crop_ratio_min > 0 && aug->crop_ratio_max >= aug->crop_ratio_min))
+      return tl_fail("loader: view group %d: crop ratio range [%g, %g] is not a positive interval",
+                     g, aug->crop_ratio_min, aug->crop_ratio_max);
+  }
   if (global_batch < 1 || global_batch > ds->n)
     return tl_fail("loader: global batch %d must be between 1 and the %d images of the dataset",
                    global_batch, ds->n);
@@ -180,15 +191,12 @@ static int check_args(const Dataset *ds, const AugmentParams *aug, int n_views, 
   return 0;
 }
 
-int loader_init(Loader *l, const Dataset *ds, const AugmentParams *aug, int n_views,
-                int global_batch, uint64_t seed, int rank, int world, const int *shard_sizes,
-                int start_step) {
+int loader_init(Loader *l, const Dataset *ds, const ViewRecipe *views, int global_batch,
+                uint64_t seed, int rank, int world, const int *shard_sizes, int start_step) {
   memset(l, 0, sizeof *l);
-  if (check_args(ds, aug, n_views, global_batch, rank, world, shard_sizes, start_step) < 0)
-    return -1;
+  if (check_args(ds, views, global_batch, rank, world, shard_sizes, start_step) < 0) return -1;
   l->ds = ds;
-  l->aug = *aug;
-  l->n_views = n_views;
+  l->views = *views;
   l->global_batch = global_batch;
   l->steps_per_epoch = ds->n / global_batch;
   l->seed = seed;
@@ -201,13 +209,13 @@ int loader_init(Loader *l, const Dataset *ds, const AugmentParams *aug, int n_vi
   l->priv = pv;
   int size;
   loader_shard(global_batch, rank, world, shard_sizes, &pv->shard_offset, &size);
-  const LoaderSizes z = loader_sizes(ds->n, size, n_views, aug->out_size, ds->c);
+  const LoaderSizes z = loader_sizes(ds->n, size, views, ds->c);
   for (int s = 0; s < N_SLOTS; s++) {
     Batch *b = &pv->slots[s];
     b->n = size;
-    b->n_views = n_views;
-    // views: (n_views, n, S, S, C)
+    // views: every group's (count, n, size, size, C)
     b->views = tl_alloc(z.views, MEM_DATA, COMP_OTHER);
+    batch_set_groups(b, views, ds->c);
     b->indices = tl_alloc(z.indices, MEM_DATA, COMP_OTHER);
     b->labels = tl_alloc(z.labels, MEM_DATA, COMP_OTHER);
     pv->ready_step[s] = -1;

@@ -22,6 +22,13 @@ const ObjectiveDef *objective_find(const char *name) {
   return NULL;
 }
 
+ViewRecipe objective_views(const ObjectiveDef *def, const Config *cfg, const AugmentParams *base) {
+  if (!def->views) return view_recipe_single(base, def->n_views);
+  ViewRecipe r = {0};
+  def->views(cfg, base, &r);
+  return r;
+}
+
 size_t objective_param_count(const ObjectiveDef *def, const Config *cfg) {
   CountingPass pass;
   counting_begin(&pass, cfg->train.seed);

@@ -47,7 +47,10 @@ struct ObjectiveDef {
   // Its own config section: keys, defaults, ranges and cross-checks (config_keys.h). NULL: none.
   const ConfigSection *settings;
   int implemented;  // 0: listed, answers "not implemented yet"
-  int n_views;      // views per sample the loader prepares
+  int n_views;      // views per sample the loader prepares, one group at data.image_size ...
+  // ... unless the objective declares its view groups (data/views.h) from its configuration and
+  // the recipe's augmentation `base` (out_size = data.image_size). NULL: n_views of `base`.
+  void (*views)(const Config *cfg, const AugmentParams *base, ViewRecipe *out);
   // Builds the objective's models and buffers for env->local_batch samples. NULL + tl_fail on
   // error. Parameters are taken from env->params in build order (backbone first, then heads and
   // decoders); objective_param_count runs it once on a counting set to size the real one.
@@ -80,6 +83,8 @@ struct ObjectiveDef {
 };
 
 const ObjectiveDef *objective_find(const char *name);
+// The view groups the objective trains on under cfg, from the recipe's augmentation `base`.
+ViewRecipe objective_views(const ObjectiveDef *def, const Config *cfg, const AugmentParams *base);
 // The online parameter count (floats, buffers included): `create` run once in dry run on a
 // counting ParamSet. 0 with tl_fail when the objective refuses the configuration.
 size_t objective_param_count(const ObjectiveDef *def, const Config *cfg);

@@ -188,12 +188,13 @@ static void bucket_clock_stop(BucketClock *bc, Plan *pl) {
 // indices and labels reserved and never written (nothing reads them in a dry run).
 static void plan_step(Plan *pl, Replica *r) {
   const Config *cfg = pl->cfg;
-  const int S = cfg->data.image_size, C = cfg->data.channels, local = r->local_batch;
+  const int C = cfg->data.channels, local = r->local_batch;
+  const ViewRecipe views = replica_views(cfg, pl->def, NULL, NULL);
   Batch batch = {
-      (int)pl->step, (int)(pl->step / pl->steps_per_epoch), local, pl->def->n_views, NULL, NULL,
-      NULL};
+      .global_step = (int)pl->step, .epoch = (int)(pl->step / pl->steps_per_epoch), .n = local};
   batch.views =
-      tl_alloc(sizeof(float) * (size_t)batch.n_views * local * S * S * C, MEM_DATA, COMP_OTHER);
+      tl_alloc(sizeof(float) * (size_t)local * view_recipe_floats(&views, C), MEM_DATA, COMP_OTHER);
+  batch_set_groups(&batch, &views, C);
   batch.indices = tl_alloc(sizeof(int) * (size_t)local, MEM_DATA, COMP_OTHER);
   batch.labels = tl_alloc(sizeof(int) * (size_t)local, MEM_DATA, COMP_OTHER);
   LedgerRecord rec = {0};
@@ -430,12 +431,12 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   t.dataset_bytes =
       dataset_bytes(pl->n_train, cfg->data.image_size, cfg->data.image_size, cfg->data.channels) +
       dataset_bytes(pl->n_test, cfg->data.image_size, cfg->data.image_size, cfg->data.channels);
+  const ViewRecipe views = replica_views(cfg, pl->def, NULL, NULL);
   for (int rank = 0; rank < (mpi ? 1 : pl->world); rank++) {
     int offset, local;
     loader_shard(pl->global_batch, rank, pl->world, pl->has_shard_sizes ? pl->shard_sizes : NULL,
                  &offset, &local);
-    t.loader_bytes += loader_buffer_bytes(pl->n_train, local, pl->def->n_views,
-                                          cfg->data.image_size, cfg->data.channels);
+    t.loader_bytes += loader_buffer_bytes(pl->n_train, local, &views, cfg->data.channels);
   }
   r.data_bytes = t.dataset_bytes + t.loader_bytes;
   // The first encoder evaluation follows the last step of the first evaluated epoch (or comes

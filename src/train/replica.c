@@ -23,6 +23,28 @@ MonitorSettings replica_monitor_settings(const Config *cfg) {
                            .seed = cfg->train.seed};
 }
 
+ViewRecipe replica_views(const Config *cfg, const ObjectiveDef *def, const float *mean,
+                         const float *std) {
+  AugmentParams a = {
+      .out_size = cfg->data.image_size,
+      .crop_scale_min = cfg->augment.crop_scale_min,
+      .crop_scale_max = cfg->augment.crop_scale_max,
+      .crop_ratio_min = 3.0f / 4.0f,
+      .crop_ratio_max = 4.0f / 3.0f,
+      .flip_prob = cfg->augment.flip_prob,
+      .jitter_strength = cfg->augment.jitter_strength,
+      .jitter_prob = cfg->augment.jitter_prob,
+      .grayscale_prob = cfg->augment.grayscale_prob,
+      .solarize_prob = cfg->augment.solarize_prob,
+      .blur_prob = cfg->augment.blur_prob,
+  };
+  for (int c = 0; c < cfg->data.channels && mean && std; c++) {
+    a.mean[c] = mean[c];
+    a.std[c] = std[c];
+  }
+  return objective_views(def, cfg, &a);
+}
+
 int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
   const Config *cfg = spec->cfg;
   memset(r, 0, sizeof *r);

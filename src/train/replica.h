@@ -42,6 +42,12 @@ typedef struct {
 // The kNN monitor's settings from the run's configuration.
 MonitorSettings replica_monitor_settings(const Config *cfg);
 
+// The views a step of `def` trains on under cfg: its view groups from the recipe's [augment]
+// (data.image_size a side), normalized by (mean, std) per channel (NULL: none, as in a plan,
+// which only sizes them).
+ViewRecipe replica_views(const Config *cfg, const ObjectiveDef *def, const float *mean,
+                         const float *std);
+
 // Builds the replica: every replica initializes from the same seed, so all start identical.
 // Returns 0, or -1 with the reason recorded (tl_last_error); replica_destroy cleans up either way.
 int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm);

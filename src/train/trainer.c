@@ -38,7 +38,8 @@ typedef struct {
   const TrainOptions *opt;
   const ObjectiveDef *def;
   Dataset train, test;
-  AugmentParams aug;
+  AugmentParams aug;  // the evaluation transform: data.image_size, the training set's normalization
+  ViewRecipe views;   // what the loader prepares for each step
   int world, global_batch, steps_per_epoch, total_steps;
   int start_step;  // 0, or the steps a resumed checkpoint holds
   // The resolved configuration and model as INI text: written to config.ini and into every
@@ -403,8 +404,8 @@ static void replica_open(ReplicaState *r) {
   if (ok && !run->opt->resume_path && run->opt->init_path)
     ok = init_from_file(r, run->opt->init_path) == 0;
   if (ok)
-    ok = loader_init(&r->loader, &run->train, &run->aug, run->def->n_views, run->global_batch,
-                     cfg->train.seed, r->rank, r->world, shards, run->start_step) == 0;
+    ok = loader_init(&r->loader, &run->train, &run->views, run->global_batch, cfg->train.seed,
+                     r->rank, r->world, shards, run->start_step) == 0;
   r->loader_ok = ok;
   if (ok && r->rank == 0) ok = open_monitor(r) == 0 && open_ledger(r) == 0;
   if (!ok) comm_abort(r->comm, tl_last_error());
@@ -1027,19 +1028,11 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     goto out;
   }
 
+  // The training set's normalization: every view group's, the monitor's and the checkpoint's.
   AugmentParams *a = &run->aug;
   a->out_size = cfg->data.image_size;
-  a->crop_scale_min = cfg->augment.crop_scale_min;
-  a->crop_scale_max = cfg->augment.crop_scale_max;
-  a->crop_ratio_min = 3.0f / 4.0f;
-  a->crop_ratio_max = 4.0f / 3.0f;
-  a->flip_prob = cfg->augment.flip_prob;
-  a->jitter_strength = cfg->augment.jitter_strength;
-  a->jitter_prob = cfg->augment.jitter_prob;
-  a->grayscale_prob = cfg->augment.grayscale_prob;
-  a->solarize_prob = cfg->augment.solarize_prob;
-  a->blur_prob = cfg->augment.blur_prob;
   dataset_channel_stats(&run->train, a->mean, a->std);
+  run->views = replica_views(cfg, run->def, a->mean, a->std);
 
   // A budget not yet turned into steps says what it is; its first steps will fix the count.
   char steps_text[64];
