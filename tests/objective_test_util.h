@@ -70,7 +70,7 @@ typedef struct {
   const ObjectiveDef *def;
   Objective *obj;
   Batch batch;
-  float views[2 * B * S * S * C];
+  float *views;  // every view group's, as the objective declares them (data/views.h)
   int indices[B], labels[B];
   LedgerRecord rec;
 } Fixture;
@@ -88,18 +88,20 @@ static inline Fixture *fixture_new(const char *objective, const char *backbone,
   ObjectiveEnv env = {&f->cfg, &f->ctx, f->comm, &f->ps, B, B, TOTAL_STEPS, NULL, NULL, NULL};
   f->obj = f->def->create(&env);
   assert_non_null(f->obj);
+  const AugmentParams base = {.out_size = S};
+  const ViewRecipe recipe = objective_views(f->def, &f->cfg, &base);
+  const size_t n_floats = (size_t)B * view_recipe_floats(&recipe, C);
+  f->views = malloc(sizeof(float) * n_floats);
   Rng r = rng_stream(11, RNG_TEST, 0, 0);
-  for (size_t i = 0; i < sizeof f->views / sizeof(float); i++) f->views[i] = rng_normal(&r);
-  f->batch = (Batch){.n = B,
-                     .n_views = f->def->n_views,
-                     .views = f->views,
-                     .indices = f->indices,
-                     .labels = f->labels};
+  for (size_t i = 0; i < n_floats; i++) f->views[i] = rng_normal(&r);
+  f->batch = (Batch){.n = B, .views = f->views, .indices = f->indices, .labels = f->labels};
+  batch_set_groups(&f->batch, &recipe, C);
   return f;
 }
 
 static inline void fixture_free(Fixture *f) {
   f->def->destroy(f->obj);
+  free(f->views);
   paramset_free(&f->ps);
   comm_destroy(f->comm);
   comm_local_group_destroy(f->group);
