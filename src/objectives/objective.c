@@ -11,9 +11,11 @@ extern const ObjectiveDef objective_moco;
 extern const ObjectiveDef objective_mae;
 extern const ObjectiveDef objective_byol;
 extern const ObjectiveDef objective_vicreg;
+extern const ObjectiveDef objective_dino;
 
-static const ObjectiveDef *const objective_table[] = {
-    &objective_inbatch, &objective_moco, &objective_mae, &objective_byol, &objective_vicreg};
+static const ObjectiveDef *const objective_table[] = {&objective_inbatch, &objective_moco,
+                                                      &objective_mae,     &objective_byol,
+                                                      &objective_vicreg,  &objective_dino};
 enum { N_OBJECTIVES = sizeof objective_table / sizeof objective_table[0] };
 
 const ObjectiveDef *objective_find(const char *name) {

@@ -1,0 +1,411 @@
+// dino: self-distillation with no labels (Caron et al. 2021) on multi-crop views. Each image
+// gives two global crops (data.image_size) and `local_crops` small ones (`local_size`): the
+// student encodes all of them — the small ones through a second instance of the same backbone,
+// at their own size, whose gradients add into the same weights — and the teacher, an EMA copy of
+// the student, encodes the two global crops only, without gradient. Both end in a head: an MLP,
+// an L2 normalization and a weight-normalized last layer (weights divided by their row norms;
+// DINO's norm_last_layer). The teacher's outputs, centred (an EMA of their batch mean, kept in
+// the checkpoint) and sharpened (a temperature below the student's, warmed up), are the targets
+// of the student's outputs for every other crop (dino_loss.h).
+//
+// Here the MLP is the SimCLR head every objective uses (Linear, BatchNorm + ReLU, Linear to
+// head_out_dim), not DINO's three GELU layers; the last layer is not frozen in the first epoch.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/timer.h"
+#include "nn/head.h"
+#include "objectives/dino_loss.h"
+#include "objectives/ema.h"
+#include "objectives/ntxent.h"
+#include "objectives/objective.h"
+#include "ops/matmul.h"
+#include "train/checkpoint.h"
+
+extern const ObjectiveDef objective_dino;
+
+// [dino]
+typedef struct {
+  int local_crops;              // small crops per image (the paper: 8 with ViT-S, 6 in its tables)
+  int local_size;               // their side in pixels (the paper: 96 of 224)
+  int out_dim;                  // outputs of the last layer, the prototypes the softmax is over
+  float global_crop_scale_min;  // global crops: [this, augment.crop_scale_max] of the image area
+  float local_crop_scale_min;   // local crops: [this, global_crop_scale_min]
+  float student_temp, teacher_temp, warmup_teacher_temp;
+  float teacher_temp_warmup;  // share of the run over which tau_t rises to teacher_temp
+  float center_momentum;
+  float momentum;              // the teacher's EMA coefficient at step 0
+  char momentum_schedule[16];  // cosine (rises to 1 over the run, as the paper) | constant
+} DinoSettings;
+
+// The paper's defaults, but for the teacher's momentum (0.996 is for 100+ epochs; its memory of
+// 250 steps outlasts a short run: 0.99, as byol), the local crops' side (96/224 of 28 is 12) and
+// the output dimension (65536 prototypes for ImageNet; 1024 for ten classes of 60,000 images).
+static const KeySpec dino_keys[] = {
+    INT_KEY(OWN(DinoSettings, dino, local_crops), "6", 0, 16,
+            "small crops per image, encoded by the student only"),
+    INT_KEY(OWN(DinoSettings, dino, local_size), "12", 1, 4096,
+            "the small crops' side in pixels (at most data.image_size)"),
+    INT_KEY(OWN(DinoSettings, dino, out_dim), "1024", 2, 65536,
+            "outputs of the head's weight-normalized last layer (the prototypes)"),
+    FLOAT_KEY(OWN(DinoSettings, dino, global_crop_scale_min), "0.4", 0, 1, 1,
+              "global crops take [this, augment.crop_scale_max] of the image area"),
+    FLOAT_KEY(OWN(DinoSettings, dino, local_crop_scale_min), "0.05", 0, 1, 1,
+              "local crops take [this, global_crop_scale_min] of the image area"),
+    FLOAT_KEY(OWN(DinoSettings, dino, student_temp), "0.1", 0, 100, 1, "the student's temperature"),
+    FLOAT_KEY(OWN(DinoSettings, dino, teacher_temp), "0.07", 0, 100, 1,
+              "the teacher's temperature after its warm-up (sharper than the student's)"),
+    FLOAT_KEY(OWN(DinoSettings, dino, warmup_teacher_temp), "0.04", 0, 100, 1,
+              "the teacher's temperature at step 0"),
+    FLOAT_KEY(OWN(DinoSettings, dino, teacher_temp_warmup), "0.3", 0, 1, 0,
+              "share of the run over which the teacher's temperature rises linearly"),
+    FLOAT_KEY(OWN(DinoSettings, dino, center_momentum), "0.9", 0, 1, 0,
+              "EMA coefficient of the centre (the teacher outputs' mean) the targets subtract"),
+    FLOAT_KEY(OWN(DinoSettings, dino, momentum), "0.99", 0, 1, 0,
+              "the teacher's EMA coefficient at step 0"),
+    TEXT_KEY(OWN(DinoSettings, dino, momentum_schedule), "cosine", "constant|cosine",
+             "`cosine`: the teacher's coefficient rises to 1 over the run, or `constant`"),
+};
+static const ConfigSection dino_settings = CONFIG_SECTION(dino_keys, DinoSettings, NULL);
+
+static const DinoSettings *settings(const Config *cfg) {
+  return objective_settings(cfg, &objective_dino);
+}
+
+enum { GLOBAL_CROPS = 2 };
+
+// Two global crops at data.image_size, then the local ones at their side and smaller scales.
+static void dino_views(const Config *cfg, const AugmentParams *base, ViewRecipe *out) {
+  const DinoSettings *set = settings(cfg);
+  out->n_groups = set->local_crops > 0 ? 2 : 1;
+  out->group[0] = (ViewGroup){.count = GLOBAL_CROPS, .aug = *base};
+  out->group[0].aug.crop_scale_min = set->global_crop_scale_min;
+  if (set->local_crops == 0) return;
+  out->group[1] = (ViewGroup){.count = set->local_crops, .aug = *base};
+  out->group[1].aug.out_size = set->local_size;
+  out->group[1].aug.crop_scale_min = set->local_crop_scale_min;
+  out->group[1].aug.crop_scale_max = set->global_crop_scale_min;
+}
+
+// The head after the MLP: z -> z / |z| -> (z / |z|) (V / |V|)^T, V (K, bottleneck) the weights,
+// normalized row by row. One per network (student: every crop; teacher: the global ones).
+typedef struct {
+  int rows, bottleneck, K;
+  float *v, *dv;        // (K, bottleneck) parameters: the student's, or the teacher's copy (no dv)
+  float *w_unit;        // (K, bottleneck) V's rows normalized
+  float *v_norms;       // (K)
+  float *z_unit;        // (rows, bottleneck)
+  float *z_norms;       // (rows)
+  float *logits;        // (rows, K)
+  Matmul fwd;           // logits = z_unit w_unit^T
+  Matmul dz_mm, dw_mm;  // dz_unit = dlogits w_unit; dw_unit = dlogits^T z_unit (student only)
+  float *dz_unit, *dw_unit, *dz;  // (rows, bottleneck), (K, bottleneck), (rows, bottleneck)
+} NormedLast;
+
+static void normed_last_init(NormedLast *n, DnnlCtx *ctx, ParamSet *ps, int rows, int bottleneck,
+                             int K, int train) {
+  memset(n, 0, sizeof *n);
+  n->rows = rows, n->bottleneck = bottleneck, n->K = K;
+  const MemCategory kept = train ? MEM_ACT : MEM_WORKSPACE;
+  n->v = paramset_take(ps, "dino.last_layer.weight", (size_t)K * bottleneck, 0, &n->dv);
+  long shape[2] = {K, bottleneck};
+  paramset_set_shape(ps, 2, shape);
+  paramset_init_normal(ps, n->v, (size_t)K * bottleneck, 0.02f);
+  n->w_unit = tl_alloc(sizeof(float) * (size_t)K * bottleneck, kept, COMP_HEAD);
+  n->v_norms = tl_alloc(sizeof(float) * (size_t)K, kept, COMP_HEAD);
+  n->z_unit = tl_alloc(sizeof(float) * (size_t)rows * bottleneck, kept, COMP_HEAD);
+  n->z_norms = tl_alloc(sizeof(float) * (size_t)rows, kept, COMP_HEAD);
+  n->logits = tl_alloc(sizeof(float) * (size_t)rows * K, kept, COMP_HEAD);
+  matmul_init(&n->fwd, ctx, rows, bottleneck, K, 0, 1, COMP_HEAD, 0);
+  if (!train) return;
+  paramset_grad_expect(ps, n->dv, 1);  // one backward a step writes it
+  matmul_init(&n->dz_mm, ctx, rows, K, bottleneck, 0, 0, COMP_HEAD, 1);
+  matmul_init(&n->dw_mm, ctx, K, rows, bottleneck, 1, 0, COMP_HEAD, 1);
+  n->dz_unit = tl_alloc(sizeof(float) * (size_t)rows * bottleneck, MEM_ACT_GRAD, COMP_HEAD);
+  n->dw_unit = tl_alloc(sizeof(float) * (size_t)K * bottleneck, MEM_ACT_GRAD, COMP_HEAD);
+  n->dz = tl_alloc(sizeof(float) * (size_t)rows * bottleneck, MEM_ACT_GRAD, COMP_HEAD);
+}
+
+static void normed_last_forward(NormedLast *n, DnnlCtx *ctx, const float *z) {
+  if (!ctx->dry_run) {
+    l2norm_forward(n->v, n->w_unit, n->v_norms, n->K, n->bottleneck);
+    l2norm_forward(z, n->z_unit, n->z_norms, n->rows, n->bottleneck);
+  }
+  // Square-add and divide per entry (3), for the weights and the inputs.
+  ctx->flops_forward[COMP_HEAD] += 3.0 * ((double)n->K + n->rows) * n->bottleneck;
+  matmul_run(&n->fwd, ctx, n->z_unit, n->w_unit, n->logits);
+}
+
+// dlogits -> dz (the MLP's output gradient) and V's gradient, reported to its set.
+static void normed_last_backward(NormedLast *n, DnnlCtx *ctx, const ParamSet *ps,
+                                 const float *dlogits) {
+  matmul_run(&n->dz_mm, ctx, dlogits, n->w_unit, n->dz_unit);
+  matmul_run(&n->dw_mm, ctx, dlogits, n->z_unit, n->dw_unit);
+  const size_t nv = (size_t)n->K * n->bottleneck;
+  float *target = paramset_grad_target(ps, n->dv, nv, paramset_grad_accumulates(ps, n->dv), 0);
+  if (!ctx->dry_run) {
+    l2norm_backward(n->w_unit, n->v_norms, n->dw_unit, target, n->K, n->bottleneck);
+    l2norm_backward(n->z_unit, n->z_norms, n->dz_unit, n->dz, n->rows, n->bottleneck);
+    if (target != n->dv) paramset_grad_commit(ps, n->dv, target, nv);
+  }
+  // The normalizations' backward: a dot, a multiply, a subtraction and a division per entry.
+  ctx->flops_backward[COMP_HEAD] += 4.0 * ((double)n->K + n->rows) * n->bottleneck;
+  paramset_grad_contributed(ps, n->dv, nv);
+}
+
+static void normed_last_destroy(NormedLast *n) {
+  matmul_destroy(&n->fwd);
+  if (n->dz_unit) {
+    matmul_destroy(&n->dz_mm);
+    matmul_destroy(&n->dw_mm);
+  }
+  float *bufs[] = {n->w_unit, n->v_norms, n->z_unit,  n->z_norms,
+                   n->logits, n->dz_unit, n->dw_unit, n->dz};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tl_free(bufs[i]);
+}
+
+typedef struct {
+  Objective base;            // base.online: the student's backbone on the global crops (2b images)
+  int b, local_crops, rows;  // samples on this replica; rows = (2 + local_crops) b student crops
+  ParamSet local_view;       // the student's backbone weights again, for its second instance
+  Backbone *local;           // the student's backbone on the local crops (local_crops b images)
+  float *features;           // (rows, D) both instances' features, global crops first
+  ProjectionHead head;       // the student's MLP over every crop
+  NormedLast last;
+  ParamSet teacher_params;  // EMA of every student parameter, no gradients
+  Backbone *teacher;        // OP_FORWARD on the global crops: batch statistics, nothing kept
+  ProjectionHead teacher_head;
+  NormedLast teacher_last;
+  float *center;        // (K) the teacher outputs' running mean, MEM_MOMENTUM (checkpointed)
+  float *batch_center;  // (K) this step's mean over every replica's teacher rows
+  DinoLoss loss;
+  float *dlogits;  // (rows, K) MEM_ACT_GRAD loss
+} Dino;
+
+// A ViT's local instance sees the local crops at their own size when its patches tile them;
+// pad_to would frame them back to the global side and spend what they save.
+static ModelSpec local_spec(const ModelSpec *spec, int local_size) {
+  ModelSpec local = *spec;
+  if (strcmp(spec->type, "vit") == 0 && local_size % spec->patch_size == 0) local.pad_to = 0;
+  return local;
+}
+
+static Objective *dino_create(const ObjectiveEnv *env) {
+  const Config *cfg = env->cfg;
+  const DinoSettings *set = settings(cfg);
+  const int S = cfg->data.image_size, C = cfg->data.channels;
+  if (set->local_crops > 0 && set->local_size > S) {
+    tl_fail("[dino] local_size = %d is larger than the global crops' data.image_size = %d",
+            set->local_size, S);
+    return NULL;
+  }
+  if (set->local_crops > 0 && set->local_crop_scale_min >= set->global_crop_scale_min) {
+    tl_fail(
+        "[dino] local_crop_scale_min = %g must be below global_crop_scale_min = %g (local "
+        "crops take the range between them)",
+        set->local_crop_scale_min, set->global_crop_scale_min);
+    return NULL;
+  }
+  if (set->global_crop_scale_min > cfg->augment.crop_scale_max) {
+    tl_fail("[dino] global_crop_scale_min = %g is above [augment] crop_scale_max = %g",
+            set->global_crop_scale_min, cfg->augment.crop_scale_max);
+    return NULL;
+  }
+  Dino *o = calloc(1, sizeof *o);
+  if (!o) TL_DIE("out of memory");
+  o->base.env = *env;
+  o->b = env->local_batch;
+  o->local_crops = set->local_crops;
+  o->rows = (GLOBAL_CROPS + set->local_crops) * o->b;
+  const int global_rows = GLOBAL_CROPS * o->b, local_rows = o->rows - global_rows;
+  const int hidden = cfg->model.head_hidden_dim, bottleneck = cfg->model.head_out_dim;
+  const int K = set->out_dim;
+  const ModelSpec *spec = &cfg->model.spec;
+
+  // The student: one backbone at each crop size over the same weights, one head over all crops.
+  Builder student = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
+  env->ctx->component = COMP_ENCODER;
+  o->base.online = backbone_create(spec, &student, global_rows, S, C);
+  backbone_set_input_normalization(o->base.online, env->input_mean, env->input_std);
+  const int D = o->base.online->feature_dim;
+  if (local_rows > 0) {
+    paramset_view(&o->local_view, env->params, 0);
+    Builder local = {.ctx = env->ctx, .params = &o->local_view, .mode = OP_TRAIN};
+    const ModelSpec small = local_spec(spec, set->local_size);
+    o->local = backbone_create(&small, &local, local_rows, set->local_size, C);
+    backbone_set_input_normalization(o->local, env->input_mean, env->input_std);
+  }
+  o->features = tl_alloc(sizeof(float) * (size_t)o->rows * D, MEM_ACT, COMP_ENCODER);
+  head_init(&o->head, &student, "head", o->rows, D, hidden, bottleneck);
+  env->ctx->component = COMP_HEAD;
+  normed_last_init(&o->last, env->ctx, env->params, o->rows, bottleneck, K, 1);
+
+  // The teacher starts as an exact copy of every student parameter, taken in the same order.
+  env->ctx->component = COMP_ENCODER;
+  paramset_alloc_nograd(&o->teacher_params, env->params->used, cfg->train.seed, MEM_MOMENTUM);
+  Builder teacher = {.ctx = env->ctx, .params = &o->teacher_params, .mode = OP_FORWARD};
+  o->teacher = backbone_create(spec, &teacher, global_rows, S, C);
+  backbone_set_input_normalization(o->teacher, env->input_mean, env->input_std);
+  head_init(&o->teacher_head, &teacher, "head", global_rows, D, hidden, bottleneck);
+  env->ctx->component = COMP_HEAD;
+  normed_last_init(&o->teacher_last, env->ctx, &o->teacher_params, global_rows, bottleneck, K, 0);
+  if (!env->ctx->dry_run)
+    memcpy(o->teacher_params.data, env->params->data, sizeof(float) * o->teacher_params.count);
+
+  o->center = tl_alloc(sizeof(float) * (size_t)K, MEM_MOMENTUM, COMP_LOSS);
+  o->batch_center = tl_alloc(sizeof(float) * (size_t)K, MEM_WORKSPACE, COMP_LOSS);
+  env->ctx->component = COMP_LOSS;
+  dino_loss_init(&o->loss, env->ctx, o->b, GLOBAL_CROPS, GLOBAL_CROPS + set->local_crops, K);
+  o->dlogits = tl_alloc(sizeof(float) * (size_t)o->rows * K, MEM_ACT_GRAD, COMP_LOSS);
+  env->ctx->component = COMP_ENCODER;
+  TL_ASSERT(paramset_complete(env->params));
+  TL_ASSERT(o->teacher_params.used == o->teacher_params.count);
+  return &o->base;
+}
+
+// The teacher's temperature at `step`: warmup_teacher_temp rising linearly to teacher_temp over
+// the first teacher_temp_warmup of the run.
+static float teacher_temp_at(const DinoSettings *set, long step, long total_steps) {
+  const double warmup = set->teacher_temp_warmup * (double)total_steps;
+  if (!(warmup > 0) || step >= warmup) return set->teacher_temp;
+  return (float)(set->warmup_teacher_temp +
+                 (set->teacher_temp - set->warmup_teacher_temp) * (double)step / warmup);
+}
+
+static double dino_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
+  Dino *o = (Dino *)base;
+  DnnlCtx *ctx = base->env.ctx;
+  Comm *comm = base->env.comm;
+  const DinoSettings *set = settings(base->env.cfg);
+  const int b = o->b, global_rows = GLOBAL_CROPS * b;
+  TL_ASSERT(batch->n == b && batch->n_groups == (o->local ? 2 : 1) &&
+            batch->group[0].count == GLOBAL_CROPS);
+  const float *global_views = batch->group[0].views;
+
+  double t0 = now_ms();
+  ctx->component = COMP_ENCODER;
+  o->teacher->forward(o->teacher, ctx, global_views);
+  head_forward(&o->teacher_head, ctx, o->teacher->feature);
+  normed_last_forward(&o->teacher_last, ctx, o->teacher_head.out);
+
+  Backbone *student = base->online;
+  const int D = student->feature_dim;
+  student->forward(student, ctx, global_views);
+  if (o->local) o->local->forward(o->local, ctx, batch->group[1].views);
+  if (!ctx->dry_run) {
+    memcpy(o->features, student->feature, sizeof(float) * (size_t)global_rows * D);
+    if (o->local)
+      memcpy(o->features + (size_t)global_rows * D, o->local->feature,
+             sizeof(float) * (size_t)(o->rows - global_rows) * D);
+  }
+  head_forward(&o->head, ctx, o->features);
+  normed_last_forward(&o->last, ctx, o->head.out);
+  // Per-sample terms with no coupling across replicas but the centre (a constant here), so the
+  // gradient of this replica's mean, averaged over replicas by sample count, is the global one.
+  const float tau_t = teacher_temp_at(set, batch->global_step, base->env.total_steps);
+  double loss_sum =
+      dino_loss_forward_backward(&o->loss, ctx, o->last.logits, o->teacher_last.logits, o->center,
+                                 set->student_temp, tau_t, b, o->dlogits);
+  double t1 = now_ms();
+  ctx->component = COMP_HEAD;
+  normed_last_backward(&o->last, ctx, base->env.params, o->dlogits);
+  head_backward(&o->head, ctx, o->last.dz);
+  ctx->component = COMP_ENCODER;
+  if (o->local) o->local->backward(o->local, ctx, o->head.din + (size_t)global_rows * D);
+  student->backward(student, ctx, o->head.din);
+  double t2 = now_ms();
+
+  double sums[2] = {loss_sum, (double)b};
+  comm_allreduce_sum_f64(comm, sums, 2);
+  rec->forward_ms = t1 - t0;
+  rec->backward_ms = t2 - t1;
+  rec->images_source = b;
+  rec->views_grad = o->rows;
+  rec->views_nograd = global_rows;
+  rec->negatives_per_query = 0;
+  rec->positives_per_query = GLOBAL_CROPS;
+  rec->encodings_next_new = o->rows + global_rows;
+  rec->encodings_next_reused = 0;
+  return sums[0] / sums[1];
+}
+
+// After the update, as after DINOLoss's forward: the centre follows the mean of this step's
+// teacher outputs over every replica's global crops (a step's loss uses the centre before it).
+static void dino_after_update(Objective *base, const Batch *batch, LedgerRecord *rec) {
+  Dino *o = (Dino *)base;
+  DnnlCtx *ctx = base->env.ctx;
+  const DinoSettings *set = settings(base->env.cfg);
+  const int global_rows = GLOBAL_CROPS * o->b, K = o->last.K;
+  if (!ctx->dry_run)
+    for (int k = 0; k < K; k++) {
+      double sum = 0;
+      for (int r = 0; r < global_rows; r++) sum += o->teacher_last.logits[(size_t)r * K + k];
+      o->batch_center[k] = (float)(sum / global_rows);
+    }
+  comm_allreduce_weighted(base->env.comm, o->batch_center, (size_t)K, global_rows);
+  if (!ctx->dry_run)
+    for (int k = 0; k < K; k++)
+      o->center[k] =
+          set->center_momentum * o->center[k] + (1 - set->center_momentum) * o->batch_center[k];
+  ctx->flops_forward[COMP_LOSS] += 3.0 * global_rows * K;
+  float m = ema_momentum_at(set->momentum, set->momentum_schedule, batch->global_step,
+                            base->env.total_steps);
+  if (!base->env.ctx->dry_run)
+    rec->momentum_distance = ema_update(&o->teacher_params, base->env.params, m);
+}
+
+static void dino_destroy(Objective *base) {
+  Dino *o = (Dino *)base;
+  base->online->destroy(base->online);
+  if (o->local) o->local->destroy(o->local);
+  paramset_free(&o->local_view);
+  head_destroy(&o->head);
+  normed_last_destroy(&o->last);
+  o->teacher->destroy(o->teacher);
+  head_destroy(&o->teacher_head);
+  normed_last_destroy(&o->teacher_last);
+  paramset_free(&o->teacher_params);
+  dino_loss_destroy(&o->loss);
+  float *bufs[] = {o->features, o->center, o->batch_center, o->dlogits};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tl_free(bufs[i]);
+  free(o);
+}
+
+// The schedules are functions of the step the batch carries: the teacher's weights (with its
+// BatchNorm statistics) and the centre are all a resumed run needs.
+static void dino_state(Objective *base, StFile *s) {
+  Dino *o = (Dino *)base;
+  checkpoint_add_paramset(s, "dino.teacher.", &o->teacher_params);
+  int64_t K = o->last.K;
+  st_add(s, "dino.center", ST_F32, 1, &K, o->center);
+}
+
+static void dino_plan(const Config *cfg, long step, int global_batch, LedgerRecord *rec,
+                      ObjectivePlanFacts *facts) {
+  (void)cfg, (void)step, (void)global_batch, (void)facts;
+  rec->momentum_distance = NAN;  // measured only
+}
+
+static void dino_params_loaded(Objective *base) {
+  Dino *o = (Dino *)base;
+  memcpy(o->teacher_params.data, base->env.params->data, sizeof(float) * o->teacher_params.count);
+}
+
+const ObjectiveDef objective_dino = {
+    .name = "dino",
+    .settings = &dino_settings,
+    .plan = dino_plan,
+    .description =
+        "DINO: a student over global and local crops matches an EMA teacher's "
+        "centred, sharpened outputs on the global ones",
+    .implemented = 1,
+    .n_views = GLOBAL_CROPS,
+    .views = dino_views,
+    .create = dino_create,
+    .step = dino_step,
+    .after_update = dino_after_update,
+    .destroy = dino_destroy,
+    .state = dino_state,
+    .params_loaded = dino_params_loaded,
+};

@@ -1,0 +1,207 @@
+// DINO as a specification: its loss equals the reference implementation's DINOLoss in PyTorch
+// (values and gradients); the whole multi-crop step's gradient — global crops and the local
+// crops' second instance of the backbone over the same weights — matches finite differences of
+// the loss it returns, on a ResNet and a ViT; the centre follows the teacher outputs' mean by its
+// momentum; and, through the binary, the plan of a step equals the ledger the run writes and a
+// stopped and resumed run ends with the same bytes as one done in one go.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fixtures/dino_reference.h"
+#include "objective_test_util.h"
+#include "objectives/dino_loss.h"
+
+// ---- the loss against PyTorch ----
+
+enum {
+  RB = DINO_REF_B,
+  RK = DINO_REF_K,
+  RG = DINO_REF_GLOBAL,
+  RV = DINO_REF_GLOBAL + DINO_REF_LOCAL
+};
+
+typedef struct {
+  DnnlCtx ctx;
+  DinoLoss loss;
+  float s[RV * RB * RK], ds[RV * RB * RK];
+} LossCase;
+
+static double loss_case_run(void *arg) {
+  LossCase *c = arg;
+  return dino_loss_forward_backward(&c->loss, &c->ctx, c->s, dino_ref_teacher, dino_ref_center,
+                                    DINO_REF_STUDENT_TEMP, DINO_REF_TEACHER_TEMP, RB, c->ds) /
+         RB;
+}
+
+static void test_loss_matches_pytorch(void **state) {
+  (void)state;
+  LossCase *c = calloc(1, sizeof *c);
+  dnnl_ctx_init(&c->ctx);
+  dino_loss_init(&c->loss, &c->ctx, RB, RG, RV, RK);
+  memcpy(c->s, dino_ref_student, sizeof c->s);
+  assert_int_equal(dino_loss_pairs(RG, RV), RG * RV - RG);
+  const double loss = loss_case_run(c);
+  assert_true(fabs(loss - DINO_REF_LOSS) < 1e-5 * fabs(DINO_REF_LOSS));
+  for (int i = 0; i < RV * RB * RK; i++) assert_float_equal(c->ds[i], dino_ref_dstudent[i], 1e-5);
+  dino_loss_destroy(&c->loss);
+  dnnl_ctx_destroy(&c->ctx);
+  free(c);
+}
+
+// ---- the whole step ----
+
+// Two local crops of 4 x 4 beside the two global ones of 8 x 8; 8 prototypes; temperatures
+// closer together than the paper's, so finite differences of the loss stay smooth.
+static const char *const dino_settings[] = {"dino.local_crops=2",
+                                            "dino.local_size=4",
+                                            "dino.out_dim=8",
+                                            "dino.student_temp=0.5",
+                                            "dino.warmup_teacher_temp=0.3",
+                                            "dino.teacher_temp=0.3",
+                                            "dino.momentum=0.9",
+                                            NULL};
+
+// As byol's: 2% agreement at eps 1e-2 (or 2e-4 absolute where the quotients straddle a kink,
+// skipped, at most a quarter), near-zero gradients on a scale of 1e-2. The local crops reach the
+// loss only through the shared weights: were their instance's gradient lost or overwritten, the
+// backbone's entries would fail. On the ViT only: a ResNet's BatchNorm and ReLU under the sharp
+// softmax put 4 of 75 entries 10-30% off at eps 1e-2 with no local crops at all, so they would
+// test the quotients, not the step; a ResNet's second instance adds its gradients exactly
+// (test_op_calls, test_resnet_shared).
+static void check_dino_gradient(const char *backbone) {
+  Fixture *f = fixture_new("dino", backbone, dino_settings);
+  // Move the teacher off the student first, so the check is not at a symmetric point.
+  step_loss(f);
+  for (size_t i = 0; i < f->ps.count; i++) f->ps.data[i] -= 0.5f * f->ps.grad[i];
+  f->def->after_update(f->obj, &f->batch, &f->rec);
+  assert_true(f->rec.momentum_distance > 0);
+  const StepGradTolerance tol = {.eps = 1e-2f, .kink_atol = 2e-4, .grad_scale = 1e-2};
+  char label[32];
+  snprintf(label, sizeof label, "dino/%s", backbone);
+  assert_int_equal(check_step_gradient(f, label, tol, "dino.last_layer"), 3);
+  fixture_free(f);
+}
+
+static void test_step_gradient_vit(void **state) {
+  (void)state;
+  check_dino_gradient("vit");
+}
+
+// What a step encodes: 2b global and 2b local crops with gradient, the 2b global ones again
+// without (the teacher); the checkpoint holds the teacher (every student parameter) and the
+// centre, which follows the teacher outputs' batch mean: c <- 0.9 c + 0.1 mean.
+static void test_counts_teacher_and_centre(void **state) {
+  (void)state;
+  Fixture *f = fixture_new("dino", "resnet", dino_settings);
+  StFile st = {0};
+  f->def->state(f->obj, &st);
+  const StTensor *center = st_find(&st, "dino.center");
+  assert_non_null(center);
+  assert_int_equal(center->bytes, sizeof(float) * 8);
+  int teacher_tensors = 0;
+  for (int e = 0; e < f->ps.n_entries; e++) {
+    char name[ST_NAME_MAX];
+    snprintf(name, sizeof name, "dino.teacher.%s", f->ps.entries[e].name);
+    teacher_tensors += st_find(&st, name) != NULL;
+  }
+  assert_int_equal(teacher_tensors, f->ps.n_entries);
+  assert_int_equal(st.n_tensors, f->ps.n_entries + 1);
+
+  double loss = step_loss(f);
+  assert_true(loss > 0 && loss < 2 * log(8.0) / 0.5);
+  assert_int_equal(f->rec.images_source, B);
+  assert_int_equal(f->rec.views_grad, 4 * B);
+  assert_int_equal(f->rec.views_nograd, 2 * B);
+  assert_int_equal(f->rec.positives_per_query, 2);
+  assert_int_equal(f->rec.negatives_per_query, 0);
+  assert_int_equal(f->rec.encodings_next_new, 6 * B);
+  float before[8];
+  memcpy(before, center->data, sizeof before);
+  for (int k = 0; k < 8; k++) assert_float_equal(before[k], 0, 0);
+  f->def->after_update(f->obj, &f->batch, &f->rec);
+  float after_one[8];
+  memcpy(after_one, center->data, sizeof after_one);
+  // The same teacher outputs again: the centre moves 10% of the way to the same mean.
+  f->def->after_update(f->obj, &f->batch, &f->rec);
+  const float *c = (const float *)center->data;
+  double moved = 0;
+  for (int k = 0; k < 8; k++) {
+    const double mean = after_one[k] / 0.1;  // c1 = 0.1 mean
+    assert_float_equal(c[k], 0.9 * after_one[k] + 0.1 * mean, 1e-6);
+    moved += fabs(after_one[k]);
+  }
+  assert_true(moved > 0);
+  st_free(&st);
+  fixture_free(f);
+}
+
+// ---- through the binary ----
+
+// A slice of Fashion-MNIST in batches of 32 (8 steps an epoch); 2 global crops of 28 and 4 local
+// ones of 12.
+static const char *small =
+    "--objective=dino --set train.batch_size=32 --set data.limit=256 --set data.test_limit=128 "
+    "--set dino.local_crops=4";
+
+// The ledger's answers: (2 + 4) b crops with gradient, 2b without; the teacher's parameters and
+// the centre held as the momentum encoder. Also with two uneven replicas.
+static void test_plan_equals_run(void **state) {
+  (void)state;
+  LedgerRecord r = plan_equals_run("one", small, "");
+  assert_true(r.momentum_distance > 0);
+  assert_int_equal(r.images_source, 32);
+  assert_int_equal(r.views_grad, 6 * 32);
+  assert_int_equal(r.views_nograd, 2 * 32);
+  assert_int_equal(r.encodings_next_new, 8 * 32);
+  // The teacher (a copy of every student parameter) and the centre (out_dim floats).
+  assert_int_equal(r.momentum_encoder_bytes, r.param_bytes + sizeof(float) * 1024);
+  r = plan_equals_run("two", small,
+                      "--set parallel.replicas=2 --set parallel.shard_weights=1,3 --no-knn");
+  assert_int_equal(r.shard_samples, 8);
+  assert_int_equal(r.views_grad, 6 * 8);
+}
+
+// --steps 6 straight equals --steps 6 --stop-at 3 then --resume, on one replica and on two: every
+// tensor of the checkpoints, byte for byte, the teacher's and the centre included.
+static void test_stop_and_resume_is_bit_exact(void **state) {
+  (void)state;
+  const char *replicas[] = {"1", "2"};
+  for (int k = 0; k < 2; k++) {
+    const char *common = "--no-knn --quiet --set parallel.checksum_every=1";
+    const char *r = replicas[k];
+    assert_int_equal(sh("%s train %s %s --set parallel.replicas=%s --steps 6 --out %s/straight%s"
+                        " > /dev/null 2>&1",
+                        bin, small, common, r, tmpdir, r),
+                     0);
+    assert_int_equal(sh("%s train %s %s --set parallel.replicas=%s --steps 6 --stop-at 3 --out "
+                        "%s/split%s > /dev/null 2>&1",
+                        bin, small, common, r, tmpdir, r),
+                     0);
+    assert_int_equal(
+        sh("%s train --resume %s/split%s --no-knn --quiet > /dev/null 2>&1", bin, tmpdir, r), 0);
+    char straight[32], split[32];
+    snprintf(straight, sizeof straight, "straight%s", r);
+    snprintf(split, sizeof split, "split%s", r);
+    expect_same_checkpoint(straight, split, "dino.center");
+  }
+}
+
+int main(void) {
+  if (cli_test_init("dino") != 0) return 1;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_loss_matches_pytorch),         cmocka_unit_test(test_step_gradient_vit),
+      cmocka_unit_test(test_counts_teacher_and_centre),    cmocka_unit_test(test_plan_equals_run),
+      cmocka_unit_test(test_stop_and_resume_is_bit_exact),
+  };
+  int failed = cmocka_run_group_tests(tests, NULL, NULL);
+  if (!failed) sh("rm -rf %s", tmpdir);
+  return failed;
+}
