@@ -126,7 +126,10 @@ static const KeySpec recipe_keys[] = {
              "`sgd` (PyTorch's, momentum, no Nesterov), `lars` (SimCLR's, per-tensor trust "
              "ratio) or `adamw` (PyTorch's, decoupled weight decay)"),
     FLOAT_KEY(RECIPE(optim, lr), "0.06", 0, 100, 0,
-              "peak learning rate, absolute (not scaled by the batch size)"),
+              "peak learning rate: absolute, or for a batch of `lr_batch` when that is set"),
+    INT_KEY(RECIPE(optim, lr_batch), "0", 0, 65536,
+            "the global batch `lr` is given for: the run's peak learning rate is then "
+            "lr × train.batch_size / lr_batch (the linear scaling rule); 0 = `lr` as it is"),
     FLOAT_KEY(RECIPE(optim, momentum), "0.9", 0, 1, OPEN_MAX,
               "momentum coefficient of `sgd` and `lars`"),
     FLOAT_KEY(RECIPE(optim, weight_decay), "5e-4", 0, 10, 0,
@@ -402,6 +405,17 @@ static int is_choice(const char *choices, const char *text) {
 }
 
 static int set_string(const KeySpec *k, void *base, const char *where, const char *text) {
+  // A path (every path key holds CONFIG_PATH_MAX) starting with ~/ is the home folder's, as a
+  // shell would read it: in `--set data.train=~/photos` the shell leaves the ~ alone.
+  char expanded[CONFIG_PATH_MAX];
+  const char *home = getenv("HOME");
+  if (k->size == CONFIG_PATH_MAX && home && home[0] &&
+      (strcmp(text, "~") == 0 || strncmp(text, "~/", 2) == 0)) {
+    if (snprintf(expanded, sizeof expanded, "%s%s", home, text + 1) >= (int)sizeof expanded)
+      return tl_fail("%s: [%s] %s = '%s' is longer than %d characters with ~ expanded", where,
+                     k->section, k->key, text, CONFIG_PATH_MAX - 1);
+    text = expanded;
+  }
   if (k->choices && !is_choice(k->choices, text))
     return tl_fail("%s: [%s] %s = '%s' is not one of %s", where, k->section, k->key, text,
                    k->choices);
@@ -1175,4 +1189,9 @@ int config_budget_steps(const Config *cfg, long done, double left, double per_st
         cfg->train.budget, steps, per_step, unit, INT_MAX);
   *total = (int)steps;
   return 0;
+}
+
+float config_lr(const Config *cfg) {
+  if (cfg->optim.lr_batch <= 0) return cfg->optim.lr;
+  return (float)((double)cfg->optim.lr * cfg->train.batch_size / cfg->optim.lr_batch);
 }

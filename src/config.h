@@ -72,7 +72,8 @@ typedef struct {
 
   struct {
     char name[16];       // sgd | lars | adamw
-    float lr;            // peak learning rate (absolute)
+    float lr;            // peak learning rate (at lr_batch when set: config_lr)
+    int lr_batch;        // 0: lr as it is; else the global batch lr is given for
     float momentum;      // 0.9 (sgd, lars)
     float weight_decay;  // 5e-4
     int warmup_steps;    // 0
@@ -159,6 +160,10 @@ int config_budget_steps(const Config *cfg, long done, double left, double per_st
 // steps_per_epoch (time and FLOP budgets are fixed by the trainer after its first steps; this is
 // then the provisional length). -1 with tl_last_error() when it does not fit the step counter.
 int config_total_steps(const Config *cfg, int steps_per_epoch, int *total);
+
+// The run's peak learning rate: optim.lr, or with optim.lr_batch the linear scaling rule,
+// lr * train.batch_size / lr_batch.
+float config_lr(const Config *cfg);
 
 // The value of recipe key "section.key" as config_write writes it. -1 for an unknown key.
 int config_get(const Config *cfg, const char *name, char *out, size_t cap);

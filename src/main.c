@@ -66,6 +66,11 @@ static void usage_train(FILE *f) {
           "                    built-in defaults (Fashion-MNIST, models/resnet-small.ini)\n"
           "  --set S.K=V       override one key, validated like the file (repeatable);\n"
           "                    `tally keys` lists every key\n"
+          "  --data PATH       train on PATH: a folder of images (class subfolders, or none\n"
+          "                    with --set data.labels=none) or an IDX file, instead of the\n"
+          "                    recipe's dataset (give data.test for the kNN monitor, or --no-knn)\n"
+          "  --batch-size N    the global batch (same as --set train.batch_size=N)\n"
+          "  --lr X            the peak learning rate (same as --set optim.lr=X)\n"
           "  --steps N         train N steps (same as --set train.steps=N)\n"
           "  --epochs N        train N epochs (same as --set train.epochs=N)\n"
           "  --budget AMOUNT   train for a compute budget (same as --set train.budget=...):\n"
@@ -126,6 +131,9 @@ typedef struct {
   const char *sets[256];
   int n_sets;
   char steps_set[64], epochs_set[64], budget_set[96];
+  // --data, --batch-size, --lr: before the --set options, which may refine them.
+  const char *data_path;
+  char batch_set[64], lr_set[64];
 } ConfigArgs;
 
 // "key=value" into out, or -1 (printed) when the value would not fit: a value cut short would
@@ -139,7 +147,24 @@ static int as_setting(char *out, size_t cap, const char *option, const char *key
 
 // Any option that chooses the configuration was given.
 static int config_args_given(const ConfigArgs *a) {
-  return a->config_path || a->n_sets || a->steps_set[0] || a->epochs_set[0] || a->budget_set[0];
+  return a->config_path || a->n_sets || a->steps_set[0] || a->epochs_set[0] || a->budget_set[0] ||
+         a->data_path || a->batch_set[0] || a->lr_set[0];
+}
+
+// --data PATH: the training data is PATH — a folder of images (ImageFolder, with or without class
+// subfolders) or an IDX file — and no longer the recipe's dataset: its name and its test set go
+// (the kNN monitor then asks for data.test, or --no-knn).
+static int apply_data_path(Config *cfg, const char *path) {
+  struct stat st;
+  if (stat(path, &st) != 0) return tl_fail("--data %s: %s", path, strerror(errno));
+  char set[CONFIG_PATH_MAX + 32];
+  int rc = config_set(cfg, S_ISDIR(st.st_mode) ? "data.format=imagefolder" : "data.format=idx");
+  if (rc == 0) rc = config_set(cfg, "data.dataset=");
+  if (rc == 0 && snprintf(set, sizeof set, "data.train=%s", path) >= (int)sizeof set)
+    return tl_fail("--data: a path of %zu characters is too long", strlen(path));
+  if (rc == 0) rc = config_set(cfg, set);
+  if (rc == 0) rc = config_set(cfg, "data.test=");
+  return rc;
 }
 
 // Consumes argv[*i] if it is --config, --set, --steps or --epochs. Returns 1 if consumed, 0 if
@@ -160,6 +185,12 @@ static int config_arg(int argc, char **argv, int *i, ConfigArgs *a) {
     return as_setting(a->epochs_set, sizeof a->epochs_set, "--epochs", "train.epochs", v);
   } else if ((v = option_value(argc, argv, i, "--budget"))) {
     return as_setting(a->budget_set, sizeof a->budget_set, "--budget", "train.budget", v);
+  } else if ((v = option_value(argc, argv, i, "--batch-size"))) {
+    return as_setting(a->batch_set, sizeof a->batch_set, "--batch-size", "train.batch_size", v);
+  } else if ((v = option_value(argc, argv, i, "--lr"))) {
+    return as_setting(a->lr_set, sizeof a->lr_set, "--lr", "optim.lr", v);
+  } else if ((v = option_value(argc, argv, i, "--data"))) {
+    a->data_path = v;
   } else {
     return 0;
   }
@@ -191,6 +222,9 @@ static int load_config(const char *objective, const ConfigArgs *a, Config *cfg) 
   config_resolve_path(default_name, default_path, sizeof default_path);
   if (!config_path && access(default_path, R_OK) == 0) config_path = default_path;
   int rc = config_path ? config_load(cfg, config_path) : config_load_model(cfg, cfg->model.file);
+  if (rc == 0 && a->data_path) rc = apply_data_path(cfg, a->data_path);
+  if (rc == 0 && a->batch_set[0]) rc = config_set(cfg, a->batch_set);
+  if (rc == 0 && a->lr_set[0]) rc = config_set(cfg, a->lr_set);
   for (int i = 0; rc == 0 && i < a->n_sets; i++) rc = config_set(cfg, a->sets[i]);
   // --epochs alone means "train for epochs", so it clears a step count from the recipe.
   if (rc == 0 && a->epochs_set[0] && !a->steps_set[0]) rc = config_set(cfg, "train.steps=0");
@@ -237,9 +271,13 @@ static int resume_may_set(const char *assignment) {
 static int resume_config(const char *dir, const ConfigArgs *ca, Config *cfg, char *objective,
                          size_t objective_cap, char *ckpt_path, size_t ckpt_cap,
                          TrainOptions *opt) {
-  if (ca->config_path || ca->budget_set[0]) {
+  if (ca->config_path || ca->budget_set[0] || ca->data_path || ca->batch_set[0] || ca->lr_set[0]) {
     fprintf(stderr, "tally: --resume takes the run's own configuration and length; drop %s\n",
-            ca->config_path ? "--config" : "--budget (--steps N lengthens a run)");
+            ca->config_path    ? "--config"
+            : ca->data_path    ? "--data"
+            : ca->batch_set[0] ? "--batch-size"
+            : ca->lr_set[0]    ? "--lr"
+                               : "--budget (--steps N lengthens a run)");
     return 2;
   }
   snprintf(ckpt_path, ckpt_cap, "%s/%s", dir, CHECKPOINT_FILE);
@@ -455,7 +493,8 @@ static void usage_plan(FILE *f) {
           "  --objective=A,B   one column per objective (default inbatch): %s\n"
           "  --config FILE     one recipe for every column (same data and backbone); without\n"
           "                    it each objective uses configs/NAME.ini, as `tally train` does\n"
-          "  --set, --steps, --epochs   as for `tally train` (applied to every column)\n"
+          "  --set, --steps, --epochs, --data, --batch-size, --lr\n"
+          "                as for `tally train` (applied to every column)\n"
           "  --step S          the 0-based step to plan (default: the run's last step); moco's\n"
           "                    queue fills with the global batch's keys every step\n"
           "  --json            one JSON object per objective, with ledger.jsonl's field names\n"

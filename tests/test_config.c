@@ -537,6 +537,7 @@ static const char *const every_key[][2] = {
     {"train.budget", "7m"},
     {"optim.name", "lars"},
     {"optim.lr", "0.123456789"},
+    {"optim.lr_batch", "512"},
     {"optim.momentum", "0.8"},
     {"optim.weight_decay", "1e-5"},
     {"optim.warmup_steps", "7"},

@@ -122,7 +122,7 @@ Optimizer *optim_create(const char *name, ParamSet *ps, float lr, float momentum
 }
 
 Optimizer *optim_create_from_config(const Config *cfg, ParamSet *ps) {
-  return optim_create(cfg->optim.name, ps, cfg->optim.lr, cfg->optim.momentum,
+  return optim_create(cfg->optim.name, ps, config_lr(cfg), cfg->optim.momentum,
                       cfg->optim.weight_decay, cfg->optim.beta1, cfg->optim.beta2, cfg->optim.eps,
                       cfg->optim.lars_eta);
 }

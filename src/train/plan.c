@@ -346,6 +346,12 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   pl->global_batch = cfg->train.batch_size;
   // The test set is loaded only for the kNN monitor, which needs labels.
   if (strcmp(cfg->data.labels, "none") == 0) pl->opt.no_knn = 1;
+  if (!pl->opt.no_knn && !cfg->data.test[0]) {
+    tl_fail(
+        "the kNN monitor scores the encoder on a labeled test set, and data.test is empty: give "
+        "--set data.test=PATH, or --no-knn");
+    goto out;
+  }
   if (peek_dataset(cfg, cfg->data.train, cfg->data.limit, &pl->n_train) != 0 ||
       (!pl->opt.no_knn &&
        peek_dataset(cfg, cfg->data.test, cfg->data.test_limit, &pl->n_test) != 0))
@@ -423,7 +429,7 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   r.epoch = (int)(r.step / pl->steps_per_epoch);
   r.objective = pl->def->name;
   r.replicas = pl->world;
-  r.lr = lr_at_step(cfg->optim.lr, (int)r.step, cfg->optim.warmup_steps, (int)pl->total_steps,
+  r.lr = lr_at_step(config_lr(cfg), (int)r.step, cfg->optim.warmup_steps, (int)pl->total_steps,
                     cfg->optim.schedule);
   r.loss = NAN;
   fill_memory(&r, *mem);

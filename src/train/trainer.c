@@ -762,7 +762,7 @@ static void *replica_main(void *arg) {
   for (int step = run->start_step;
        (step < run->total_steps || !r->length_frozen) && !comm_failed(r->comm); step++) {
     const Config *cfg = r->cfg;
-    float lr = lr_at_step(cfg->optim.lr, step, cfg->optim.warmup_steps,
+    float lr = lr_at_step(config_lr(cfg), step, cfg->optim.warmup_steps,
                           r->length_frozen ? run->total_steps : INT_MAX, cfg->optim.schedule);
     LedgerRecord rec = {0};
     StepTimes t;
@@ -957,6 +957,11 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
           "data.train=LABELED --set data.test=LABELED`)\n");
     run->no_knn = 1;
   }
+  if (loaded && !run->no_knn && !opt->no_knn && !cfg->data.test[0])
+    loaded = tl_fail(
+                 "the kNN monitor scores the encoder on a labeled test set, and data.test is "
+                 "empty: give --set data.test=PATH (labeled as %s is), or --no-knn",
+                 cfg->data.train) == 0;
   if (loaded && !run->no_knn && !opt->no_knn)
     loaded = idx ? dataset_load_idx(&run->test, cfg->data.test, ch, cfg->data.test_limit) == 0
                  : dataset_load_imagefolder(&run->test, cfg->data.test, cfg->data.image_size, ch,
