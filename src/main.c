@@ -15,6 +15,7 @@
 #include "config.h"
 #include "core/error.h"
 #include "train/evaluate.h"
+#include "io/atomic_file.h"
 #include "io/json_write.h"
 #include "io/regular_file.h"
 #include "io/npy.h"
@@ -975,11 +976,33 @@ static void usage_embed(FILE *f) {
           "Writes the encoder's features of every image in PATH (an IDX images file, an\n"
           "ImageFolder root with class subfolders, or a folder of images) as an (N, D)\n"
           "float32 .npy, with the evaluation transform the encoder was trained with, and\n"
-          "the labels beside it as FILE.labels.npy (int64) when PATH has them.\n"
+          "the labels beside it as FILE.labels.npy (int64) when PATH has them, and which\n"
+          "image each row is in FILE.rows.txt (its file, or IDX_FILE:INDEX), one line a row.\n"
           "FILE is a checkpoint or an export.\n"
           "\n"
           "  --out FILE.npy   default embeddings.npy\n"
-          "  --limit N        only the first N images\n");
+          "  --limit N        N images: for class folders, each class's first files in\n"
+          "                   turn (as data.limit), so every class is sampled\n");
+}
+
+// Which image each row of an embedding is: one line per row, the image's file (ImageFolder) or
+// DATA:INDEX (the index in an IDX file), control bytes written as \xNN so a line is a row.
+static int write_rows(const char *path, const Dataset *ds, const char *data) {
+  AtomicFile a;
+  if (atomic_open(&a, path) != 0) return -1;
+  for (int i = 0; i < ds->n; i++) {
+    const char *name = ds->files ? ds->files[i] : data;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+      if (*c < 0x20 || *c == 0x7f || *c == '\\')
+        fprintf(a.f, "\\x%02x", *c);
+      else
+        fputc(*c, a.f);
+    if (ds->files)
+      fputc('\n', a.f);
+    else
+      fprintf(a.f, ":%d\n", i);
+  }
+  return atomic_commit(&a);
 }
 
 static int cmd_embed(int argc, char **argv) {
@@ -1009,11 +1032,13 @@ static int cmd_embed(int argc, char **argv) {
   }
   // Both outputs are checked before anything is written: a refused labels file must not leave
   // embeddings without their labels.
-  char labels_path[4200];
+  char labels_path[4200], rows_path[4200];
   size_t stem =
       strlen(out) > 4 && !strcmp(out + strlen(out) - 4, ".npy") ? strlen(out) - 4 : strlen(out);
   snprintf(labels_path, sizeof labels_path, "%.*s.labels.npy", (int)stem, out);
-  if (output_path_check(out) != 0 || output_path_check(labels_path) != 0) {
+  snprintf(rows_path, sizeof rows_path, "%.*s.rows.txt", (int)stem, out);
+  if (output_path_check(out) != 0 || output_path_check(labels_path) != 0 ||
+      output_path_check(rows_path) != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 1;
   }
@@ -1023,20 +1048,26 @@ static int cmd_embed(int argc, char **argv) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 1;
   }
+  printf("reading %s...\n", data);
   int rc = feature_dataset_load(&enc, &ds, data, (int)limit);
   if (rc == 0) {
     const int D = feature_encoder_dim(&enc);
+    printf("encoding %d images...\n", ds.n);
     float *feat = tl_alloc(sizeof(float) * (size_t)ds.n * D, MEM_EVAL, COMP_OTHER);
     feature_encoder_run(&enc, &ds, ds.n, feat);
     rc = npy_write_f32(out, feat, (size_t)ds.n, (size_t)D);
     tl_free(feat);
+    if (rc == 0) rc = write_rows(rows_path, &ds, data);
     if (rc == 0 && ds.n_classes > 0) {
       int64_t *labels = tl_alloc(sizeof(int64_t) * (size_t)ds.n, MEM_EVAL, COMP_OTHER);
       for (int i = 0; i < ds.n; i++) labels[i] = ds.labels[i];
       rc = npy_write_i64(labels_path, labels, (size_t)ds.n);
       tl_free(labels);
     }
-    if (rc == 0) printf("%d embeddings of dimension %d written to %s\n", ds.n, D, out);
+    if (rc == 0)
+      printf(
+          "%d embeddings of dimension %d written to %s, the image of each row, in order, to %s\n",
+          ds.n, D, out, rows_path);
   }
   if (rc != 0) fprintf(stderr, "tally: %s\n", tl_last_error());
   dataset_free(&ds);

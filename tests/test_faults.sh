@@ -825,6 +825,9 @@ expect_rc 0 "train"
   expect_rc 0 "installed eval" || echo "$why" >>"$TMP/installed.why"
   t installed-embed embed "$run" --data "$TRAIN_IDX" --limit 10 --out "$TMP/elsewhere/x.npy"
   expect_rc 0 "installed embed" || echo "$why" >>"$TMP/installed.why"
+  # Which image each row is: line i names row i's.
+  [[ $(wc -l <"$TMP/elsewhere/x.rows.txt") == 10 && $(sed -n 3p "$TMP/elsewhere/x.rows.txt") == \
+    "$TRAIN_IDX:2" ]] || echo "x.rows.txt does not list the 10 rows" >>"$TMP/installed.why"
   t installed-resume train --resume "$run" --steps 3 --no-knn --quiet
   expect_rc 0 "installed --resume" || echo "$why" >>"$TMP/installed.why"
 )

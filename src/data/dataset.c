@@ -14,6 +14,10 @@ void dataset_free(Dataset *ds) {
     for (int k = 0; k < ds->n_classes; k++) free(ds->class_names[k]);
     free(ds->class_names);
   }
+  if (ds->files) {
+    for (int i = 0; i < ds->n; i++) free(ds->files[i]);
+    free(ds->files);
+  }
   memset(ds, 0, sizeof *ds);
 }
 

@@ -11,6 +11,7 @@ typedef struct {
   int *labels;      // (n), MEM_DATA
   int n_classes;
   char **class_names;  // (n_classes), ImageFolder only; NULL for IDX
+  char **files;        // (n) each image's file (root/class/name), ImageFolder only; NULL for IDX
 } Dataset;
 
 // Reads an IDX images file (optionally .gz) and the labels file beside it, found by the standard

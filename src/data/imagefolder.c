@@ -386,6 +386,8 @@ int dataset_load_imagefolder(Dataset *ds, const char *root, int image_size, int 
     ds->class_names = classes.names;
     classes = (NameList){0};
   }
+  ds->files = paths;  // which file each image came from (tally embed lists them)
+  paths = NULL;
   rc = 0;
 
 done:
