@@ -197,8 +197,17 @@ static double objective_eval(Objective *o, DnnlCtx *ctx, double lambda, const do
 // Fashion-MNIST pixels, lambda 1e-2: max |grad| still 5e-5 after 300 iterations without it, 1e-5
 // after 87 with it). Weights and bias of one class are one vector (d + 1) here; classes are
 // treated alike.
+//
+// Its (d + 1)^2 doubles, twice, and a Cholesky factorization of d^3 / 3 multiply-adds per lambda
+// are cheap for encoder features (a few hundred) but not for raw pixels of photos: 64 x 64 RGB
+// is d = 12288, 2.4 GB and minutes per lambda. Above PRECONDITIONER_MAX_DIM features L-BFGS runs
+// unpreconditioned (the features are standardized, so the moment's diagonal is about 1 anyway):
+// memory stays that of the features, at the cost of more iterations within the same budget.
+enum { PRECONDITIONER_MAX_DIM = 1024 };
+
 typedef struct {
-  int size;        // d + 1
+  int d;           // features
+  int size;        // d + 1; 0: none (identity), above PRECONDITIONER_MAX_DIM features
   double *moment;  // (d + 1, d + 1) E[x x^T] over the rows
   double *factor;  // (d + 1, d + 1) lower Cholesky factor of moment / 2 + lambda on the weights
   double *work;    // (K, d + 1) one class's vector per row while it is solved
@@ -208,6 +217,9 @@ typedef struct {
 // means (the bias's row and column) in double.
 static void preconditioner_init(Preconditioner *p, DnnlCtx *ctx, const float *x, int n, int d,
                                 int n_classes) {
+  memset(p, 0, sizeof *p);
+  p->d = d;
+  if (d > PRECONDITIONER_MAX_DIM) return;
   const int m = d + 1;
   p->size = m;
   p->moment = alloc_doubles((size_t)m * m);
@@ -241,6 +253,7 @@ static void preconditioner_destroy(Preconditioner *p) {
 // floored so that the factor exists at lambda = 0 with collinear features.
 static void preconditioner_set_lambda(Preconditioner *p, double lambda) {
   const int m = p->size;
+  if (m == 0) return;
   double trace = 0;
   for (int j = 0; j + 1 < m; j++) trace += p->moment[(size_t)j * m + j];
   const double ridge = fmax(lambda, 1e-6 * fmax(trace / (2.0 * (m - 1)), 1.0));
@@ -263,6 +276,10 @@ static void preconditioner_set_lambda(Preconditioner *p, double lambda) {
 // the factor L (L L^T = M) for all classes at once, so each row of L is read once per solve.
 static void precondition(const Preconditioner *p, int n_classes, const double *q, double *z) {
   const int m = p->size, d = m - 1;
+  if (m == 0) {  // the identity
+    if (z != q) memcpy(z, q, sizeof(double) * param_count(p->d, n_classes));
+    return;
+  }
   const double *L = p->factor;
   for (int k = 0; k < n_classes; k++) {
     double *v = p->work + (size_t)k * m;
