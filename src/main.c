@@ -1054,8 +1054,8 @@ static int cmd_embed(int argc, char **argv) {
     const int D = feature_encoder_dim(&enc);
     printf("encoding %d images...\n", ds.n);
     float *feat = tl_alloc(sizeof(float) * (size_t)ds.n * D, MEM_EVAL, COMP_OTHER);
-    feature_encoder_run(&enc, &ds, ds.n, feat);
-    rc = npy_write_f32(out, feat, (size_t)ds.n, (size_t)D);
+    rc = feature_encoder_run(&enc, &ds, ds.n, feat);
+    if (rc == 0) rc = npy_write_f32(out, feat, (size_t)ds.n, (size_t)D);
     tl_free(feat);
     if (rc == 0) rc = write_rows(rows_path, &ds, data);
     if (rc == 0 && ds.n_classes > 0) {

@@ -12,6 +12,8 @@
 #   3 two runs on one folder; reuse, --overwrite   7 the loss becomes NaN
 #   4 SIGINT / SIGTERM / SIGHUP / a second SIGINT  8 corrupt and truncated checkpoints
 #   5 kill -9 (during a step, during a write)      9 a step count beyond what Tally counts
+#  10 poisoned state: a NaN weight, an edited or missing metadata checksum, a 10 GB non-checkpoint,
+#     a weight turned NaN by an update, resuming over changed data
 #  11 run-folder files that are not regular files; outputs over a device node or a run's own
 #     state; a checkpoint of another run in the folder
 #  12 budget edges (below one step, past what Tally counts); plan counts what train takes
@@ -864,6 +866,139 @@ t odd-json eval "$odd" --json --set data.limit=256 --set data.test_limit=100
 expect_rc 0 "eval --json"
 python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$last.out" 2>/dev/null ||
   bad "not valid JSON: $(firstline "$last.out")"
+finish "$name"
+
+# ---------------------------------------------------------------------------------------------
+# 10. Poisoned state: non-finite values are refused wherever they are read or produced, and a
+# checkpoint's metadata is checked as its tensors are.
+# st_edit FILE MODE: rewrites a safetensors file with valid checksums for what MODE changes:
+#   nan      the first float of the first params.* tensor becomes NaN
+#   lr       the stored configuration's optim.lr is edited (checksums left as they were)
+#   nometa   the metadata checksum is dropped
+st_edit() {
+  python3 - "$1" "$2" <<'PY'
+import json, struct, sys, zlib
+path, mode = sys.argv[1], sys.argv[2]
+raw = open(path, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+data = bytearray(raw[8 + n:])
+meta = header.pop("__metadata__")
+if mode == "nan":
+    name = next(k for k in header if k.startswith("params.") and header[k]["dtype"] == "F32")
+    begin = header[name]["data_offsets"][0]
+    data[begin:begin + 4] = struct.pack("<f", float("nan"))
+    meta["crc32"] = "%08x" % zlib.crc32(bytes(data))
+elif mode == "lr":
+    meta["config"] = meta["config"].replace("\nlr = ", "\nlr = 9", 1)
+elif mode == "nometa":
+    del meta["crc32_metadata"]
+if mode != "lr" and "crc32_metadata" in meta:
+    crc = 0
+    for k, v in meta.items():
+        if k not in ("crc32", "crc32_metadata"):
+            crc = zlib.crc32(k.encode() + b"\0" + v.encode() + b"\0", crc)
+    meta["crc32_metadata"] = "%08x" % crc
+text = json.dumps(dict([("__metadata__", meta)] + list(header.items())), separators=(",", ":"))
+text += " " * ((8 - (len(text) + 8) % 8) % 8)
+open(path, "wb").write(struct.pack("<Q", len(text)) + text.encode() + bytes(data))
+PY
+}
+
+run=$TMP/poison
+t poison train "${SMALL[@]}" --steps 3 --out "$run"
+if [[ $rc == 0 && -s $run/checkpoint.safetensors ]]; then
+  cp "$run/checkpoint.safetensors" "$TMP/poison-good.safetensors"
+  cp "$run/summary.json" "$TMP/poison-summary.json"
+  name="10a a NaN in one weight (checksums valid): resume, eval, embed, export and --init refuse it"
+  st_edit "$run/checkpoint.safetensors" nan
+  cp "$run/checkpoint.safetensors" "$TMP/poison-nan.safetensors"
+  t poison-resume train --resume "$run" --steps 4 --no-knn --quiet
+  expect_rc 1 "train --resume"
+  one_line_error "$last.err" "params\..*NaN" "the refusal"
+  t poison-eval eval "$run" --set data.limit=256 --set data.test_limit=100
+  expect_rc 1 "eval"
+  said "$last.err" "NaN" "eval's refusal"
+  t poison-embed embed "$run" --data "$TRAIN_IDX" --limit 10 --out "$TMP/poison.npy"
+  expect_rc 1 "embed"
+  [[ ! -e $TMP/poison.npy ]] || bad "embed wrote embeddings of a poisoned encoder"
+  t poison-export export "$run" --out "$TMP/poison-export.safetensors"
+  expect_rc 1 "export"
+  [[ ! -e $TMP/poison-export.safetensors ]] || bad "export wrote a poisoned encoder"
+  t poison-init train "${SMALL[@]}" --steps 1 --init "$run/checkpoint.safetensors" \
+    --out "$TMP/poison-init"
+  expect_rc 1 "train --init"
+  cmp -s "$run/checkpoint.safetensors" "$TMP/poison-nan.safetensors" ||
+    bad "the refused checkpoint was changed"
+  cmp -s "$run/summary.json" "$TMP/poison-summary.json" || bad "summary.json was changed"
+  finish "$name"
+
+  name="10b an edited learning rate in the stored configuration: refused as edited"
+  cp "$TMP/poison-good.safetensors" "$run/checkpoint.safetensors"
+  st_edit "$run/checkpoint.safetensors" lr
+  t poison-lr train --resume "$run" --steps 4 --no-knn --quiet
+  expect_rc 1 "train --resume"
+  one_line_error "$last.err" "metadata checksum" "the refusal"
+  finish "$name"
+
+  name="10c a checkpoint without its metadata checksum: refused"
+  cp "$TMP/poison-good.safetensors" "$run/checkpoint.safetensors"
+  st_edit "$run/checkpoint.safetensors" nometa
+  t poison-nometa train --resume "$run" --steps 4 --no-knn --quiet
+  expect_rc 1 "train --resume"
+  one_line_error "$last.err" "crc32_metadata" "the refusal"
+  finish "$name"
+
+  name="10d a 10 GB file of zeros where the checkpoint should be: refused at once (exit 1)"
+  rm -f "$run/checkpoint.safetensors"
+  truncate -s 10G "$run/checkpoint.safetensors"
+  t0=$(date +%s%N)
+  t poison-big train --resume "$run" --steps 4 --no-knn --quiet
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  expect_rc 1 "train --resume"
+  ((ms < 5000)) || bad "took ${ms} ms (read the whole file?)"
+  rm -f "$run/checkpoint.safetensors"
+  finish "$name"
+else
+  why="setup: train exited $rc: $(firstline "$last.err")"
+  finish "10 poisoned state"
+fi
+
+name="10e a weight becomes NaN in an update (the loss still finite): exit 3, the last good checkpoint"
+run=$TMP/nan-param
+TALLY_INJECT_NAN_PARAM_AT_STEP=2 t nan-param train "${SMALL[@]}" --steps 4 \
+  --set train.checkpoint_every=1 --out "$run"
+expect_rc 3 "train"
+said "$last.err" "step 2.*non-finite" "no message naming step 2"
+no_summary "$run"
+ckpt_step "$run"
+[[ -z $step || $step == 2 ]] || bad "the checkpoint kept is of step $step, expected 2"
+finish "$name"
+
+name="10f resuming over changed training data: refused, naming the data"
+mkdir -p "$TMP/photos/a" "$TMP/photos/b"
+python3 - "$TMP/photos" <<'PY'
+import struct, sys, zlib
+def png(path, value):
+    raw = b"".join(b"\0" + bytes([(value + 7 * x + 13 * y) % 256 for x in range(8)]) for y in range(8))
+    chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    open(path, "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 8, 8, 8, 0, 0, 0, 0))
+                           + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+for c in "ab":
+    for i in range(8):
+        png(f"{sys.argv[1]}/{c}/{i}.png", ord(c) * 10 + i)
+PY
+run=$TMP/photo-run
+t photo train --data "$TMP/photos" --set data.image_size=8 --batch-size 4 --steps 2 --no-knn \
+  --quiet --out "$run"
+expect_rc 0 "train on the folder"
+python3 - "$TMP/photos/a/0.png" "$TMP/photos/b/7.png" <<'PY'
+import shutil, sys
+shutil.copyfile(sys.argv[2], sys.argv[1])  # one image replaced by another's pixels
+PY
+t photo-resume train --resume "$run" --steps 3 --no-knn --quiet
+expect_rc 1 "train --resume over changed data"
+one_line_error "$last.err" "other data" "the refusal"
 finish "$name"
 
 totals

@@ -1,5 +1,6 @@
 #include "core/params.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -267,4 +268,19 @@ void paramset_init_uniform(ParamSet *ps, float *p, size_t n, float bound) {
 void paramset_init_const(ParamSet *ps, float *p, size_t n, float value) {
   if (!ps->owns || tl_alloc_untouched()) return;  // a plan: nothing reads them
   for (size_t i = 0; i < n; i++) p[i] = value;
+}
+
+const ParamEntry *paramset_first_nonfinite(const ParamSet *ps) {
+  if (ps->counting || tl_alloc_untouched()) return NULL;  // a plan: nothing holds values
+  // x - x is 0 for finite x and NaN otherwise: one pass, no branch per float.
+  float acc = 0;
+#pragma omp parallel for simd reduction(+ : acc) schedule(static) if (ps->count > 65536)
+  for (size_t i = 0; i < ps->count; i++) acc += ps->data[i] - ps->data[i];
+  if (acc == 0) return NULL;
+  for (int e = 0; e < ps->n_entries; e++) {
+    const ParamEntry *pe = &ps->entries[e];
+    for (size_t i = 0; i < pe->count; i++)
+      if (!isfinite(ps->data[pe->offset + i])) return pe;
+  }
+  return NULL;
 }

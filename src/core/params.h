@@ -114,6 +114,9 @@ void paramset_grad_contributed(const ParamSet *ps, const float *grad, size_t cou
 // grad is NULL.
 void paramset_grad_ready(const ParamSet *ps, const float *grad, size_t count);
 
+// The first entry (parameter or buffer) holding a NaN or an infinity, or NULL.
+const ParamEntry *paramset_first_nonfinite(const ParamSet *ps);
+
 // Initialization helpers for an owned set (no-ops on a bound set). Each tensor gets its own
 // RNG stream keyed by its entry index, so initialization does not depend on build details.
 void paramset_init_normal(ParamSet *ps, float *p, size_t n, float stddev);

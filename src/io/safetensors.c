@@ -1,6 +1,7 @@
 #include "io/safetensors.h"
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/json_write.h"
 
 // The header is metadata and names, never data: a bound keeps a hostile length from allocating.
 enum { ST_HEADER_MAX = 64 << 20 };
@@ -91,20 +93,21 @@ void st_free(StFile *s) {
 
 // ---- writing
 
-// A JSON string: quotes, backslashes and control bytes escaped.
-static void put_json_string(FILE *f, const char *s) {
-  fputc('"', f);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\')
-      fprintf(f, "\\%c", *p);
-    else if (*p == '\n')
-      fputs("\\n", f);
-    else if (*p < 0x20)
-      fprintf(f, "\\u%04x", *p);
-    else
-      fputc(*p, f);
+static int is_checksum_key(const char *key) {
+  return strcmp(key, "crc32") == 0 || strcmp(key, "crc32_metadata") == 0;
+}
+
+// The CRC-32 of the metadata, key and value with their terminating zeros, in the order they are
+// written and read, the checksums' own entries left out: an edited value is refused like an
+// edited tensor.
+static uint32_t metadata_crc(const StFile *s) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (int i = 0; i < s->n_meta; i++) {
+    if (is_checksum_key(s->meta[i].key)) continue;
+    crc = crc32_z(crc, (const Bytef *)s->meta[i].key, strlen(s->meta[i].key) + 1);
+    crc = crc32_z(crc, (const Bytef *)s->meta[i].value, strlen(s->meta[i].value) + 1);
   }
-  fputc('"', f);
+  return (uint32_t)crc;
 }
 
 static char *header_text(const StFile *s, uint32_t crc, size_t *len) {
@@ -113,18 +116,19 @@ static char *header_text(const StFile *s, uint32_t crc, size_t *len) {
   if (!f) TL_DIE("out of memory");
   fputs("{\"__metadata__\":{", f);
   for (int i = 0; i < s->n_meta; i++) {
-    if (strcmp(s->meta[i].key, "crc32") == 0) continue;
-    put_json_string(f, s->meta[i].key);
+    if (is_checksum_key(s->meta[i].key)) continue;
+    json_put_string(f, s->meta[i].key);
     fputc(':', f);
-    put_json_string(f, s->meta[i].value);
+    json_put_string(f, s->meta[i].value);
     fputc(',', f);
   }
+  fprintf(f, "\"crc32_metadata\":\"%08" PRIx32 "\",", metadata_crc(s));
   fprintf(f, "\"crc32\":\"%08" PRIx32 "\"}", crc);
   size_t offset = 0;
   for (int i = 0; i < s->n_tensors; i++) {
     const StTensor *t = &s->tensors[i];
     fputc(',', f);
-    put_json_string(f, t->name);
+    json_put_string(f, t->name);
     fprintf(f, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_name(t->dtype));
     for (int d = 0; d < t->ndim; d++) fprintf(f, "%s%" PRId64, d ? "," : "", t->shape[d]);
     fprintf(f, "],\"data_offsets\":[%zu,%zu]}", offset, offset + t->bytes);
@@ -390,7 +394,7 @@ static int parse_header(StFile *s, Json *j, size_t data_bytes, const char *data)
       free(name);
       uint64_t off[2];
       if (parse_tensor(j, t, off) || check_extent(j->what, t, off, data_bytes)) return -1;
-      t->data = data + off[0];
+      t->data = data ? data + off[0] : NULL;  // NULL: a header checked before its data is read
       covered += t->bytes;
     } while (peek(j, ',') && !expect(j, ','));
   if (expect(j, '}')) return -1;
@@ -401,7 +405,28 @@ static int parse_header(StFile *s, Json *j, size_t data_bytes, const char *data)
   if (covered != data_bytes)
     return tl_fail("%s: the tensors cover %" PRIu64 " of %zu data bytes (truncated or corrupt)",
                    j->what, covered, data_bytes);
-  return check_no_overlap(s, j->what);
+  return data ? check_no_overlap(s, j->what) : 0;  // (by where the data lies, once it is read)
+}
+
+// Every float tensor is finite: a NaN or infinity in weights, optimizer state or statistics
+// would train, evaluate or export a dead network without a word (BatchNorm and ReLU turn NaNs
+// into constant outputs, and the loss stays finite).
+static int check_finite(StFile *s, const char *what) {
+  for (int i = 0; i < s->n_tensors; i++) {
+    const StTensor *t = &s->tensors[i];
+    if (t->dtype != ST_F32) continue;
+    const size_t n = t->bytes / sizeof(float);
+    for (size_t k = 0; k < n; k++) {
+      float v;
+      memcpy(&v, (const char *)t->data + k * sizeof v, sizeof v);
+      if (isfinite(v)) continue;
+      tl_fail("%s: tensor %s holds %s at index %zu (a poisoned or diverged state): refused", what,
+              t->name, isnan(v) ? "NaN" : "an infinity", k);
+      st_free(s);
+      return -1;
+    }
+  }
+  return 0;
 }
 
 int st_parse(StFile *s, char *buf, size_t bytes, const char *what) {
@@ -437,7 +462,45 @@ int st_parse(StFile *s, char *buf, size_t bytes, const char *what) {
       return tl_fail("%s: checksum mismatch (the file is corrupt)", what);
     }
   }
-  return 0;
+  const char *meta_crc_text = st_get_meta(s, "crc32_metadata");
+  if (meta_crc_text) {
+    char have[16];
+    snprintf(have, sizeof have, "%08" PRIx32, metadata_crc(s));
+    if (strcmp(have, meta_crc_text) != 0) {
+      st_free(s);
+      return tl_fail(
+          "%s: metadata checksum mismatch (its configuration or step was edited, or "
+          "the file is corrupt)",
+          what);
+    }
+  }
+  return check_finite(s, what);
+}
+
+// The length word and the JSON header alone, checked as st_parse checks them, without the data
+// (the tensors' extents against the file's size). Files too short for a header are left to
+// st_parse, which says so.
+static int check_header_first(int fd, size_t size, const char *path) {
+  uint8_t head[8];
+  if (size < 8 || pread(fd, head, 8, 0) != 8) return 0;
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; i--) hlen = hlen << 8 | head[i];
+  if (hlen > ST_HEADER_MAX || hlen > size - 8)
+    return tl_fail("%s: not a safetensors file, or truncated (header of %" PRIu64
+                   " bytes in a file of %zu)",
+                   path, hlen, size);
+  char *header = malloc(hlen ? hlen : 1);
+  if (!header) TL_DIE("out of memory for a header of %" PRIu64 " bytes", hlen);
+  int rc = pread(fd, header, hlen, 8) == (ssize_t)hlen ? 0 : tl_fail("%s: cannot read", path);
+  if (rc == 0) {
+    StFile tmp;
+    memset(&tmp, 0, sizeof tmp);
+    Json j = {header, header + hlen, path, 0};
+    rc = parse_header(&tmp, &j, size - 8 - (size_t)hlen, NULL);
+    st_free(&tmp);
+  }
+  free(header);
+  return rc;
 }
 
 int st_read(StFile *s, const char *path, size_t max_bytes) {
@@ -454,8 +517,17 @@ int st_read(StFile *s, const char *path, size_t max_bytes) {
     close(fd);
     return tl_fail("%s: %zu bytes, more than the %zu allowed", path, size, max_bytes);
   }
+  // The header first: a file that is not safetensors (a 10 GB disk image named like a
+  // checkpoint) is refused before its data is read, not after.
+  if (check_header_first(fd, size, path) != 0) {
+    close(fd);
+    return -1;
+  }
   char *buf = malloc(size ? size : 1);
-  if (!buf) TL_DIE("out of memory reading %s (%zu bytes)", path, size);
+  if (!buf) {
+    close(fd);
+    return tl_fail("%s: cannot hold its %zu bytes in memory", path, size);
+  }
   size_t got = 0;
   while (got < size) {
     ssize_t r = read(fd, buf + got, size - got);

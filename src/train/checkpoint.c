@@ -60,6 +60,19 @@ int checkpoint_read(StFile *s, const char *path) {
     st_free(s);
     return -1;
   }
+  // A run continues only from state whose every byte is checked: its tensors' and its
+  // metadata's (the configuration, the step, the budget spent).
+  const char *missing = !st_get_meta(s, "crc32")            ? "crc32"
+                        : !st_get_meta(s, "crc32_metadata") ? "crc32_metadata"
+                                                            : NULL;
+  if (missing) {
+    tl_fail(
+        "%s: has no %s checksum, so it cannot be checked (edited, or written by a Tally "
+        "before checkpoints carried it): refused",
+        path, missing);
+    st_free(s);
+    return -1;
+  }
   return 0;
 }
 

@@ -58,13 +58,12 @@ static int score(FeatureEncoder *e, const EvalOptions *opt, const Dataset *tr, c
             P = cfg->data.image_size * cfg->data.image_size * cfg->data.channels;
   say(opt, "encoding the training set", tr->n);
   float *ftr = tl_alloc(sizeof(float) * (size_t)tr->n * D, MEM_EVAL, COMP_OTHER);
-  feature_encoder_run(e, tr, tr->n, ftr);
+  int rc = feature_encoder_run(e, tr, tr->n, ftr);
   say(opt, "encoding the test set", te->n);
   float *fte = tl_alloc(sizeof(float) * (size_t)te->n * D, MEM_EVAL, COMP_OTHER);
-  feature_encoder_run(e, te, te->n, fte);
+  if (rc == 0) rc = feature_encoder_run(e, te, te->n, fte);
   float *ptr = pixels(e, tr), *pte = pixels(e, te);
-  int rc = 0;
-  if (opt->knn) {
+  if (rc == 0 && opt->knn) {
     say(opt, "kNN on the features and on raw pixels", te->n);
     rc = knn(cfg, ftr, tr, fte, te, D, &e->ctx, &r->knn_top1, &r->knn_top1_k20);
     if (rc == 0)

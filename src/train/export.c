@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/counting.h"
 #include "core/error.h"
 #include "nn/backbone.h"
 #include "train/checkpoint.h"
@@ -142,13 +143,39 @@ static int checkpoint_params(const StFile *f, const Config *cfg, const char *wha
   return 0;
 }
 
+// The checkpoint's backbone tensors are the ones its model builds, by name and shape, in order:
+// an export is read by name into PyTorch's module tree, so a tensor of the right size under
+// another name or shape would load as something else.
+static int check_backbone_tensors(const Params *p, const Config *cfg, const char *what) {
+  CountingPass pass;
+  counting_begin(&pass, 0);
+  Builder b = {.ctx = &pass.ctx, .params = &pass.ps, .mode = OP_INFER};
+  Backbone *bb = backbone_create(&cfg->model.spec, &b, 2, cfg->data.image_size, cfg->data.channels);
+  bb->destroy(bb);
+  int rc = 0;
+  if (pass.ps.n_entries != p->n_backbone)
+    rc = tl_fail("%s: holds %d backbone tensors, its model builds %d", what, p->n_backbone,
+                 pass.ps.n_entries);
+  for (int i = 0; rc == 0 && i < p->n_backbone; i++) {
+    const ParamEntry *e = &pass.ps.entries[i];
+    const StTensor *t = p->t[i];
+    int same = strcmp(t->name + 7, e->name) == 0 && t->ndim == e->ndim;
+    for (int d = 0; same && d < e->ndim; d++) same = t->shape[d] == e->shape[d];
+    if (!same) rc = tl_fail("%s: tensor %s is not its model's %s", what, t->name, e->name);
+  }
+  counting_end(&pass);
+  return rc;
+}
+
 int export_checkpoint(const char *ckpt, const char *out, int with_head) {
   StFile f;
   if (checkpoint_read(&f, ckpt) != 0) return -1;
   static Config cfg;
   Params p = {0};
-  int rc =
-      checkpoint_config(&f, ckpt, &cfg) == 0 && checkpoint_params(&f, &cfg, ckpt, &p) == 0 ? 0 : -1;
+  int rc = checkpoint_config(&f, ckpt, &cfg) == 0 && checkpoint_params(&f, &cfg, ckpt, &p) == 0 &&
+                   check_backbone_tensors(&p, &cfg, ckpt) == 0
+               ? 0
+               : -1;
   StFile ex = {0};
   int n_out = with_head ? p.n : p.n_backbone;
   // Converted copies (and the BatchNorm counters) live until the file is written.

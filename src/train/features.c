@@ -1,6 +1,7 @@
 #include "train/features.h"
 
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -76,7 +77,7 @@ int feature_encoder_open(FeatureEncoder *e, const char *src, int batch) {
 
 int feature_encoder_dim(const FeatureEncoder *e) { return e->encoder->feature_dim; }
 
-void feature_encoder_run(FeatureEncoder *e, const Dataset *ds, int n, float *feat) {
+int feature_encoder_run(FeatureEncoder *e, const Dataset *ds, int n, float *feat) {
   const int S = e->cfg.data.image_size, C = e->cfg.data.channels, D = e->encoder->feature_dim;
   const size_t image_floats = (size_t)S * S * C;
   for (int start = 0; start < n; start += e->batch) {
@@ -91,6 +92,11 @@ void feature_encoder_run(FeatureEncoder *e, const Dataset *ds, int n, float *fea
     e->encoder->forward(e->encoder, &e->ctx, e->images);
     memcpy(feat + (size_t)start * D, e->encoder->feature, sizeof(float) * (size_t)count * D);
   }
+  for (size_t i = 0; i < (size_t)n * D; i++)
+    if (!isfinite(feat[i]))
+      return tl_fail("%s: the encoder's feature %zu of image %zu is %g (a diverged encoder)",
+                     e->source, i % D, i / D, feat[i]);
+  return 0;
 }
 
 void feature_encoder_close(FeatureEncoder *e) {

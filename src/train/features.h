@@ -25,8 +25,9 @@ typedef struct {
 int feature_encoder_open(FeatureEncoder *e, const char *src, int batch);
 int feature_encoder_dim(const FeatureEncoder *e);
 // Features (n, D) of the first n images of ds (evaluation transform; ds must have the run's
-// image size and channels).
-void feature_encoder_run(FeatureEncoder *e, const Dataset *ds, int n, float *feat);
+// image size and channels). -1 with tl_last_error() naming the image when a feature is not
+// finite: nothing downstream (kNN, a probe, an embedding file) may score or keep one.
+int feature_encoder_run(FeatureEncoder *e, const Dataset *ds, int n, float *feat);
 void feature_encoder_close(FeatureEncoder *e);
 
 // Loads a dataset the encoder can take: IDX images file or ImageFolder root (a directory),

@@ -213,18 +213,23 @@ static int write_summary(Run *run) {
 }
 
 // Faults injected by tests of the failure paths. TALLY_INJECT_NAN_AT_STEP=S: the loss of step S
-// becomes NaN. TALLY_INJECT_FAIL=R:S: replica R fails at step S, as a killed process (MPI) or a
-// replica that reports an error (local threads). TALLY_INJECT_KILL_IN_CHECKPOINT=S: the process is
-// killed (SIGKILL) half way through writing the checkpoint after S steps.
+// becomes NaN; TALLY_INJECT_NAN_PARAM_AT_STEP=S: a parameter, after step S's update.
+// TALLY_INJECT_FAIL=R:S: replica R fails at step S, as a killed process (MPI) or a replica that
+// reports an error (local threads). TALLY_INJECT_KILL_IN_CHECKPOINT=S: the process is killed
+// (SIGKILL) half way through writing the checkpoint after S steps.
 typedef struct {
   long nan_step;
+  long nan_param_step;  // TALLY_INJECT_NAN_PARAM_AT_STEP=S: a weight becomes NaN after step S's
+                        // update
   int fail_rank;
   long fail_step;
   long kill_in_checkpoint;
 } Faults;
 
 static Faults faults_from_env(void) {
-  Faults f = {-1, -1, -1, -1};
+  Faults f = {-1, -1, -1, -1, -1};
+  const char *nan_param = getenv("TALLY_INJECT_NAN_PARAM_AT_STEP");
+  if (nan_param) f.nan_param_step = strtol(nan_param, NULL, 10);
   const char *kill_at = getenv("TALLY_INJECT_KILL_IN_CHECKPOINT");
   if (kill_at) f.kill_in_checkpoint = strtol(kill_at, NULL, 10);
   const char *nan = getenv("TALLY_INJECT_NAN_AT_STEP");
@@ -308,6 +313,26 @@ static int save_checkpoint(ReplicaState *r, long steps_done) {
   return rc;
 }
 
+// The training data a resumed run reads must be the data its checkpoint trained on: the
+// checkpoint keeps that data's per-channel mean and std, which any change of the images (another
+// folder, a data.limit) moves. Float sums of the same bytes in the same order are the same bits.
+static int check_same_data(const Run *run, const StFile *have, const char *path) {
+  const StTensor *mean = st_find(have, "data.mean"), *std = st_find(have, "data.std");
+  const int c = run->train.c;
+  if (!mean || !std || mean->bytes != sizeof(float) * c || std->bytes != sizeof(float) * c)
+    return tl_fail("%s: holds no normalization of %d channels (data.mean, data.std)", path, c);
+  float m[3], s[3];
+  memcpy(m, mean->data, sizeof(float) * c);
+  memcpy(s, std->data, sizeof(float) * c);
+  for (int k = 0; k < c; k++)
+    if (m[k] != run->aug.mean[k] || s[k] != run->aug.std[k])
+      return tl_fail(
+          "%s: was trained on other data: channel %d's mean and std were %.6g and %.6g, %s "
+          "gives %.6g and %.6g. Resume with the data it trained on, or start a new run",
+          path, k, m[k], s[k], run->cfg->data.train, run->aug.mean[k], run->aug.std[k]);
+  return 0;
+}
+
 // Puts a freshly built replica where the checkpoint left its run.
 static int restore_checkpoint(ReplicaState *r, const char *path) {
   StFile have, want = {0};
@@ -317,6 +342,7 @@ static int restore_checkpoint(ReplicaState *r, const char *path) {
   int rc = checkpoint_restore(&want, &have, path);
   if (rc == 0 && step != r->run->start_step)
     rc = tl_fail("%s: holds step %ld, expected %d", path, (long)step, r->run->start_step);
+  if (rc == 0) rc = check_same_data(r->run, &have, path);
   st_free(&want);
   st_free(&have);
   return rc;
@@ -449,6 +475,21 @@ static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, do
   }
   t->computed = now_ms();
   replica_update(&r->rep, batch, lr, rec, t);
+  // A finite loss does not prove finite weights (an overflow in an update, BatchNorm statistics
+  // gone to infinity): a non-finite parameter stops the run before a checkpoint can keep it.
+  // Every replica holds the same parameters, so every replica stops at the same step.
+  if (step == r->faults.nan_param_step) r->rep.ps.data[r->rep.ps.count / 2] = NAN;
+  const ParamEntry *bad = paramset_first_nonfinite(&r->rep.ps);
+  if (bad) {
+    if (r->rank == 0) {
+      fprintf(stderr, "tally: step %d: parameter %s became non-finite; stopping. %s\n", step,
+              bad->name,
+              access(run->path_ckpt, F_OK) == 0 ? "The last good checkpoint is kept."
+                                                : "No checkpoint was written before it.");
+      run->exit_code = 3;
+    }
+    return 1;
+  }
   int differs = replica_check(&r->rep, step);
   if (differs >= 0) {
     char why[160];
