@@ -156,6 +156,10 @@ static const KeySpec recipe_keys[] = {
             "run)"),
     INT_KEY(RECIPE(parallel, bucket_kib), "1024", 1, 1048576,
             "KiB of gradients per bucket, averaged while backward is still running (`mpi`)"),
+    INT_KEY(RECIPE(parallel, timeout), "1800", 1, 604800,
+            "seconds a rank waits inside one collective for the others before it stops the job "
+            "(`mpi`; a lost or stopped peer); covers rank 0's kNN evaluation, which the others "
+            "wait through (torch.distributed's default is the same)"),
     TEXT_KEY(RECIPE(parallel, shard_weights), "", NULL,
              "relative shard sizes, one positive number per replica (e.g. 1,3); empty = even "
              "split"),

@@ -93,6 +93,7 @@ typedef struct {
     int checksum_every;       // 50
     int bucket_kib;           // 1024: gradient buckets summed while backward runs (MPI)
     char shard_weights[128];  // "" = even split; e.g. "1,3" for tests
+    int timeout;              // 1800 s: the longest a rank waits in one collective (mpi)
   } parallel;
 
   struct {

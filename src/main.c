@@ -259,6 +259,7 @@ static int resume_may_set(const char *assignment) {
                                         "ledger.every=",
                                         "parallel.checksum_every=",
                                         "parallel.bucket_kib=",
+                                        "parallel.timeout=",
                                         "parallel.replicas=",
                                         "parallel.backend="};
   for (size_t i = 0; i < sizeof allowed / sizeof *allowed; i++)

@@ -122,7 +122,38 @@ static void allgather_rank(Comm *c, void *ctx) {
   int r = comm_rank(c);
   float local[3];
   for (size_t i = 0; i < gather_counts[r]; i++) local[i] = 10.0f * r + (float)i;
-  comm_allgather(c, local, gather_counts[r], res->out[r], &res->offset[r]);
+  comm_allgather(c, local, gather_counts[r], res->out[r], 8, &res->offset[r]);
+}
+
+// A rank whose output holds less than the ranks send (another batch size on one rank) stops every
+// rank, naming both sizes, and nothing is written past its capacity.
+typedef struct {
+  float out[GATHER_WORLD][8];
+  int failed[GATHER_WORLD];
+  char why[GATHER_WORLD][256];
+} OverflowResult;
+
+static void allgather_small_rank(Comm *c, void *ctx) {
+  OverflowResult *res = ctx;
+  int r = comm_rank(c);
+  float local[3] = {1, 2, 3};
+  for (int i = 0; i < 8; i++) res->out[r][i] = -7;
+  // Rank 2 sized its output for 4 floats; the ranks send 2 + 0 + 3.
+  comm_allgather(c, local, gather_counts[r], res->out[r], r == 2 ? 4 : 8, NULL);
+  res->failed[r] = comm_failed(c);
+  snprintf(res->why[r], sizeof res->why[r], "%s", comm_failure(c));
+}
+
+static void test_allgather_refuses_past_capacity(void **state) {
+  (void)state;
+  OverflowResult res;
+  memset(&res, 0, sizeof res);
+  run_ranks(GATHER_WORLD, allgather_small_rank, &res);
+  for (int r = 0; r < GATHER_WORLD; r++) {
+    assert_true(res.failed[r]);
+    assert_non_null(strstr(res.why[r], "send 5 floats, rank 2 holds 4"));
+  }
+  for (int i = 0; i < 8; i++) assert_true(res.out[2][i] == -7);
 }
 
 static void test_allgather_uneven(void **state) {
@@ -316,7 +347,7 @@ static void stats_rank(Comm *c, void *ctx) {
   unsigned char bytes[40] = {0};
   comm_allreduce_weighted(c, grad, 300, 1);
   comm_allreduce_sum_f64(c, sums, 4);
-  comm_allgather(c, local, (size_t)r + 1, gathered, NULL);
+  comm_allgather(c, local, (size_t)r + 1, gathered, 6, NULL);
   comm_broadcast(c, bytes, 40, 1);
   comm_barrier(c);
   res->before_reset[r] = comm_stats(c);
@@ -371,6 +402,7 @@ int main(void) {
       cmocka_unit_test(test_worked_example_equal_shards),
       cmocka_unit_test(test_worked_example_uneven_shards),
       cmocka_unit_test(test_allgather_uneven),
+      cmocka_unit_test(test_allgather_refuses_past_capacity),
       cmocka_unit_test(test_broadcast_and_sum_f64),
       cmocka_unit_test(test_allreduce_deterministic),
       cmocka_unit_test(test_abort_unblocks_others),

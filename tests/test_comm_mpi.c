@@ -141,7 +141,7 @@ static void test_allgatherv(void **state) {
   out[total] = -1;  // must survive: nothing is written past the total
   size_t offset = 99;
   comm_stats_reset(comm);
-  comm_allgather(comm, local, (size_t)rank + 1, out, &offset);
+  comm_allgather(comm, local, (size_t)rank + 1, out, total, &offset);
   CommStats stats = comm_stats(comm);
 
   assert_int_equal(offset, (size_t)rank * (rank + 1) / 2);

@@ -563,6 +563,7 @@ static const char *const every_key[][2] = {
     {"parallel.replicas", "2"},
     {"parallel.checksum_every", "10"},
     {"parallel.bucket_kib", "256"},
+    {"parallel.timeout", "60"},
     {"parallel.shard_weights", "1,3"},
     {"eval.linear", "1"},
     {"eval.knn_k", "20"},

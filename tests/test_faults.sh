@@ -8,7 +8,8 @@
 # a few steps, --no-knn, also on --resume, which does not carry --no-knn over from the run).
 #
 #   1 full disk (tmpfs of 64 KiB, then 4 MiB)      6 MPI: rank 0 cannot create its folder, a killed
-#   2 unwritable folder (read-only fs, uid 65534)    rank, more ranks than samples, moco shard of one
+#   2 unwritable folder (read-only fs, uid 65534)    rank, more ranks than samples, moco shard of one,
+#                                                    ranks that disagree, a stale resume, a SIGSTOP
 #   3 two runs on one folder; reuse, --overwrite   7 the loss becomes NaN
 #   4 SIGINT / SIGTERM / SIGHUP / a second SIGINT  8 corrupt and truncated checkpoints
 #   5 kill -9 (during a step, during a write)      9 a step count beyond what Tally counts
@@ -561,8 +562,76 @@ if command -v "$MPIRUN" >/dev/null 2>&1; then
   said "$last.err" "batchnorm" "no BatchNorm message"
   no_summary "$TMP/mpi-moco1"
   finish "$name"
+
+  # Ranks of one job that disagree: each case ends within seconds, every rank stopped, with a
+  # line naming the key and both values (MPMD: rank 0 as given, rank 1 with one difference).
+  MPI_BASE=(train --set parallel.backend=mpi --set data.limit=256 --set train.batch_size=32
+    --no-knn --quiet)
+  disagree() {  # disagree LABEL REGEX RANK0_ARGS -- RANK1_ARGS
+    local label=$1 regex=$2 a=() b=() t0 ms
+    shift 2
+    while [[ $1 != -- ]]; do a+=("$1"); shift; done
+    shift
+    b=("$@")
+    t0=$(date +%s%N)
+    timeout "$LIMIT" "$MPIRUN" --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1 \
+      -np 1 "$TALLY_BIN" "${a[@]}" : -np 1 "$TALLY_BIN" "${b[@]}" >"$TMP/$label.out" \
+      2>"$TMP/$label.err"
+    rc=$?
+    last=$TMP/$label
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    expect_nonzero "mpirun"
+    said "$last.err" "$regex" "no line naming the difference"
+    ((ms < 30000)) || bad "took ${ms} ms to stop"
+  }
+  for c in "batch:train.batch_size: 32 on rank 0, 16 on rank 1:--set train.batch_size=16" \
+    "objective:objective: inbatch on rank 0, moco on rank 1:--objective=moco" \
+    "steps:steps: 3 on rank 0, 5 on rank 1:--steps 5" \
+    "limit:data.limit: 256 on rank 0, 288 on rank 1:--set data.limit=288" \
+    "lr:optim.lr: .* on rank 0, 0.5 on rank 1:--set optim.lr=0.5" \
+    "seed:train.seed: 0 on rank 0, 7 on rank 1:--set train.seed=7"; do
+    IFS=: read -r label regex1 regex2 extra <<<"$c"
+    name="6f mpi: ranks that disagree on $label stop at once, naming it"
+    # shellcheck disable=SC2086  # extra is a list of options
+    disagree "mpi-disagree-$label" "$regex1:$regex2" "${MPI_BASE[@]}" --steps 3 \
+      --out "$TMP/mpi-dis-$label" -- "${MPI_BASE[@]}" --steps 3 $extra --out "$TMP/mpi-dis-$label-1"
+    finish "$name"
+  done
+
+  name="6g mpi: one rank resumes an older copy of the run folder"
+  run=$TMP/mpi-stale
+  mpi mpi-stale-setup 2 "$TALLY_BIN" "${MPI_BASE[@]}" --steps 6 --stop-at 2 --out "$run"
+  cp -a "$run" "$run-old"
+  mpi mpi-stale-more 2 "$TALLY_BIN" train --resume "$run" --stop-at 4 --no-knn --quiet
+  disagree mpi-stale "start_step: 4 on rank 0, 2 on rank 1" train --resume "$run" --no-knn \
+    --quiet -- train --resume "$run-old" --no-knn --quiet
+  finish "$name"
+
+  name="6h mpi: a peer stopped (SIGSTOP) mid-run: the job ends after parallel.timeout"
+  run=$TMP/mpi-sigstop
+  timeout "$LIMIT" "$MPIRUN" --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 \
+    "$TALLY_BIN" "${MPI_BASE[@]}" --set data.limit=512 --steps 400 --set parallel.timeout=5 \
+    --out "$run" >"$TMP/mpi-sigstop.out" 2>"$TMP/mpi-sigstop.err" &
+  tpid=$!
+  BG_PIDS+=("$tpid")
+  last=$TMP/mpi-sigstop
+  if wait_lines "$run/ledger.jsonl" 2 "$tpid"; then
+    peer=$(pgrep -f "tally train.*mpi-sigstop" | tail -1)
+    kill -STOP "$peer"
+    t0=$(date +%s%N)
+    finish_bg
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    kill -KILL "$peer" 2>/dev/null
+    expect_nonzero "mpirun"
+    said "$last.err" "no answer from the other ranks for [0-9]+ s" "no watchdog message"
+    ((ms < 40000)) || bad "took ${ms} ms after the stop"
+  else
+    finish_bg
+    bad "the run ended (exit $rc) before 2 steps were logged: $(firstline "$last.err")"
+  fi
+  finish "$name"
 else
-  skip "6a-6d mpi: $MPIRUN is missing"
+  skip "6a-6h mpi: $MPIRUN is missing"
 fi
 
 name="6e local replicas: moco with a shard of one sample"

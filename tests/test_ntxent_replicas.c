@@ -58,7 +58,7 @@ static void *replica_thread(void *arg) {
   ntxent_init(&loss, &ctx, M, 2 * r->b, D, temperature);
   float u_all[M * D];
   size_t offset = 0;
-  comm_allgather(comm, r->u, (size_t)2 * r->b * D, u_all, &offset);
+  comm_allgather(comm, r->u, (size_t)2 * r->b * D, u_all, M * D, &offset);
   r->row0 = (int)(offset / D);
   r->loss_sum = ntxent_forward_backward(&loss, &ctx, u_all, r->u, r->row0, r->du_row);
   memcpy(r->du_col, loss.du_col, sizeof r->du_col);

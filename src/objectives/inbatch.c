@@ -84,7 +84,7 @@ static double inbatch_step(Objective *base, const Batch *batch, LedgerRecord *re
   head_forward(&o->head, ctx, base->online->feature);
   if (!ctx->dry_run) l2norm_forward(o->head.out, o->u_local, o->norms, rows, d);
   size_t offset = 0;
-  comm_allgather(comm, o->u_local, (size_t)rows * d, o->u_all, &offset);
+  comm_allgather(comm, o->u_local, (size_t)rows * d, o->u_all, (size_t)M * d, &offset);
   int row0 = (int)(offset / (size_t)d);
   double loss_sum = ntxent_forward_backward(&o->loss, ctx, o->u_all, o->u_local, row0, o->du_local);
   double t1 = now_ms();

@@ -51,9 +51,10 @@ static const MocoSettings *settings(const Config *cfg) {
 
 typedef struct {
   Objective base;
-  int b;             // samples on this replica
-  int n_query;       // b, or 2b with the symmetric loss
-  int image_floats;  // S*S*C
+  int b;               // samples on this replica
+  int n_query;         // b, or 2b with the symmetric loss
+  int n_query_global;  // n_query over every replica: the gathers' rows
+  int image_floats;    // S*S*C
   ProjectionHead head;
   ParamSet key_params;  // momentum copy of the online parameters, no gradients
   Backbone *key_backbone;
@@ -85,6 +86,7 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   const int S = cfg->data.image_size, C = cfg->data.channels, d = cfg->model.head_out_dim;
   const int K = settings(cfg)->queue_size, nq = o->n_query;
   const int nq_global = (settings(cfg)->symmetric ? 2 : 1) * env->global_batch;
+  o->n_query_global = nq_global;
   o->image_floats = S * S * C;
   const ModelSpec *spec = &cfg->model.spec;
 
@@ -144,7 +146,8 @@ static void encode_keys_shuffled(Moco *o, DnnlCtx *ctx) {
   Comm *comm = o->base.env.comm;
   const int d = o->key_head.out_dim, f = o->image_floats;
   size_t offset_floats;
-  comm_allgather(comm, o->key_images, (size_t)o->n_query * f, o->all_images, &offset_floats);
+  comm_allgather(comm, o->key_images, (size_t)o->n_query * f, o->all_images,
+                 (size_t)o->n_query_global * f, &offset_floats);
   const int n_global = (o->n_query / o->b) * o->base.env.global_batch;
   const int my0 = (int)(offset_floats / (size_t)f);
   // A plan walks the same collectives and encoder; only the host shuffling is skipped.
@@ -163,7 +166,8 @@ static void encode_keys_shuffled(Moco *o, DnnlCtx *ctx) {
              sizeof(float) * (size_t)f);
   }
   encode_keys_local(o, ctx, o->key_images, o->k);
-  comm_allgather(comm, o->k, (size_t)o->n_query * d, o->all_keys, NULL);
+  comm_allgather(comm, o->k, (size_t)o->n_query * d, o->all_keys, (size_t)o->n_query_global * d,
+                 NULL);
   // all_keys[p] is the key of sample perm[p]; pick this replica's samples back in order.
   for (int p = 0; p < n_global && !ctx->dry_run; p++) {
     int sample = o->perm[p];
@@ -248,7 +252,8 @@ static void moco_after_update(Objective *base, const Batch *batch, LedgerRecord 
   if (!dry_run) rec->momentum_distance = ema_update(&o->key_params, base->env.params, m);
   // Every replica enqueues the keys of the whole global batch, so all queues stay identical.
   if (comm_size(comm) > 1) {
-    comm_allgather(comm, o->k, (size_t)o->n_query * d, o->all_keys, NULL);
+    comm_allgather(comm, o->k, (size_t)o->n_query * d, o->all_keys, (size_t)o->n_query_global * d,
+                   NULL);
     int n_global = (o->n_query / o->b) * base->env.global_batch;
     if (!dry_run) key_queue_push(&o->queue, o->all_keys, n_global, o->step);
   } else if (!dry_run) {

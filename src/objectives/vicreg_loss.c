@@ -79,7 +79,7 @@ double vicreg_loss_forward_backward(VicRegLoss *l, DnnlCtx *ctx, Comm *comm, con
   for (int v = 0; v < VIEWS; v++) {
     float *zc = l->centered + v * nd, *s = l->gram_out + (size_t)v * d * d;
     size_t offset;
-    comm_allgather(comm, z + v * bd, bd, zc, &offset);
+    comm_allgather(comm, z + v * bd, bd, zc, nd, &offset);
     if (!ctx->dry_run) center_columns(zc, n, d);
     matmul_run(&l->gram, ctx, zc, zc, s);
     double var_v = 0, cov_v = 0;

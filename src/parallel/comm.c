@@ -69,13 +69,22 @@ static int dry_gather_counts(Comm *c, size_t n_local, size_t *offset, size_t *to
   return rc;
 }
 
-void comm_allgather(Comm *c, const float *local, size_t n_local, float *out, size_t *offset) {
+void comm_allgather(Comm *c, const float *local, size_t n_local, float *out, size_t out_cap,
+                    size_t *offset) {
   if (comm_failed(c)) return;
   double start_ms = now_ms();
   size_t total_count = 0, my_offset = 0;
   if (c->dry_run) {
     if (dry_gather_counts(c, n_local, &my_offset, &total_count) != 0) return;
-  } else if (c->backend->allgather(c, local, n_local, out, &my_offset, &total_count) != 0) {
+    if (total_count > out_cap) {
+      char why[160];
+      snprintf(why, sizeof why, "allgather: the ranks send %zu floats, rank %d holds %zu",
+               total_count, c->rank, out_cap);
+      comm_abort(c, why);
+      return;
+    }
+  } else if (c->backend->allgather(c, local, n_local, out, out_cap, &my_offset, &total_count) !=
+             0) {
     return;
   }
   if (offset) *offset = my_offset;
@@ -131,6 +140,10 @@ void comm_wait_all(Comm *c) {
 }
 
 void comm_abort(Comm *c, const char *why) { c->backend->abort(c, why); }
+
+void comm_set_timeout(Comm *c, double seconds) {
+  if (c->backend->set_timeout) c->backend->set_timeout(c, seconds);
+}
 
 int comm_failed(const Comm *c) { return c->backend->failure(c) != NULL; }
 

@@ -46,8 +46,10 @@ void comm_allreduce_weighted(Comm *c, float *buf, size_t n, double local_weight)
 // buf <- sum_r buf_r (doubles, e.g. loss sums and counts).
 void comm_allreduce_sum_f64(Comm *c, double *buf, size_t n);
 // out <- concatenation over ranks of each rank's `n_local` floats; counts may differ by rank.
-// out must hold the total; *offset receives this rank's offset in it (may be NULL).
-void comm_allgather(Comm *c, const float *local, size_t n_local, float *out, size_t *offset);
+// out holds `out_cap` floats: a total beyond it stops every rank before anything is written;
+// *offset receives this rank's offset in it (may be NULL).
+void comm_allgather(Comm *c, const float *local, size_t n_local, float *out, size_t out_cap,
+                    size_t *offset);
 // buf on every rank <- buf on rank `root`.
 void comm_broadcast(Comm *c, void *buf, size_t bytes, int root);
 void comm_barrier(Comm *c);
@@ -68,6 +70,11 @@ void comm_iallreduce_sum(Comm *c, float *buf, size_t n);
 void comm_test_all(Comm *c);
 // Returns when every started sum is complete.
 void comm_wait_all(Comm *c);
+
+// No rank waits forever for a peer that will never come (stopped, partitioned, its host gone):
+// a rank inside one collective for longer than `seconds` says so and ends its process, which
+// mpirun then ends every rank's. Backends whose ranks cannot be lost ignore it.
+void comm_set_timeout(Comm *c, double seconds);
 
 // Stops every rank: any rank may call it; the others return from their next collective with
 // a nonzero comm_failed(). Used so that one replica's error never leaves the others hanging.

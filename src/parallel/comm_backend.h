@@ -11,8 +11,8 @@ typedef struct {
   int (*allreduce_weighted)(Comm *c, float *buf, size_t n, double local_weight);
   int (*allreduce_sum_f64)(Comm *c, double *buf, size_t n);
   // *total_count receives the number of floats gathered over all ranks.
-  int (*allgather)(Comm *c, const float *local, size_t n_local, float *out, size_t *offset,
-                   size_t *total_count);
+  int (*allgather)(Comm *c, const float *local, size_t n_local, float *out, size_t out_cap,
+                   size_t *offset, size_t *total_count);
   int (*broadcast)(Comm *c, void *buf, size_t bytes, int root);
   int (*barrier)(Comm *c);
   void (*abort)(Comm *c, const char *why);
@@ -25,6 +25,9 @@ typedef struct {
   int (*iallreduce_sum_f32)(Comm *c, float *buf, size_t n);
   int (*test_all)(Comm *c);
   int (*wait_all)(Comm *c);
+  // How long a rank may wait inside one collective for the others; NULL: the backend's ranks
+  // cannot be lost (threads of one process).
+  void (*set_timeout)(Comm *c, double seconds);
 } CommBackend;
 
 // Every backend's handle embeds this as its first member, so a Comm * is also a pointer to the

@@ -25,6 +25,7 @@ typedef struct {
   size_t count;     // elements (bytes for broadcast)
   double weight;    // allreduce_weighted only
   int root;         // broadcast only
+  size_t capacity;  // allgather only: the floats dst holds
 } LocalSlot;
 
 struct LocalGroup {
@@ -158,10 +159,22 @@ static int local_allreduce_sum_f64(Comm *c, double *buf, size_t n) {
   return group_barrier(g, 0);
 }
 
-static int local_allgather(Comm *c, const float *local, size_t n_local, float *out, size_t *offset,
-                           size_t *total_count) {
+static int local_allgather(Comm *c, const float *local, size_t n_local, float *out, size_t out_cap,
+                           size_t *offset, size_t *total_count) {
   LocalGroup *g = group_of(c);
-  if (publish(c, (LocalSlot){.src = local, .dst = out, .count = n_local})) return -1;
+  if (publish(c, (LocalSlot){.src = local, .dst = out, .count = n_local, .capacity = out_cap}))
+    return -1;
+  // Every rank checks every rank's capacity, so all of them stop before the closing barrier.
+  size_t total = 0;
+  for (int r = 0; r < g->world; r++) total += g->slots[r].count;
+  for (int r = 0; r < g->world; r++)
+    if (total > g->slots[r].capacity) {
+      char why[160];
+      snprintf(why, sizeof why, "allgather: the ranks send %zu floats, rank %d holds %zu", total, r,
+               g->slots[r].capacity);
+      group_fail(g, c->rank, why);
+      return -1;
+    }
   // Each rank copies every block into its own output: no two ranks write the same memory.
   size_t at = 0;
   for (int r = 0; r < g->world; r++) {

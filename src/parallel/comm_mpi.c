@@ -16,9 +16,11 @@
 #include <limits.h>
 #include <mpi.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "parallel/comm_backend.h"
@@ -42,6 +44,15 @@ typedef struct {
   pthread_t progress;
   pthread_mutex_t lock;
   pthread_cond_t wake;
+  // The watchdog (comm_set_timeout): which blocking call this rank is in and since when (0: none),
+  // read by a thread of its own once a second.
+  _Atomic long long waiting_since_ns;
+  const char *_Atomic waiting_in;
+  double timeout_s;
+  int has_watchdog, watchdog_stop;  // watchdog_stop under watchdog_lock
+  pthread_t watchdog;
+  pthread_mutex_t watchdog_lock;
+  pthread_cond_t watchdog_wake;
 } MpiComm;
 
 // 1 ms: a 100 Mbit/s link moves 12.5 kB in it, a 10 Gbit/s one 1.25 MB, both within what the
@@ -60,6 +71,51 @@ static void release_mpi(void) {
 }
 
 static MpiComm *mpi_of(Comm *c) { return (MpiComm *)c; }
+
+static long long monotonic_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+// Around every call that waits for the other ranks.
+static void waiting(MpiComm *m, const char *what) {
+  atomic_store(&m->waiting_in, what);
+  atomic_store(&m->waiting_since_ns, monotonic_ns());
+}
+static void done_waiting(MpiComm *m) { atomic_store(&m->waiting_since_ns, 0); }
+
+// Once a second: a wait longer than the timeout ends the process (MPI_Abort could itself wait
+// for the lost peer); mpirun then stops the job. _exit, because the main thread is inside MPI.
+static void *watchdog_main(void *arg) {
+  MpiComm *m = arg;
+  pthread_mutex_lock(&m->watchdog_lock);
+  while (!m->watchdog_stop) {
+    struct timespec next;
+    clock_gettime(CLOCK_REALTIME, &next);
+    next.tv_sec += 1;
+    pthread_cond_timedwait(&m->watchdog_wake, &m->watchdog_lock, &next);
+    const long long since = atomic_load(&m->waiting_since_ns);
+    if (m->watchdog_stop || since == 0) continue;
+    const double waited_s = (monotonic_ns() - since) / 1e9;
+    if (waited_s <= m->timeout_s) continue;
+    fprintf(stderr,
+            "tally: rank %d: no answer from the other ranks for %.0f s in %s (parallel.timeout "
+            "= %g s); stopping\n",
+            m->base.rank, waited_s, atomic_load(&m->waiting_in), m->timeout_s);
+    fflush(stderr);
+    _exit(1);
+  }
+  pthread_mutex_unlock(&m->watchdog_lock);
+  return NULL;
+}
+
+static void mpi_set_timeout(Comm *c, double seconds) {
+  MpiComm *m = mpi_of(c);
+  m->timeout_s = seconds;
+  if (!m->has_watchdog && seconds > 0)
+    m->has_watchdog = pthread_create(&m->watchdog, NULL, watchdog_main, m) == 0;
+}
 
 static void lock(MpiComm *m) { pthread_mutex_lock(&m->lock); }
 static void unlock(MpiComm *m) { pthread_mutex_unlock(&m->lock); }
@@ -143,7 +199,9 @@ static int mpi_allreduce_weighted(Comm *c, float *buf, size_t n, double local_we
   for (size_t i = 0; i < n; i++) packed[i] = buf[i] * weight;
   packed[n] = weight;
   lock(m);
+  waiting(m, "allreduce_weighted");
   int rc = MPI_Allreduce(MPI_IN_PLACE, packed, (int)(n + 1), MPI_FLOAT, MPI_SUM, m->comm);
+  done_waiting(m);
   unlock(m);
   if (check(c, rc, "allreduce_weighted: MPI_Allreduce")) return -1;
   const double total_weight = packed[n];
@@ -159,7 +217,9 @@ static int mpi_allreduce_sum_f64(Comm *c, double *buf, size_t n) {
   MpiComm *m = mpi_of(c);
   if (!fits_int(c, n, "allreduce_sum_f64")) return -1;
   lock(m);
+  waiting(m, "allreduce_sum_f64");
   int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, m->comm);
+  done_waiting(m);
   unlock(m);
   return check(c, rc, "allreduce_sum_f64: MPI_Allreduce");
 }
@@ -194,20 +254,24 @@ static int mpi_test_all(Comm *c) {
 static int mpi_wait_all(Comm *c) {
   MpiComm *m = mpi_of(c);
   lock(m);
+  waiting(m, "the gradient sums (MPI_Waitall)");
   int rc = MPI_Waitall(m->n_started, m->started, MPI_STATUSES_IGNORE);
+  done_waiting(m);
   m->n_started = 0;
   m->poll_failed = 0;
   unlock(m);
   return check(c, rc, "iallreduce_sum: MPI_Waitall");
 }
 
-static int mpi_allgather(Comm *c, const float *local, size_t n_local, float *out, size_t *offset,
-                         size_t *total_count) {
+static int mpi_allgather(Comm *c, const float *local, size_t n_local, float *out, size_t out_cap,
+                         size_t *offset, size_t *total_count) {
   MpiComm *m = mpi_of(c);
   unsigned long long mine = n_local;
   lock(m);
+  waiting(m, "allgather");
   int rc = MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, m->gathered_counts, 1,
                          MPI_UNSIGNED_LONG_LONG, m->comm);
+  done_waiting(m);
   unlock(m);
   if (check(c, rc, "allgather: MPI_Allgather of the counts")) return -1;
   size_t at = 0;
@@ -220,9 +284,19 @@ static int mpi_allgather(Comm *c, const float *local, size_t n_local, float *out
     if (!fits_int(c, at, "allgather")) return -1;
   }
   *total_count = at;
+  // A rank that sized its output for other counts (another batch size) would be written past.
+  if (at > out_cap) {
+    char why[160];
+    snprintf(why, sizeof why, "allgather: the ranks send %zu floats, this rank holds %zu", at,
+             out_cap);
+    mpi_abort(c, why);
+    return -1;
+  }
   lock(m);
+  waiting(m, "allgather");
   rc = MPI_Allgatherv(local, (int)n_local, MPI_FLOAT, out, m->recv_counts, m->displs, MPI_FLOAT,
                       m->comm);
+  done_waiting(m);
   unlock(m);
   return check(c, rc, "allgather: MPI_Allgatherv");
 }
@@ -231,7 +305,9 @@ static int mpi_broadcast(Comm *c, void *buf, size_t bytes, int root) {
   MpiComm *m = mpi_of(c);
   if (!fits_int(c, bytes, "broadcast")) return -1;
   lock(m);
+  waiting(m, "broadcast");
   int rc = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, m->comm);
+  done_waiting(m);
   unlock(m);
   return check(c, rc, "broadcast: MPI_Bcast");
 }
@@ -239,7 +315,9 @@ static int mpi_broadcast(Comm *c, void *buf, size_t bytes, int root) {
 static int mpi_barrier(Comm *c) {
   MpiComm *m = mpi_of(c);
   lock(m);
+  waiting(m, "barrier");
   int rc = MPI_Barrier(m->comm);
+  done_waiting(m);
   unlock(m);
   return check(c, rc, "barrier: MPI_Barrier");
 }
@@ -261,6 +339,15 @@ static void mpi_destroy(Comm *c) {
     unlock(m);
     pthread_join(m->progress, NULL);
   }
+  if (m->has_watchdog) {
+    pthread_mutex_lock(&m->watchdog_lock);
+    m->watchdog_stop = 1;
+    pthread_cond_signal(&m->watchdog_wake);
+    pthread_mutex_unlock(&m->watchdog_lock);
+    pthread_join(m->watchdog, NULL);
+  }
+  pthread_cond_destroy(&m->watchdog_wake);
+  pthread_mutex_destroy(&m->watchdog_lock);
   pthread_cond_destroy(&m->wake);
   pthread_mutex_destroy(&m->lock);
   MPI_Comm_free(&m->comm);
@@ -287,6 +374,7 @@ static const CommBackend mpi_backend = {
     .iallreduce_sum_f32 = mpi_iallreduce_sum_f32,
     .test_all = mpi_test_all,
     .wait_all = mpi_wait_all,
+    .set_timeout = mpi_set_timeout,
 };
 
 Comm *comm_mpi_create(int *argc, char ***argv) {
@@ -336,9 +424,11 @@ Comm *comm_mpi_create(int *argc, char ***argv) {
   m->displs = displs;
   pthread_mutex_init(&m->lock, NULL);
   pthread_cond_init(&m->wake, NULL);
+  pthread_mutex_init(&m->watchdog_lock, NULL);
+  pthread_cond_init(&m->watchdog_wake, NULL);
   // Without the thread, comm_test_all at each gradient report drives the sums.
-  m->has_progress =
-      provided >= MPI_THREAD_SERIALIZED && pthread_create(&m->progress, NULL, progress_main, m) == 0;
+  m->has_progress = provided >= MPI_THREAD_SERIALIZED &&
+                    pthread_create(&m->progress, NULL, progress_main, m) == 0;
   live_handles++;
   return &m->base;
 }

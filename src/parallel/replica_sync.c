@@ -51,7 +51,7 @@ int replica_check_identical(Comm *comm, const ParamSet *ps) {
   // Exchanged as two floats' worth of bits per 32-bit half, through the float allgather.
   float local[2], *all = calloc((size_t)world * 2, sizeof(float));
   memcpy(local, &mine, sizeof mine);
-  comm_allgather(comm, local, 2, all, NULL);
+  comm_allgather(comm, local, 2, all, (size_t)world * 2, NULL);
   int differs = -1;
   for (int r = 1; r < world && differs < 0; r++)
     if (memcmp(all + 2 * r, all, sizeof mine) != 0) differs = r;

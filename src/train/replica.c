@@ -124,9 +124,9 @@ void replica_update(Replica *r, const Batch *batch, float lr, LedgerRecord *rec,
   t->updated = now_ms();
 }
 
-int replica_check(Replica *r, long step) {
+int replica_check(Replica *r, long step, int last) {
   const int every = r->cfg->parallel.checksum_every;
-  if (r->world <= 1 || every <= 0 || (step + 1) % every != 0) return -1;
+  if (r->world <= 1 || (!last && (every <= 0 || (step + 1) % every != 0))) return -1;
   return replica_check_identical(r->comm, &r->ps);
 }
 

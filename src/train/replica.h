@@ -68,9 +68,10 @@ double replica_forward_backward(Replica *r, const Batch *batch, LedgerRecord *re
 // t->averaged and t->updated.
 void replica_update(Replica *r, const Batch *batch, float lr, LedgerRecord *rec, StepTimes *t);
 
-// Every `checksum_every` steps (0 = never): rank of the first replica whose parameters differ
-// from replica 0's, or -1.
-int replica_check(Replica *r, long step);
+// Every `checksum_every` steps and at the run's last step (`last`): rank of the first replica
+// whose parameters differ from replica 0's, or -1. The last step's check means a run shorter
+// than checksum_every cannot end with diverged replicas unseen.
+int replica_check(Replica *r, long step, int last);
 
 // The counted part of the step's record, from the context and the communicator: FLOPs by
 // component, communication bytes, the shard.

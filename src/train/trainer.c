@@ -24,6 +24,7 @@
 #include "io/atomic_file.h"
 #include "io/regular_file.h"
 #include "objectives/objective.h"
+#include "parallel/agree.h"
 #include "parallel/comm.h"
 #include "parallel/grad_sync.h"
 #include "parallel/replica_sync.h"
@@ -490,7 +491,7 @@ static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, do
     }
     return 1;
   }
-  int differs = replica_check(&r->rep, step);
+  int differs = replica_check(&r->rep, step, r->length_frozen && step + 1 == run->total_steps);
   if (differs >= 0) {
     char why[160];
     snprintf(why, sizeof why, "step %d: replica %d's parameters differ from replica 0's; stopping",
@@ -928,6 +929,38 @@ static void config_texts(Run *run) {
   fclose(f);
 }
 
+// What defines this rank's run, for ranks_agree: the objective, the resolved configuration and
+// model, where it starts and how long it is, and the training data itself (its size and the
+// CRC-32 of its pixels and labels: the same folder mounted at another path is the same data).
+static int ranks_agree_on_run(Run *run, Comm *comm) {
+  const Dataset *d = &run->train;
+  char *text = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&text, &n);
+  if (!f) TL_DIE("out of memory");
+  // The objective, then the configuration: a difference is named by what the user chose.
+  fprintf(f, "[run]\nobjective = %s\n", run->def->name);
+  fputs(run->config_text, f);
+  fputs("[model file]\n", f);
+  fputs(run->model_text, f);
+  fprintf(f, "[run]\nstart_step = %d\n", run->start_step);
+  fprintf(f, "total_steps = %d\nlength_fixed = %d\nstop_at = %ld\nno_knn = %d\n",
+          run->length_frozen ? run->total_steps : -1, run->length_frozen, run->opt->stop_at,
+          run->no_knn);
+  fprintf(f, "flops_spent = %.17g\n", run->flops_total);
+  fprintf(f, "[training data]\nimages = %d\nimage = %dx%dx%d\nclasses = %d\n", d->n, d->h, d->w,
+          d->c, d->n_classes);
+  const size_t pixels = (size_t)d->n * d->h * d->w * d->c;
+  fprintf(f, "pixels_crc32 = %08lx\nlabels_crc32 = %08lx\n",
+          crc32_z(crc32(0L, Z_NULL, 0), d->pixels, pixels),
+          crc32_z(crc32(0L, Z_NULL, 0), (const Bytef *)d->labels, sizeof(int) * (size_t)d->n));
+  fclose(f);
+  static const char *const paths[] = {"data.train", "data.test", "model.file", NULL};
+  int rc = ranks_agree(comm, text, paths);
+  free(text);
+  return rc == 0;
+}
+
 static int parse_shard_weights(Run *run) {
   const char *s = run->cfg->parallel.shard_weights;
   if (!s[0]) return 0;
@@ -964,6 +997,7 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     }
     run->world = comm_size(mpi);
     run->quiet_rank = comm_rank(mpi) != 0;
+    comm_set_timeout(mpi, cfg->parallel.timeout);
   } else {
     run->world = cfg->parallel.replicas;
   }
@@ -1093,18 +1127,22 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
         run->def->name, cfg->model.spec.type, cfg->model.file, run->train.n, run->train.h,
         run->train.w, run->train.c, run->global_batch, steps_text, run->steps_per_epoch, run->world,
         run->world == 1 ? "" : "s");
+  config_texts(run);
+  // Before rank 0 touches the run folder: every rank runs the same run, or none does.
+  if (mpi && !ranks_agree_on_run(run, mpi)) {
+    run->started = 1;  // stopped through the collectives already
+    goto out;
+  }
   if (!run->quiet_rank) {
     printf("data loaded in %.1f s; run folder %s\n", (now_ms() - t0) / 1e3, opt->out_dir);
     if (run->start_step > 0) printf("resuming at step %d of %s\n", run->start_step, steps_text);
     fflush(stdout);
-    config_texts(run);
     if (make_run_dir(opt->out_dir, run) != 0) {
       fprintf(stderr, "tally: %s\n", tl_last_error());
       goto out;
     }
   }
 
-  if (!run->config_text) config_texts(run);
   install_stop_handlers();
   run->started = 1;
   if (mpi) {
