@@ -305,3 +305,28 @@ static inline long expect_same_checkpoint(const char *a, const char *b, const ch
   st_free(&fb);
   return steps;
 }
+
+// `--steps 6` straight equals `--steps 6 --stop-at 3` then `--resume`, on one replica and on two
+// (`args`: the objective and its small run): every tensor of the checkpoints, byte for byte, A's
+// holding `held` (the objective's own state).
+static inline void expect_stop_and_resume_bit_exact(const char *args, const char *held) {
+  const char *replicas[] = {"1", "2"};
+  for (int k = 0; k < 2; k++) {
+    const char *common = "--no-knn --quiet --set parallel.checksum_every=1";
+    const char *r = replicas[k];
+    assert_int_equal(sh("%s train %s %s --set parallel.replicas=%s --steps 6 --out %s/straight%s"
+                        " > /dev/null 2>&1",
+                        bin, args, common, r, tmpdir, r),
+                     0);
+    assert_int_equal(sh("%s train %s %s --set parallel.replicas=%s --steps 6 --stop-at 3 --out "
+                        "%s/split%s > /dev/null 2>&1",
+                        bin, args, common, r, tmpdir, r),
+                     0);
+    assert_int_equal(
+        sh("%s train --resume %s/split%s --no-knn --quiet > /dev/null 2>&1", bin, tmpdir, r), 0);
+    char straight[32], split[32];
+    snprintf(straight, sizeof straight, "straight%s", r);
+    snprintf(split, sizeof split, "split%s", r);
+    expect_same_checkpoint(straight, split, held);
+  }
+}

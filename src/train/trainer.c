@@ -830,6 +830,15 @@ static int make_dirs(const char *dir) {
     return tl_fail("%.64s...: a run folder's path of %zu bytes is too long (at most %zu)", dir,
                    strlen(dir), sizeof path - 64);
   snprintf(path, sizeof path, "%s", dir);
+  // Every name checked before any folder is made: a long one half way would leave the folders
+  // before it behind.
+  for (const char *c = path; *c;) {
+    size_t n = strcspn(c, "/");
+    if (n > NAME_MAX)
+      return tl_fail("%s: a folder name of %zu bytes is longer than the file system's %d", dir, n,
+                     NAME_MAX);
+    c += n + (c[n] == '/');
+  }
   for (char *p = path + 1;; p++) {
     if (*p != '/' && *p) continue;
     char c = *p;
