@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <stdio.h>
@@ -393,6 +394,9 @@ static int budget_fits_steps(const Config *cfg, const char *objective, const Tra
 }
 
 static int cmd_train(int argc, char **argv) {
+  // A reader of the progress lines that goes away (`tally train | head`) must not end the run,
+  // from its first line on.
+  signal(SIGPIPE, SIG_IGN);
   const char *objective = NULL, *out_dir = NULL, *resume_dir = NULL;
   ConfigArgs ca = {0};
   TrainOptions opt = {0};

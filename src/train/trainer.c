@@ -96,8 +96,8 @@ static void on_stop_signal(int sig) {
   stop_signal = sig;
 }
 
-// A closed terminal or ssh session (SIGHUP) stops the run as SIGTERM does; a closed pipe on
-// stdout (`tally train | head`) loses the progress lines, not the run.
+// A closed terminal or ssh session (SIGHUP) stops the run as SIGTERM does. (A closed pipe on
+// stdout loses the progress lines, not the run: `tally train` ignores SIGPIPE from its start.)
 static void install_stop_handlers(void) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
@@ -107,7 +107,6 @@ static void install_stop_handlers(void) {
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGHUP, &sa, NULL);
-  signal(SIGPIPE, SIG_IGN);
 }
 
 static void format_duration(double seconds, char *buf, size_t n) {
