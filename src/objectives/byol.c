@@ -82,8 +82,7 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   backbone_set_input_normalization(o->target_backbone, env->input_mean, env->input_std);
   head_init(&o->target_projector, &target, "head", rows, o->target_backbone->feature_dim, hidden,
             d);
-  if (!env->ctx->dry_run)
-    memcpy(o->target_params.data, env->params->data, sizeof(float) * o->target_params.count);
+  if (!env->ctx->dry_run) ema_copy(&o->target_params, env->params);
 
   env->ctx->component = COMP_LOSS;
   byol_loss_init(&o->loss, rows, d);
@@ -178,7 +177,7 @@ static void byol_plan(const Config *cfg, long step, int global_batch, LedgerReco
 
 static void byol_params_loaded(Objective *base) {
   Byol *o = (Byol *)base;
-  memcpy(o->target_params.data, base->env.params->data, sizeof(float) * o->target_params.count);
+  ema_copy(&o->target_params, base->env.params);
 }
 
 const ObjectiveDef objective_byol = {

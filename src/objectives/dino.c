@@ -250,8 +250,7 @@ static Objective *dino_create(const ObjectiveEnv *env) {
   head_init(&o->teacher_head, &teacher, "head", global_rows, D, hidden, bottleneck);
   env->ctx->component = COMP_HEAD;
   normed_last_init(&o->teacher_last, env->ctx, &o->teacher_params, global_rows, bottleneck, K, 0);
-  if (!env->ctx->dry_run)
-    memcpy(o->teacher_params.data, env->params->data, sizeof(float) * o->teacher_params.count);
+  if (!env->ctx->dry_run) ema_copy(&o->teacher_params, env->params);
 
   o->center = tl_alloc(sizeof(float) * (size_t)K, MEM_MOMENTUM, COMP_LOSS);
   o->batch_center = tl_alloc(sizeof(float) * (size_t)K, MEM_WORKSPACE, COMP_LOSS);
@@ -389,7 +388,7 @@ static void dino_plan(const Config *cfg, long step, int global_batch, LedgerReco
 
 static void dino_params_loaded(Objective *base) {
   Dino *o = (Dino *)base;
-  memcpy(o->teacher_params.data, base->env.params->data, sizeof(float) * o->teacher_params.count);
+  ema_copy(&o->teacher_params, base->env.params);
 }
 
 const ObjectiveDef objective_dino = {

@@ -3,6 +3,10 @@
 #include <math.h>
 #include <string.h>
 
+void ema_copy(ParamSet *target, const ParamSet *online) {
+  memcpy(target->data, online->data, sizeof(float) * target->count);
+}
+
 float ema_momentum_at(float base, const char *schedule, long step, long total_steps) {
   if (strcmp(schedule, "cosine") != 0 || total_steps <= 0) return base;
   double progress = (double)step / (double)total_steps;

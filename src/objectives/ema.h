@@ -6,6 +6,10 @@
 #pragma once
 #include "core/params.h"
 
+// The copy starts as the online network: target's count floats from the online set's first ones
+// (the part it mirrors), at creation and after --init replaced the online parameters.
+void ema_copy(ParamSet *target, const ParamSet *online);
+
 // m at 0-based `step` of a run of `total_steps`: "constant" or "cosine".
 float ema_momentum_at(float base, const char *schedule, long step, long total_steps);
 

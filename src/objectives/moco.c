@@ -104,8 +104,7 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   backbone_set_input_normalization(o->key_backbone, env->input_mean, env->input_std);
   head_init(&o->key_head, &key, "key_head", nq, o->key_backbone->feature_dim,
             cfg->model.head_hidden_dim, d);
-  if (!env->ctx->dry_run)
-    memcpy(o->key_params.data, env->params->data, sizeof(float) * env->params->used);
+  if (!env->ctx->dry_run) ema_copy(&o->key_params, env->params);
 
   env->ctx->component = COMP_LOSS;
   infonce_init(&o->loss, env->ctx, nq, K, d, settings(cfg)->temperature);
@@ -306,7 +305,7 @@ static void moco_plan(const Config *cfg, long step, int global_batch, LedgerReco
 
 static void moco_params_loaded(Objective *base) {
   Moco *o = (Moco *)base;
-  memcpy(o->key_params.data, base->env.params->data, sizeof(float) * base->env.params->count);
+  ema_copy(&o->key_params, base->env.params);
 }
 
 static void moco_state(Objective *base, StFile *s) {
