@@ -439,6 +439,25 @@ name="4e SIGHUP (a closed terminal) during training, then --resume"
 signal_case HUP 129
 finish "$name"
 
+name="4e2 SIGHUP under nohup: ignored, as nohup asks; the run trains on to its summary"
+run=$TMP/sig-nohup
+# (nohup after timeout: timeout handles SIGHUP itself, which would undo nohup for its child)
+timeout "$LIMIT" nohup "$TALLY_BIN" train "${SMALL512[@]}" --steps 8 --out "$run" \
+  >"$TMP/sig-nohup.out" 2>"$TMP/sig-nohup.err" &
+tpid=$!
+BG_PIDS+=("$tpid")
+last=$TMP/sig-nohup
+if wait_lines "$run/ledger.jsonl" 2 "$tpid"; then
+  kill -HUP "$(child_of "$tpid")"
+  finish_bg
+  expect_rc 0 "train under nohup after SIGHUP"
+  has_summary "$run"
+else
+  finish_bg
+  bad "the run ended (exit $rc) before 2 steps were logged: $(firstline "$last.err")"
+fi
+finish "$name"
+
 name="4f stdout a pipe closed early (tally train | head -1): the run trains on to its summary"
 run=$TMP/sig-pipe
 { timeout "$LIMIT" "$TALLY_BIN" train --set data.limit=256 --set train.batch_size=32 --no-knn \

@@ -96,7 +96,8 @@ static void on_stop_signal(int sig) {
   stop_signal = sig;
 }
 
-// A closed terminal or ssh session (SIGHUP) stops the run as SIGTERM does. (A closed pipe on
+// A closed terminal or ssh session (SIGHUP) stops the run as SIGTERM does, unless the run was
+// started to outlive it (nohup). (A closed pipe on
 // stdout loses the progress lines, not the run: `tally train` ignores SIGPIPE from its start.)
 static void install_stop_handlers(void) {
   struct sigaction sa;
@@ -106,7 +107,9 @@ static void install_stop_handlers(void) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGHUP, &sa, NULL);
+  // Under nohup SIGHUP is ignored on purpose: the run must outlive the terminal.
+  struct sigaction hup;
+  if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler != SIG_IGN) sigaction(SIGHUP, &sa, NULL);
 }
 
 static void format_duration(double seconds, char *buf, size_t n) {
