@@ -960,8 +960,9 @@ finish "$name"
 # 10. Poisoned state: non-finite values are refused wherever they are read or produced, and a
 # checkpoint's metadata is checked as its tensors are.
 # st_edit FILE MODE: rewrites a safetensors file with valid checksums for what MODE changes:
-#   nan      the first float of the first params.* tensor becomes NaN
+#   nan      the first float of the first params.* tensor becomes NaN (its data CRC redone)
 #   lr       the stored configuration's optim.lr is edited (checksums left as they were)
+#   swap     two tensors of one shape trade names (checksums left as they were)
 #   nometa   the metadata checksum is dropped
 st_edit() {
   python3 - "$1" "$2" <<'PY'
@@ -979,14 +980,12 @@ if mode == "nan":
     meta["crc32"] = "%08x" % zlib.crc32(bytes(data))
 elif mode == "lr":
     meta["config"] = meta["config"].replace("\nlr = ", "\nlr = 9", 1)
+elif mode == "swap":
+    a = next(k for k in header if k.endswith(".gamma"))
+    b = a[: -len("gamma")] + "beta"
+    header = {(b if k == a else a if k == b else k): v for k, v in header.items()}
 elif mode == "nometa":
     del meta["crc32_metadata"]
-if mode != "lr" and "crc32_metadata" in meta:
-    crc = 0
-    for k, v in meta.items():
-        if k not in ("crc32", "crc32_metadata"):
-            crc = zlib.crc32(k.encode() + b"\0" + v.encode() + b"\0", crc)
-    meta["crc32_metadata"] = "%08x" % crc
 text = json.dumps(dict([("__metadata__", meta)] + list(header.items())), separators=(",", ":"))
 text += " " * ((8 - (len(text) + 8) % 8) % 8)
 open(path, "wb").write(struct.pack("<Q", len(text)) + text.encode() + bytes(data))
@@ -1025,6 +1024,14 @@ if [[ $rc == 0 && -s $run/checkpoint.safetensors ]]; then
   cp "$TMP/poison-good.safetensors" "$run/checkpoint.safetensors"
   st_edit "$run/checkpoint.safetensors" lr
   t poison-lr train --resume "$run" --steps 4 --no-knn --quiet
+  expect_rc 1 "train --resume"
+  one_line_error "$last.err" "metadata checksum" "the refusal"
+  finish "$name"
+
+  name="10b2 two tensors' names swapped in the header (both checksums as they were): refused"
+  cp "$TMP/poison-good.safetensors" "$run/checkpoint.safetensors"
+  st_edit "$run/checkpoint.safetensors" swap
+  t poison-swap train --resume "$run" --steps 4 --no-knn --quiet
   expect_rc 1 "train --resume"
   one_line_error "$last.err" "metadata checksum" "the refusal"
   finish "$name"

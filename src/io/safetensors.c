@@ -97,15 +97,35 @@ static int is_checksum_key(const char *key) {
   return strcmp(key, "crc32") == 0 || strcmp(key, "crc32_metadata") == 0;
 }
 
-// The CRC-32 of the metadata, key and value with their terminating zeros, in the order they are
-// written and read, the checksums' own entries left out: an edited value is refused like an
-// edited tensor.
-static uint32_t metadata_crc(const StFile *s) {
+// The CRC-32 of the header's meaning: the metadata (key and value with their terminating zeros,
+// the checksums' own entries left out) and the tensor table (each tensor's name, dtype, shape and
+// byte range), in the order they are written and read. An edited value is refused like an edited
+// tensor, and so are two tensors' names swapped (the data's own CRC would not see that).
+// `data`: where the tensors' bytes begin (a file read), or NULL for one being written, whose
+// tensors lie back to back in order.
+static uint32_t metadata_crc(const StFile *s, const char *data) {
   uLong crc = crc32(0L, Z_NULL, 0);
   for (int i = 0; i < s->n_meta; i++) {
     if (is_checksum_key(s->meta[i].key)) continue;
     crc = crc32_z(crc, (const Bytef *)s->meta[i].key, strlen(s->meta[i].key) + 1);
     crc = crc32_z(crc, (const Bytef *)s->meta[i].value, strlen(s->meta[i].value) + 1);
+  }
+  uint64_t offset = 0;
+  for (int i = 0; i < s->n_tensors; i++) {
+    const StTensor *t = &s->tensors[i];
+    const char *dtype = st_dtype_name(t->dtype);
+    crc = crc32_z(crc, (const Bytef *)t->name, strlen(t->name) + 1);
+    crc = crc32_z(crc, (const Bytef *)dtype, strlen(dtype) + 1);
+    if (data) offset = (uint64_t)((const char *)t->data - data);
+    // Little-endian whatever the host: the numbers as the file means them.
+    uint64_t numbers[ST_MAX_DIMS + 3] = {(uint64_t)t->ndim, offset, t->bytes};
+    for (int d = 0; d < t->ndim; d++) numbers[3 + d] = (uint64_t)t->shape[d];
+    for (int k = 0; k < 3 + t->ndim; k++) {
+      uint8_t le[8];
+      for (int b = 0; b < 8; b++) le[b] = (uint8_t)(numbers[k] >> (8 * b));
+      crc = crc32_z(crc, le, 8);
+    }
+    offset += t->bytes;
   }
   return (uint32_t)crc;
 }
@@ -122,7 +142,7 @@ static char *header_text(const StFile *s, uint32_t crc, size_t *len) {
     json_put_string(f, s->meta[i].value);
     fputc(',', f);
   }
-  fprintf(f, "\"crc32_metadata\":\"%08" PRIx32 "\",", metadata_crc(s));
+  fprintf(f, "\"crc32_metadata\":\"%08" PRIx32 "\",", metadata_crc(s, NULL));
   fprintf(f, "\"crc32\":\"%08" PRIx32 "\"}", crc);
   size_t offset = 0;
   for (int i = 0; i < s->n_tensors; i++) {
@@ -465,12 +485,12 @@ int st_parse(StFile *s, char *buf, size_t bytes, const char *what) {
   const char *meta_crc_text = st_get_meta(s, "crc32_metadata");
   if (meta_crc_text) {
     char have[16];
-    snprintf(have, sizeof have, "%08" PRIx32, metadata_crc(s));
+    snprintf(have, sizeof have, "%08" PRIx32, metadata_crc(s, data));
     if (strcmp(have, meta_crc_text) != 0) {
       st_free(s);
       return tl_fail(
-          "%s: metadata checksum mismatch (its configuration or step was edited, or "
-          "the file is corrupt)",
+          "%s: metadata checksum mismatch (its configuration, step or tensor table was "
+          "edited, or the file is corrupt)",
           what);
     }
   }
