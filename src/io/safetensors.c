@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/json_write.h"
+#include "io/regular_file.h"
 
 // The header is metadata and names, never data: a bound keeps a hostile length from allocating.
 enum { ST_HEADER_MAX = 64 << 20 };
@@ -525,14 +526,10 @@ static int check_header_first(int fd, size_t size, const char *path) {
 
 int st_read(StFile *s, const char *path, size_t max_bytes) {
   memset(s, 0, sizeof *s);
-  int fd = open(path, O_RDONLY | O_NONBLOCK);
-  if (fd < 0) return tl_fail("%s: cannot open: %s", path, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    return tl_fail("%s: not a regular file", path);
-  }
-  size_t size = (size_t)st.st_size;
+  int64_t bytes;
+  int fd = regular_open(path, 0, &bytes);
+  if (fd < 0) return -1;
+  size_t size = (size_t)bytes;
   if (max_bytes && size > max_bytes) {
     close(fd);
     return tl_fail("%s: %zu bytes, more than the %zu allowed", path, size, max_bytes);
