@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config libdnnl-dev libstb-dev libcmocka-dev libinih-dev
-          zlib1g-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist)
+          zlib1g-dev libjpeg62-turbo-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist)
 test_packages=(chromium python3-torch python3-numpy valgrind)
 for arg in "$@"; do
   case "$arg" in

@@ -33,8 +33,8 @@ static const KeySpec recipe_keys[] = {
     TEXT_KEY(RECIPE(data, test), "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz",
              NULL, "test images of the kNN monitor, in the same form as `train`"),
     INT_KEY(RECIPE(data, image_size), "28", 1, 4096,
-            "side of the square images in pixels: IDX images must have it, ImageFolder images "
-            "are resized to it"),
+            "side of the square images in pixels: IDX images must have it; ImageFolder views are "
+            "cropped from each image and resized to it"),
     INT_KEY(RECIPE(data, channels), "1", 1, 3,
             "1 (grayscale) or 3 (RGB): images are converted to it"),
     TEXT_KEY(RECIPE(data, labels), "auto", "auto|none",
@@ -43,6 +43,11 @@ static const KeySpec recipe_keys[] = {
     INT_KEY(RECIPE(data, limit), "0", 0, INT_MAX,
             "training images read, the first N (ImageFolder: spread over the classes); 0 = all"),
     INT_KEY(RECIPE(data, test_limit), "0", 0, INT_MAX, "test images read, as `limit`; 0 = all"),
+    BOOL_KEY(RECIPE(data, stream), "1",
+             "ImageFolder: 1 = only the file list and each image's size are read at the start; "
+             "every view is cropped from the decoded file when a batch needs it (memory flat in "
+             "the folder's size); 0 = every image decoded once at the start and held in memory, "
+             "resized to image_size (faster per step for small images, no crop from the source)"),
 
     FLOAT_KEY(RECIPE(augment, crop_scale_min), "0.2", 0, 1, OPEN_MIN,
               "random resized crop: smallest crop as a fraction of the image's area (aspect "

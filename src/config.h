@@ -32,6 +32,7 @@ typedef struct {
                      // (no kNN monitor, no test set; score with tally eval on labeled data)
     int limit;       // 0 = all training images
     int test_limit;  // 0 = all test images
+    int stream;      // ImageFolder: 1 = decoded from the files as batches need them, 0 = in memory
   } data;
 
   struct {

@@ -512,6 +512,7 @@ static const char *const every_key[][2] = {
     {"data.labels", "none"},
     {"data.limit", "1000"},
     {"data.test_limit", "500"},
+    {"data.stream", "0"},
     {"augment.crop_scale_min", "0.3"},
     {"augment.crop_scale_max", "0.9"},
     {"augment.flip_prob", "0.25"},

@@ -821,7 +821,7 @@ static void test_imagefolder(void **state) {
   write_image_tree(t);
   size_t data_before = tl_mem_live(MEM_DATA);
   Dataset ds;
-  if (dataset_load_imagefolder(&ds, t->dir, 8, 3, 0) != 0) fail_msg("%s", tl_last_error());
+  if (dataset_load_imagefolder(&ds, t->dir, 8, 3, 0, 0) != 0) fail_msg("%s", tl_last_error());
   assert_int_equal(ds.n, 3);
   assert_int_equal(ds.h, 8);
   assert_int_equal(ds.w, 8);
@@ -845,7 +845,7 @@ static void test_imagefolder(void **state) {
   dataset_free(&ds);
 
   // One channel: RGB becomes luminance (stb's integer weights round slightly differently).
-  assert_int_equal(dataset_load_imagefolder(&ds, t->dir, 8, 1, 0), 0);
+  assert_int_equal(dataset_load_imagefolder(&ds, t->dir, 8, 1, 0, 0), 0);
   for (int y = 0; y < 8; y++)
     for (int x = 0; x < 8; x++) {
       float luma =
@@ -855,7 +855,7 @@ static void test_imagefolder(void **state) {
   dataset_free(&ds);
 
   // A limit of 2 keeps one image of each class, not the first two of the tree.
-  assert_int_equal(dataset_load_imagefolder(&ds, t->dir, 4, 3, 2), 0);
+  assert_int_equal(dataset_load_imagefolder(&ds, t->dir, 4, 3, 2, 0), 0);
   assert_int_equal(ds.n, 2);
   assert_int_equal(ds.labels[0], 0);
   assert_int_equal(ds.labels[1], 1);
@@ -875,7 +875,7 @@ static void test_imagefolder_large_images(void **state) {
   write_png(temp_path(t, "ant/big2.png"), 2048, 2049, 1, big);
   free(big);
   Dataset ds;
-  if (dataset_load_imagefolder(&ds, t->dir, 8, 1, 0) != 0) fail_msg("%s", tl_last_error());
+  if (dataset_load_imagefolder(&ds, t->dir, 8, 1, 0, 0) != 0) fail_msg("%s", tl_last_error());
   assert_int_equal(ds.n, 5);
   // Order: ant/big1.png, ant/big2.png, ant/c.png, zebra/...
   for (int i = 0; i < 64; i++) {
@@ -926,7 +926,7 @@ static void test_imagefolder_bilevel_png(void **state) {
   assert_int_equal(stat(temp_path(t, "ant/page.png"), &st), 0);
   assert_true((double)2048 * 2048 / (double)st.st_size > 1100);
   Dataset ds;
-  if (dataset_load_imagefolder(&ds, t->dir, 8, 1, 0) != 0) fail_msg("%s", tl_last_error());
+  if (dataset_load_imagefolder(&ds, t->dir, 8, 1, 0, 0) != 0) fail_msg("%s", tl_last_error());
   assert_int_equal(ds.n, 4);
   for (int i = 0; i < 64; i++) assert_int_equal(ds.pixels[64 + i], 255);  // ant/page.png
   dataset_free(&ds);
@@ -935,7 +935,7 @@ static void test_imagefolder_bilevel_png(void **state) {
 static void assert_imagefolder_fails(const char *root, const char *expect_in_message) {
   size_t data_before = tl_mem_live(MEM_DATA);
   Dataset ds;
-  assert_int_equal(dataset_load_imagefolder(&ds, root, 8, 3, 0), -1);
+  assert_int_equal(dataset_load_imagefolder(&ds, root, 8, 3, 0, 0), -1);
   assert_int_equal(tl_mem_live(MEM_DATA), data_before);
   assert_contains(tl_last_error(), expect_in_message);
 }
@@ -1206,6 +1206,298 @@ static void test_loader_destroy_and_errors(void **state) {
   assert_int_equal(tl_mem_live(MEM_DATA), data_before);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Streamed ImageFolder: views cropped from the decoded files
+
+// A smooth RGB picture (gradients and a ring), so resampling and JPEG leave it close to itself.
+static uint8_t smooth(int y, int x, int h, int w, int ch) {
+  const double r = hypot(y - h / 2.0, x - w / 2.0) / (h < w ? h : w);
+  const double v = ch == 0 ? 255.0 * y / h : ch == 1 ? 255.0 * x / w : 127.5 * (1 + cos(9 * r));
+  return (uint8_t)lround(v);
+}
+
+// jpeg: 0 = PNG, else the JPEG quality (stb_image_write subsamples chroma 2x2 below 90).
+static void write_smooth(const char *path, int h, int w, int jpeg) {
+  uint8_t *px = malloc((size_t)h * w * 3);
+  for (int y = 0; y < h; y++)
+    for (int x = 0; x < w; x++)
+      for (int ch = 0; ch < 3; ch++) px[((size_t)y * w + x) * 3 + ch] = smooth(y, x, h, w, ch);
+  if (jpeg)
+    assert_int_not_equal(stbi_write_jpg(path, w, h, 3, px, jpeg), 0);
+  else
+    write_png(path, w, h, 3, px);
+  free(px);
+}
+
+// A tree of PNGs already at the training size: streamed and in-memory datasets hold the same
+// images, so for one normalization their loaders give the same batches, byte for byte.
+static void test_stream_matches_memory(void **state) {
+  const TempDir *t = *state;
+  enum { N = 10, S = 12, BATCH = 4 };
+  make_dir(temp_path(t, "a"));
+  make_dir(temp_path(t, "b"));
+  Rng rng = rng_stream(3, RNG_TEST, 0, 0);
+  for (int i = 0; i < N; i++) {
+    uint8_t px[S * S * 3];
+    for (size_t k = 0; k < sizeof px; k++) px[k] = (uint8_t)rng_below(&rng, 256);
+    char name[32];
+    snprintf(name, sizeof name, "%s/%02d.png", i % 2 ? "a" : "b", i);
+    write_png(temp_path(t, name), S, S, 3, px);
+  }
+  size_t data_before = tl_mem_live(MEM_DATA);
+  Dataset mem, str;
+  if (dataset_load_imagefolder(&mem, t->dir, S, 3, 0, 0) != 0) fail_msg("%s", tl_last_error());
+  if (dataset_load_imagefolder(&str, t->dir, S, 3, 0, 1) != 0) fail_msg("%s", tl_last_error());
+  assert_null(str.pixels);
+  assert_int_equal(str.n, N);
+  assert_int_equal(str.n_classes, 2);
+  assert_memory_equal(str.labels, mem.labels, sizeof(int) * N);
+  for (int i = 0; i < N; i++) {
+    assert_string_equal(str.files[i], mem.files[i]);
+    assert_int_equal(str.source_h[i], S);
+  }
+  // Streamed, only the list and the sizes are held: labels and two 16-bit sides an image.
+  assert_int_equal(tl_mem_live(MEM_DATA) - data_before,
+                   dataset_bytes(N, S, S, 3, 0) + dataset_bytes(N, S, S, 3, 1));
+  float mean_m[3], std_m[3], mean_s[3], std_s[3];
+  assert_int_equal(dataset_channel_stats(&mem, mean_m, std_m), 0);
+  assert_int_equal(dataset_channel_stats(&str, mean_s, std_s), 0);
+  for (int ch = 0; ch < 3; ch++) {
+    assert_float_equal(mean_s[ch], mean_m[ch], 1e-6);
+    assert_float_equal(std_s[ch], std_m[ch], 1e-6);
+  }
+  ViewRecipe r = {.n_groups = 2};
+  r.group[0] = (ViewGroup){.count = 2, .aug = ssl_params(S)};
+  r.group[1] = (ViewGroup){.count = 2, .aug = ssl_params(S / 2)};
+  r.group[1].aug.blur_prob = 0.5f, r.group[1].aug.solarize_prob = 0.5f;
+  Loader lm, ls;
+  assert_int_equal(loader_init(&lm, &mem, &r, BATCH, 5, 0, 1, NULL, 0), 0);
+  assert_int_equal(loader_init(&ls, &str, &r, BATCH, 5, 0, 1, NULL, 0), 0);
+  const size_t floats = (size_t)BATCH * view_recipe_floats(&r, 3);
+  for (int step = 0; step < 4; step++) {
+    const Batch *bm = loader_next(&lm, NULL), *bs = loader_next(&ls, NULL);
+    assert_non_null(bs);
+    assert_memory_equal(bs->indices, bm->indices, sizeof(int) * BATCH);
+    assert_memory_equal(bs->views, bm->views, sizeof(float) * floats);
+  }
+  loader_destroy(&lm);
+  loader_destroy(&ls);
+  float em[S * S * 3], es[S * S * 3];
+  AugmentParams ev = plain_params(S);
+  assert_int_equal(eval_view(&mem, 3, &ev, em), 0);
+  assert_int_equal(eval_view(&str, 3, &ev, es), 0);
+  assert_memory_equal(em, es, sizeof em);
+  dataset_free(&mem);
+  dataset_free(&str);
+  assert_int_equal(tl_mem_live(MEM_DATA), data_before);
+}
+
+// A streamed view is the crop box cut out of the full-size source and resized once; the reference
+// cuts the box out by hand into its own image and resizes that whole image. The in-memory dataset,
+// shrunk to the training size first, gives a blurrier view of the same box.
+static void test_stream_crops_from_source(void **state) {
+  const TempDir *t = *state;
+  enum { H = 60, W = 90, S = 10 };
+  write_smooth(temp_path(t, "x.png"), H, W, 0);
+  Dataset str, mem;
+  if (dataset_load_imagefolder(&str, t->dir, S, 3, 0, 1) != 0) fail_msg("%s", tl_last_error());
+  assert_int_equal(dataset_load_imagefolder(&mem, t->dir, S, 3, 0, 0), 0);
+  assert_int_equal(str.source_h[0], H);
+  assert_int_equal(str.source_w[0], W);
+  assert_int_equal(str.n_classes, 0);
+  AugmentParams p = plain_params(S);
+  p.crop_scale_min = 0.05f, p.crop_scale_max = 0.3f;
+  p.crop_ratio_min = 0.75f, p.crop_ratio_max = 1.333f;
+  for (int ch = 0; ch < 3; ch++) p.mean[ch] = 0, p.std[ch] = 1;
+  double far_from_memory = 0;
+  for (int trial = 0; trial < 8; trial++) {
+    Rng r1 = rng_stream(9, RNG_AUGMENT, (uint64_t)trial, 0), r2 = r1, r3 = r1;
+    float got[S * S * 3], want[S * S * 3], shrunk[S * S * 3];
+    assert_int_equal(augment_view(&str, 0, &p, &r1, got), 0);
+    const CropBox box = augment_crop_box(H, W, &p, &r2);
+    assert_true(box.h > S && box.w > S && box.y0 + box.h <= H && box.x0 + box.w <= W);
+    uint8_t *crop = malloc((size_t)box.h * box.w * 3);
+    for (int y = 0; y < box.h; y++)
+      for (int x = 0; x < box.w; x++)
+        for (int ch = 0; ch < 3; ch++)
+          crop[((size_t)y * box.w + x) * 3 + ch] = smooth(box.y0 + y, box.x0 + x, H, W, ch);
+    image_resample_bilinear(crop, box.h, box.w, 3, 0, 0, box.h, box.w, want, S, S);
+    free(crop);
+    for (int i = 0; i < S * S * 3; i++) assert_float_equal(got[i], want[i] / 255.0f, 1e-5);
+    assert_int_equal(augment_view(&mem, 0, &p, &r3, shrunk), 0);
+    for (int i = 0; i < S * S * 3; i++) far_from_memory += fabs(shrunk[i] - got[i]);
+  }
+  assert_true(far_from_memory / (8 * S * S * 3) > 0.01);
+  // Evaluation: the centred 60x60 square of the source.
+  float got[S * S * 3], want[S * S * 3];
+  assert_int_equal(eval_view(&str, 0, &p, got), 0);
+  uint8_t *square = malloc((size_t)H * H * 3);
+  for (int y = 0; y < H; y++)
+    for (int x = 0; x < H; x++)
+      for (int ch = 0; ch < 3; ch++)
+        square[((size_t)y * H + x) * 3 + ch] = smooth(y, x + (W - H) / 2, H, W, ch);
+  image_resample_bilinear(square, H, H, 3, 0, 0, H, H, want, S, S);
+  free(square);
+  for (int i = 0; i < S * S * 3; i++) assert_float_equal(got[i], want[i] / 255.0f, 1e-5);
+  dataset_free(&str);
+  dataset_free(&mem);
+}
+
+static double mean_abs_diff(const uint8_t *a, const uint8_t *b, size_t n, int *max) {
+  double sum = 0;
+  *max = 0;
+  for (size_t i = 0; i < n; i++) {
+    int d = abs((int)a[i] - (int)b[i]);
+    sum += d;
+    if (d > *max) *max = d;
+  }
+  return sum / (double)n;
+}
+
+// libjpeg-turbo and stb_image decode the same JPEG to nearly the same pixels (both IDCTs are
+// accurate to the standard's tolerance; they upsample chroma differently), and libjpeg's scaled
+// decodes are close to block means of its full decode. Measured here at JPEG quality 75 (chroma
+// subsampled) and 95: mean |difference| at most 0.11 of 255 levels between the decoders, at most
+// 0.56 between a 1/2, 1/4 or 1/8 decode and the block means; asserted below 0.5 and 1.
+static void test_jpeg_decoders_agree(void **state) {
+  const TempDir *t = *state;
+  enum { H = 96, W = 128 };
+  const char *path = temp_path(t, "x.jpg");
+  for (int quality = 75; quality <= 95; quality += 20) {
+    write_smooth(path, H, W, quality);
+    ImageHeader hdr;
+    assert_int_equal(image_read_header(path, &hdr), 0);
+    assert_true(hdr.jpeg && hdr.h == H && hdr.w == W);
+    for (int c = 1; c <= 3; c += 2) {
+      Image turbo, stb;
+      assert_int_equal(image_decode(path, c, 1, DECODER_DEFAULT, &turbo), 0);
+      assert_int_equal(image_decode(path, c, 1, DECODER_STB, &stb), 0);
+      assert_true(turbo.h == H && turbo.w == W && stb.h == H && stb.w == W);
+      int max;
+      const double mad = mean_abs_diff(turbo.pixels, stb.pixels, (size_t)H * W * c, &max);
+      print_message("quality %d, channels %d: libjpeg-turbo vs stb_image mean |d| %.3f, max %d\n",
+                    quality, c, mad, max);
+      assert_true(mad < 0.5 && max <= 8);
+      // And against the picture it was written from (JPEG at quality 95).
+      uint8_t *truth = malloc((size_t)H * W * 3);
+      for (int y = 0; y < H; y++)
+        for (int x = 0; x < W; x++)
+          for (int ch = 0; ch < 3; ch++)
+            truth[((size_t)y * W + x) * 3 + ch] = smooth(y, x, H, W, ch);
+      if (c == 3) assert_true(mean_abs_diff(turbo.pixels, truth, (size_t)H * W * 3, &max) < 2.0);
+      free(truth);
+      for (int r = 2; r <= 8; r *= 2) {
+        Image small;
+        assert_int_equal(image_decode(path, c, r, DECODER_DEFAULT, &small), 0);
+        assert_int_equal(small.h, H / r);
+        assert_int_equal(small.w, W / r);
+        assert_int_equal(small.reduction, r);
+        uint8_t *means = malloc((size_t)small.h * small.w * c);
+        for (int y = 0; y < small.h; y++)
+          for (int x = 0; x < small.w; x++)
+            for (int ch = 0; ch < c; ch++) {
+              int sum = 0;
+              for (int dy = 0; dy < r; dy++)
+                for (int dx = 0; dx < r; dx++)
+                  sum += turbo.pixels[(((size_t)y * r + dy) * W + x * r + dx) * c + ch];
+              means[((size_t)y * small.w + x) * c + ch] = (uint8_t)((sum + r * r / 2) / (r * r));
+            }
+        const double d = mean_abs_diff(small.pixels, means, (size_t)small.h * small.w * c, &max);
+        print_message("channels %d, 1/%d decode vs block means: mean |d| %.3f, max %d\n", c, r, d,
+                      max);
+        assert_true(d < 1.0);
+        free(means);
+        image_free(&small);
+      }
+      image_free(&turbo);
+      image_free(&stb);
+    }
+  }
+}
+
+// Views of a streamed JPEG decoded at 1/2, 1/4 or 1/8 (as each view's box allows) stay close to
+// the same views cut from its full decode.
+static void test_stream_jpeg_reduced_views(void **state) {
+  const TempDir *t = *state;
+  enum { H = 384, W = 512, S = 24 };
+  write_smooth(temp_path(t, "x.jpg"), H, W, 90);
+  Dataset ds;
+  if (dataset_load_imagefolder(&ds, t->dir, S, 3, 0, 1) != 0) fail_msg("%s", tl_last_error());
+  assert_int_equal(dataset_max_reduction(&ds, 0), 8);
+  Image full;
+  assert_int_equal(image_decode(ds.files[0], 3, 1, DECODER_DEFAULT, &full), 0);
+  AugmentParams p = ssl_params(S);
+  int reduced = 0;
+  for (int trial = 0; trial < 16; trial++) {
+    Rng r1 = rng_stream(4, RNG_AUGMENT, (uint64_t)trial, 0), r2 = r1;
+    float got[S * S * 3], want[S * S * 3];
+    assert_int_equal(augment_view(&ds, 0, &p, &r1, got), 0);
+    const CropBox box = augment_crop_box(H, W, &p, &r2);
+    reduced += augment_reduction(&ds, 0, &box, 1, S) > 1;
+    augment_render(&full, box, &p, &r2, want);
+    double d = 0;
+    for (int i = 0; i < S * S * 3; i++) d += fabs(got[i] - want[i]);
+    assert_true(d / (S * S * 3) < 0.02 * 4);  // normalized by std 0.25: 0.02 of the unit range
+  }
+  assert_true(reduced >= 8);
+  image_free(&full);
+  dataset_free(&ds);
+}
+
+// A file that changes under a streamed run is an error naming it when a batch needs it: cut
+// short (a corrupt-data warning from libjpeg is an error, not a grey bottom), replaced by
+// another size, or gone. Header faults are refused at the start, as in memory.
+static void test_stream_file_faults(void **state) {
+  const TempDir *t = *state;
+  make_dir(temp_path(t, "c"));
+  for (int i = 0; i < 4; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "c/%d.jpg", i);
+    write_smooth(temp_path(t, name), 32, 48, 90);
+  }
+  Dataset ds;
+  if (dataset_load_imagefolder(&ds, t->dir, 8, 3, 0, 1) != 0) fail_msg("%s", tl_last_error());
+  AugmentParams p = ssl_params(8);
+  const char *victim = temp_path(t, "c/2.jpg");
+  size_t n;
+  uint8_t *bytes = read_whole(victim, &n);
+  Image img;
+  float view[8 * 8 * 3];
+  Rng r = rng_stream(1, RNG_AUGMENT, 0, 0);
+  // Cut short: libjpeg would fill the rest with grey and warn.
+  write_bytes(victim, bytes, n * 2 / 3, 0);
+  assert_int_equal(dataset_image(&ds, 2, 1, &img), -1);
+  assert_contains(tl_last_error(), "c/2.jpg: corrupt JPEG data");
+  Loader l;
+  assert_int_equal(loader_init(&l, &ds, one_group(&p, 2), 4, 1, 0, 1, NULL, 0), 0);
+  alarm(30);
+  assert_null(loader_next(&l, NULL));
+  alarm(0);
+  assert_contains(tl_last_error(), "step 0: ");
+  assert_contains(tl_last_error(), "c/2.jpg");
+  loader_destroy(&l);
+  // Another size.
+  write_smooth(victim, 40, 48, 90);
+  assert_int_equal(augment_view(&ds, 2, &p, &r, view), -1);
+  assert_contains(tl_last_error(), "changed during the run");
+  // Gone.
+  remove(victim);
+  assert_int_equal(eval_view(&ds, 2, &p, view), -1);
+  assert_contains(tl_last_error(), "c/2.jpg");
+  write_bytes(victim, bytes, n, 0);
+  assert_int_equal(eval_view(&ds, 2, &p, view), 0);
+  dataset_free(&ds);
+  // At the start: a file that is not what its name says, or whose header claims too much.
+  write_bytes(temp_path(t, "c/9.jpg"), "not a jpeg", 10, 0);
+  assert_int_equal(dataset_load_imagefolder(&ds, t->dir, 8, 3, 0, 1), -1);
+  assert_contains(tl_last_error(), "c/9.jpg: its content is not the image format");
+  remove(temp_path(t, "c/9.jpg"));
+  write_png_header(temp_path(t, "c/9.png"), 9000, 9000);
+  assert_int_equal(dataset_load_imagefolder(&ds, t->dir, 8, 3, 0, 1), -1);
+  assert_contains(tl_last_error(), "9000x9000 pixels");
+  free(bytes);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_idx_roundtrip, temp_dir_make, temp_dir_remove),
@@ -1242,6 +1534,13 @@ int main(void) {
       cmocka_unit_test(test_loader_threads_and_resume),
       cmocka_unit_test(test_loader_destroy_and_errors),
       cmocka_unit_test(test_loader_view_groups),
+      cmocka_unit_test_setup_teardown(test_stream_matches_memory, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_stream_crops_from_source, temp_dir_make,
+                                      temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_jpeg_decoders_agree, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_stream_jpeg_reduced_views, temp_dir_make,
+                                      temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_stream_file_faults, temp_dir_make, temp_dir_remove),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,9 @@
 // ColorJitter and RandomGrayscale, on float images in [0, 1] (HWC).
 #include "data/augment.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stddef.h>
 
 #include "core/error.h"
@@ -11,10 +13,6 @@ enum { CROP_ATTEMPTS = 10 };
 
 // ITU-R 601 luma, the weights torchvision's rgb_to_grayscale uses.
 static const float luma_weights[3] = {0.2989f, 0.587f, 0.114f};
-
-typedef struct {
-  int y0, x0, h, w;
-} CropBox;
 
 static float clamp_unit(float v) { return v < 0.0f ? 0.0f : v > 1.0f ? 1.0f : v; }
 
@@ -25,7 +23,7 @@ static float luminance(const float *px, int c) {
 
 // A box of random area fraction and log-uniform aspect ratio; after CROP_ATTEMPTS boxes that do
 // not fit, the centred box closest to the ratio range (torchvision's get_params).
-static CropBox random_resized_crop_box(int img_h, int img_w, const AugmentParams *p, Rng *rng) {
+CropBox augment_crop_box(int img_h, int img_w, const AugmentParams *p, Rng *rng) {
   const float area = (float)img_h * (float)img_w;
   const float log_ratio_min = logf(p->crop_ratio_min), log_ratio_max = logf(p->crop_ratio_max);
   for (int attempt = 0; attempt < CROP_ATTEMPTS; attempt++) {
@@ -50,12 +48,7 @@ static CropBox random_resized_crop_box(int img_h, int img_w, const AugmentParams
   return (CropBox){(img_h - h) / 2, (img_w - w) / 2, h, w};
 }
 
-// out: (S, S, c) in [0, 1], the box resized to S x S.
-static void crop_to_unit(const Dataset *ds, int index, CropBox box, int out_size, float *out) {
-  const uint8_t *img = ds->pixels + (size_t)index * ds->h * ds->w * ds->c;
-  image_resample_bilinear(img, ds->h, ds->w, ds->c, box.y0, box.x0, box.h, box.w, out, out_size,
-                          out_size);
-  const size_t n_values = (size_t)out_size * out_size * ds->c;
+static void to_unit(float *out, size_t n_values) {
   for (size_t i = 0; i < n_values; i++) out[i] = clamp_unit(out[i] / 255.0f);
 }
 
@@ -161,25 +154,66 @@ void gaussian_blur(float *img, int size, int c, int kernel, float sigma) {
     blur_line(img + (size_t)x * c, size, c, (size_t)size * c, w, r, line);
 }
 
-void augment_view(const Dataset *ds, int index, const AugmentParams *p, Rng *rng, float *out) {
-  TL_ASSERT(p->crop_ratio_min > 0 && p->crop_ratio_max >= p->crop_ratio_min);
-  const int size = p->out_size, n_pixels = size * size;
-  crop_to_unit(ds, index, random_resized_crop_box(ds->h, ds->w, p, rng), size, out);
-  if (rng_uniform(rng) < p->flip_prob) flip_horizontal(out, size, ds->c);
-  if (rng_uniform(rng) < p->jitter_prob)
-    color_jitter(out, n_pixels, ds->c, p->jitter_strength, rng);
-  if (ds->c == 3 && rng_uniform(rng) < p->grayscale_prob) to_grayscale(out, n_pixels);
+void augment_render(const Image *img, CropBox box, const AugmentParams *p, Rng *rng, float *out) {
+  const int size = p->out_size, n_pixels = size * size, c = img->c;
+  image_crop_resize(img, box, size, size, out);
+  to_unit(out, (size_t)n_pixels * c);
+  if (rng_uniform(rng) < p->flip_prob) flip_horizontal(out, size, c);
+  if (rng_uniform(rng) < p->jitter_prob) color_jitter(out, n_pixels, c, p->jitter_strength, rng);
+  if (c == 3 && rng_uniform(rng) < p->grayscale_prob) to_grayscale(out, n_pixels);
   // Drawn only when enabled, so recipes without them see the same views as before they existed.
   if (p->blur_prob > 0 && rng_uniform(rng) < p->blur_prob) {
     float sigma = rng_uniform_range(rng, 0.1f, 2.0f);
-    gaussian_blur(out, size, ds->c, augment_blur_kernel(size), sigma);
+    gaussian_blur(out, size, c, augment_blur_kernel(size), sigma);
   }
   if (p->solarize_prob > 0 && rng_uniform(rng) < p->solarize_prob)
-    solarize(out, (size_t)n_pixels * ds->c);
-  normalize(out, n_pixels, ds->c, p);
+    solarize(out, (size_t)n_pixels * c);
+  normalize(out, n_pixels, c, p);
 }
 
-void eval_view(const Dataset *ds, int index, const AugmentParams *p, float *out) {
-  crop_to_unit(ds, index, (CropBox){0, 0, ds->h, ds->w}, p->out_size, out);
+int augment_reduction(const Dataset *ds, int index, const CropBox *boxes, int n_boxes,
+                      int out_size) {
+  if (dataset_max_reduction(ds, index) == 1) return 1;
+  int r = 8;
+  for (int k = 0; k < n_boxes; k++) {
+    const int rk = image_reduction_for(boxes[k].h, boxes[k].w, out_size, out_size);
+    if (rk < r) r = rk;
+  }
+  return r;
+}
+
+int augment_view(const Dataset *ds, int index, const AugmentParams *p, Rng *rng, float *out) {
+  TL_ASSERT(p->crop_ratio_min > 0 && p->crop_ratio_max >= p->crop_ratio_min);
+  int h, w;
+  dataset_source_size(ds, index, &h, &w);
+  const CropBox box = augment_crop_box(h, w, p, rng);
+  Image img;
+  if (dataset_image(ds, index, augment_reduction(ds, index, &box, 1, p->out_size), &img) != 0)
+    return -1;
+  augment_render(&img, box, p, rng, out);
+  image_free(&img);
+  return 0;
+}
+
+int eval_view(const Dataset *ds, int index, const AugmentParams *p, float *out) {
+  if (dataset_eval_pixels(ds, index, p->out_size, out) != 0) return -1;
+  to_unit(out, (size_t)p->out_size * p->out_size * ds->c);
   normalize(out, p->out_size * p->out_size, ds->c, p);
+  return 0;
+}
+
+int eval_views(const Dataset *ds, int start, int count, const AugmentParams *p, float *out) {
+  const size_t floats = (size_t)p->out_size * p->out_size * ds->c;
+  int first_failed = INT_MAX;
+  char error[1024];
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < count; i++)
+    if (eval_view(ds, start + i, p, out + (size_t)i * floats) != 0) {
+#pragma omp critical(eval_views_error)
+      if (i < first_failed) {
+        first_failed = i;
+        snprintf(error, sizeof error, "%s", tl_last_error());
+      }
+    }
+  return first_failed == INT_MAX ? 0 : tl_fail("%s", error);
 }

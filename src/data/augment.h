@@ -22,8 +22,20 @@ typedef struct {
   float mean[3], std[3];  // normalization applied last
 } AugmentParams;
 
-// One augmented view of image `index`, written as (out_size, out_size, c) floats (HWC).
-void augment_view(const Dataset *ds, int index, const AugmentParams *p, Rng *rng, float *out);
+// One augmented view of image `index`, written as (out_size, out_size, c) floats (HWC): the crop
+// box chosen in the source image's own coordinates, only the box resized to out_size. -1 with
+// tl_last_error() when a streamed image cannot be decoded.
+int augment_view(const Dataset *ds, int index, const AugmentParams *p, Rng *rng, float *out);
+
+// augment_view in its two halves, so one decode serves several views of an image: the random
+// resized crop box in an h x w source (the view's first draws from rng), then the view rendered
+// from the decoded image with the draws that follow.
+CropBox augment_crop_box(int h, int w, const AugmentParams *p, Rng *rng);
+void augment_render(const Image *img, CropBox box, const AugmentParams *p, Rng *rng, float *out);
+// The reduction to decode image `index` at for these boxes: the largest that keeps every box at
+// least out_size a side (1 unless it is a streamed JPEG).
+int augment_reduction(const Dataset *ds, int index, const CropBox *boxes, int n_boxes,
+                      int out_size);
 
 // SimCLR's blur kernel side for an image side: 10% of it, odd, at least 3.
 int augment_blur_kernel(int size);
@@ -31,5 +43,10 @@ int augment_blur_kernel(int size);
 // (torchvision's gaussian_blur); kernel <= 410, size * c <= 4096 * 3 (the largest image_size).
 void gaussian_blur(float *img, int size, int c, int kernel, float sigma);
 
-// The evaluation transform: resize to out_size if needed (bilinear), normalize. (HWC floats.)
-void eval_view(const Dataset *ds, int index, const AugmentParams *p, float *out);
+// The evaluation transform: the centred square of the short side resized to out_size (bilinear,
+// antialiased when shrinking; torchvision's Resize then CenterCrop), normalized. (HWC floats.)
+// -1 with tl_last_error() when a streamed image cannot be decoded.
+int eval_view(const Dataset *ds, int index, const AugmentParams *p, float *out);
+// eval_view of images start .. start + count - 1 into out (count, out_size, out_size, c), in
+// parallel; the error is the first failing image's.
+int eval_views(const Dataset *ds, int start, int count, const AugmentParams *p, float *out);

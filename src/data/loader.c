@@ -3,7 +3,9 @@
 // stays valid until the following call).
 #include "data/loader.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <omp.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -30,6 +32,8 @@ struct LoaderPrivate {
   // The permutation of the epoch last used, recomputed when a step crosses into a new epoch.
   int *permutation;  // (ds->n), MEM_DATA
   int permutation_epoch;
+  int failed_step;   // the step whose batch could not be made (an image failed to decode), or -1
+  char error[1024];  // why
 };
 
 void loader_shard(int global_batch, int rank, int world, const int *shard_sizes, int *offset,
@@ -79,7 +83,48 @@ static void epoch_permutation(int n, uint64_t seed, int epoch, int *perm) {
   }
 }
 
-static void fill_batch(Loader *l, int step, Batch *b) {
+// Sample i's views, group by group: every view's crop box is drawn first (in its own stream,
+// keyed by dataset index, not position in the shard, so the pixels do not depend on how the
+// batch is split over replicas or threads), the image decoded once at the reduction every box
+// allows, then each view rendered with the rest of its stream. v counts the image's views over
+// every group, so a recipe of one group draws what it always drew.
+static int fill_sample(Loader *l, int step, Batch *b, int i) {
+  const Dataset *ds = l->ds;
+  const int index = b->indices[i];
+  Rng rngs[LOADER_MAX_VIEWS];
+  CropBox boxes[LOADER_MAX_VIEWS];
+  int h, w;
+  dataset_source_size(ds, index, &h, &w);
+  for (int g = 0, v = 0; g < l->views.n_groups; g++) {
+    const AugmentParams *aug = &l->views.group[g].aug;
+    for (int k = 0; k < l->views.group[g].count; k++, v++) {
+      rngs[v] =
+          rng_stream(l->seed, RNG_AUGMENT, (uint64_t)step << 32 | (uint64_t)v, (uint64_t)index);
+      boxes[v] = augment_crop_box(h, w, aug, &rngs[v]);
+    }
+  }
+  // Every box keeps at least its group's view size.
+  int reduction = 8;
+  for (int g = 0, v = 0; g < l->views.n_groups; g++) {
+    const int count = l->views.group[g].count;
+    const int r = augment_reduction(ds, index, boxes + v, count, l->views.group[g].aug.out_size);
+    if (r < reduction) reduction = r;
+    v += count;
+  }
+  Image img;
+  if (dataset_image(ds, index, reduction, &img) != 0) return -1;
+  for (int g = 0, v = 0; g < l->views.n_groups; g++) {
+    const ViewGroup *group = &l->views.group[g];
+    const size_t view_floats = (size_t)group->aug.out_size * group->aug.out_size * ds->c;
+    for (int k = 0; k < group->count; k++, v++)
+      augment_render(&img, boxes[v], &group->aug, &rngs[v],
+                     b->group[g].views + ((size_t)k * b->n + i) * view_floats);
+  }
+  image_free(&img);
+  return 0;
+}
+
+static int fill_batch(Loader *l, int step, Batch *b) {
   struct LoaderPrivate *pv = l->priv;
   const int epoch = step / l->steps_per_epoch;
   const int position_in_epoch = step % l->steps_per_epoch;
@@ -95,25 +140,20 @@ static void fill_batch(Loader *l, int step, Batch *b) {
     b->indices[i] = first[i];
     b->labels[i] = l->ds->labels[first[i]];
   }
+  int first_failed = INT_MAX;
 #pragma omp parallel for schedule(dynamic)
   for (int i = 0; i < b->n; i++) {
     // Skipping the rest lets loader_destroy return promptly in the middle of a batch.
     if (atomic_load(&pv->stop)) continue;
-    // v counts the image's views over every group, so a recipe of one group draws what it
-    // always drew.
-    for (int g = 0, v = 0; g < l->views.n_groups; g++) {
-      const ViewGroup *group = &l->views.group[g];
-      const size_t view_floats = (size_t)group->aug.out_size * group->aug.out_size * l->ds->c;
-      for (int k = 0; k < group->count; k++, v++) {
-        // Keyed by dataset index, not position in the shard: the pixels do not depend on how the
-        // batch is split over replicas or threads.
-        Rng rng = rng_stream(l->seed, RNG_AUGMENT, (uint64_t)step << 32 | (uint64_t)v,
-                             (uint64_t)b->indices[i]);
-        augment_view(l->ds, b->indices[i], &group->aug, &rng,
-                     b->group[g].views + ((size_t)k * b->n + i) * view_floats);
+    if (fill_sample(l, step, b, i) != 0) {
+#pragma omp critical(loader_first_error)
+      if (i < first_failed) {
+        first_failed = i;
+        snprintf(pv->error, sizeof pv->error, "%s", tl_last_error());
       }
     }
   }
+  return first_failed == INT_MAX ? 0 : -1;
 }
 
 static void *prefetch_main(void *arg) {
@@ -127,9 +167,14 @@ static void *prefetch_main(void *arg) {
       pthread_cond_wait(&pv->changed, &pv->mutex);
     if (atomic_load(&pv->stop)) break;
     pthread_mutex_unlock(&pv->mutex);
-    fill_batch(l, step, &pv->slots[slot]);
+    const int failed = fill_batch(l, step, &pv->slots[slot]) != 0;
     pthread_mutex_lock(&pv->mutex);
     if (atomic_load(&pv->stop)) break;
+    if (failed) {  // the caller gets the error when it asks for this step; nothing after it
+      pv->failed_step = step;
+      pthread_cond_broadcast(&pv->changed);
+      break;
+    }
     pv->ready_step[slot] = step;
     pv->next_fill_step = step + 1;
     pthread_cond_broadcast(&pv->changed);
@@ -163,6 +208,9 @@ static int check_args(const Dataset *ds, const ViewRecipe *views, int global_bat
                       int world, const int *shard_sizes, int start_step) {
   if (views->n_groups < 1 || views->n_groups > VIEW_MAX_GROUPS)
     return tl_fail("loader: %d view groups, expected 1 to %d", views->n_groups, VIEW_MAX_GROUPS);
+  if (view_recipe_count(views) > LOADER_MAX_VIEWS)
+    return tl_fail("loader: %d views of each image, more than %d", view_recipe_count(views),
+                   LOADER_MAX_VIEWS);
   for (int g = 0; g < views->n_groups; g++) {
     const AugmentParams *aug = &views->group[g].aug;
     if (views->group[g].count < 1)
@@ -222,6 +270,7 @@ int loader_init(Loader *l, const Dataset *ds, const ViewRecipe *views, int globa
   }
   pv->permutation = tl_alloc(z.permutation, MEM_DATA, COMP_OTHER);
   pv->permutation_epoch = -1;
+  pv->failed_step = -1;
   pv->slot_in_use = -1;
   pv->next_fill_step = pv->next_take_step = start_step;
   pv->omp_threads = omp_get_max_threads();
@@ -245,7 +294,13 @@ const Batch *loader_next(Loader *l, double *wait_ms) {
   pv->slot_in_use = -1;
   pthread_cond_broadcast(&pv->changed);
   const int step = pv->next_take_step, slot = step % N_SLOTS;
-  while (pv->ready_step[slot] != step) pthread_cond_wait(&pv->changed, &pv->mutex);
+  while (pv->ready_step[slot] != step && pv->failed_step != step)
+    pthread_cond_wait(&pv->changed, &pv->mutex);
+  if (pv->failed_step == step) {
+    pthread_mutex_unlock(&pv->mutex);
+    tl_fail("step %d: %s", step, pv->error);
+    return NULL;
+  }
   pv->ready_step[slot] = -1;
   pv->slot_in_use = slot;
   pv->next_take_step = step + 1;

@@ -28,14 +28,16 @@ typedef struct {
 int loader_init(Loader *l, const Dataset *ds, const ViewRecipe *views, int global_batch,
                 uint64_t seed, int rank, int world, const int *shard_sizes, int start_step);
 // Blocks until the next batch is ready; the pointer stays valid until the following call.
-// Returns the time spent waiting in *wait_ms (may be NULL).
+// Returns the time spent waiting in *wait_ms (may be NULL). NULL with tl_last_error() when the
+// batch could not be made (a streamed image that no longer decodes: the error names the file);
+// the loader makes no batch after that one.
 const Batch *loader_next(Loader *l, double *wait_ms);
 void loader_destroy(Loader *l);
 
 // Shard sizes from [parallel] shard_weights ("1,3": proportional, rounded, the last takes the
 // rest): sizes (world) sum to global_batch. -1 with tl_last_error() on a bad list or an empty
 // shard.
-enum { LOADER_MAX_SHARDS = 64 };
+enum { LOADER_MAX_SHARDS = 64, LOADER_MAX_VIEWS = 64 };
 int loader_shard_sizes_from_weights(const char *weights, int world, int global_batch, int *sizes);
 
 // MEM_DATA bytes loader_init allocates for one replica (both prefetch slots and the epoch

@@ -46,8 +46,8 @@ static void encode_all(KnnMonitor *m, const Dataset *ds, int n, float *feat) {
   const size_t image_floats = (size_t)S * S * C;
   for (int start = 0; start < n && !cancelled(m); start += m->batch) {
     int count = n - start < m->batch ? n - start : m->batch;
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < count; i++) eval_view(ds, start + i, m->aug, m->images + i * image_floats);
+    if (eval_views(ds, start, count, m->aug, m->images) != 0)
+      TL_DIE("kNN monitor: %s", tl_last_error());
     if (count < m->batch)
       memset(m->images + count * image_floats, 0,
              (m->batch - count) * image_floats * sizeof(float));
@@ -91,10 +91,9 @@ KnnResult knn_monitor_raw_pixels(KnnMonitor *m) {
   const int S = m->set.image_size, C = m->set.channels, d = S * S * C;
   float *train_px = tl_alloc(sizeof(float) * (size_t)m->n_train * d, MEM_EVAL, COMP_OTHER);
   float *test_px = tl_alloc(sizeof(float) * (size_t)m->n_test * d, MEM_EVAL, COMP_OTHER);
-#pragma omp parallel for schedule(static)
-  for (int i = 0; i < m->n_train; i++) eval_view(m->train, i, m->aug, train_px + (size_t)i * d);
-#pragma omp parallel for schedule(static)
-  for (int i = 0; i < m->n_test; i++) eval_view(m->test, i, m->aug, test_px + (size_t)i * d);
+  if (eval_views(m->train, 0, m->n_train, m->aug, train_px) != 0 ||
+      eval_views(m->test, 0, m->n_test, m->aug, test_px) != 0)
+    TL_DIE("kNN monitor: %s", tl_last_error());
   KnnResult r = vote(m, train_px, test_px, d);
   tl_free(train_px);
   tl_free(test_px);

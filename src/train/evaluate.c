@@ -42,12 +42,12 @@ static int linear(const Dataset *tr, const float *train, const Dataset *te, cons
   return 0;
 }
 
-// Raw pixels as features: the evaluation transform's output, flattened.
-static float *pixels(const FeatureEncoder *e, const Dataset *ds) {
+// Raw pixels as features: the evaluation transform's output, flattened (*rc -1 when an image
+// cannot be decoded).
+static float *pixels(const FeatureEncoder *e, const Dataset *ds, int *rc) {
   const int S = e->cfg.data.image_size, d = S * S * e->cfg.data.channels;
   float *px = tl_alloc(sizeof(float) * (size_t)ds->n * d, MEM_EVAL, COMP_OTHER);
-#pragma omp parallel for schedule(static)
-  for (int i = 0; i < ds->n; i++) eval_view(ds, i, &e->norm, px + (size_t)i * d);
+  if (*rc == 0 && eval_views(ds, 0, ds->n, &e->norm, px) != 0) *rc = -1;
   return px;
 }
 
@@ -62,7 +62,7 @@ static int score(FeatureEncoder *e, const EvalOptions *opt, const Dataset *tr, c
   say(opt, "encoding the test set", te->n);
   float *fte = tl_alloc(sizeof(float) * (size_t)te->n * D, MEM_EVAL, COMP_OTHER);
   if (rc == 0) rc = feature_encoder_run(e, te, te->n, fte);
-  float *ptr = pixels(e, tr), *pte = pixels(e, te);
+  float *ptr = pixels(e, tr, &rc), *pte = pixels(e, te, &rc);
   if (rc == 0 && opt->knn) {
     say(opt, "kNN on the features and on raw pixels", te->n);
     rc = knn(cfg, ftr, tr, fte, te, D, &e->ctx, &r->knn_top1, &r->knn_top1_k20);

@@ -82,9 +82,7 @@ int feature_encoder_run(FeatureEncoder *e, const Dataset *ds, int n, float *feat
   const size_t image_floats = (size_t)S * S * C;
   for (int start = 0; start < n; start += e->batch) {
     int count = n - start < e->batch ? n - start : e->batch;
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < count; i++)
-      eval_view(ds, start + i, &e->norm, e->images + i * image_floats);
+    if (eval_views(ds, start, count, &e->norm, e->images) != 0) return -1;
     // The last partial batch is zero-padded (inference: rows do not interact).
     if (count < e->batch)
       memset(e->images + count * image_floats, 0,
@@ -112,7 +110,8 @@ int feature_dataset_load(const FeatureEncoder *e, Dataset *ds, const char *path,
   struct stat st;
   if (stat(path, &st) != 0) return tl_fail("%s: does not exist", path);
   int rc = S_ISDIR(st.st_mode) ? dataset_load_imagefolder(ds, path, e->cfg.data.image_size,
-                                                          e->cfg.data.channels, limit)
+                                                          e->cfg.data.channels, limit,
+                                                          e->cfg.data.stream)
                                : dataset_load_idx(ds, path, e->cfg.data.channels, limit);
   if (rc != 0) return -1;
   if (ds->h != e->cfg.data.image_size || ds->w != e->cfg.data.image_size) {

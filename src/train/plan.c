@@ -435,9 +435,10 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   r.loss = NAN;
   fill_memory(&r, *mem);
   PlanTotals t = {0};
-  t.dataset_bytes =
-      dataset_bytes(pl->n_train, cfg->data.image_size, cfg->data.image_size, cfg->data.channels) +
-      dataset_bytes(pl->n_test, cfg->data.image_size, cfg->data.image_size, cfg->data.channels);
+  const int S = cfg->data.image_size, C = cfg->data.channels;
+  const int streamed = strcmp(cfg->data.format, "idx") != 0 && cfg->data.stream;
+  t.dataset_bytes = dataset_bytes(pl->n_train, S, S, C, streamed) +
+                    dataset_bytes(pl->n_test, S, S, C, streamed);
   const ViewRecipe views = replica_views(cfg, pl->def, NULL, NULL);
   for (int rank = 0; rank < (mpi ? 1 : pl->world); rank++) {
     int offset, local;

@@ -940,6 +940,22 @@ static void config_texts(Run *run) {
   fclose(f);
 }
 
+// CRC-32 of the training images: their pixels when in memory; streamed, each file's name under
+// the root and its size in pixels (a rank reads its own copy, which must list the same images).
+static unsigned long data_crc32(const Dataset *d, const char *root) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  if (d->pixels) return crc32_z(crc, d->pixels, (size_t)d->n * d->h * d->w * d->c);
+  const size_t root_len = strlen(root);
+  for (int i = 0; i < d->n; i++) {
+    const char *name = d->files[i];
+    if (strncmp(name, root, root_len) == 0) name += root_len;
+    crc = crc32_z(crc, (const Bytef *)name, strlen(name) + 1);
+    const uint16_t size[2] = {d->source_h[i], d->source_w[i]};
+    crc = crc32_z(crc, (const Bytef *)size, sizeof size);
+  }
+  return crc;
+}
+
 // What defines this rank's run, for ranks_agree: the objective, the resolved configuration and
 // model, where it starts and how long it is, and the training data itself (its size and the
 // CRC-32 of its pixels and labels: the same folder mounted at another path is the same data).
@@ -961,9 +977,7 @@ static int ranks_agree_on_run(Run *run, Comm *comm) {
   fprintf(f, "flops_spent = %.17g\n", run->flops_total);
   fprintf(f, "[training data]\nimages = %d\nimage = %dx%dx%d\nclasses = %d\n", d->n, d->h, d->w,
           d->c, d->n_classes);
-  const size_t pixels = (size_t)d->n * d->h * d->w * d->c;
-  fprintf(f, "pixels_crc32 = %08lx\nlabels_crc32 = %08lx\n",
-          crc32_z(crc32(0L, Z_NULL, 0), d->pixels, pixels),
+  fprintf(f, "pixels_crc32 = %08lx\nlabels_crc32 = %08lx\n", data_crc32(d, run->cfg->data.train),
           crc32_z(crc32(0L, Z_NULL, 0), (const Bytef *)d->labels, sizeof(int) * (size_t)d->n));
   fclose(f);
   static const char *const paths[] = {"data.train", "data.test", "model.file", NULL};
@@ -1026,7 +1040,7 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
   int idx = strcmp(cfg->data.format, "idx") == 0;
   int loaded = idx ? dataset_load_idx(&run->train, cfg->data.train, ch, cfg->data.limit) == 0
                    : dataset_load_imagefolder(&run->train, cfg->data.train, cfg->data.image_size,
-                                              ch, cfg->data.limit) == 0;
+                                              ch, cfg->data.limit, cfg->data.stream) == 0;
   // Unlabeled training data has nothing for the kNN monitor to vote with.
   int unlabeled = strcmp(cfg->data.labels, "none") == 0;
   if (loaded && !unlabeled && !run->train.n_classes) {
@@ -1051,7 +1065,7 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
   if (loaded && !run->no_knn && !opt->no_knn)
     loaded = idx ? dataset_load_idx(&run->test, cfg->data.test, ch, cfg->data.test_limit) == 0
                  : dataset_load_imagefolder(&run->test, cfg->data.test, cfg->data.image_size, ch,
-                                            cfg->data.test_limit) == 0;
+                                            cfg->data.test_limit, cfg->data.stream) == 0;
   if (loaded && !run->no_knn && !opt->no_knn)
     loaded = dataset_align_test_labels(&run->train, &run->test, cfg->data.test) == 0;
   if (!loaded) {
@@ -1122,7 +1136,10 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
   // The training set's normalization: every view group's, the monitor's and the checkpoint's.
   AugmentParams *a = &run->aug;
   a->out_size = cfg->data.image_size;
-  dataset_channel_stats(&run->train, a->mean, a->std);
+  if (dataset_channel_stats(&run->train, a->mean, a->std) != 0) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
+    goto out;
+  }
   run->views = replica_views(cfg, run->def, a->mean, a->std);
 
   // A budget not yet turned into steps says what it is; its first steps will fix the count.

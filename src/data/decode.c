@@ -1,0 +1,329 @@
+// JPEG through libjpeg's API (Debian's libjpeg62-turbo), the rest through stb_image (the system
+// libstb exports it, so no implementation is compiled here).
+#include "data/decode.h"
+
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stb_image.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+// jpeglib.h needs stdio.h's FILE and size_t first.
+#include <jerror.h>
+#include <jpeglib.h>
+
+#include "core/error.h"
+#include "io/regular_file.h"
+
+// stb_image decodes above 4 Mi pixels (2048x2048, 16 MiB at 4 channels) one at a time, so the
+// memory of concurrent decodes stays within one large image plus a small one per other thread.
+static const long long max_parallel_decode_pixels = 4ll << 20;
+// Bytes of an image's stored (uncompressed) pixel data one byte of its file can stand for:
+// deflate's limit is 1032:1; JPEG's is below 300 (an 8x8 block costs at least two bits).
+static const double max_bytes_per_file_byte = 1100;
+
+typedef enum { FORMAT_NONE, FORMAT_PNG, FORMAT_JPEG, FORMAT_BMP } Format;
+
+static Format format_of_name(const char *path) {
+  const char *dot = strrchr(path, '.');
+  if (!dot) return FORMAT_NONE;
+  if (!strcasecmp(dot, ".png")) return FORMAT_PNG;
+  if (!strcasecmp(dot, ".jpg") || !strcasecmp(dot, ".jpeg")) return FORMAT_JPEG;
+  if (!strcasecmp(dot, ".bmp")) return FORMAT_BMP;
+  return FORMAT_NONE;
+}
+
+// stb_image decodes whatever format it recognizes whatever the name says (a 19-byte TGA named
+// .png decodes as 6167x5142): a file must start as its extension says.
+static int magic_matches(Format format, int fd) {
+  unsigned char head[8] = {0};
+  ssize_t n = pread(fd, head, sizeof head, 0);
+  if (n < 2) return 0;
+  switch (format) {
+    case FORMAT_PNG:
+      return n == 8 && !memcmp(head, "\x89PNG\r\n\x1a\n", 8);
+    case FORMAT_JPEG:
+      return n >= 3 && head[0] == 0xff && head[1] == 0xd8 && head[2] == 0xff;
+    case FORMAT_BMP:
+      return head[0] == 'B' && head[1] == 'M';
+    default:
+      return 0;
+  }
+}
+
+// A JPEG Huffman table (DHT) codes at most 256 symbols; Debian's stb_image (before 2.28) writes
+// past its table when one declares more. Every table in the file (before and between scans) is
+// checked before stb_image sees a JPEG (libjpeg checks its own).
+static int jpeg_tables_valid(int fd, int64_t bytes) {
+  size_t n = bytes < (64 << 20) ? (size_t)bytes : (size_t)64 << 20;
+  unsigned char *b = malloc(n ? n : 1);
+  if (!b) TL_DIE("out of memory");
+  int ok = pread(fd, b, n, 0) == (ssize_t)n;
+  for (size_t at = 2; ok && at + 4 <= n;) {
+    if (b[at] != 0xff) {  // stb_image skips bytes between markers: so does the check
+      at++;
+      continue;
+    }
+    unsigned marker = b[at + 1];
+    if (marker == 0xff) {  // fill byte
+      at++;
+      continue;
+    }
+    if (marker == 0xd8 || marker == 0x01 || (marker >= 0xd0 && marker <= 0xd7)) {
+      at += 2;
+      continue;
+    }
+    if (marker == 0xd9) break;  // the end
+    size_t len = (size_t)b[at + 2] << 8 | b[at + 3], end = at + 2 + len;
+    if (len < 2 || end > n) {
+      ok = 0;  // a header segment cut off by the end of the file
+      break;
+    }
+    if (marker == 0xda) {
+      // A scan: its entropy-coded data runs to the next marker (0xFF not followed by a stuffed
+      // 0x00 or a restart marker), where tables for the next scan may follow.
+      at = end;
+      while (at + 1 < n && !(b[at] == 0xff && b[at + 1] != 0x00 && b[at + 1] != 0xff &&
+                             !(b[at + 1] >= 0xd0 && b[at + 1] <= 0xd7)))
+        at++;
+      continue;
+    }
+    for (size_t t = at + 4; ok && marker == 0xc4 && t < end;) {
+      size_t codes = 0;
+      if (t + 17 > end) ok = 0;  // a table's 16 counts cut off
+      for (int i = 1; ok && i <= 16; i++) codes += b[t + i];
+      if (codes > 256) ok = 0;
+      t += 17 + codes;
+    }
+    at = end;
+  }
+  free(b);
+  return ok;
+}
+
+// The bytes of pixel data the image stores before compression: a PNG's filtered rows at its own
+// bit depth (a bilevel scan stores 8 pixels a byte, so 1:1100 in pixels would refuse a valid
+// one), one byte a pixel for the other formats (their least; JPEG and BMP's RLE are far from the
+// ratio anyway).
+static double stored_bytes(Format format, int fd, int w, int h) {
+  unsigned char ihdr[2];
+  if (format != FORMAT_PNG || pread(fd, ihdr, 2, 24) != 2) return (double)w * h;
+  // IHDR's bit depth and colour type (grey, -, RGB, palette, grey+alpha, -, RGBA)
+  static const int samples[7] = {1, 0, 3, 1, 2, 0, 4};
+  const int bits = ihdr[0] * (ihdr[1] < 7 ? samples[ihdr[1]] : 0);
+  if (bits < 1) return (double)w * h;  // stb_image refuses it with its own reason
+  return (double)h * (1 + ceil((double)w * bits / 8));
+}
+
+static int check_size(const char *path, int fd, Format format, int w, int h, int64_t file_bytes) {
+  if (w < 1 || h < 1) return tl_fail("%s: an image of %dx%d pixels", path, w, h);
+  // No PNG, JPEG or BMP compresses better than about 1000:1 (deflate's limit is 1032:1): a
+  // header claiming more pixels than its file can hold would decode mostly made-up data.
+  if (stored_bytes(format, fd, w, h) > max_bytes_per_file_byte * (double)file_bytes)
+    return tl_fail("%s: claims %dx%d pixels in %lld bytes (truncated or corrupt)", path, w, h,
+                   (long long)file_bytes);
+  if (w > IMAGE_MAX_SIDE || h > IMAGE_MAX_SIDE || (long long)w * h > IMAGE_MAX_PIXELS)
+    return tl_fail("%s: %dx%d pixels, more than %d per side or %lld (8192x8192) in all", path, w, h,
+                   IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS);
+  return 0;
+}
+
+// ---- libjpeg ----
+
+typedef struct {
+  struct jpeg_error_mgr pub;
+  jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];  // the first error or corrupt-data warning
+  int corrupt;                    // a warning that means pixels are missing or made up
+} JpegError;
+
+static void jpeg_on_error(j_common_ptr c) {
+  JpegError *e = (JpegError *)c->err;
+  (*c->err->format_message)(c, e->message);
+  longjmp(e->jump, 1);
+}
+
+// libjpeg goes on past corrupt data, filling what it could not decode with grey. Only warnings
+// that lose no pixel are let through: bytes between markers, an unknown JFIF revision, a bad ICC
+// profile or Adobe transform code (the colours libjpeg assumes are the usual ones).
+static void jpeg_on_message(j_common_ptr c, int level) {
+  if (level >= 0) return;  // trace messages
+  JpegError *e = (JpegError *)c->err;
+  const int code = c->err->msg_code;
+  if (code == JWRN_EXTRANEOUS_DATA || code == JWRN_JFIF_MAJOR || code == JWRN_BOGUS_ICC ||
+      code == JWRN_ADOBE_XFORM)
+    return;
+  if (!e->corrupt) (*c->err->format_message)(c, e->message);
+  e->corrupt = 1;
+}
+
+typedef struct {
+  struct jpeg_decompress_struct d;
+  JpegError err;
+  FILE *f;
+} Jpeg;
+
+// Header of an open JPEG (inside the caller's setjmp).
+static void jpeg_open(Jpeg *j) {
+  jpeg_create_decompress(&j->d);
+  jpeg_stdio_src(&j->d, j->f);
+  jpeg_read_header(&j->d, TRUE);
+}
+
+static int jpeg_header(const char *path, FILE *f, int *w, int *h) {
+  Jpeg *j = calloc(1, sizeof *j);
+  if (!j) TL_DIE("out of memory");
+  j->f = f;
+  j->d.err = jpeg_std_error(&j->err.pub);
+  j->err.pub.error_exit = jpeg_on_error;
+  j->err.pub.emit_message = jpeg_on_message;
+  int rc = -1;
+  if (setjmp(j->err.jump) == 0) {
+    jpeg_open(j);
+    *w = (int)j->d.image_width;
+    *h = (int)j->d.image_height;
+    rc = 0;
+  } else {
+    tl_fail("%s: not a readable JPEG: %s", path, j->err.message);
+  }
+  jpeg_destroy_decompress(&j->d);
+  free(j);
+  return rc;
+}
+
+// Decodes the JPEG at 1/reduction into img (its size already checked by the caller).
+static int jpeg_decode(const char *path, FILE *f, int channels, int reduction, Image *img) {
+  Jpeg *j = calloc(1, sizeof *j);
+  if (!j) TL_DIE("out of memory");
+  j->f = f;
+  j->d.err = jpeg_std_error(&j->err.pub);
+  j->err.pub.error_exit = jpeg_on_error;
+  j->err.pub.emit_message = jpeg_on_message;
+  // volatile: read after a longjmp back into this frame
+  uint8_t *volatile pixels = NULL;
+  int rc = -1;
+  if (setjmp(j->err.jump) == 0) {
+    jpeg_open(j);
+    j->d.out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    j->d.scale_num = 1;
+    j->d.scale_denom = (unsigned)reduction;
+    // ISLOW: libjpeg's accurate integer DCT (the default); its fancy upsampling of chroma, as
+    // PIL and torchvision's decode_jpeg use.
+    j->d.dct_method = JDCT_ISLOW;
+    jpeg_start_decompress(&j->d);
+    const int w = (int)j->d.output_width, h = (int)j->d.output_height;
+    TL_ASSERT(j->d.output_components == channels);
+    const size_t row = (size_t)w * channels;
+    pixels = malloc(row * h);
+    if (!pixels) TL_DIE("out of memory");
+    while (j->d.output_scanline < j->d.output_height) {
+      JSAMPROW rows[1] = {pixels + row * j->d.output_scanline};
+      jpeg_read_scanlines(&j->d, rows, 1);
+    }
+    jpeg_finish_decompress(&j->d);
+    if (j->err.corrupt) {
+      tl_fail("%s: corrupt JPEG data: %s", path, j->err.message);
+    } else {
+      *img = (Image){pixels, h, w, channels, 1, reduction};
+      pixels = NULL;
+      rc = 0;
+    }
+  } else {
+    tl_fail("%s: cannot decode: %s", path, j->err.message);
+  }
+  free(pixels);
+  jpeg_destroy_decompress(&j->d);
+  free(j);
+  return rc;
+}
+
+// ---- stb_image ----
+
+static uint8_t *stb_decode(FILE *f, long long pixels, int channels, int *w, int *h) {
+  int file_channels;
+  if (pixels <= max_parallel_decode_pixels)
+    return stbi_load_from_file(f, w, h, &file_channels, channels);
+  uint8_t *decoded;
+#pragma omp critical(image_large_decode)
+  decoded = stbi_load_from_file(f, w, h, &file_channels, channels);
+  return decoded;
+}
+
+// ---- both ----
+
+// Opens `path` and reads its header: *f positioned at the start, *format, *w, *h. The file is
+// opened once and checked to be regular there, so what is decoded is what was checked.
+static int open_checked(const char *path, ImageDecoder decoder, FILE **f, Format *format, int *w,
+                        int *h) {
+  *format = format_of_name(path);
+  if (*format == FORMAT_NONE) return tl_fail("%s: not a .png, .jpg, .jpeg or .bmp file", path);
+  int64_t file_bytes = 0;
+  int fd = regular_open(path, 0, &file_bytes);
+  if (fd < 0) return -1;
+  if (!magic_matches(*format, fd)) {
+    close(fd);
+    return tl_fail("%s: its content is not the image format its name says", path);
+  }
+  const int use_stb = *format != FORMAT_JPEG || decoder == DECODER_STB;
+  if (use_stb && *format == FORMAT_JPEG && !jpeg_tables_valid(fd, file_bytes)) {
+    close(fd);
+    return tl_fail(
+        "%s: corrupt JPEG header (a cut-off segment, or a Huffman table of more than 256 codes)",
+        path);
+  }
+  if (!(*f = fdopen(fd, "rb"))) {
+    close(fd);
+    return tl_fail("%s: cannot open: %s", path, strerror(errno));
+  }
+  int rc = 0, file_channels;
+  if (!use_stb)
+    rc = jpeg_header(path, *f, w, h);
+  else if (!stbi_info_from_file(*f, w, h, &file_channels))
+    rc = tl_fail("%s: not a readable image: %s", path, stbi_failure_reason());
+  if (rc == 0) rc = check_size(path, fileno(*f), *format, *w, *h, file_bytes);
+  if (rc == 0 && fseek(*f, 0, SEEK_SET) != 0)
+    rc = tl_fail("%s: cannot read: %s", path, strerror(errno));
+  if (rc != 0) {
+    fclose(*f);
+    *f = NULL;
+  }
+  return rc;
+}
+
+int image_read_header(const char *path, ImageHeader *hdr) {
+  FILE *f;
+  Format format;
+  int w, h;
+  if (open_checked(path, DECODER_DEFAULT, &f, &format, &w, &h) != 0) return -1;
+  fclose(f);
+  *hdr = (ImageHeader){h, w, format == FORMAT_JPEG};
+  return 0;
+}
+
+int image_decode(const char *path, int channels, int reduction, ImageDecoder decoder, Image *img) {
+  memset(img, 0, sizeof *img);
+  TL_ASSERT(channels == 1 || channels == 3);
+  TL_ASSERT(reduction == 1 || reduction == 2 || reduction == 4 || reduction == 8);
+  FILE *f;
+  Format format;
+  int w, h, rc;
+  if (open_checked(path, decoder, &f, &format, &w, &h) != 0) return -1;
+  if (format == FORMAT_JPEG && decoder != DECODER_STB) {
+    rc = jpeg_decode(path, f, channels, reduction, img);
+  } else {
+    uint8_t *px = stb_decode(f, (long long)w * h, channels, &w, &h);
+    if (px) *img = (Image){px, h, w, channels, 1, 1};
+    rc = px ? 0 : tl_fail("%s: cannot decode: %s", path, stbi_failure_reason());
+  }
+  fclose(f);
+  return rc;
+}
+
+void image_free(Image *img) {
+  // stb_image's buffers are malloc'd (STBI_MALLOC's default), like libjpeg's path's.
+  if (img->owned) free(img->pixels);
+  memset(img, 0, sizeof *img);
+}
