@@ -27,6 +27,10 @@
 # to S seconds for the load to drop first; --require-quiet exits with 3 instead of measuring
 # if it has not).
 #
+# Decoding on one core (tests/bench_decode.c): stb_image against libjpeg-turbo, full size and at
+# the reduction a view allows, over the first N images of a folder:
+#   scripts/bench.sh --decode DIR [N=500] [VIEW_SIZE=64] [CHANNELS=3] [REPEATS=3]
+#
 # How PyTorch is made fair (the conditions under which the reference numbers were measured):
 # - Debian's python3-torch, run with /usr/bin/python3 (a python3 earlier on PATH may lack torch).
 # - BLAS: Debian's torch calls whatever libblas.so.3 resolves to, the reference BLAS by default,
@@ -420,6 +424,12 @@ json.dump(meta, open(sys.argv[1], "w"), indent=1)
   "$PY" scripts/bench_torch.py summarize "$out"
   echo "runs, logs and summary.md: $out"
 }
+
+if [ "${1:-}" = --decode ]; then
+  shift
+  [ -x build/bench_decode ] || scripts/setup.sh
+  OMP_NUM_THREADS=1 exec build/bench_decode "$@"
+fi
 
 if [ "${1:-}" = --vs-pytorch ]; then
   shift

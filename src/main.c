@@ -1049,7 +1049,7 @@ static int cmd_embed(int argc, char **argv) {
   }
   static FeatureEncoder enc;
   Dataset ds = {0};
-  if (feature_encoder_open(&enc, src, 128) != 0) {
+  if (feature_encoder_open(&enc, src, NULL, 0) != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 1;
   }
@@ -1094,7 +1094,9 @@ static void usage_eval(FILE *f) {
           "each next to the same measure on raw pixels. Without --knn or --linear, both.\n"
           "\n"
           "  --set S.K=V  evaluate elsewhere: data.train, data.test, data.format, data.limit,\n"
-          "               data.test_limit, eval.knn_k, eval.knn_temperature\n"
+          "               data.test_limit, data.stream, eval.knn_k, eval.knn_temperature,\n"
+          "               eval.batch_size (images a forward pass encodes: its activations\n"
+          "               are most of the memory at large image sizes)\n"
           "  --json       one JSON object: knn_top1 (k=200), knn_top1_k20, linear_top1,\n"
           "               knn_top1_raw_pixels, linear_top1_raw_pixels, n_train, n_test,\n"
           "               seconds, ...\n");
@@ -1102,8 +1104,8 @@ static void usage_eval(FILE *f) {
 
 static int eval_may_set(const char *assignment) {
   static const char *const allowed[] = {
-      "data.train=",      "data.test=",  "data.format=",         "data.limit=",
-      "data.test_limit=", "eval.knn_k=", "eval.knn_temperature="};
+      "data.train=",  "data.test=",  "data.format=",          "data.limit=",     "data.test_limit=",
+      "data.stream=", "eval.knn_k=", "eval.knn_temperature=", "eval.batch_size="};
   for (size_t i = 0; i < sizeof allowed / sizeof *allowed; i++)
     if (strncmp(assignment, allowed[i], strlen(allowed[i])) == 0) return 1;
   return 0;
@@ -1165,8 +1167,8 @@ static int cmd_eval(int argc, char **argv) {
     } else if ((v = option_value(argc, argv, &i, "--set"))) {
       if (!eval_may_set(v)) {
         fprintf(stderr,
-                "tally eval: --set %s: only data.* paths and limits and eval.knn_* "
-                "can change (see tally eval --help)\n",
+                "tally eval: --set %s: only data.* paths, limits and stream, eval.knn_* and "
+                "eval.batch_size can change (see tally eval --help)\n",
                 v);
         return 2;
       }
@@ -1192,14 +1194,12 @@ static int cmd_eval(int argc, char **argv) {
   if (!opt.knn && !opt.linear) opt.knn = opt.linear = 1;
   opt.quiet = json;
   static FeatureEncoder enc;
-  if (feature_encoder_open(&enc, src, 128) != 0) {
+  if (feature_encoder_open(&enc, src, sets, n_sets) != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 1;
   }
-  int rc = 0;
-  for (int i = 0; rc == 0 && i < n_sets; i++) rc = config_set(&enc.cfg, sets[i]);
   EvalResult r;
-  if (rc == 0) rc = evaluate_encoder(&enc, &opt, &r);
+  int rc = evaluate_encoder(&enc, &opt, &r);
   if (rc == 0)
     print_eval(&enc, &r, json);
   else

@@ -148,6 +148,11 @@ static char *written_by(const Config *c, void (*write)(const Config *, FILE *)) 
 // (to float precision: keys hold floats or ints), or the same text once spaces are dropped
 // (lists may be written "32, 64").
 static int same_value(const char *stated, const char *written) {
+  // A path under the home folder is written out where it was found.
+  const char *home = getenv("HOME");
+  if (!strncmp(stated, "~/", 2) && home && !strncmp(written, home, strlen(home)) &&
+      !strcmp(written + strlen(home), stated + 1))
+    return 1;
   char *end_a, *end_b;
   double a = strtod(stated, &end_a), b = strtod(written, &end_b);
   if (end_a != stated && !*end_a && end_b != written && !*end_b) return (float)a == (float)b;

@@ -199,7 +199,9 @@ static int list_images(Dataset *ds, const char *root, int limit) {
   ds->labels = tl_alloc(sizeof *ds->labels * ds->n, MEM_DATA, COMP_OTHER);
   if (!(ds->files = calloc(ds->n, sizeof *ds->files))) TL_DIE("out of memory");
   for (int k = 0, i = 0; k < n_classes; k++) {
-    char *dir = join_path(root, classes.names[k]);
+    // An unlabeled folder's one group is root itself: root/name, not root/./name.
+    char *dir = labeled ? join_path(root, classes.names[k]) : strdup(root);
+    if (!dir) TL_DIE("out of memory");
     for (int f = 0; f < keep[k]; f++, i++) {
       ds->files[i] = join_path(dir, files[k].names[f]);
       ds->labels[i] = k;

@@ -37,7 +37,7 @@ static int load_weights(FeatureEncoder *e, const StFile *f) {
   return 0;
 }
 
-int feature_encoder_open(FeatureEncoder *e, const char *src, int batch) {
+int feature_encoder_open(FeatureEncoder *e, const char *src, const char *const *sets, int n_sets) {
   memset(e, 0, sizeof *e);
   struct stat st;
   if (stat(src, &st) == 0 && S_ISDIR(st.st_mode))
@@ -47,6 +47,7 @@ int feature_encoder_open(FeatureEncoder *e, const char *src, int batch) {
   StFile f;
   if (st_read(&f, e->source, 0) != 0) return -1;
   int rc = checkpoint_config(&f, e->source, &e->cfg);
+  for (int i = 0; rc == 0 && i < n_sets; i++) rc = config_set(&e->cfg, sets[i]);
   const char *objective = st_get_meta(&f, "objective");
   snprintf(e->objective, sizeof e->objective, "%s", objective ? objective : "");
   const char *step = st_get_meta(&f, "step");
@@ -58,6 +59,7 @@ int feature_encoder_open(FeatureEncoder *e, const char *src, int batch) {
                   read_channels(&f, "data.std", "input_std", C, e->norm.std) != 0))
     rc = tl_fail("%s: does not say how inputs were normalized", e->source);
   if (rc == 0) {
+    const int batch = cfg->eval.batch_size;
     e->batch = batch;
     tl_alloc_scope_begin(MEM_EVAL);
     dnnl_ctx_init(&e->ctx);
@@ -109,10 +111,10 @@ void feature_encoder_close(FeatureEncoder *e) {
 int feature_dataset_load(const FeatureEncoder *e, Dataset *ds, const char *path, int limit) {
   struct stat st;
   if (stat(path, &st) != 0) return tl_fail("%s: does not exist", path);
-  int rc = S_ISDIR(st.st_mode) ? dataset_load_imagefolder(ds, path, e->cfg.data.image_size,
-                                                          e->cfg.data.channels, limit,
-                                                          e->cfg.data.stream)
-                               : dataset_load_idx(ds, path, e->cfg.data.channels, limit);
+  int rc = S_ISDIR(st.st_mode)
+               ? dataset_load_imagefolder(ds, path, e->cfg.data.image_size, e->cfg.data.channels,
+                                          limit, e->cfg.data.stream)
+               : dataset_load_idx(ds, path, e->cfg.data.channels, limit);
   if (rc != 0) return -1;
   if (ds->h != e->cfg.data.image_size || ds->w != e->cfg.data.image_size) {
     int h = ds->h, w = ds->w;

@@ -20,9 +20,11 @@ typedef struct {
   float *images;  // (batch, S, S, C) MEM_EVAL
 } FeatureEncoder;
 
-// `src`: a run folder (its checkpoint.safetensors), a checkpoint, or an export. -1 with
-// tl_last_error() on a missing, corrupt or mismatched file.
-int feature_encoder_open(FeatureEncoder *e, const char *src, int batch);
+// `src`: a run folder (its checkpoint.safetensors), a checkpoint, or an export; `sets` (n_sets
+// "section.key=value" assignments, may be NULL) change its configuration before the encoder is
+// built, which encodes eval.batch_size images a pass. -1 with tl_last_error() on a missing,
+// corrupt or mismatched file or a bad assignment.
+int feature_encoder_open(FeatureEncoder *e, const char *src, const char *const *sets, int n_sets);
 int feature_encoder_dim(const FeatureEncoder *e);
 // Features (n, D) of the first n images of ds (evaluation transform; ds must have the run's
 // image size and channels). -1 with tl_last_error() naming the image when a feature is not

@@ -1038,6 +1038,13 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
   double t0 = now_ms();
   int ch = cfg->data.channels;
   int idx = strcmp(cfg->data.format, "idx") == 0;
+  if (!idx && !run->quiet_rank) {
+    printf("reading %s: %s\n", cfg->data.train,
+           cfg->data.stream ? "the file list and each image's header (the pixels are decoded as "
+                              "batches need them, data.stream = 1)"
+                            : "decoding every image into memory (data.stream = 0)");
+    fflush(stdout);
+  }
   int loaded = idx ? dataset_load_idx(&run->train, cfg->data.train, ch, cfg->data.limit) == 0
                    : dataset_load_imagefolder(&run->train, cfg->data.train, cfg->data.image_size,
                                               ch, cfg->data.limit, cfg->data.stream) == 0;
@@ -1162,7 +1169,8 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     goto out;
   }
   if (!run->quiet_rank) {
-    printf("data loaded in %.1f s; run folder %s\n", (now_ms() - t0) / 1e3, opt->out_dir);
+    printf("data %s in %.1f s; run folder %s\n", !idx && cfg->data.stream ? "listed" : "loaded",
+           (now_ms() - t0) / 1e3, opt->out_dir);
     if (run->start_step > 0) printf("resuming at step %d of %s\n", run->start_step, steps_text);
     fflush(stdout);
     if (make_run_dir(opt->out_dir, run) != 0) {

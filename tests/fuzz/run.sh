@@ -3,7 +3,8 @@
 # and UndefinedBehaviorSanitizer on), one harness per reader:
 #   config       INI recipe + model file, config_load_text and config_validate (and write/read back)
 #   idx          IDX images + labels, plain and gzip (dataset_load_idx)
-#   image        PNG/JPEG/BMP in an ImageFolder tree (dataset_load_imagefolder, stb_image)
+#   image        PNG/JPEG/BMP in an ImageFolder tree, in memory and streamed (dataset_load_imagefolder,
+#                augment_view, eval_view; libjpeg-turbo and stb_image)
 #   safetensors  checkpoints and exports (st_parse, checkpoint_restore, checkpoint_config,
 #                weights_find, export_checkpoint)
 #   ledger       run folders (ledger_read_json, report_write, ledger_truncate_for_resume)
@@ -64,7 +65,7 @@ if ! { cmake -S . -B "$build" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug 
   echo "run.sh: building the library failed" >&2
   exit 1
 fi
-libs="-fopenmp=libomp -ldnnl -lz $(mpicc --showme:link) $(pkg-config --libs inih stb) -lm -lpthread"
+libs="-fopenmp=libomp -ldnnl -lz -ljpeg $(mpicc --showme:link) $(pkg-config --libs inih stb) -lm -lpthread"
 for h in "${harnesses[@]}"; do
   # shellcheck disable=SC2086  # flags are word lists
   clang $cflags -fsanitize=fuzzer -Isrc -I"$fuzz_dir" "$fuzz_dir/fuzz_$h.c" "$build/libtallylib.a" \
