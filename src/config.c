@@ -1,6 +1,6 @@
 // The whole configuration is described by two tables (recipe keys and model-file keys). Loading,
 // --set overrides, defaults, error messages, config_write and the key reference (`tally keys`,
-// README.md) all walk the same tables, so a new key is one new row and nothing else.
+// docs/keys.md) all walk the same tables, so a new key is one new row and nothing else.
 #include "config.h"
 
 #include <ctype.h>

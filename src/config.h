@@ -176,7 +176,7 @@ const KeySpec *config_recipe_keys(size_t *n);
 const KeySpec *config_model_keys(size_t *n);
 
 // Writes every key as Markdown, one table per section: key, type with its range or choices,
-// default and meaning (`tally keys`; README.md's "Configuration keys" is this output).
+// default and meaning (`tally keys`; docs/keys.md is this output).
 void config_write_reference(FILE *out);
 
 // Writes the resolved configuration as INI (every key, defaults included); the model spec

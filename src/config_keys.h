@@ -1,7 +1,7 @@
 // How a configuration key is described: one row per key (section, name, where it is stored,
 // type, default, range, meaning), in tables that loading, --set, defaults, validation messages,
-// config_write and the key reference (`tally keys`, README.md) all walk. The recipe's own sections
-// live in config.c; each objective declares the section named after it in its own file
+// config_write and the key reference (`tally keys`, docs/keys.md) all walk. The recipe's own
+// sections live in config.c; each objective declares the section named after it in its own file
 // (ObjectiveDef.settings), stored in its slot of Config.objective_settings.
 #pragma once
 #include <stddef.h>

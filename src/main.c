@@ -1214,8 +1214,8 @@ static void usage_keys(FILE *f) {
           "\n"
           "Prints every configuration key as Markdown, one table per section: the recipe's\n"
           "sections, each objective's own, and the model file's [backbone]. Each row gives\n"
-          "the key's type with its range or choices, its default and its meaning. README.md's\n"
-          "\"Configuration keys\" section is this output.\n");
+          "the key's type with its range or choices, its default and its meaning. docs/keys.md\n"
+          "is this output.\n");
 }
 
 static int cmd_keys(int argc, char **argv) {

@@ -1,12 +1,12 @@
-// The key reference: `tally keys` prints every key of the tables with its meaning, and README.md's
-// "Configuration keys" section is that output, byte for byte, so the documentation cannot drift
-// from the keys the loader accepts.
+// The key reference: `tally keys` prints every key of the tables with its meaning, and
+// docs/keys.md's "Configuration keys" section is that output, byte for byte, so the documentation
+// cannot drift from the keys the loader accepts.
 //
 // After changing a key, regenerate the section (from the project root, with the binary built):
 //   build/tally keys > /tmp/keys.md && awk '/<!-- keys:end -->/ { skip = 0; print "" }
 //     !skip { print } /<!-- keys:begin -->/ { skip = 1; print "";
-//     while ((getline line < "/tmp/keys.md") > 0) print line }' README.md > README.tmp &&
-//   mv README.tmp README.md
+//     while ((getline line < "/tmp/keys.md") > 0) print line }' docs/keys.md > keys.tmp &&
+//   mv keys.tmp docs/keys.md
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -52,7 +52,7 @@ static char *tally_output(const char *args) {
 static void test_readme_section_is_the_command_output(void **state) {
   (void)state;
   char *keys = tally_output("keys");
-  FILE *f = fopen("README.md", "r");
+  FILE *f = fopen("docs/keys.md", "r");
   assert_non_null(f);
   char *readme = read_all(f);
   fclose(f);
@@ -68,8 +68,8 @@ static void test_readme_section_is_the_command_output(void **state) {
     while (begin[at] && begin[at] == keys[at]) at++;
     while (at > 0 && keys[at - 1] != '\n') at--;
     fail_msg(
-        "README.md's keys section differs from `tally keys` (regenerate it: see the top of "
-        "this test) at:\n  README:     %.*s\n  tally keys: %.*s",
+        "docs/keys.md's keys section differs from `tally keys` (regenerate it: see the top of "
+        "this test) at:\n  docs/keys.md: %.*s\n  tally keys: %.*s",
         (int)strcspn(begin + at, "\n"), begin + at, (int)strcspn(keys + at, "\n"), keys + at);
   }
   free(readme);
