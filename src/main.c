@@ -1082,7 +1082,8 @@ static int cmd_embed(int argc, char **argv) {
 
 static void usage_eval(FILE *f) {
   fprintf(f,
-          "usage: tally eval RUN_DIR|FILE [--knn] [--linear] [--json] [--set S.K=V]...\n"
+          "usage: tally eval RUN_DIR|FILE [--knn] [--linear] [--no-baseline] [--json]\n"
+          "                  [--set S.K=V]...\n"
           "\n"
           "Scores a trained encoder (a run folder, a checkpoint or an export) on the labeled\n"
           "training and test sets its configuration names ([data] train, test):\n"
@@ -1092,7 +1093,10 @@ static void usage_eval(FILE *f) {
           "             L-BFGS to convergence, L2 strength chosen on a tenth of the training\n"
           "             set held out, then refitted on all of it\n"
           "each next to the same measure on raw pixels. Without --knn or --linear, both.\n"
+          "Each result is printed as soon as it is known, then the table.\n"
           "\n"
+          "  --no-baseline  skip the raw-pixel measures (at photo sizes the pixels are many\n"
+          "               features: the baseline can take longer than the encoder's)\n"
           "  --set S.K=V  evaluate elsewhere: data.train, data.test, data.format, data.limit,\n"
           "               data.test_limit, data.stream, eval.knn_k, eval.knn_temperature,\n"
           "               eval.batch_size (images a forward pass encodes: its activations\n"
@@ -1116,6 +1120,15 @@ static void json_number(const char *name, double v, int last) {
     printf("\"%s\": %.6g%s", name, v, last ? "" : ", ");
   else
     printf("\"%s\": null%s", name, last ? "" : ", ");
+}
+
+// One row of the eval table; a measure not taken (NaN) shows as "-".
+static void eval_row(const char *label, double encoder, double pixels) {
+  printf("%-24s %10.4f", label, encoder);
+  if (isfinite(pixels))
+    printf(" %12.4f", pixels);
+  else
+    printf(" %12s", "-");
 }
 
 static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json) {
@@ -1143,21 +1156,28 @@ static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json)
          enc->objective[0] ? enc->objective : "?", enc->step, r->n_train, r->n_test, r->n_classes,
          r->feature_dim);
   printf("%-24s %10s %12s\n", "", "encoder", "raw pixels");
+  char k_label[32];
+  snprintf(k_label, sizeof k_label, "kNN top-1 (k=%d)", enc->cfg.eval.knn_k);
   if (isfinite(r->knn_top1)) {
-    printf("%-24s %10.4f %12.4f\n", "kNN top-1 (k=200)", r->knn_top1, r->knn_top1_raw_pixels);
-    printf("%-24s %10.4f %12.4f\n", "kNN top-1 (k=20)", r->knn_top1_k20,
-           r->knn_top1_k20_raw_pixels);
+    eval_row(k_label, r->knn_top1, r->knn_top1_raw_pixels);
+    printf("\n");
+    eval_row("kNN top-1 (k=20)", r->knn_top1_k20, r->knn_top1_k20_raw_pixels);
+    printf("\n");
   }
-  if (isfinite(r->linear_top1))
-    printf("%-24s %10.4f %12.4f   (L2 %g / %g)\n", "linear probe top-1", r->linear_top1,
-           r->linear_top1_raw_pixels, r->linear_lambda, r->linear_lambda_raw_pixels);
+  if (isfinite(r->linear_top1)) {
+    eval_row("linear probe top-1", r->linear_top1, r->linear_top1_raw_pixels);
+    if (isfinite(r->linear_lambda_raw_pixels))
+      printf("   (L2 %g / %g)\n", r->linear_lambda, r->linear_lambda_raw_pixels);
+    else
+      printf("   (L2 %g)\n", r->linear_lambda);
+  }
   printf("%.1f s\n", r->seconds);
 }
 
 static int cmd_eval(int argc, char **argv) {
   const char *src = NULL;
   const char *sets[256];
-  int n_sets = 0, json = 0;
+  int n_sets = 0, json = 0, no_baseline = 0;
   EvalOptions opt = {0};
   for (int i = 0; i < argc; i++) {
     const char *v;
@@ -1176,6 +1196,8 @@ static int cmd_eval(int argc, char **argv) {
       sets[n_sets++] = v;
     } else if (!strcmp(argv[i], "--knn")) {
       opt.knn = 1;
+    } else if (!strcmp(argv[i], "--no-baseline")) {
+      no_baseline = 1;
     } else if (!strcmp(argv[i], "--linear")) {
       opt.linear = 1;
     } else if (!strcmp(argv[i], "--json")) {
@@ -1192,6 +1214,7 @@ static int cmd_eval(int argc, char **argv) {
     return 2;
   }
   if (!opt.knn && !opt.linear) opt.knn = opt.linear = 1;
+  opt.baseline = !no_baseline;
   opt.quiet = json;
   static FeatureEncoder enc;
   if (feature_encoder_open(&enc, src, sets, n_sets) != 0) {

@@ -149,7 +149,8 @@ static void test_counts_teacher_and_centre(void **state) {
 // ones of 12.
 static const char *small =
     "--objective=dino --set train.batch_size=32 --set data.limit=256 --set data.test_limit=128 "
-    "--set dino.local_crops=4";
+    "--set dino.local_crops=4 --set dino.local_size=12";
+enum { LOCAL = 12 };
 
 // The ledger's answers: (2 + 4) b crops with gradient, 2b without; the teacher's parameters and
 // the centre held as the momentum encoder. Also with two uneven replicas.
@@ -163,6 +164,25 @@ static void test_plan_equals_run(void **state) {
   assert_int_equal(r.encodings_next_new, 8 * 32);
   // The teacher (a copy of every student parameter) and the centre (out_dim floats).
   assert_int_equal(r.momentum_encoder_bytes, r.param_bytes + sizeof(float) * 1024);
+  // Two view groups: the 2 global crops (student and teacher) and the 4 local ones (student
+  // only), each at its own size.
+  assert_int_equal(r.view_groups, 2);
+  const LedgerViewGroup *g = r.view_group, *l = r.view_group + 1;
+  assert_true(g->size == 28 && g->count == 2 && l->size == LOCAL && l->count == 4);
+  assert_true(g->views_grad == 2 * 32 && g->views_nograd == 2 * 32);
+  assert_true(l->views_grad == 4 * 32 && l->views_nograd == 0);
+  // A local crop costs its share of the pixels: (LOCAL / 28)^2 of a global crop's forward (the
+  // student's and the teacher's on the global ones), and its backward twice its forward (data
+  // and weight gradients).
+  const double per_global = g->flops_forward / (2.0 * 2 * 32),
+               per_local = l->flops_forward / (4 * 32);
+  assert_float_equal(per_local / per_global, (LOCAL / 28.0) * (LOCAL / 28.0), 1e-3);
+  assert_float_equal(l->flops_backward / l->flops_forward, 2.0, 0.05);
+  assert_true(l->activation_bytes > 0 && g->activation_bytes > l->activation_bytes);
+  // On one replica the groups' activations are all the encoder's (counted at the build on the
+  // replica's thread, against the allocator's live total at the step).
+  assert_int_equal(g->activation_bytes + l->activation_bytes, r.activation_bytes_by[COMP_ENCODER]);
+  assert_float_equal(g->flops_forward + l->flops_forward, r.flops_forward_by[COMP_ENCODER], 1);
   r = plan_equals_run("two", small,
                       "--set parallel.replicas=2 --set parallel.shard_weights=1,3 --no-knn");
   assert_int_equal(r.shard_samples, 8);

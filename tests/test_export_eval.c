@@ -170,6 +170,18 @@ static void test_eval_json(void **state) {
     if (!(v > above[i] && v <= 1)) fail_msg("%s = %g", acc[i], v);
   }
   assert_true(json_field(text, "seconds") > 0);
+
+  // Without the baseline: the encoder's measures as before, the raw pixels' null.
+  assert_int_equal(tally("eval %s/rn --json --no-baseline", tmpdir), 0);
+  f = fopen(path, "r");
+  assert_non_null(f);
+  n = fread(text, 1, sizeof text - 1, f);
+  text[n] = 0;
+  fclose(f);
+  assert_non_null(strstr(text, "\"knn_top1_raw_pixels\": null"));
+  assert_non_null(strstr(text, "\"linear_top1_raw_pixels\": null"));
+  double knn = json_field(text, "knn_top1");
+  if (!(knn > 0.2 && knn <= 1)) fail_msg("knn_top1 = %g without the baseline", knn);
 }
 
 // Writes root/<class>/NN.png for each class, stripes whose direction depends on the class.

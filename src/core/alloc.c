@@ -59,6 +59,14 @@ static char *reserve(size_t bytes, size_t *mapped) {
   return raw + page - ALIGN;
 }
 
+// What this thread allocated less what it freed: a builder's own share while several replicas'
+// threads build at once.
+static _Thread_local long long thread_live_bytes[MEM_NCAT][COMP_NCOMP];
+
+long long tl_mem_thread_net(MemCategory cat, MemComponent comp) {
+  return thread_live_bytes[cat][comp];
+}
+
 void *tl_alloc(size_t bytes, MemCategory cat, MemComponent comp) {
   if (scope_category >= 0) cat = (MemCategory)scope_category;
   const int planned = untouched && bytes >= PLANNED_RESERVE_BYTES;
@@ -87,6 +95,7 @@ void *tl_alloc(size_t bytes, MemCategory cat, MemComponent comp) {
   h->cat = cat;
   h->comp = comp;
   atomic_fetch_add(&live_bytes[cat][comp], bytes);
+  thread_live_bytes[cat][comp] += (long long)bytes;
   size_t now = atomic_fetch_add(&live_total, bytes) + bytes;
   size_t peak = atomic_load(&peak_total);
   while (now > peak && !atomic_compare_exchange_weak(&peak_total, &peak, now)) {
@@ -99,6 +108,7 @@ void tl_free(void *p) {
   char *raw = (char *)p - ALIGN;
   BlockHeader *h = (BlockHeader *)raw;
   atomic_fetch_sub(&live_bytes[h->cat][h->comp], h->bytes);
+  thread_live_bytes[h->cat][h->comp] -= (long long)h->bytes;
   atomic_fetch_sub(&live_total, h->bytes);
   if (h->mapped_bytes)
     munmap((char *)p - (size_t)sysconf(_SC_PAGESIZE), h->mapped_bytes);

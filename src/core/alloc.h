@@ -34,10 +34,10 @@ const char *mem_component_name(MemComponent c);
 void *tl_alloc(size_t bytes, MemCategory cat, MemComponent comp);
 void tl_free(void *p);
 
-// Planning (this thread only): while set, new blocks are not zero-filled, and blocks of a page or more are address
-// space only (never committed; touching one faults), so a model of any size can be built to be
-// measured (`tally plan`) in a few megabytes. Code that runs during a plan must not read or write
-// them: ops check DnnlCtx.dry_run, initializers tl_alloc_untouched().
+// Planning (this thread only): while set, new blocks are not zero-filled, and blocks of a page or
+// more are address space only (never committed; touching one faults), so a model of any size can be
+// built to be measured (`tally plan`) in a few megabytes. Code that runs during a plan must not
+// read or write them: ops check DnnlCtx.dry_run, initializers tl_alloc_untouched().
 void tl_alloc_set_untouched(int untouched);
 // 1 while planning: initializers may skip filling what they allocate (nothing will read it).
 int tl_alloc_untouched(void);
@@ -50,6 +50,9 @@ void tl_alloc_scope_end(void);
 // Live and peak bytes, per category and component (thread-safe counters).
 size_t tl_mem_live(MemCategory cat);
 size_t tl_mem_live_comp(MemCategory cat, MemComponent comp);
+// Bytes this thread has allocated less those it has freed, per category and component: the
+// difference across a build is what that build holds, whatever other threads allocate meanwhile.
+long long tl_mem_thread_net(MemCategory cat, MemComponent comp);
 size_t tl_mem_peak_total(void);
 size_t tl_mem_live_total(void);
 

@@ -18,16 +18,31 @@ typedef struct {
   LedgerFieldInfo info;
   FieldType type;
   size_t offset;
+  // A member of view group `view_group` (else -1): ledger.jsonl writes the groups as one list
+  // of objects, at the field named "view_groups", with these members.
+  int view_group;
+  const char *member;
 } Field;
 
 // Counted quantities: planned exactly.
 #define FIELD(name, type, group, unit) \
-  { {#name, group, unit, 0}, type, offsetof(LedgerRecord, name) }
+  { {#name, group, unit, 0}, type, offsetof(LedgerRecord, name), -1, NULL }
 #define FIELD_AT(label, member, type, group, unit) \
-  { {label, group, unit, 0}, type, offsetof(LedgerRecord, member) }
+  { {label, group, unit, 0}, type, offsetof(LedgerRecord, member), -1, NULL }
 // Known only once the step has run.
 #define MEASURED(name, type, group, unit) \
-  { {#name, group, unit, 1}, type, offsetof(LedgerRecord, name) }
+  { {#name, group, unit, 1}, type, offsetof(LedgerRecord, name), -1, NULL }
+// One member of view group k.
+#define GROUP_FIELD(k, m, type, group, unit) \
+  { {"view_group" #k "_" #m, group, unit, 0}, type, offsetof(LedgerRecord, view_group[k].m), k, #m }
+#define VIEW_GROUP(k)                                                    \
+  GROUP_FIELD(k, size, F_INT, LEDGER_ENCODED, UNIT_COUNT),               \
+      GROUP_FIELD(k, count, F_INT, LEDGER_ENCODED, UNIT_COUNT),          \
+      GROUP_FIELD(k, views_grad, F_LONG, LEDGER_ENCODED, UNIT_COUNT),    \
+      GROUP_FIELD(k, views_nograd, F_LONG, LEDGER_ENCODED, UNIT_COUNT),  \
+      GROUP_FIELD(k, flops_forward, F_DOUBLE, LEDGER_COST, UNIT_FLOPS),  \
+      GROUP_FIELD(k, flops_backward, F_DOUBLE, LEDGER_COST, UNIT_FLOPS), \
+      GROUP_FIELD(k, activation_bytes, F_SIZE, LEDGER_HELD, UNIT_BYTES)
 
 static const Field fields[] = {
     FIELD(step, F_LONG, LEDGER_IDENTITY, UNIT_COUNT),
@@ -44,6 +59,11 @@ static const Field fields[] = {
     FIELD(patches_decoded, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
     FIELD(negatives_per_query, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
     FIELD(positives_per_query, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
+    FIELD(view_groups, F_INT, LEDGER_ENCODED, UNIT_COUNT),
+    VIEW_GROUP(0),
+    VIEW_GROUP(1),
+    VIEW_GROUP(2),
+    VIEW_GROUP(3),
     FIELD(activation_bytes, F_SIZE, LEDGER_HELD, UNIT_BYTES),
     FIELD_AT("activation_encoder_bytes", activation_bytes_by[COMP_ENCODER], F_SIZE, LEDGER_HELD,
              UNIT_BYTES),
@@ -105,6 +125,33 @@ static const Field fields[] = {
     MEASURED(peak_rss_bytes, F_SIZE, LEDGER_TIME, UNIT_BYTES),
 };
 enum { N_FIELDS = sizeof fields / sizeof fields[0] };
+_Static_assert(LEDGER_MAX_VIEW_GROUPS == 4, "the field table lists view groups 0 to 3");
+
+static int absent_group(const LedgerRecord *r, const Field *fd) {
+  return fd->view_group >= 0 && fd->view_group >= r->view_groups;
+}
+
+void ledger_view_groups_finish(LedgerRecord *r, int n_groups, const int *sizes, const int *counts,
+                               size_t encoder_act_bytes) {
+  TL_ASSERT(n_groups >= 1 && n_groups <= LEDGER_MAX_VIEW_GROUPS);
+  if (r->view_groups == 0) {  // one group: the step's views
+    r->view_group[0].views_grad = r->views_grad;
+    r->view_group[0].views_nograd = r->views_nograd;
+  }
+  r->view_groups = n_groups;
+  LedgerViewGroup *g0 = &r->view_group[0];
+  g0->flops_forward = r->flops_forward_by[COMP_ENCODER];
+  g0->flops_backward = r->flops_backward_by[COMP_ENCODER];
+  g0->activation_bytes = encoder_act_bytes;
+  for (int g = 0; g < n_groups; g++) {
+    r->view_group[g].size = sizes[g];
+    r->view_group[g].count = counts[g];
+    if (g == 0) continue;
+    g0->flops_forward -= r->view_group[g].flops_forward;
+    g0->flops_backward -= r->view_group[g].flops_backward;
+    g0->activation_bytes -= r->view_group[g].activation_bytes;
+  }
+}
 
 void ledger_record_comm(LedgerRecord *r, const CommStats *cs) {
   r->comm_allreduce_bytes = cs->bytes[COLL_ALLREDUCE];
@@ -142,10 +189,29 @@ static void write_value(FILE *f, const LedgerRecord *r, const Field *fd, int jso
   }
 }
 
+// "view_groups":[{"size":..,...},...]: the members of each group the record has.
+static void write_view_groups(FILE *f, const LedgerRecord *r) {
+  fputc('[', f);
+  for (int g = 0; g < r->view_groups && g < LEDGER_MAX_VIEW_GROUPS; g++) {
+    fputs(g ? ",{" : "{", f);
+    for (int i = 0, first = 1; i < N_FIELDS; i++)
+      if (fields[i].view_group == g) {
+        fprintf(f, "%s\"%s\":", first ? "" : ",", fields[i].member);
+        write_value(f, r, &fields[i], 1);
+        first = 0;
+      }
+    fputc('}', f);
+  }
+  fputc(']', f);
+}
+
 void ledger_write_json_members(FILE *f, const LedgerRecord *r, int planned) {
   for (int i = 0; i < N_FIELDS; i++) {
+    if (fields[i].view_group >= 0) continue;  // inside "view_groups"
     fprintf(f, "%s\"%s\":", i ? "," : "", fields[i].info.name);
-    if (planned && fields[i].info.measured_only)
+    if (fields[i].offset == offsetof(LedgerRecord, view_groups))
+      write_view_groups(f, r);
+    else if (planned && fields[i].info.measured_only)
       fputs("null", f);
     else
       write_value(f, r, &fields[i], 1);
@@ -166,7 +232,7 @@ void ledger_write_csv_header(FILE *f) {
 void ledger_write_csv(FILE *f, const LedgerRecord *r) {
   for (int i = 0; i < N_FIELDS; i++) {
     if (i) fputc(',', f);
-    write_value(f, r, &fields[i], 0);
+    if (!absent_group(r, &fields[i])) write_value(f, r, &fields[i], 0);  // else an empty cell
   }
   fputc('\n', f);
 }
@@ -181,6 +247,7 @@ int ledger_field_find(const char *name) {
 }
 
 double ledger_field_value(const LedgerRecord *r, int i) {
+  if (absent_group(r, &fields[i])) return 0;  // a group the step did not have
   const char *p = (const char *)r + fields[i].offset;
   switch (fields[i].type) {
     case F_LONG:
@@ -248,44 +315,82 @@ static const char *string_end(const char *p) {
   return *p ? p : NULL;
 }
 
-int ledger_read_json(const char *line, LedgerRecord *r) {
-  const char *p = skip_space(line);
-  if (*p++ != '{') return -1;
-  int set = 0;
+// The table's field called name[0..len) among the members of view group `group` (-1: the
+// record's own fields), or NULL.
+static const Field *find_field(const char *name, size_t len, int group) {
+  for (int i = 0; i < N_FIELDS; i++) {
+    const char *n = group < 0 ? fields[i].info.name : fields[i].member;
+    if (fields[i].view_group == (group < 0 ? -1 : group) && n && strlen(n) == len &&
+        strncmp(n, name, len) == 0)
+      return &fields[i];
+  }
+  return NULL;
+}
+
+// One flat JSON object at p (its members numbers, strings or null) into r: the record's fields,
+// or view group `group`'s members. Returns the position after it, or NULL when malformed.
+static const char *read_object(const char *p, LedgerRecord *r, int group, int *set);
+
+// "view_groups":[{...},...] at p (after the colon): each object is one group's members.
+static const char *read_view_groups(const char *p, LedgerRecord *r, int *set) {
+  if (*p++ != '[') return NULL;
+  int n = 0;
+  p = skip_space(p);
+  if (*p == ']') return p + 1;
+  for (;;) {
+    // A group past the table's is read for its syntax and dropped.
+    p = read_object(skip_space(p), r, n < LEDGER_MAX_VIEW_GROUPS ? n : INT_MAX, set);
+    if (!p) return NULL;
+    n++;
+    p = skip_space(p);
+    if (*p == ']') break;
+    if (*p++ != ',') return NULL;
+  }
+  r->view_groups = n < LEDGER_MAX_VIEW_GROUPS ? n : LEDGER_MAX_VIEW_GROUPS;
+  (*set)++;
+  return p + 1;
+}
+
+static const char *read_object(const char *p, LedgerRecord *r, int group, int *set) {
+  if (*p++ != '{') return NULL;
   for (;;) {
     p = skip_space(p);
-    if (*p == '}') return set;
-    if (*p++ != '"') return -1;
+    if (*p == '}') return p + 1;
+    if (*p++ != '"') return NULL;
     const char *name = p, *name_end = string_end(p);
-    if (!name_end) return -1;
+    if (!name_end) return NULL;
     p = skip_space(name_end + 1);
-    if (*p++ != ':') return -1;
+    if (*p++ != ':') return NULL;
     p = skip_space(p);
-    const Field *fd = NULL;
-    for (int i = 0; i < N_FIELDS && !fd; i++)
-      if (strlen(fields[i].info.name) == (size_t)(name_end - name) &&
-          strncmp(fields[i].info.name, name, (size_t)(name_end - name)) == 0)
-        fd = &fields[i];
-    if (*p == '"') {
+    const size_t len = (size_t)(name_end - name);
+    const Field *fd = group == INT_MAX ? NULL : find_field(name, len, group);
+    if (*p == '[' && group < 0 && len == 11 && strncmp(name, "view_groups", 11) == 0) {
+      if (!(p = read_view_groups(p, r, set))) return NULL;
+    } else if (*p == '"') {
       const char *end = string_end(p + 1);
-      if (!end) return -1;
+      if (!end) return NULL;
       p = end + 1;
     } else if (strncmp(p, "null", 4) == 0) {
-      if (fd) set_value(r, fd, NAN), set++;
+      if (fd) set_value(r, fd, NAN), (*set)++;
       p += 4;
     } else {
       char *end;
       double v = strtod(p, &end);
-      if (end == p) return -1;
-      if (fd) set_value(r, fd, v), set++;
+      if (end == p) return NULL;
+      if (fd) set_value(r, fd, v), (*set)++;
       p = end;
     }
     p = skip_space(p);
     if (*p == ',')
       p++;
     else if (*p != '}')
-      return -1;
+      return NULL;
   }
+}
+
+int ledger_read_json(const char *line, LedgerRecord *r) {
+  int set = 0;
+  return read_object(skip_space(line), r, -1, &set) ? set : -1;
 }
 
 // The integer after "key": in a JSON line, or -1.

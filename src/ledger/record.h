@@ -9,6 +9,16 @@
 #include "core/alloc.h"
 #include "parallel/comm.h"
 
+// What one group of views (data/views.h: `count` views of each image at `size` pixels a side)
+// cost this step, on this replica.
+enum { LEDGER_MAX_VIEW_GROUPS = 4 };
+typedef struct {
+  int size, count;                       // the group's side in pixels and views of each image
+  long views_grad, views_nograd;         // its views through an encoder with and without gradient
+  double flops_forward, flops_backward;  // the encoders' FLOPs on its views
+  size_t activation_bytes;               // encoder activations held for its views
+} LedgerViewGroup;
+
 typedef struct {
   // identity
   long step;
@@ -27,6 +37,12 @@ typedef struct {
   long patches_decoded;      // positions the decoder processed
   long negatives_per_query;  // comparison candidates per query
   long positives_per_query;
+  // The step's views by group (ledger.jsonl: "view_groups", a list of objects; ledger.csv:
+  // view_group<k>_<member> columns). An objective of several groups fills groups 1.. (their
+  // views, FLOPs and activations) and the views of group 0; ledger_view_groups_finish does the
+  // rest.
+  int view_groups;
+  LedgerViewGroup view_group[LEDGER_MAX_VIEW_GROUPS];
 
   // held (bytes, from the accounting allocator)
   size_t activation_bytes;                 // retained for backward, all components
@@ -69,6 +85,13 @@ typedef struct {
   double train_seconds;  // training time so far, evaluation excluded
   size_t peak_rss_bytes;
 } LedgerRecord;
+
+// Completes the view groups once the step's FLOPs are in the record: each group's size and count
+// from the recipe (n_groups, sizes, counts), and group 0 what the encoders did and hold
+// (encoder_act_bytes: this replica's encoder activations) that the objective did not put in a
+// later group (for an objective of one group: all of it, its views the step's).
+void ledger_view_groups_finish(LedgerRecord *r, int n_groups, const int *sizes, const int *counts,
+                               size_t encoder_act_bytes);
 
 // The counted communication fields (bytes and calls, per kind and in all) from a step's
 // collective statistics: the trainer and the plan fill them the same way.

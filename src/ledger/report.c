@@ -614,6 +614,29 @@ static void cost_table(FILE *f, const Run *runs, int n) {
     }
     fputs("</tr>\n", f);
   }
+  // What each group of views cost (multi-crop: a few large crops and several small ones).
+  int groups = 0;
+  for (int k = 0; k < n; k++)
+    if (runs[k].n_recs && runs[k].recs[runs[k].n_recs - 1].view_groups > groups)
+      groups = runs[k].recs[runs[k].n_recs - 1].view_groups;
+  for (int g = 0; g < groups && groups > 1; g++) {
+    fprintf(f, "<tr><th>view group %d: views, FLOPs forward + backward, activations</th>", g);
+    for (int k = 0; k < n; k++) {
+      const LedgerRecord *r = runs[k].n_recs ? &runs[k].recs[runs[k].n_recs - 1] : NULL;
+      if (!r || g >= r->view_groups) {
+        cell(f, "-");
+        continue;
+      }
+      const LedgerViewGroup *v = &r->view_group[g];
+      char bytes[32], text[160];
+      format_bytes((double)v->activation_bytes, bytes, sizeof bytes);
+      snprintf(text, sizeof text, "%d × %d px: %ld + %ld without gradient, %.2f GFLOP, %s",
+               v->count, v->size, v->views_grad, v->views_nograd,
+               (v->flops_forward + v->flops_backward) / 1e9, bytes);
+      cell(f, text);
+    }
+    fputs("</tr>\n", f);
+  }
   // Per run: the last evaluation, what training spent, and what a unit of compute bought (the
   // accuracy gained over raw pixels per PFLOP).
   static const char *const labels[] = {"kNN top-1 (last evaluation)",

@@ -170,6 +170,7 @@ typedef struct {
   int b, local_crops, rows;  // samples on this replica; rows = (2 + local_crops) b student crops
   ParamSet local_view;       // the student's backbone weights again, for its second instance
   Backbone *local;           // the student's backbone on the local crops (local_crops b images)
+  size_t local_act_bytes;    // the encoder activations held for the local crops
   float *features;           // (rows, D) both instances' features, global crops first
   ProjectionHead head;       // the student's MLP over every crop
   NormedLast last;
@@ -230,11 +231,16 @@ static Objective *dino_create(const ObjectiveEnv *env) {
   backbone_set_input_normalization(o->base.online, env->input_mean, env->input_std);
   const int D = o->base.online->feature_dim;
   if (local_rows > 0) {
+    // The local crops' share of the encoder's activations: what their instance adds, and their
+    // rows of the features.
+    const long long before = tl_mem_thread_net(MEM_ACT, COMP_ENCODER);
     paramset_view(&o->local_view, env->params, 0);
     Builder local = {.ctx = env->ctx, .params = &o->local_view, .mode = OP_TRAIN};
     const ModelSpec small = local_spec(spec, set->local_size);
     o->local = backbone_create(&small, &local, local_rows, set->local_size, C);
     backbone_set_input_normalization(o->local, env->input_mean, env->input_std);
+    o->local_act_bytes = (size_t)(tl_mem_thread_net(MEM_ACT, COMP_ENCODER) - before) +
+                         sizeof(float) * (size_t)local_rows * o->base.online->feature_dim;
   }
   o->features = tl_alloc(sizeof(float) * (size_t)o->rows * D, MEM_ACT, COMP_ENCODER);
   head_init(&o->head, &student, "head", o->rows, D, hidden, bottleneck);
@@ -291,7 +297,10 @@ static double dino_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
   Backbone *student = base->online;
   const int D = student->feature_dim;
   student->forward(student, ctx, global_views);
+  // The local crops' FLOPs, for their view group's line in the ledger.
+  const double local_fwd0 = ctx->flops_forward[COMP_ENCODER];
   if (o->local) o->local->forward(o->local, ctx, batch->group[1].views);
+  const double local_fwd = ctx->flops_forward[COMP_ENCODER] - local_fwd0;
   if (!ctx->dry_run) {
     memcpy(o->features, student->feature, sizeof(float) * (size_t)global_rows * D);
     if (o->local)
@@ -311,7 +320,9 @@ static double dino_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
   normed_last_backward(&o->last, ctx, base->env.params, o->dlogits);
   head_backward(&o->head, ctx, o->last.dz);
   ctx->component = COMP_ENCODER;
+  const double local_bwd0 = ctx->flops_backward[COMP_ENCODER];
   if (o->local) o->local->backward(o->local, ctx, o->head.din + (size_t)global_rows * D);
+  const double local_bwd = ctx->flops_backward[COMP_ENCODER] - local_bwd0;
   student->backward(student, ctx, o->head.din);
   double t2 = now_ms();
 
@@ -326,6 +337,15 @@ static double dino_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
   rec->positives_per_query = GLOBAL_CROPS;
   rec->encodings_next_new = o->rows + global_rows;
   rec->encodings_next_reused = 0;
+  // Global crops: the student's and the teacher's; local crops: the student's only.
+  rec->view_groups = o->local ? 2 : 1;
+  rec->view_group[0].views_grad = global_rows;
+  rec->view_group[0].views_nograd = global_rows;
+  if (o->local)
+    rec->view_group[1] = (LedgerViewGroup){.views_grad = o->rows - global_rows,
+                                           .flops_forward = local_fwd,
+                                           .flops_backward = local_bwd,
+                                           .activation_bytes = o->local_act_bytes};
   return sums[0] / sums[1];
 }
 

@@ -18,6 +18,17 @@ static void say(const EvalOptions *opt, const char *what, int n) {
   fflush(stdout);
 }
 
+// A result as soon as it is known (the table at the end repeats it).
+static void tell(const EvalOptions *opt, const char *what, double top1, double top1_k20,
+                 const Config *cfg) {
+  if (opt->quiet) return;
+  if (isnan(top1_k20))
+    printf("tally eval: %s: %.4f\n", what, top1);
+  else
+    printf("tally eval: %s: %.4f (k=%d), %.4f (k=20)\n", what, top1, cfg->eval.knn_k, top1_k20);
+  fflush(stdout);
+}
+
 // kNN at k = eval.knn_k and 20; accuracies into top1, top1_k20.
 static int knn(const Config *cfg, const float *train, const Dataset *tr, const float *test,
                const Dataset *te, int d, DnnlCtx *ctx, double *top1, double *top1_k20) {
@@ -62,20 +73,33 @@ static int score(FeatureEncoder *e, const EvalOptions *opt, const Dataset *tr, c
   say(opt, "encoding the test set", te->n);
   float *fte = tl_alloc(sizeof(float) * (size_t)te->n * D, MEM_EVAL, COMP_OTHER);
   if (rc == 0) rc = feature_encoder_run(e, te, te->n, fte);
-  float *ptr = pixels(e, tr, &rc), *pte = pixels(e, te, &rc);
+  // The raw-pixel baseline's features only when it is asked for.
+  float *ptr = opt->baseline ? pixels(e, tr, &rc) : NULL;
+  float *pte = opt->baseline ? pixels(e, te, &rc) : NULL;
   if (rc == 0 && opt->knn) {
-    say(opt, "kNN on the features and on raw pixels", te->n);
+    say(opt, "kNN on the features", te->n);
     rc = knn(cfg, ftr, tr, fte, te, D, &e->ctx, &r->knn_top1, &r->knn_top1_k20);
-    if (rc == 0)
+    if (rc == 0) tell(opt, "kNN top-1 of the encoder", r->knn_top1, r->knn_top1_k20, cfg);
+    if (rc == 0 && opt->baseline) {
+      say(opt, "kNN on raw pixels", te->n);
       rc = knn(cfg, ptr, tr, pte, te, P, &e->ctx, &r->knn_top1_raw_pixels,
                &r->knn_top1_k20_raw_pixels);
+      if (rc == 0)
+        tell(opt, "kNN top-1 on raw pixels", r->knn_top1_raw_pixels, r->knn_top1_k20_raw_pixels,
+             cfg);
+    }
   }
   if (rc == 0 && opt->linear) {
-    say(opt, "linear probe on the features, then on raw pixels", tr->n);
+    say(opt, "linear probe on the features", tr->n);
     rc = linear(tr, ftr, te, fte, D, cfg->train.seed, &e->ctx, &r->linear_top1, &r->linear_lambda);
-    if (rc == 0)
+    if (rc == 0) tell(opt, "linear probe top-1 of the encoder", r->linear_top1, NAN, cfg);
+    if (rc == 0 && opt->baseline) {
+      say(opt, "linear probe on raw pixels", tr->n);
       rc = linear(tr, ptr, te, pte, P, cfg->train.seed, &e->ctx, &r->linear_top1_raw_pixels,
                   &r->linear_lambda_raw_pixels);
+      if (rc == 0)
+        tell(opt, "linear probe top-1 on raw pixels", r->linear_top1_raw_pixels, NAN, cfg);
+    }
   }
   tl_free(ftr);
   tl_free(fte);

@@ -6,6 +6,7 @@
 
 typedef struct {
   int knn, linear;  // which measures to run
+  int baseline;     // 1: each also on raw pixels
   int quiet;        // no progress lines
 } EvalOptions;
 

@@ -64,8 +64,9 @@ typedef struct {
   // MEM_EVAL (rank 0): live after the raw-pixel baseline, live after an encoder evaluation, and
   // the highest it reaches inside a vote.
   size_t eval_before_first, eval_after_first, eval_peak;
-  LedgerRecord rec;  // rank 0's step: counts, FLOPs, communication
-  int grad_buckets;  // rank 0's gradient buckets, as PlanTotals has them
+  LedgerRecord rec;          // rank 0's step: counts, FLOPs, communication
+  size_t encoder_act_bytes;  // rank 0's objective's encoder activations (its build's)
+  int grad_buckets;          // rank 0's gradient buckets, as PlanTotals has them
   size_t grad_bucket_floats[PLAN_MAX_BUCKETS];
   double grad_bucket_ready[PLAN_MAX_BUCKETS];
 } Plan;
@@ -210,6 +211,7 @@ static void plan_step(Plan *pl, Replica *r) {
   if (r->rank == 0) {
     replica_count(r, &rec);
     pl->rec = rec;
+    pl->encoder_act_bytes = r->encoder_act_bytes;
     MemSnapshot now;
     snapshot(now);
     snapshot_sub(pl->stepped, now, pl->baseline);
@@ -437,9 +439,13 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   PlanTotals t = {0};
   const int S = cfg->data.image_size, C = cfg->data.channels;
   const int streamed = strcmp(cfg->data.format, "idx") != 0 && cfg->data.stream;
-  t.dataset_bytes = dataset_bytes(pl->n_train, S, S, C, streamed) +
-                    dataset_bytes(pl->n_test, S, S, C, streamed);
+  t.dataset_bytes =
+      dataset_bytes(pl->n_train, S, S, C, streamed) + dataset_bytes(pl->n_test, S, S, C, streamed);
   const ViewRecipe views = replica_views(cfg, pl->def, NULL, NULL);
+  int sizes[LEDGER_MAX_VIEW_GROUPS], counts[LEDGER_MAX_VIEW_GROUPS];
+  for (int g = 0; g < views.n_groups; g++)
+    sizes[g] = views.group[g].aug.out_size, counts[g] = views.group[g].count;
+  ledger_view_groups_finish(&r, views.n_groups, sizes, counts, pl->encoder_act_bytes);
   for (int rank = 0; rank < (mpi ? 1 : pl->world); rank++) {
     int offset, local;
     loader_shard(pl->global_batch, rank, pl->world, pl->has_shard_sizes ? pl->shard_sizes : NULL,

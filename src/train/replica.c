@@ -6,6 +6,9 @@
 #include "data/loader.h"
 #include "parallel/replica_sync.h"
 
+_Static_assert((int)VIEW_MAX_GROUPS <= (int)LEDGER_MAX_VIEW_GROUPS,
+               "the ledger has a place for every view group");
+
 // [model] sync_bn: BatchNorm's per-channel buffers averaged over replicas by sample count.
 static void sync_bn_average(void *comm, float *buf, size_t n, double samples) {
   comm_allreduce_weighted(comm, buf, n, samples);
@@ -81,8 +84,11 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
                       spec->rank == 0 ? spec->out_dir : NULL,
                       spec->input_mean,
                       spec->input_std};
+  // This thread's own: several local replicas build at once.
+  const long long act0 = tl_mem_thread_net(MEM_ACT, COMP_ENCODER);
   r->obj = spec->def->create(&env);
   if (!r->obj) return -1;
+  r->encoder_act_bytes = (size_t)(tl_mem_thread_net(MEM_ACT, COMP_ENCODER) - act0);
   r->optim = optim_create_from_config(cfg, &r->ps);
   if (!r->optim) return -1;
   // Held for the run, like every buffer a step uses, so the ledger sees it at any moment.

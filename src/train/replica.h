@@ -26,6 +26,7 @@ typedef struct {
   Optimizer *optim;
   GradSync *grad_sync;  // overlapped gradient averaging, where the backend can
   float *buffer_pack;   // (replica_buffer_floats) BatchNorm statistics on their way to the average
+  size_t encoder_act_bytes;  // encoder activations this replica's objective holds (its build's)
 } Replica;
 
 typedef struct {

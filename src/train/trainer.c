@@ -518,6 +518,10 @@ static void account_step(ReplicaState *r, int step, float lr, double loss, const
   rec->lr = lr;
   rec->loss = loss;
   fill_memory(rec);
+  int sizes[LEDGER_MAX_VIEW_GROUPS], counts[LEDGER_MAX_VIEW_GROUPS];
+  for (int g = 0; g < batch->n_groups; g++)
+    sizes[g] = batch->group[g].size, counts[g] = batch->group[g].count;
+  ledger_view_groups_finish(rec, batch->n_groups, sizes, counts, r->rep.encoder_act_bytes);
   rec->comm_ms = cs.ms[COLL_ALLREDUCE] + cs.ms[COLL_ALLGATHER] + cs.ms[COLL_BROADCAST];
   rec->optimizer_ms = t->updated - t->averaged;
   rec->step_ms = t->updated - t->start;
