@@ -246,6 +246,38 @@ static void test_plan_equals_run(void **state) {
   assert_int_equal(sh("grep -q byol %s/report.html", tmpdir), 0);
 }
 
+// The paper's asymmetric pair: two view groups of one view each, at the same size, that split the
+// step's views, FLOPs and activations in halves (one forward of both through each network); as
+// planned. The first view is always blurred, the second sometimes solarized: their pixels differ
+// from the symmetric recipe's.
+static void test_asymmetric_views(void **state) {
+  (void)state;
+  Config c;
+  config_defaults(&c);
+  assert_int_equal(config_set(&c, "byol.asymmetric=1"), 0);
+  AugmentParams base = {.out_size = 28, .blur_prob = 0.5f, .solarize_prob = 0.5f};
+  const ViewRecipe v = objective_views(objective_find("byol"), &c, &base);
+  assert_int_equal(v.n_groups, 2);
+  assert_true(v.group[0].count == 1 && v.group[1].count == 1);
+  assert_true(v.group[0].aug.blur_prob == 1.0f && v.group[0].aug.solarize_prob == 0.0f);
+  assert_true(v.group[1].aug.blur_prob == 0.1f && v.group[1].aug.solarize_prob == 0.2f);
+  LedgerRecord r = plan_equals_run("asym", small, "--set byol.asymmetric=1 --no-knn");
+  assert_int_equal(r.view_groups, 2);
+  for (int g = 0; g < 2; g++) {
+    assert_int_equal(r.view_group[g].size, 28);
+    assert_int_equal(r.view_group[g].views_grad, 32);
+    assert_int_equal(r.view_group[g].views_nograd, 32);
+  }
+  assert_true(r.view_group[0].flops_forward == r.view_group[1].flops_forward);
+  assert_true(r.view_group[0].flops_backward == r.view_group[1].flops_backward);
+  assert_float_equal(2 * r.view_group[1].flops_forward, r.flops_forward_by[COMP_ENCODER], 1);
+  LedgerRecord sym = plan_equals_run("sym", small, "--no-knn");
+  assert_int_equal(sym.view_groups, 1);
+  assert_true(sym.view_group[0].count == 2 && sym.view_group[0].views_grad == 64);
+  // Same FLOPs, other pixels: the losses part.
+  assert_true(sym.flops_forward == r.flops_forward && sym.loss != r.loss);
+}
+
 // --steps 6 straight equals --steps 6 --stop-at 3 then --resume, on one replica and on two: every
 // tensor of the checkpoints, byte for byte, the target's included.
 static void test_stop_and_resume_is_bit_exact(void **state) {
@@ -261,6 +293,7 @@ int main(void) {
       cmocka_unit_test(test_counts_and_target_shape),
       cmocka_unit_test(test_target_follows_momentum_rule),
       cmocka_unit_test(test_plan_equals_run),
+      cmocka_unit_test(test_asymmetric_views),
       cmocka_unit_test(test_stop_and_resume_is_bit_exact),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);

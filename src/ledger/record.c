@@ -206,16 +206,20 @@ static void write_view_groups(FILE *f, const LedgerRecord *r) {
 }
 
 void ledger_write_json_members(FILE *f, const LedgerRecord *r, int planned) {
-  for (int i = 0; i < N_FIELDS; i++) {
-    if (fields[i].view_group >= 0) continue;  // inside "view_groups"
-    fprintf(f, "%s\"%s\":", i ? "," : "", fields[i].info.name);
-    if (fields[i].offset == offsetof(LedgerRecord, view_groups))
-      write_view_groups(f, r);
-    else if (planned && fields[i].info.measured_only)
+  for (int i = 0, first = 1; i < N_FIELDS; i++) {
+    // The view groups go last, as one list: a reader that looks for a top-level name by its
+    // first occurrence still finds the record's own.
+    if (fields[i].view_group >= 0 || fields[i].offset == offsetof(LedgerRecord, view_groups))
+      continue;
+    fprintf(f, "%s\"%s\":", first ? "" : ",", fields[i].info.name);
+    first = 0;
+    if (planned && fields[i].info.measured_only)
       fputs("null", f);
     else
       write_value(f, r, &fields[i], 1);
   }
+  fputs(",\"view_groups\":", f);
+  write_view_groups(f, r);
 }
 
 void ledger_write_json(FILE *f, const LedgerRecord *r) {

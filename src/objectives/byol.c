@@ -22,6 +22,7 @@ typedef struct {
   float momentum;              // 0.99: the target's EMA coefficient τ at step 0
   char momentum_schedule[16];  // cosine (tau rises to 1 over the run, as the paper) | constant
   int predictor_hidden_dim;    // 256: the predictor maps out -> hidden -> out
+  int asymmetric;              // 1: the paper's two augmentations, one per view
 } ByolSettings;
 
 // The paper's tau = 0.996 is for runs of 300-1000 epochs: over one epoch of ~234 steps its
@@ -35,6 +36,11 @@ static const KeySpec byol_keys[] = {
              "`constant`"),
     INT_KEY(OWN(ByolSettings, byol, predictor_hidden_dim), "256", 1, 65536,
             "the predictor's hidden width (it maps head_out_dim → hidden → head_out_dim)"),
+    BOOL_KEY(OWN(ByolSettings, byol, asymmetric), "0",
+             "1: the paper's asymmetric pair, two view groups of one view: the first always "
+             "blurred and never solarized, the second blurred with probability 0.1 and solarized "
+             "with 0.2 (overriding augment.blur_prob and solarize_prob); 0: both views the "
+             "recipe's [augment]"),
 };
 static const ConfigSection byol_settings = CONFIG_SECTION(byol_keys, ByolSettings, NULL);
 
@@ -51,7 +57,8 @@ typedef struct {
   Backbone *target_backbone;  // OP_FORWARD: batch statistics, nothing kept
   ProjectionHead target_projector;
   ByolLoss loss;
-  float *dp;  // (2b, d) MEM_ACT_GRAD
+  float *dp;                 // (2b, d) MEM_ACT_GRAD
+  size_t encoder_act_bytes;  // the online backbone's activations (both views')
 } Byol;
 
 static Objective *byol_create(const ObjectiveEnv *env) {
@@ -66,7 +73,9 @@ static Objective *byol_create(const ObjectiveEnv *env) {
 
   Builder online = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
   env->ctx->component = COMP_ENCODER;
+  const long long act0 = tl_mem_thread_net(MEM_ACT, COMP_ENCODER);
   o->base.online = backbone_create(spec, &online, rows, S, C);
+  o->encoder_act_bytes = (size_t)(tl_mem_thread_net(MEM_ACT, COMP_ENCODER) - act0);
   backbone_set_input_normalization(o->base.online, env->input_mean, env->input_std);
   head_init(&o->projector, &online, "head", rows, o->base.online->feature_dim, hidden, d);
   // Online parameters: backbone, projector ("head", as every objective's), then the predictor;
@@ -91,6 +100,22 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   TL_ASSERT(paramset_complete(env->params));
   TL_ASSERT(o->target_params.used == o->target_params.count);
   return &o->base;
+}
+
+// Two views of the recipe's augmentation, or with `asymmetric` the paper's pair: two groups of one
+// view at the same size, so the batch still holds view 0 then view 1 of every sample.
+static void byol_views(const Config *cfg, const AugmentParams *base, ViewRecipe *out) {
+  if (!settings(cfg)->asymmetric) {
+    *out = view_recipe_single(base, 2);
+    return;
+  }
+  out->n_groups = 2;
+  out->group[0] = (ViewGroup){.count = 1, .aug = *base};
+  out->group[0].aug.blur_prob = 1.0f;
+  out->group[0].aug.solarize_prob = 0.0f;
+  out->group[1] = (ViewGroup){.count = 1, .aug = *base};
+  out->group[1].aug.blur_prob = 0.1f;
+  out->group[1].aug.solarize_prob = 0.2f;
 }
 
 static double byol_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
@@ -133,6 +158,17 @@ static double byol_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
   rec->positives_per_query = 1;
   rec->encodings_next_new = 4L * b;
   rec->encodings_next_reused = 0;
+  if (batch->n_groups == 2) {
+    // One forward of both groups' 2b views through each network: the second group's half of the
+    // encoders' FLOPs and activations (the batch is the same size in both).
+    rec->view_groups = 2;
+    rec->view_group[0].views_grad = rec->view_group[0].views_nograd = b;
+    rec->view_group[1] = (LedgerViewGroup){.views_grad = b,
+                                           .views_nograd = b,
+                                           .flops_forward = ctx->flops_forward[COMP_ENCODER] / 2,
+                                           .flops_backward = ctx->flops_backward[COMP_ENCODER] / 2,
+                                           .activation_bytes = o->encoder_act_bytes / 2};
+  }
   return sums[0] / sums[1];
 }
 
@@ -187,6 +223,7 @@ const ObjectiveDef objective_byol = {
     .description = "BYOL: predictor regresses onto an EMA target's projection, no negatives",
     .implemented = 1,
     .n_views = 2,
+    .views = byol_views,
     .create = byol_create,
     .step = byol_step,
     .after_update = byol_after_update,
