@@ -1102,8 +1102,13 @@ static void usage_eval(FILE *f) {
           "               eval.batch_size (images a forward pass encodes: its activations\n"
           "               are most of the memory at large image sizes)\n"
           "  --json       one JSON object: knn_top1 (k=200), knn_top1_k20, linear_top1,\n"
-          "               knn_top1_raw_pixels, linear_top1_raw_pixels, n_train, n_test,\n"
-          "               seconds, ...\n");
+          "               knn_top1_raw_pixels, linear_top1_raw_pixels, rankme,\n"
+          "               embedding_std, n_train, n_test, seconds, ...\n"
+          "\n"
+          "Also, needing no labels: rankme, the effective rank of the training set's\n"
+          "embeddings (exp of the entropy of their normalized singular values), and\n"
+          "embedding_std, the spread of the L2-normalized embeddings per dimension (1/sqrt(d)\n"
+          "when spread evenly; a collapsed encoder reads near 0).\n");
 }
 
 static int eval_may_set(const char *assignment) {
@@ -1148,6 +1153,9 @@ static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json)
     json_number("linear_top1_raw_pixels", r->linear_top1_raw_pixels, 0);
     json_number("linear_lambda", r->linear_lambda, 0);
     json_number("linear_lambda_raw_pixels", r->linear_lambda_raw_pixels, 0);
+    json_number("rankme", r->rankme, 0);
+    json_number("embedding_std", r->embedding_std, 0);
+    json_number("embedding_std_reference", r->embedding_std_reference, 0);
     json_number("seconds", r->seconds, 1);
     printf("}\n");
     return;
@@ -1171,6 +1179,10 @@ static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json)
     else
       printf("   (L2 %g)\n", r->linear_lambda);
   }
+  printf("%-24s %10.1f   (effective rank of the training set's embeddings, of %d)\n", "rankme",
+         r->rankme, r->feature_dim);
+  printf("%-24s %10.4f   (per dimension, L2-normalized; 1/sqrt(d) = %.4f, collapsed ~ 0)\n",
+         "embedding_std", r->embedding_std, r->embedding_std_reference);
   printf("%.1f s\n", r->seconds);
 }
 

@@ -170,6 +170,11 @@ static void test_eval_json(void **state) {
     if (!(v > above[i] && v <= 1)) fail_msg("%s = %g", acc[i], v);
   }
   assert_true(json_field(text, "seconds") > 0);
+  // The label-free measures: a trained encoder uses more than one direction and is spread.
+  const double rankme = json_field(text, "rankme"), spread = json_field(text, "embedding_std");
+  if (!(rankme > 1.5 && rankme <= json_field(text, "feature_dim")))
+    fail_msg("rankme = %g", rankme);
+  if (!(spread > 0 && spread < 1)) fail_msg("embedding_std = %g", spread);
 
   // Without the baseline: the encoder's measures as before, the raw pixels' null.
   assert_int_equal(tally("eval %s/rn --json --no-baseline", tmpdir), 0);

@@ -166,6 +166,17 @@ typedef struct {
   FILE *f;
 } Jpeg;
 
+// A decompressor reading f whose errors and corrupt-data warnings come back to this file.
+static Jpeg *jpeg_new(FILE *f) {
+  Jpeg *j = calloc(1, sizeof *j);
+  if (!j) TL_DIE("out of memory");
+  j->f = f;
+  j->d.err = jpeg_std_error(&j->err.pub);
+  j->err.pub.error_exit = jpeg_on_error;
+  j->err.pub.emit_message = jpeg_on_message;
+  return j;
+}
+
 // Header of an open JPEG (inside the caller's setjmp).
 static void jpeg_open(Jpeg *j) {
   jpeg_create_decompress(&j->d);
@@ -174,12 +185,7 @@ static void jpeg_open(Jpeg *j) {
 }
 
 static int jpeg_header(const char *path, FILE *f, int *w, int *h) {
-  Jpeg *j = calloc(1, sizeof *j);
-  if (!j) TL_DIE("out of memory");
-  j->f = f;
-  j->d.err = jpeg_std_error(&j->err.pub);
-  j->err.pub.error_exit = jpeg_on_error;
-  j->err.pub.emit_message = jpeg_on_message;
+  Jpeg *j = jpeg_new(f);
   int rc = -1;
   if (setjmp(j->err.jump) == 0) {
     jpeg_open(j);
@@ -196,12 +202,7 @@ static int jpeg_header(const char *path, FILE *f, int *w, int *h) {
 
 // Decodes the JPEG at 1/reduction into img (its size already checked by the caller).
 static int jpeg_decode(const char *path, FILE *f, int channels, int reduction, Image *img) {
-  Jpeg *j = calloc(1, sizeof *j);
-  if (!j) TL_DIE("out of memory");
-  j->f = f;
-  j->d.err = jpeg_std_error(&j->err.pub);
-  j->err.pub.error_exit = jpeg_on_error;
-  j->err.pub.emit_message = jpeg_on_message;
+  Jpeg *j = jpeg_new(f);
   // volatile: read after a longjmp back into this frame
   uint8_t *volatile pixels = NULL;
   int rc = -1;

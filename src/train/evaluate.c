@@ -8,6 +8,7 @@
 #include "core/timer.h"
 #include "eval/knn.h"
 #include "eval/linear_probe.h"
+#include "eval/quality.h"
 
 static void say(const EvalOptions *opt, const char *what, int n) {
   if (opt->quiet) return;
@@ -73,6 +74,18 @@ static int score(FeatureEncoder *e, const EvalOptions *opt, const Dataset *tr, c
   say(opt, "encoding the test set", te->n);
   float *fte = tl_alloc(sizeof(float) * (size_t)te->n * D, MEM_EVAL, COMP_OTHER);
   if (rc == 0) rc = feature_encoder_run(e, te, te->n, fte);
+  // What needs no labels: how many directions the embeddings use, and how spread they are.
+  EmbeddingQuality q;
+  if (rc == 0 && (rc = embedding_quality(ftr, tr->n, D, &e->ctx, &q)) == 0) {
+    r->rankme = q.rankme;
+    r->embedding_std = q.embedding_std;
+    r->embedding_std_reference = q.embedding_std_reference;
+    if (!opt->quiet) {
+      printf("tally eval: rankme %.1f of %d dimensions; embedding_std %.4f (1/sqrt(d) = %.4f)\n",
+             q.rankme, D, q.embedding_std, q.embedding_std_reference);
+      fflush(stdout);
+    }
+  }
   // The raw-pixel baseline's features only when it is asked for.
   float *ptr = opt->baseline ? pixels(e, tr, &rc) : NULL;
   float *pte = opt->baseline ? pixels(e, te, &rc) : NULL;
@@ -118,7 +131,10 @@ int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r) {
                     .linear_top1 = nan,
                     .linear_top1_raw_pixels = nan,
                     .linear_lambda = nan,
-                    .linear_lambda_raw_pixels = nan};
+                    .linear_lambda_raw_pixels = nan,
+                    .rankme = nan,
+                    .embedding_std = nan,
+                    .embedding_std_reference = nan};
   const Config *cfg = &e->cfg;
   Dataset tr = {0}, te = {0};
   say(opt, "loading the training and test sets", 0);

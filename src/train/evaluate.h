@@ -15,6 +15,8 @@ typedef struct {
   double knn_top1, knn_top1_k20;  // the encoder, k = eval.knn_k (200) and k = 20
   double knn_top1_raw_pixels, knn_top1_k20_raw_pixels;
   double linear_top1, linear_top1_raw_pixels, linear_lambda, linear_lambda_raw_pixels;
+  // Label-free, on the training set's embeddings (eval/quality.h).
+  double rankme, embedding_std, embedding_std_reference;
   double seconds;
 } EvalResult;
 
