@@ -1096,4 +1096,20 @@ expect_rc 1 "train --resume over changed data"
 one_line_error "$last.err" "other data" "the refusal"
 finish "$name"
 
+name="10g a streamed test image that no longer decodes: the kNN monitor stops the run, naming it"
+# Its header reads (the folder is listed), its pixels are cut off: the baseline at the start is
+# the first to decode it. Exit 1 and one line naming the file, not an abort.
+mkdir -p "$TMP/tests"
+cp -r "$TMP/photos/a" "$TMP/photos/b" "$TMP/tests/"
+python3 - "$TMP/tests/b/3.png" <<'PY'
+import sys
+data = open(sys.argv[1], "rb").read()
+open(sys.argv[1], "wb").write(data[:41])  # the signature and IHDR: the header, no pixels
+PY
+t photo-monitor train --data "$TMP/photos" --set data.test="$TMP/tests" --set data.image_size=8 \
+  --batch-size 4 --steps 2 --quiet --out "$TMP/photo-monitor-run"
+expect_rc 1 "train with a test image cut short"
+one_line_error "$last.err" "kNN monitor: .*tests/b/3.png" "the error"
+finish "$name"
+
 totals

@@ -40,20 +40,21 @@ void knn_monitor_init(KnnMonitor *m, const MonitorSettings *set, const Dataset *
 
 static int cancelled(const KnnMonitor *m) { return m->cancel && *m->cancel; }
 
-// Encodes the first n images of ds into feat (n, D); the last partial batch is zero-padded.
-static void encode_all(KnnMonitor *m, const Dataset *ds, int n, float *feat) {
+// Encodes the first n images of ds into feat (n, D); the last partial batch is zero-padded. -1
+// with tl_last_error() when an image cannot be decoded.
+static int encode_all(KnnMonitor *m, const Dataset *ds, int n, float *feat) {
   const int S = m->set.image_size, C = m->set.channels, D = m->encoder->feature_dim;
   const size_t image_floats = (size_t)S * S * C;
   for (int start = 0; start < n && !cancelled(m); start += m->batch) {
     int count = n - start < m->batch ? n - start : m->batch;
-    if (eval_views(ds, start, count, m->aug, m->images) != 0)
-      TL_DIE("kNN monitor: %s", tl_last_error());
+    if (eval_views(ds, start, count, m->aug, m->images) != 0) return -1;
     if (count < m->batch)
       memset(m->images + count * image_floats, 0,
              (m->batch - count) * image_floats * sizeof(float));
     m->encoder->forward(m->encoder, &m->ctx, m->images);
     memcpy(feat + (size_t)start * D, m->encoder->feature, sizeof(float) * (size_t)count * D);
   }
+  return 0;
 }
 
 static KnnResult vote(KnnMonitor *m, const float *train_feat, const float *test_feat, int d) {
@@ -78,8 +79,9 @@ static KnnResult vote(KnnMonitor *m, const float *train_feat, const float *test_
 
 KnnResult knn_monitor_run(KnnMonitor *m) {
   double t0 = now_ms();
-  encode_all(m, m->train, m->n_train, m->train_feat);
-  encode_all(m, m->test, m->n_test, m->test_feat);
+  if (encode_all(m, m->train, m->n_train, m->train_feat) != 0 ||
+      encode_all(m, m->test, m->n_test, m->test_feat) != 0)
+    return (KnnResult){.top1 = NAN, .linear_top1 = NAN, .failed = 1};
   if (cancelled(m)) return (KnnResult){.top1 = NAN, .linear_top1 = NAN, .cancelled = 1};
   KnnResult r = vote(m, m->train_feat, m->test_feat, m->encoder->feature_dim);
   r.seconds = (now_ms() - t0) / 1e3;
@@ -92,8 +94,11 @@ KnnResult knn_monitor_raw_pixels(KnnMonitor *m) {
   float *train_px = tl_alloc(sizeof(float) * (size_t)m->n_train * d, MEM_EVAL, COMP_OTHER);
   float *test_px = tl_alloc(sizeof(float) * (size_t)m->n_test * d, MEM_EVAL, COMP_OTHER);
   if (eval_views(m->train, 0, m->n_train, m->aug, train_px) != 0 ||
-      eval_views(m->test, 0, m->n_test, m->aug, test_px) != 0)
-    TL_DIE("kNN monitor: %s", tl_last_error());
+      eval_views(m->test, 0, m->n_test, m->aug, test_px) != 0) {
+    tl_free(train_px);
+    tl_free(test_px);
+    return (KnnResult){.top1 = NAN, .linear_top1 = NAN, .failed = 1};
+  }
   KnnResult r = vote(m, train_px, test_px, d);
   tl_free(train_px);
   tl_free(test_px);

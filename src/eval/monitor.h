@@ -43,6 +43,7 @@ typedef struct {
   double linear_top1;  // linear probe (eval.linear = 1), else NaN
   double seconds;
   int cancelled;  // *cancel ended it: no result
+  int failed;     // an image could not be decoded (tl_last_error() names it): no result
 } KnnResult;
 
 // `params` is the online ParamSet; its first backbone_param_count floats are the backbone's.

@@ -170,6 +170,7 @@ static int evaluate(Run *run, KnnMonitor *mon, int step) {
     fflush(stdout);
   }
   KnnResult r = knn_monitor_run(mon);
+  if (r.failed) return tl_fail("kNN monitor: %s", tl_last_error());
   if (r.cancelled) return 1;
   char what[64];
   snprintf(what, sizeof what, "after step %d:", step);
@@ -404,11 +405,13 @@ static int open_monitor(ReplicaState *r) {
     fflush(stdout);
   }
   run->knn_raw = knn_monitor_raw_pixels(&r->mon);
+  if (run->knn_raw.failed) return tl_fail("kNN monitor: %s", tl_last_error());
   print_knn("raw pixels (baseline):", run->knn_raw);
   if (record_eval(run, "raw_pixels", 0, run->knn_raw) != 0) return -1;
   if (run->opt->knn_at_start && run->start_step == 0) {
     if (!run->opt->quiet) printf("kNN monitor: encoding with the untrained encoder...\n");
     run->knn_start = knn_monitor_run(&r->mon);
+    if (run->knn_start.failed) return tl_fail("kNN monitor: %s", tl_last_error());
     run->knn_start_done = 1;
     print_knn("untrained encoder:", run->knn_start);
     return record_eval(run, "encoder", 0, run->knn_start);
