@@ -46,13 +46,6 @@ int dataset_max_reduction(const Dataset *ds, int index) {
   return dot && (!strcasecmp(dot, ".jpg") || !strcasecmp(dot, ".jpeg")) ? 8 : 1;
 }
 
-int image_reduction_for(int h, int w, int need_h, int need_w) {
-  int r = 1;
-  while (r < 8 && image_reduced_side(h, 2 * r) >= need_h && image_reduced_side(w, 2 * r) >= need_w)
-    r *= 2;
-  return r;
-}
-
 int dataset_image(const Dataset *ds, int index, int reduction, Image *img) {
   TL_ASSERT(index >= 0 && index < ds->n);
   if (ds->pixels) {

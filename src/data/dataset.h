@@ -49,9 +49,6 @@ void dataset_source_size(const Dataset *ds, int index, int *h, int *w);
 // The largest reduction dataset_image may be given for image `index`: 8 for a streamed JPEG
 // (libjpeg's scaled decode), else 1.
 int dataset_max_reduction(const Dataset *ds, int index);
-// The largest JPEG reduction (1, 2, 4, 8) that still decodes an h x w image at least
-// need_h x need_w.
-int image_reduction_for(int h, int w, int need_h, int need_w);
 
 void dataset_free(Dataset *ds);
 

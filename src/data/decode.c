@@ -184,56 +184,62 @@ static void jpeg_open(Jpeg *j) {
   jpeg_read_header(&j->d, TRUE);
 }
 
-static int jpeg_header(const char *path, FILE *f, int *w, int *h) {
-  Jpeg *j = jpeg_new(f);
-  int rc = -1;
-  if (setjmp(j->err.jump) == 0) {
-    jpeg_open(j);
-    *w = (int)j->d.image_width;
-    *h = (int)j->d.image_height;
-    rc = 0;
-  } else {
-    tl_fail("%s: not a readable JPEG: %s", path, j->err.message);
-  }
-  jpeg_destroy_decompress(&j->d);
-  free(j);
-  return rc;
-}
+// What to do with a JPEG once its header is read and checked: only that (header_only), or decode
+// it at `channels`, at 1/reduction, or (fit_side > 0) at the largest reduction that keeps both
+// sides at least fit_side.
+typedef struct {
+  int header_only, channels, reduction, fit_side;
+} JpegJob;
 
-// Decodes the JPEG at 1/reduction into img (its size already checked by the caller).
-static int jpeg_decode(const char *path, FILE *f, int channels, int reduction, Image *img) {
+// One pass over an open JPEG: the header read once, checked, then the pixels when asked for.
+static int jpeg_read(const char *path, FILE *f, int64_t file_bytes, const JpegJob *job, int *w,
+                     int *h, Image *img) {
   Jpeg *j = jpeg_new(f);
   // volatile: read after a longjmp back into this frame
   uint8_t *volatile pixels = NULL;
+  volatile int header_read = 0;
   int rc = -1;
   if (setjmp(j->err.jump) == 0) {
     jpeg_open(j);
-    j->d.out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
-    j->d.scale_num = 1;
-    j->d.scale_denom = (unsigned)reduction;
-    // ISLOW: libjpeg's accurate integer DCT (the default); its fancy upsampling of chroma, as
-    // PIL and torchvision's decode_jpeg use.
-    j->d.dct_method = JDCT_ISLOW;
-    jpeg_start_decompress(&j->d);
-    const int w = (int)j->d.output_width, h = (int)j->d.output_height;
-    TL_ASSERT(j->d.output_components == channels);
-    const size_t row = (size_t)w * channels;
-    pixels = malloc(row * h);
-    if (!pixels) TL_DIE("out of memory");
-    while (j->d.output_scanline < j->d.output_height) {
-      JSAMPROW rows[1] = {pixels + row * j->d.output_scanline};
-      jpeg_read_scanlines(&j->d, rows, 1);
-    }
-    jpeg_finish_decompress(&j->d);
-    if (j->err.corrupt) {
-      tl_fail("%s: corrupt JPEG data: %s", path, j->err.message);
-    } else {
-      *img = (Image){pixels, h, w, channels, 1, reduction};
-      pixels = NULL;
+    header_read = 1;
+    *w = (int)j->d.image_width;
+    *h = (int)j->d.image_height;
+    if (check_size(path, fileno(f), FORMAT_JPEG, *w, *h, file_bytes) != 0) {
+      // refused before a pixel is decoded
+    } else if (job->header_only) {
       rc = 0;
+    } else {
+      const int reduction = job->fit_side > 0
+                                ? image_reduction_for(*h, *w, job->fit_side, job->fit_side)
+                                : job->reduction;
+      j->d.out_color_space = job->channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+      j->d.scale_num = 1;
+      j->d.scale_denom = (unsigned)reduction;
+      // ISLOW: libjpeg's accurate integer DCT (the default); its fancy upsampling of chroma, as
+      // PIL and torchvision's decode_jpeg use.
+      j->d.dct_method = JDCT_ISLOW;
+      jpeg_start_decompress(&j->d);
+      const int ow = (int)j->d.output_width, oh = (int)j->d.output_height;
+      TL_ASSERT(j->d.output_components == job->channels);
+      const size_t row = (size_t)ow * job->channels;
+      pixels = malloc(row * oh);
+      if (!pixels) TL_DIE("out of memory");
+      while (j->d.output_scanline < j->d.output_height) {
+        JSAMPROW rows[1] = {pixels + row * j->d.output_scanline};
+        jpeg_read_scanlines(&j->d, rows, 1);
+      }
+      jpeg_finish_decompress(&j->d);
+      if (j->err.corrupt) {
+        tl_fail("%s: corrupt JPEG data: %s", path, j->err.message);
+      } else {
+        *img = (Image){pixels, oh, ow, job->channels, 1, reduction};
+        pixels = NULL;
+        rc = 0;
+      }
     }
   } else {
-    tl_fail("%s: cannot decode: %s", path, j->err.message);
+    tl_fail(header_read ? "%s: cannot decode: %s" : "%s: not a readable JPEG: %s", path,
+            j->err.message);
   }
   free(pixels);
   jpeg_destroy_decompress(&j->d);
@@ -255,21 +261,20 @@ static uint8_t *stb_decode(FILE *f, long long pixels, int channels, int *w, int 
 
 // ---- both ----
 
-// Opens `path` and reads its header: *f positioned at the start, *format, *w, *h. The file is
-// opened once and checked to be regular there, so what is decoded is what was checked.
-static int open_checked(const char *path, ImageDecoder decoder, FILE **f, Format *format, int *w,
-                        int *h) {
+// Opens `path` as a regular file whose content is the format its name says: *f at the start,
+// *format, *file_bytes. The file is opened once and checked there, so what is decoded is what
+// was checked.
+static int open_file(const char *path, ImageDecoder decoder, FILE **f, Format *format,
+                     int64_t *file_bytes) {
   *format = format_of_name(path);
   if (*format == FORMAT_NONE) return tl_fail("%s: not a .png, .jpg, .jpeg or .bmp file", path);
-  int64_t file_bytes = 0;
-  int fd = regular_open(path, 0, &file_bytes);
+  int fd = regular_open(path, 0, file_bytes);
   if (fd < 0) return -1;
   if (!magic_matches(*format, fd)) {
     close(fd);
     return tl_fail("%s: its content is not the image format its name says", path);
   }
-  const int use_stb = *format != FORMAT_JPEG || decoder == DECODER_STB;
-  if (use_stb && *format == FORMAT_JPEG && !jpeg_tables_valid(fd, file_bytes)) {
+  if (*format == FORMAT_JPEG && decoder == DECODER_STB && !jpeg_tables_valid(fd, *file_bytes)) {
     close(fd);
     return tl_fail(
         "%s: corrupt JPEG header (a cut-off segment, or a Huffman table of more than 256 codes)",
@@ -279,48 +284,70 @@ static int open_checked(const char *path, ImageDecoder decoder, FILE **f, Format
     close(fd);
     return tl_fail("%s: cannot open: %s", path, strerror(errno));
   }
-  int rc = 0, file_channels;
-  if (!use_stb)
-    rc = jpeg_header(path, *f, w, h);
-  else if (!stbi_info_from_file(*f, w, h, &file_channels))
-    rc = tl_fail("%s: not a readable image: %s", path, stbi_failure_reason());
-  if (rc == 0) rc = check_size(path, fileno(*f), *format, *w, *h, file_bytes);
-  if (rc == 0 && fseek(*f, 0, SEEK_SET) != 0)
-    rc = tl_fail("%s: cannot read: %s", path, strerror(errno));
-  if (rc != 0) {
-    fclose(*f);
-    *f = NULL;
-  }
-  return rc;
+  return 0;
+}
+
+// stb_image's header of the open file, checked; f back at the start.
+static int stb_header(const char *path, FILE *f, Format format, int64_t file_bytes, int *w,
+                      int *h) {
+  int file_channels;
+  if (!stbi_info_from_file(f, w, h, &file_channels))
+    return tl_fail("%s: not a readable image: %s", path, stbi_failure_reason());
+  if (check_size(path, fileno(f), format, *w, *h, file_bytes) != 0) return -1;
+  if (fseek(f, 0, SEEK_SET) != 0) return tl_fail("%s: cannot read: %s", path, strerror(errno));
+  return 0;
 }
 
 int image_read_header(const char *path, ImageHeader *hdr) {
   FILE *f;
   Format format;
-  int w, h;
-  if (open_checked(path, DECODER_DEFAULT, &f, &format, &w, &h) != 0) return -1;
+  int64_t file_bytes;
+  int w, h, rc;
+  if (open_file(path, DECODER_DEFAULT, &f, &format, &file_bytes) != 0) return -1;
+  if (format == FORMAT_JPEG)
+    rc = jpeg_read(path, f, file_bytes, &(JpegJob){.header_only = 1}, &w, &h, NULL);
+  else
+    rc = stb_header(path, f, format, file_bytes, &w, &h);
   fclose(f);
-  *hdr = (ImageHeader){h, w, format == FORMAT_JPEG};
-  return 0;
+  if (rc == 0) *hdr = (ImageHeader){h, w, format == FORMAT_JPEG};
+  return rc;
 }
 
-int image_decode(const char *path, int channels, int reduction, ImageDecoder decoder, Image *img) {
+static int decode_file(const char *path, const JpegJob *job, ImageDecoder decoder, Image *img) {
   memset(img, 0, sizeof *img);
-  TL_ASSERT(channels == 1 || channels == 3);
-  TL_ASSERT(reduction == 1 || reduction == 2 || reduction == 4 || reduction == 8);
+  TL_ASSERT(job->channels == 1 || job->channels == 3);
   FILE *f;
   Format format;
+  int64_t file_bytes;
   int w, h, rc;
-  if (open_checked(path, decoder, &f, &format, &w, &h) != 0) return -1;
+  if (open_file(path, decoder, &f, &format, &file_bytes) != 0) return -1;
   if (format == FORMAT_JPEG && decoder != DECODER_STB) {
-    rc = jpeg_decode(path, f, channels, reduction, img);
-  } else {
-    uint8_t *px = stb_decode(f, (long long)w * h, channels, &w, &h);
-    if (px) *img = (Image){px, h, w, channels, 1, 1};
+    rc = jpeg_read(path, f, file_bytes, job, &w, &h, img);
+  } else if ((rc = stb_header(path, f, format, file_bytes, &w, &h)) == 0) {
+    uint8_t *px = stb_decode(f, (long long)w * h, job->channels, &w, &h);
+    if (px) *img = (Image){px, h, w, job->channels, 1, 1};
     rc = px ? 0 : tl_fail("%s: cannot decode: %s", path, stbi_failure_reason());
   }
   fclose(f);
   return rc;
+}
+
+int image_decode(const char *path, int channels, int reduction, ImageDecoder decoder, Image *img) {
+  TL_ASSERT(reduction == 1 || reduction == 2 || reduction == 4 || reduction == 8);
+  return decode_file(path, &(JpegJob){.channels = channels, .reduction = reduction}, decoder, img);
+}
+
+int image_decode_fit(const char *path, int channels, int side, Image *img) {
+  TL_ASSERT(side >= 1);
+  return decode_file(path, &(JpegJob){.channels = channels, .fit_side = side}, DECODER_DEFAULT,
+                     img);
+}
+
+int image_reduction_for(int h, int w, int need_h, int need_w) {
+  int r = 1;
+  while (r < 8 && image_reduced_side(h, 2 * r) >= need_h && image_reduced_side(w, 2 * r) >= need_w)
+    r *= 2;
+  return r;
 }
 
 void image_free(Image *img) {

@@ -39,7 +39,14 @@ typedef enum {
 // image_read_header checks is checked again (the file may have changed), and a truncated or
 // corrupt file is an error, never a partly grey image. -1 with tl_last_error() naming the file.
 int image_decode(const char *path, int channels, int reduction, ImageDecoder decoder, Image *img);
+// The same at the largest reduction that keeps both sides at least `side` (a JPEG; other formats
+// at full size), the header read once.
+int image_decode_fit(const char *path, int channels, int side, Image *img);
 void image_free(Image *img);
+
+// The largest JPEG reduction (1, 2, 4, 8) that still decodes an h x w image at least
+// need_h x need_w.
+int image_reduction_for(int h, int w, int need_h, int need_w);
 
 // The side libjpeg's scaled decode gives a side of `side` pixels at 1/reduction.
 static inline int image_reduced_side(int side, int reduction) {

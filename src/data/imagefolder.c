@@ -88,11 +88,8 @@ static int list_dir(const char *dir, int want_dirs, NameList *out) {
 // Decodes one image into out (size, size, channels), resized. Safe to call from several threads:
 // the error goes to this thread's tl_last_error().
 static int load_image(const char *path, int size, int channels, uint8_t *out) {
-  ImageHeader hdr;
-  if (image_read_header(path, &hdr) != 0) return -1;
-  const int reduction = hdr.jpeg ? image_reduction_for(hdr.h, hdr.w, size, size) : 1;
   Image img;
-  if (image_decode(path, channels, reduction, DECODER_DEFAULT, &img) != 0) return -1;
+  if (image_decode_fit(path, channels, size, &img) != 0) return -1;
   // resized: (size, size, channels) on the 0..255 scale
   const size_t n_values = (size_t)size * size * channels;
   float *resized = tl_alloc(sizeof *resized * n_values, MEM_DATA, COMP_OTHER);
