@@ -835,9 +835,10 @@ static int cmd_plan(int argc, char **argv) {
       fprintf(stderr, "tally: %s: %s\n", names[j], tl_last_error());
       return 1;
     }
-    if (!json && budget_text && totals[j].patches_per_image)
-      printf("%s: mask ratio %g, %d of %d patches encoded per image\n", names[j],
-             totals[j].mask_ratio, totals[j].patches_visible, totals[j].patches_per_image);
+    const double encoded = ledger_value(&recs[j], "patches_encoded");
+    if (!json && budget_text && !isnan(encoded))
+      printf("%s: %g of %d patches encoded per image\n", names[j], encoded / totals[j].local_batch,
+             totals[j].patches_per_image);
   }
   if (json) {
     for (int j = 0; j < n; j++) plan_print_json(stdout, &recs[j], &totals[j]);
@@ -901,7 +902,7 @@ static int cmd_report(int argc, char **argv) {
     snprintf(default_out, sizeof default_out, "%s/report.html", dirs[0]);
     out = default_out;
   }
-  if (rc == 0 && report_write(n, dirs, out) != 0) {
+  if (rc == 0 && report_write(n, dirs, out, objective_ledger_fields) != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     rc = 1;
   }

@@ -86,7 +86,7 @@ static inline Fixture *fixture_new(const char *objective, const char *backbone,
   assert_non_null(f->def);
   paramset_alloc(&f->ps, objective_param_count(f->def, &f->cfg), 3);
   ObjectiveEnv env = {&f->cfg, &f->ctx, f->comm, &f->ps, B, B, TOTAL_STEPS, NULL, NULL, NULL};
-  f->obj = f->def->create(&env);
+  f->obj = objective_create(f->def, &env);
   assert_non_null(f->obj);
   const AugmentParams base = {.out_size = S};
   const ViewRecipe recipe = objective_views(f->def, &f->cfg, &base);
@@ -112,7 +112,7 @@ static inline void fixture_free(Fixture *f) {
 // One step as the trainer runs it: gradients zeroed first (ops accumulate into them).
 static inline double step_loss(Fixture *f) {
   paramset_zero_grad(&f->ps, 0);
-  return f->def->step(f->obj, &f->batch, &f->rec);
+  return objective_step(f->obj, &f->batch, &f->rec);
 }
 
 // Central difference of the step's loss with respect to *x.
@@ -264,8 +264,9 @@ static inline LedgerRecord plan_equals_run(const char *name, const char *args, c
   int compared = 0;
   // The view groups' members sit in a list ("view_groups"): compared as the reader reads them.
   LedgerRecord planned_rec = {0}, measured_rec = {0};
-  if (ledger_read_json(plan, &planned_rec) <= 0) fail_msg("%s: the plan does not read back", what);
-  if (ledger_read_json(measured, &measured_rec) <= 0)
+  if (ledger_read_json(plan, &planned_rec, objective_ledger_fields) <= 0)
+    fail_msg("%s: the plan does not read back", what);
+  if (ledger_read_json(measured, &measured_rec, objective_ledger_fields) <= 0)
     fail_msg("%s: the ledger does not read", what);
   assert_true(measured_rec.view_groups >= 1);
   for (int i = 0; i < ledger_field_count(); i++) {
@@ -291,10 +292,23 @@ static inline LedgerRecord plan_equals_run(const char *name, const char *args, c
     expect_planned_as_measured(what, plan, measured, fi->name);
     compared++;
   }
+  // The objective's own fields, as it declares them.
+  assert_ptr_equal(planned_rec.own_fields, measured_rec.own_fields);
+  for (int k = 0; measured_rec.own_fields && k < measured_rec.own_fields->n; k++) {
+    const LedgerFieldInfo *fi = &measured_rec.own_fields->field[k];
+    double v;
+    if (fi->measured_only) {
+      assert_int_equal(json_get(plan, fi->name, &v), 0);
+      assert_true(isnan(planned_rec.own[k]));
+      continue;
+    }
+    expect_planned_as_measured(what, plan, measured, fi->name);
+    compared++;
+  }
   print_message("%s: %d counted fields equal\n", name, compared);
   assert_true(compared > 40);
   LedgerRecord r = {0};
-  assert_true(ledger_read_json(measured, &r) > 0);
+  assert_true(ledger_read_json(measured, &r, objective_ledger_fields) > 0);
   assert_int_equal(r.step, 5);
   free(plan);
   return r;

@@ -92,7 +92,7 @@ static void test_step_gradient_matches_finite_differences(void **state) {
   step_loss(f);
   for (size_t i = 0; i < f->ps.count; i++) f->ps.data[i] -= 0.5f * f->ps.grad[i];
   f->def->after_update(f->obj, &f->batch, &f->rec);
-  assert_true(f->rec.momentum_distance > 0);
+  assert_true(ledger_value(&f->rec, "momentum_distance") > 0);
   const StepGradTolerance tol = {.eps = 1e-2f, .kink_atol = 2e-4, .grad_scale = 1e-2};
   int predictor_checked = check_step_gradient(f, "byol/vit", tol, "predictor.");
   assert_int_equal(predictor_checked, 3 * 6);  // fc1 w/b, bn gamma/beta, fc2 w/b
@@ -152,7 +152,9 @@ static void test_counts_and_target_shape(void **state) {
   assert_int_equal(f->rec.negatives_per_query, 0);
   assert_int_equal(f->rec.encodings_next_new, 4 * B);
   assert_int_equal(f->rec.encodings_next_reused, 0);
-  assert_int_equal(f->rec.queue_vectors, 0);
+  // Its own fields are the target's drift alone: no queue.
+  assert_ptr_equal(f->rec.own_fields, objective_ledger_fields("byol"));
+  assert_true(isnan(ledger_value(&f->rec, "queue_vectors")));
   fixture_free(f);
 }
 
@@ -193,7 +195,7 @@ static void test_target_follows_momentum_rule(void **state) {
       }
     }
     assert_true(diff2 > 0);
-    assert_float_equal(f->rec.momentum_distance, sqrt(diff2 / norm2), 1e-9);
+    assert_float_equal(ledger_value(&f->rec, "momentum_distance"), sqrt(diff2 / norm2), 1e-9);
   }
   // --init: the target starts again from the online network.
   f->def->params_loaded(f->obj);
@@ -222,9 +224,12 @@ static void test_plan_equals_run(void **state) {
   const size_t target_floats = backbone_with_head_floats(&c);
   const size_t predictor_floats =
       head_floats((size_t)c.model.head_out_dim, 256, (size_t)c.model.head_out_dim);
-  assert_true(ledger_field_info(ledger_field_find("momentum_distance"))->measured_only);
+  const LedgerOwnFields *own = objective_ledger_fields("byol");
+  assert_int_equal(own->n, 1);
+  assert_string_equal(own->field[0].name, "momentum_distance");
+  assert_true(own->field[0].measured_only);
   LedgerRecord r = plan_equals_run("one", small, "");
-  assert_true(r.momentum_distance > 0);
+  assert_true(ledger_value(&r, "momentum_distance") > 0);
   assert_int_equal(r.images_source, 32);
   assert_int_equal(r.views_grad, 64);
   assert_int_equal(r.views_nograd, 64);
@@ -237,7 +242,7 @@ static void test_plan_equals_run(void **state) {
   assert_int_equal(r.queue_bytes, 0);
   r = plan_equals_run("two", small,
                       "--set parallel.replicas=2 --set parallel.shard_weights=1,3 --no-knn");
-  assert_true(r.momentum_distance > 0);
+  assert_true(ledger_value(&r, "momentum_distance") > 0);
   assert_int_equal(r.shard_samples, 8);  // rank 0's quarter of 32
   assert_int_equal(r.views_grad, 16);
   assert_int_equal(r.views_nograd, 16);

@@ -82,7 +82,7 @@ static void check_dino_gradient(const char *backbone) {
   step_loss(f);
   for (size_t i = 0; i < f->ps.count; i++) f->ps.data[i] -= 0.5f * f->ps.grad[i];
   f->def->after_update(f->obj, &f->batch, &f->rec);
-  assert_true(f->rec.momentum_distance > 0);
+  assert_true(ledger_value(&f->rec, "momentum_distance") > 0);
   const StepGradTolerance tol = {.eps = 1e-2f, .kink_atol = 2e-4, .grad_scale = 1e-2};
   char label[32];
   snprintf(label, sizeof label, "dino/%s", backbone);
@@ -157,7 +157,7 @@ enum { LOCAL = 12 };
 static void test_plan_equals_run(void **state) {
   (void)state;
   LedgerRecord r = plan_equals_run("one", small, "");
-  assert_true(r.momentum_distance > 0);
+  assert_true(ledger_value(&r, "momentum_distance") > 0);
   assert_int_equal(r.images_source, 32);
   assert_int_equal(r.views_grad, 6 * 32);
   assert_int_equal(r.views_nograd, 2 * 32);

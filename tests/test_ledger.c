@@ -34,9 +34,6 @@ static const char *const counted[] = {"step",
                                       "images_source",
                                       "views_grad",
                                       "views_nograd",
-                                      "patches_total",
-                                      "patches_encoded",
-                                      "patches_decoded",
                                       "negatives_per_query",
                                       "positives_per_query",
                                       "activation_bytes",
@@ -52,11 +49,7 @@ static const char *const counted[] = {"step",
                                       "workspace_bytes",
                                       "data_bytes",
                                       "eval_bytes",
-                                      "queue_vectors",
-                                      "queue_random_vectors",
                                       "queue_bytes",
-                                      "queue_oldest_age_steps",
-                                      "queue_mean_age_steps",
                                       "encodings_next_new",
                                       "encodings_next_reused",
                                       "flops_forward",
@@ -80,6 +73,17 @@ static const char *const counted[] = {"step",
 static const char *const timed[] = {"loss", "step_ms", "forward_ms", "images_per_s",
                                     "peak_rss_bytes"};
 
+// The fields only some objectives have: each record holds its objective's, and no other's.
+static const struct {
+  const char *objective, *field;
+  int measured_only;
+} own_fields[] = {
+    {"moco", "queue_vectors", 0},          {"moco", "queue_random_vectors", 0},
+    {"moco", "queue_oldest_age_steps", 0}, {"moco", "queue_mean_age_steps", 0},
+    {"moco", "momentum_distance", 1},      {"mae", "patches_total", 0},
+    {"mae", "patches_encoded", 0},         {"mae", "patches_decoded", 0},
+};
+
 // Trains `objective` for 3 steps with `extra` settings, plans the same steps, and compares.
 // Returns the run's peak RSS over the planned total.
 static double check_plan_matches_run(const char *name, const char *objective, const char *extra) {
@@ -101,6 +105,18 @@ static double check_plan_matches_run(const char *name, const char *objective, co
     for (size_t i = 0; i < sizeof timed / sizeof timed[0]; i++) {
       double v;
       assert_int_equal(json_get(plan, timed[i], &v), 0);  // null: measured only
+    }
+    for (size_t i = 0; i < sizeof own_fields / sizeof own_fields[0]; i++) {
+      double v;
+      if (strcmp(own_fields[i].objective, objective) != 0) {
+        assert_int_equal(json_get(plan, own_fields[i].field, &v), -1);
+        assert_int_equal(json_get(measured, own_fields[i].field, &v), -1);
+      } else if (own_fields[i].measured_only) {
+        assert_int_equal(json_get(plan, own_fields[i].field, &v), 0);
+        assert_int_equal(json_get(measured, own_fields[i].field, &v), 1);
+      } else {
+        expect_planned_as_measured(what, plan, measured, own_fields[i].field);
+      }
     }
     assert_int_equal(json_get(plan, "planned_total_bytes", &planned_total), 1);
     free(plan);
@@ -224,14 +240,15 @@ static void test_queue_arithmetic(void **state) {
   LedgerRecord r;
   PlanTotals t;
   plan(&c, "moco", 4, &r, &t);
-  assert_int_equal(r.queue_vectors, 100);
-  assert_int_equal(r.queue_random_vectors, 0);
-  assert_true(r.queue_oldest_age_steps == 4);
-  assert_true(fabs(r.queue_mean_age_steps - (32 * (1 + 2 + 3) + 4 * 4) / 100.0) < 1e-12);
+  assert_true(ledger_value(&r, "queue_vectors") == 100);
+  assert_true(ledger_value(&r, "queue_random_vectors") == 0);
+  assert_true(ledger_value(&r, "queue_oldest_age_steps") == 4);
+  assert_true(fabs(ledger_value(&r, "queue_mean_age_steps") - (32 * (1 + 2 + 3) + 4 * 4) / 100.0) <
+              1e-12);
   assert_int_equal(r.negatives_per_query, 64);  // ages 1 and 2 only
   plan(&c, "moco", 1, &r, &t);
-  assert_int_equal(r.queue_vectors, 32);
-  assert_int_equal(r.queue_random_vectors, 68);
+  assert_true(ledger_value(&r, "queue_vectors") == 32);
+  assert_true(ledger_value(&r, "queue_random_vectors") == 68);
   assert_int_equal(r.negatives_per_query, 100);  // random slots always count
 }
 
@@ -246,13 +263,13 @@ static void test_mae_tradeoffs(void **state) {
   LedgerRecord masked, full;
   PlanTotals t;
   plan(&c, "mae", 0, &masked, &t);
-  assert_int_equal(masked.patches_total, P * B);
-  assert_int_equal(masked.patches_encoded, (long)((1 - r) * P) * B);
-  assert_int_equal(masked.patches_decoded, P * B);
+  assert_true(ledger_value(&masked, "patches_total") == P * B);
+  assert_true(ledger_value(&masked, "patches_encoded") == (long)((1 - r) * P) * B);
+  assert_true(ledger_value(&masked, "patches_decoded") == P * B);
   // The smallest ratio that masks nothing of 64 patches but one: int(64 * 0.99) = 63 kept.
   assert_int_equal(config_set(&c, "mae.mask_ratio=0.01"), 0);
   plan(&c, "mae", 0, &full, &t);
-  assert_int_equal(full.patches_encoded, (P - 1) * B);
+  assert_true(ledger_value(&full, "patches_encoded") == (P - 1) * B);
   // Per-token work and buffers scale with the tokens: 1 + 16 against 1 + 64 (the cls token is
   // encoded either way), 0.26. Attention's (T, T) scores scale with the square, 0.07, and pull
   // the FLOPs ratio down a little. The activation ratio comes out higher. What a block keeps per
@@ -387,9 +404,73 @@ static void test_memory_budget(void **state) {
   assert_non_null(strstr(tl_last_error(), "more than the budget"));
 }
 
+// An objective's own fields, declared outside the ledger: written after the common ones under
+// their own names (whole numbers as such, NaN as null and an empty CSV cell, measured-only ones
+// null in a plan), read back through the lookup, and absent from a record whose objective the
+// lookup does not know.
+static const LedgerOwnFields test_own = {
+    3,
+    {{"widgets_kept", LEDGER_CACHED, UNIT_COUNT, 0},
+     {"widget_age_steps", LEDGER_CACHED, UNIT_STEPS, 0},
+     {"widget_drift", LEDGER_CACHED, UNIT_RATIO, 1}},
+};
+static const LedgerOwnFields *test_lookup(const char *objective) {
+  return strcmp(objective, "widgets") == 0 ? &test_own : NULL;
+}
+
+static void test_own_fields_round_trip(void **state) {
+  (void)state;
+  LedgerRecord r = {.step = 7, .objective = "widgets", .own_fields = &test_own};
+  r.own[0] = 12345678901.0;  // above 2^32: written whole, not as 1.23456789e+10
+  r.own[1] = 2.5;
+  r.own[2] = NAN;
+  char line[8192], planned[8192];
+  FILE *f = fmemopen(line, sizeof line, "w");
+  ledger_write_json(f, &r);
+  fclose(f);
+  assert_non_null(strstr(line,
+                         "\"widgets_kept\":12345678901,\"widget_age_steps\":2.5,"
+                         "\"widget_drift\":null,\"view_groups\":["));
+  r.own[2] = 0.125;
+  f = fmemopen(planned, sizeof planned, "w");
+  ledger_write_json_members(f, &r, 1);
+  fclose(f);
+  assert_non_null(strstr(planned, "\"widget_drift\":null"));
+  f = fmemopen(line, sizeof line, "w");
+  ledger_write_json(f, &r);
+  fclose(f);
+
+  LedgerRecord back = {0};
+  assert_true(ledger_read_json(line, &back, test_lookup) > 0);
+  assert_ptr_equal(back.own_fields, &test_own);
+  assert_true(back.own[0] == 12345678901.0);
+  assert_true(ledger_value(&back, "widget_age_steps") == 2.5);
+  assert_true(ledger_value(&back, "widget_drift") == 0.125);
+  assert_true(ledger_value(&back, "step") == 7);
+  assert_true(isnan(ledger_value(&back, "queue_vectors")));
+  // Without the lookup (or for an objective it does not know) they are skipped, not misread.
+  LedgerRecord blind = {0};
+  assert_true(ledger_read_json(line, &blind, NULL) > 0);
+  assert_null(blind.own_fields);
+  assert_true(isnan(ledger_value(&blind, "widgets_kept")));
+  assert_true(blind.step == 7);
+
+  char csv[16384];
+  f = fmemopen(csv, sizeof csv, "w");
+  ledger_write_csv_header(f, &test_own);
+  r.own[1] = NAN;
+  ledger_write_csv(f, &r);
+  fclose(f);
+  const char *nl = strchr(csv, '\n');
+  assert_non_null(nl);
+  assert_non_null(strstr(csv, ",widgets_kept,widget_age_steps,widget_drift\n"));
+  assert_non_null(strstr(nl, ",12345678901,,0.125\n"));
+}
+
 int main(void) {
   if (cli_test_init("ledger") != 0) return 1;
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_own_fields_round_trip),
       cmocka_unit_test(test_contrast_tradeoffs),
       cmocka_unit_test(test_queue_arithmetic),
       cmocka_unit_test(test_mae_tradeoffs),

@@ -202,7 +202,7 @@ static void *shuffle_replica_thread(void *arg) {
   ParamSet ps;
   paramset_alloc(&ps, objective_param_count(def, r->cfg), 3);
   ObjectiveEnv env = {r->cfg, &ctx, comm, &ps, r->b, SB_N, SB_N, NULL, NULL, NULL};
-  Objective *o = def->create(&env);
+  Objective *o = objective_create(def, &env);
   float *views = calloc((size_t)2 * r->b * SB_S * SB_S, sizeof(float));
   int indices[SB_N] = {0}, labels[SB_N] = {0};
   r->failed = !o || !views;
@@ -216,7 +216,7 @@ static void *shuffle_replica_thread(void *arg) {
                    .labels = labels};
     LedgerRecord rec = {0};
     paramset_zero_grad(&ps, 0);
-    def->step(o, &batch, &rec);
+    objective_step(o, &batch, &rec);
     memcpy(r->keys[s], moco_last_keys(o), sizeof(float) * r->b * SB_DIM);
     def->after_update(o, &batch, &rec);
     r->failed = comm_failed(comm);

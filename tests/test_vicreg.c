@@ -149,7 +149,7 @@ static void test_vicreg_counts(void **state) {
   assert_int_equal(f->rec.views_nograd, 0);
   assert_int_equal(f->rec.positives_per_query, 1);
   assert_int_equal(f->rec.negatives_per_query, 0);
-  assert_int_equal(f->rec.queue_vectors, 0);
+  assert_null(f->rec.own_fields);  // nothing of its own: no queue, no target
   assert_int_equal(f->rec.encodings_next_new, 2 * B);
   assert_int_equal(f->rec.encodings_next_reused, 0);
   assert_null(f->def->state);  // nothing beyond the parameters to checkpoint

@@ -54,9 +54,6 @@ static const Field fields[] = {
     FIELD(images_source, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
     FIELD(views_grad, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
     FIELD(views_nograd, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
-    FIELD(patches_total, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
-    FIELD(patches_encoded, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
-    FIELD(patches_decoded, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
     FIELD(negatives_per_query, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
     FIELD(positives_per_query, F_LONG, LEDGER_ENCODED, UNIT_COUNT),
     FIELD(view_groups, F_INT, LEDGER_ENCODED, UNIT_COUNT),
@@ -81,12 +78,7 @@ static const Field fields[] = {
     FIELD(workspace_bytes, F_SIZE, LEDGER_HELD, UNIT_BYTES),
     FIELD(data_bytes, F_SIZE, LEDGER_HELD, UNIT_BYTES),
     FIELD(eval_bytes, F_SIZE, LEDGER_HELD, UNIT_BYTES),
-    FIELD(queue_vectors, F_LONG, LEDGER_CACHED, UNIT_COUNT),
-    FIELD(queue_random_vectors, F_LONG, LEDGER_CACHED, UNIT_COUNT),
     FIELD(queue_bytes, F_SIZE, LEDGER_CACHED, UNIT_BYTES),
-    FIELD(queue_oldest_age_steps, F_DOUBLE, LEDGER_CACHED, UNIT_STEPS),
-    FIELD(queue_mean_age_steps, F_DOUBLE, LEDGER_CACHED, UNIT_STEPS),
-    MEASURED(momentum_distance, F_DOUBLE, LEDGER_CACHED, UNIT_RATIO),
     FIELD(encodings_next_new, F_LONG, LEDGER_NEXT, UNIT_COUNT),
     FIELD(encodings_next_reused, F_LONG, LEDGER_NEXT, UNIT_COUNT),
     FIELD(flops_forward, F_DOUBLE, LEDGER_COST, UNIT_FLOPS),
@@ -189,6 +181,18 @@ static void write_value(FILE *f, const LedgerRecord *r, const Field *fd, int jso
   }
 }
 
+// An own field's value: a whole number as one (counts and bytes are whole), else like any double.
+static void write_own(FILE *f, double v, int json) {
+  if (!isfinite(v))
+    fputs(json ? "null" : "", f);
+  else if (v == floor(v) && fabs(v) < 9007199254740992.0)
+    fprintf(f, "%.0f", v);
+  else
+    fprintf(f, "%.9g", v);
+}
+
+static int own_count(const LedgerRecord *r) { return r->own_fields ? r->own_fields->n : 0; }
+
 // "view_groups":[{"size":..,...},...]: the members of each group the record has.
 static void write_view_groups(FILE *f, const LedgerRecord *r) {
   fputc('[', f);
@@ -218,6 +222,11 @@ void ledger_write_json_members(FILE *f, const LedgerRecord *r, int planned) {
     else
       write_value(f, r, &fields[i], 1);
   }
+  for (int i = 0; i < own_count(r); i++) {
+    const LedgerFieldInfo *fi = &r->own_fields->field[i];
+    fprintf(f, ",\"%s\":", fi->name);
+    write_own(f, planned && fi->measured_only ? NAN : r->own[i], 1);
+  }
   fputs(",\"view_groups\":", f);
   write_view_groups(f, r);
 }
@@ -228,8 +237,9 @@ void ledger_write_json(FILE *f, const LedgerRecord *r) {
   fputs("}\n", f);
 }
 
-void ledger_write_csv_header(FILE *f) {
+void ledger_write_csv_header(FILE *f, const LedgerOwnFields *own) {
   for (int i = 0; i < N_FIELDS; i++) fprintf(f, "%s%s", i ? "," : "", fields[i].info.name);
+  for (int i = 0; own && i < own->n; i++) fprintf(f, ",%s", own->field[i].name);
   fputc('\n', f);
 }
 
@@ -237,6 +247,10 @@ void ledger_write_csv(FILE *f, const LedgerRecord *r) {
   for (int i = 0; i < N_FIELDS; i++) {
     if (i) fputc(',', f);
     if (!absent_group(r, &fields[i])) write_value(f, r, &fields[i], 0);  // else an empty cell
+  }
+  for (int i = 0; i < own_count(r); i++) {
+    fputc(',', f);
+    write_own(f, r->own[i], 0);
   }
   fputc('\n', f);
 }
@@ -265,6 +279,14 @@ double ledger_field_value(const LedgerRecord *r, int i) {
     case F_STRING:
       break;
   }
+  return NAN;
+}
+
+double ledger_value(const LedgerRecord *r, const char *name) {
+  const int i = ledger_field_find(name);
+  if (i >= 0) return ledger_field_value(r, i);
+  for (int k = 0; k < own_count(r); k++)
+    if (strcmp(r->own_fields->field[k].name, name) == 0) return r->own[k];
   return NAN;
 }
 
@@ -331,19 +353,34 @@ static const Field *find_field(const char *name, size_t len, int group) {
   return NULL;
 }
 
+// The own field called name[0..len) of the record's objective: its index, or -1.
+static int find_own(const LedgerRecord *r, const char *name, size_t len) {
+  for (int k = 0; k < own_count(r); k++) {
+    const char *n = r->own_fields->field[k].name;
+    if (strlen(n) == len && strncmp(n, name, len) == 0) return k;
+  }
+  return -1;
+}
+
+// What a reader needs besides the line.
+typedef struct {
+  LedgerOwnLookup lookup;
+  int set;  // fields set so far
+} ReadState;
+
 // One flat JSON object at p (its members numbers, strings or null) into r: the record's fields,
 // or view group `group`'s members. Returns the position after it, or NULL when malformed.
-static const char *read_object(const char *p, LedgerRecord *r, int group, int *set);
+static const char *read_object(const char *p, LedgerRecord *r, int group, ReadState *st);
 
 // "view_groups":[{...},...] at p (after the colon): each object is one group's members.
-static const char *read_view_groups(const char *p, LedgerRecord *r, int *set) {
+static const char *read_view_groups(const char *p, LedgerRecord *r, ReadState *st) {
   if (*p++ != '[') return NULL;
   int n = 0;
   p = skip_space(p);
   if (*p == ']') return p + 1;
   for (;;) {
     // A group past the table's is read for its syntax and dropped.
-    p = read_object(skip_space(p), r, n < LEDGER_MAX_VIEW_GROUPS ? n : INT_MAX, set);
+    p = read_object(skip_space(p), r, n < LEDGER_MAX_VIEW_GROUPS ? n : INT_MAX, st);
     if (!p) return NULL;
     n++;
     p = skip_space(p);
@@ -351,11 +388,11 @@ static const char *read_view_groups(const char *p, LedgerRecord *r, int *set) {
     if (*p++ != ',') return NULL;
   }
   r->view_groups = n < LEDGER_MAX_VIEW_GROUPS ? n : LEDGER_MAX_VIEW_GROUPS;
-  (*set)++;
+  st->set++;
   return p + 1;
 }
 
-static const char *read_object(const char *p, LedgerRecord *r, int group, int *set) {
+static const char *read_object(const char *p, LedgerRecord *r, int group, ReadState *st) {
   if (*p++ != '{') return NULL;
   for (;;) {
     p = skip_space(p);
@@ -368,20 +405,33 @@ static const char *read_object(const char *p, LedgerRecord *r, int group, int *s
     p = skip_space(p);
     const size_t len = (size_t)(name_end - name);
     const Field *fd = group == INT_MAX ? NULL : find_field(name, len, group);
+    const int own = fd || group >= 0 ? -1 : find_own(r, name, len);
     if (*p == '[' && group < 0 && len == 11 && strncmp(name, "view_groups", 11) == 0) {
-      if (!(p = read_view_groups(p, r, set))) return NULL;
+      if (!(p = read_view_groups(p, r, st))) return NULL;
     } else if (*p == '"') {
       const char *end = string_end(p + 1);
       if (!end) return NULL;
+      // The objective's name says which own fields the record has.
+      if (group < 0 && st->lookup && len == 9 && strncmp(name, "objective", 9) == 0) {
+        char objective[64];
+        const size_t n = (size_t)(end - p - 1);
+        if (n < sizeof objective) {
+          memcpy(objective, p + 1, n);
+          objective[n] = 0;
+          r->own_fields = st->lookup(objective);
+        }
+      }
       p = end + 1;
     } else if (strncmp(p, "null", 4) == 0) {
-      if (fd) set_value(r, fd, NAN), (*set)++;
+      if (fd) set_value(r, fd, NAN), st->set++;
+      if (own >= 0) r->own[own] = NAN, st->set++;
       p += 4;
     } else {
       char *end;
       double v = strtod(p, &end);
       if (end == p) return NULL;
-      if (fd) set_value(r, fd, v), (*set)++;
+      if (fd) set_value(r, fd, v), st->set++;
+      if (own >= 0) r->own[own] = v, st->set++;
       p = end;
     }
     p = skip_space(p);
@@ -392,9 +442,9 @@ static const char *read_object(const char *p, LedgerRecord *r, int group, int *s
   }
 }
 
-int ledger_read_json(const char *line, LedgerRecord *r) {
-  int set = 0;
-  return read_object(skip_space(line), r, -1, &set) ? set : -1;
+int ledger_read_json(const char *line, LedgerRecord *r, LedgerOwnLookup lookup) {
+  ReadState st = {lookup, 0};
+  return read_object(skip_space(line), r, -1, &st) ? st.set : -1;
 }
 
 // The integer after "key": in a JSON line, or -1.

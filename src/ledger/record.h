@@ -19,84 +19,6 @@ typedef struct {
   size_t activation_bytes;               // encoder activations held for its views
 } LedgerViewGroup;
 
-typedef struct {
-  // identity
-  long step;
-  int epoch;
-  const char *objective;
-  int replicas;
-  double lr;
-  double loss;
-
-  // encoded this step (this replica)
-  long images_source;        // distinct source images loaded
-  long views_grad;           // views through the online encoder with gradient
-  long views_nograd;         // views through the momentum encoder, forward only
-  long patches_total;        // patches in the views that were patchified (0 for CNNs)
-  long patches_encoded;      // patches the encoder actually processed
-  long patches_decoded;      // positions the decoder processed
-  long negatives_per_query;  // comparison candidates per query
-  long positives_per_query;
-  // The step's views by group (ledger.jsonl: "view_groups", a list of objects; ledger.csv:
-  // view_group<k>_<member> columns). An objective of several groups fills groups 1.. (their
-  // views, FLOPs and activations) and the views of group 0; ledger_view_groups_finish does the
-  // rest.
-  int view_groups;
-  LedgerViewGroup view_group[LEDGER_MAX_VIEW_GROUPS];
-
-  // held (bytes, from the accounting allocator)
-  size_t activation_bytes;                 // retained for backward, all components
-  size_t activation_bytes_by[COMP_NCOMP];  // by component
-  size_t activation_grad_bytes;
-  size_t param_bytes, grad_bytes, optimizer_bytes, momentum_encoder_bytes;
-  size_t workspace_bytes, data_bytes;
-  size_t eval_bytes;  // the kNN monitor's model, feature banks and scratchpad (MEM_EVAL)
-
-  // cached from earlier steps
-  long queue_vectors;         // real keys in the queue (random initial entries excluded)
-  long queue_random_vectors;  // initial random entries not yet replaced
-  size_t queue_bytes;
-  double queue_oldest_age_steps;
-  double queue_mean_age_steps;
-  double momentum_distance;  // ||theta_k - theta_q|| / ||theta_q||
-
-  // the next step
-  long encodings_next_new;     // encodings the next step computes anew
-  long encodings_next_reused;  // encodings it takes from cache instead
-
-  // cost
-  double flops_forward, flops_backward;
-  double flops_forward_by[COMP_NCOMP], flops_backward_by[COMP_NCOMP];
-  // The part of flops_forward + flops_backward that convolutions ran by Winograd kernels
-  // ([train] conv_algorithm), counted as direct convolution's arithmetic like the rest.
-  double flops_winograd;
-  double comm_bytes;
-  double comm_allreduce_bytes, comm_allgather_bytes;
-  // Collectives this step (a bucketed gradient average is one): each pays the link's latency
-  // per round of its algorithm, which `tally plan --nodes` adds to the bytes' time.
-  long comm_allreduce_calls, comm_allgather_calls;
-  double flops_total;   // training FLOPs so far, every replica, this step included
-  int shard_samples;    // this replica's samples
-  double shard_weight;  // its weight in the gradient average
-
-  // time
-  double data_ms, forward_ms, backward_ms, comm_ms, optimizer_ms, step_ms;
-  double images_per_s;
-  double train_seconds;  // training time so far, evaluation excluded
-  size_t peak_rss_bytes;
-} LedgerRecord;
-
-// Completes the view groups once the step's FLOPs are in the record: each group's size and count
-// from the recipe (n_groups, sizes, counts), and group 0 what the encoders did and hold
-// (encoder_act_bytes: this replica's encoder activations) that the objective did not put in a
-// later group (for an objective of one group: all of it, its views the step's).
-void ledger_view_groups_finish(LedgerRecord *r, int n_groups, const int *sizes, const int *counts,
-                               size_t encoder_act_bytes);
-
-// The counted communication fields (bytes and calls, per kind and in all) from a step's
-// collective statistics: the trainer and the plan fill them the same way.
-void ledger_record_comm(LedgerRecord *r, const CommStats *cs);
-
 // The record's fields as one table (the writers, the reader, `tally plan` and `tally report` all
 // walk it), grouped by the question each answers.
 typedef enum {
@@ -130,12 +52,101 @@ typedef struct {
   int measured_only;
 } LedgerFieldInfo;
 
+// The fields only one objective has (ObjectiveDef.ledger_fields: moco's queue, mae's patches):
+// the objective declares them, a record carries its declaration and their values (`own`, in
+// declaration order), and the writers put them after the common fields under their own names.
+enum { LEDGER_MAX_OWN_FIELDS = 8 };
+typedef struct {
+  int n;
+  LedgerFieldInfo field[LEDGER_MAX_OWN_FIELDS];
+} LedgerOwnFields;
+// The declaration of the objective called `objective` (NULL: none), for a reader.
+typedef const LedgerOwnFields *(*LedgerOwnLookup)(const char *objective);
+
+typedef struct {
+  // identity
+  long step;
+  int epoch;
+  const char *objective;
+  int replicas;
+  double lr;
+  double loss;
+
+  // encoded this step (this replica)
+  long images_source;        // distinct source images loaded
+  long views_grad;           // views through the online encoder with gradient
+  long views_nograd;         // views through the momentum encoder, forward only
+  long negatives_per_query;  // comparison candidates per query
+  long positives_per_query;
+  // The step's views by group (ledger.jsonl: "view_groups", a list of objects; ledger.csv:
+  // view_group<k>_<member> columns). An objective of several groups fills groups 1.. (their
+  // views, FLOPs and activations) and the views of group 0; ledger_view_groups_finish does the
+  // rest.
+  int view_groups;
+  LedgerViewGroup view_group[LEDGER_MAX_VIEW_GROUPS];
+
+  // held (bytes, from the accounting allocator)
+  size_t activation_bytes;                 // retained for backward, all components
+  size_t activation_bytes_by[COMP_NCOMP];  // by component
+  size_t activation_grad_bytes;
+  size_t param_bytes, grad_bytes, optimizer_bytes, momentum_encoder_bytes;
+  size_t workspace_bytes, data_bytes;
+  size_t eval_bytes;  // the kNN monitor's model, feature banks and scratchpad (MEM_EVAL)
+
+  // cached from earlier steps
+  size_t queue_bytes;  // held between steps for later steps to compare against (MEM_QUEUE)
+
+  // the next step
+  long encodings_next_new;     // encodings the next step computes anew
+  long encodings_next_reused;  // encodings it takes from cache instead
+
+  // cost
+  double flops_forward, flops_backward;
+  double flops_forward_by[COMP_NCOMP], flops_backward_by[COMP_NCOMP];
+  // The part of flops_forward + flops_backward that convolutions ran by Winograd kernels
+  // ([train] conv_algorithm), counted as direct convolution's arithmetic like the rest.
+  double flops_winograd;
+  double comm_bytes;
+  double comm_allreduce_bytes, comm_allgather_bytes;
+  // Collectives this step (a bucketed gradient average is one): each pays the link's latency
+  // per round of its algorithm, which `tally plan --nodes` adds to the bytes' time.
+  long comm_allreduce_calls, comm_allgather_calls;
+  double flops_total;   // training FLOPs so far, every replica, this step included
+  int shard_samples;    // this replica's samples
+  double shard_weight;  // its weight in the gradient average
+
+  // time
+  double data_ms, forward_ms, backward_ms, comm_ms, optimizer_ms, step_ms;
+  double images_per_s;
+  double train_seconds;  // training time so far, evaluation excluded
+  size_t peak_rss_bytes;
+
+  // the objective's own fields
+  const LedgerOwnFields *own_fields;  // NULL: none
+  double own[LEDGER_MAX_OWN_FIELDS];
+} LedgerRecord;
+
+// Completes the view groups once the step's FLOPs are in the record: each group's size and count
+// from the recipe (n_groups, sizes, counts), and group 0 what the encoders did and hold
+// (encoder_act_bytes: this replica's encoder activations) that the objective did not put in a
+// later group (for an objective of one group: all of it, its views the step's).
+void ledger_view_groups_finish(LedgerRecord *r, int n_groups, const int *sizes, const int *counts,
+                               size_t encoder_act_bytes);
+
+// The counted communication fields (bytes and calls, per kind and in all) from a step's
+// collective statistics: the trainer and the plan fill them the same way.
+void ledger_record_comm(LedgerRecord *r, const CommStats *cs);
+
+// The common fields (every record has them), by index.
 int ledger_field_count(void);
 const LedgerFieldInfo *ledger_field_info(int i);
-// Index of the field called `name`, or -1.
+// Index of the common field called `name`, or -1.
 int ledger_field_find(const char *name);
 // The field's value as a double (NaN for text and for a non-finite double).
 double ledger_field_value(const LedgerRecord *r, int i);
+// The value of the field called `name`, common or the record's objective's own; NaN when the
+// record has no such field.
+double ledger_value(const LedgerRecord *r, const char *name);
 const char *ledger_group_title(LedgerGroup g);
 
 // JSON Lines: one object per record, field names with units.
@@ -144,11 +155,13 @@ void ledger_write_json(FILE *f, const LedgerRecord *r);
 // `planned`, measured-only fields are written as null.
 void ledger_write_json_members(FILE *f, const LedgerRecord *r, int planned);
 // Reads one line written by ledger_write_json: known fields are set, unknown names skipped, nulls
-// read as NaN (doubles) or 0; text fields are left NULL. Returns the number of fields set, or -1
-// when the line is not a flat JSON object.
-int ledger_read_json(const char *line, LedgerRecord *r);
-// CSV: a header line once, then one row per record, same names.
-void ledger_write_csv_header(FILE *f);
+// read as NaN (doubles) or 0; text fields are left NULL. The objective's own fields (after its
+// "objective" member) are read when `lookup` (may be NULL) knows its declaration. Returns the
+// number of fields set, or -1 when the line is not a flat JSON object.
+int ledger_read_json(const char *line, LedgerRecord *r, LedgerOwnLookup lookup);
+// CSV: a header line once (the common fields, then `own`'s, which may be NULL), then one row per
+// record, same names.
+void ledger_write_csv_header(FILE *f, const LedgerOwnFields *own);
 void ledger_write_csv(FILE *f, const LedgerRecord *r);
 
 // Resuming at `steps_done`: rewrites a run's ledger.jsonl and ledger.csv (atomically) keeping

@@ -36,6 +36,7 @@ typedef struct {
   double knn_final;   // summary.json's knn_top1, NaN when absent
   double peak_rss;    // summary.json, NaN when absent
   int batch_size;
+  LedgerOwnLookup lookup;  // the objectives' own ledger fields
 } Run;
 
 // Series colours, one per run (and per memory category), readable on white.
@@ -133,7 +134,7 @@ static int lines_in(const char *text, size_t len, const char *dir, const char *f
 
 // One line of ledger.jsonl into the next record; the run's objective is the first record's.
 static int take_record(Run *run, const char *line) {
-  if (ledger_read_json(line, &run->recs[run->n_recs]) < 0) return -1;
+  if (ledger_read_json(line, &run->recs[run->n_recs], run->lookup) < 0) return -1;
   if (!run->n_recs) json_string(line, "objective", run->objective, sizeof run->objective);
   run->n_recs++;
   return 0;
@@ -183,9 +184,10 @@ static void attach_compute(Run *run) {
   }
 }
 
-static int load_run(Run *run, const char *dir) {
+static int load_run(Run *run, const char *dir, LedgerOwnLookup lookup) {
   memset(run, 0, sizeof *run);
   run->dir = dir;
+  run->lookup = lookup;
   run->knn_raw = run->linear_raw = run->knn_final = run->peak_rss = NAN;
   size_t len = strlen(dir);
   while (len > 1 && dir[len - 1] == '/') len--;
@@ -531,7 +533,8 @@ static double median_field(const Run *run, const char *name) {
   double *v = malloc(sizeof(double) * run->n_recs);
   if (!v) TL_DIE("out of memory");
   for (int i = 0; i < run->n_recs; i++) {
-    double x = ledger_field_value(&run->recs[i], field);
+    double x =
+        field >= 0 ? ledger_field_value(&run->recs[i], field) : ledger_value(&run->recs[i], name);
     if (isfinite(x)) v[n++] = x;
   }
   qsort(v, (size_t)n, sizeof *v, compare_doubles);
@@ -541,7 +544,39 @@ static double median_field(const Run *run, const char *name) {
 }
 
 static double last_field(const Run *run, const char *name) {
-  return ledger_field_value(&run->recs[run->n_recs - 1], ledger_field_find(name));
+  return ledger_value(&run->recs[run->n_recs - 1], name);
+}
+
+static void cell(FILE *f, const char *text);
+
+// The fields only some runs' objectives declare (moco's queue, mae's patches), a row each in
+// the order the runs declare them, at the last step; "-" for a run whose objective has none.
+static void own_field_rows(FILE *f, const Run *runs, int n) {
+  for (int k = 0; k < n; k++) {
+    const LedgerOwnFields *own = runs[k].n_recs ? runs[k].recs[0].own_fields : NULL;
+    for (int i = 0; own && i < own->n; i++) {
+      const LedgerFieldInfo *fi = &own->field[i];
+      int shown = 0;  // by an earlier run
+      for (int j = 0; j < k && !shown; j++)
+        shown = runs[j].n_recs && !isnan(last_field(&runs[j], fi->name));
+      if (shown) continue;
+      fputs("<tr><th>", f);
+      html_text(f, fi->name);
+      fputs("</th>", f);
+      for (int j = 0; j < n; j++) {
+        const double v = runs[j].n_recs ? last_field(&runs[j], fi->name) : NAN;
+        char buf[32];
+        if (isnan(v))
+          snprintf(buf, sizeof buf, "-");
+        else if (fi->unit == UNIT_BYTES)
+          format_bytes(v, buf, sizeof buf);
+        else
+          snprintf(buf, sizeof buf, "%.4g", v);
+        cell(f, buf);
+      }
+      fputs("</tr>\n", f);
+    }
+  }
 }
 
 static void cell(FILE *f, const char *text) {
@@ -568,7 +603,6 @@ static void cost_table(FILE *f, const Run *runs, int n) {
   } rows[] = {
       {"views with gradient", "views_grad", 0},
       {"views without gradient", "views_nograd", 0},
-      {"patches encoded", "patches_encoded", 0},
       {"negatives per query", "negatives_per_query", 0},
       {"next step: encodings made anew", "encodings_next_new", 0},
       {"next step: encodings reused (cached)", "encodings_next_reused", 0},
@@ -614,6 +648,7 @@ static void cost_table(FILE *f, const Run *runs, int n) {
     }
     fputs("</tr>\n", f);
   }
+  own_field_rows(f, runs, n);
   // What each group of views cost (multi-crop: a few large crops and several small ones).
   int groups = 0;
   for (int k = 0; k < n; k++)
@@ -834,12 +869,13 @@ static void write_page(FILE *f, const Run *runs, int n) {
   free(labels);
 }
 
-int report_write(int n_runs, const char *const *run_dirs, const char *out_path) {
+int report_write(int n_runs, const char *const *run_dirs, const char *out_path,
+                 LedgerOwnLookup lookup) {
   Run *runs = calloc((size_t)n_runs, sizeof *runs);
   if (!runs) TL_DIE("out of memory");
   int rc = -1, loaded = 0;
   for (; loaded < n_runs; loaded++)
-    if (load_run(&runs[loaded], run_dirs[loaded]) != 0) goto out;
+    if (load_run(&runs[loaded], run_dirs[loaded], lookup) != 0) goto out;
   AtomicFile a;
   if (output_path_check(out_path) != 0 || atomic_open(&a, out_path) != 0) goto out;
   write_page(a.f, runs, n_runs);

@@ -38,7 +38,7 @@ int scaling_read_run(const char *dir, MeasuredRun *m) {
   memset(m, 0, sizeof *m);
   while (getline(&line, &line_cap, f) > 0) {
     LedgerRecord r;
-    if (ledger_read_json(line, &r) < 0) continue;  // a cut-off last line
+    if (ledger_read_json(line, &r, NULL) < 0) continue;  // a cut-off last line
     m->replicas = r.replicas;
     m->local_batch = r.shard_samples;
     m->global_batch = r.shard_weight > 0 ? (int)lround(r.shard_samples / r.shard_weight) : 0;

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/timer.h"
 #include "nn/head.h"
 #include "objectives/byol_loss.h"
 #include "objectives/ema.h"
@@ -67,17 +66,12 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   if (!o) TL_DIE("out of memory");
   o->base.env = *env;
   o->b = env->local_batch;
-  const int rows = 2 * o->b, S = cfg->data.image_size, C = cfg->data.channels;
-  const int hidden = cfg->model.head_hidden_dim, d = cfg->model.head_out_dim;
-  const ModelSpec *spec = &cfg->model.spec;
+  const int rows = 2 * o->b, d = cfg->model.head_out_dim;
 
   Builder online = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
-  env->ctx->component = COMP_ENCODER;
   const long long act0 = tl_mem_thread_net(MEM_ACT, COMP_ENCODER);
-  o->base.online = backbone_create(spec, &online, rows, S, C);
+  o->base.online = objective_encoder(env, &online, rows, &o->projector, "head");
   o->encoder_act_bytes = (size_t)(tl_mem_thread_net(MEM_ACT, COMP_ENCODER) - act0);
-  backbone_set_input_normalization(o->base.online, env->input_mean, env->input_std);
-  head_init(&o->projector, &online, "head", rows, o->base.online->feature_dim, hidden, d);
   // Online parameters: backbone, projector ("head", as every objective's), then the predictor;
   // the target mirrors the part before the predictor.
   const size_t target_count = env->params->used;
@@ -87,10 +81,7 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   // first floats, taken in the same order) and then only follows the momentum rule.
   paramset_alloc_nograd(&o->target_params, target_count, cfg->train.seed, MEM_MOMENTUM);
   Builder target = {.ctx = env->ctx, .params = &o->target_params, .mode = OP_FORWARD};
-  o->target_backbone = backbone_create(spec, &target, rows, S, C);
-  backbone_set_input_normalization(o->target_backbone, env->input_mean, env->input_std);
-  head_init(&o->target_projector, &target, "head", rows, o->target_backbone->feature_dim, hidden,
-            d);
+  o->target_backbone = objective_encoder(env, &target, rows, &o->target_projector, "head");
   if (!env->ctx->dry_run) ema_copy(&o->target_params, env->params);
 
   env->ctx->component = COMP_LOSS;
@@ -118,14 +109,17 @@ static void byol_views(const Config *cfg, const AugmentParams *base, ViewRecipe 
   out->group[1].aug.solarize_prob = 0.2f;
 }
 
-static double byol_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
+// The target's drift from the online network after the update, ||theta_t - theta_o|| /
+// ||theta_o|| (LEDGER_CACHED: the target is what is kept between steps); known only in a run.
+static const LedgerOwnFields byol_fields = {1,
+                                            {{"momentum_distance", LEDGER_CACHED, UNIT_RATIO, 1}}};
+
+static ObjectiveLoss byol_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Byol *o = (Byol *)base;
   DnnlCtx *ctx = base->env.ctx;
-  Comm *comm = base->env.comm;
   const int b = o->b;
   TL_ASSERT(batch->n == b && batch->n_views == 2);
 
-  double t0 = now_ms();
   // The batch is view-major, so views 0 and 1 of all samples form one 2b-image forward, for the
   // target as for the online network.
   ctx->component = COMP_ENCODER;
@@ -140,18 +134,11 @@ static double byol_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
   // statistics are per replica, as in every objective here.)
   double loss_sum = byol_loss_forward_backward(&o->loss, ctx, o->predictor.out,
                                                o->target_projector.out, b, o->dp);
-  double t1 = now_ms();
+  objective_backward_begins(base);
   head_backward(&o->predictor, ctx, o->dp);
   head_backward(&o->projector, ctx, o->predictor.din);
   base->online->backward(base->online, ctx, o->projector.din);
-  double t2 = now_ms();
 
-  double sums[2] = {loss_sum, (double)b};
-  comm_allreduce_sum_f64(comm, sums, 2);
-
-  rec->forward_ms = t1 - t0;
-  rec->backward_ms = t2 - t1;
-  rec->images_source = b;
   rec->views_grad = 2L * b;
   rec->views_nograd = 2L * b;
   rec->negatives_per_query = 0;
@@ -169,7 +156,7 @@ static double byol_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
                                            .flops_backward = ctx->flops_backward[COMP_ENCODER] / 2,
                                            .activation_bytes = o->encoder_act_bytes / 2};
   }
-  return sums[0] / sums[1];
+  return (ObjectiveLoss){loss_sum, b};
 }
 
 static void byol_after_update(Objective *base, const Batch *batch, LedgerRecord *rec) {
@@ -181,8 +168,7 @@ static void byol_after_update(Objective *base, const Batch *batch, LedgerRecord 
   ParamSet mirrored = *base->env.params;
   mirrored.n_entries = o->target_params.n_entries;
   mirrored.count = o->target_params.count;
-  if (!base->env.ctx->dry_run)
-    rec->momentum_distance = ema_update(&o->target_params, &mirrored, tau);
+  if (!base->env.ctx->dry_run) rec->own[0] = ema_update(&o->target_params, &mirrored, tau);
 }
 
 static void byol_destroy(Objective *base) {
@@ -204,13 +190,6 @@ static void byol_state(Objective *base, StFile *s) {
   checkpoint_add_paramset(s, "byol.target.", &((Byol *)base)->target_params);
 }
 
-// The step's record holds at every step; only the target's drift needs real weights.
-static void byol_plan(const Config *cfg, long step, int global_batch, LedgerRecord *rec,
-                      ObjectivePlanFacts *facts) {
-  (void)cfg, (void)step, (void)global_batch, (void)facts;
-  rec->momentum_distance = NAN;  // measured only
-}
-
 static void byol_params_loaded(Objective *base) {
   Byol *o = (Byol *)base;
   ema_copy(&o->target_params, base->env.params);
@@ -219,7 +198,7 @@ static void byol_params_loaded(Objective *base) {
 const ObjectiveDef objective_byol = {
     .name = "byol",
     .settings = &byol_settings,
-    .plan = byol_plan,
+    .ledger_fields = &byol_fields,
     .description = "BYOL: predictor regresses onto an EMA target's projection, no negatives",
     .implemented = 1,
     .n_views = 2,

@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/timer.h"
 #include "nn/head.h"
 #include "objectives/dino_loss.h"
 #include "objectives/ema.h"
@@ -226,9 +225,8 @@ static Objective *dino_create(const ObjectiveEnv *env) {
 
   // The student: one backbone at each crop size over the same weights, one head over all crops.
   Builder student = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
-  env->ctx->component = COMP_ENCODER;
-  o->base.online = backbone_create(spec, &student, global_rows, S, C);
-  backbone_set_input_normalization(o->base.online, env->input_mean, env->input_std);
+  // (Its head comes after the local crops' instance: one head over every crop's features.)
+  o->base.online = objective_encoder(env, &student, global_rows, NULL, NULL);
   const int D = o->base.online->feature_dim;
   if (local_rows > 0) {
     // The local crops' share of the encoder's activations: what their instance adds, and their
@@ -248,12 +246,9 @@ static Objective *dino_create(const ObjectiveEnv *env) {
   normed_last_init(&o->last, env->ctx, env->params, o->rows, bottleneck, K, 1);
 
   // The teacher starts as an exact copy of every student parameter, taken in the same order.
-  env->ctx->component = COMP_ENCODER;
   paramset_alloc_nograd(&o->teacher_params, env->params->used, cfg->train.seed, MEM_MOMENTUM);
   Builder teacher = {.ctx = env->ctx, .params = &o->teacher_params, .mode = OP_FORWARD};
-  o->teacher = backbone_create(spec, &teacher, global_rows, S, C);
-  backbone_set_input_normalization(o->teacher, env->input_mean, env->input_std);
-  head_init(&o->teacher_head, &teacher, "head", global_rows, D, hidden, bottleneck);
+  o->teacher = objective_encoder(env, &teacher, global_rows, &o->teacher_head, "head");
   env->ctx->component = COMP_HEAD;
   normed_last_init(&o->teacher_last, env->ctx, &o->teacher_params, global_rows, bottleneck, K, 0);
   if (!env->ctx->dry_run) ema_copy(&o->teacher_params, env->params);
@@ -278,17 +273,20 @@ static float teacher_temp_at(const DinoSettings *set, long step, long total_step
                  (set->teacher_temp - set->warmup_teacher_temp) * (double)step / warmup);
 }
 
-static double dino_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
+// The teacher's drift from the student after the update, ||theta_t - theta_o|| /
+// ||theta_o|| (LEDGER_CACHED: the teacher is what is kept between steps); known only in a run.
+static const LedgerOwnFields dino_fields = {1,
+                                            {{"momentum_distance", LEDGER_CACHED, UNIT_RATIO, 1}}};
+
+static ObjectiveLoss dino_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Dino *o = (Dino *)base;
   DnnlCtx *ctx = base->env.ctx;
-  Comm *comm = base->env.comm;
   const DinoSettings *set = settings(base->env.cfg);
   const int b = o->b, global_rows = GLOBAL_CROPS * b;
   TL_ASSERT(batch->n == b && batch->n_groups == (o->local ? 2 : 1) &&
             batch->group[0].count == GLOBAL_CROPS);
   const float *global_views = batch->group[0].views;
 
-  double t0 = now_ms();
   ctx->component = COMP_ENCODER;
   o->teacher->forward(o->teacher, ctx, global_views);
   head_forward(&o->teacher_head, ctx, o->teacher->feature);
@@ -315,7 +313,7 @@ static double dino_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
   double loss_sum =
       dino_loss_forward_backward(&o->loss, ctx, o->last.logits, o->teacher_last.logits, o->center,
                                  set->student_temp, tau_t, b, o->dlogits);
-  double t1 = now_ms();
+  objective_backward_begins(base);
   ctx->component = COMP_HEAD;
   normed_last_backward(&o->last, ctx, base->env.params, o->dlogits);
   head_backward(&o->head, ctx, o->last.dz);
@@ -324,13 +322,7 @@ static double dino_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
   if (o->local) o->local->backward(o->local, ctx, o->head.din + (size_t)global_rows * D);
   const double local_bwd = ctx->flops_backward[COMP_ENCODER] - local_bwd0;
   student->backward(student, ctx, o->head.din);
-  double t2 = now_ms();
 
-  double sums[2] = {loss_sum, (double)b};
-  comm_allreduce_sum_f64(comm, sums, 2);
-  rec->forward_ms = t1 - t0;
-  rec->backward_ms = t2 - t1;
-  rec->images_source = b;
   rec->views_grad = o->rows;
   rec->views_nograd = global_rows;
   rec->negatives_per_query = 0;
@@ -346,7 +338,7 @@ static double dino_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
                                            .flops_forward = local_fwd,
                                            .flops_backward = local_bwd,
                                            .activation_bytes = o->local_act_bytes};
-  return sums[0] / sums[1];
+  return (ObjectiveLoss){loss_sum, b};
 }
 
 // After the update, as after DINOLoss's forward: the centre follows the mean of this step's
@@ -370,8 +362,7 @@ static void dino_after_update(Objective *base, const Batch *batch, LedgerRecord 
   ctx->flops_forward[COMP_LOSS] += 3.0 * global_rows * K;
   float m = ema_momentum_at(set->momentum, set->momentum_schedule, batch->global_step,
                             base->env.total_steps);
-  if (!base->env.ctx->dry_run)
-    rec->momentum_distance = ema_update(&o->teacher_params, base->env.params, m);
+  if (!base->env.ctx->dry_run) rec->own[0] = ema_update(&o->teacher_params, base->env.params, m);
 }
 
 static void dino_destroy(Objective *base) {
@@ -400,12 +391,6 @@ static void dino_state(Objective *base, StFile *s) {
   st_add(s, "dino.center", ST_F32, 1, &K, o->center);
 }
 
-static void dino_plan(const Config *cfg, long step, int global_batch, LedgerRecord *rec,
-                      ObjectivePlanFacts *facts) {
-  (void)cfg, (void)step, (void)global_batch, (void)facts;
-  rec->momentum_distance = NAN;  // measured only
-}
-
 static void dino_params_loaded(Objective *base) {
   Dino *o = (Dino *)base;
   ema_copy(&o->teacher_params, base->env.params);
@@ -414,7 +399,7 @@ static void dino_params_loaded(Objective *base) {
 const ObjectiveDef objective_dino = {
     .name = "dino",
     .settings = &dino_settings,
-    .plan = dino_plan,
+    .ledger_fields = &dino_fields,
     .description =
         "DINO: a student over global and local crops matches an EMA teacher's "
         "centred, sharpened outputs on the global ones",

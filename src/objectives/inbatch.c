@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/timer.h"
 #include "nn/head.h"
 #include "objectives/ntxent.h"
 #include "objectives/objective.h"
@@ -53,12 +52,7 @@ static Objective *inbatch_create(const ObjectiveEnv *env) {
   o->b = env->local_batch;
   int rows = 2 * o->b, M = 2 * env->global_batch, d = cfg->model.head_out_dim;
   Builder bld = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
-  env->ctx->component = COMP_ENCODER;
-  o->base.online =
-      backbone_create(&cfg->model.spec, &bld, rows, cfg->data.image_size, cfg->data.channels);
-  backbone_set_input_normalization(o->base.online, env->input_mean, env->input_std);
-  head_init(&o->head, &bld, "head", rows, o->base.online->feature_dim, cfg->model.head_hidden_dim,
-            d);
+  o->base.online = objective_encoder(env, &bld, rows, &o->head, "head");
   env->ctx->component = COMP_LOSS;
   ntxent_init(&o->loss, env->ctx, M, rows, d, set->temperature);
   o->u_local = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT, COMP_LOSS);
@@ -71,14 +65,13 @@ static Objective *inbatch_create(const ObjectiveEnv *env) {
   return &o->base;
 }
 
-static double inbatch_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
+static ObjectiveLoss inbatch_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   InBatch *o = (InBatch *)base;
   DnnlCtx *ctx = base->env.ctx;
   Comm *comm = base->env.comm;
   const int rows = 2 * o->b, d = o->head.out_dim, M = o->loss.M;
   TL_ASSERT(batch->n == o->b && batch->n_views == 2);
 
-  double t0 = now_ms();
   // The batch is view-major, so views 0 and 1 of all samples form one 2b-image forward.
   base->online->forward(base->online, ctx, batch->views);
   head_forward(&o->head, ctx, base->online->feature);
@@ -87,7 +80,7 @@ static double inbatch_step(Objective *base, const Batch *batch, LedgerRecord *re
   comm_allgather(comm, o->u_local, (size_t)rows * d, o->u_all, (size_t)M * d, &offset);
   int row0 = (int)(offset / (size_t)d);
   double loss_sum = ntxent_forward_backward(&o->loss, ctx, o->u_all, o->u_local, row0, o->du_local);
-  double t1 = now_ms();
+  objective_backward_begins(base);
 
   // Column-role gradients of this replica's rows come from every replica's loss rows.
   comm_allreduce_weighted(comm, o->loss.du_col, (size_t)M * d, 1.0);
@@ -103,22 +96,14 @@ static double inbatch_step(Objective *base, const Batch *batch, LedgerRecord *re
   }
   head_backward(&o->head, ctx, o->dz);
   base->online->backward(base->online, ctx, o->head.din);
-  double t2 = now_ms();
 
-  double loss = loss_sum;
-  comm_allreduce_sum_f64(comm, &loss, 1);
-  loss /= M;
-
-  rec->forward_ms = t1 - t0;
-  rec->backward_ms = t2 - t1;
-  rec->images_source = o->b;
   rec->views_grad = rows;
   rec->views_nograd = 0;
   rec->negatives_per_query = M - 2;
   rec->positives_per_query = 1;
   rec->encodings_next_new = rows;
   rec->encodings_next_reused = 0;
-  return loss;
+  return (ObjectiveLoss){loss_sum, rows};
 }
 
 static void inbatch_destroy(Objective *base) {

@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/timer.h"
 #include "nn/transformer.h"
 #include "nn/vit.h"
 
@@ -358,15 +357,24 @@ static void scatter_decoder_grad(Mae *o, const float *d) {
   }
 }
 
-static double mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
+// What masking leaves the encoder (LEDGER_ENCODED): every patch is decoded, few are encoded.
+enum { MAE_PATCHES_TOTAL, MAE_PATCHES_ENCODED, MAE_PATCHES_DECODED };
+static const LedgerOwnFields mae_fields = {
+    3,
+    {
+        {"patches_total", LEDGER_ENCODED, UNIT_COUNT, 0},    // in the views patchified
+        {"patches_encoded", LEDGER_ENCODED, UNIT_COUNT, 0},  // the encoder processed
+        {"patches_decoded", LEDGER_ENCODED, UNIT_COUNT, 0},  // positions the decoder processed
+    },
+};
+
+static ObjectiveLoss mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Mae *o = (Mae *)base;
   const Config *cfg = base->env.cfg;
   DnnlCtx *ctx = base->env.ctx;
-  Comm *comm = base->env.comm;
   const int b = o->b, P = o->P, Dd = o->Dd, Td = o->Td, pd = o->patch_dim;
   TL_ASSERT(batch->n == b && batch->n_views == 1);
 
-  double t0 = now_ms();
   if (!ctx->dry_run) draw_masks(o, batch);
   ctx->component = COMP_ENCODER;
   vit_forward_visible(o->encoder, ctx, batch->views, o->keep);
@@ -387,7 +395,7 @@ static double mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
                               settings(cfg)->norm_pix_loss, o->dpred, &n_masked);
   }
   ctx->flops_forward[COMP_LOSS] += 3.0 * n_masked * pd;
-  double t1 = now_ms();
+  objective_backward_begins(base);
 
   linear_backward(&o->pred, ctx, o->dpred);
   layernorm_backward(&o->norm, ctx, o->pred.din);
@@ -398,29 +406,25 @@ static double mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   linear_backward(&o->embed, ctx, o->dembed);
   ctx->component = COMP_ENCODER;
   vit_backward_tokens(o->encoder, ctx, o->embed.din);
-  double t2 = now_ms();
-  // After the timed phases: the grid is output, not training.
-  if (base->env.out_dir && settings(cfg)->png_every > 0 &&
-      batch->global_step % settings(cfg)->png_every == 0)
-    write_reconstruction_grid(o, batch, batch->global_step);
 
-  double sums[2] = {loss_sum, (double)n_masked};
-  comm_allreduce_sum_f64(comm, sums, 2);
-
-  rec->forward_ms = t1 - t0;
-  rec->backward_ms = t2 - t1;
-  rec->images_source = b;
   rec->views_grad = b;
   rec->views_nograd = 0;
-  rec->patches_total = (long)b * P;
-  rec->patches_encoded = (long)b * o->n_keep;
-  rec->patches_decoded = (long)b * P;
+  rec->own[MAE_PATCHES_TOTAL] = (double)b * P;
+  rec->own[MAE_PATCHES_ENCODED] = (double)b * o->n_keep;
+  rec->own[MAE_PATCHES_DECODED] = (double)b * P;
   rec->negatives_per_query = 0;
   rec->positives_per_query = 0;
   rec->encodings_next_new = (long)b * o->n_keep;
   rec->encodings_next_reused = 0;
   o->step = batch->global_step;
-  return sums[0] / sums[1];
+  return (ObjectiveLoss){loss_sum, (double)n_masked};
+}
+
+// The step's reconstructions as a grid, every png_every steps.
+static void mae_write_outputs(Objective *base, const Batch *batch) {
+  const MaeSettings *set = settings(base->env.cfg);
+  if (set->png_every > 0 && batch->global_step % set->png_every == 0)
+    write_reconstruction_grid((Mae *)base, batch, batch->global_step);
 }
 
 static void mae_destroy(Objective *base) {
@@ -451,22 +455,16 @@ const int *mae_last_keep(const Objective *o, int *n_keep) {
 
 int mae_encoder_tokens(const Objective *o) { return ((const Mae *)o)->encoder->T; }
 
-static void mae_plan(const Config *cfg, long step, int global_batch, LedgerRecord *rec,
-                     ObjectivePlanFacts *facts) {
-  (void)step, (void)global_batch, (void)rec;
-  facts->mask_ratio = settings(cfg)->mask_ratio;
-  facts->patches_visible = mae_keep_count(facts->patches_visible, settings(cfg)->mask_ratio);
-}
-
 const ObjectiveDef objective_mae = {
     .name = "mae",
     .settings = &mae_settings,
-    .plan = mae_plan,
+    .ledger_fields = &mae_fields,
     .description = "Masked autoencoder: encoder on visible patches only, light decoder",
     .implemented = 1,
     .n_views = 1,
     .create = mae_create,
     .step = mae_step,
+    .write_outputs = mae_write_outputs,
     .after_update = NULL,
     .destroy = mae_destroy,
 };

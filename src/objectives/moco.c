@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/timer.h"
 #include "nn/head.h"
 #include "objectives/ema.h"
 #include "objectives/infonce.h"
@@ -88,22 +87,14 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   const int nq_global = (settings(cfg)->symmetric ? 2 : 1) * env->global_batch;
   o->n_query_global = nq_global;
   o->image_floats = S * S * C;
-  const ModelSpec *spec = &cfg->model.spec;
 
   Builder online = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
-  env->ctx->component = COMP_ENCODER;
-  o->base.online = backbone_create(spec, &online, nq, S, C);
-  backbone_set_input_normalization(o->base.online, env->input_mean, env->input_std);
-  head_init(&o->head, &online, "head", nq, o->base.online->feature_dim, cfg->model.head_hidden_dim,
-            d);
+  o->base.online = objective_encoder(env, &online, nq, &o->head, "head");
 
   // The key encoder starts as an exact copy and then only follows the momentum rule.
   paramset_alloc_nograd(&o->key_params, env->params->used, cfg->train.seed, MEM_MOMENTUM);
   Builder key = {.ctx = env->ctx, .params = &o->key_params, .mode = OP_FORWARD};
-  o->key_backbone = backbone_create(spec, &key, nq, S, C);
-  backbone_set_input_normalization(o->key_backbone, env->input_mean, env->input_std);
-  head_init(&o->key_head, &key, "key_head", nq, o->key_backbone->feature_dim,
-            cfg->model.head_hidden_dim, d);
+  o->key_backbone = objective_encoder(env, &key, nq, &o->key_head, "key_head");
   if (!env->ctx->dry_run) ema_copy(&o->key_params, env->params);
 
   env->ctx->component = COMP_LOSS;
@@ -176,7 +167,36 @@ static void encode_keys_shuffled(Moco *o, DnnlCtx *ctx) {
   }
 }
 
-static double moco_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
+// The ledger's view of the queue and the key encoder (LEDGER_CACHED: what is kept between steps).
+enum {
+  MOCO_QUEUE_VECTORS,
+  MOCO_QUEUE_RANDOM_VECTORS,
+  MOCO_QUEUE_OLDEST_AGE,
+  MOCO_QUEUE_MEAN_AGE,
+  MOCO_MOMENTUM_DISTANCE
+};
+static const LedgerOwnFields moco_fields = {
+    5,
+    {
+        // real keys in the queue (the random initial entries excluded)
+        {"queue_vectors", LEDGER_CACHED, UNIT_COUNT, 0},
+        // initial random entries not yet replaced
+        {"queue_random_vectors", LEDGER_CACHED, UNIT_COUNT, 0},
+        {"queue_oldest_age_steps", LEDGER_CACHED, UNIT_STEPS, 0},
+        {"queue_mean_age_steps", LEDGER_CACHED, UNIT_STEPS, 0},
+        // ||theta_k - theta_q|| / ||theta_q|| after the update
+        {"momentum_distance", LEDGER_CACHED, UNIT_RATIO, 1},
+    },
+};
+
+static void set_queue_fields(LedgerRecord *rec, const KeyQueueStats *qs) {
+  rec->own[MOCO_QUEUE_VECTORS] = (double)qs->real;
+  rec->own[MOCO_QUEUE_RANDOM_VECTORS] = (double)qs->random;
+  rec->own[MOCO_QUEUE_OLDEST_AGE] = qs->oldest_age_steps;
+  rec->own[MOCO_QUEUE_MEAN_AGE] = qs->mean_age_steps;
+}
+
+static ObjectiveLoss moco_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Moco *o = (Moco *)base;
   const Config *cfg = base->env.cfg;
   DnnlCtx *ctx = base->env.ctx;
@@ -185,7 +205,6 @@ static double moco_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
   TL_ASSERT(batch->n == b && batch->n_views == 2);
   const float *view0 = batch->views, *view1 = batch->views + (size_t)b * f;
 
-  double t0 = now_ms();
   // Queries: view 0 (and view 1 when symmetric). Keys: the other view of each query.
   const float *query_images = batch->views;  // [view 0; view 1] is already contiguous
   if (!ctx->dry_run) {
@@ -209,33 +228,23 @@ static double moco_step(Objective *base, const Batch *batch, LedgerRecord *rec) 
   }
   double loss_sum = infonce_forward_backward(&o->loss, ctx, o->q, o->k, o->queue.keys, o->usable,
                                              o->n_query, o->dq);
-  double t1 = now_ms();
+  objective_backward_begins(base);
   if (!ctx->dry_run) l2norm_backward(o->q, o->q_norms, o->dq, o->dz, o->n_query, d);
   head_backward(&o->head, ctx, o->dz);
   base->online->backward(base->online, ctx, o->head.din);
-  double t2 = now_ms();
-
-  double sums[2] = {loss_sum, (double)o->n_query};
-  comm_allreduce_sum_f64(comm, sums, 2);
 
   // A plan's queue holds nothing: the planner asks moco_plan what it would hold at its step.
   KeyQueueStats qs = {0};
   if (!ctx->dry_run) qs = key_queue_stats(&o->queue, o->step, max_age);
-  rec->forward_ms = t1 - t0;
-  rec->backward_ms = t2 - t1;
-  rec->images_source = b;
   rec->views_grad = o->n_query;
   rec->views_nograd = o->n_query;
   rec->negatives_per_query = qs.usable;
   rec->positives_per_query = 1;
-  rec->queue_vectors = qs.real;
-  rec->queue_random_vectors = qs.random;
+  set_queue_fields(rec, &qs);
   rec->queue_bytes = key_queue_bytes(&o->queue);
-  rec->queue_oldest_age_steps = qs.oldest_age_steps;
-  rec->queue_mean_age_steps = qs.mean_age_steps;
   rec->encodings_next_new = 2L * o->n_query;
   rec->encodings_next_reused = o->queue.capacity;
-  return sums[0] / sums[1];
+  return (ObjectiveLoss){loss_sum, o->n_query};
 }
 
 static void moco_after_update(Objective *base, const Batch *batch, LedgerRecord *rec) {
@@ -248,7 +257,7 @@ static void moco_after_update(Objective *base, const Batch *batch, LedgerRecord 
   const MocoSettings *set = settings(cfg);
   float m = ema_momentum_at(set->momentum, set->momentum_schedule, o->step, total);
   const int dry_run = base->env.ctx->dry_run;
-  if (!dry_run) rec->momentum_distance = ema_update(&o->key_params, base->env.params, m);
+  if (!dry_run) rec->own[MOCO_MOMENTUM_DISTANCE] = ema_update(&o->key_params, base->env.params, m);
   // Every replica enqueues the keys of the whole global batch, so all queues stay identical.
   if (comm_size(comm) > 1) {
     comm_allgather(comm, o->k, (size_t)o->n_query * d, o->all_keys, (size_t)o->n_query_global * d,
@@ -289,18 +298,12 @@ static long keys_per_step(const Config *cfg, int global_batch) {
   return (settings(cfg)->symmetric ? 2L : 1L) * global_batch;
 }
 
-static void moco_plan(const Config *cfg, long step, int global_batch, LedgerRecord *rec,
-                      ObjectivePlanFacts *facts) {
+static void moco_plan(const Config *cfg, long step, int global_batch, LedgerRecord *rec) {
   const MocoSettings *set = settings(cfg);
   KeyQueueStats qs = key_queue_planned_stats(set->queue_size, keys_per_step(cfg, global_batch),
                                              set->queue_max_age_steps, step);
-  rec->queue_vectors = qs.real;
-  rec->queue_random_vectors = qs.random;
-  rec->queue_oldest_age_steps = qs.oldest_age_steps;
-  rec->queue_mean_age_steps = qs.mean_age_steps;
+  set_queue_fields(rec, &qs);
   rec->negatives_per_query = qs.usable;
-  rec->momentum_distance = NAN;  // measured only
-  facts->queue_size = set->queue_size;
 }
 
 static void moco_params_loaded(Objective *base) {
@@ -328,6 +331,7 @@ const ObjectiveDef objective_moco = {
     .name = "moco",
     .settings = &moco_settings,
     .plan = moco_plan,
+    .ledger_fields = &moco_fields,
     .budget_key = "moco.queue_size",
     .description = "MoCo v2: momentum key encoder, FIFO queue of K keys as negatives",
     .implemented = 1,

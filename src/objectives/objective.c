@@ -1,10 +1,12 @@
 #include "objectives/objective.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "core/counting.h"
 #include "core/error.h"
+#include "core/timer.h"
 
 extern const ObjectiveDef objective_inbatch;
 extern const ObjectiveDef objective_moco;
@@ -24,6 +26,49 @@ const ObjectiveDef *objective_find(const char *name) {
   return NULL;
 }
 
+Objective *objective_create(const ObjectiveDef *def, const ObjectiveEnv *env) {
+  Objective *o = def->create(env);
+  if (o) o->def = def;
+  return o;
+}
+
+double objective_step(Objective *o, const Batch *batch, LedgerRecord *rec) {
+  const ObjectiveDef *def = o->def;
+  rec->own_fields = def->ledger_fields;
+  o->backward_start_ms = NAN;
+  const double start = now_ms();
+  const ObjectiveLoss part = def->step(o, batch, rec);
+  const double end = now_ms();
+  TL_ASSERT(!isnan(o->backward_start_ms));  // the step said where its backward began
+  rec->forward_ms = o->backward_start_ms - start;
+  rec->backward_ms = end - o->backward_start_ms;
+  rec->images_source = batch->n;
+  if (o->env.out_dir && def->write_outputs) def->write_outputs(o, batch);
+  double sums[2] = {part.sum, part.terms};
+  comm_allreduce_sum_f64(o->env.comm, sums, 2);
+  return sums[0] / sums[1];
+}
+
+Backbone *objective_encoder(const ObjectiveEnv *env, Builder *bld, int rows, ProjectionHead *head,
+                            const char *head_name) {
+  const Config *cfg = env->cfg;
+  env->ctx->component = COMP_ENCODER;
+  Backbone *b =
+      backbone_create(&cfg->model.spec, bld, rows, cfg->data.image_size, cfg->data.channels);
+  backbone_set_input_normalization(b, env->input_mean, env->input_std);
+  if (head)
+    head_init(head, bld, head_name, rows, b->feature_dim, cfg->model.head_hidden_dim,
+              cfg->model.head_out_dim);
+  return b;
+}
+
+void objective_backward_begins(Objective *o) { o->backward_start_ms = now_ms(); }
+
+const LedgerOwnFields *objective_ledger_fields(const char *name) {
+  const ObjectiveDef *def = objective_find(name);
+  return def ? def->ledger_fields : NULL;
+}
+
 ViewRecipe objective_views(const ObjectiveDef *def, const Config *cfg, const AugmentParams *base) {
   if (!def->views) return view_recipe_single(base, def->n_views);
   ViewRecipe r = {0};
@@ -39,7 +84,7 @@ size_t objective_param_count(const ObjectiveDef *def, const Config *cfg) {
   comm_set_dry_run(comm, 1);
   const int batch = cfg->train.batch_size;
   ObjectiveEnv env = {cfg, &pass.ctx, comm, &pass.ps, batch, batch, 1, NULL, NULL, NULL};
-  Objective *o = def->create(&env);
+  Objective *o = objective_create(def, &env);
   if (o) def->destroy(o);
   comm_destroy(comm);
   comm_local_group_destroy(group);

@@ -1,13 +1,16 @@
 // The plug-in interface every self-supervised objective implements. The trainer loads a batch,
-// calls step (encode, compare, backward), averages gradients across replicas, updates, calls
-// after_update (momentum encoders, queues), and writes the ledger. Adding an objective is one
-// new file in this folder plus its entry in objective_table (objective.c).
+// runs objective_step (the objective's step: encode, compare, backward; timed, its loss summed
+// over replicas and the common ledger fields filled around it), averages gradients across
+// replicas, updates, calls after_update (momentum encoders, queues), and writes the ledger.
+// Adding an objective is one new file in this folder plus its entry in objective_table
+// (objective.c).
 #pragma once
 #include "config.h"
 #include "data/batch.h"
 #include "io/safetensors.h"
 #include "ledger/record.h"
 #include "nn/backbone.h"
+#include "nn/head.h"
 #include "parallel/comm.h"
 
 typedef struct {
@@ -27,19 +30,20 @@ typedef struct {
 
 typedef struct ObjectiveDef ObjectiveDef;
 
-// What a plan says about an objective beyond the ledger fields.
-typedef struct {
-  int queue_size;       // keys held between steps; 0 = none
-  double mask_ratio;    // fraction of patches never encoded; 0 = none
-  int patches_visible;  // of patches_per_image (given), what the encoder sees
-} ObjectivePlanFacts;
-
 // Every objective's state begins with this.
 typedef struct {
   const ObjectiveDef *def;
   ObjectiveEnv env;
-  Backbone *online;  // the encoder being trained
+  Backbone *online;          // the encoder being trained
+  double backward_start_ms;  // set by objective_backward_begins during a step
 } Objective;
+
+// A step's loss on this replica: the sum of its loss terms and how many terms there are (views,
+// masked patches; an objective whose loss is not a sum of terms gives loss x local batch and
+// the local batch). objective_step adds both over the replicas and divides.
+typedef struct {
+  double sum, terms;
+} ObjectiveLoss;
 
 struct ObjectiveDef {
   const char *name;  // also the name of its config section ([moco] queue_size = ...)
@@ -58,9 +62,14 @@ struct ObjectiveDef {
   // Forward, loss and backward on this replica's shard, on gradients the caller zeroed
   // (paramset_zero_grad; ops add into them). Leaves in env.params->grad the gradient
   // whose sample-count-weighted average over replicas is the gradient of the global loss.
-  // Returns the global loss (identical on every replica). Fills the ledger's "encoded",
-  // "cached" and "next step" counts and forward_ms/backward_ms.
-  double (*step)(Objective *o, const Batch *batch, LedgerRecord *rec);
+  // Calls objective_backward_begins where its backward starts (the loss's own backward may
+  // count as forward). Returns this replica's part of the loss. Fills the ledger's view,
+  // comparison and "next step" counts and its own fields (ledger_fields); objective_step
+  // fills the rest.
+  ObjectiveLoss (*step)(Objective *o, const Batch *batch, LedgerRecord *rec);
+  // After the step's timed phases, on the replica given an output folder: what the objective
+  // writes that is not training (mae's reconstruction grids). May be NULL.
+  void (*write_outputs)(Objective *o, const Batch *batch);
   // After the optimizer update (momentum encoder, queue). May be NULL.
   void (*after_update)(Objective *o, const Batch *batch, LedgerRecord *rec);
   void (*destroy)(Objective *o);
@@ -68,12 +77,14 @@ struct ObjectiveDef {
   // list (tensors pointing at its live state, names prefixed with the objective's name), so a
   // resumed run continues bit for bit. NULL: nothing is kept.
   void (*state)(Objective *o, StFile *s);
+  // The ledger fields only this objective has (moco's queue, mae's patches), declared with
+  // their units and whether a plan can know them; their values go in rec->own[] in this order.
+  // NULL: none.
+  const LedgerOwnFields *ledger_fields;
   // Planning (`tally plan`): what the objective keeps between steps at 0-based `step` of a run,
   // from arithmetic alone — the ledger fields its planned step cannot know (moco's queue
-  // contents and ages) — and the facts the plan prints. NULL: its step's record holds at every
-  // step and it has no such facts.
-  void (*plan)(const Config *cfg, long step, int global_batch, LedgerRecord *rec,
-               ObjectivePlanFacts *facts);
+  // contents and ages). NULL: its step's record holds at every step.
+  void (*plan)(const Config *cfg, long step, int global_batch, LedgerRecord *rec);
   // The key `tally plan --memory-budget` searches for this objective (moco.queue_size); NULL:
   // train.batch_size.
   const char *budget_key;
@@ -83,6 +94,26 @@ struct ObjectiveDef {
 };
 
 const ObjectiveDef *objective_find(const char *name);
+// def's create, with the state told its definition.
+Objective *objective_create(const ObjectiveDef *def, const ObjectiveEnv *env);
+// One training step of o under the contract every objective shares: times it (forward until
+// objective_backward_begins, backward after it), sums its loss over the replicas, fills the
+// record's common fields (images_source, forward_ms, backward_ms, own_fields) around what the
+// objective's step fills, then lets it write its outputs. Returns the global loss (identical on
+// every replica). Gradients must have been zeroed.
+double objective_step(Objective *o, const Batch *batch, LedgerRecord *rec);
+// Called by an objective's step where its backward pass begins.
+void objective_backward_begins(Objective *o);
+// An objective's encoder as every objective builds one: the recipe's backbone (model.spec) for
+// `rows` images of data.image_size pixels, its parameters from `bld`, told env's input
+// normalization, counted as COMP_ENCODER; then, when `head` is given, the projection head called
+// `head_name` on its features (model.head_hidden_dim, model.head_out_dim) from the same builder.
+// The context's component is COMP_ENCODER after it.
+Backbone *objective_encoder(const ObjectiveEnv *env, Builder *bld, int rows, ProjectionHead *head,
+                            const char *head_name);
+// The ledger fields the objective called `name` declares (NULL: none, or no such objective):
+// what a ledger reader needs to read them back.
+const LedgerOwnFields *objective_ledger_fields(const char *name);
 // The view groups the objective trains on under cfg, from the recipe's augmentation `base`.
 ViewRecipe objective_views(const ObjectiveDef *def, const Config *cfg, const AugmentParams *base);
 // The online parameter count (floats, buffers included): `create` run once in dry run on a

@@ -10,7 +10,6 @@
 // 2048-wide ResNet-50 feature, configs/vicreg.ini scales it to this encoder.
 #include <stdlib.h>
 
-#include "core/timer.h"
 #include "nn/head.h"
 #include "objectives/objective.h"
 #include "objectives/vicreg_loss.h"
@@ -62,13 +61,8 @@ static Objective *vicreg_create(const ObjectiveEnv *env) {
   o->b = env->local_batch;
   const int rows = 2 * o->b, d = cfg->model.head_out_dim;
   Builder bld = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
-  env->ctx->component = COMP_ENCODER;
-  o->base.online =
-      backbone_create(&cfg->model.spec, &bld, rows, cfg->data.image_size, cfg->data.channels);
-  backbone_set_input_normalization(o->base.online, env->input_mean, env->input_std);
   // Named "head" like every objective's projection head, so export --with-head and --init take it.
-  head_init(&o->expander, &bld, "head", rows, o->base.online->feature_dim,
-            cfg->model.head_hidden_dim, d);
+  o->base.online = objective_encoder(env, &bld, rows, &o->expander, "head");
   env->ctx->component = COMP_LOSS;
   vicreg_loss_init(&o->loss, env->ctx, env->global_batch, o->b, d, set->sim_coeff, set->std_coeff,
                    set->cov_coeff);
@@ -78,19 +72,18 @@ static Objective *vicreg_create(const ObjectiveEnv *env) {
   return &o->base;
 }
 
-static double vicreg_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
+static ObjectiveLoss vicreg_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   VicReg *o = (VicReg *)base;
   DnnlCtx *ctx = base->env.ctx;
   const int rows = 2 * o->b;
   TL_ASSERT(batch->n == o->b && batch->n_views == 2);
 
-  double t0 = now_ms();
   // The batch is view-major, so views 0 and 1 of all samples form one 2b-image forward.
   base->online->forward(base->online, ctx, batch->views);
   head_forward(&o->expander, ctx, base->online->feature);
   double loss =
       vicreg_loss_forward_backward(&o->loss, ctx, base->env.comm, o->expander.out, o->dz, NULL);
-  double t1 = now_ms();
+  objective_backward_begins(base);
   // The trainer averages replica gradients weighted by sample count (b / B); B / b turns that
   // average back into the sum of every replica's part of the global loss's gradient.
   const float scale = (float)base->env.global_batch / (float)o->b;
@@ -98,18 +91,16 @@ static double vicreg_step(Objective *base, const Batch *batch, LedgerRecord *rec
     o->dz[i] *= scale;
   head_backward(&o->expander, ctx, o->dz);
   base->online->backward(base->online, ctx, o->expander.din);
-  double t2 = now_ms();
 
-  rec->forward_ms = t1 - t0;
-  rec->backward_ms = t2 - t1;
-  rec->images_source = o->b;
   rec->views_grad = rows;
   rec->views_nograd = 0;
   rec->positives_per_query = 1;  // the other view of the same image
   rec->negatives_per_query = 0;  // the batch statistics take the place of negatives
   rec->encodings_next_new = rows;
   rec->encodings_next_reused = 0;
-  return loss;
+  // The loss is already the global batch's (its statistics are gathered): weighted by samples,
+  // the replicas' parts average back to it.
+  return (ObjectiveLoss){loss * o->b, o->b};
 }
 
 static void vicreg_destroy(Objective *base) {

@@ -458,12 +458,7 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   long first_eval_after = (long)pl->steps_per_epoch * cfg->eval.knn_every_epochs;
   r.eval_bytes = pl->opt.knn_at_start || r.step >= first_eval_after ? pl->eval_after_first
                                                                     : pl->eval_before_first;
-  ObjectivePlanFacts facts = {0};
-  facts.patches_visible = backbone_patch_count(&cfg->model.spec, cfg->data.image_size);
-  int patches_per_image = facts.patches_visible;
-  if (pl->def->plan) pl->def->plan(cfg, r.step, pl->global_batch, &r, &facts);
-  t.queue_size = facts.queue_size;
-  t.mask_ratio = facts.mask_ratio;
+  if (pl->def->plan) pl->def->plan(cfg, r.step, pl->global_batch, &r);
   t.grad_buckets = pl->grad_buckets;
   memcpy(t.grad_bucket_floats, pl->grad_bucket_floats, sizeof t.grad_bucket_floats);
   memcpy(t.grad_bucket_ready, pl->grad_bucket_ready, sizeof t.grad_bucket_ready);
@@ -495,8 +490,7 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   snprintf(t.backbone, sizeof t.backbone, "%.63s", slash ? slash + 1 : cfg->model.file);
   char *dot = strrchr(t.backbone, '.');
   if (dot && strcmp(dot, ".ini") == 0) *dot = 0;
-  t.patches_per_image = patches_per_image;
-  t.patches_visible = facts.patches_visible;
+  t.patches_per_image = backbone_patch_count(&cfg->model.spec, cfg->data.image_size);
   for (int c = 0; c < MEM_NCAT; c++) t.category_bytes[c] = snapshot_cat(*mem, (MemCategory)c);
   t.category_bytes[MEM_DATA] = r.data_bytes;
   t.category_bytes[MEM_EVAL] = pl->eval_after_first;
@@ -561,7 +555,9 @@ int plan_fit_budget(const Config *cfg, const char *objective, size_t budget_byte
   // interpolation fails to halve the interval (a primitive that changes algorithm with size).
   lo = smallest;
   double f_lo = (double)total, x_prev = (double)smallest, f_prev = f_lo, f_hi = 0;
-  long start = own_key ? t.queue_size : cfg->train.batch_size;
+  char current[32];
+  if (config_get(cfg, key, current, sizeof current) != 0) goto out;
+  long start = strtol(current, NULL, 10);
   long next = start > lo ? (start < largest ? start : largest) : (lo < largest ? lo + 1 : lo);
   while (hi < 0 && next > lo) {
     if (probe(cfg, objective, key, next, budget_bytes, opt, with, &fits, &total) != 0) goto out;
@@ -660,6 +656,12 @@ static void format_value(const LedgerFieldInfo *fi, double v, char *buf, size_t 
 
 enum { LABEL_WIDTH = 30, COLUMN_WIDTH = 17 };
 
+static int own_declares(const LedgerOwnFields *own, const char *name) {
+  for (int k = 0; k < own->n; k++)
+    if (strcmp(own->field[k].name, name) == 0) return 1;
+  return 0;
+}
+
 static void print_row(FILE *f, const char *label, int n, char cells[][48]) {
   fprintf(f, "  %-*s", LABEL_WIDTH, label);
   for (int j = 0; j < n; j++) fprintf(f, "%*s", COLUMN_WIDTH, cells[j]);
@@ -682,6 +684,29 @@ static double total_row(const PlanTotals *t, int row) {
     default:
       return (double)t->total_bytes;
   }
+}
+
+// The rows of group g's fields that only some objectives declare (moco's queue, mae's patches):
+// each once, in the order the columns declare them; "-" where a column's objective has none.
+static void print_own_fields(FILE *f, const LedgerRecord *recs, int n, LedgerGroup g,
+                             char cells[][48]) {
+  for (int j = 0; j < n; j++)
+    for (int k = 0; recs[j].own_fields && k < recs[j].own_fields->n; k++) {
+      const LedgerFieldInfo *fi = &recs[j].own_fields->field[k];
+      int shown = 0;  // by an earlier column
+      for (int i = 0; i < j && !shown; i++)
+        shown = recs[i].own_fields && own_declares(recs[i].own_fields, fi->name);
+      if (fi->group != g || shown) continue;
+      for (int i = 0; i < n; i++) {
+        if (!recs[i].own_fields || !own_declares(recs[i].own_fields, fi->name))
+          snprintf(cells[i], 48, "-");
+        else if (fi->measured_only)
+          snprintf(cells[i], 48, "measured only");
+        else
+          format_value(fi, ledger_value(&recs[i], fi->name), cells[i], 48);
+      }
+      print_row(f, fi->name, n, cells);
+    }
 }
 
 void plan_print_table(FILE *f, int n, const char *const *names, const LedgerRecord *recs,
@@ -714,11 +739,10 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
   if (any_vit) {
     for (int j = 0; j < n; j++)
       if (totals[j].patches_per_image)
-        snprintf(cells[j], sizeof cells[j], "%d/%d", totals[j].patches_visible,
-                 totals[j].patches_per_image);
+        snprintf(cells[j], sizeof cells[j], "%d", totals[j].patches_per_image);
       else
         snprintf(cells[j], sizeof cells[j], "-");
-    print_row(f, "patches encoded/per image", n, cells);
+    print_row(f, "patches per image", n, cells);
   }
   const int nf = ledger_field_count();
   for (int g = 0; g < LEDGER_TIME; g++) {
@@ -736,9 +760,10 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
         else
           format_value(fi, v, cells[j], sizeof cells[j]);
       }
-      // A quantity that is 0 for every column (patches of a CNN, a decoder's FLOPs) is left out.
+      // A quantity that is 0 for every column (a CNN's decoder FLOPs) is left out.
       if (nonzero) print_row(f, fi->name, n, cells);
     }
+    print_own_fields(f, recs, n, (LedgerGroup)g, cells);
   }
   fprintf(f, "%s: ", ledger_group_title(LEDGER_TIME));
   for (int i = 0, first = 1; i < nf; i++)
@@ -790,8 +815,5 @@ void plan_print_json(FILE *f, const LedgerRecord *rec, const PlanTotals *t) {
     fprintf(f, "\"total_steps\":%ld,", t->total_steps);
   else
     fprintf(f, "\"total_steps\":null,");
-  fprintf(f,
-          "\"patches_per_image\":%d,\"patches_visible\":%d,\"queue_size\":%d,"
-          "\"mask_ratio\":%g}\n",
-          t->patches_per_image, t->patches_visible, t->queue_size, t->mask_ratio);
+  fprintf(f, "\"patches_per_image\":%d}\n", t->patches_per_image);
 }

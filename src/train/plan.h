@@ -27,11 +27,9 @@ typedef struct {
   int world;  // [parallel] replicas (under the mpi backend: set it to the rank count)
   int global_batch, local_batch;  // local: rank 0's shard
   int steps_per_epoch;
-  long total_steps;                        // 0: set by a time budget, which training times
-  size_t param_count;                      // trainable floats (and buffers) of the online model
-  int patches_per_image, patches_visible;  // vit backbones (mae: visible after masking); else 0
-  int queue_size;                          // moco's K; 0 for objectives without a queue
-  double mask_ratio;                       // mae's; 0 otherwise
+  long total_steps;       // 0: set by a time budget, which training times
+  size_t param_count;     // trainable floats (and buffers) of the online model
+  int patches_per_image;  // vit backbones; else 0
   // The buckets an mpi run averages the gradient in while backward runs (parallel/grad_sync.h),
   // in the order they start: their floats, and the share of the step's backward FLOPs done when
   // backward had written each and those before it (where its sum starts; 1 for one it never

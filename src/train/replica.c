@@ -86,7 +86,7 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
                       spec->input_std};
   // This thread's own: several local replicas build at once.
   const long long act0 = tl_mem_thread_net(MEM_ACT, COMP_ENCODER);
-  r->obj = spec->def->create(&env);
+  r->obj = objective_create(spec->def, &env);
   if (!r->obj) return -1;
   r->encoder_act_bytes = (size_t)(tl_mem_thread_net(MEM_ACT, COMP_ENCODER) - act0);
   r->optim = optim_create_from_config(cfg, &r->ps);
@@ -115,7 +115,7 @@ double replica_forward_backward(Replica *r, const Batch *batch, LedgerRecord *re
   comm_stats_reset(r->comm);
   paramset_zero_grad(&r->ps, r->ctx.dry_run);
   if (r->grad_sync) grad_sync_begin(r->grad_sync, batch->n, r->global_batch);
-  return r->def->step(r->obj, batch, rec);
+  return objective_step(r->obj, batch, rec);
 }
 
 void replica_update(Replica *r, const Batch *batch, float lr, LedgerRecord *rec, StepTimes *t) {

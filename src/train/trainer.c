@@ -387,7 +387,7 @@ static int open_ledger(ReplicaState *r) {
   r->jsonl = regular_fopen(run->path_jsonl, "a");
   r->csv = regular_fopen(run->path_csv, "a");
   if (!r->jsonl || !r->csv) return -1;
-  if (run->start_step == 0) ledger_write_csv_header(r->csv);
+  if (run->start_step == 0) ledger_write_csv_header(r->csv, run->def->ledger_fields);
   return 0;
 }
 

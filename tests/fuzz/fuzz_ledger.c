@@ -11,6 +11,7 @@
 #include "fuzz_util.h"
 #include "ledger/record.h"
 #include "ledger/report.h"
+#include "objectives/objective.h"
 
 // Writes `text` to scratch/run/file, or removes that file when text is NULL.
 static void put(const char *run, const char *file, const char *text, size_t len) {
@@ -33,7 +34,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (next) *next = '\0';
     LedgerRecord r;
     memset(&r, 0, sizeof r);
-    ledger_read_json(line, &r);
+    ledger_read_json(line, &r, objective_ledger_fields);
     if (next) *next++ = '\n';
   }
 
@@ -46,7 +47,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fuzz_path(run2, sizeof run2, "run2");
   fuzz_path(out, sizeof out, "report.html");
   const char *runs[] = {run1, run2};
-  report_write(n > 3 ? 2 : 1, runs, out);
+  report_write(n > 3 ? 2 : 1, runs, out, objective_ledger_fields);
 
   // The ledger's tie to a checkpoint: the record of step 1 is the one the checkpoint saw when it
   // is the ledger's first line (a match), else it is missing or another (a refusal); -1 none.
