@@ -33,7 +33,8 @@ static const struct {
     [M_RANKME] = {"rankme", NULL, "rankme", FROM_EVAL, "rankme", 0, SHOW_NUMBER},
     [M_EMBEDDING_STD] = {"embedding_std", NULL, "embedding std", FROM_EVAL, "embedding_std", 0,
                          SHOW_NUMBER},
-    [M_FLOPS] = {"flops_total", NULL, "training PFLOP", FROM_SUMMARY, "flops_total", 0, SHOW_PFLOP},
+    // The ledger's cumulative count, to 9 digits (summary.json's has 6).
+    [M_FLOPS] = {"flops_total", NULL, "training PFLOP", FROM_LEDGER, "flops_total", 0, SHOW_PFLOP},
     [M_SECONDS] = {"train_seconds", NULL, "training s", FROM_SUMMARY, "train_seconds", 0,
                    SHOW_NUMBER},
     [M_PEAK_RSS] = {"peak_rss_bytes", NULL, "peak RSS", FROM_SUMMARY, "peak_rss_bytes", 0,
