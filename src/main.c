@@ -26,6 +26,7 @@
 #include "ledger/scaling.h"
 #include "objectives/objective.h"
 #include "train/checkpoint.h"
+#include "train/compare.h"
 #include "train/export.h"
 #include "train/trainer.h"
 
@@ -43,6 +44,8 @@ static void usage_main(FILE *f) {
           "  plan     the ledger a configuration will produce, before training (no data, no\n"
           "           compute); --memory-budget finds the largest batch or queue that fits\n"
           "  report   one self-contained HTML report (charts, cost table) from run folders\n"
+          "  compare  train and score several objectives at several budgets over seeds, one\n"
+          "           run after another (resumable): compare.json, compare.html, a verdict\n"
           "  eval     score a trained encoder: kNN and a linear probe, next to raw pixels\n"
           "  embed    write a trained encoder's features of a dataset as .npy\n"
           "  export   write a trained encoder as safetensors with PyTorch names\n"
@@ -1244,6 +1247,180 @@ static int cmd_eval(int argc, char **argv) {
   return rc ? 1 : 0;
 }
 
+static void usage_compare(FILE *f) {
+  fprintf(f,
+          "usage: tally compare --objectives A,B[,...] --budget AMOUNT[,AMOUNT...] --out DIR\n"
+          "                     [--seeds N] [--config-dir DIR | --config [NAME=]FILE ...]\n"
+          "                     [--set S.K=V]... [--data PATH] [--batch-size N] [--lr X]\n"
+          "                     [--quiet] [--no-memory-check]\n"
+          "\n"
+          "Trains every (objective, budget, seed) one after another, each in its own run\n"
+          "folder DIR/OBJECTIVE-BUDGET-seedS, scores each with `tally eval` (kNN and the\n"
+          "linear probe when the data has labels; rankme and embedding_std always), and\n"
+          "writes DIR/compare.json (per objective and budget: each measure's mean, 95%%\n"
+          "interval, n and per-seed values; FLOPs, seconds, peak RSS; the ledger's per-step\n"
+          "answers) and DIR/compare.html (accuracy against FLOPs, seconds and memory, with\n"
+          "error bars, the Pareto front and the raw-pixel baselines), then prints a verdict.\n"
+          "Everything is planned first (`tally plan`): steps, FLOPs, memory and whether it\n"
+          "fits, and the time it will take as far as it can be told.\n"
+          "\n"
+          "  --objectives A,B  objectives to compare: %s\n"
+          "  --budget LIST     each run's length, as `tally train --budget`: 7m, 2PFLOP, 3epochs;\n"
+          "                    several, comma-separated, compare at each (at most %d)\n"
+          "  --seeds N         seeds per objective and budget (default 3, at most %d): seed s\n"
+          "                    trains with train.seed + s. The intervals need N >= 2\n"
+          "  --config-dir DIR  each objective's recipe is DIR/NAME.ini (default configs/NAME.ini)\n"
+          "  --config NAME=FILE  NAME's recipe is FILE (repeatable); --config FILE: one recipe\n"
+          "                    for every objective (one backbone and dataset)\n"
+          "  --set, --data, --batch-size, --lr   shared by every run, as for `tally train`\n"
+          "  --out DIR         the compare's folder (required): the same command again\n"
+          "                    continues a compare that stopped, skipping finished runs and\n"
+          "                    resuming the one under way from its checkpoint\n"
+          "  --quiet           no progress lines from the trainings\n"
+          "  --no-memory-check start runs whose planned peak exceeds this machine's memory\n"
+          "\n"
+          "The trainings run without the kNN monitor (each run is scored once, afterwards).\n"
+          "Exit codes: 0 compare.json written; 1 a plan, run or evaluation failed (it is\n"
+          "named; no compare.json); 2 usage, or DIR holds a compare of other settings; 3 a\n"
+          "run's loss became NaN; 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP (the run\n"
+          "under way keeps its checkpoint: the same command continues).\n",
+          objective_names(), COMPARE_MAX_BUDGETS, COMPARE_MAX_SEEDS);
+}
+
+// Splits a comma-separated list in place into at most `max` items. -1 when there are more or none.
+static int split_list(char *text, const char **items, int max) {
+  int n = 0;
+  for (char *save, *tok = strtok_r(text, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    if (n == max) return -1;
+    items[n++] = tok;
+  }
+  return n ? n : -1;
+}
+
+static int cmd_compare(int argc, char **argv) {
+  static CompareSpec spec;
+  static char objectives_text[512], budgets_text[512];
+  const char *per_objective_config[COMPARE_MAX_OBJECTIVES * 2], *config_dir = NULL;
+  const char *objectives = NULL, *budgets = NULL, *all_config = NULL;
+  int n_per_objective = 0;
+  long seeds = 3;
+  ConfigArgs ca = {0};
+  for (int i = 0; i < argc; i++) {
+    const char *v;
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage_compare(stdout);
+      return 0;
+    } else if ((v = option_value(argc, argv, &i, "--objectives"))) {
+      objectives = v;
+    } else if ((v = option_value(argc, argv, &i, "--budget"))) {
+      budgets = v;
+    } else if ((v = option_value(argc, argv, &i, "--seeds"))) {
+      if (parse_count("--seeds", v, &seeds)) return 2;
+    } else if ((v = option_value(argc, argv, &i, "--config-dir"))) {
+      config_dir = v;
+    } else if ((v = option_value(argc, argv, &i, "--config"))) {
+      if (!strchr(v, '='))
+        all_config = v;
+      else if (n_per_objective == COMPARE_MAX_OBJECTIVES * 2)
+        return fprintf(stderr, "tally compare: too many --config options\n"), 2;
+      else
+        per_objective_config[n_per_objective++] = v;
+    } else if ((v = option_value(argc, argv, &i, "--out"))) {
+      spec.out_dir = v;
+    } else if (!strcmp(argv[i], "--quiet")) {
+      spec.quiet = 1;
+    } else if (!strcmp(argv[i], "--no-memory-check")) {
+      spec.no_memory_check = 1;
+    } else {
+      // --set, --data, --batch-size, --lr: kept as given, for every run's `tally train`.
+      const int first = i;
+      int used = config_arg(argc, argv, &i, &ca);
+      if (used < 0) return 2;
+      if (!used || ca.steps_set[0] || ca.epochs_set[0]) {
+        fprintf(stderr, "tally compare: %s '%s' (see tally compare --help)\n",
+                used ? "the budget is the runs' length; drop" : "unknown option", argv[first]);
+        return 2;
+      }
+      for (int j = first; j <= i; j++) {
+        if (spec.n_shared_args == COMPARE_MAX_ARGS)
+          return fprintf(stderr, "tally compare: too many options\n"), 2;
+        spec.shared_args[spec.n_shared_args++] = argv[j];
+      }
+    }
+  }
+  if (!objectives || !budgets || !spec.out_dir) {
+    fprintf(stderr, "tally compare: name --objectives, --budget and --out (see --help)\n");
+    return 2;
+  }
+  if (seeds > COMPARE_MAX_SEEDS) {
+    fprintf(stderr, "tally compare: --seeds %ld: at most %d\n", seeds, COMPARE_MAX_SEEDS);
+    return 2;
+  }
+  if ((config_dir != NULL) + (all_config != NULL) + (n_per_objective > 0) > 1) {
+    fprintf(stderr, "tally compare: give --config-dir, --config FILE or --config NAME=FILE\n");
+    return 2;
+  }
+  spec.n_seeds = (int)seeds;
+  snprintf(objectives_text, sizeof objectives_text, "%s", objectives);
+  snprintf(budgets_text, sizeof budgets_text, "%s", budgets);
+  spec.n_objectives = split_list(objectives_text, spec.objectives, COMPARE_MAX_OBJECTIVES);
+  spec.n_budgets = split_list(budgets_text, spec.budgets, COMPARE_MAX_BUDGETS);
+  if (spec.n_objectives < 0 || spec.n_budgets < 0) {
+    fprintf(stderr, "tally compare: between 1 and %d objectives and 1 and %d budgets\n",
+            COMPARE_MAX_OBJECTIVES, COMPARE_MAX_BUDGETS);
+    return 2;
+  }
+  static char dir_paths[COMPARE_MAX_OBJECTIVES][CONFIG_PATH_MAX];
+  for (int o = 0; o < spec.n_objectives; o++) {
+    int rc = check_objective(spec.objectives[o]);
+    if (rc) return rc;
+    for (int k = 0; k < o; k++)
+      if (!strcmp(spec.objectives[k], spec.objectives[o])) {
+        fprintf(stderr, "tally compare: %s is named twice\n", spec.objectives[o]);
+        return 2;
+      }
+    spec.config_paths[o] = all_config;
+    if (config_dir) {
+      snprintf(dir_paths[o], sizeof dir_paths[o], "%s/%s.ini", config_dir, spec.objectives[o]);
+      spec.config_paths[o] = dir_paths[o];
+    }
+    for (int k = 0; k < n_per_objective; k++) {
+      const char *eq = strchr(per_objective_config[k], '=');
+      if ((size_t)(eq - per_objective_config[k]) == strlen(spec.objectives[o]) &&
+          !strncmp(per_objective_config[k], spec.objectives[o], strlen(spec.objectives[o])))
+        spec.config_paths[o] = eq + 1;
+    }
+  }
+  for (int k = 0; k < n_per_objective; k++) {
+    int named = 0;
+    for (int o = 0; o < spec.n_objectives; o++)
+      named |= spec.config_paths[o] == strchr(per_objective_config[k], '=') + 1;
+    if (!named) {
+      fprintf(stderr, "tally compare: --config %s names no objective of --objectives\n",
+              per_objective_config[k]);
+      return 2;
+    }
+  }
+  // Each objective at each budget as `tally train` will resolve it: the plan is of these.
+  static Config configs[COMPARE_MAX_OBJECTIVES][COMPARE_MAX_BUDGETS];
+  for (int o = 0; o < spec.n_objectives; o++)
+    for (int b = 0; b < spec.n_budgets; b++) {
+      ConfigArgs run = ca;
+      run.config_path = spec.config_paths[o];
+      if (as_setting(run.budget_set, sizeof run.budget_set, "--budget", "train.budget",
+                     spec.budgets[b]) < 0)
+        return 2;
+      if (run.config_path && access(run.config_path, R_OK) != 0) {
+        fprintf(stderr, "tally compare: %s's recipe %s: %s\n", spec.objectives[o], run.config_path,
+                strerror(errno));
+        return 1;
+      }
+      if (load_config(spec.objectives[o], &run, &configs[o][b]) != 0) return 1;
+      spec.configs[o][b] = &configs[o][b];
+    }
+  return compare_run(&spec);
+}
+
 static void usage_keys(FILE *f) {
   fprintf(f,
           "usage: tally keys\n"
@@ -1311,6 +1488,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
   if (!strcmp(cmd, "plan")) return cmd_plan(argc - 2, argv + 2);
   if (!strcmp(cmd, "report")) return cmd_report(argc - 2, argv + 2);
+  if (!strcmp(cmd, "compare")) return cmd_compare(argc - 2, argv + 2);
   if (!strcmp(cmd, "eval")) return cmd_eval(argc - 2, argv + 2);
   if (!strcmp(cmd, "embed")) return cmd_embed(argc - 2, argv + 2);
   if (!strcmp(cmd, "export")) return cmd_export(argc - 2, argv + 2);

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -50,6 +51,28 @@ FILE *regular_fopen(const char *path, const char *mode) {
     errno = err;
   }
   return f;
+}
+
+int regular_read_text(const char *path, char **text, size_t *len_out) {
+  *text = NULL;
+  int64_t bytes;
+  int fd = regular_open(path, 0, &bytes);
+  if (fd < 0) return errno == ENOENT ? 1 : -1;
+  size_t len = 0, size = (size_t)bytes;
+  char *buf = malloc(size + 1);
+  if (!buf) TL_DIE("out of memory reading %s (%zu bytes)", path, size);
+  ssize_t got = 1;
+  while (len < size && (got = read(fd, buf + len, size - len)) > 0) len += (size_t)got;
+  int read_errno = errno;
+  close(fd);
+  if (got < 0) {
+    free(buf);
+    return tl_fail("%s: cannot read: %s", path, strerror(read_errno));
+  }
+  buf[len] = 0;
+  *text = buf;
+  if (len_out) *len_out = len;
+  return 0;
 }
 
 // 1 when `dir` holds a run: its lock or its checkpoint.

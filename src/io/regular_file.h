@@ -18,6 +18,11 @@ int regular_open(const char *path, int append, int64_t *bytes);
 // The same as a stdio stream: mode "r" or "a".
 FILE *regular_fopen(const char *path, const char *mode);
 
+// The whole of the regular file `path` as a NUL-terminated string at *text (malloc'ed; its length
+// in *len, which may be NULL): 0, or 1 when there is no such file, or -1 (error set) when it
+// cannot be read. A file still growing (a live run's) is read up to the size fstat gave.
+int regular_read_text(const char *path, char **text, size_t *len);
+
 // A path a command may write its output to (atomically, by rename): a new path, or an existing
 // regular file that is not one of a run folder's own state files. -1 with tl_last_error()
 // saying why not.

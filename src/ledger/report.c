@@ -13,7 +13,9 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/regular_file.h"
+#include "io/json_read.h"
 #include "ledger/bytes.h"
+#include "ledger/chart.h"
 #include "ledger/record.h"
 
 typedef struct {
@@ -39,65 +41,11 @@ typedef struct {
   LedgerOwnLookup lookup;  // the objectives' own ledger fields
 } Run;
 
-// Series colours, one per run (and per memory category), readable on white.
-static const char *const palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e",
-                                      "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"};
-enum { N_COLORS = sizeof palette / sizeof palette[0] };
-
-// The value after "key": in a flat JSON object, or NULL.
-static const char *json_value(const char *text, const char *key) {
-  char pattern[96];
-  snprintf(pattern, sizeof pattern, "\"%s\":", key);
-  const char *p = strstr(text, pattern);
-  if (!p) return NULL;
-  p += strlen(pattern);
-  while (*p == ' ') p++;
-  return p;
-}
-
-static double json_number(const char *text, const char *key) {
-  const char *p = json_value(text, key);
-  if (!p) return NAN;
-  char *end;
-  double v = strtod(p, &end);
-  return end == p ? NAN : v;
-}
-
-static void json_string(const char *text, const char *key, char *out, size_t n) {
-  const char *p = json_value(text, key);
-  out[0] = 0;
-  if (!p || *p != '"') return;
-  const char *end = strchr(p + 1, '"');
-  if (!end) return;
-  snprintf(out, n, "%.*s", (int)(end - p - 1), p + 1);
-}
-
-// DIR/FILE whole as a string (its length in *len_out) at *text: 0, or 1 when there is no such
-// file, or -1 (error set) when it cannot be read. Regular files only, opened without blocking:
-// a FIFO would wait for a writer forever and a device may never end.
+// DIR/FILE whole as a string (regular_read_text: 0, 1 when absent, -1 on error).
 static int read_text(const char *dir, const char *file, char **text, size_t *len_out) {
   char path[4200];
   snprintf(path, sizeof path, "%s/%s", dir, file);
-  *text = NULL;
-  int64_t bytes;
-  int fd = regular_open(path, 0, &bytes);
-  if (fd < 0) return errno == ENOENT ? 1 : -1;
-  // The size read is what fstat said; a file still growing (a live run) is read up to there.
-  size_t len = 0, size = (size_t)bytes;
-  char *buf = malloc(size + 1);
-  if (!buf) TL_DIE("out of memory reading %s (%zu bytes)", path, size);
-  ssize_t got = 1;
-  while (len < size && (got = read(fd, buf + len, size - len)) > 0) len += (size_t)got;
-  int read_errno = errno;
-  close(fd);
-  if (got < 0) {
-    free(buf);
-    return tl_fail("%s: cannot read: %s", path, strerror(read_errno));
-  }
-  buf[len] = 0;
-  *text = buf;
-  if (len_out) *len_out = len;
-  return 0;
+  return regular_read_text(path, text, len_out);
 }
 
 // Hands each line of DIR/FILE (text, len bytes) to `take`, which returns -1 when the line is not
@@ -135,7 +83,7 @@ static int lines_in(const char *text, size_t len, const char *dir, const char *f
 // One line of ledger.jsonl into the next record; the run's objective is the first record's.
 static int take_record(Run *run, const char *line) {
   if (ledger_read_json(line, &run->recs[run->n_recs], run->lookup) < 0) return -1;
-  if (!run->n_recs) json_string(line, "objective", run->objective, sizeof run->objective);
+  if (!run->n_recs) json_flat_string(line, "objective", run->objective, sizeof run->objective);
   run->n_recs++;
   return 0;
 }
@@ -146,20 +94,21 @@ static int take_eval(Run *run, const char *line) {
   size_t n = strlen(line);
   while (n && (line[n - 1] == ' ' || line[n - 1] == '\r')) n--;
   char what[32];
-  json_string(line, "what", what, sizeof what);
-  if (line[0] != '{' || line[n - 1] != '}' || !what[0] || !json_value(line, "knn_top1") ||
-      !isfinite(json_number(line, "step")))
+  json_flat_string(line, "what", what, sizeof what);
+  if (line[0] != '{' || line[n - 1] != '}' || !what[0] || !json_flat_value(line, "knn_top1") ||
+      !isfinite(json_flat_number(line, "step")))
     return -1;
-  double linear = json_value(line, "linear_top1") ? json_number(line, "linear_top1") : NAN;
+  double linear =
+      json_flat_value(line, "linear_top1") ? json_flat_number(line, "linear_top1") : NAN;
   if (strcmp(what, "raw_pixels") == 0) {
-    run->knn_raw = json_number(line, "knn_top1");
+    run->knn_raw = json_flat_number(line, "knn_top1");
     run->linear_raw = linear;
     return 0;
   }
   Eval *e = &run->evals[run->n_evals++];
-  e->step = json_number(line, "step");
-  e->top1 = json_number(line, "knn_top1");
-  e->top1_k20 = json_number(line, "knn_top1_k20");
+  e->step = json_flat_number(line, "step");
+  e->top1 = json_flat_number(line, "knn_top1");
+  e->top1_k20 = json_flat_number(line, "knn_top1_k20");
   e->linear_top1 = linear;
   e->flops_total = e->seconds = NAN;
   return 0;
@@ -228,10 +177,10 @@ static int load_run(Run *run, const char *dir, LedgerOwnLookup lookup) {
   rc = read_text(dir, "summary.json", &summary, NULL);
   if (rc < 0) return -1;
   if (rc == 0) {
-    json_string(summary, "backbone", run->backbone, sizeof run->backbone);
-    run->knn_final = json_number(summary, "knn_top1");
-    run->peak_rss = json_number(summary, "peak_rss_bytes");
-    double batch = json_number(summary, "batch_size");  // NaN when absent: no cast then
+    json_flat_string(summary, "backbone", run->backbone, sizeof run->backbone);
+    run->knn_final = json_flat_number(summary, "knn_top1");
+    run->peak_rss = json_flat_number(summary, "peak_rss_bytes");
+    double batch = json_flat_number(summary, "batch_size");  // NaN when absent: no cast then
     run->batch_size = batch >= 1 && batch <= INT_MAX ? (int)batch : 0;
     free(summary);
   }
@@ -244,25 +193,6 @@ static void run_free(Run *run) {
   free(run->evals);
 }
 
-static void html_text(FILE *f, const char *s) {
-  for (; *s; s++) switch (*s) {
-      case '<':
-        fputs("&lt;", f);
-        break;
-      case '>':
-        fputs("&gt;", f);
-        break;
-      case '&':
-        fputs("&amp;", f);
-        break;
-      case '"':
-        fputs("&quot;", f);
-        break;
-      default:
-        fputc(*s, f);
-    }
-}
-
 // ---- charts ----
 
 typedef struct {
@@ -273,135 +203,10 @@ typedef struct {
   int dashed;           // a reference line (a baseline), drawn dashed without markers
 } Series;
 
-enum { CHART_W = 720, CHART_H = 280, MARGIN_L = 70, MARGIN_R = 20, MARGIN_T = 30, MARGIN_B = 42 };
-
-// A "nice" tick step (1, 2 or 5 times a power of ten) giving about `target` ticks over span.
-static double nice_step(double span, double target) {
-  double raw = span / target, mag = pow(10, floor(log10(raw))), r = raw / mag;
-  return (r < 1.5 ? 1 : r < 3.5 ? 2 : r < 7.5 ? 5 : 10) * mag;
-}
-
-// An axis: the range drawn and its ticks, tick i at (first_tick + i) * step for i < n_ticks. Ticks
-// are counted, never accumulated, so extreme values cannot make a tick loop run away.
-enum { MAX_TICKS = 16 };
-typedef struct {
-  double lo, hi;
-  double first_tick, step;
-  int n_ticks;
-} Axis;
-
-// The axis over finite values lo <= hi: about `target` ticks at multiples of `unit`, no closer
-// than min_step; `widen` extends the range to whole ticks. Differences are taken of halves, which
-// cannot overflow (a range from -1e308 to 1e308).
-static Axis make_axis(double lo, double hi, double target, double unit, double min_step,
-                      int widen) {
-  // One value, or values a billionth apart (one ulp; steps 1e17 and 1e17 + 16), cannot be told
-  // apart on a few hundred pixels nor by their tick labels: the range is opened by their size.
-  double size = fmax(fabs(lo), fabs(hi));
-  if (!(hi / 2 - lo / 2 > size * 0.5e-9)) {
-    double pad = size > 0 ? size : 1;
-    if (isfinite(hi + pad))
-      hi += pad;
-    else
-      lo -= pad;
-  }
-  double half = hi / 2 - lo / 2;
-  double step = fmax(nice_step(half / unit, target / 2) * unit, min_step);
-  if (!(step > 0 && isfinite(step))) step = half;
-  if (widen) {
-    double wide_lo = floor(lo / step) * step, wide_hi = ceil(hi / step) * step;
-    if (isfinite(wide_lo)) lo = wide_lo;
-    if (isfinite(wide_hi)) hi = wide_hi;
-  }
-  double first = ceil(lo / step - 1e-6), last = floor(hi / step + 1e-6);
-  double n = last - first + 1;  // NaN if the division overflowed: no ticks then
-  return (Axis){lo, hi, first, step, !(n >= 1) ? 0 : n > MAX_TICKS ? MAX_TICKS : (int)n};
-}
-
-static double axis_tick(const Axis *a, int i) { return (a->first_tick + i) * a->step; }
-
-// Where v falls between the axis' ends, 0 to 1 (halves again, against overflow).
-static double axis_fraction(const Axis *a, double v) {
-  double t = (v / 2 - a->lo / 2) / (a->hi / 2 - a->lo / 2);
-  return isfinite(t) ? t : 0.5;
-}
-
-typedef struct {
-  Axis x, y;
-} Plot;
-
-static double px_x(const Plot *p, double x) {
-  return MARGIN_L + axis_fraction(&p->x, x) * (CHART_W - MARGIN_L - MARGIN_R);
-}
-static double px_y(const Plot *p, double y) {
-  double h = CHART_H - MARGIN_T - MARGIN_B;
-  return MARGIN_T + h - axis_fraction(&p->y, y) * h;
-}
-
-typedef void (*TickFormat)(double v, char *buf, size_t n);
-static void fmt_plain(double v, char *buf, size_t n) { snprintf(buf, n, "%g", v); }
-static void fmt_bytes(double v, char *buf, size_t n) { format_bytes(v, buf, n); }
-static void fmt_percent(double v, char *buf, size_t n) { snprintf(buf, n, "%g%%", v * 100); }
-
-// The plot of steps x0..x1 against values y0..y1 (finite): steps tick at whole numbers; values
-// widen to whole ticks, and byte values tick at round MiB or GiB (whole bytes at the least), not
-// at round decimal numbers of bytes.
-// x_whole: the x values are whole numbers (steps), so ticks are too.
-static Plot plot_for(double x0, double x1, double y0, double y1, TickFormat fmt, int x_whole) {
-  double unit = fmt != fmt_bytes ? 1 : y1 / 2 - y0 / 2 >= 0x1p29 ? 0x1p30 : 0x1p20;
-  return (Plot){make_axis(x0, x1, 8, 1, x_whole, 0), make_axis(y0, y1, 5, unit, unit > 1, 1)};
-}
-
-// Opens an <svg> with its title, axes, grid and tick labels.
-static void chart_open(FILE *f, const char *title, const char *x_label, const Plot *p,
-                       TickFormat fmt) {
-  fprintf(f,
-          "<figure><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-          "viewBox=\"0 0 %d %d\" role=\"img\">\n<title>",
-          CHART_W, CHART_H, CHART_W, CHART_H);
-  html_text(f, title);
-  fprintf(f, "</title>\n<text x=\"%d\" y=\"18\" class=\"title\">", MARGIN_L);
-  html_text(f, title);
-  fputs("</text>\n", f);
-  char buf[48];
-  for (int i = 0; i < p->y.n_ticks; i++) {
-    double y = axis_tick(&p->y, i), py = px_y(p, y);
-    fmt(fabs(y) < p->y.step * 1e-9 ? 0 : y, buf, sizeof buf);
-    fprintf(f,
-            "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" class=\"grid\"/>"
-            "<text x=\"%d\" y=\"%.1f\" class=\"tick\" text-anchor=\"end\">%s</text>\n",
-            MARGIN_L, CHART_W - MARGIN_R, py, py, MARGIN_L - 6, py + 4, buf);
-  }
-  for (int i = 0; i < p->x.n_ticks; i++)
-    fprintf(f, "<text x=\"%.1f\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">%g</text>\n",
-            px_x(p, axis_tick(&p->x, i)), CHART_H - MARGIN_B + 16, axis_tick(&p->x, i));
-  fprintf(f,
-          "<line x1=\"%d\" x2=\"%d\" y1=\"%d\" y2=\"%d\" class=\"axis\"/>"
-          "<text x=\"%d\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">%s</text>\n",
-          MARGIN_L, CHART_W - MARGIN_R, CHART_H - MARGIN_B, CHART_H - MARGIN_B,
-          (MARGIN_L + CHART_W - MARGIN_R) / 2, CHART_H - 6, x_label);
-}
-
-// The caption: a key per series, and how many values were not drawn (NaN or infinite).
-static void legend(FILE *f, int n, const char *const *labels, const char *const *colors,
-                   long not_drawn) {
-  fputs("<figcaption>", f);
-  for (int i = 0; i < n; i++) {
-    fprintf(f, "<span class=\"key\"><span class=\"swatch\" style=\"background:%s\"></span>",
-            colors[i]);
-    html_text(f, labels[i]);
-    fputs("</span> ", f);
-  }
-  if (not_drawn)
-    fprintf(f, "<span class=\"none\">%ld value%s not drawn (NaN or infinite)</span>", not_drawn,
-            not_drawn == 1 ? "" : "s");
-  fputs("</figcaption></figure>\n", f);
-}
-
 static int drawable(const Series *s, int i) { return isfinite(s->x[i]) && isfinite(s->y[i]); }
 
 static void line_chart(FILE *f, const char *title, const char *x_label, const Series *s, int ns,
-                       TickFormat fmt, int from_zero, int x_whole) {
+                       ChartTickFormat fmt, int from_zero, int x_whole) {
   double x0 = INFINITY, x1 = -INFINITY, y0 = from_zero ? 0 : INFINITY, y1 = -INFINITY;
   long points = 0, not_drawn = 0;
   for (int k = 0; k < ns; k++)
@@ -416,31 +221,32 @@ static void line_chart(FILE *f, const char *title, const char *x_label, const Se
     }
   if (points == 0) {
     fputs("<p class=\"none\">", f);
-    html_text(f, title);
+    html_put_text(f, title);
     fputs(": nothing recorded", f);
     if (not_drawn) fprintf(f, " (%ld values NaN or infinite)", not_drawn);
     fputs(".</p>\n", f);
     return;
   }
-  Plot p = plot_for(x0, x1, y0, y1, fmt, x_whole);
+  ChartPlot p = chart_plot(x0, x1, y0, y1, fmt, x_whole);
   chart_open(f, title, x_label, &p, fmt);
   for (int k = 0; k < ns; k++) {
     fprintf(f, "<polyline class=\"series%s\" stroke=\"%s\" points=\"",
             s[k].dashed ? " reference" : "", s[k].color);
     for (int i = 0; i < s[k].n; i++)
-      if (drawable(&s[k], i)) fprintf(f, "%.1f,%.1f ", px_x(&p, s[k].x[i]), px_y(&p, s[k].y[i]));
+      if (drawable(&s[k], i))
+        fprintf(f, "%.1f,%.1f ", chart_px_x(&p, s[k].x[i]), chart_px_y(&p, s[k].y[i]));
     fputs("\"/>\n", f);
     // Markers where points are few enough to tell apart (evaluations, short runs).
     if (s[k].n <= 60 && !s[k].dashed)
       for (int i = 0; i < s[k].n; i++)
         if (drawable(&s[k], i))
-          fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", px_x(&p, s[k].x[i]),
-                  px_y(&p, s[k].y[i]), s[k].color);
+          fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n",
+                  chart_px_x(&p, s[k].x[i]), chart_px_y(&p, s[k].y[i]), s[k].color);
   }
   fputs("</svg>\n", f);
   const char *labels[16], *colors[16];
   for (int k = 0; k < ns && k < 16; k++) labels[k] = s[k].label, colors[k] = s[k].color;
-  legend(f, ns < 16 ? ns : 16, labels, colors, not_drawn);
+  chart_legend(f, ns < 16 ? ns : 16, labels, colors, not_drawn);
 }
 
 // The memory categories of the ledger, bottom of the stack first.
@@ -480,8 +286,8 @@ static void memory_chart(FILE *f, const Run *run) {
   }
   char title[400];
   snprintf(title, sizeof title, "Memory by category: %s (%s)", run->name, run->objective);
-  Plot p = plot_for(x0, x1, 0, y1, fmt_bytes, 1);
-  chart_open(f, title, "step", &p, fmt_bytes);
+  ChartPlot p = chart_plot(x0, x1, 0, y1, chart_fmt_bytes, 1);
+  chart_open(f, title, "step", &p, chart_fmt_bytes);
   const char *labels[N_BANDS], *colors[N_BANDS];
   int shown = 0;
   for (int b = 0; b < N_BANDS; b++) {
@@ -492,19 +298,20 @@ static void memory_chart(FILE *f, const Run *run) {
       most = fmax(most, upper[i] - lower[i]);
     }
     if (most > 0) {
-      const char *color = palette[b % N_COLORS];
+      const char *color = chart_palette[b % CHART_N_COLORS];
       // A band: along the top edge, then back along the bottom edge. A single record is drawn
       // as a bar of the plot's width so it still shows.
       fprintf(f, "<path class=\"band\" fill=\"%s\" d=\"", color);
-      double xl = n == 1 ? MARGIN_L : 0, xr = n == 1 ? CHART_W - MARGIN_R : 0;
+      double xl = n == 1 ? CHART_MARGIN_L : 0, xr = n == 1 ? CHART_W - CHART_MARGIN_R : 0;
       if (n == 1) {
-        fprintf(f, "M%.1f,%.1f L%.1f,%.1f L%.1f,%.1f L%.1f,%.1f Z", xl, px_y(&p, upper[0]), xr,
-                px_y(&p, upper[0]), xr, px_y(&p, lower[0]), xl, px_y(&p, lower[0]));
+        fprintf(f, "M%.1f,%.1f L%.1f,%.1f L%.1f,%.1f L%.1f,%.1f Z", xl, chart_px_y(&p, upper[0]),
+                xr, chart_px_y(&p, upper[0]), xr, chart_px_y(&p, lower[0]), xl,
+                chart_px_y(&p, lower[0]));
       } else {
         for (int i = 0; i < n; i++)
-          fprintf(f, "%c%.1f,%.1f ", i ? 'L' : 'M', px_x(&p, x[i]), px_y(&p, upper[i]));
+          fprintf(f, "%c%.1f,%.1f ", i ? 'L' : 'M', chart_px_x(&p, x[i]), chart_px_y(&p, upper[i]));
         for (int i = n - 1; i >= 0; i--)
-          fprintf(f, "L%.1f,%.1f ", px_x(&p, x[i]), px_y(&p, lower[i]));
+          fprintf(f, "L%.1f,%.1f ", chart_px_x(&p, x[i]), chart_px_y(&p, lower[i]));
         fputc('Z', f);
       }
       fputs("\"/>\n", f);
@@ -514,7 +321,7 @@ static void memory_chart(FILE *f, const Run *run) {
     memcpy(lower, upper, sizeof(double) * n);
   }
   fputs("</svg>\n", f);
-  legend(f, shown, labels, colors, 0);
+  chart_legend(f, shown, labels, colors, 0);
   free(x);
   free(lower);
   free(upper);
@@ -561,7 +368,7 @@ static void own_field_rows(FILE *f, const Run *runs, int n) {
         shown = runs[j].n_recs && !isnan(last_field(&runs[j], fi->name));
       if (shown) continue;
       fputs("<tr><th>", f);
-      html_text(f, fi->name);
+      html_put_text(f, fi->name);
       fputs("</th>", f);
       for (int j = 0; j < n; j++) {
         const double v = runs[j].n_recs ? last_field(&runs[j], fi->name) : NAN;
@@ -581,7 +388,7 @@ static void own_field_rows(FILE *f, const Run *runs, int n) {
 
 static void cell(FILE *f, const char *text) {
   fputs("<td>", f);
-  html_text(f, text);
+  html_put_text(f, text);
   fputs("</td>", f);
 }
 
@@ -589,9 +396,9 @@ static void cost_table(FILE *f, const Run *runs, int n) {
   fputs("<table>\n<thead><tr><th>per step</th>", f);
   for (int k = 0; k < n; k++) {
     fputs("<th>", f);
-    html_text(f, runs[k].objective);
+    html_put_text(f, runs[k].objective);
     fputs("<br><span class=\"sub\">", f);
-    html_text(f, runs[k].name);
+    html_put_text(f, runs[k].name);
     fputs("</span></th>", f);
   }
   fputs("</tr></thead>\n<tbody>\n<tr><th>backbone</th>", f);
@@ -707,25 +514,6 @@ static void cost_table(FILE *f, const Run *runs, int n) {
   fputs("</tr>\n</tbody></table>\n", f);
 }
 
-static const char style[] =
-    "body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif;"
-    "margin:2em auto;max-width:780px;color:#222;line-height:1.4}"
-    "h1{font-size:1.6em;margin-bottom:.2em}h2{font-size:1.2em;margin-top:1.6em;"
-    "border-bottom:1px solid #ddd;padding-bottom:.2em}"
-    "figure{margin:1em 0}svg{background:#fff;max-width:100%;height:auto}"
-    "svg .title{font-size:14px;font-weight:600;fill:#222}"
-    "svg .tick{font-size:11px;fill:#555}svg .grid{stroke:#e6e6e6}svg .axis{stroke:#888}"
-    "svg .series{fill:none;stroke-width:2}svg .reference{stroke-dasharray:6 4;stroke-width:1.5}svg "
-    ".band{stroke:#fff;stroke-width:.5;opacity:.9}"
-    "figcaption{font-size:.85em;color:#444}.key{margin-right:1em;white-space:nowrap}"
-    ".swatch{display:inline-block;width:.9em;height:.9em;margin-right:.3em;"
-    "vertical-align:-.1em;border-radius:2px}"
-    "table{border-collapse:collapse;font-size:.9em;margin:1em 0}"
-    "th,td{border:1px solid #ddd;padding:.3em .6em;text-align:right}"
-    "thead th{background:#f4f4f4;text-align:center}tbody th{text-align:left;font-weight:normal}"
-    ".sub{font-weight:normal;color:#666;font-size:.85em}.none{color:#888}"
-    "ul.runs{padding-left:1.2em}";
-
 typedef enum { AXIS_STEP, AXIS_PFLOP, AXIS_SECONDS } AxisKind;
 
 static double eval_x(const Eval *e, AxisKind x) {
@@ -757,7 +545,8 @@ static void accuracy_chart(FILE *f, const Run *runs, int n, char (*labels)[300],
       any |= isfinite(ys[k][i]);
       if (isfinite(xs[k][i])) x_end = fmax(x_end, xs[k][i]);
     }
-    s[ns++] = (Series){labels[k], palette[k % N_COLORS], runs[k].n_evals, xs[k], ys[k], 0};
+    s[ns++] =
+        (Series){labels[k], chart_palette[k % CHART_N_COLORS], runs[k].n_evals, xs[k], ys[k], 0};
   }
   static char raw_label[] = "raw pixels (baseline)";
   for (int k = 0; any && k < (same_baseline ? 1 : n); k++) {
@@ -765,7 +554,7 @@ static void accuracy_chart(FILE *f, const Run *runs, int n, char (*labels)[300],
     if (!isfinite(raw)) continue;
     base[k][0] = 0, base[k][1] = x_end, base[k][2] = base[k][3] = raw;
     s[ns++] = (Series){same_baseline ? raw_label : labels[k],
-                       same_baseline ? "#777777" : palette[k % N_COLORS],
+                       same_baseline ? "#777777" : chart_palette[k % CHART_N_COLORS],
                        2,
                        base[k],
                        base[k] + 2,
@@ -775,7 +564,7 @@ static void accuracy_chart(FILE *f, const Run *runs, int n, char (*labels)[300],
     char title[160];
     snprintf(title, sizeof title, "%s top-1 accuracy against %s", linear ? "Linear probe" : "kNN",
              x_label);
-    line_chart(f, title, x_label, s, ns, fmt_percent, 0, x == AXIS_STEP);
+    line_chart(f, title, x_label, s, ns, chart_fmt_percent, 0, x == AXIS_STEP);
   } else if (!linear) {
     fputs("<p class=\"none\">No encoder evaluations recorded.</p>\n", f);
   }
@@ -790,18 +579,18 @@ static void write_page(FILE *f, const Run *runs, int n) {
   fprintf(f,
           "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
           "<title>Tally report</title>\n<style>%s</style></head><body>\n",
-          style);
+          chart_page_style);
   fputs("<h1>Tally report</h1>\n<ul class=\"runs\">\n", f);
   for (int k = 0; k < n; k++) {
     const Run *r = &runs[k];
     fprintf(f, "<li><span class=\"swatch\" style=\"background:%s\"></span><b>",
-            palette[k % N_COLORS]);
-    html_text(f, r->name);
+            chart_palette[k % CHART_N_COLORS]);
+    html_put_text(f, r->name);
     fputs("</b>: ", f);
-    html_text(f, r->objective);
+    html_put_text(f, r->objective);
     if (r->backbone[0]) {
       fputs(" on ", f);
-      html_text(f, r->backbone);
+      html_put_text(f, r->backbone);
     }
     fprintf(f, ", %d ledger records", r->n_recs);
     if (r->batch_size > 0) fprintf(f, ", batch %d", r->batch_size);
@@ -816,12 +605,12 @@ static void write_page(FILE *f, const Run *runs, int n) {
   if (!s || !xs || !ys || !labels) TL_DIE("out of memory");
   static const struct {
     const char *heading, *title, *field;
-    TickFormat fmt;
+    ChartTickFormat fmt;
     int from_zero;
   } per_step[] = {
-      {"Loss", "Training loss", "loss", fmt_plain, 0},
-      {"Throughput", "Images per second", "images_per_s", fmt_plain, 1},
-      {"Learning rate", "Learning rate (scheduled)", "lr", fmt_plain, 1},
+      {"Loss", "Training loss", "loss", chart_fmt_plain, 0},
+      {"Throughput", "Images per second", "images_per_s", chart_fmt_plain, 1},
+      {"Learning rate", "Learning rate (scheduled)", "lr", chart_fmt_plain, 1},
   };
   for (size_t c = 0; c < sizeof per_step / sizeof per_step[0]; c++) {
     int step_field = ledger_field_find("step"), field = ledger_field_find(per_step[c].field);
@@ -834,7 +623,8 @@ static void write_page(FILE *f, const Run *runs, int n) {
         ys[k][i] = ledger_field_value(&runs[k].recs[i], field);
       }
       snprintf(labels[k], sizeof labels[k], "%s (%s)", runs[k].name, runs[k].objective);
-      s[k] = (Series){labels[k], palette[k % N_COLORS], runs[k].n_recs, xs[k], ys[k], 0};
+      s[k] =
+          (Series){labels[k], chart_palette[k % CHART_N_COLORS], runs[k].n_recs, xs[k], ys[k], 0};
     }
     fprintf(f, "<h2>%s</h2>\n", per_step[c].heading);
     line_chart(f, per_step[c].title, "step", s, n, per_step[c].fmt, per_step[c].from_zero, 1);

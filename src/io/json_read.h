@@ -1,0 +1,12 @@
+// Reading the flat JSON objects Tally writes itself (summary.json, `tally eval --json`, an
+// eval.jsonl line): a member's value by name, no nesting needed. Nested objects and arrays are
+// searched as text, so a name must be unique in the object to be read this way.
+#pragma once
+#include <stddef.h>
+
+// The text just after "key": (spaces skipped), or NULL when there is no such member.
+const char *json_flat_value(const char *text, const char *key);
+// The member's number; NaN when it is absent, null or not a number.
+double json_flat_number(const char *text, const char *key);
+// The member's string (without escapes) into out; "" when absent or not a string.
+void json_flat_string(const char *text, const char *key, char *out, size_t n);

@@ -1,0 +1,603 @@
+#include "train/compare_results.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/json_read.h"
+#include "io/json_write.h"
+#include "io/regular_file.h"
+#include "ledger/bytes.h"
+#include "ledger/chart.h"
+#include "ledger/record.h"
+#include "objectives/objective.h"
+
+typedef enum { FROM_EVAL, FROM_SUMMARY, FROM_LEDGER } Source;
+typedef enum { SHOW_FRACTION, SHOW_NUMBER, SHOW_BYTES, SHOW_PFLOP } Show;
+
+// Where each measure is read and how compare.json groups it: at the cell's top, under
+// "per_step" (the ledger's answers for one step) or under "raw_pixels" (the baselines).
+static const struct {
+  const char *name;   // in compare.json
+  const char *group;  // NULL, "per_step" or "raw_pixels"
+  const char *label;  // in compare.html's table
+  Source source;
+  const char *field;  // in tally eval --json, summary.json or the ledger
+  int first_seed_only;
+  Show show;
+} measures[N_MEASURES] = {
+    [M_KNN] = {"knn_top1", NULL, "kNN top-1", FROM_EVAL, "knn_top1", 0, SHOW_FRACTION},
+    [M_LINEAR] = {"linear_top1", NULL, "linear probe", FROM_EVAL, "linear_top1", 0, SHOW_FRACTION},
+    [M_RANKME] = {"rankme", NULL, "rankme", FROM_EVAL, "rankme", 0, SHOW_NUMBER},
+    [M_EMBEDDING_STD] = {"embedding_std", NULL, "embedding std", FROM_EVAL, "embedding_std", 0,
+                         SHOW_NUMBER},
+    // The ledger's cumulative count, to 9 digits (summary.json's has 6).
+    [M_FLOPS] = {"flops_total", NULL, "training PFLOP", FROM_LEDGER, "flops_total", 0, SHOW_PFLOP},
+    [M_SECONDS] = {"train_seconds", NULL, "training s", FROM_SUMMARY, "train_seconds", 0,
+                   SHOW_NUMBER},
+    [M_PEAK_RSS] = {"peak_rss_bytes", NULL, "peak RSS", FROM_SUMMARY, "peak_rss_bytes", 0,
+                    SHOW_BYTES},
+    [M_VIEWS_GRAD] = {"views_grad", "per_step", "views with gradient", FROM_LEDGER, "views_grad", 0,
+                      SHOW_NUMBER},
+    [M_VIEWS_NOGRAD] = {"views_nograd", "per_step", "views without", FROM_LEDGER, "views_nograd", 0,
+                        SHOW_NUMBER},
+    [M_ACTIVATION_BYTES] = {"activation_bytes", "per_step", "activations", FROM_LEDGER,
+                            "activation_bytes", 0, SHOW_BYTES},
+    [M_QUEUE_VECTORS] = {"queue_vectors", "per_step", "cached vectors", FROM_LEDGER,
+                         "queue_vectors", 0, SHOW_NUMBER},
+    [M_ENCODINGS_NEW] = {"encodings_next_new", "per_step", "encodings anew", FROM_LEDGER,
+                         "encodings_next_new", 0, SHOW_NUMBER},
+    [M_ENCODINGS_REUSED] = {"encodings_next_reused", "per_step", "encodings reused", FROM_LEDGER,
+                            "encodings_next_reused", 0, SHOW_NUMBER},
+    [M_KNN_RAW] = {"knn_top1", "raw_pixels", "kNN on raw pixels", FROM_EVAL, "knn_top1_raw_pixels",
+                   1, SHOW_FRACTION},
+    [M_LINEAR_RAW] = {"linear_top1", "raw_pixels", "linear probe on raw pixels", FROM_EVAL,
+                      "linear_top1_raw_pixels", 1, SHOW_FRACTION},
+    [M_EVAL_SECONDS] = {"eval_seconds", NULL, "evaluation s", FROM_EVAL, "seconds", 0, SHOW_NUMBER},
+};
+
+// ---- statistics ----
+
+// Student's t, 0.975 quantile, for 1..29 degrees of freedom (scipy.stats.t.ppf(0.975, df), to 4
+// decimals): a compare has at most 30 seeds.
+static const double t975[] = {12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060,
+                              2.2622,  2.2281, 2.2010, 2.1788, 2.1604, 2.1448, 2.1314, 2.1199,
+                              2.1098,  2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639,
+                              2.0595,  2.0555, 2.0518, 2.0484, 2.0452};
+
+double t_quantile_975(int df) {
+  const int n = (int)(sizeof t975 / sizeof *t975);
+  return df >= 1 && df <= n ? t975[df - 1] : NAN;
+}
+
+void seed_stats(SeedStats *s) {
+  double sum = 0;
+  s->n = 0;
+  for (int i = 0; i < s->n_values; i++)
+    if (isfinite(s->values[i])) sum += s->values[i], s->n++;
+  s->mean = s->n ? sum / s->n : NAN;
+  s->lo = s->hi = NAN;
+  if (s->n < 2) return;
+  double squares = 0;
+  for (int i = 0; i < s->n_values; i++)
+    if (isfinite(s->values[i])) squares += (s->values[i] - s->mean) * (s->values[i] - s->mean);
+  double half = t_quantile_975(s->n - 1) * sqrt(squares / (s->n - 1)) / sqrt(s->n);
+  s->lo = s->mean - half;
+  s->hi = s->mean + half;
+}
+
+// ---- reading the runs ----
+
+// The last whole record of DIR/ledger.jsonl into *r.
+static int last_ledger_record(const char *dir, LedgerRecord *r) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/ledger.jsonl", dir);
+  FILE *f = regular_fopen(path, "r");
+  if (!f) return -1;
+  char *line = NULL;
+  size_t cap = 0;
+  int found = 0;
+  while (getline(&line, &cap, f) > 0) {
+    LedgerRecord rec = {0};
+    if (ledger_read_json(line, &rec, objective_ledger_fields) >= 0) *r = rec, found = 1;
+  }
+  free(line);
+  fclose(f);
+  return found ? 0 : tl_fail("%s: no ledger record", path);
+}
+
+static int read_json_file(const char *dir, const char *name, char **text) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  int rc = regular_read_text(path, text, NULL);
+  if (rc > 0) return tl_fail("%s: missing", path);
+  return rc;
+}
+
+int compare_collect(const CompareSpec *spec, CompareCell *cells) {
+  for (int o = 0; o < spec->n_objectives; o++)
+    for (int b = 0; b < spec->n_budgets; b++) {
+      CompareCell *c = &cells[o * spec->n_budgets + b];
+      memset(c, 0, sizeof *c);
+      c->objective = spec->objectives[o];
+      c->budget = spec->budgets[b];
+      for (int s = 0; s < spec->n_seeds; s++) {
+        char dir[4096], *eval = NULL, *summary = NULL;
+        LedgerRecord rec;
+        compare_run_dir(spec, o, b, s, dir, sizeof dir);
+        if (read_json_file(dir, COMPARE_EVAL_FILE, &eval) != 0 ||
+            read_json_file(dir, "summary.json", &summary) != 0 ||
+            last_ledger_record(dir, &rec) != 0) {
+          free(eval);
+          free(summary);
+          return -1;
+        }
+        for (int m = 0; m < N_MEASURES; m++) {
+          SeedStats *st = &c->m[m];
+          if (measures[m].first_seed_only && s > 0) continue;
+          double v = measures[m].source == FROM_EVAL ? json_flat_number(eval, measures[m].field)
+                     : measures[m].source == FROM_SUMMARY
+                         ? json_flat_number(summary, measures[m].field)
+                         : ledger_value(&rec, measures[m].field);
+          // A field only some objectives have (moco's queue_vectors): the others cache none.
+          if (measures[m].source == FROM_LEDGER && isnan(v)) v = 0;
+          st->values[st->n_values++] = v;
+        }
+        free(eval);
+        free(summary);
+      }
+      for (int m = 0; m < N_MEASURES; m++) seed_stats(&c->m[m]);
+    }
+  return 0;
+}
+
+// ---- the verdict ----
+
+// The accuracy a budget's objectives are ranked by: the linear probe when any has one, else kNN;
+// -1 when no run had labels.
+static int ranking_measure(const CompareSpec *spec, const CompareCell *cells, int b) {
+  const CompareMeasure order[] = {M_LINEAR, M_KNN};
+  for (int k = 0; k < 2; k++)
+    for (int o = 0; o < spec->n_objectives; o++)
+      if (cells[o * spec->n_budgets + b].m[order[k]].n > 0) return order[k];
+  return -1;
+}
+
+static const char *measure_words(int m) { return m == M_LINEAR ? "the linear probe" : "kNN"; }
+
+// "81.2% (95% interval 79.5-82.9%, 3 seeds)" or "81.2% (1 seed, no interval)".
+static void describe(const SeedStats *s, char *out, size_t n) {
+  if (s->n >= 2)
+    snprintf(out, n, "%.1f%% (95%% interval %.1f-%.1f%%, %d seeds)", 100 * s->mean, 100 * s->lo,
+             100 * s->hi, s->n);
+  else
+    snprintf(out, n, "%.1f%% (%d seed, no interval)", 100 * s->mean, s->n);
+}
+
+static int by_mean_desc(const void *a, const void *b) {
+  const SeedStats *x = *(const SeedStats *const *)a, *y = *(const SeedStats *const *)b;
+  return (x->mean < y->mean) - (x->mean > y->mean);
+}
+
+#define APPEND(...) (void)(at < n ? at += (size_t)snprintf(out + at, n - at, __VA_ARGS__) : 0)
+
+void compare_verdict(const CompareSpec *spec, const CompareCell *cells, int b, char *out,
+                     size_t n) {
+  size_t at = 0;
+  out[0] = 0;
+  int m = ranking_measure(spec, cells, b);
+  if (m < 0) {
+    APPEND(
+        "%s: no run had labels, so nothing scores accuracy; compare rankme and embedding_std "
+        "(a collapsed encoder reads near 0).",
+        spec->budgets[b]);
+    return;
+  }
+  // The objectives with a score, best first.
+  const SeedStats *ranked[COMPARE_MAX_OBJECTIVES];
+  const char *names[COMPARE_MAX_OBJECTIVES];
+  int k = 0;
+  for (int o = 0; o < spec->n_objectives; o++)
+    if (cells[o * spec->n_budgets + b].m[m].n > 0)
+      ranked[k++] = &cells[o * spec->n_budgets + b].m[m];
+  qsort(ranked, (size_t)k, sizeof *ranked, by_mean_desc);
+  for (int i = 0; i < k; i++)
+    for (int o = 0; o < spec->n_objectives; o++)
+      if (ranked[i] == &cells[o * spec->n_budgets + b].m[m]) names[i] = spec->objectives[o];
+  char text[160];
+  describe(ranked[0], text, sizeof text);
+  APPEND("%s: %s scores best by %s, %s.", spec->budgets[b], names[0], measure_words(m), text);
+  int intervals = 1;
+  for (int i = 0; i < k; i++) intervals &= ranked[i]->n >= 2;
+  if (k == 1) {
+    APPEND(" It is the only objective with a score.");
+  } else if (!intervals) {
+    APPEND(
+        " With one seed there is no interval: the order is a single draw and may not repeat; "
+        "run more seeds (--seeds 3 or more) before choosing.");
+  } else {
+    int within = 0;
+    for (int i = 1; i < k; i++)
+      if (ranked[i]->hi >= ranked[0]->lo) {
+        describe(ranked[i], text, sizeof text);
+        APPEND("%s %s, %s", within++ ? ";" : " Within its interval:", names[i], text);
+      }
+    if (within)
+      APPEND(
+          ". These differences are within the 95%% intervals: the seeds do not tell %s apart "
+          "from %s; more seeds narrow the intervals.",
+          within == 1 ? "it" : "them", names[0]);
+    else
+      APPEND(
+          " Its interval is clear of every other objective's: the lead holds over these "
+          "seeds.");
+  }
+  if (k > 1) {
+    APPEND(" Order:");
+    for (int i = 0; i < k; i++)
+      APPEND("%s %s %.1f%%", i ? "," : "", names[i], 100 * ranked[i]->mean);
+    APPEND(".");
+  }
+  const CompareMeasure raw_m = m == M_LINEAR ? M_LINEAR_RAW : M_KNN_RAW;
+  double raw = NAN;
+  for (int o = 0; o < spec->n_objectives && !isfinite(raw); o++)
+    raw = cells[o * spec->n_budgets + b].m[raw_m].mean;
+  if (isfinite(raw)) {
+    int below = 0;
+    for (int i = 0; i < k; i++) below += ranked[i]->mean < raw;
+    if (below == k)
+      APPEND(" No objective beats raw pixels (%.1f%%) at this budget.", 100 * raw);
+    else if (below) {
+      APPEND(" Below raw pixels (%.1f%%):", 100 * raw);
+      for (int i = k - below, j = 0; i < k; i++, j++) APPEND("%s %s", j ? "," : "", names[i]);
+      APPEND(".");
+    } else {
+      APPEND(" Every objective beats raw pixels (%.1f%%).", 100 * raw);
+    }
+  }
+}
+
+// ---- compare.json ----
+
+static void json_num(FILE *f, double v) {
+  if (isfinite(v))
+    fprintf(f, "%.17g", v);
+  else
+    fputs("null", f);
+}
+
+static void json_stats(FILE *f, const SeedStats *s) {
+  fputs("{\"mean\": ", f);
+  json_num(f, s->mean);
+  fputs(", \"ci95\": ", f);
+  if (s->n >= 2) {
+    fputc('[', f);
+    json_num(f, s->lo);
+    fputs(", ", f);
+    json_num(f, s->hi);
+    fputc(']', f);
+  } else {
+    fputs("null", f);
+  }
+  fprintf(f, ", \"n\": %d, \"values\": [", s->n);
+  for (int i = 0; i < s->n_values; i++) {
+    if (i) fputs(", ", f);
+    json_num(f, s->values[i]);
+  }
+  fputs("]}", f);
+}
+
+// The measures of one group ("" for the cell's top level), as members of an open object.
+static void json_group(FILE *f, const CompareCell *c, const char *group, const char *indent) {
+  int first = 1;
+  for (int m = 0; m < N_MEASURES; m++) {
+    const char *g = measures[m].group ? measures[m].group : "";
+    if (strcmp(g, group) != 0) continue;
+    fprintf(f, "%s%s\"%s\": ", first ? "" : ",\n", indent, measures[m].name);
+    json_stats(f, &c->m[m]);
+    first = 0;
+  }
+}
+
+int compare_write_json(const CompareSpec *spec, const CompareCell *cells, const char *path) {
+  AtomicFile a;
+  if (atomic_open(&a, path) != 0) return -1;
+  FILE *f = a.f;
+  fputs("{\n  \"objectives\": [", f);
+  for (int o = 0; o < spec->n_objectives; o++) {
+    if (o) fputs(", ", f);
+    json_put_string(f, spec->objectives[o]);
+  }
+  fputs("],\n  \"budgets\": [", f);
+  for (int b = 0; b < spec->n_budgets; b++) {
+    if (b) fputs(", ", f);
+    json_put_string(f, spec->budgets[b]);
+  }
+  fprintf(f, "],\n  \"seeds\": %d,\n", spec->n_seeds);
+  fputs(
+      "  \"interval\": \"ci95: mean -/+ t(0.975, n-1) * s / sqrt(n) over the n seeds with a "
+      "value, s the sample standard deviation; null for n < 2\",\n",
+      f);
+  fputs("  \"results\": {\n", f);
+  for (int o = 0; o < spec->n_objectives; o++) {
+    fputs("    ", f);
+    json_put_string(f, spec->objectives[o]);
+    fputs(": {\n", f);
+    for (int b = 0; b < spec->n_budgets; b++) {
+      const CompareCell *c = &cells[o * spec->n_budgets + b];
+      fputs("      ", f);
+      json_put_string(f, spec->budgets[b]);
+      fputs(": {\n        \"runs\": [", f);
+      for (int s = 0; s < spec->n_seeds; s++) {
+        char dir[4096];
+        compare_run_dir(spec, o, b, s, dir, sizeof dir);
+        if (s) fputs(", ", f);
+        json_put_string(f, strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir);
+      }
+      fputs("],\n", f);
+      json_group(f, c, "", "        ");
+      fputs(",\n        \"per_step\": {\n", f);
+      json_group(f, c, "per_step", "          ");
+      fputs("\n        },\n        \"raw_pixels\": {\n", f);
+      json_group(f, c, "raw_pixels", "          ");
+      fprintf(f, "\n        }\n      }%s\n", b + 1 < spec->n_budgets ? "," : "");
+    }
+    fprintf(f, "    }%s\n", o + 1 < spec->n_objectives ? "," : "");
+  }
+  fputs("  },\n  \"verdict\": [\n", f);
+  for (int b = 0; b < spec->n_budgets; b++) {
+    char text[COMPARE_VERDICT_MAX];
+    compare_verdict(spec, cells, b, text, sizeof text);
+    fputs("    ", f);
+    json_put_string(f, text);
+    fputs(b + 1 < spec->n_budgets ? ",\n" : "\n", f);
+  }
+  fputs("  ]\n}\n", f);
+  return atomic_commit(&a);
+}
+
+// ---- the terminal's table and compare.html ----
+
+// "81.2% ± 1.3" / "2.41 ± 0.08" / "1.20 GiB": the mean, and half the interval when there is one.
+static void show(const SeedStats *s, Show how, char *out, size_t n) {
+  if (s->n == 0) {
+    snprintf(out, n, "-");
+    return;
+  }
+  double half = s->n >= 2 ? (s->hi - s->lo) / 2 : NAN;
+  size_t at;
+  switch (how) {
+    case SHOW_FRACTION:
+      at = (size_t)snprintf(out, n, "%.1f%%", 100 * s->mean);
+      if (isfinite(half) && at < n) snprintf(out + at, n - at, " ± %.1f", 100 * half);
+      break;
+    case SHOW_BYTES:
+      format_bytes(s->mean, out, n);
+      break;
+    case SHOW_PFLOP:
+      snprintf(out, n, "%.4g", s->mean / 1e15);
+      break;
+    default:
+      at = (size_t)snprintf(out, n, "%.4g", s->mean);
+      if (isfinite(half) && half > 0 && at < n) snprintf(out + at, n - at, " ± %.2g", half);
+  }
+}
+
+void compare_print_table(FILE *f, const CompareSpec *spec, const CompareCell *cells) {
+  static const CompareMeasure shown[] = {M_KNN, M_LINEAR, M_RANKME, M_FLOPS, M_SECONDS, M_PEAK_RSS};
+  fprintf(f, "%-10s %-10s", "objective", "budget");
+  for (size_t k = 0; k < sizeof shown / sizeof *shown; k++)
+    fprintf(f, " %16s", measures[shown[k]].label);
+  fputc('\n', f);
+  for (int o = 0; o < spec->n_objectives; o++)
+    for (int b = 0; b < spec->n_budgets; b++) {
+      fprintf(f, "%-10s %-10s", spec->objectives[o], spec->budgets[b]);
+      for (size_t k = 0; k < sizeof shown / sizeof *shown; k++) {
+        char text[64];
+        show(&cells[o * spec->n_budgets + b].m[shown[k]], measures[shown[k]].show, text,
+             sizeof text);
+        fprintf(f, " %16s", text);
+      }
+      fputc('\n', f);
+    }
+}
+
+// One point per (objective, budget): x the mean of a cost, y the mean accuracy.
+typedef struct {
+  double x, y, lo, hi;
+  int objective, budget;
+} Point;
+
+// 1 when no other point costs at most as much and scores at least as well, one of them strictly.
+static int on_front(const Point *p, int n, int i) {
+  for (int j = 0; j < n; j++)
+    if (j != i && p[j].x <= p[i].x && p[j].y >= p[i].y && (p[j].x < p[i].x || p[j].y > p[i].y))
+      return 0;
+  return 1;
+}
+
+static int by_x(const void *a, const void *b) {
+  const Point *p = a, *q = b;
+  return (p->x > q->x) - (p->x < q->x);
+}
+
+// Accuracy (measure m) against a cost (measure x_m, shown in x_unit): a point per objective and
+// budget with its interval as an error bar, each objective's budgets joined, the Pareto front
+// (nothing cheaper scores as well) ringed and joined dashed, the raw-pixel baseline dashed.
+static void scatter_chart(FILE *f, const CompareSpec *spec, const CompareCell *cells, int m,
+                          int x_m, double x_unit, const char *x_label) {
+  Point p[COMPARE_MAX_OBJECTIVES * COMPARE_MAX_BUDGETS];
+  int n = 0;
+  long not_drawn = 0;
+  double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
+  const int raw_m = m == M_LINEAR ? M_LINEAR_RAW : M_KNN_RAW;
+  double raw = NAN;
+  for (int o = 0; o < spec->n_objectives; o++)
+    for (int b = 0; b < spec->n_budgets; b++) {
+      const CompareCell *c = &cells[o * spec->n_budgets + b];
+      if (!isfinite(raw)) raw = c->m[raw_m].mean;
+      Point q = {c->m[x_m].mean / x_unit, c->m[m].mean, c->m[m].lo, c->m[m].hi, o, b};
+      if (!isfinite(q.x) || !isfinite(q.y)) {
+        not_drawn++;
+        continue;
+      }
+      p[n++] = q;
+      x0 = fmin(x0, q.x), x1 = fmax(x1, q.x);
+      y0 = fmin(y0, isfinite(q.lo) ? q.lo : q.y), y1 = fmax(y1, isfinite(q.hi) ? q.hi : q.y);
+    }
+  if (n == 0) return;
+  if (isfinite(raw)) y0 = fmin(y0, raw), y1 = fmax(y1, raw);
+  // Accuracies that all agree (a task every encoder solves) get a few points of room below,
+  // not an axis past 100%.
+  if (y1 - y0 < 0.01) y0 = fmax(0, y1 - 0.05);
+  // Room either side so the first and last points are not on the frame.
+  double pad = x1 > x0 ? (x1 - x0) * 0.08 : fmax(fabs(x0) * 0.1, 1e-9);
+  ChartPlot plot = chart_plot(fmax(0, x0 - pad), x1 + pad, y0, y1, chart_fmt_percent, 0);
+  char title[200];
+  snprintf(title, sizeof title, "%s top-1 against %s", m == M_LINEAR ? "Linear probe" : "kNN",
+           x_label);
+  chart_open(f, title, x_label, &plot, chart_fmt_percent);
+  if (isfinite(raw))
+    fprintf(f,
+            "<polyline class=\"series reference\" stroke=\"#777777\" points=\"%.1f,%.1f "
+            "%.1f,%.1f\"/>\n",
+            (double)CHART_MARGIN_L, chart_px_y(&plot, raw), (double)(CHART_W - CHART_MARGIN_R),
+            chart_px_y(&plot, raw));
+  qsort(p, (size_t)n, sizeof *p, by_x);
+  for (int o = 0; o < spec->n_objectives; o++) {  // an objective's budgets, joined
+    int count = 0;
+    for (int i = 0; i < n; i++) count += p[i].objective == o;
+    if (count < 2) continue;
+    fprintf(f, "<polyline class=\"series budgets\" stroke=\"%s\" points=\"",
+            chart_palette[o % CHART_N_COLORS]);
+    for (int i = 0; i < n; i++)
+      if (p[i].objective == o)
+        fprintf(f, "%.1f,%.1f ", chart_px_x(&plot, p[i].x), chart_px_y(&plot, p[i].y));
+    fputs("\"/>\n", f);
+  }
+  fputs("<polyline class=\"front\" points=\"", f);
+  for (int i = 0; i < n; i++)
+    if (on_front(p, n, i))
+      fprintf(f, "%.1f,%.1f ", chart_px_x(&plot, p[i].x), chart_px_y(&plot, p[i].y));
+  fputs("\"/>\n", f);
+  for (int i = 0; i < n; i++) {
+    const char *color = chart_palette[p[i].objective % CHART_N_COLORS];
+    double px = chart_px_x(&plot, p[i].x), py = chart_px_y(&plot, p[i].y);
+    if (isfinite(p[i].lo))
+      fprintf(f,
+              "<path class=\"errbar\" stroke=\"%s\" d=\"M%.1f,%.1f V%.1f M%.1f,%.1f H%.1f "
+              "M%.1f,%.1f H%.1f\"/>\n",
+              color, px, chart_px_y(&plot, p[i].lo), chart_px_y(&plot, p[i].hi), px - 4,
+              chart_px_y(&plot, p[i].lo), px + 4, px - 4, chart_px_y(&plot, p[i].hi), px + 4);
+    if (on_front(p, n, i))
+      fprintf(f, "<circle class=\"pareto\" cx=\"%.1f\" cy=\"%.1f\" r=\"7\"/>\n", px, py);
+    fprintf(f, "<circle class=\"point\" cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"><title>", px,
+            py, color);
+    html_put_text(f, spec->objectives[p[i].objective]);
+    fputs(" at ", f);
+    html_put_text(f, spec->budgets[p[i].budget]);
+    fprintf(f, "</title></circle>\n<text class=\"tick\" x=\"%.1f\" y=\"%.1f\">", px + 7, py - 6);
+    html_put_text(f, spec->budgets[p[i].budget]);
+    fputs("</text>\n", f);
+  }
+  fputs("</svg>\n", f);
+  const char *labels[COMPARE_MAX_OBJECTIVES + 2], *colors[COMPARE_MAX_OBJECTIVES + 2];
+  int k = 0;
+  for (int o = 0; o < spec->n_objectives; o++)
+    labels[k] = spec->objectives[o], colors[k++] = chart_palette[o % CHART_N_COLORS];
+  if (isfinite(raw)) labels[k] = "raw pixels (baseline, dashed)", colors[k++] = "#777777";
+  labels[k] = "Pareto front (ringed)", colors[k++] = "#000000";
+  chart_legend(f, k, labels, colors, not_drawn);
+}
+
+// A row per objective and budget, a column per measure.
+static void html_table(FILE *f, const CompareSpec *spec, const CompareCell *cells,
+                       const CompareMeasure *columns, int n_columns) {
+  fputs("<table>\n<thead><tr><th>objective</th><th>budget</th><th>seeds</th>", f);
+  for (int k = 0; k < n_columns; k++) {
+    fputs("<th>", f);
+    html_put_text(f, measures[columns[k]].label);
+    fputs("</th>", f);
+  }
+  fputs("</tr></thead>\n<tbody>\n", f);
+  for (int o = 0; o < spec->n_objectives; o++)
+    for (int b = 0; b < spec->n_budgets; b++) {
+      const CompareCell *c = &cells[o * spec->n_budgets + b];
+      fputs("<tr class=\"cell\"><th>", f);
+      html_put_text(f, c->objective);
+      fputs("</th><td>", f);
+      html_put_text(f, c->budget);
+      fprintf(f, "</td><td>%d</td>", spec->n_seeds);
+      for (int k = 0; k < n_columns; k++) {
+        char text[64];
+        show(&c->m[columns[k]], measures[columns[k]].show, text, sizeof text);
+        fputs("<td>", f);
+        html_put_text(f, text);
+        fputs("</td>", f);
+      }
+      fputs("</tr>\n", f);
+    }
+  fputs("</tbody></table>\n", f);
+}
+
+static const char compare_style[] =
+    "svg .budgets{stroke-width:1;opacity:.5}svg .front{fill:none;stroke:#000;"
+    "stroke-dasharray:3 3;stroke-width:1}svg .pareto{fill:none;stroke:#000;stroke-width:1.5}"
+    "svg .errbar{fill:none;stroke-width:1.5}p.verdict{background:#f7f7f2;padding:.6em .8em}";
+
+int compare_write_html(const CompareSpec *spec, const CompareCell *cells, const char *path) {
+  AtomicFile a;
+  if (atomic_open(&a, path) != 0) return -1;
+  FILE *f = a.f;
+  fprintf(f,
+          "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+          "<title>Tally compare</title>\n<style>%s%s</style></head><body>\n"
+          "<h1>Tally compare</h1>\n",
+          chart_page_style, compare_style);
+  fprintf(f,
+          "<p>%d objective%s, %d budget%s, %d seed%s each; each point is the mean over "
+          "seeds, its bar the 95%% interval (Student's t over the seeds).</p>\n",
+          spec->n_objectives, spec->n_objectives == 1 ? "" : "s", spec->n_budgets,
+          spec->n_budgets == 1 ? "" : "s", spec->n_seeds, spec->n_seeds == 1 ? "" : "s");
+  fputs("<h2>Verdict</h2>\n", f);
+  for (int b = 0; b < spec->n_budgets; b++) {
+    char text[COMPARE_VERDICT_MAX];
+    compare_verdict(spec, cells, b, text, sizeof text);
+    fputs("<p class=\"verdict\">", f);
+    html_put_text(f, text);
+    fputs("</p>\n", f);
+  }
+  static const struct {
+    CompareMeasure x;
+    double unit;
+    const char *label;
+  } axes[] = {{M_FLOPS, 1e15, "training PFLOP (every replica)"},
+              {M_SECONDS, 1, "training seconds (evaluation excluded)"},
+              {M_PEAK_RSS, 1048576, "peak resident memory (MiB)"}};
+  const CompareMeasure accuracies[] = {M_LINEAR, M_KNN};
+  for (int k = 0; k < 2; k++) {
+    int any = 0;
+    for (int i = 0; i < spec->n_objectives * spec->n_budgets; i++)
+      any |= cells[i].m[accuracies[k]].n > 0;
+    if (!any) continue;
+    fprintf(f, "<h2>%s</h2>\n", accuracies[k] == M_LINEAR ? "Linear probe" : "kNN");
+    for (size_t x = 0; x < sizeof axes / sizeof *axes; x++)
+      scatter_chart(f, spec, cells, accuracies[k], axes[x].x, axes[x].unit, axes[x].label);
+  }
+  static const CompareMeasure scores[] = {M_KNN, M_LINEAR, M_RANKME, M_EMBEDDING_STD};
+  static const CompareMeasure costs[] = {M_FLOPS,         M_SECONDS,         M_PEAK_RSS,
+                                         M_VIEWS_GRAD,    M_VIEWS_NOGRAD,    M_ACTIVATION_BYTES,
+                                         M_QUEUE_VECTORS, M_ENCODINGS_REUSED};
+  fputs("<h2>What each objective scored</h2>\n", f);
+  html_table(f, spec, cells, scores, sizeof scores / sizeof *scores);
+  fputs("<h2>What it cost</h2>\n", f);
+  html_table(f, spec, cells, costs, sizeof costs / sizeof *costs);
+  fputs(
+      "<p class=\"sub\">Mean ± half the 95% interval over seeds. Per-step counts and bytes are "
+      "each run's last ledger record; compare.json holds every value.</p>\n</body></html>\n",
+      f);
+  return atomic_commit(&a);
+}
