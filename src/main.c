@@ -492,7 +492,7 @@ static void usage_plan(FILE *f) {
   fprintf(f,
           "usage: tally plan [--objective=NAME[,NAME...]] [--config FILE] [--set S.K=V]...\n"
           "                  [--steps N] [--epochs N] [--step S] [--json]\n"
-          "                  [--memory-budget SIZE] [--no-knn] [--knn-at-start]\n"
+          "                  [--memory-budget SIZE] [--no-knn] [--knn-at-start] [--time]\n"
           "\n"
           "Prints the ledger a training run will write, before it runs: the real models are\n"
           "built with oneDNN in dry-run mode (nothing computed, memory never touched) and one\n"
@@ -512,6 +512,10 @@ static void usage_plan(FILE *f) {
           "                    planned peak fits SIZE (2GiB, 512MiB, 3GB, bytes), searched\n"
           "                    for over plans; prints the plan that proves it\n"
           "  --no-knn, --knn-at-start   plan a run started with these train options\n"
+          "  --time            also time 5 real steps of each column on this machine (one\n"
+          "                    replica, random views of the run's sizes, after one step that\n"
+          "                    creates the primitives): the median ms a step and the whole\n"
+          "                    run's time (its steps x that; training without the kNN monitor)\n"
           "\n"
           "Scaling past one machine (one replica per node):\n"
           "  --from RUN --nodes N[,N...] --link RATE [--mtu BYTES] [--latency T]\n"
@@ -712,7 +716,7 @@ static int cmd_plan(int argc, char **argv) {
              *mtu = "1500";
   ConfigArgs ca = {0};
   PlanOptions popt = {0};
-  int json = 0, keep_replica_batch = 0, objective_given = 0;
+  int json = 0, keep_replica_batch = 0, objective_given = 0, timed = 0;
   const char *scaling_option = NULL;  // one that only a prediction from a run takes
   for (int i = 0; i < argc; i++) {
     const char *v;
@@ -747,6 +751,8 @@ static int cmd_plan(int argc, char **argv) {
     } else if (!strcmp(argv[i], "--keep-replica-batch")) {
       keep_replica_batch = 1;
       scaling_option = "--keep-replica-batch";
+    } else if (!strcmp(argv[i], "--time")) {
+      timed = 1;
     } else if (!strcmp(argv[i], "--json")) {
       json = 1;
     } else if (!strcmp(argv[i], "--no-knn")) {
@@ -771,6 +777,7 @@ static int cmd_plan(int argc, char **argv) {
                          : step_text            ? "--step"
                          : popt.no_knn          ? "--no-knn"
                          : popt.knn_at_start    ? "--knn-at-start"
+                         : timed                ? "--time"
                                                 : NULL;
     if (unused) {
       fprintf(stderr,
@@ -837,6 +844,16 @@ static int cmd_plan(int argc, char **argv) {
     if (plan_build(cfg, names[j], step, &popt, &recs[j], &totals[j]) != 0) {
       fprintf(stderr, "tally: %s: %s\n", names[j], tl_last_error());
       return 1;
+    }
+    if (timed) {
+      if (!json) {
+        printf("%s: timing 5 steps here...\n", names[j]);
+        fflush(stdout);
+      }
+      if (plan_time_steps(cfg, names[j], 5, &totals[j].timed_step_ms) != 0) {
+        fprintf(stderr, "tally: %s: %s\n", names[j], tl_last_error());
+        return 1;
+      }
     }
     const double encoded = ledger_value(&recs[j], "patches_encoded");
     if (!json && budget_text && !isnan(encoded))

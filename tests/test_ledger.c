@@ -356,6 +356,33 @@ static void test_resnet_conv_flops(void **state) {
   assert_float_equal(r.flops_winograd, 0.0, 0.0);
 }
 
+// A timed probe runs real steps: a finite positive median, the run's time its steps at that
+// pace in --json, and a refusal (not a wrong number) for several replicas.
+static void test_timed_probe(void **state) {
+  (void)state;
+  Config c = base_config("resnet-small");
+  assert_int_equal(config_set(&c, "train.batch_size=8"), 0);
+  double ms = NAN;
+  assert_int_equal(plan_time_steps(&c, "moco", 3, &ms), 0);
+  assert_true(isfinite(ms) && ms > 0);
+  Config two = c;
+  assert_int_equal(config_set(&two, "parallel.replicas=2"), 0);
+  assert_int_equal(plan_time_steps(&two, "moco", 3, &ms), -1);
+  assert_non_null(strstr(tl_last_error(), "one replica"));
+  char *plan = run_ok("%s plan --objective=inbatch %s --steps 7 --no-knn --time --json", bin,
+                      "--set train.batch_size=8 --set data.limit=256 --set data.test_limit=128");
+  double step_ms = NAN, run_s = NAN;
+  assert_int_equal(json_get(plan, "timed_step_ms", &step_ms), 1);
+  assert_int_equal(json_get(plan, "timed_run_seconds", &run_s), 1);
+  assert_true(step_ms > 0 && fabs(run_s - 7 * step_ms / 1e3) < 0.051);
+  free(plan);
+  // Without --time both are null.
+  plan =
+      run_ok("%s plan --objective=inbatch --set train.batch_size=8 --steps 7 --no-knn --json", bin);
+  assert_int_equal(json_get(plan, "timed_step_ms", &step_ms), 0);
+  free(plan);
+}
+
 static void test_memory_budget(void **state) {
   (void)state;
   size_t two_gib, b;
@@ -477,6 +504,7 @@ int main(void) {
       cmocka_unit_test(test_resnet_conv_flops),
       cmocka_unit_test(test_resnet18_is_a_model_file),
       cmocka_unit_test(test_memory_budget),
+      cmocka_unit_test(test_timed_probe),
       cmocka_unit_test(test_inbatch_plan_equals_run),
       cmocka_unit_test(test_moco_plan_equals_run),
       cmocka_unit_test(test_mae_plan_equals_run),

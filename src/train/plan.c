@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/rng.h"
+#include "core/timer.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "ledger/bytes.h"
@@ -436,7 +438,7 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
                     cfg->optim.schedule);
   r.loss = NAN;
   fill_memory(&r, *mem);
-  PlanTotals t = {0};
+  PlanTotals t = {.timed_step_ms = NAN};
   const int S = cfg->data.image_size, C = cfg->data.channels;
   const int streamed = strcmp(cfg->data.format, "idx") != 0 && cfg->data.stream;
   t.dataset_bytes =
@@ -504,6 +506,64 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   rc = 0;
 out:
   free(pl);
+  return rc;
+}
+
+int plan_time_steps(const Config *cfg, const char *objective, int steps, double *ms_per_step) {
+  const ObjectiveDef *def = objective_find(objective);
+  if (!def) return tl_fail("unknown objective '%s'", objective);
+  if (cfg->parallel.replicas > 1 || strcmp(cfg->parallel.backend, "local") != 0)
+    return tl_fail(
+        "a timed step is one replica's (parallel.replicas = %d, backend %s); time one replica, or "
+        "predict several from a run with --from RUN --nodes N --link RATE",
+        cfg->parallel.replicas, cfg->parallel.backend);
+  if (config_validate(cfg) != 0) return -1;
+  LocalGroup *group = comm_local_group_create(1);
+  Comm *comm = comm_local_rank(group, 0);
+  const int batch_size = cfg->train.batch_size;
+  ReplicaSpec spec = {cfg, def, 0, 1, batch_size, NULL, 1000, NULL, 0, NULL, NULL};
+  Replica r;
+  int rc = -1;
+  double *ms = malloc(sizeof(double) * (size_t)steps);
+  if (!ms) TL_DIE("out of memory");
+  if (replica_build(&r, &spec, comm) == 0) {
+    const ViewRecipe views = replica_views(cfg, def, NULL, NULL);
+    const size_t floats = (size_t)batch_size * view_recipe_floats(&views, cfg->data.channels);
+    Batch batch = {.n = batch_size};
+    batch.views = tl_alloc(sizeof(float) * floats, MEM_DATA, COMP_OTHER);
+    batch.indices = tl_alloc(sizeof(int) * (size_t)batch_size, MEM_DATA, COMP_OTHER);
+    batch.labels = tl_alloc(sizeof(int) * (size_t)batch_size, MEM_DATA, COMP_OTHER);
+    batch_set_groups(&batch, &views, cfg->data.channels);
+    // Normalized views are about standard normal; the values change no op's time.
+    Rng rng = rng_stream(cfg->train.seed, RNG_AUGMENT, 0, 0);
+    for (size_t i = 0; i < floats; i++) batch.views[i] = rng_normal(&rng);
+    for (int i = 0; i < batch_size; i++) batch.indices[i] = i, batch.labels[i] = 0;
+    // One step first: it creates the primitives (JIT) and faults the buffers in, as a run's first.
+    for (int s = -1; s < steps; s++) {
+      LedgerRecord rec = {0};
+      StepTimes t = {0};
+      batch.global_step = s + 1;
+      const double start = now_ms();
+      replica_forward_backward(&r, &batch, &rec);
+      replica_update(&r, &batch, 0.0f, &rec, &t);
+      if (s >= 0) ms[s] = now_ms() - start;
+    }
+    // The median: one slow step (another process, a page fault) does not move it.
+    for (int i = 1; i < steps; i++)
+      for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+        const double x = ms[j];
+        ms[j] = ms[j - 1], ms[j - 1] = x;
+      }
+    *ms_per_step = steps % 2 ? ms[steps / 2] : (ms[steps / 2 - 1] + ms[steps / 2]) / 2;
+    tl_free(batch.views);
+    tl_free(batch.indices);
+    tl_free(batch.labels);
+    rc = 0;
+  }
+  replica_destroy(&r);
+  free(ms);
+  comm_destroy(comm);
+  comm_local_group_destroy(group);
   return rc;
 }
 
@@ -794,6 +854,28 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
       snprintf(cells[j], 48, "no (%s)", need);
   }
   print_row(f, label, n, cells);
+  int any_timed = 0;
+  for (int j = 0; j < n; j++) any_timed |= !isnan(totals[j].timed_step_ms);
+  if (any_timed) {
+    fprintf(f, "Time on this machine (timed: 5 steps on random views, one replica)\n");
+    for (int j = 0; j < n; j++)
+      if (isnan(totals[j].timed_step_ms))
+        snprintf(cells[j], 48, "-");
+      else
+        snprintf(cells[j], 48, "%.1f", totals[j].timed_step_ms);
+    print_row(f, "ms per step (median)", n, cells);
+    for (int j = 0; j < n; j++) {
+      const double s = totals[j].timed_step_ms * totals[j].total_steps / 1e3;
+      if (isnan(totals[j].timed_step_ms))
+        snprintf(cells[j], 48, "-");
+      else if (!totals[j].total_steps)
+        snprintf(cells[j], 48, "the time budget");
+      else
+        snprintf(cells[j], 48, "%dh%02dm%02ds", (int)(s / 3600), (int)fmod(s / 60, 60),
+                 (int)fmod(s, 60));
+    }
+    print_row(f, "the run's steps at that pace", n, cells);
+  }
   free(cells);
 }
 
@@ -815,5 +897,14 @@ void plan_print_json(FILE *f, const LedgerRecord *rec, const PlanTotals *t) {
     fprintf(f, "\"total_steps\":%ld,", t->total_steps);
   else
     fprintf(f, "\"total_steps\":null,");
-  fprintf(f, "\"patches_per_image\":%d}\n", t->patches_per_image);
+  fprintf(f, "\"patches_per_image\":%d,", t->patches_per_image);
+  // A timed probe's (--time), null without one; the run's time is null while its length is not
+  // known (a time budget's is the budget).
+  if (isnan(t->timed_step_ms))
+    fputs("\"timed_step_ms\":null,\"timed_run_seconds\":null}\n", f);
+  else if (t->total_steps)
+    fprintf(f, "\"timed_step_ms\":%.3f,\"timed_run_seconds\":%.1f}\n", t->timed_step_ms,
+            t->timed_step_ms * t->total_steps / 1e3);
+  else
+    fprintf(f, "\"timed_step_ms\":%.3f,\"timed_run_seconds\":null}\n", t->timed_step_ms);
 }
