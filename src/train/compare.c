@@ -175,6 +175,7 @@ typedef struct {
   PlanTotals totals;
   double run_flops;  // planned training FLOPs of one run (NaN: a time budget, fixed by timing)
   Budget budget;
+  double probe_ms;  // a timed probe's step here (plan_time_steps); NaN: none
 } CellPlan;
 
 static int plan_cells(const CompareSpec *spec, CellPlan plans[][COMPARE_MAX_BUDGETS]) {
@@ -191,6 +192,7 @@ static int plan_cells(const CompareSpec *spec, CellPlan plans[][COMPARE_MAX_BUDG
         return 1;
       }
       p->run_flops = p->totals.total_steps > 0 ? rec.flops_total : NAN;
+      p->probe_ms = NAN;
     }
   return 0;
 }
@@ -202,6 +204,32 @@ static RunState run_state(const char *dir) {
   if (exists(dir, "summary.json")) return exists(dir, COMPARE_EVAL_FILE) ? RUN_SCORED : RUN_TRAINED;
   if (exists(dir, CHECKPOINT_FILE)) return RUN_RESUMABLE;
   return exists(dir, "ledger.jsonl") ? RUN_STARTED : RUN_NEW;
+}
+
+// Before any run of an objective has finished to measure its pace: a few real steps of it here
+// (tally plan --time), so the first estimate is a number rather than "not yet timed". An
+// objective whose step cannot be probed (several replicas) is left to the measured rates.
+static void probe_cells(const CompareSpec *spec, CellPlan plans[][COMPARE_MAX_BUDGETS]) {
+  for (int o = 0; o < spec->n_objectives; o++) {
+    int untrained = 0, timed = 0;
+    for (int b = 0; b < spec->n_budgets; b++)
+      for (int s = 0; s < spec->n_seeds; s++) {
+        char dir[4096];
+        compare_run_dir(spec, o, b, s, dir, sizeof dir);
+        const int st = run_state(dir);
+        untrained |= st < RUN_TRAINED && plans[o][b].budget.kind != BUDGET_SECONDS;
+        timed |= st >= RUN_TRAINED;
+      }
+    if (!untrained || timed) continue;
+    printf("timing %s: 5 steps here...\n", spec->objectives[o]);
+    fflush(stdout);
+    double ms;
+    if (plan_time_steps(spec->configs[o][0], spec->objectives[o], 5, &ms) != 0) {
+      printf("  (not timed: %s)\n", tl_last_error());
+      continue;
+    }
+    for (int b = 0; b < spec->n_budgets; b++) plans[o][b].probe_ms = ms;
+  }
 }
 
 // Training FLOPs per second measured on the finished runs of objective o (o < 0: of every
@@ -252,7 +280,7 @@ static void format_duration(double s, char *out, size_t n) {
 static void print_estimate(const CompareSpec *spec, CellPlan plans[][COMPARE_MAX_BUDGETS]) {
   double seconds = 0;
   int unknown_runs = 0, other_rate_runs = 0, runs_left = 0, evals_left = 0;
-  double budget_seconds = 0, flop_seconds = 0;
+  double budget_seconds = 0, flop_seconds = 0, probe_seconds = 0;
   Measured all = measured(spec, -1);
   for (int o = 0; o < spec->n_objectives; o++) {
     Measured own = measured(spec, o);
@@ -269,6 +297,8 @@ static void print_estimate(const CompareSpec *spec, CellPlan plans[][COMPARE_MAX
           budget_seconds += p->budget.amount;
         } else if (own.seconds > 0) {
           flop_seconds += p->run_flops / (own.flops / own.seconds);
+        } else if (!isnan(p->probe_ms) && p->totals.total_steps > 0) {
+          probe_seconds += p->totals.total_steps * p->probe_ms / 1e3;
         } else if (all.seconds > 0) {
           flop_seconds += p->run_flops / (all.flops / all.seconds);
           other_rate_runs++;
@@ -277,7 +307,7 @@ static void print_estimate(const CompareSpec *spec, CellPlan plans[][COMPARE_MAX
         }
       }
   }
-  seconds = budget_seconds + flop_seconds;
+  seconds = budget_seconds + flop_seconds + probe_seconds;
   if (runs_left == 0 && evals_left == 0) {
     printf("every run is trained and scored already\n");
     return;
@@ -293,6 +323,10 @@ static void print_estimate(const CompareSpec *spec, CellPlan plans[][COMPARE_MAX
     format_duration(flop_seconds, text, sizeof text);
     printf(" %s for planned FLOPs at the rate measured on finished runs%s;", text,
            other_rate_runs ? " (another objective's for some)" : "");
+  }
+  if (probe_seconds > 0) {
+    format_duration(probe_seconds, text, sizeof text);
+    printf(" %s for planned steps at a timed probe's pace (5 steps here, before any run);", text);
   }
   if (unknown_runs)
     printf(
@@ -498,6 +532,7 @@ int compare_run(const CompareSpec *spec) {
   if (rc) return rc;
   static CellPlan plans[COMPARE_MAX_OBJECTIVES][COMPARE_MAX_BUDGETS];
   if (plan_cells(spec, plans) != 0 || print_plan(spec, plans) != 0) return 1;
+  probe_cells(spec, plans);
   print_estimate(spec, plans);
 
   const int total = spec->n_objectives * spec->n_budgets * spec->n_seeds;
