@@ -202,16 +202,12 @@ static int config_arg(int argc, char **argv, int *i, ConfigArgs *a) {
   return 1;
 }
 
-// 0 if `objective` names an implemented objective; otherwise prints why and returns 2.
+// 0 if `objective` names an objective; otherwise prints why and returns 2.
 static int check_objective(const char *objective) {
   const ObjectiveDef *def = objective_find(objective);
   if (!def) {
     fprintf(stderr, "tally: unknown objective '%s' (choose one of: %s)\n", objective,
             objective_names());
-    return 2;
-  }
-  if (!def->implemented) {
-    fprintf(stderr, "tally: objective '%s' is not implemented yet\n", objective);
     return 2;
   }
   return 0;

@@ -38,7 +38,6 @@ static const char *const category_names[MEM_NCAT] = {
 static const char *const component_names[COMP_NCOMP] = {"encoder", "head", "decoder", "loss",
                                                         "other"};
 
-const char *mem_category_name(MemCategory c) { return category_names[c]; }
 const char *mem_component_name(MemComponent c) { return component_names[c]; }
 
 // A plan's large block: address space only (PROT_NONE, never committed), behind one writable

@@ -27,7 +27,6 @@ typedef enum {
   COMP_NCOMP
 } MemComponent;
 
-const char *mem_category_name(MemCategory c);
 const char *mem_component_name(MemComponent c);
 
 // 64-byte aligned, zero-filled. Aborts with a clear message when memory runs out.

@@ -8,9 +8,8 @@ enum { BACKBONE_MAX_CHANNELS = 3 };
 
 typedef struct Backbone Backbone;
 struct Backbone {
-  const char *kind;  // "resnet" | "vit"
-  int N;             // images per forward call (fixed at creation)
-  int channels;      // C of the images
+  int N;         // images per forward call (fixed at creation)
+  int channels;  // C of the images
   int feature_dim;
   float *feature;  // (N, feature_dim), owned by the backbone
   // (C) what pad_to frames the images with. [backbone] pad_fill = black: black as the input

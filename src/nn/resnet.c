@@ -280,8 +280,7 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
   if (train) buffer_pool_finish(&r->grads, MEM_ACT_GRAD, b->ctx->component);
   if (train) buffer_pool_finish(&r->scratch, MEM_WORKSPACE, b->ctx->component);
   if (!train) buffer_pool_finish(&r->outs, MEM_WORKSPACE, b->ctx->component);
-  r->base = (Backbone){.kind = "resnet",
-                       .pad_mean = strcmp(spec->pad_fill, "mean") == 0,
+  r->base = (Backbone){.pad_mean = strcmp(spec->pad_fill, "mean") == 0,
                        .N = N,
                        .channels = channels,
                        .feature_dim = C,

@@ -303,8 +303,7 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
     if (v->has_cls)
       v->dpatch_tokens = tl_alloc((size_t)N * n_keep * D * sizeof(float), MEM_ACT_GRAD, v->comp);
   }
-  v->base = (Backbone){.kind = "vit",
-                       .pad_mean = strcmp(spec->pad_fill, "mean") == 0,
+  v->base = (Backbone){.pad_mean = strcmp(spec->pad_fill, "mean") == 0,
                        .N = N,
                        .channels = channels,
                        .feature_dim = v->D,

@@ -200,7 +200,6 @@ const ObjectiveDef objective_byol = {
     .settings = &byol_settings,
     .ledger_fields = &byol_fields,
     .description = "BYOL: predictor regresses onto an EMA target's projection, no negatives",
-    .implemented = 1,
     .n_views = 2,
     .views = byol_views,
     .create = byol_create,

@@ -403,7 +403,6 @@ const ObjectiveDef objective_dino = {
     .description =
         "DINO: a student over global and local crops matches an EMA teacher's "
         "centred, sharpened outputs on the global ones",
-    .implemented = 1,
     .n_views = GLOBAL_CROPS,
     .views = dino_views,
     .create = dino_create,

@@ -123,7 +123,6 @@ const ObjectiveDef objective_inbatch = {
     .name = "inbatch",
     .settings = &inbatch_settings,
     .description = "SimCLR NT-Xent: 2 views per image, negatives from the whole batch",
-    .implemented = 1,
     .n_views = 2,
     .create = inbatch_create,
     .step = inbatch_step,

@@ -37,7 +37,6 @@ typedef struct {
   float *target;                    // (b, P, patch_dim) MEM_ACT loss
   float *dpred;                     // (b, Td, patch_dim) MEM_ACT_GRAD
   float *dembed;                    // (b, Te, Dd) MEM_ACT_GRAD
-  long step;
 } Mae;
 
 extern const ObjectiveDef objective_mae;
@@ -416,7 +415,6 @@ static ObjectiveLoss mae_step(Objective *base, const Batch *batch, LedgerRecord 
   rec->positives_per_query = 0;
   rec->encodings_next_new = (long)b * o->n_keep;
   rec->encodings_next_reused = 0;
-  o->step = batch->global_step;
   return (ObjectiveLoss){loss_sum, (double)n_masked};
 }
 
@@ -460,7 +458,6 @@ const ObjectiveDef objective_mae = {
     .settings = &mae_settings,
     .ledger_fields = &mae_fields,
     .description = "Masked autoencoder: encoder on visible patches only, light decoder",
-    .implemented = 1,
     .n_views = 1,
     .create = mae_create,
     .step = mae_step,

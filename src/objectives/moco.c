@@ -334,7 +334,6 @@ const ObjectiveDef objective_moco = {
     .ledger_fields = &moco_fields,
     .budget_key = "moco.queue_size",
     .description = "MoCo v2: momentum key encoder, FIFO queue of K keys as negatives",
-    .implemented = 1,
     .n_views = 2,
     .create = moco_create,
     .step = moco_step,

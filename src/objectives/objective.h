@@ -50,7 +50,6 @@ struct ObjectiveDef {
   const char *description;
   // Its own config section: keys, defaults, ranges and cross-checks (config_keys.h). NULL: none.
   const ConfigSection *settings;
-  int implemented;  // 0: listed, answers "not implemented yet"
   int n_views;      // views per sample the loader prepares, one group at data.image_size ...
   // ... unless the objective declares its view groups (data/views.h) from its configuration and
   // the recipe's augmentation `base` (out_size = data.image_size). NULL: n_views of `base`.

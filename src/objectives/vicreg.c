@@ -116,7 +116,6 @@ const ObjectiveDef objective_vicreg = {
     .name = "vicreg",
     .settings = &vicreg_settings,
     .description = "VICReg: invariance, variance and covariance terms; no negatives",
-    .implemented = 1,
     .n_views = 2,
     .create = vicreg_create,
     .step = vicreg_step,

@@ -1016,11 +1016,6 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     rc = 2;
     goto out;
   }
-  if (!run->def->implemented) {
-    fprintf(stderr, "tally: objective '%s' is not implemented yet\n", opt->objective);
-    rc = 2;
-    goto out;
-  }
   if (strcmp(cfg->parallel.backend, "mpi") == 0) {
     mpi = comm_mpi_create(NULL, NULL);
     if (!mpi) {
