@@ -12,7 +12,7 @@
 #include "objectives/byol_loss.h"
 #include "objectives/ema.h"
 #include "objectives/objective.h"
-#include "train/checkpoint.h"
+#include "io/param_tensors.h"
 
 extern const ObjectiveDef objective_byol;
 
@@ -187,7 +187,7 @@ static void byol_destroy(Objective *base) {
 // The momentum schedule is a function of the step the batch carries, so the target's weights
 // (with its own BatchNorm statistics) are all a resumed run needs.
 static void byol_state(Objective *base, StFile *s) {
-  checkpoint_add_paramset(s, "byol.target.", &((Byol *)base)->target_params);
+  st_add_paramset(s, "byol.target.", &((Byol *)base)->target_params);
 }
 
 static void byol_params_loaded(Objective *base) {

@@ -20,7 +20,7 @@
 #include "objectives/ntxent.h"
 #include "objectives/objective.h"
 #include "ops/matmul.h"
-#include "train/checkpoint.h"
+#include "io/param_tensors.h"
 
 extern const ObjectiveDef objective_dino;
 
@@ -386,7 +386,7 @@ static void dino_destroy(Objective *base) {
 // BatchNorm statistics) and the centre are all a resumed run needs.
 static void dino_state(Objective *base, StFile *s) {
   Dino *o = (Dino *)base;
-  checkpoint_add_paramset(s, "dino.teacher.", &o->teacher_params);
+  st_add_paramset(s, "dino.teacher.", &o->teacher_params);
   int64_t K = o->last.K;
   st_add(s, "dino.center", ST_F32, 1, &K, o->center);
 }

@@ -59,7 +59,8 @@ double infonce_forward_backward(InfoNce *l, DnnlCtx *ctx, const float *q, const 
     for (int i = 0; i < n; i++) {
       float *s = l->logits + (size_t)i * row;
       double pos = 0;
-      for (int j = 0; j < d; j++) pos += (double)l->q_scaled[(size_t)i * d + j] * k[(size_t)i * d + j];
+      for (int j = 0; j < d; j++)
+        pos += (double)l->q_scaled[(size_t)i * d + j] * k[(size_t)i * d + j];
       s[K] = (float)pos;
       for (int j = 0; masked && j < K; j++)
         if (!usable[j]) s[j] = -INFINITY;
@@ -71,7 +72,8 @@ double infonce_forward_backward(InfoNce *l, DnnlCtx *ctx, const float *q, const 
   dnnl_ctx_exec(ctx, l->softmax, l->softmax_pd, 2, args);
   for (int i = 0; i < n && !ctx->dry_run; i++) {
     float *p = l->logits + (size_t)i * row;
-    loss_sum += p[K] >= INFONCE_MIN_PROB ? -log((double)p[K]) : row_loss_exact(l, i, k, bank, usable);
+    loss_sum +=
+        p[K] >= INFONCE_MIN_PROB ? -log((double)p[K]) : row_loss_exact(l, i, k, bank, usable);
     for (int j = 0; masked && j < K; j++)
       if (!usable[j]) p[j] = 0.0f;
   }

@@ -14,7 +14,7 @@
 #include "objectives/moco.h"
 #include "objectives/ntxent.h"
 #include "objectives/objective.h"
-#include "train/checkpoint.h"
+#include "io/param_tensors.h"
 
 extern const ObjectiveDef objective_moco;
 
@@ -313,7 +313,7 @@ static void moco_params_loaded(Objective *base) {
 
 static void moco_state(Objective *base, StFile *s) {
   Moco *o = (Moco *)base;
-  checkpoint_add_paramset(s, "moco.key.", &o->key_params);
+  st_add_paramset(s, "moco.key.", &o->key_params);
   int64_t kd[2] = {o->queue.capacity, o->queue.dim};
   st_add(s, "moco.queue.keys", ST_F32, 2, kd, o->queue.keys);
   _Static_assert(sizeof *o->queue.step_of == sizeof(int64_t), "step tags are saved as I64");

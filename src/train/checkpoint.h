@@ -11,13 +11,11 @@
 #include <stddef.h>
 
 #include "core/params.h"
+#include "io/param_tensors.h"
 #include "io/safetensors.h"
 
 #define CHECKPOINT_FORMAT "tally-checkpoint-1"
 #define CHECKPOINT_FILE "checkpoint.safetensors"
-
-// Adds one tensor per entry of `ps`, named prefix + entry name, with the entry's shape.
-void checkpoint_add_paramset(StFile *s, const char *prefix, const ParamSet *ps);
 
 // Copies every tensor listed in `want` from `have` into the memory `want` points at. -1 with
 // tl_last_error() naming `what` and the first tensor that is missing or whose dtype or shape

@@ -269,7 +269,7 @@ typedef struct {
 // augmentation and mask streams need nothing here: they are keyed by (seed, step, image), so
 // the step alone puts them where they were.
 static void replica_state(ReplicaState *r, StFile *s, int64_t *steps_done) {
-  checkpoint_add_paramset(s, "params.", &r->rep.ps);
+  st_add_paramset(s, "params.", &r->rep.ps);
   optim_state(r->rep.optim, s);
   if (r->run->def->state) r->run->def->state(r->rep.obj, s);
   st_add(s, "train.step", ST_I64, 0, NULL, steps_done);
