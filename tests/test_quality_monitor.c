@@ -66,9 +66,10 @@ static void test_unlabeled_run(void **state) {
   (void)state;
   char dir[400];
   snprintf(dir, sizeof dir, "%s/unlabeled", tmpdir);
-  char *out = run_ok("%s train --objective=inbatch --steps 6 %s --set data.labels=none "
-                     "--set data.test= --knn-at-start --out %s 2>&1",
-                     bin, small, dir);
+  char *out = run_ok(
+      "%s train --objective=inbatch --steps 6 %s --set data.labels=none "
+      "--set data.test= --knn-at-start --out %s 2>&1",
+      bin, small, dir);
   assert_non_null(strstr(out, "label-free quality after step 4:"));
   assert_non_null(strstr(out, "label-free quality after step 6:"));
   assert_null(strstr(out, "collapsed"));
@@ -98,9 +99,10 @@ static void test_unlabeled_run(void **state) {
   // The sample is the seed's: a run of another length measures the untrained encoder (the same
   // weights) on the same images, to the last digit.
   snprintf(dir, sizeof dir, "%s/unlabeled-short", tmpdir);
-  free(run_ok("%s train --objective=inbatch --steps 2 %s --set data.labels=none "
-              "--set data.test= --knn-at-start --quiet --out %s 2>&1",
-              bin, small, dir));
+  free(
+      run_ok("%s train --objective=inbatch --steps 2 %s --set data.labels=none "
+             "--set data.test= --knn-at-start --quiet --out %s 2>&1",
+             bin, small, dir));
   char again[8][1024];
   assert_int_equal(eval_lines(dir, again), 2);
   const char *a = strstr(lines[0], "\"rankme\""), *b = strstr(again[0], "\"rankme\"");
@@ -135,9 +137,10 @@ static void test_collapse_warning(void **state) {
   snprintf(err, sizeof err, "%s/collapse.err", tmpdir);
   for (int collapse = 0; collapse < 2; collapse++) {
     snprintf(dir, sizeof dir, "%s/%s", tmpdir, collapse ? "collapsed" : "healthy");
-    free(run_ok("%s %s train --objective=inbatch --steps 6 %s --set data.labels=none --quiet "
-                "--out %s 2> %s",
-                collapse ? "TALLY_INJECT_COLLAPSE_AT_STEP=5" : "", bin, small, dir, err));
+    free(
+        run_ok("%s %s train --objective=inbatch --steps 6 %s --set data.labels=none --quiet "
+               "--out %s 2> %s",
+               collapse ? "TALLY_INJECT_COLLAPSE_AT_STEP=5" : "", bin, small, dir, err));
     char *warnings = read_text(tmpdir, "collapse.err");
     char lines[8][1024];
     assert_int_equal(eval_lines(dir, lines), 2);  // after steps 4 and 6

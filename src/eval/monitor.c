@@ -82,10 +82,11 @@ static int encode(KnnMonitor *m, const Dataset *ds, const int *index, int n, flo
 
 static KnnResult no_result(void) {
   const double nan = NAN;
-  return (KnnResult){.top1 = nan,
-                     .top1_k20 = nan,
-                     .linear_top1 = nan,
-                     .quality = {.rankme = nan, .embedding_std = nan, .embedding_std_reference = nan}};
+  return (KnnResult){
+      .top1 = nan,
+      .top1_k20 = nan,
+      .linear_top1 = nan,
+      .quality = {.rankme = nan, .embedding_std = nan, .embedding_std_reference = nan}};
 }
 
 static KnnResult vote(KnnMonitor *m, const float *train_feat, const float *test_feat, int d) {

@@ -898,9 +898,10 @@ static void write_page(FILE *f, const Run *runs, int n) {
     accuracy_chart(f, runs, n, labels, axes[a].x, axes[a].label, 1);
   }
   if (!knn && quality)
-    fputs("<p class=\"none\">No kNN evaluations recorded (no labels, or none to vote with): the "
-          "label-free quality below is what the evaluations measured.</p>\n",
-          f);
+    fputs(
+        "<p class=\"none\">No kNN evaluations recorded (no labels, or none to vote with): the "
+        "label-free quality below is what the evaluations measured.</p>\n",
+        f);
   else if (!knn)
     fputs("<p class=\"none\">No encoder evaluations recorded.</p>\n", f);
   if (quality) quality_charts(f, runs, n, labels);

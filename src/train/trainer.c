@@ -205,9 +205,10 @@ static int evaluate(Run *run, KnnMonitor *mon, int step) {
   // Encoding the memory bank takes a while: say so before it starts.
   if (!run->opt->quiet) {
     if (mon->labeled)
-      printf("kNN monitor: encoding %d training and %d test images, and %d for the label-free "
-             "quality...\n",
-             mon->n_train, mon->n_test, mon->n_quality);
+      printf(
+          "kNN monitor: encoding %d training and %d test images, and %d for the label-free "
+          "quality...\n",
+          mon->n_train, mon->n_test, mon->n_quality);
     else
       printf("quality monitor: encoding %d training images...\n", mon->n_quality);
     fflush(stdout);
@@ -315,8 +316,8 @@ typedef struct {
   Replica rep;  // model, objective, optimizer: built and stepped as `tally plan` does
   Loader loader;
   int loader_ok;
-  KnnMonitor mon;   // rank 0
-  int use_monitor;  // rank 0: kNN with labels, the label-free quality always; off with --no-knn
+  KnnMonitor mon;     // rank 0
+  int use_monitor;    // rank 0: kNN with labels, the label-free quality always; off with --no-knn
   FILE *jsonl, *csv;  // rank 0
   Faults faults;
   double train_start_ms, images_done, last_log_ms;
@@ -792,7 +793,8 @@ static int end_of_step(ReplicaState *r, int step) {
       return 1;
     }
     int epoch = done / run->steps_per_epoch;
-    if (!sig && r->use_monitor && (last || (epoch_end && epoch % r->cfg->eval.knn_every_epochs == 0))) {
+    if (!sig && r->use_monitor &&
+        (last || (epoch_end && epoch % r->cfg->eval.knn_every_epochs == 0))) {
       double te = now_ms();
       int rc = evaluate(run, &r->mon, done);
       if (rc < 0) comm_abort(r->comm, tl_last_error());
