@@ -177,7 +177,8 @@ static const KeySpec recipe_keys[] = {
     FLOAT_KEY(RECIPE(eval, knn_temperature), "0.1", 0, 100, OPEN_MIN,
               "kNN votes (monitor and `tally eval`) weigh exp(similarity / temperature)"),
     INT_KEY(RECIPE(eval, knn_every_epochs), "1", 1, INT_MAX,
-            "epochs between kNN evaluations (also at the run's end)"),
+            "epochs between evaluations, kNN (labeled data) and the label-free rankme and "
+            "embedding_std (always), also at the run's end"),
     INT_KEY(RECIPE(eval, knn_train_limit), "0", 0, INT_MAX,
             "training images in the kNN memory bank, the first N; 0 = the whole training set"),
     INT_KEY(RECIPE(eval, batch_size), "128", 1, 65536,

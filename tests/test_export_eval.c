@@ -1,7 +1,7 @@
 // Encoders that leave a run: `tally export` writes PyTorch's names and layouts (checked here on
 // the file; tests/test_torch_roundtrip.sh loads it in PyTorch), `--init` reads an export back
 // into Tally's layout exactly, `tally embed` writes .npy files numpy reads, and `tally eval`
-// scores an encoder next to raw pixels. Unlabeled image folders train with the monitor off.
+// scores an encoder next to raw pixels. Unlabeled image folders train with kNN off.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -237,7 +237,8 @@ static void test_eval_matches_classes_by_name(void **state) {
 }
 
 // Unlabeled data: a folder of images with no class subfolders trains with data.labels = none
-// (monitor off, no test set needed); with the default it is refused with the setting to use.
+// (no kNN, no test set needed; the label-free quality of its streamed images still measured); with
+// the default it is refused with the setting to use.
 static void test_unlabeled_folder(void **state) {
   (void)state;
   char root[300], path[400];
@@ -261,6 +262,7 @@ static void test_unlabeled_folder(void **state) {
                          args, root, tmpdir),
                    0);
   assert_int_equal(sh("grep -q '\"knn_top1\": null' %s/u2/summary.json", tmpdir), 0);
+  assert_int_equal(sh("grep -q '\"rankme\": [0-9]' %s/u2/summary.json", tmpdir), 0);
 }
 
 int main(void) {

@@ -168,6 +168,15 @@ static void test_mae_plan_equals_run(void **state) {
   expect_rss_near_plan(r);
 }
 
+// Evaluation memory after an evaluation (--knn-at-start: one before step 0), with labels (the
+// kNN banks and votes, and the label-free quality's sample and what measuring it leaves) and
+// without (data.labels = none: no test set, no banks, the quality's sample alone).
+static void test_evaluated_plan_equals_run(void **state) {
+  (void)state;
+  check_plan_matches_run("inbatch-evaluated", "inbatch", "--knn-at-start");
+  check_plan_matches_run("unlabeled", "inbatch", "--set data.labels=none --knn-at-start");
+}
+
 // Two local replicas with uneven shards: gathered features (inbatch) and keys with ShuffleBN
 // (moco), the gradient and BatchNorm-statistics allreduces, and the replica checksum every 2nd
 // step all show in the communication bytes.
@@ -509,6 +518,7 @@ int main(void) {
       cmocka_unit_test(test_moco_plan_equals_run),
       cmocka_unit_test(test_mae_plan_equals_run),
       cmocka_unit_test(test_two_replicas_plan_equals_run),
+      cmocka_unit_test(test_evaluated_plan_equals_run),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   char cmd[300];

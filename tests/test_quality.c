@@ -40,6 +40,7 @@ static void test_collapsed(void **state) {
   assert_true(q.rankme < 1.0001);
   assert_float_equal(q.embedding_std, 0, 1e-7);
   assert_float_equal(q.embedding_std_reference, 0.5, 1e-12);
+  assert_true(embedding_quality_collapsed(&q));
 }
 
 // +e_k and -e_k for every k: the Gram matrix is 2I, every direction an equal share (rankme = d),
@@ -59,6 +60,7 @@ static void test_full_rank(void **state) {
   assert_float_equal(q.rankme, rankme_of(p, D), 1e-6);
   assert_float_equal(q.rankme, D, 0.01);  // the 1e-7 terms add 0.0013
   assert_float_equal(q.embedding_std, 1 / sqrt((double)D), 1e-7);
+  assert_false(embedding_quality_collapsed(&q));
   free(f);
 }
 

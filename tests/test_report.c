@@ -311,6 +311,48 @@ static void test_fifo_refused(void **state) {
   }
 }
 
+// An unlabeled run has no kNN to chart: its evaluations' label-free quality is drawn instead
+// (RankMe, and embedding_std as a fraction of 1/sqrt(d) with the collapse threshold dashed), and
+// the first evaluation found collapsed is named by its step. Runs from before the quality was
+// measured (the other fixtures) get no such section.
+static void test_unlabeled_run_shows_quality(void **state) {
+  (void)state;
+  write_run("unlabeled-run", "vicreg", 32, 64, 0, 12);
+  char path[600];
+  snprintf(path, sizeof path, "%s/unlabeled-run/eval.jsonl", tmpdir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  // embedding_std 0.04, then 0.02, then 0.0001 of 1/sqrt(128) = 0.0884: the last is collapsed.
+  static const double rankme[3] = {30, 12, 1.2}, std[3] = {0.04, 0.02, 0.0001};
+  for (int e = 0; e < 3; e++)
+    fprintf(f,
+            "{\"step\":%d,\"what\":\"encoder\",\"knn_top1\":null,\"knn_top1_k20\":null,"
+            "\"rankme\":%g,\"embedding_std\":%g,\"embedding_std_reference\":0.088388,"
+            "\"collapsed\":%s,\"seconds\":1}\n",
+            4 * (e + 1), rankme[e], std[e], e == 2 ? "true" : "false");
+  fclose(f);
+  char *err;
+  assert_int_equal(report_run("unlabeled-run", &err), 0);
+  free(err);
+  char *html = read_page("unlabeled-run");
+  assert_null(strstr(html, "No encoder evaluations recorded."));
+  assert_non_null(strstr(html, "No kNN evaluations recorded"));
+  assert_non_null(strstr(html, "<h2>Label-free quality</h2>"));
+  assert_non_null(strstr(html, "RankMe (effective rank of the embeddings) against step"));
+  assert_non_null(strstr(html, "embedding_std as a fraction of 1/sqrt(d)"));
+  assert_non_null(strstr(html, "collapse threshold"));
+  // Loss, throughput, learning rate, the two quality charts (the second with its threshold).
+  assert_int_equal(count(html, "<polyline"), 3 + 1 + 2);
+  assert_int_equal(count(html, "class=\"series reference\""), 1);
+  assert_non_null(strstr(html, "unlabeled-run (vicreg): collapsed at step 12"));
+  assert_null(strstr(html, "collapsed at step 4"));
+  assert_null(strstr(html, "collapsed at step 8"));
+  free(html);
+  html = read_page("moco-run");
+  assert_null(strstr(html, "Label-free quality"));
+  free(html);
+}
+
 static int have_chromium(void) { return sh("command -v chromium > /dev/null 2>&1") == 0; }
 
 static void test_dom_in_browser(void **state) {
@@ -370,6 +412,7 @@ int main(void) {
       cmocka_unit_test(test_extreme_values_finish),
       cmocka_unit_test(test_long_ledger),
       cmocka_unit_test(test_fifo_refused),
+      cmocka_unit_test(test_unlabeled_run_shows_quality),
       cmocka_unit_test(test_dom_in_browser),
   };
   int failed = cmocka_run_group_tests(tests, setup, NULL);

@@ -24,5 +24,6 @@ enum {
   RNG_SHUFFLE = 3,  // epoch order
   RNG_MASK = 4,     // MAE masking
   RNG_QUEUE = 5,    // MoCo initial queue
+  RNG_QUALITY = 6,  // the training images the label-free quality measures read
   RNG_TEST = 99
 };

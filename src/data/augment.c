@@ -202,13 +202,15 @@ int eval_view(const Dataset *ds, int index, const AugmentParams *p, float *out) 
   return 0;
 }
 
-int eval_views(const Dataset *ds, int start, int count, const AugmentParams *p, float *out) {
+// Image i of a batch is index[i], or start + i when index is NULL.
+static int views_of(const Dataset *ds, int start, const int *index, int count,
+                    const AugmentParams *p, float *out) {
   const size_t floats = (size_t)p->out_size * p->out_size * ds->c;
   int first_failed = INT_MAX;
   char error[1024];
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < count; i++)
-    if (eval_view(ds, start + i, p, out + (size_t)i * floats) != 0) {
+    if (eval_view(ds, index ? index[i] : start + i, p, out + (size_t)i * floats) != 0) {
 #pragma omp critical(eval_views_error)
       if (i < first_failed) {
         first_failed = i;
@@ -216,4 +218,13 @@ int eval_views(const Dataset *ds, int start, int count, const AugmentParams *p, 
       }
     }
   return first_failed == INT_MAX ? 0 : tl_fail("%s", error);
+}
+
+int eval_views(const Dataset *ds, int start, int count, const AugmentParams *p, float *out) {
+  return views_of(ds, start, NULL, count, p, out);
+}
+
+int eval_views_at(const Dataset *ds, const int *index, int count, const AugmentParams *p,
+                  float *out) {
+  return views_of(ds, 0, index, count, p, out);
 }

@@ -50,3 +50,6 @@ int eval_view(const Dataset *ds, int index, const AugmentParams *p, float *out);
 // eval_view of images start .. start + count - 1 into out (count, out_size, out_size, c), in
 // parallel; the error is the first failing image's.
 int eval_views(const Dataset *ds, int start, int count, const AugmentParams *p, float *out);
+// The same for the images index[0 .. count - 1].
+int eval_views_at(const Dataset *ds, const int *index, int count, const AugmentParams *p,
+                  float *out);

@@ -1,9 +1,9 @@
 #include "eval/quality.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/error.h"
 #include "ops/matmul.h"
 
@@ -40,6 +40,9 @@ static void symmetric_eigenvalues(double *a, int d, double *eig) {
   for (int p = 0; p < d; p++) eig[p] = a[(size_t)p * d + p];
 }
 
+// RankMe reads an even sample of at most QUALITY_SAMPLE of the n rows.
+static int rankme_rows(int n) { return n < QUALITY_SAMPLE ? n : QUALITY_SAMPLE; }
+
 int embedding_quality(const float *feat, int n, int d, DnnlCtx *ctx, EmbeddingQuality *q) {
   if (n < 2 || d < 1 || d > 4096)
     return tl_fail("embedding quality: %d embeddings of %d dimensions (need 2 or more, 1..4096)", n,
@@ -48,8 +51,9 @@ int embedding_quality(const float *feat, int n, int d, DnnlCtx *ctx, EmbeddingQu
     if (!isfinite(feat[i]))
       return tl_fail("embedding quality: embedding value %zu is %g", i, feat[i]);
   // The spread: every embedding, L2-normalized.
-  double *sum = calloc((size_t)d, sizeof *sum), *sum_sq = calloc((size_t)d, sizeof *sum_sq);
-  if (!sum || !sum_sq) TL_DIE("out of memory");
+  // Every buffer is evaluation memory, held until the end: embedding_quality_eval_bytes.
+  double *sum = tl_alloc(sizeof(double) * d, MEM_EVAL, COMP_OTHER),
+         *sum_sq = tl_alloc(sizeof(double) * d, MEM_EVAL, COMP_OTHER);
   for (int i = 0; i < n; i++) {
     const float *x = feat + (size_t)i * d;
     double norm = 0;
@@ -68,11 +72,11 @@ int embedding_quality(const float *feat, int n, int d, DnnlCtx *ctx, EmbeddingQu
   }
   // The singular values of an even sample of QUALITY_SAMPLE rows: the eigenvalues of its Gram
   // matrix, the product on oneDNN.
-  const int m = n < QUALITY_SAMPLE ? n : QUALITY_SAMPLE;
-  float *rows = malloc(sizeof *rows * (size_t)m * d),
-        *gram32 = malloc(sizeof *gram32 * (size_t)d * d);
-  double *gram = malloc(sizeof *gram * (size_t)d * d), *eig = malloc(sizeof *eig * d);
-  if (!rows || !gram32 || !gram || !eig) TL_DIE("out of memory");
+  const int m = rankme_rows(n);
+  float *rows = tl_alloc(sizeof(float) * (size_t)m * d, MEM_EVAL, COMP_OTHER),
+        *gram32 = tl_alloc(sizeof(float) * (size_t)d * d, MEM_EVAL, COMP_OTHER);
+  double *gram = tl_alloc(sizeof(double) * (size_t)d * d, MEM_EVAL, COMP_OTHER),
+         *eig = tl_alloc(sizeof(double) * d, MEM_EVAL, COMP_OTHER);
   for (int i = 0; i < m; i++)
     memcpy(rows + (size_t)i * d, feat + (size_t)((long long)i * n / m) * d, sizeof(float) * d);
   Matmul mm;
@@ -93,11 +97,26 @@ int embedding_quality(const float *feat, int n, int d, DnnlCtx *ctx, EmbeddingQu
   q->rankme = exp(entropy);
   q->embedding_std = spread / d;
   q->embedding_std_reference = 1 / sqrt((double)d);
-  free(rows);
-  free(gram32);
-  free(gram);
-  free(eig);
-  free(sum);
-  free(sum_sq);
+  tl_free(rows);
+  tl_free(gram32);
+  tl_free(gram);
+  tl_free(eig);
+  tl_free(sum);
+  tl_free(sum_sq);
   return 0;
+}
+
+size_t embedding_quality_eval_bytes(int n, int d) {
+  const size_t rows = (size_t)rankme_rows(n) * d, square = (size_t)d * d;
+  return sizeof(float) * (rows + square) + sizeof(double) * (square + 3 * (size_t)d);
+}
+
+void embedding_quality_reserve_scratchpad(DnnlCtx *ctx, int n, int d) {
+  Matmul mm;
+  matmul_init(&mm, ctx, d, rankme_rows(n), d, 1, 0, COMP_OTHER, 0);
+  matmul_destroy(&mm);
+}
+
+int embedding_quality_collapsed(const EmbeddingQuality *q) {
+  return q->embedding_std < QUALITY_COLLAPSED_FRACTION * q->embedding_std_reference;
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "eval/quality.h"
 #include "io/atomic_file.h"
 #include "io/regular_file.h"
 #include "io/json_read.h"
@@ -19,8 +20,10 @@
 #include "ledger/record.h"
 
 typedef struct {
-  double step, top1, top1_k20;
+  double step, top1, top1_k20;  // top1 NaN without labels
   double linear_top1;           // NaN when the run did not fit the probe
+  // The label-free quality (NaN when the record has none: a run from before it was measured).
+  double rankme, embedding_std, embedding_std_reference;
   double flops_total, seconds;  // training compute spent when it was taken (NaN: unknown)
 } Eval;
 
@@ -88,8 +91,9 @@ static int take_record(Run *run, const char *line) {
   return 0;
 }
 
-// One line of eval.jsonl, {"step", "what", "knn_top1", "knn_top1_k20", "seconds"}: the raw-pixel
-// baseline, or the next evaluation of the encoder.
+// One line of eval.jsonl, {"step", "what", "knn_top1", "knn_top1_k20", ..., "rankme",
+// "embedding_std", "embedding_std_reference", "seconds"}: the raw-pixel baseline, or the next
+// evaluation of the encoder (null for a value the run did not have, such as kNN without labels).
 static int take_eval(Run *run, const char *line) {
   size_t n = strlen(line);
   while (n && (line[n - 1] == ' ' || line[n - 1] == '\r')) n--;
@@ -110,6 +114,9 @@ static int take_eval(Run *run, const char *line) {
   e->top1 = json_flat_number(line, "knn_top1");
   e->top1_k20 = json_flat_number(line, "knn_top1_k20");
   e->linear_top1 = linear;
+  e->rankme = json_flat_number(line, "rankme");
+  e->embedding_std = json_flat_number(line, "embedding_std");
+  e->embedding_std_reference = json_flat_number(line, "embedding_std_reference");
   e->flops_total = e->seconds = NAN;
   return 0;
 }
@@ -565,14 +572,86 @@ static void accuracy_chart(FILE *f, const Run *runs, int n, char (*labels)[300],
     snprintf(title, sizeof title, "%s top-1 accuracy against %s", linear ? "Linear probe" : "kNN",
              x_label);
     line_chart(f, title, x_label, s, ns, chart_fmt_percent, 0, x == AXIS_STEP);
-  } else if (!linear) {
-    fputs("<p class=\"none\">No encoder evaluations recorded.</p>\n", f);
   }
   for (int k = 0; k < n; k++) free(xs[k]), free(ys[k]);
   free(xs);
   free(ys);
   free(s);
   free(base);
+}
+
+static double eval_knn(const Eval *e) { return e->top1; }
+static double eval_rankme(const Eval *e) { return e->rankme; }
+// embedding_std against what embeddings spread evenly over the sphere read: 1 then, 0 collapsed.
+static double eval_spread(const Eval *e) { return e->embedding_std / e->embedding_std_reference; }
+
+// 1 when some run has an evaluation whose `get` is finite.
+static int any_eval(const Run *runs, int n, double (*get)(const Eval *)) {
+  for (int k = 0; k < n; k++)
+    for (int i = 0; i < runs[k].n_evals; i++)
+      if (isfinite(get(&runs[k].evals[i]))) return 1;
+  return 0;
+}
+
+// The quality measured without labels at each evaluation, against steps: RankMe, and
+// embedding_std as a fraction of 1/sqrt(d) with the collapse threshold dashed; then the step at
+// which each run that collapsed was first found so.
+static void quality_charts(FILE *f, const Run *runs, int n, char (*labels)[300]) {
+  Series *s = calloc((size_t)n + 1, sizeof *s);
+  double **xs = calloc((size_t)n, sizeof *xs), **ys = calloc((size_t)n, sizeof *ys);
+  if (!s || !xs || !ys) TL_DIE("out of memory");
+  double last_step = 0;
+  for (int k = 0; k < n; k++) {
+    xs[k] = malloc(sizeof(double) * ((size_t)runs[k].n_evals + 1));
+    ys[k] = malloc(sizeof(double) * ((size_t)runs[k].n_evals + 1));
+    if (!xs[k] || !ys[k]) TL_DIE("out of memory");
+    for (int i = 0; i < runs[k].n_evals; i++) {
+      xs[k][i] = runs[k].evals[i].step;
+      last_step = fmax(last_step, xs[k][i]);
+    }
+  }
+  fputs("<h2>Label-free quality</h2>\n", f);
+  static char threshold_label[] = "collapse threshold";
+  const double threshold_x[2] = {0, last_step},
+               threshold_y[2] = {QUALITY_COLLAPSED_FRACTION, QUALITY_COLLAPSED_FRACTION};
+  static const struct {
+    const char *title;
+    double (*get)(const Eval *);
+  } charts[] = {
+      {"RankMe (effective rank of the embeddings) against step", eval_rankme},
+      {"embedding_std as a fraction of 1/sqrt(d) against step (1: spread evenly over the sphere)",
+       eval_spread},
+  };
+  for (int c = 0; c < 2; c++) {
+    for (int k = 0; k < n; k++) {
+      for (int i = 0; i < runs[k].n_evals; i++) ys[k][i] = charts[c].get(&runs[k].evals[i]);
+      s[k] = (Series){labels[k], chart_palette[k % CHART_N_COLORS], runs[k].n_evals, xs[k], ys[k], 0};
+    }
+    int ns = n;
+    if (charts[c].get == eval_spread)
+      s[ns++] = (Series){threshold_label, "#777777", 2, threshold_x, threshold_y, 1};
+    line_chart(f, charts[c].title, "step", s, ns, chart_fmt_plain, 1, 1);
+  }
+  for (int k = 0; k < n; k++) {
+    for (int i = 0; i < runs[k].n_evals; i++) {
+      const Eval *e = &runs[k].evals[i];
+      if (!(eval_spread(e) < QUALITY_COLLAPSED_FRACTION)) continue;
+      fputs("<p class=\"sub\">", f);
+      html_put_text(f, labels[k]);
+      fprintf(f, ": collapsed at step %.0f (embedding_std %.3g of 1/sqrt(d), rankme %.2f)</p>\n",
+              e->step, eval_spread(e), e->rankme);
+      break;
+    }
+    free(xs[k]), free(ys[k]);
+  }
+  fprintf(f,
+          "<p class=\"sub\">Measured on a fixed sample of the training images at every "
+          "evaluation; an encoder is taken as collapsed when embedding_std falls below %g of "
+          "1/sqrt(d).</p>\n",
+          QUALITY_COLLAPSED_FRACTION);
+  free(xs);
+  free(ys);
+  free(s);
 }
 
 static void write_page(FILE *f, const Run *runs, int n) {
@@ -638,10 +717,19 @@ static void write_page(FILE *f, const Run *runs, int n) {
   } axes[] = {{AXIS_STEP, "step"},
               {AXIS_PFLOP, "training PFLOP (every replica)"},
               {AXIS_SECONDS, "training seconds (evaluation excluded)"}};
-  for (size_t a = 0; a < sizeof axes / sizeof *axes; a++) {
+  const int knn = any_eval(runs, n, eval_knn), quality = any_eval(runs, n, eval_rankme);
+  for (size_t a = 0; knn && a < sizeof axes / sizeof *axes; a++) {
     accuracy_chart(f, runs, n, labels, axes[a].x, axes[a].label, 0);
     accuracy_chart(f, runs, n, labels, axes[a].x, axes[a].label, 1);
   }
+  if (!knn && quality)
+    fputs(
+        "<p class=\"none\">No kNN evaluations recorded (no labels, or none to vote with): the "
+        "label-free quality below is what the evaluations measured.</p>\n",
+        f);
+  else if (!knn)
+    fputs("<p class=\"none\">No encoder evaluations recorded.</p>\n", f);
+  if (quality) quality_charts(f, runs, n, labels);
 
   fputs("<h2>Memory</h2>\n", f);
   for (int k = 0; k < n; k++) memory_chart(f, &runs[k]);

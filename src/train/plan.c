@@ -89,17 +89,21 @@ static void plan_monitor(Plan *pl, KnnMonitor *mon, float *params) {
   Dataset test = {.n = pl->n_test, .h = S, .w = S, .c = C};
   const size_t base = snapshot_cat(pl->baseline, MEM_EVAL);
   const MonitorSettings set = replica_monitor_settings(cfg);
-  knn_monitor_init(mon, &set, &train, &test, &no_aug, params);
-  const int nt = mon->n_train, ne = mon->n_test, D = mon->encoder->feature_dim;
-  // knn_monitor_raw_pixels: both banks of raw pixels, then a vote over px-wide features.
-  knn_reserve_scratchpad(&mon->ctx, nt, ne, px);
-  size_t raw = sizeof(float) * ((size_t)nt * px + (size_t)ne * px) + knn_eval_bytes(nt, ne, px);
+  const int labeled = strcmp(cfg->data.labels, "none") != 0;
+  knn_monitor_init(mon, &set, &train, labeled ? &test : NULL, &no_aug, params);
+  const int nt = mon->n_train, ne = mon->n_test;
+  // knn_monitor_raw_pixels (labeled): both banks of raw pixels, then a vote over px-wide features.
+  size_t raw = 0;
+  if (labeled) {
+    knn_reserve_scratchpad(&mon->ctx, nt, ne, px);
+    raw = sizeof(float) * ((size_t)nt * px + (size_t)ne * px) + knn_eval_bytes(nt, ne, px);
+  }
   pl->eval_before_first = tl_mem_live(MEM_EVAL) - base;
   size_t peak_raw = pl->eval_before_first + raw;
-  // knn_monitor_run: a vote over D-wide features into the banks the monitor holds.
-  knn_reserve_scratchpad(&mon->ctx, nt, ne, D);
+  // knn_monitor_run: a vote over D-wide features into the banks the monitor holds, the quality.
+  size_t run = knn_monitor_reserve_run(mon);
   pl->eval_after_first = tl_mem_live(MEM_EVAL) - base;
-  size_t peak_run = pl->eval_after_first + knn_eval_bytes(nt, ne, D);
+  size_t peak_run = pl->eval_after_first + run;
   pl->eval_peak = peak_raw > peak_run ? peak_raw : peak_run;
 }
 
@@ -349,16 +353,17 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   const int mpi = strcmp(cfg->parallel.backend, "mpi") == 0;
   pl->world = cfg->parallel.replicas;
   pl->global_batch = cfg->train.batch_size;
-  // The test set is loaded only for the kNN monitor, which needs labels.
-  if (strcmp(cfg->data.labels, "none") == 0) pl->opt.no_knn = 1;
-  if (!pl->opt.no_knn && !cfg->data.test[0]) {
+  // The test set is loaded only for the kNN monitor, which needs labels (unlabeled, the monitor
+  // measures the label-free quality alone).
+  const int labeled = strcmp(cfg->data.labels, "none") != 0;
+  if (labeled && !pl->opt.no_knn && !cfg->data.test[0]) {
     tl_fail(
         "the kNN monitor scores the encoder on a labeled test set, and data.test is empty: give "
         "--set data.test=PATH, or --no-knn");
     goto out;
   }
   if (peek_dataset(cfg, cfg->data.train, cfg->data.limit, &pl->n_train) != 0 ||
-      (!pl->opt.no_knn &&
+      (labeled && !pl->opt.no_knn &&
        peek_dataset(cfg, cfg->data.test, cfg->data.test_limit, &pl->n_test) != 0))
     goto out;
   if (pl->n_train < pl->global_batch) {

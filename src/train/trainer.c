@@ -54,9 +54,10 @@ typedef struct {
   int exit_code;
   double final_loss, images_per_s, train_seconds;
   size_t peak_rss;
-  int knn_done, knn_start_done;
+  int evaluated, knn_start_done;  // last_eval and knn_start hold results
   int stopped_early;  // 1: --stop-at or a signal ended the run before its last step
-  int no_knn;         // the monitor is off: asked (--no-knn) or no labels to vote with
+  int no_knn;         // no kNN: asked (--no-knn, no monitor at all) or no labels to vote with
+  int collapsed;      // the last evaluation found the embeddings collapsed
   Budget budget;      // [train] budget
   int length_frozen;  // the run's length is fixed (always, except a time/FLOP budget's first steps)
   double flops_total;     // training FLOPs so far over every replica (rank 0's count, scaled)
@@ -64,7 +65,7 @@ typedef struct {
   unsigned long ledger_last_crc;  // the CRC-32 of its line, kept in checkpoints
   int started;    // the replicas were started (failures after it stop them through Comm)
   int finishing;  // resumed at its last step without a summary: evaluate and summarize
-  KnnResult knn, knn_start, knn_raw;
+  KnnResult last_eval, knn_start, knn_raw;
   int steps_done;
   int quiet_rank;  // an MPI rank other than 0: trains, but writes and prints nothing
 } Run;
@@ -139,21 +140,45 @@ static void fill_memory(LedgerRecord *rec) {
   rec->peak_rss_bytes = tl_peak_rss_bytes();
 }
 
-static void print_knn(const char *what, KnnResult r) {
-  printf("kNN top-1 %-26s %.4f (k=20: %.4f)", what, r.top1, r.top1_k20);
+// One evaluation's console line: kNN top-1 (labeled data), the probe, the label-free quality.
+static void print_eval(const char *what, KnnResult r) {
+  if (isfinite(r.top1))
+    printf("kNN top-1 %-26s %.4f (k=20: %.4f)", what, r.top1, r.top1_k20);
+  else
+    printf("label-free quality %-17s", what);
   if (isfinite(r.linear_top1)) printf("  linear probe %.4f", r.linear_top1);
+  if (isfinite(r.quality.rankme))
+    printf("  rankme %.1f  embedding_std %.4f (1/sqrt(d) %.4f)", r.quality.rankme,
+           r.quality.embedding_std, r.quality.embedding_std_reference);
   printf("  [%.1f s]\n", r.seconds);
   fflush(stdout);
 }
 
-// Appends one evaluation to eval.jsonl: {"step", "knn_top1", "knn_top1_k20", "seconds"}.
-// Returns -1 with tl_last_error() when the line could not be written whole.
+// "key":value, (%.6f), or "key":null, when v is not finite.
+static void json_number_field(FILE *f, const char *key, double v) {
+  if (isfinite(v))
+    fprintf(f, "\"%s\":%.6f,", key, v);
+  else
+    fprintf(f, "\"%s\":null,", key);
+}
+
+// Appends one evaluation to eval.jsonl: {"step", "what", "knn_top1", "knn_top1_k20" (null
+// without labels), "linear_top1" (eval.linear = 1), then, for the encoder, "rankme",
+// "embedding_std", "embedding_std_reference", "collapsed", and "seconds"}. Returns -1 with
+// tl_last_error() when the line could not be written whole.
 static int record_eval(const Run *run, const char *what, long step, KnnResult r) {
   FILE *f = regular_fopen(run->path_eval, "a");
   if (!f) return -1;
-  fprintf(f, "{\"step\":%ld,\"what\":\"%s\",\"knn_top1\":%.6f,\"knn_top1_k20\":%.6f,", step, what,
-          r.top1, r.top1_k20);
+  fprintf(f, "{\"step\":%ld,\"what\":\"%s\",", step, what);
+  json_number_field(f, "knn_top1", r.top1);
+  json_number_field(f, "knn_top1_k20", r.top1_k20);
   if (isfinite(r.linear_top1)) fprintf(f, "\"linear_top1\":%.6f,", r.linear_top1);
+  if (strcmp(what, "encoder") == 0) {
+    json_number_field(f, "rankme", r.quality.rankme);
+    json_number_field(f, "embedding_std", r.quality.embedding_std);
+    json_number_field(f, "embedding_std_reference", r.quality.embedding_std_reference);
+    fprintf(f, "\"collapsed\":%s,", embedding_quality_collapsed(&r.quality) ? "true" : "false");
+  }
   fprintf(f, "\"seconds\":%.3f}\n", r.seconds);
   int ok = fflush(f) == 0 && !ferror(f);
   int err = errno;
@@ -161,22 +186,42 @@ static int record_eval(const Run *run, const char *what, long step, KnnResult r)
   return ok ? 0 : tl_fail("%s: cannot write: %s", run->path_eval, strerror(err ? err : EIO));
 }
 
+// One warning line when the embeddings collapse (at the first evaluation that finds them so, and
+// again only if they recover and collapse anew), on stderr so a quiet run shows it too.
+static void warn_at_collapse(Run *run, int step, const EmbeddingQuality *q) {
+  const int collapsed = embedding_quality_collapsed(q);
+  if (collapsed && !run->collapsed)
+    fprintf(stderr,
+            "tally: warning: step %d: the embeddings have collapsed: embedding_std %.2g is %.1f%% "
+            "of 1/sqrt(d) = %.4f (collapse: below %.0f%%), rankme %.2f\n",
+            step, q->embedding_std, 100 * q->embedding_std / q->embedding_std_reference,
+            q->embedding_std_reference, 100 * QUALITY_COLLAPSED_FRACTION, q->rankme);
+  run->collapsed = collapsed;
+}
+
 // Rank 0's evaluation; the other replicas wait at the barrier that follows. 1 when a stop
 // signal cut it short (nothing recorded).
 static int evaluate(Run *run, KnnMonitor *mon, int step) {
   // Encoding the memory bank takes a while: say so before it starts.
   if (!run->opt->quiet) {
-    printf("kNN monitor: encoding %d training and %d test images...\n", mon->n_train, mon->n_test);
+    if (mon->labeled)
+      printf(
+          "kNN monitor: encoding %d training and %d test images, and %d for the label-free "
+          "quality...\n",
+          mon->n_train, mon->n_test, mon->n_quality);
+    else
+      printf("quality monitor: encoding %d training images...\n", mon->n_quality);
     fflush(stdout);
   }
   KnnResult r = knn_monitor_run(mon);
-  if (r.failed) return tl_fail("kNN monitor: %s", tl_last_error());
+  if (r.failed) return tl_fail("%s monitor: %s", mon->labeled ? "kNN" : "quality", tl_last_error());
   if (r.cancelled) return 1;
   char what[64];
   snprintf(what, sizeof what, "after step %d:", step);
-  print_knn(what, r);
-  run->knn = r;
-  run->knn_done = 1;
+  print_eval(what, r);
+  warn_at_collapse(run, step, &r.quality);
+  run->last_eval = r;
+  run->evaluated = 1;
   return record_eval(run, "encoder", step, r);
 }
 
@@ -199,16 +244,29 @@ static int write_summary(Run *run) {
   fprintf(f, "  \"peak_rss_bytes\": %zu,\n  \"flops_total\": %.6g,\n", run->peak_rss,
           run->flops_total);
   if (cfg->train.budget[0]) fprintf(f, "  \"budget\": \"%s\",\n", cfg->train.budget);
-  if (run->knn_done)
-    fprintf(f, "  \"knn_top1\": %.6f,\n  \"knn_top1_k20\": %.6f,\n", run->knn.top1,
-            run->knn.top1_k20);
+  const KnnResult *last = &run->last_eval;
+  if (run->evaluated && isfinite(last->top1))
+    fprintf(f, "  \"knn_top1\": %.6f,\n  \"knn_top1_k20\": %.6f,\n", last->top1, last->top1_k20);
   else
     fprintf(f, "  \"knn_top1\": null,\n");
-  if (run->knn_done && isfinite(run->knn.linear_top1))
-    fprintf(f, "  \"linear_top1\": %.6f,\n", run->knn.linear_top1);
+  if (run->evaluated && isfinite(last->linear_top1))
+    fprintf(f, "  \"linear_top1\": %.6f,\n", last->linear_top1);
+  // The label-free quality of the last evaluation (none with --no-knn).
+  if (run->evaluated) {
+    const EmbeddingQuality *q = &last->quality;
+    const double v[3] = {q->rankme, q->embedding_std, q->embedding_std_reference};
+    static const char *const keys[3] = {"rankme", "embedding_std", "embedding_std_reference"};
+    for (int i = 0; i < 3; i++)
+      if (isfinite(v[i]))
+        fprintf(f, "  \"%s\": %.6f,\n", keys[i], v[i]);
+      else
+        fprintf(f, "  \"%s\": null,\n", keys[i]);
+    fprintf(f, "  \"collapsed\": %s,\n", embedding_quality_collapsed(q) ? "true" : "false");
+  }
   if (!run->no_knn && isfinite(run->knn_raw.linear_top1))
     fprintf(f, "  \"linear_top1_raw_pixels\": %.6f,\n", run->knn_raw.linear_top1);
-  if (run->knn_start_done) fprintf(f, "  \"knn_top1_untrained\": %.6f,\n", run->knn_start.top1);
+  if (run->knn_start_done && isfinite(run->knn_start.top1))
+    fprintf(f, "  \"knn_top1_untrained\": %.6f,\n", run->knn_start.top1);
   if (run->no_knn)
     fprintf(f, "  \"knn_top1_raw_pixels\": null\n}\n");
   else
@@ -221,19 +279,25 @@ static int write_summary(Run *run) {
 // TALLY_INJECT_FAIL=R:S: replica R fails at step S, as a killed process (MPI) or a replica that
 // reports an error (local threads). TALLY_INJECT_KILL_IN_CHECKPOINT=S: the process is killed
 // (SIGKILL) half way through writing the checkpoint after S steps.
+// TALLY_INJECT_COLLAPSE_AT_STEP=S: the backbone's parameters and statistics become 0 after step
+// S's update, so every image has the same embedding (give the last step: training on it would
+// not stay finite).
 typedef struct {
   long nan_step;
   long nan_param_step;  // TALLY_INJECT_NAN_PARAM_AT_STEP=S: a weight becomes NaN after step S's
                         // update
+  long collapse_step;
   int fail_rank;
   long fail_step;
   long kill_in_checkpoint;
 } Faults;
 
 static Faults faults_from_env(void) {
-  Faults f = {-1, -1, -1, -1, -1};
+  Faults f = {-1, -1, -1, -1, -1, -1};
   const char *nan_param = getenv("TALLY_INJECT_NAN_PARAM_AT_STEP");
   if (nan_param) f.nan_param_step = strtol(nan_param, NULL, 10);
+  const char *collapse = getenv("TALLY_INJECT_COLLAPSE_AT_STEP");
+  if (collapse) f.collapse_step = strtol(collapse, NULL, 10);
   const char *kill_at = getenv("TALLY_INJECT_KILL_IN_CHECKPOINT");
   if (kill_at) f.kill_in_checkpoint = strtol(kill_at, NULL, 10);
   const char *nan = getenv("TALLY_INJECT_NAN_AT_STEP");
@@ -252,8 +316,8 @@ typedef struct {
   Replica rep;  // model, objective, optimizer: built and stepped as `tally plan` does
   Loader loader;
   int loader_ok;
-  KnnMonitor mon;  // rank 0
-  int use_knn;
+  KnnMonitor mon;     // rank 0
+  int use_monitor;    // rank 0: kNN with labels, the label-free quality always; off with --no-knn
   FILE *jsonl, *csv;  // rank 0
   Faults faults;
   double train_start_ms, images_done, last_log_ms;
@@ -391,29 +455,33 @@ static int open_ledger(ReplicaState *r) {
   return 0;
 }
 
-// Rank 0's monitor: the raw-pixel baseline, and the untrained encoder when asked.
+// Rank 0's monitor: with labels, the raw-pixel baseline; the untrained encoder when asked.
 static int open_monitor(ReplicaState *r) {
   Run *run = r->run;
-  r->use_knn = !run->no_knn;
-  if (!r->use_knn) return 0;
+  r->use_monitor = !run->opt->no_knn;
+  if (!r->use_monitor) return 0;
   const MonitorSettings set = replica_monitor_settings(r->cfg);
-  knn_monitor_init(&r->mon, &set, &run->train, &run->test, &run->aug, r->rep.ps.data);
+  knn_monitor_init(&r->mon, &set, &run->train, run->no_knn ? NULL : &run->test, &run->aug,
+                   r->rep.ps.data);
   r->mon.cancel = &stop_signal;
-  if (!run->opt->quiet) {
-    printf("kNN monitor: raw-pixel baseline on %d training and %d test images...\n", r->mon.n_train,
-           r->mon.n_test);
-    fflush(stdout);
+  if (r->mon.labeled) {
+    if (!run->opt->quiet) {
+      printf("kNN monitor: raw-pixel baseline on %d training and %d test images...\n",
+             r->mon.n_train, r->mon.n_test);
+      fflush(stdout);
+    }
+    run->knn_raw = knn_monitor_raw_pixels(&r->mon);
+    if (run->knn_raw.failed) return tl_fail("kNN monitor: %s", tl_last_error());
+    print_eval("raw pixels (baseline):", run->knn_raw);
+    if (record_eval(run, "raw_pixels", 0, run->knn_raw) != 0) return -1;
   }
-  run->knn_raw = knn_monitor_raw_pixels(&r->mon);
-  if (run->knn_raw.failed) return tl_fail("kNN monitor: %s", tl_last_error());
-  print_knn("raw pixels (baseline):", run->knn_raw);
-  if (record_eval(run, "raw_pixels", 0, run->knn_raw) != 0) return -1;
   if (run->opt->knn_at_start && run->start_step == 0) {
-    if (!run->opt->quiet) printf("kNN monitor: encoding with the untrained encoder...\n");
+    if (!run->opt->quiet) printf("monitor: encoding with the untrained encoder...\n");
     run->knn_start = knn_monitor_run(&r->mon);
-    if (run->knn_start.failed) return tl_fail("kNN monitor: %s", tl_last_error());
+    if (run->knn_start.failed) return tl_fail("monitor: %s", tl_last_error());
     run->knn_start_done = 1;
-    print_knn("untrained encoder:", run->knn_start);
+    print_eval("untrained encoder:", run->knn_start);
+    warn_at_collapse(run, 0, &run->knn_start.quality);
     return record_eval(run, "encoder", 0, run->knn_start);
   }
   return 0;
@@ -485,6 +553,10 @@ static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, do
   // gone to infinity): a non-finite parameter stops the run before a checkpoint can keep it.
   // Every replica holds the same parameters, so every replica stops at the same step.
   if (step == r->faults.nan_param_step) r->rep.ps.data[r->rep.ps.count / 2] = NAN;
+  if (step == r->faults.collapse_step)
+    memset(r->rep.ps.data, 0,
+           sizeof(float) * backbone_param_count(&r->cfg->model.spec, r->cfg->data.image_size,
+                                                r->cfg->data.channels));
   const ParamEntry *bad = paramset_first_nonfinite(&r->rep.ps);
   if (bad) {
     if (r->rank == 0) {
@@ -721,7 +793,8 @@ static int end_of_step(ReplicaState *r, int step) {
       return 1;
     }
     int epoch = done / run->steps_per_epoch;
-    if (!sig && r->use_knn && (last || (epoch_end && epoch % r->cfg->eval.knn_every_epochs == 0))) {
+    if (!sig && r->use_monitor &&
+        (last || (epoch_end && epoch % r->cfg->eval.knn_every_epochs == 0))) {
       double te = now_ms();
       int rc = evaluate(run, &r->mon, done);
       if (rc < 0) comm_abort(r->comm, tl_last_error());
@@ -765,7 +838,7 @@ static void finish_without_steps(ReplicaState *r) {
   run->images_per_s =
       run->train_seconds > 0 ? (double)run->start_step * run->global_batch / run->train_seconds : 0;
   run->final_loss = run->opt->last_loss;
-  if (r->use_knn && evaluate(run, &r->mon, run->start_step) != 0)
+  if (r->use_monitor && evaluate(run, &r->mon, run->start_step) != 0)
     comm_abort(r->comm, tl_last_error());
 }
 
@@ -779,7 +852,7 @@ static void replica_close(ReplicaState *r) {
               strerror(errno));
       run->exit_code = 1;
     }
-    if (r->use_knn) knn_monitor_destroy(&r->mon);
+    if (r->use_monitor) knn_monitor_destroy(&r->mon);
     run->peak_rss = tl_peak_rss_bytes();
     if (comm_failed(r->comm) && run->exit_code == 0) {
       fprintf(stderr, "tally: %s\n", comm_failure(r->comm));
@@ -1050,7 +1123,8 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
   int loaded = idx ? dataset_load_idx(&run->train, cfg->data.train, ch, cfg->data.limit) == 0
                    : dataset_load_imagefolder(&run->train, cfg->data.train, cfg->data.image_size,
                                               ch, cfg->data.limit, cfg->data.stream) == 0;
-  // Unlabeled training data has nothing for the kNN monitor to vote with.
+  // Unlabeled training data has nothing for the kNN monitor to vote with: the monitor measures
+  // the label-free quality only.
   int unlabeled = strcmp(cfg->data.labels, "none") == 0;
   if (loaded && !unlabeled && !run->train.n_classes) {
     fprintf(stderr,
@@ -1062,7 +1136,8 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
   if (loaded && unlabeled && !opt->no_knn) {
     if (!run->quiet_rank)
       printf(
-          "kNN monitor off: data.labels = none (score the encoder with `tally eval RUN --set "
+          "kNN monitor off: data.labels = none; each evaluation measures the label-free quality "
+          "(rankme, embedding_std) only (score the encoder with `tally eval RUN --set "
           "data.train=LABELED --set data.test=LABELED`)\n");
     run->no_knn = 1;
   }

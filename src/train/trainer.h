@@ -7,7 +7,7 @@ typedef struct {
   const char *out_dir;      // run folder (created; must not already hold a finished run)
   int knn_at_start;         // also evaluate the untrained encoder (a baseline) before step 0
   int quiet;                // no progress lines
-  int no_knn;               // skip the kNN monitor (benchmarks)
+  int no_knn;               // no monitor at all: no kNN, no label-free quality (benchmarks)
   int overwrite;            // replace a run the folder already holds
   const char *resume_path;  // checkpoint to continue from (the run folder's), or NULL
   long start_step;          // the steps that checkpoint holds
