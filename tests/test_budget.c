@@ -161,6 +161,32 @@ static void test_time_budget_resumed_before_its_length(void **state) {
   expect_time_budget_kept("early", 4);
 }
 
+// Steps that slow down after the length was frozen (from step 10 each takes 300 ms more, about
+// four times a step here): the length is checked again as the run goes, so the run lands near its
+// budget instead of keeping the count timed at the fast start (which would train about 3.5 times
+// the budget: 50 slow steps after 10 fast of a 6 s budget frozen near 60 steps).
+static void test_time_budget_follows_a_slower_machine(void **state) {
+  (void)state;
+  assert_int_equal(
+      sh("TALLY_INJECT_SLOW_STEPS=10:300 timeout 300 %s train %s --budget 6s --out %s/slow "
+         "> %s/slow.log 2>&1",
+         bin, run_args, tmpdir, tmpdir),
+      0);
+  char *frozen =
+      run_ok("sed -n 's/^budget 6s: \\([0-9]*\\) steps (time.*/\\1/p' %s/slow.log", tmpdir);
+  const int first = atoi(frozen);
+  free(frozen);
+  const int last = announced_steps("slow");
+  const double seconds = summary_value("slow", "train_seconds");
+  const double used = summary_value("slow", "budget_used");
+  print_message("frozen at %d steps, ended at %d, %.2f s of 6 (%.3f)\n", first, last, seconds,
+                used);
+  assert_true(last < first);  // the count came down with the pace
+  assert_int_equal(ledger_lines("slow"), last);
+  assert_true(fabs(used - seconds / 6) < 1e-3);
+  assert_true(seconds < 1.6 * 6);
+}
+
 int main(int argc, char **argv) {
   mpiexec = getenv("MPIEXEC");
   if (argc > 1) cmocka_set_test_filter(argv[1]);
@@ -170,6 +196,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_epoch_budget),
       cmocka_unit_test(test_time_budget_outlasts_provisional_length),
       cmocka_unit_test(test_time_budget_resumed_before_its_length),
+      cmocka_unit_test(test_time_budget_follows_a_slower_machine),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   if (!failed) sh("rm -rf %s", tmpdir);

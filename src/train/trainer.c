@@ -55,7 +55,7 @@ typedef struct {
   double final_loss, images_per_s, train_seconds;
   size_t peak_rss;
   int evaluated, knn_start_done;  // last_eval and knn_start hold results
-  int stopped_early;  // 1: --stop-at or a signal ended the run before its last step
+  int stopped_early;              // 1: --stop-at or a signal ended the run before its last step
   int no_knn;         // no kNN: asked (--no-knn, no monitor at all) or no labels to vote with
   int collapsed;      // the last evaluation found the embeddings collapsed
   Budget budget;      // [train] budget
@@ -241,9 +241,17 @@ static int write_summary(Run *run) {
     fprintf(f, "  \"final_loss\": null,\n");
   fprintf(f, "  \"images_per_s\": %.3f,\n  \"train_seconds\": %.3f,\n", run->images_per_s,
           run->train_seconds);
-  fprintf(f, "  \"peak_rss_bytes\": %zu,\n  \"flops_total\": %.6g,\n", run->peak_rss,
+  fprintf(f, "  \"peak_rss_bytes\": %zu,\n  \"flops_total\": %.9g,\n", run->peak_rss,
           run->flops_total);
-  if (cfg->train.budget[0]) fprintf(f, "  \"budget\": \"%s\",\n", cfg->train.budget);
+  if (cfg->train.budget[0]) {
+    // How much of the budget the run spent: training seconds, FLOPs or epochs over what was given.
+    const Budget *b = &run->budget;
+    const double spent = b->kind == BUDGET_SECONDS ? run->train_seconds
+                         : b->kind == BUDGET_FLOPS ? run->flops_total
+                                                   : (double)run->steps_done / run->steps_per_epoch;
+    fprintf(f, "  \"budget\": \"%s\",\n", cfg->train.budget);
+    if (b->amount > 0) fprintf(f, "  \"budget_used\": %.4f,\n", spent / b->amount);
+  }
   const KnnResult *last = &run->last_eval;
   if (run->evaluated && isfinite(last->top1))
     fprintf(f, "  \"knn_top1\": %.6f,\n  \"knn_top1_k20\": %.6f,\n", last->top1, last->top1_k20);
@@ -279,6 +287,8 @@ static int write_summary(Run *run) {
 // TALLY_INJECT_FAIL=R:S: replica R fails at step S, as a killed process (MPI) or a replica that
 // reports an error (local threads). TALLY_INJECT_KILL_IN_CHECKPOINT=S: the process is killed
 // (SIGKILL) half way through writing the checkpoint after S steps.
+// TALLY_INJECT_SLOW_STEPS=S:MS: every step from S on takes MS milliseconds longer (a machine
+// that slows down after a time budget's steps were timed).
 // TALLY_INJECT_COLLAPSE_AT_STEP=S: the backbone's parameters and statistics become 0 after step
 // S's update, so every image has the same embedding (give the last step: training on it would
 // not stay finite).
@@ -290,10 +300,13 @@ typedef struct {
   int fail_rank;
   long fail_step;
   long kill_in_checkpoint;
+  long slow_from_step, slow_ms;
 } Faults;
 
 static Faults faults_from_env(void) {
-  Faults f = {-1, -1, -1, -1, -1, -1};
+  Faults f = {-1, -1, -1, -1, -1, -1, -1, 0};
+  const char *slow = getenv("TALLY_INJECT_SLOW_STEPS");
+  if (slow && sscanf(slow, "%ld:%ld", &f.slow_from_step, &f.slow_ms) != 2) f.slow_from_step = -1;
   const char *nan_param = getenv("TALLY_INJECT_NAN_PARAM_AT_STEP");
   if (nan_param) f.nan_param_step = strtol(nan_param, NULL, 10);
   const char *collapse = getenv("TALLY_INJECT_COLLAPSE_AT_STEP");
@@ -325,6 +338,10 @@ typedef struct {
   int probe_start_step;        // rank 0: steps done then
   double *probe_ms;            // rank 0: the probe's step times so far (probe_n of probe_cap)
   int probe_n, probe_cap;
+  // rank 0: a time budget's pace is measured from here (when its length was frozen, or the
+  // resumed run's start), and how many of its checks of the length have run
+  double pace_start_seconds;
+  int pace_start_step, length_checks;
   int length_frozen;  // this replica's copy of the run's (each stops on its own count)
   int last_log_step;
 } ReplicaState;
@@ -530,6 +547,9 @@ static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, do
   *batch_out = batch;
   *loss = replica_forward_backward(&r->rep, batch, rec);
   if (step == r->faults.nan_step) *loss = NAN;
+  if (r->faults.slow_from_step >= 0 && step >= r->faults.slow_from_step)
+    nanosleep(&(struct timespec){r->faults.slow_ms / 1000, r->faults.slow_ms % 1000 * 1000000L},
+              NULL);
   if (comm_failed(r->comm)) return 1;
   // The loss is global, so every replica sees the same value and stops at the same step.
   if (!isfinite(*loss)) {
@@ -753,6 +773,7 @@ static void freeze_length(ReplicaState *r, int step, const LedgerRecord *rec) {
       return;
     }
     if (measured) run->total_steps = total;
+    if (measured) r->pace_start_seconds = rec->train_seconds, r->pace_start_step = done;
   }
   int t = total;
   if (r->world > 1) comm_broadcast(r->comm, &t, sizeof t, 0);
@@ -767,6 +788,49 @@ static void freeze_length(ReplicaState *r, int step, const LedgerRecord *rec) {
              run->budget.kind == BUDGET_FLOPS ? "FLOPs" : "time");
       fflush(stdout);
     }
+  }
+}
+
+// A time budget's length is checked again when a quarter, half, three quarters and nine tenths
+// of it are done:
+// the steps left are what is left of the budget at the pace since the length was frozen (every
+// step's whole time, what runs between steps included), so a run whose steps slow down (or
+// speed up) after the probe still ends within a few percent of its budget. The schedules take
+// the new length from the next step on (a cosine's remaining part is that of the new length).
+// Rank 0 decides and every replica takes its number, as when the length was frozen.
+enum { LENGTH_CHECKS = 4, LENGTH_CHECK_MIN_STEPS = 10 };
+static const double LENGTH_CHECK_AT[LENGTH_CHECKS] = {0.25, 0.5, 0.75, 0.9};
+
+static void check_length(ReplicaState *r, int step, const LedgerRecord *rec) {
+  Run *run = r->run;
+  if (run->budget.kind != BUDGET_SECONDS || !r->length_frozen || r->length_checks == LENGTH_CHECKS)
+    return;
+  const int done = step + 1;
+  // Every replica knows the same total and the same checks done, so all reach this together.
+  if (done < LENGTH_CHECK_AT[r->length_checks] * run->total_steps ||
+      done - r->pace_start_step < LENGTH_CHECK_MIN_STEPS || done >= run->total_steps)
+    return;
+  r->length_checks++;
+  int total = 0;
+  const int before = run->total_steps;
+  if (r->rank == 0) {
+    const double pace = (rec->train_seconds - r->pace_start_seconds) / (done - r->pace_start_step);
+    if (config_budget_steps(r->cfg, done, run->budget.amount - rec->train_seconds, pace, &total) !=
+        0) {
+      comm_abort(r->comm, tl_last_error());
+      return;
+    }
+    run->total_steps = total;
+  }
+  if (r->world > 1) comm_broadcast(r->comm, &total, sizeof total, 0);
+  if (r->rank != 0 && run->quiet_rank) run->total_steps = total;
+  r->rep.obj->env.total_steps = total;
+  if (r->rank == 0 && total != before && !run->quiet_rank && !run->opt->quiet) {
+    printf("budget %s: %d steps (was %d; %.3f s a step since step %d)\n", r->cfg->train.budget,
+           total, before,
+           (rec->train_seconds - r->pace_start_seconds) / (done - r->pace_start_step),
+           r->pace_start_step);
+    fflush(stdout);
   }
 }
 
@@ -879,6 +943,9 @@ static void *replica_main(void *arg) {
 
   replica_open(r);
   r->length_frozen = run->length_frozen;
+  // A resumed run's pace is measured from its own start (set again if the length is frozen later).
+  r->pace_start_seconds = run->opt->spent_seconds;
+  r->pace_start_step = run->start_step;
   if (!r->length_frozen) r->rep.obj->env.total_steps = INT_MAX;
   comm_barrier(r->comm);
   if (run->finishing) finish_without_steps(r);
@@ -895,6 +962,7 @@ static void *replica_main(void *arg) {
     if (train_step(r, step, lr, &rec, &loss, &batch, &t)) break;
     if (r->rank == 0) account_step(r, step, lr, loss, batch, &t, &rec);
     freeze_length(r, step, &rec);
+    check_length(r, step, &rec);
     if (r->rank == 0) print_progress(r, step, &rec);
     if (end_of_step(r, step)) break;
   }
