@@ -15,6 +15,7 @@
 
 #include "config.h"
 #include "core/error.h"
+#include "eval/quality.h"
 #include "train/evaluate.h"
 #include "io/atomic_file.h"
 #include "io/json_write.h"
@@ -1153,6 +1154,14 @@ static void eval_row(const char *label, double encoder, double pixels) {
     printf(" %12s", "-");
 }
 
+// The collapse rule of the training monitor (eval/quality.h), on an evaluation's numbers.
+static int eval_collapsed(const EvalResult *r) {
+  const EmbeddingQuality q = {.rankme = r->rankme,
+                              .embedding_std = r->embedding_std,
+                              .embedding_std_reference = r->embedding_std_reference};
+  return embedding_quality_collapsed(&q);
+}
+
 static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json) {
   if (json) {
     printf("{\"source\": ");
@@ -1173,6 +1182,7 @@ static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json)
     json_number("rankme", r->rankme, 0);
     json_number("embedding_std", r->embedding_std, 0);
     json_number("embedding_std_reference", r->embedding_std_reference, 0);
+    printf(" \"collapsed\": %s,", eval_collapsed(r) ? "true" : "false");
     json_number("seconds", r->seconds, 1);
     printf("}\n");
     return;
@@ -1200,6 +1210,11 @@ static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json)
          r->rankme, r->feature_dim);
   printf("%-24s %10.4f   (per dimension, L2-normalized; 1/sqrt(d) = %.4f, collapsed ~ 0)\n",
          "embedding_std", r->embedding_std, r->embedding_std_reference);
+  if (eval_collapsed(r))
+    printf(
+        "warning: the embeddings have collapsed: embedding_std is below %g of 1/sqrt(d), every "
+        "image maps to nearly the same direction\n",
+        QUALITY_COLLAPSED_FRACTION);
   printf("%.1f s\n", r->seconds);
 }
 

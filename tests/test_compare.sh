@@ -265,4 +265,30 @@ cmp_run usage --objectives inbatch --budget 4epochs
 [[ $rc == 2 ]] || bad "no --out: exit $rc, not 2"
 finish "$name"
 
+# 5. An unlabeled folder: every run is scored by what needs no labels.
+name="5 an unlabeled folder: rankme and embedding_std per run, accuracy null, a verdict that says so"
+out=$TMP/unlabeled
+cmp_run unlabeled --objectives inbatch,moco --budget 4epochs --seeds 2 \
+  --set data.dataset=stripes-unlabeled --set train.batch_size=8 --quiet --out "$out"
+[[ $rc == 0 ]] || bad "an unlabeled compare exited $rc: $(firstline "$TMP/unlabeled.err")"
+/usr/bin/python3 - "$out" <<'EOF2' || bad "compare.json of the unlabeled compare"
+import json, math, os, sys
+out = sys.argv[1]
+c = json.load(open(os.path.join(out, "compare.json")))
+for o in ("inbatch", "moco"):
+    cell = c["results"][o]["4epochs"]
+    assert cell["knn_top1"]["n"] == 0 and cell["linear_top1"]["n"] == 0, cell["knn_top1"]
+    values = []
+    for s in range(2):
+        e = json.load(open(os.path.join(out, f"{o}-4epochs-seed{s}", "compare-eval.json")))
+        assert e["knn_top1"] is None and e["n_classes"] == 0, e
+        assert e["collapsed"] in (True, False), e
+        values.append(e["rankme"])
+    assert cell["rankme"]["values"] == values and cell["rankme"]["n"] == 2, cell["rankme"]
+    assert all(1 <= v <= 128 for v in values), values
+assert any("no run had labels" in v for v in c["verdict"]), c["verdict"]
+print("ok")
+EOF2
+finish "$name"
+
 totals

@@ -71,9 +71,13 @@ static int score(FeatureEncoder *e, const EvalOptions *opt, const Dataset *tr, c
   say(opt, "encoding the training set", tr->n);
   float *ftr = tl_alloc(sizeof(float) * (size_t)tr->n * D, MEM_EVAL, COMP_OTHER);
   int rc = feature_encoder_run(e, tr, tr->n, ftr);
-  say(opt, "encoding the test set", te->n);
-  float *fte = tl_alloc(sizeof(float) * (size_t)te->n * D, MEM_EVAL, COMP_OTHER);
-  if (rc == 0) rc = feature_encoder_run(e, te, te->n, fte);
+  // Without labels (te NULL) only the training set's embeddings are measured.
+  float *fte = NULL;
+  if (te) {
+    say(opt, "encoding the test set", te->n);
+    fte = tl_alloc(sizeof(float) * (size_t)te->n * D, MEM_EVAL, COMP_OTHER);
+    if (rc == 0) rc = feature_encoder_run(e, te, te->n, fte);
+  }
   // What needs no labels: how many directions the embeddings use, and how spread they are.
   EmbeddingQuality q;
   if (rc == 0 && (rc = embedding_quality(ftr, tr->n, D, &e->ctx, &q)) == 0) {
@@ -87,9 +91,9 @@ static int score(FeatureEncoder *e, const EvalOptions *opt, const Dataset *tr, c
     }
   }
   // The raw-pixel baseline's features only when it is asked for.
-  float *ptr = opt->baseline ? pixels(e, tr, &rc) : NULL;
-  float *pte = opt->baseline ? pixels(e, te, &rc) : NULL;
-  if (rc == 0 && opt->knn) {
+  float *ptr = te && opt->baseline ? pixels(e, tr, &rc) : NULL;
+  float *pte = te && opt->baseline ? pixels(e, te, &rc) : NULL;
+  if (rc == 0 && te && opt->knn) {
     say(opt, "kNN on the features", te->n);
     rc = knn(cfg, ftr, tr, fte, te, D, &e->ctx, &r->knn_top1, &r->knn_top1_k20);
     if (rc == 0) tell(opt, "kNN top-1 of the encoder", r->knn_top1, r->knn_top1_k20, cfg);
@@ -102,7 +106,7 @@ static int score(FeatureEncoder *e, const EvalOptions *opt, const Dataset *tr, c
              cfg);
     }
   }
-  if (rc == 0 && opt->linear) {
+  if (rc == 0 && te && opt->linear) {
     say(opt, "linear probe on the features", tr->n);
     rc = linear(tr, ftr, te, fte, D, cfg->train.seed, &e->ctx, &r->linear_top1, &r->linear_lambda);
     if (rc == 0) tell(opt, "linear probe top-1 of the encoder", r->linear_top1, NAN, cfg);
@@ -139,14 +143,23 @@ int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r) {
   Dataset tr = {0}, te = {0};
   say(opt, "loading the training and test sets", 0);
   int rc = feature_dataset_load(e, &tr, cfg->data.train, cfg->data.limit);
-  if (rc == 0) rc = feature_dataset_load(e, &te, cfg->data.test, cfg->data.test_limit);
-  if (rc == 0) rc = dataset_align_test_labels(&tr, &te, cfg->data.test);
+  // A folder without class labels (data.labels = none) is still measured: what needs no labels.
+  const int labeled = rc == 0 && tr.n_classes > 0;
+  if (rc == 0 && labeled) rc = feature_dataset_load(e, &te, cfg->data.test, cfg->data.test_limit);
+  if (rc == 0 && labeled) rc = dataset_align_test_labels(&tr, &te, cfg->data.test);
+  if (rc == 0 && !labeled && !opt->quiet) {
+    printf(
+        "tally eval: %s has no class labels: kNN and the linear probe need them; measuring "
+        "what needs none (rankme, embedding_std)\n",
+        cfg->data.train);
+    fflush(stdout);
+  }
   if (rc == 0) {
     r->n_train = tr.n;
-    r->n_test = te.n;
-    r->n_classes = tr.n_classes;
+    r->n_test = labeled ? te.n : 0;
+    r->n_classes = labeled ? tr.n_classes : 0;
     r->feature_dim = feature_encoder_dim(e);
-    rc = score(e, opt, &tr, &te, r);
+    rc = score(e, opt, &tr, labeled ? &te : NULL, r);
   }
   dataset_free(&tr);
   dataset_free(&te);
