@@ -17,6 +17,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/dir_lock.h"
 #include "io/json_read.h"
 #include "io/regular_file.h"
 #include "ledger/bytes.h"
@@ -110,20 +111,6 @@ void compare_run_dir(const CompareSpec *spec, int o, int b, int s, char *out, si
           *c == '.' || *c == '-'))
       *c = '_';
   snprintf(out, n, "%s/%s-%s-seed%d", spec->out_dir, spec->objectives[o], budget, s);
-}
-
-// One compare at a time in a folder: an exclusive lock on OUT/.compare.lock for the process's
-// life (not inherited by the children).
-static int lock_compare_dir(const char *dir) {
-  char path[4200];
-  snprintf(path, sizeof path, "%s/.compare.lock", dir);
-  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return tl_fail("%s: cannot create: %s", path, strerror(errno));
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    close(fd);
-    return tl_fail("%s: another compare is using this folder", dir);
-  }
-  return 0;
 }
 
 // What makes two invocations the same compare: the objectives with their recipes, the budgets,
@@ -524,7 +511,7 @@ static int child_failed(const char *what, const char *dir, int rc) {
 
 int compare_run(const CompareSpec *spec) {
   install_stop_handlers();
-  if (make_dir(spec->out_dir) != 0 || lock_compare_dir(spec->out_dir) != 0) {
+  if (make_dir(spec->out_dir) != 0 || dir_lock(spec->out_dir, ".compare.lock", "compare") != 0) {
     fprintf(stderr, "tally compare: %s\n", tl_last_error());
     return 1;
   }

@@ -22,6 +22,7 @@
 #include "data/loader.h"
 #include "eval/monitor.h"
 #include "io/atomic_file.h"
+#include "io/dir_lock.h"
 #include "io/regular_file.h"
 #include "objectives/objective.h"
 #include "parallel/agree.h"
@@ -1001,20 +1002,6 @@ static int make_dirs(const char *dir) {
   }
 }
 
-// A run folder belongs to one run at a time: an exclusive lock on DIR/.lock, held until the
-// process ends (the kernel releases it however the process ends).
-static int lock_run_dir(const char *dir) {
-  char path[4200];
-  snprintf(path, sizeof path, "%s/.lock", dir);
-  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return tl_fail("%s: cannot create the run folder's lock: %s", path, strerror(errno));
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    close(fd);
-    return tl_fail("%s: another run is using this folder", dir);
-  }
-  return 0;  // fd stays open: the lock lasts as long as the process
-}
-
 static int exists(const char *dir, const char *name) {
   char path[4200];
   snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -1042,7 +1029,7 @@ static void remove_stale_temporaries(const char *dir) {
 // Creates and locks the run folder. A folder that holds a run is refused unless the run is
 // being resumed or --overwrite says to replace it.
 static int make_run_dir(const char *dir, Run *run) {
-  if (make_dirs(dir) != 0 || lock_run_dir(dir) != 0) return -1;
+  if (make_dirs(dir) != 0 || dir_lock(dir, ".lock", "run") != 0) return -1;
   remove_stale_temporaries(dir);
   int resuming = run->opt->resume_path != NULL;
   if (!resuming && !run->opt->overwrite &&
