@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/error.h"
 
@@ -91,7 +92,11 @@ int ranks_agree(Comm *c, const char *text, const char *const *ignored) {
   double count = differs;
   comm_allreduce_sum_f64(c, &count, 1);
   if (differs) comm_abort(c, why);
-  if (!comm_failed(c) && count > 0)
+  // The ranks that agree stop the job too, but only after the one that differs has had time to
+  // say how (an abort from here could end it before its line is written).
+  if (!comm_failed(c) && count > 0) {
+    nanosleep(&(struct timespec){2, 0}, NULL);
     comm_abort(c, "another rank's run differs (its message says how)");
+  }
   return comm_failed(c) ? -1 : 0;
 }
