@@ -774,7 +774,7 @@ static void freeze_length(ReplicaState *r, int step, const LedgerRecord *rec) {
       return;
     }
     if (measured) run->total_steps = total;
-    if (measured) r->pace_start_seconds = rec->train_seconds, r->pace_start_step = done;
+    if (measured) r->pace_start_seconds = rec->train_seconds;
   }
   int t = total;
   if (r->world > 1) comm_broadcast(r->comm, &t, sizeof t, 0);
@@ -782,6 +782,8 @@ static void freeze_length(ReplicaState *r, int step, const LedgerRecord *rec) {
   if (r->rank != 0 && run->quiet_rank) run->total_steps = t;
   r->length_frozen = 1;
   r->rep.obj->env.total_steps = t;
+  // Every rank, so that all of them check the length again at the same steps.
+  r->pace_start_step = done;
   if (r->rank == 0) {
     run->length_frozen = 1;
     if (!run->quiet_rank && !run->opt->quiet) {
