@@ -282,12 +282,17 @@ double ledger_field_value(const LedgerRecord *r, int i) {
   return NAN;
 }
 
+int ledger_own_find(const LedgerOwnFields *own, const char *name) {
+  for (int k = 0; own && k < own->n; k++)
+    if (strcmp(own->field[k].name, name) == 0) return k;
+  return -1;
+}
+
 double ledger_value(const LedgerRecord *r, const char *name) {
   const int i = ledger_field_find(name);
   if (i >= 0) return ledger_field_value(r, i);
-  for (int k = 0; k < own_count(r); k++)
-    if (strcmp(r->own_fields->field[k].name, name) == 0) return r->own[k];
-  return NAN;
+  const int k = ledger_own_find(r->own_fields, name);
+  return k >= 0 ? r->own[k] : NAN;
 }
 
 const char *ledger_group_title(LedgerGroup g) {

@@ -60,6 +60,8 @@ typedef struct {
   int n;
   LedgerFieldInfo field[LEDGER_MAX_OWN_FIELDS];
 } LedgerOwnFields;
+// The index of the field called `name` in `own` (may be NULL), or -1.
+int ledger_own_find(const LedgerOwnFields *own, const char *name);
 // The declaration of the objective called `objective` (NULL: none), for a reader.
 typedef const LedgerOwnFields *(*LedgerOwnLookup)(const char *objective);
 

@@ -142,8 +142,12 @@ int compare_collect(const CompareSpec *spec, CompareCell *cells) {
                      : measures[m].source == FROM_SUMMARY
                          ? json_flat_number(summary, measures[m].field)
                          : ledger_value(&rec, measures[m].field);
-          // A field only some objectives have (moco's queue_vectors): the others cache none.
-          if (measures[m].source == FROM_LEDGER && isnan(v)) v = 0;
+          // A field only some objectives declare (moco's queue_vectors): the others cache none.
+          // A common field stays NaN when the record lacks it, as any missing measure does.
+          if (measures[m].source == FROM_LEDGER && isnan(v) &&
+              ledger_field_find(measures[m].field) < 0 &&
+              ledger_own_find(rec.own_fields, measures[m].field) < 0)
+            v = 0;
           st->values[st->n_values++] = v;
         }
         free(eval);

@@ -721,12 +721,6 @@ static void format_value(const LedgerFieldInfo *fi, double v, char *buf, size_t 
 
 enum { LABEL_WIDTH = 30, COLUMN_WIDTH = 17 };
 
-static int own_declares(const LedgerOwnFields *own, const char *name) {
-  for (int k = 0; k < own->n; k++)
-    if (strcmp(own->field[k].name, name) == 0) return 1;
-  return 0;
-}
-
 static void print_row(FILE *f, const char *label, int n, char cells[][48]) {
   fprintf(f, "  %-*s", LABEL_WIDTH, label);
   for (int j = 0; j < n; j++) fprintf(f, "%*s", COLUMN_WIDTH, cells[j]);
@@ -760,10 +754,10 @@ static void print_own_fields(FILE *f, const LedgerRecord *recs, int n, LedgerGro
       const LedgerFieldInfo *fi = &recs[j].own_fields->field[k];
       int shown = 0;  // by an earlier column
       for (int i = 0; i < j && !shown; i++)
-        shown = recs[i].own_fields && own_declares(recs[i].own_fields, fi->name);
+        shown = ledger_own_find(recs[i].own_fields, fi->name) >= 0;
       if (fi->group != g || shown) continue;
       for (int i = 0; i < n; i++) {
-        if (!recs[i].own_fields || !own_declares(recs[i].own_fields, fi->name))
+        if (ledger_own_find(recs[i].own_fields, fi->name) < 0)
           snprintf(cells[i], 48, "-");
         else if (fi->measured_only)
           snprintf(cells[i], 48, "measured only");
