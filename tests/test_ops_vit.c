@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gradcheck.h"
@@ -46,57 +47,71 @@ static void check_grad(gradcheck_loss_fn loss, void *c, float *x, const float *g
 
 // ---- linear ----
 
-enum { LIN_M = 6, LIN_IC = 5, LIN_OC = 4 };
+// A narrowing layer (its weight gradient written plain) and a widening one (written in the
+// blocked layout oneDNN picks, then reordered into the plain gradient).
+typedef struct {
+  int M, IC, OC, grad_blocked;
+} LinearShape;
 
 typedef struct {
   Env env;
   Linear l;
+  LinearShape s;
   float *in, *r;
 } LinearCase;
 
 static double linear_loss(void *p) {
   LinearCase *c = p;
   linear_forward(&c->l, &c->env.ctx, c->in);
-  return dot_out(c->l.out, c->r, LIN_M * LIN_OC);
+  return dot_out(c->l.out, c->r, (size_t)c->s.M * c->s.OC);
 }
 
-static void test_linear(void **state) {
-  (void)state;
-  LinearCase c;
-  env_init(&c.env, linear_floats(LIN_IC, LIN_OC, 1), OP_TRAIN);
-  linear_init(&c.l, &c.env.b, "fc", LIN_M, LIN_IC, LIN_OC, 1, 1, 0.0f);
+static void check_linear(LinearShape shape) {
+  LinearCase c = {.s = shape};
+  const int M = shape.M, IC = shape.IC, OC = shape.OC;
+  env_init(&c.env, linear_floats(IC, OC, 1), OP_TRAIN);
+  linear_init(&c.l, &c.env.b, "fc", M, IC, OC, 1, 1, 0.0f);
+  assert_int_equal(linear_weight_grad_blocked(&c.l), shape.grad_blocked);
   // Xavier-uniform bound sqrt(6 / (fan_in + fan_out)), zero bias.
-  float bound = sqrtf(6.0f / (LIN_IC + LIN_OC));
-  for (int i = 0; i < LIN_OC * LIN_IC; i++) assert_true(fabsf(c.l.weight[i]) <= bound);
-  for (int o = 0; o < LIN_OC; o++) assert_true(c.l.bias[o] == 0.0f);
-  fill_uniform(c.l.bias, LIN_OC, -0.5f, 0.5f, 1);
-  c.in = new_tensor(LIN_M * LIN_IC);
-  c.r = new_tensor(LIN_M * LIN_OC);
-  fill_uniform(c.in, LIN_M * LIN_IC, -1, 1, 2);
-  fill_uniform(c.r, LIN_M * LIN_OC, -1, 1, 3);
+  float bound = sqrtf(6.0f / (float)(IC + OC));
+  for (int i = 0; i < OC * IC; i++) assert_true(fabsf(c.l.weight[i]) <= bound);
+  for (int o = 0; o < OC; o++) assert_true(c.l.bias[o] == 0.0f);
+  fill_uniform(c.l.bias, OC, -0.5f, 0.5f, 1);
+  c.in = new_tensor((size_t)M * IC);
+  c.r = new_tensor((size_t)M * OC);
+  fill_uniform(c.in, (size_t)M * IC, -1, 1, 2);
+  fill_uniform(c.r, (size_t)M * OC, -1, 1, 3);
 
   dnnl_ctx_reset_flops(&c.env.ctx);
   linear_forward(&c.l, &c.env.ctx, c.in);
-  double want[LIN_M * LIN_OC];
-  for (int m = 0; m < LIN_M; m++)
-    for (int o = 0; o < LIN_OC; o++) {
+  double *want = malloc(sizeof(double) * (size_t)M * OC);
+  assert_non_null(want);
+  for (int m = 0; m < M; m++)
+    for (int o = 0; o < OC; o++) {
       double s = c.l.bias[o];
-      for (int i = 0; i < LIN_IC; i++)
-        s += (double)c.in[m * LIN_IC + i] * c.l.weight[o * LIN_IC + i];
-      want[m * LIN_OC + o] = s;
+      for (int i = 0; i < IC; i++) s += (double)c.in[m * IC + i] * c.l.weight[o * IC + i];
+      want[m * OC + o] = s;
     }
-  expect_close(c.l.out, want, LIN_M * LIN_OC, FWD_ATOL);
+  expect_close(c.l.out, want, (size_t)M * OC, FWD_ATOL);
+  free(want);
   linear_backward(&c.l, &c.env.ctx, c.r);
-  assert_true(c.env.ctx.flops_forward[COMP_ENCODER] == 2.0 * LIN_M * LIN_IC * LIN_OC);
-  assert_true(c.env.ctx.flops_backward[COMP_ENCODER] == 2 * 2.0 * LIN_M * LIN_IC * LIN_OC);
+  assert_true(c.env.ctx.flops_forward[COMP_ENCODER] == 2.0 * M * IC * OC);
+  assert_true(c.env.ctx.flops_backward[COMP_ENCODER] == 2 * 2.0 * M * IC * OC);
 
-  check_grad(linear_loss, &c, c.in, c.l.din, LIN_M * LIN_IC, "linear din");
-  check_grad(linear_loss, &c, c.l.weight, c.l.dweight, LIN_OC * LIN_IC, "linear dweight");
-  check_grad(linear_loss, &c, c.l.bias, c.l.dbias, LIN_OC, "linear dbias");
+  check_grad(linear_loss, &c, c.in, c.l.din, (size_t)M * IC, "linear din");
+  check_grad(linear_loss, &c, c.l.weight, c.l.dweight, (size_t)OC * IC, "linear dweight");
+  check_grad(linear_loss, &c, c.l.bias, c.l.dbias, (size_t)OC, "linear dbias");
   linear_destroy(&c.l);
   tl_free(c.in);
   tl_free(c.r);
   env_destroy(&c.env);
+}
+
+static void test_linear(void **state) {
+  (void)state;
+  check_linear((LinearShape){.M = 6, .IC = 5, .OC = 4, .grad_blocked = 0});
+  // Widening: blocked where the CPU has brgemm (AVX-512), plain otherwise.
+  check_linear((LinearShape){.M = 40, .IC = 16, .OC = 64, .grad_blocked = dnnl_cpu_has_avx512()});
 }
 
 // init_std > 0 draws normal(0, std) instead; no bias means no bias parameters are taken.

@@ -5,12 +5,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Weight layouts, measured on this machine (one thread, M = 4352..16640, IC/OC = 128..512, the
-// vit-tiny shapes): forward is 3-17% faster with the layout oneDNN picks (`any`: blocked weights
-// for brgemm) than with plain `oi` (gemm:jit), even counting the per-step reorder of the weights
-// (about 0.01 ms); backward data is no faster that way and backward weights up to 35% slower. So
-// forward reads a blocked copy made from the plain parameters at each call, and both backward
-// primitives work on the plain (OC, IC) parameter and gradient slices directly.
+// Weight layouts. Forward is 3-17% faster with the layout oneDNN picks (`any`: blocked weights for
+// brgemm) than with plain `oi` (gemm:jit), even counting the per-step reorder of the weights
+// (about 0.01 ms; one thread, M = 4352..16640, IC/OC = 128..512, the vit-tiny shapes), so forward
+// reads a blocked copy made from the plain parameters at each call. Backward data is no faster
+// that way and works on the plain (OC, IC) parameter. Backward weights depends on the shape (Intel
+// Xeon with AVX-512, 2 threads, M = 33280, best of 7, ms, plain gemm:jit against blocked
+// brgemm_bwd_w): widening layers run faster blocked (128->512: 29.2 against 20.2; 128->384: 20.5
+// against 14.9), a narrowing one slower (512->128: 18.5 against 26.7), square ones the same
+// (128->128: 5.3 against 5.2). So a layer with more outputs than inputs writes its weight gradient
+// blocked and reorders it into the plain gradient (a few hundred KiB a step); the others write the
+// plain gradient directly.
 //
 // Under [train] precision = bf16 the primitives read bf16 copies of the input (made in forward,
 // kept for backward weights), of the weights (forward's blocked copy, and a plain one for backward
@@ -25,6 +30,8 @@ struct LinearPrivate {
   DnnlCopy dout;                             // the output gradient in the compute type
   dnnl_memory_t diff_dst, weight, diff_src;  // backward data (diff_dst also for weights)
   dnnl_memory_t diff_weight, diff_bias;      // backward weights
+  DnnlReorder dw_to_plain;                   // backward weights' layout -> oi (no-op when equal)
+  float *dw_buf;                             // the gradient in that layout, when it is not oi
   const ParamSet *params;                    // told when dweight and dbias are ready
 };
 
@@ -94,13 +101,19 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   op_grads_expect(b, &l->calls, l->dweight, (size_t)OC * IC, l->has_bias ? l->dbias : NULL,
                   (size_t)OC);
 
+  dnnl_memory_desc_t any_diff_weight_md = dnnl_md_plain(2, weight_dims, dnnl_format_tag_any);
   dnnl_inner_product_desc_t bwd_weights_desc;
-  DNNL_CHECK(dnnl_inner_product_backward_weights_desc_init(&bwd_weights_desc, &src_md, &weight_md,
-                                                           bias_or_none, &diff_dst_md));
+  DNNL_CHECK(dnnl_inner_product_backward_weights_desc_init(
+      &bwd_weights_desc, &src_md, OC > IC ? &any_diff_weight_md : &weight_md, bias_or_none,
+      &diff_dst_md));
   p->bwd_weights = dnnl_ctx_make(ctx, &bwd_weights_desc, p->fwd_pd, &p->bwd_weights_pd);
+  dnnl_memory_desc_t dw_md = dnnl_pd_md(p->bwd_weights_pd, dnnl_query_diff_weights_md, 0);
+  dnnl_reorder_init(&p->dw_to_plain, ctx, &dw_md, &weight_md);
+  if (dnnl_reorder_needed(&p->dw_to_plain))
+    p->dw_buf = tl_alloc(dnnl_md_bytes(&dw_md), MEM_WORKSPACE, l->comp);
   dnnl_copy_init(&p->dout, ctx, &dst_md, &diff_dst_md, MEM_ACT_GRAD, l->comp);
   p->diff_dst = dnnl_mem_new(ctx, &diff_dst_md);
-  p->diff_weight = dnnl_mem_new(ctx, &weight_md);
+  p->diff_weight = dnnl_mem_new(ctx, &dw_md);
   if (has_bias) p->diff_bias = dnnl_mem_new(ctx, &bias_md);
   if (!l->need_din) return;
 
@@ -149,7 +162,7 @@ void linear_backward(Linear *l, DnnlCtx *ctx, const float *dout) {
   dnnl_mem_bind(p->diff_dst, dnnl_copy_run(&p->dout, ctx, dout));
   // The input's converted copy from forward is still this call's input.
   dnnl_mem_bind(p->src, dnnl_copy_last_at(&p->in, l->in, call));
-  dnnl_mem_bind(p->diff_weight, dw);
+  dnnl_mem_bind(p->diff_weight, p->dw_buf ? p->dw_buf : dw);
   dnnl_exec_arg_t wargs[4] = {{DNNL_ARG_SRC, p->src},
                               {DNNL_ARG_DIFF_DST, p->diff_dst},
                               {DNNL_ARG_DIFF_WEIGHTS, p->diff_weight}};
@@ -159,6 +172,7 @@ void linear_backward(Linear *l, DnnlCtx *ctx, const float *dout) {
     wargs[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_BIAS, p->diff_bias};
   }
   dnnl_ctx_exec(ctx, p->bwd_weights, p->bwd_weights_pd, nargs, wargs);
+  if (p->dw_buf) dnnl_reorder_run(&p->dw_to_plain, ctx, p->dw_buf, dw);
   op_grads_end(ctx, l->comp, &l->calls, &g);
   ctx->flops_backward[l->comp] += linear_flops(l);
   if (!l->need_din) return;
@@ -177,6 +191,8 @@ int linear_backward_reads_input(const Linear *l) {
   return p->in.buf == NULL;
 }
 
+int linear_weight_grad_blocked(const Linear *l) { return l->priv->dw_buf != NULL; }
+
 void linear_destroy(Linear *l) {
   struct LinearPrivate *p = l->priv;
   if (p) {
@@ -192,6 +208,8 @@ void linear_destroy(Linear *l) {
       if (mems[i]) dnnl_memory_destroy(mems[i]);
     DnnlCopy *copies[] = {&p->in, &p->fwd_w, &p->bwd_data_w, &p->dout};
     for (size_t i = 0; i < sizeof copies / sizeof copies[0]; i++) dnnl_copy_destroy(copies[i]);
+    dnnl_reorder_destroy(&p->dw_to_plain);
+    tl_free(p->dw_buf);
     free(p);
   }
   op_buffer_free(l->out_slots, l->calls.out_pooled);

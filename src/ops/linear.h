@@ -25,4 +25,7 @@ void linear_backward(Linear *l, DnnlCtx *ctx, const float *dout);
 // Whether backward reads the forward input where it was (1), or a converted copy of its own (0:
 // bf16 compute), so the input's buffer may be reused once forward has read it.
 int linear_backward_reads_input(const Linear *l);
+// Whether backward writes the weight gradient in a blocked layout of oneDNN's and reorders it into
+// the plain (OC, IC) gradient (layers with more outputs than inputs, where that is faster).
+int linear_weight_grad_blocked(const Linear *l);
 void linear_destroy(Linear *l);
