@@ -412,6 +412,62 @@ static void test_unlabeled_run_shows_quality(void **state) {
   free(html);
 }
 
+// A number member of the JSON text (first occurrence of "key":), or NaN.
+static double json_number(const char *text, const char *key) {
+  char what[80];
+  snprintf(what, sizeof what, "\"%s\":", key);
+  const char *at = strstr(text, what);
+  return at ? strtod(at + strlen(what), NULL) : NAN;
+}
+
+// A real run, trained here on the unlabeled sample images: its summary.json keeps the peak
+// `tally plan` draws up for the same configuration (within what the process' own resident memory
+// varies between two processes), and its report sets that beside the measured peak, says once
+// that no accuracy could be measured because the data has no labels, and shows its last RankMe
+// once.
+static void test_real_run(void **state) {
+  (void)state;
+  const char *settings =
+      "--config configs/smoke.ini --set data.dataset=stripes-unlabeled "
+      "--set moco.queue_size=64 --set train.steps=4";
+  assert_int_equal(sh("%s train --objective=moco %s --quiet --out %s/real-run > /dev/null 2>&1",
+                      bin, settings, tmpdir),
+                   0);
+  assert_int_equal(sh("%s plan --objective=moco %s --json > %s/plan.json", bin, settings, tmpdir),
+                   0);
+  char path[700];
+  snprintf(path, sizeof path, "%s/real-run/summary.json", tmpdir);
+  char *summary = read_all(path);
+  snprintf(path, sizeof path, "%s/plan.json", tmpdir);
+  char *plan = read_all(path);
+  const double recorded = json_number(summary, "planned_peak_bytes");
+  const double planned = json_number(plan, "planned_total_bytes");
+  const double measured = json_number(summary, "peak_rss_bytes");
+  const double rankme = json_number(summary, "rankme");
+  if (!(fabs(recorded - planned) < 0.05 * planned))
+    fail_msg("summary.json's planned peak %.0f, tally plan's %.0f", recorded, planned);
+  assert_true(rankme > 0);
+  char *err;
+  assert_int_equal(report_run("real-run", &err), 0);
+  free(err);
+  char *html = read_page("real-run");
+  char bar[120];
+  snprintf(bar, sizeof bar, "class=\"bar planned\" data-bytes=\"%.0f\"", recorded);
+  assert_non_null(strstr(html, bar));
+  snprintf(bar, sizeof bar, "class=\"bar measured\" data-bytes=\"%.0f\"", measured);
+  assert_non_null(strstr(html, bar));
+  assert_int_equal(count(html, "Not measured"), 1);
+  assert_int_equal(count(html, "data.labels = none"), 1);
+  char cell_text[40];
+  snprintf(cell_text, sizeof cell_text, "<td>%.2f</td>", rankme);
+  assert_int_equal(count(html, cell_text), 1);
+  assert_non_null(strstr(html, "moco on resnet (models/resnet-small.ini)"));
+  assert_non_null(strstr(html, "<dt>recipe</dt><dd>configs/smoke.ini</dd>"));
+  free(html);
+  free(plan);
+  free(summary);
+}
+
 static int have_chromium(void) { return sh("command -v chromium > /dev/null 2>&1") == 0; }
 
 // The x pixel of the last point of the `which`-th run's line (0-based; reference lines not
@@ -583,6 +639,7 @@ int main(void) {
       cmocka_unit_test(test_long_ledger),
       cmocka_unit_test(test_fifo_refused),
       cmocka_unit_test(test_unlabeled_run_shows_quality),
+      cmocka_unit_test(test_real_run),
       cmocka_unit_test(test_dom_in_browser),
   };
   int failed = cmocka_run_group_tests(tests, setup, NULL);
