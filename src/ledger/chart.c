@@ -158,7 +158,7 @@ const char chart_page_style[] =
     "margin:1.5em auto;padding:0 2vw;max-width:1800px;color:#222;line-height:1.4}"
     "h1{font-size:1.6em;margin-bottom:.4em}h2{font-size:1.25em;margin-top:1.8em;"
     "border-bottom:1px solid #ddd;padding-bottom:.2em}h3{font-size:1.05em;margin:0 0 .4em}"
-    ".grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,440px),1fr));"
+    ".grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,540px),1fr));"
     "gap:.5em 1.5em;align-items:start}"
     ".cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,320px),1fr));"
     "gap:1em}.card{border:1px solid #ddd;border-top:4px solid #888;border-radius:4px;"
