@@ -172,7 +172,7 @@ const char chart_page_style[] =
     "svg .value{font-size:11px;fill:#222}svg .bar.planned{fill-opacity:.25;stroke-width:1.5;"
     "stroke-dasharray:4 3}"
     "svg .series{fill:none;stroke-width:2}svg .reference{stroke-dasharray:6 4;stroke-width:1.5}"
-    "figcaption{font-size:.85em;color:#444}.key{margin-right:1em;white-space:nowrap}"
+    "figcaption{font-size:.85em;color:#444}.key{margin-right:1em;display:inline-block}"
     ".swatch{display:inline-block;width:.9em;height:.9em;margin-right:.3em;"
     "vertical-align:-.1em;border-radius:2px}"
     ".swatch.planned{background:#ddd;border:1px dashed #555}.swatch.measured{background:#555}"
