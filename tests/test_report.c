@@ -1,8 +1,10 @@
-// `tally report` from two run folders written here (ledger.jsonl through the ledger's own writer,
-// eval.jsonl and summary.json by hand): the page must be self-contained (no scripts, no fetched
-// resources), and once a real browser (headless Chromium) has parsed it, its DOM must hold the
-// charts (SVG polylines for loss, throughput and kNN accuracy, stacked paths for memory) and the
-// cost table with the numbers written into the ledgers.
+// `tally report` from run folders written here (ledger.jsonl through the ledger's own writer,
+// eval.jsonl, summary.json and config.ini by hand) and from a real run: the page must be
+// self-contained (no scripts, no fetched resources), and once a real browser (headless Chromium)
+// has parsed it, its DOM must hold the charts (loss per objective against steps, compute and
+// time, kNN accuracy, planned beside measured memory as bars in proportion to their bytes) with
+// tick labels in readable units, the configuration keys that differ, and the cost table under
+// the ledger's questions with the numbers written into the ledgers.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
