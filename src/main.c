@@ -360,15 +360,17 @@ static int parse_count(const char *option, const char *text, long *out) {
 }
 
 // A run that cannot fit is refused before it starts, from its plan (arithmetic, a fraction of a
-// second), instead of being killed by the kernel minutes in. Under mpi each rank's machine is its
-// own, so only the local backend is checked. A plan that fails leaves the error to train_run.
-static int fits_in_memory(const Config *cfg, const char *objective, const TrainOptions *opt) {
+// second), instead of being killed by the kernel minutes in; the planned peak is kept for the
+// run's summary either way (`check` 0: --no-memory-check). Under mpi each rank's machine is its
+// own, so only the local backend is planned. A plan that fails leaves the error to train_run.
+static int fits_in_memory(const Config *cfg, const char *objective, TrainOptions *opt, int check) {
   if (strcmp(cfg->parallel.backend, "local") != 0) return 1;
   PlanOptions po = {.no_knn = opt->no_knn, .knn_at_start = opt->knn_at_start};
   PlanTotals t;
   if (plan_build(cfg, objective, -1, &po, NULL, &t) != 0) return 1;
+  opt->planned_peak_bytes = t.total_bytes;
   const double machine = tl_machine_memory_bytes();
-  if ((double)t.total_bytes <= machine) return 1;
+  if (!check || (double)t.total_bytes <= machine) return 1;
   char need[32], have[32];
   format_bytes((double)t.total_bytes, need, sizeof need);
   format_bytes(machine, have, sizeof have);
@@ -480,7 +482,7 @@ static int cmd_train(int argc, char **argv) {
   }
   opt.objective = objective;
   opt.out_dir = out_dir;
-  if (!no_memory_check && !fits_in_memory(&cfg, objective, &opt)) return 1;
+  if (!fits_in_memory(&cfg, objective, &opt, !no_memory_check)) return 1;
   if (!budget_fits_steps(&cfg, objective, &opt)) return 1;
   return train_run(&cfg, &opt);
 }

@@ -194,7 +194,7 @@ if command -v chromium >/dev/null 2>&1; then
   (($(count 'class="pareto"') >= 6)) || bad "no Pareto front marked in some chart"
   (($(count "raw pixels (baseline, dashed)") == 6)) || bad "a chart lacks the raw-pixel baseline"
   (($(count '<tr class="cell">') == 8)) || bad "$(count '<tr class="cell">') table rows, not 2 x 4"
-  grep -q "Linear probe top-1 against training PFLOP" "$TMP/dom.html" || bad "no accuracy-FLOPs chart"
+  grep -q "Linear probe top-1 against training compute" "$TMP/dom.html" || bad "no accuracy-FLOPs chart"
   grep -q "against peak resident memory" "$TMP/dom.html" || bad "no accuracy-memory chart"
 else
   [[ -n ${CI+set} ]] && bad "chromium is not installed (scripts/setup.sh --for-tests installs it)"

@@ -1,8 +1,10 @@
-// `tally report` from two run folders written here (ledger.jsonl through the ledger's own writer,
-// eval.jsonl and summary.json by hand): the page must be self-contained (no scripts, no fetched
-// resources), and once a real browser (headless Chromium) has parsed it, its DOM must hold the
-// charts (SVG polylines for loss, throughput and kNN accuracy, stacked paths for memory) and the
-// cost table with the numbers written into the ledgers.
+// `tally report` from run folders written here (ledger.jsonl through the ledger's own writer,
+// eval.jsonl, summary.json and config.ini by hand) and from a real run: the page must be
+// self-contained (no scripts, no fetched resources), and once a real browser (headless Chromium)
+// has parsed it, its DOM must hold the charts (loss per objective against steps, compute and
+// time, kNN accuracy, planned beside measured memory as bars in proportion to their bytes) with
+// tick labels in readable units, the configuration keys that differ, and the cost table under
+// the ledger's questions with the numbers written into the ledgers.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -10,6 +12,7 @@
 #include <cmocka.h>
 
 #include "cli_test_util.h"
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,12 +33,19 @@ static FILE *new_ledger(const char *name) {
   return f;
 }
 
+// moco's own fields as its declaration in src/objectives/moco.c names them (the report reads
+// them through that declaration): the age of the queue's oldest key answers "what is cached".
+static const LedgerOwnFields moco_queue_age = {
+    1, {{"queue_oldest_age_steps", LEDGER_CACHED, UNIT_STEPS, 0}}};
+
 // A run of `steps` records: B samples, objective-like counts, a falling loss, memory growing
-// by category.
+// by category, `flops_per_step` of training compute and 700 + 10 s ms a step; evaluations after
+// a third, two thirds and all of the steps; a summary with the planned and measured peaks.
 static void write_run(const char *name, const char *objective, int B, int views_grad, int negatives,
-                      int steps) {
+                      int steps, double flops_per_step, double planned_peak) {
   char path[600];
   FILE *f = new_ledger(name);
+  double seconds = 0;
   for (int s = 0; s < steps; s++) {
     LedgerRecord r = {0};
     r.step = s;
@@ -52,10 +62,18 @@ static void write_run(const char *name, const char *objective, int B, int views_
     r.workspace_bytes = (size_t)(4 + s) << 20;
     r.data_bytes = 50 << 20;
     r.eval_bytes = 600 << 20;
-    r.flops_forward = 9.5e9;
-    r.flops_backward = 1.9e10;
+    r.queue_bytes = strcmp(objective, "moco") == 0 ? 4096 * 128 * 4 : 0;
+    r.flops_forward = flops_per_step / 3;
+    r.flops_backward = flops_per_step * 2 / 3;
+    r.flops_total = flops_per_step * (s + 1);
     r.step_ms = 700 + 10 * s;
+    seconds += r.step_ms / 1e3;
+    r.train_seconds = seconds;
     r.images_per_s = B / (r.step_ms / 1e3);
+    if (strcmp(objective, "moco") == 0) {
+      r.own_fields = &moco_queue_age;
+      r.own[0] = s;
+    }
     ledger_write_json(f, &r);
   }
   fclose(f);
@@ -76,8 +94,32 @@ static void write_run(const char *name, const char *objective, int B, int views_
   assert_non_null(f);
   fprintf(f,
           "{\n  \"objective\": \"%s\",\n  \"backbone\": \"resnet\",\n  \"batch_size\": %d,\n"
-          "  \"peak_rss_bytes\": 1000000000,\n  \"knn_top1\": 0.75\n}\n",
-          objective, B);
+          "  \"peak_rss_bytes\": 1000000000,\n  \"planned_peak_bytes\": %.0f,\n"
+          "  \"knn_top1\": 0.75\n}\n",
+          objective, B, planned_peak);
+  fclose(f);
+}
+
+// config.ini as `tally train` writes it, the recipe's and the model file's keys (the latter as
+// comments), with the given learning rate, moco queue and model widths.
+static void write_config(const char *name, const char *labels, const char *lr, int queue,
+                         const char *stage_channels) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/%s/config.ini", tmpdir, name);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fprintf(f,
+          "; Tally configuration as resolved: every key, defaults included.\n"
+          "; Recipe: configs/smoke.ini\n\n"
+          "[data]\ndataset = stripes\nformat = imagefolder\ntrain = data/samples/stripes\n"
+          "image_size = 16\nchannels = 1\nlabels = %s\n\n"
+          "[model]\nfile = models/resnet-small.ini\n\n"
+          "[train]\nbatch_size = 32\nsteps = 12\nseed = 0\nbudget =\n\n"
+          "[optim]\nname = sgd\nlr = %s\nlr_batch = 0\nschedule = cosine\nwarmup_steps = 0\n\n"
+          "[moco]\nqueue_size = %d\n\n"
+          "; Model file models/resnet-small.ini, as read:\n; [backbone]\n; type = resnet\n"
+          "; stage_channels = %s\n",
+          labels, lr, queue, stage_channels);
   fclose(f);
 }
 
@@ -104,8 +146,11 @@ static char report[600];
 
 static int setup(void **state) {
   (void)state;
-  write_run("inbatch-run", "inbatch", 32, 64, 62, 12);
-  write_run("moco-run", "moco", 32, 32, 4096, 12);
+  // The same training compute in all, 3.42e11 FLOPs: inbatch in 6 steps of twice moco's.
+  write_run("inbatch-run", "inbatch", 32, 64, 62, 6, 5.7e10, 1.2e9);
+  write_run("moco-run", "moco", 32, 32, 4096, 12, 2.85e10, 8e8);
+  write_config("inbatch-run", "classes", "0.3", 4096, "32,64,128");
+  write_config("moco-run", "classes", "0.06", 64, "64,128,256");
   snprintf(report, sizeof report, "%s/report.html", tmpdir);
   return sh("%s report %s/inbatch-run %s/moco-run --out %s > /dev/null", bin, tmpdir, tmpdir,
             report);
@@ -311,13 +356,15 @@ static void test_fifo_refused(void **state) {
   }
 }
 
-// An unlabeled run has no kNN to chart: its evaluations' label-free quality is drawn instead
-// (RankMe, and embedding_std as a fraction of 1/sqrt(d) with the collapse threshold dashed), and
-// the first evaluation found collapsed is named by its step. Runs from before the quality was
-// measured (the other fixtures) get no such section.
+// An unlabeled run has no kNN to chart: its evaluations' label-free quality is shown instead
+// (the last RankMe and embedding_std in the quality table, RankMe and embedding_std as a
+// fraction of 1/sqrt(d) over the steps with the collapse threshold dashed), what was not measured
+// is said once, with the reason config.ini gives, and the first evaluation found collapsed is
+// named by its step. Runs from before the quality was measured (the other fixtures) get none.
 static void test_unlabeled_run_shows_quality(void **state) {
   (void)state;
-  write_run("unlabeled-run", "vicreg", 32, 64, 0, 12);
+  write_run("unlabeled-run", "vicreg", 32, 64, 0, 12, 2e10, 9e8);
+  write_config("unlabeled-run", "none", "0.3", 4096, "32,64,128");
   char path[600];
   snprintf(path, sizeof path, "%s/unlabeled-run/eval.jsonl", tmpdir);
   FILE *f = fopen(path, "w");
@@ -331,29 +378,156 @@ static void test_unlabeled_run_shows_quality(void **state) {
             "\"collapsed\":%s,\"seconds\":1}\n",
             4 * (e + 1), rankme[e], std[e], e == 2 ? "true" : "false");
   fclose(f);
+  // summary.json without kNN, as an unlabeled run writes it.
+  assert_int_equal(sh("sed -i '/knn_top1/d' %s/unlabeled-run/summary.json", tmpdir), 0);
   char *err;
   assert_int_equal(report_run("unlabeled-run", &err), 0);
   free(err);
   char *html = read_page("unlabeled-run");
-  assert_null(strstr(html, "No encoder evaluations recorded."));
-  assert_non_null(strstr(html, "No kNN evaluations recorded"));
-  assert_non_null(strstr(html, "<h2>Label-free quality</h2>"));
+  assert_null(strstr(html, "No encoder evaluations recorded"));
+  // What is missing, once, with its reason.
+  assert_int_equal(count(html, "Not measured"), 1);
+  assert_int_equal(count(html, "kNN accuracy"), 1);
+  assert_int_equal(count(html, "data.labels = none"), 1);
+  // The quality table: RankMe of the last evaluation (1.2) once, its embedding_std 0.0001 of
+  // 0.088388 = 0.0011 collapsed; no kNN column.
+  assert_int_equal(count(html, "<th>RankMe</th>"), 1);
+  assert_int_equal(count(html, "<td>1.20</td>"), 1);
+  assert_non_null(strstr(html, "<td>0.001 (collapsed)</td>"));
+  assert_null(strstr(html, "<th>kNN top-1</th>"));
   assert_non_null(strstr(html, "RankMe (effective rank of the embeddings) against step"));
   assert_non_null(strstr(html, "embedding_std as a fraction of 1/sqrt(d)"));
   assert_non_null(strstr(html, "collapse threshold"));
-  // Loss, throughput, learning rate, the two quality charts (the second with its threshold).
-  assert_int_equal(count(html, "<polyline"), 3 + 1 + 2);
+  // Loss against steps, compute and time; throughput and learning rate; RankMe; embedding_std
+  // and its threshold.
+  assert_int_equal(count(html, "<polyline"), 3 + 2 + 1 + 2);
   assert_int_equal(count(html, "class=\"series reference\""), 1);
   assert_non_null(strstr(html, "unlabeled-run (vicreg): collapsed at step 12"));
   assert_null(strstr(html, "collapsed at step 4"));
   assert_null(strstr(html, "collapsed at step 8"));
   free(html);
   html = read_page("moco-run");
-  assert_null(strstr(html, "Label-free quality"));
+  assert_null(strstr(html, "RankMe (effective rank"));
+  assert_null(strstr(html, "<th>RankMe</th>"));
+  assert_int_equal(count(html, "Not measured"), 1);
+  assert_non_null(strstr(html, "<b>moco-run</b>: no label-free quality"));
   free(html);
 }
 
+// A number member of the JSON text (first occurrence of "key":), or NaN.
+static double json_number(const char *text, const char *key) {
+  char what[80];
+  snprintf(what, sizeof what, "\"%s\":", key);
+  const char *at = strstr(text, what);
+  return at ? strtod(at + strlen(what), NULL) : NAN;
+}
+
+// A real run, trained here on the unlabeled sample images: its summary.json keeps the peak
+// `tally plan` draws up for the same configuration (within what the process' own resident memory
+// varies between two processes), and its report sets that beside the measured peak, says once
+// that no accuracy could be measured because the data has no labels, and shows its last RankMe
+// once.
+static void test_real_run(void **state) {
+  (void)state;
+  const char *settings =
+      "--config configs/smoke.ini --set data.dataset=stripes-unlabeled "
+      "--set moco.queue_size=64 --set train.steps=4";
+  assert_int_equal(sh("%s train --objective=moco %s --quiet --out %s/real-run > /dev/null 2>&1",
+                      bin, settings, tmpdir),
+                   0);
+  assert_int_equal(sh("%s plan --objective=moco %s --json > %s/plan.json", bin, settings, tmpdir),
+                   0);
+  char path[700];
+  snprintf(path, sizeof path, "%s/real-run/summary.json", tmpdir);
+  char *summary = read_all(path);
+  snprintf(path, sizeof path, "%s/plan.json", tmpdir);
+  char *plan = read_all(path);
+  const double recorded = json_number(summary, "planned_peak_bytes");
+  const double planned = json_number(plan, "planned_total_bytes");
+  const double measured = json_number(summary, "peak_rss_bytes");
+  const double rankme = json_number(summary, "rankme");
+  if (!(fabs(recorded - planned) < 0.05 * planned))
+    fail_msg("summary.json's planned peak %.0f, tally plan's %.0f", recorded, planned);
+  assert_true(rankme > 0);
+  char *err;
+  assert_int_equal(report_run("real-run", &err), 0);
+  free(err);
+  char *html = read_page("real-run");
+  char bar[120];
+  snprintf(bar, sizeof bar, "class=\"bar planned\" data-bytes=\"%.0f\"", recorded);
+  assert_non_null(strstr(html, bar));
+  snprintf(bar, sizeof bar, "class=\"bar measured\" data-bytes=\"%.0f\"", measured);
+  assert_non_null(strstr(html, bar));
+  assert_int_equal(count(html, "Not measured"), 1);
+  assert_int_equal(count(html, "data.labels = none"), 1);
+  char cell_text[40];
+  snprintf(cell_text, sizeof cell_text, "<td>%.2f</td>", rankme);
+  assert_int_equal(count(html, cell_text), 1);
+  assert_non_null(strstr(html, "moco on resnet (models/resnet-small.ini)"));
+  assert_non_null(strstr(html, "<dt>recipe</dt><dd>configs/smoke.ini</dd>"));
+  free(html);
+  free(plan);
+  free(summary);
+}
+
 static int have_chromium(void) { return sh("command -v chromium > /dev/null 2>&1") == 0; }
+
+// The x pixel of the last point of the `which`-th run's line (0-based; reference lines not
+// counted) in the chart titled `title`.
+static double last_point_x(const char *dom, const char *title, int which) {
+  const char *chart = strstr(dom, title), *end = chart ? strstr(chart, "</svg>") : NULL;
+  assert_non_null(end);
+  const char *line = chart;
+  for (int i = 0; i <= which; i++) {
+    line = strstr(line + 1, "<polyline class=\"series\"");
+    assert_true(line && line < end);
+  }
+  const char *points = strstr(line, "points=\""), *close = strchr(points + 8, '"');
+  const char *last = close;
+  while (last[-1] == ' ') last--;
+  while (last > points && last[-1] != ' ' && last[-1] != '"') last--;
+  return atof(last);
+}
+
+// The height in pixels of the bar `kind` ("planned", "measured") of data-bytes `bytes`.
+static double bar_height(const char *dom, const char *kind, const char *bytes) {
+  char what[120];
+  snprintf(what, sizeof what, "class=\"bar %s\" data-bytes=\"%s\"", kind, bytes);
+  const char *bar = strstr(dom, what);
+  if (!bar) fail_msg("no %s", what);
+  const char *h = strstr(bar, "height=\"");
+  assert_non_null(h);
+  return atof(h + 8);
+}
+
+// Every tick label of every chart is a short number with its unit: at most 4 significant
+// digits (no "0.00035", no "1.5e+11"), then nothing, "%", or a unit a person reads.
+static void assert_ticks_readable(const char *dom) {
+  static const char *const units[] = {"",      "%",     "FLOP", "kFLOP", "MFLOP", "GFLOP",
+                                      "TFLOP", "PFLOP", "B",    "KiB",   "MiB",   "GiB",
+                                      "TiB",   "ms",    "s",    "min",   "h"};
+  int ticks = 0;
+  for (const char *t = dom; (t = strstr(t, "class=\"tick")); t++) {
+    const char *text = strchr(t, '>') + 1, *end = strchr(text, '<');
+    char label[64];
+    snprintf(label, sizeof label, "%.*s", (int)(end - text), text);
+    if (!(label[0] == '-' || (label[0] >= '0' && label[0] <= '9'))) continue;  // a run's name
+    ticks++;
+    int digits = 0, leading = 1;
+    const char *c = label + (label[0] == '-');
+    for (; (*c >= '0' && *c <= '9') || *c == '.'; c++) {
+      if (*c == '.') continue;
+      if (*c != '0') leading = 0;
+      digits += !leading;
+    }
+    if (digits > 4 || strchr(label, 'e')) fail_msg("tick label '%s' is not readable", label);
+    if (*c == ' ' || *c == '%') c += *c == ' ';
+    int known = 0;
+    for (size_t u = 0; u < sizeof units / sizeof *units; u++) known |= strcmp(c, units[u]) == 0;
+    if (!known) fail_msg("tick label '%s': unknown unit '%s'", label, c);
+  }
+  assert_true(ticks > 50);
+}
 
 static void test_dom_in_browser(void **state) {
   (void)state;
@@ -373,30 +547,84 @@ static void test_dom_in_browser(void **state) {
                       tmpdir, report, dom_path),
                    0);
   char *dom = read_all(dom_path);
-  // Loss, throughput, learning rate and three kNN charts (against steps, training FLOPs and
-  // training seconds):
-  // one polyline per run each, the kNN charts plus the raw-pixel baseline both runs share
-  // (dashed); no linear-probe charts (the runs did not fit one); memory: one chart per run with a
-  // stacked band per category present (parameters, gradients, activations, workspace, data,
-  // evaluation).
-  assert_int_equal(count(dom, "<svg"), 8);
-  assert_int_equal(count(dom, "<polyline"), 2 + 2 + 2 + 3 * 3);
+  // Three kNN charts (against steps, training compute and training time), one line per run and
+  // the raw-pixel baseline both share (dashed); no linear-probe charts (the runs did not fit
+  // one). A loss chart per objective against each of the three (one line each: inbatch's and
+  // moco's losses are not drawn on one axis). Throughput and learning rate. One memory chart.
+  assert_int_equal(count(dom, "<svg"), 3 + 2 * 3 + 2 + 1);
+  assert_int_equal(count(dom, "<polyline"), 3 * 3 + 2 * 3 + 2 * 2);
   assert_int_equal(count(dom, "class=\"series reference\""), 3);
-  assert_non_null(strstr(dom, "kNN top-1 accuracy against training PFLOP"));
-  assert_non_null(strstr(dom, "kNN top-1 accuracy against training seconds"));
+  assert_non_null(strstr(dom, "kNN top-1 accuracy against training compute"));
+  assert_non_null(strstr(dom, "kNN top-1 accuracy against training time"));
   assert_non_null(strstr(dom, "raw pixels (baseline)"));
-  assert_int_equal(count(dom, "class=\"band\""), 12);
-  assert_non_null(strstr(dom, "Training loss"));
-  assert_non_null(strstr(dom, "kNN top-1 accuracy"));
-  assert_non_null(strstr(dom, "Memory by category: moco-run (moco)"));
-  // The cost table, side by side: views with gradient 64 against 32, negatives 62 against 4096,
-  // activations 64 MiB against 32 MiB, the last kNN evaluation 75%.
-  const char *table = strstr(dom, "<table");
+  assert_non_null(strstr(dom, "inbatch loss against step"));
+  assert_non_null(strstr(dom, "moco loss against training compute"));
+  // Both runs spent 3.42e11 FLOPs, inbatch in 6 steps and moco in 12: their last evaluations
+  // fall together against compute, not against steps.
+  const char *knn_flops = "kNN top-1 accuracy against training compute";
+  const double end_inbatch = last_point_x(dom, knn_flops, 0),
+               end_moco = last_point_x(dom, knn_flops, 1);
+  if (!(fabs(end_inbatch - end_moco) < 0.5)) fail_msg("%g against %g", end_inbatch, end_moco);
+  const char *knn_steps = "kNN top-1 accuracy against step";
+  assert_true(last_point_x(dom, knn_steps, 1) - last_point_x(dom, knn_steps, 0) > 100);
+  // Axes in units a person reads: the compute axis of 28.5 to 342 GFLOP in GFLOP, the time
+  // axis of 0.7 to 9.1 s in s, memory of up to 1.2e9 bytes (1.12 GiB) in GiB.
+  assert_ticks_readable(dom);
+  assert_non_null(strstr(dom, " GFLOP</text>"));
+  assert_null(strstr(dom, "PFLOP</text>"));
+  assert_non_null(strstr(dom, " s</text>"));
+  assert_non_null(strstr(dom, "0.2 GiB</text>"));
+  // Memory: one group per run on one axis, the planned peak beside the measured one: inbatch
+  // planned 1.2e9 bytes and measured 1e9, moco planned 8e8; bars in proportion to their bytes.
+  assert_int_equal(count(dom, "class=\"bar planned\""), 2);
+  assert_int_equal(count(dom, "class=\"bar measured\""), 2);
+  const double planned_inbatch = bar_height(dom, "planned", "1200000000"),
+               planned_moco = bar_height(dom, "planned", "800000000"),
+               measured = bar_height(dom, "measured", "1000000000");
+  if (!(fabs(measured / planned_inbatch - 1e9 / 1.2e9) < 0.01 &&
+        fabs(planned_moco / planned_inbatch - 8e8 / 1.2e9) < 0.01))
+    fail_msg("bar heights %g, %g, %g", planned_inbatch, planned_moco, measured);
+  assert_non_null(strstr(dom, "measured 954 MiB, 125% of the planned 763 MiB"));
+  assert_null(strstr(dom, "class=\"band\""));
+  // The runs' headers and what differs between their configurations: the learning rate and the
+  // model's widths; moco's queue is moco-run's alone (inbatch does not read [moco]), the rest
+  // is the same.
+  assert_non_null(strstr(dom, "moco on resnet (models/resnet-small.ini)"));
+  assert_non_null(strstr(dom, "sgd, lr 0.06, cosine schedule"));
+  assert_non_null(strstr(dom, "stripes: data/samples/stripes, 16 px, 1 channel"));
+  const char *diff = strstr(dom, "What differs between these runs");
+  assert_non_null(diff);
+  const char *diff_end = strstr(diff, "</table>");
+  assert_non_null(diff_end);
+  const char *lr = strstr(diff, "<th>optim.lr</th><td>0.3</td><td>0.06</td>");
+  const char *widths =
+      strstr(diff, "<th>backbone.stage_channels</th><td>32,64,128</td><td>64,128,256</td>");
+  assert_true(lr && lr < diff_end && widths && widths < diff_end);
+  const char *queue = strstr(diff, "moco.queue_size"), *seed = strstr(diff, "train.seed");
+  assert_true(!queue || queue > diff_end);
+  assert_true(!seed || seed > diff_end);
+  // The cost table, side by side, its rows under the ledger's four questions: views with
+  // gradient 64 against 32 and negatives 62 against 4096 (encoded), activations 64 MiB against
+  // 32 MiB (held), moco's queue and its oldest key 11 steps old (cached), the next step's
+  // encodings (redo).
+  const char *table = strstr(dom, "<table class=\"cost\"");
   assert_non_null(table);
-  assert_non_null(strstr(table, "<td>64</td><td>32</td>"));
-  assert_non_null(strstr(table, "<td>62</td><td>4096</td>"));
-  assert_non_null(strstr(table, "<td>64.0 MiB</td><td>32.0 MiB</td>"));
-  assert_non_null(strstr(table, "<td>75.00%</td><td>75.00%</td>"));
+  const char *encoded = strstr(table, "What is encoded this step");
+  const char *held = strstr(table, "What is held");
+  const char *cached = strstr(table, "What is cached from earlier steps");
+  const char *next = strstr(table, "What the next step must redo");
+  assert_true(encoded && held && cached && next);
+  assert_true(encoded < held && held < cached && cached < next);
+  const char *views = strstr(table, "<td>64</td><td>32</td>");
+  const char *negatives = strstr(table, "<td>62</td><td>4096</td>");
+  const char *activations = strstr(table, "<td>64.0 MiB</td><td>32.0 MiB</td>");
+  const char *queue_bytes = strstr(table, "<td>0 B</td><td>2.00 MiB</td>");
+  const char *age = strstr(table, "<th>queue_oldest_age_steps</th><td>-</td><td>11</td>");
+  assert_true(views > encoded && views < held && negatives > encoded && negatives < held);
+  assert_true(activations > held && activations < cached);
+  assert_true(queue_bytes > cached && queue_bytes < next && age > cached && age < next);
+  // The quality table: the last kNN evaluation 75% for both.
+  assert_non_null(strstr(dom, "<td>75.00%</td>"));
   // Median step time of 700, 710, ..., 810 ms.
   assert_non_null(strstr(table, "<td>755.0</td>"));
   free(dom);
@@ -413,6 +641,7 @@ int main(void) {
       cmocka_unit_test(test_long_ledger),
       cmocka_unit_test(test_fifo_refused),
       cmocka_unit_test(test_unlabeled_run_shows_quality),
+      cmocka_unit_test(test_real_run),
       cmocka_unit_test(test_dom_in_browser),
   };
   int failed = cmocka_run_group_tests(tests, setup, NULL);

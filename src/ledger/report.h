@@ -1,7 +1,9 @@
 // `tally report`: one self-contained HTML page from run folders (ledger.jsonl, eval.jsonl,
-// summary.json, config.ini): loss, kNN accuracy, images/s and memory by category over the steps,
-// drawn as inline SVG (no network, no scripts, no fonts to fetch), and with several runs a
-// side-by-side table of what one step of each objective costs.
+// summary.json, config.ini), drawn as inline SVG (no network, no scripts, no fonts to fetch): a
+// card per run and the configuration keys that differ between them; the encoder's quality;
+// loss per objective against steps, compute and time; throughput and learning rate; planned
+// beside measured peak memory; and a side-by-side table of what one step of each run costs,
+// under the ledger's four questions.
 #pragma once
 #include "ledger/record.h"
 

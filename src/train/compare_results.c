@@ -428,11 +428,11 @@ static int by_x(const void *a, const void *b) {
   return (p->x > q->x) - (p->x < q->x);
 }
 
-// Accuracy (measure m) against a cost (measure x_m, shown in x_unit): a point per objective and
+// Accuracy (measure m) against a cost (measure x_m, its axis of x_scale): a point per objective and
 // budget with its interval as an error bar, each objective's budgets joined, the Pareto front
 // (nothing cheaper scores as well) ringed and joined dashed, the raw-pixel baseline dashed.
 static void scatter_chart(FILE *f, const CompareSpec *spec, const CompareCell *cells, int m,
-                          int x_m, double x_unit, const char *x_label) {
+                          int x_m, ChartScale x_scale, const char *x_label) {
   Point p[COMPARE_MAX_OBJECTIVES * COMPARE_MAX_BUDGETS];
   int n = 0;
   long not_drawn = 0;
@@ -443,7 +443,7 @@ static void scatter_chart(FILE *f, const CompareSpec *spec, const CompareCell *c
     for (int b = 0; b < spec->n_budgets; b++) {
       const CompareCell *c = &cells[o * spec->n_budgets + b];
       if (!isfinite(raw)) raw = c->m[raw_m].mean;
-      Point q = {c->m[x_m].mean / x_unit, c->m[m].mean, c->m[m].lo, c->m[m].hi, o, b};
+      Point q = {c->m[x_m].mean, c->m[m].mean, c->m[m].lo, c->m[m].hi, o, b};
       if (!isfinite(q.x) || !isfinite(q.y)) {
         not_drawn++;
         continue;
@@ -459,11 +459,11 @@ static void scatter_chart(FILE *f, const CompareSpec *spec, const CompareCell *c
   if (y1 - y0 < 0.01) y0 = fmax(0, y1 - 0.05);
   // Room either side so the first and last points are not on the frame.
   double pad = x1 > x0 ? (x1 - x0) * 0.08 : fmax(fabs(x0) * 0.1, 1e-9);
-  ChartPlot plot = chart_plot(fmax(0, x0 - pad), x1 + pad, y0, y1, chart_fmt_percent, 0);
+  ChartPlot plot = chart_plot(fmax(0, x0 - pad), x1 + pad, x_scale, y0, y1, CHART_PERCENT);
   char title[200];
   snprintf(title, sizeof title, "%s top-1 against %s", m == M_LINEAR ? "Linear probe" : "kNN",
            x_label);
-  chart_open(f, title, x_label, &plot, chart_fmt_percent);
+  chart_open(f, title, x_label, &plot);
   if (isfinite(raw))
     fprintf(f,
             "<polyline class=\"series reference\" stroke=\"#777777\" points=\"%.1f,%.1f "
@@ -576,11 +576,11 @@ int compare_write_html(const CompareSpec *spec, const CompareCell *cells, const 
   }
   static const struct {
     CompareMeasure x;
-    double unit;
+    ChartScale scale;
     const char *label;
-  } axes[] = {{M_FLOPS, 1e15, "training PFLOP (every replica)"},
-              {M_SECONDS, 1, "training seconds (evaluation excluded)"},
-              {M_PEAK_RSS, 1048576, "peak resident memory (MiB)"}};
+  } axes[] = {{M_FLOPS, CHART_FLOPS, "training compute (every replica)"},
+              {M_SECONDS, CHART_SECONDS, "training time (evaluation excluded)"},
+              {M_PEAK_RSS, CHART_BYTES, "peak resident memory"}};
   const CompareMeasure accuracies[] = {M_LINEAR, M_KNN};
   for (int k = 0; k < 2; k++) {
     int any = 0;
@@ -589,7 +589,7 @@ int compare_write_html(const CompareSpec *spec, const CompareCell *cells, const 
     if (!any) continue;
     fprintf(f, "<h2>%s</h2>\n", accuracies[k] == M_LINEAR ? "Linear probe" : "kNN");
     for (size_t x = 0; x < sizeof axes / sizeof *axes; x++)
-      scatter_chart(f, spec, cells, accuracies[k], axes[x].x, axes[x].unit, axes[x].label);
+      scatter_chart(f, spec, cells, accuracies[k], axes[x].x, axes[x].scale, axes[x].label);
   }
   static const CompareMeasure scores[] = {M_KNN, M_LINEAR, M_RANKME, M_EMBEDDING_STD};
   static const CompareMeasure costs[] = {M_FLOPS,         M_SECONDS,         M_PEAK_RSS,

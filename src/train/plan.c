@@ -696,20 +696,16 @@ static void format_value(const LedgerFieldInfo *fi, double v, char *buf, size_t 
       else
         format_bytes(v, buf, n);
       break;
-    case UNIT_FLOPS:
-      if (v >= 1e15)
-        snprintf(buf, n, "%.2f PFLOP", v / 1e15);
-      else if (v >= 1e12)
-        snprintf(buf, n, "%.2f TFLOP", v / 1e12);
-      else if (v >= 1e9)
-        snprintf(buf, n, "%.2f GFLOP", v / 1e9);
-      else if (v >= 1e6)
-        snprintf(buf, n, "%.2f MFLOP", v / 1e6);
-      else if (v >= 1e3)
-        snprintf(buf, n, "%.2f kFLOP", v / 1e3);
-      else
+    case UNIT_FLOPS: {
+      // Two decimals in every unit, so a column of FLOPs lines up on its decimal point.
+      const char *unit;
+      const double size = quantity_unit(QTY_FLOPS, v, &unit);
+      if (size == 1)
         snprintf(buf, n, "%.0f", v);
+      else
+        snprintf(buf, n, "%.2f %s", v / size, unit);
       break;
+    }
     case UNIT_COUNT:
       snprintf(buf, n, "%.0f", v);
       break;

@@ -244,6 +244,10 @@ static int write_summary(Run *run) {
           run->train_seconds);
   fprintf(f, "  \"peak_rss_bytes\": %zu,\n  \"flops_total\": %.9g,\n", run->peak_rss,
           run->flops_total);
+  if (run->opt->planned_peak_bytes)
+    fprintf(f, "  \"planned_peak_bytes\": %zu,\n", run->opt->planned_peak_bytes);
+  else
+    fprintf(f, "  \"planned_peak_bytes\": null,\n");
   if (cfg->train.budget[0]) {
     // How much of the budget the run spent: training seconds, FLOPs or epochs over what was given.
     const Budget *b = &run->budget;

@@ -22,6 +22,9 @@ typedef struct {
   long ledger_last_step;
   unsigned long ledger_last_crc;
   double last_loss;  // resuming: the loss of the checkpoint's last step (NaN if not recorded)
+  // The run's planned peak memory (`tally plan`'s total, drawn up before it started), kept in
+  // summary.json beside the measured peak; 0 when it was not planned.
+  size_t planned_peak_bytes;
 } TrainOptions;
 
 // Runs a whole training job. Returns 0 on success (a finished run, or one stopped by --stop-at);
