@@ -123,8 +123,8 @@ static const KeySpec recipe_keys[] = {
     TEXT_KEY(RECIPE(train, conv_algorithm), "auto", "auto|direct|winograd",
              "how 3x3 stride-1 fp32 convolutions of a ResNet whose channel counts are multiples "
              "of 16 compute: `winograd` (oneDNN's F(4x4, 3x3) kernels, 1.3-2.6x faster than "
-             "direct on 64 channels and more, slower on 32 on an AVX-512 Xeon), `direct`, or "
-             "`auto`: Winograd where both channel counts are 64 or more. The same FLOPs are "
+             "direct on 32 channels and more, slower on 16 on an AVX-512 Xeon), `direct`, or "
+             "`auto`: Winograd where both channel counts are 32 or more. The same FLOPs are "
              "counted either way; a library or CPU without Winograd runs direct"),
 
     TEXT_KEY(RECIPE(optim, name), "sgd", "sgd|lars|adamw",

@@ -354,10 +354,13 @@ static void test_resnet_conv_flops(void **state) {
   // images need none).
   double conv_bwd = N * (2 * per_image - stem);
   assert_true(bwd >= conv_bwd && bwd <= 1.02 * conv_bwd);
-  // train.conv_algorithm = auto runs Winograd for the 3x3 stride-1 layers of 64 channels and more
-  // (stages 2 and 3's second convolutions), all three passes, where oneDNN has it (2.x, AVX-512).
+  // train.conv_algorithm = auto runs Winograd for the 3x3 stride-1 layers of 32 channels and more
+  // (stage 1's two convolutions, stages 2 and 3's second ones; not the stem, whose input is the
+  // one-channel image), all three passes, where oneDNN has it (2.x, AVX-512).
   const int wino = DNNL_VERSION_MAJOR < 3 && dnnl_cpu_has_avx512();
-  const double winograd = 3.0 * N * (conv_flops(14, 64, 64, 3) + conv_flops(7, 128, 128, 3));
+  const double winograd =
+      3.0 * N *
+      (2 * conv_flops(28, 32, 32, 3) + conv_flops(14, 64, 64, 3) + conv_flops(7, 128, 128, 3));
   print_message("Winograd %.4g of %.4g FLOPs\n", r.flops_winograd, fwd + bwd);
   assert_float_equal(r.flops_winograd, wino ? winograd : 0.0, 1.0);
   assert_true(config_set(&c, "train.conv_algorithm=direct") == 0);

@@ -43,11 +43,15 @@ typedef enum { CONV_FWD, CONV_BWD_DATA, CONV_BWD_WEIGHTS } ConvPass;
 
 // Whether to ask oneDNN for Winograd F(4x4, 3x3) (3x3, stride 1, pad 1, f32 — it has no bf16
 // one — on blocked activations; with nhwc it has none). Auto takes it where both channel counts
-// are 64 or more. Measured on an Intel Xeon with AVX-512 and AMX (2 threads, one primitive at a
-// time, best of 9, ms forward / backward data / backward weights, direct vs Winograd): 64 and
-// more channels 1.3-2.6x faster (batch 64, 128->128 at 32x32: 55/65/65 vs 23/23/24; 512->512 at
-// 8x8: 53/54/62 vs 25/24/25; batch 256, 128->128 at 8x8: 14/14/17 vs 6/6/7); 32 channels up to
-// 3x slower (batch 256, 32->32 at 32x32: 14/17/19 vs 47/62/39).
+// are 32 or more. Measured on an Intel Xeon with AVX-512 and AMX, 2026-12-05 (2 threads, one
+// primitive at a time, best of 5, ms forward / backward data / backward weights, direct vs
+// Winograd, nChw16c): 32 channels 1.4-1.8x faster (batch 256, 32->32 at 32x32: 14.2/16.9/18.3 vs
+// 10.3/10.5/10.3; at 28x28: 11.3/12.4/12.2 vs 7.3/7.4/7.6; batch 512 at 32x32: 28.2/33.4/36.1 vs
+// 21.3/21.2/20.5), 64 and more 1.3-2.6x (batch 64, 128->128 at 32x32: 55/65/65 vs 23/23/24;
+// 512->512 at 8x8: 53/54/62 vs 25/24/25); 16 channels slower (batch 512, 16->16 at 28x28:
+// 5.7/6.7/6.6 vs 10.9/10.4/5.9; batch 64 at 64x64: 4.2/4.1/4.3 vs 6.1/6.2/3.6). In a whole step
+// of inbatch on resnet-small-32 (batch 256), Winograd on the 32-channel stage too took the median
+// step from 591 to 526 ms.
 static int conv_winograd_wanted(const Conv2d *l, const DnnlCtx *ctx, dnnl_format_tag_t act) {
   if (l->K != 3 || l->stride != 1 || l->pad != 1 || act != dnnl_nChw16c ||
       dnnl_ctx_compute_type(ctx) != dnnl_f32)
@@ -60,7 +64,7 @@ static int conv_winograd_wanted(const Conv2d *l, const DnnlCtx *ctx, dnnl_format
     case CONV_ALGO_AUTO:
       break;
   }
-  return l->IC >= 64 && l->OC >= 64;
+  return l->IC >= 32 && l->OC >= 32;
 }
 
 // FLOPs of one pass (forward, backward-data or backward-weights): a multiply-add per output element
