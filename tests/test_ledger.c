@@ -368,6 +368,38 @@ static void test_resnet_conv_flops(void **state) {
   assert_float_equal(r.flops_winograd, 0.0, 0.0);
 }
 
+// The views an objective says it encoded, with and without gradient, against the work its encoder
+// did: forward FLOPs are one image's convolution arithmetic (test_resnet_conv_flops) for every
+// view, backward FLOPs that of the views with gradient (data and weight gradients, the stem's data
+// gradient excepted). The counts are the objective's own words; the FLOPs are counted by the ops
+// as they run, so a count that does not match what was encoded fails here.
+static void test_view_counts_match_encoder_work(void **state) {
+  (void)state;
+  double stem = conv_flops(28, 32, 1, 3);
+  double per_image = stem + 2 * conv_flops(28, 32, 32, 3) + conv_flops(14, 64, 32, 3) +
+                     conv_flops(14, 64, 64, 3) + conv_flops(14, 64, 32, 1) +
+                     conv_flops(7, 128, 64, 3) + conv_flops(7, 128, 128, 3) +
+                     conv_flops(7, 128, 64, 1);
+  const char *objectives[] = {"inbatch", "moco", "byol", "vicreg"};
+  Config c = base_config("resnet-small");
+  for (size_t i = 0; i < sizeof objectives / sizeof objectives[0]; i++) {
+    LedgerRecord r;
+    PlanTotals t;
+    plan(&c, objectives[i], 0, &r, &t);
+    double fwd = r.flops_forward_by[COMP_ENCODER], bwd = r.flops_backward_by[COMP_ENCODER];
+    double views = (double)(r.views_grad + r.views_nograd);
+    print_message(
+        "%s: %ld + %ld views, encoder forward %.4g = %.4f images' convolutions, "
+        "backward %.4g = %.4f\n",
+        objectives[i], r.views_grad, r.views_nograd, fwd, fwd / per_image, bwd,
+        bwd / (2 * per_image - stem));
+    assert_true(r.views_grad > 0);
+    assert_true(fwd >= views * per_image && fwd <= 1.02 * views * per_image);
+    double conv_bwd = (double)r.views_grad * (2 * per_image - stem);
+    assert_true(bwd >= conv_bwd && bwd <= 1.02 * conv_bwd);
+  }
+}
+
 // A timed probe runs real steps: a finite positive median, the run's time its steps at that
 // pace in --json, and a refusal (not a wrong number) for several replicas.
 static void test_timed_probe(void **state) {
@@ -514,6 +546,7 @@ int main(void) {
       cmocka_unit_test(test_queue_arithmetic),
       cmocka_unit_test(test_mae_tradeoffs),
       cmocka_unit_test(test_resnet_conv_flops),
+      cmocka_unit_test(test_view_counts_match_encoder_work),
       cmocka_unit_test(test_resnet18_is_a_model_file),
       cmocka_unit_test(test_memory_budget),
       cmocka_unit_test(test_timed_probe),
