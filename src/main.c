@@ -23,6 +23,7 @@
 #include "io/npy.h"
 #include "ledger/bytes.h"
 #include "train/plan.h"
+#include "train/plan_scaling.h"
 #include "ledger/report.h"
 #include "ledger/scaling.h"
 #include "objectives/objective.h"
@@ -549,130 +550,26 @@ static void usage_plan(FILE *f) {
           objective_names());
 }
 
-// What one step sends, from plans: the gradient block every replica averages and the buckets it
-// is averaged in, the other sums' payload (a two-replica ring moves 2 (2-1)/2 = 1 times each
-// payload each way, so half the allreduce bytes are payload), what a sample adds to the gathers
-// (rank 0 sends its block and receives the other, 2 x its block), and the collectives it calls
-// (two replicas take every multi-replica path, as N do).
-static int step_traffic(const Config *cfg, const char *objective, StepTraffic *t) {
-  static Config two;
-  two = *cfg;
-  if (config_set(&two, "parallel.backend=local") != 0 ||
-      config_set(&two, "parallel.replicas=2") != 0 ||
-      config_set(&two, "eval.knn_train_limit=0") != 0)
-    return -1;
-  const PlanOptions no_knn = {.no_knn = 1};
-  LedgerRecord rec;
-  PlanTotals totals;
-  if (plan_build(&two, objective, 0, &no_knn, &rec, &totals) != 0) return -1;
-  static double bucket_bytes[PLAN_MAX_BUCKETS], bucket_ready[PLAN_MAX_BUCKETS];
-  for (int b = 0; b < totals.grad_buckets; b++) {
-    bucket_bytes[b] = (double)totals.grad_bucket_floats[b] * sizeof(float);
-    bucket_ready[b] = totals.grad_bucket_ready[b];
-  }
-  t->allreduce_payload_bytes = (double)totals.param_count * sizeof(float);
-  t->gradient_buckets = totals.grad_buckets;
-  t->bucket_bytes = bucket_bytes;
-  t->bucket_ready = bucket_ready;
-  const double other = fmax(0, rec.comm_allreduce_bytes / 2.0 - t->allreduce_payload_bytes);
-  t->gather_bytes_per_sample = rec.comm_allgather_bytes / 2.0 / totals.local_batch;
-  t->allreduce_calls = rec.comm_allreduce_calls;
-  t->allgather_calls = rec.comm_allgather_calls;
-  // Some sums grow with the global batch (inbatch's column gradients, 2 x batch x d floats): a
-  // plan of twice the batch tells that part from the fixed. (Twice keeps every divisibility
-  // the batch met: shards, bn_splits; half would not.)
-  const int batch = two.train.batch_size;
-  static Config doubled;
-  LedgerRecord rec2;
-  PlanTotals totals2;
-  char set[64];
-  snprintf(set, sizeof set, "train.batch_size=%d", 2 * batch);
-  doubled = two;
-  t->other_allreduce_bytes = other, t->other_allreduce_bytes_per_sample = 0;
-  if (config_set(&doubled, set) != 0 ||
-      plan_build(&doubled, objective, 0, &no_knn, &rec2, &totals2) != 0) {
-    fprintf(stderr,
-            "tally plan: warning: no plan at twice the batch (%s); every sum is taken as fixed, "
-            "at the measured run's global batch\n",
-            tl_last_error());
-    return 0;
-  }
-  const double other2 = fmax(0, rec2.comm_allreduce_bytes / 2.0 - t->allreduce_payload_bytes);
-  t->other_allreduce_bytes_per_sample = fmax(0, (other2 - other) / batch);
-  t->other_allreduce_bytes = fmax(0, other - t->other_allreduce_bytes_per_sample * batch);
-  return 0;
-}
-
 // tally plan --from RUN --nodes N[,N...] --link RATE: throughput at N machines, one replica each.
 static int plan_scaling(const char *run_dir, const char *nodes_text, const char *link_text,
                         const char *mtu_text, const char *latency_text, const char *allreduce_text,
                         int keep_replica_batch, int json) {
-  double link, payload, latency;
-  ScaleAllreduce allreduce;
-  long mtu;
-  if (parse_whole("--mtu", mtu_text, 0, &mtu) != 0) return 2;
-  if (scaling_parse_rate(link_text, &link) != 0 || scaling_payload_rate(link, mtu, &payload) != 0 ||
-      scaling_parse_latency(latency_text, &latency) != 0 ||
-      scaling_parse_allreduce(allreduce_text, &allreduce) != 0) {
+  static ScalingSetup s;
+  ScaleQuestion *q = &s.question;
+  q->keep_replica_batch = keep_replica_batch;
+  if (parse_whole("--mtu", mtu_text, 0, &s.mtu) != 0) return 2;
+  if (scaling_parse_rate(link_text, &s.line_bytes_per_s) != 0 ||
+      scaling_payload_rate(s.line_bytes_per_s, s.mtu, &q->link_bytes_per_s) != 0 ||
+      scaling_parse_latency(latency_text, &q->latency_s) != 0 ||
+      scaling_parse_allreduce(allreduce_text, &q->allreduce) != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 2;
   }
-  char ckpt[4200], objective[64];
-  snprintf(ckpt, sizeof ckpt, "%s/%s", run_dir, CHECKPOINT_FILE);
-  static Config cfg;
-  StFile f;
-  MeasuredRun m;
-  StepTraffic traffic;
-  if (checkpoint_read(&f, ckpt) != 0) {
+  if (plan_scaling_setup(run_dir, &s) != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 1;
   }
-  const char *name = st_get_meta(&f, "objective");
-  snprintf(objective, sizeof objective, "%s", name ? name : "");
-  int rc = checkpoint_config(&f, ckpt, &cfg);
-  st_free(&f);
-  if (rc == 0) rc = scaling_read_run(run_dir, &m);
-  if (rc == 0) rc = step_traffic(&cfg, objective, &traffic);
-  if (rc != 0) {
-    fprintf(stderr, "tally: %s\n", tl_last_error());
-    return 1;
-  }
-  if (!json) {
-    printf(
-        "tally plan: %s from %s (%d replica%s of %d images; per step: compute %.1f ms, "
-        "backward %.1f ms, waiting for the slower replica %.1f ms),\n",
-        objective, run_dir, m.replicas, m.replicas == 1 ? "" : "s", m.local_batch,
-        m.step_ms - m.comm_ms, m.backward_ms, m.replicas > 1 ? m.comm_ms : 0.0);
-    char framing[64];
-    if (mtu)
-      snprintf(framing, sizeof framing, "TCP payload %.4g Gbit/s at MTU %ld", payload * 8 / 1e9,
-               mtu);
-    else
-      snprintf(framing, sizeof framing, "taken as TCP payload");
-    printf(
-        "link %.4g Gbit/s (%s) with %.3g us latency, one "
-        "replica per node, %s; gradient allreduce %.2f MB in %d bucket%s (%s), other sums %.0f "
-        "bytes (%.0f a sample of the global batch), gathers %.0f bytes per sample; %ld "
-        "allreduces and %ld gathers per step\n",
-        link * 8 / 1e9, framing, latency * 1e6,
-        keep_replica_batch ? "each keeps the measured per-replica batch"
-                           : "the measured global batch split over the nodes",
-        traffic.allreduce_payload_bytes / 1e6, traffic.gradient_buckets,
-        traffic.gradient_buckets == 1 ? "" : "s",
-        scaling_allreduce_name(allreduce == SCALE_ALLREDUCE_AUTO ? SCALE_ALLREDUCE_BINOMIAL
-                                                                 : allreduce),
-        scaling_other_sum_bytes(&traffic, m.global_batch), traffic.other_allreduce_bytes_per_sample,
-        traffic.gather_bytes_per_sample, traffic.allreduce_calls, traffic.allgather_calls);
-    printf("gradient buckets in the order they start (MB, written by this share of backward):");
-    for (int b = 0; b < traffic.gradient_buckets; b++)
-      printf(" %.2f (%.0f%%)", traffic.bucket_bytes[b] / 1e6, 100 * traffic.bucket_ready[b]);
-    printf("\n");
-    printf("%7s %7s %7s %11s %9s %11s %11s %13s %11s %10s\n", "nodes", "batch", "/node",
-           "compute ms", "link ms", "comm ms", "step ms", "no-overlap ms", "images/s",
-           "efficiency");
-    // Efficiency: the share of a step spent computing, i.e. images/s against N nodes that
-    // never wait for the link.
-  }
+  if (!json) scaling_print_setup(stdout, &s);
   char copy[256];
   snprintf(copy, sizeof copy, "%s", nodes_text);
   for (char *save, *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -682,28 +579,7 @@ static int plan_scaling(const char *run_dir, const char *nodes_text, const char 
       fprintf(stderr, "tally: --nodes '%s': expected node counts such as 2,8,64\n", nodes_text);
       return 2;
     }
-    ScaleQuestion q = {.nodes = (int)nodes,
-                       .link_bytes_per_s = payload,
-                       .keep_replica_batch = keep_replica_batch,
-                       .latency_s = latency,
-                       .allreduce = allreduce};
-    ScalePrediction p;
-    scaling_predict(&m, &traffic, &q, &p);
-    if (json)
-      printf(
-          "{\"objective\":\"%s\",\"nodes\":%ld,\"link_bytes_per_s\":%.6g,\"mtu\":%ld,"
-          "\"payload_bytes_per_s\":%.6g,\"latency_s\":%.6g,\"allreduce\":\"%s\",\"local_batch\":%d,"
-          "\"global_batch\":%d,"
-          "\"predicted_compute_ms\":%.3f,\"predicted_wait_ms\":%.3f,"
-          "\"predicted_link_ms\":%.3f,\"predicted_comm_ms\":%.3f,\"predicted_step_ms\":%.3f,"
-          "\"predicted_step_ms_no_overlap\":%.3f,\"predicted_images_per_s\":%.2f}\n",
-          objective, nodes, link, mtu, payload, latency, scaling_allreduce_name(p.allreduce),
-          p.local_batch, p.global_batch, p.compute_ms, p.wait_ms, p.link_ms, p.comm_ms, p.step_ms,
-          p.step_ms_no_overlap, p.images_per_s);
-    else
-      printf("%7ld %7d %7d %11.1f %9.1f %11.1f %11.1f %13.1f %11.0f %9.0f%%\n", nodes,
-             p.global_batch, p.local_batch, p.compute_ms, p.link_ms, p.comm_ms, p.step_ms,
-             p.step_ms_no_overlap, p.images_per_s, 100 * p.compute_ms / p.step_ms);
+    scaling_print_prediction(stdout, &s, nodes, json);
   }
   return 0;
 }
