@@ -204,6 +204,56 @@ static int config_arg(int argc, char **argv, int *i, ConfigArgs *a) {
   return 1;
 }
 
+// One option of a command: a value option keeps its text in *text (the last one given), a flag
+// sets *flag to 1. `given`, when set, receives the option's name: which of a group came last.
+typedef struct {
+  const char *name;
+  const char **text;
+  int *flag;
+  const char **given;
+} Option;
+
+// Walks a command's arguments: each is -h/--help, one of opts (ended by a row without a name), or
+// one that `more` consumes (it returns 1, 0 when the argument is not its own, or -1 on an error
+// it printed). Returns 0 when all were taken, 1 when the usage was printed for --help, 2 on a
+// usage error (printed).
+static int parse_options(const char *command, int argc, char **argv, const Option *opts,
+                         int (*more)(int argc, char **argv, int *i, void *ctx), void *ctx,
+                         void (*usage)(FILE *)) {
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage(stdout);
+      return 1;
+    }
+    const Option *o = opts;
+    const char *v = NULL;
+    while (o->name && !(o->flag ? !strcmp(argv[i], o->name)
+                                : (v = option_value(argc, argv, &i, o->name)) != NULL))
+      o++;
+    if (o->name) {
+      if (o->flag)
+        *o->flag = 1;
+      else
+        *o->text = v;
+      if (o->given) *o->given = o->name;
+      continue;
+    }
+    int used = more ? more(argc, argv, &i, ctx) : 0;
+    if (used < 0) return 2;
+    if (!used) {
+      fprintf(stderr, "tally %s: unknown option '%s' (see tally %s --help)\n", command, argv[i],
+              command);
+      return 2;
+    }
+  }
+  return 0;
+}
+
+// The configuration options (config_arg) as parse_options' `more`.
+static int more_config(int argc, char **argv, int *i, void *config_args) {
+  return config_arg(argc, argv, i, config_args);
+}
+
 // 0 if `objective` names an objective; otherwise prints why and returns 2.
 static int check_objective(const char *objective) {
   const ObjectiveDef *def = objective_find(objective);
@@ -584,98 +634,76 @@ static int plan_scaling(const char *run_dir, const char *nodes_text, const char 
   return 0;
 }
 
+// tally plan --from takes the measured run's configuration: an option that chooses another
+// would be ignored. Returns the first such option given, or NULL.
+static const char *unused_by_scaling(const ConfigArgs *ca, const char *objective_given,
+                                     const char *budget_text, const char *step_text,
+                                     const PlanRequest *req) {
+  return config_args_given(ca)       ? "--config, --set, --steps, --epochs or --budget"
+         : objective_given           ? "--objective"
+         : budget_text               ? "--memory-budget"
+         : step_text                 ? "--step"
+         : req->options.no_knn       ? "--no-knn"
+         : req->options.knn_at_start ? "--knn-at-start"
+         : req->timed                ? "--time"
+                                     : NULL;
+}
+
 static int cmd_plan(int argc, char **argv) {
-  const char *objectives = "inbatch", *budget_text = NULL, *step_text = NULL;
+  const char *objectives = "inbatch", *objective_given = NULL, *budget_text = NULL,
+             *step_text = NULL;
   // 50 us: Open MPI over TCP through one Ethernet switch delivers a small message in tens of us.
   const char *from = NULL, *nodes = NULL, *link = NULL, *latency = "50us", *allreduce = "auto",
              *mtu = "1500";
-  ConfigArgs ca = {0};
-  PlanOptions popt = {0};
-  int json = 0, keep_replica_batch = 0, objective_given = 0, timed = 0;
   const char *scaling_option = NULL;  // one that only a prediction from a run takes
-  for (int i = 0; i < argc; i++) {
-    const char *v;
-    int used = config_arg(argc, argv, &i, &ca);
-    if (used < 0) return 2;
-    if (used) continue;
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage_plan(stdout);
-      return 0;
-    } else if ((v = option_value(argc, argv, &i, "--objective"))) {
-      objectives = v;
-      objective_given = 1;
-    } else if ((v = option_value(argc, argv, &i, "--memory-budget"))) {
-      budget_text = v;
-    } else if ((v = option_value(argc, argv, &i, "--step"))) {
-      step_text = v;
-    } else if ((v = option_value(argc, argv, &i, "--from"))) {
-      from = v;
-    } else if ((v = option_value(argc, argv, &i, "--nodes"))) {
-      nodes = v;
-    } else if ((v = option_value(argc, argv, &i, "--link"))) {
-      link = v;
-    } else if ((v = option_value(argc, argv, &i, "--latency"))) {
-      latency = v;
-      scaling_option = "--latency";
-    } else if ((v = option_value(argc, argv, &i, "--mtu"))) {
-      mtu = v;
-      scaling_option = "--mtu";
-    } else if ((v = option_value(argc, argv, &i, "--allreduce"))) {
-      allreduce = v;
-      scaling_option = "--allreduce";
-    } else if (!strcmp(argv[i], "--keep-replica-batch")) {
-      keep_replica_batch = 1;
-      scaling_option = "--keep-replica-batch";
-    } else if (!strcmp(argv[i], "--time")) {
-      timed = 1;
-    } else if (!strcmp(argv[i], "--json")) {
-      json = 1;
-    } else if (!strcmp(argv[i], "--no-knn")) {
-      popt.no_knn = 1;
-    } else if (!strcmp(argv[i], "--knn-at-start")) {
-      popt.knn_at_start = 1;
-    } else {
-      fprintf(stderr, "tally plan: unknown option '%s' (see tally plan --help)\n", argv[i]);
-      return 2;
-    }
-  }
+  ConfigArgs ca = {0};
+  PlanRequest req = {.step = PLAN_LAST_STEP};
+  int keep_replica_batch = 0;
+  const Option opts[] = {
+      {.name = "--objective", .text = &objectives, .given = &objective_given},
+      {.name = "--memory-budget", .text = &budget_text},
+      {.name = "--step", .text = &step_text},
+      {.name = "--from", .text = &from},
+      {.name = "--nodes", .text = &nodes},
+      {.name = "--link", .text = &link},
+      {.name = "--latency", .text = &latency, .given = &scaling_option},
+      {.name = "--mtu", .text = &mtu, .given = &scaling_option},
+      {.name = "--allreduce", .text = &allreduce, .given = &scaling_option},
+      {.name = "--keep-replica-batch", .flag = &keep_replica_batch, .given = &scaling_option},
+      {.name = "--time", .flag = &req.timed},
+      {.name = "--json", .flag = &req.json},
+      {.name = "--no-knn", .flag = &req.options.no_knn},
+      {.name = "--knn-at-start", .flag = &req.options.knn_at_start},
+      {.name = NULL}};
+  int rc = parse_options("plan", argc, argv, opts, more_config, &ca, usage_plan);
+  if (rc) return rc == 1 ? 0 : rc;
   if (from || nodes || link) {
     if (!from || !nodes || !link) {
       fprintf(stderr, "tally plan: --from RUN, --nodes N[,N...] and --link RATE go together\n");
       return 2;
     }
-    // A prediction from a measured run takes that run's configuration: options that choose
-    // another would be ignored.
-    const char *unused = config_args_given(&ca) ? "--config, --set, --steps, --epochs or --budget"
-                         : objective_given      ? "--objective"
-                         : budget_text          ? "--memory-budget"
-                         : step_text            ? "--step"
-                         : popt.no_knn          ? "--no-knn"
-                         : popt.knn_at_start    ? "--knn-at-start"
-                         : timed                ? "--time"
-                                                : NULL;
+    const char *unused = unused_by_scaling(&ca, objective_given, budget_text, step_text, &req);
     if (unused) {
       fprintf(stderr,
               "tally plan: --from RUN predicts from that run's own configuration; drop %s\n",
               unused);
       return 2;
     }
-    return plan_scaling(from, nodes, link, mtu, latency, allreduce, keep_replica_batch, json);
+    return plan_scaling(from, nodes, link, mtu, latency, allreduce, keep_replica_batch, req.json);
   }
   if (scaling_option) {
     fprintf(stderr, "tally plan: %s goes with --from RUN --nodes N --link RATE\n", scaling_option);
     return 2;
   }
-  size_t budget = 0;
-  if (budget_text && plan_parse_size(budget_text, &budget) != 0) {
+  req.fit_budget = budget_text != NULL;
+  if (budget_text && plan_parse_size(budget_text, &req.budget_bytes) != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 2;
   }
-  long step = PLAN_LAST_STEP;
   if (step_text) {
     char *end;
-    step = strtol(step_text, &end, 10);
-    if (end == step_text || *end || step < 0) {
+    req.step = strtol(step_text, &end, 10);
+    if (end == step_text || *end || req.step < 0) {
       fprintf(stderr, "tally: --step '%s': expected a step number (0, 1, ...)\n", step_text);
       return 2;
     }
@@ -691,69 +719,22 @@ static int cmd_plan(int argc, char **argv) {
       fprintf(stderr, "tally: at most %d objectives side by side\n", MAX_COLUMNS);
       return 2;
     }
-    int rc = check_objective(tok);
-    if (rc) return rc;
+    if ((rc = check_objective(tok))) return rc;
     names[n++] = tok;
   }
   if (n == 0) return check_objective("");
 
-  static Config cfgs[MAX_COLUMNS], fitted;
+  static Config cfgs[MAX_COLUMNS];
   LedgerRecord recs[MAX_COLUMNS];
   PlanTotals totals[MAX_COLUMNS];
   for (int j = 0; j < n; j++) {
     if (load_config(names[j], &ca, &cfgs[j]) != 0) return 1;
-    const Config *cfg = &cfgs[j];
-    if (budget_text) {
-      long value;
-      if (plan_fit_budget(cfg, names[j], budget, &popt, &fitted, &value) != 0) {
-        fprintf(stderr, "tally: %s: %s\n", names[j], tl_last_error());
-        return 1;
-      }
-      cfgs[j] = fitted;
-      char have[32];
-      format_bytes((double)budget, have, sizeof have);
-      if (!json)
-        printf("%s: the largest %s within %s is %ld\n", names[j], plan_budget_key(names[j]), have,
-               value);
-    }
-    if (plan_build(cfg, names[j], step, &popt, &recs[j], &totals[j]) != 0) {
+    if (plan_column(stdout, &cfgs[j], names[j], &req, &recs[j], &totals[j]) != 0) {
       fprintf(stderr, "tally: %s: %s\n", names[j], tl_last_error());
       return 1;
     }
-    if (timed) {
-      if (!json) {
-        printf("%s: timing 5 steps here...\n", names[j]);
-        fflush(stdout);
-      }
-      if (plan_time_steps(cfg, names[j], 5, &totals[j].timed_step_ms) != 0) {
-        fprintf(stderr, "tally: %s: %s\n", names[j], tl_last_error());
-        return 1;
-      }
-    }
-    const double encoded = ledger_value(&recs[j], "patches_encoded");
-    if (!json && budget_text && !isnan(encoded))
-      printf("%s: %g of %d patches encoded per image\n", names[j], encoded / totals[j].local_batch,
-             totals[j].patches_per_image);
   }
-  if (json) {
-    for (int j = 0; j < n; j++) plan_print_json(stdout, &recs[j], &totals[j]);
-    return 0;
-  }
-  for (int j = 1; j < n; j++)
-    if (strcmp(totals[j].backbone, totals[0].backbone) != 0) {
-      printf(
-          "note: the columns use different backbones (each objective's own recipe); pass\n"
-          "      --config FILE to compare them on one backbone and dataset\n");
-      break;
-    }
-  int same_step = 1;
-  for (int j = 1; j < n; j++) same_step &= recs[j].step == recs[0].step;
-  if (same_step)
-    printf("tally plan: step %ld (epoch %d)", recs[0].step, recs[0].epoch);
-  else
-    printf("tally plan: each column's last step");
-  printf(", %d replica%s\n", totals[0].world, totals[0].world == 1 ? "" : "s");
-  plan_print_table(stdout, n, names, recs, totals);
+  plan_print_columns(stdout, n, names, recs, totals, req.json);
   return 0;
 }
 

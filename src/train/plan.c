@@ -903,3 +903,55 @@ void plan_print_json(FILE *f, const LedgerRecord *rec, const PlanTotals *t) {
   else
     fprintf(f, "\"timed_step_ms\":%.3f,\"timed_run_seconds\":null}\n", t->timed_step_ms);
 }
+
+int plan_column(FILE *f, Config *cfg, const char *objective, const PlanRequest *req,
+                LedgerRecord *rec, PlanTotals *totals) {
+  if (req->fit_budget) {
+    static Config fitted;
+    long value;
+    if (plan_fit_budget(cfg, objective, req->budget_bytes, &req->options, &fitted, &value) != 0)
+      return -1;
+    *cfg = fitted;
+    char have[32];
+    format_bytes((double)req->budget_bytes, have, sizeof have);
+    if (!req->json)
+      fprintf(f, "%s: the largest %s within %s is %ld\n", objective, plan_budget_key(objective),
+              have, value);
+  }
+  if (plan_build(cfg, objective, req->step, &req->options, rec, totals) != 0) return -1;
+  if (req->timed) {
+    if (!req->json) {
+      fprintf(f, "%s: timing 5 steps here...\n", objective);
+      fflush(f);
+    }
+    if (plan_time_steps(cfg, objective, 5, &totals->timed_step_ms) != 0) return -1;
+  }
+  const double encoded = ledger_value(rec, "patches_encoded");
+  if (!req->json && req->fit_budget && !isnan(encoded))
+    fprintf(f, "%s: %g of %d patches encoded per image\n", objective, encoded / totals->local_batch,
+            totals->patches_per_image);
+  return 0;
+}
+
+void plan_print_columns(FILE *f, int n, const char *const *names, const LedgerRecord *recs,
+                        const PlanTotals *totals, int json) {
+  if (json) {
+    for (int j = 0; j < n; j++) plan_print_json(f, &recs[j], &totals[j]);
+    return;
+  }
+  for (int j = 1; j < n; j++)
+    if (strcmp(totals[j].backbone, totals[0].backbone) != 0) {
+      fprintf(f,
+              "note: the columns use different backbones (each objective's own recipe); pass\n"
+              "      --config FILE to compare them on one backbone and dataset\n");
+      break;
+    }
+  int same_step = 1;
+  for (int j = 1; j < n; j++) same_step &= recs[j].step == recs[0].step;
+  if (same_step)
+    fprintf(f, "tally plan: step %ld (epoch %d)", recs[0].step, recs[0].epoch);
+  else
+    fprintf(f, "tally plan: each column's last step");
+  fprintf(f, ", %d replica%s\n", totals[0].world, totals[0].world == 1 ? "" : "s");
+  plan_print_table(f, n, names, recs, totals);
+}
