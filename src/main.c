@@ -204,11 +204,31 @@ static int config_arg(int argc, char **argv, int *i, ConfigArgs *a) {
   return 1;
 }
 
-// One option of a command: a value option keeps its text in *text (the last one given), a flag
-// sets *flag to 1. `given`, when set, receives the option's name: which of a group came last.
+// A whole number >= least from an option's text; 2 (usage) with a message otherwise.
+static int parse_whole(const char *option, const char *text, long least, long *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (end == text || *end || v < least || errno) {
+    fprintf(stderr, "tally: %s '%s': expected a whole number of at least %ld\n", option, text,
+            least);
+    return 2;
+  }
+  *out = v;
+  return 0;
+}
+
+static int parse_count(const char *option, const char *text, long *out) {
+  return parse_whole(option, text, 1, out);
+}
+
+// One option of a command: a value option keeps its text in *text (the last one given), or in
+// *count as a whole number >= 1; a flag sets *flag to 1. `given`, when set, receives the
+// option's name: which of a group came last.
 typedef struct {
   const char *name;
   const char **text;
+  long *count;
   int *flag;
   const char **given;
 } Option;
@@ -233,7 +253,9 @@ static int parse_options(const char *command, int argc, char **argv, const Optio
     if (o->name) {
       if (o->flag)
         *o->flag = 1;
-      else
+      else if (o->count && parse_count(o->name, v, o->count))
+        return 2;
+      else if (o->text)
         *o->text = v;
       if (o->given) *o->given = o->name;
       continue;
@@ -390,24 +412,6 @@ static int resume_config(const char *dir, const ConfigArgs *ca, Config *cfg, cha
     return 1;
   }
   return 0;
-}
-
-// A whole number >= least from an option's text; 2 (usage) with a message otherwise.
-static int parse_whole(const char *option, const char *text, long least, long *out) {
-  char *end;
-  errno = 0;
-  long v = strtol(text, &end, 10);
-  if (end == text || *end || v < least || errno) {
-    fprintf(stderr, "tally: %s '%s': expected a whole number of at least %ld\n", option, text,
-            least);
-    return 2;
-  }
-  *out = v;
-  return 0;
-}
-
-static int parse_count(const char *option, const char *text, long *out) {
-  return parse_whole(option, text, 1, out);
 }
 
 // A run that cannot fit is refused before it starts, from its plan (arithmetic, a fraction of a
@@ -1184,57 +1188,85 @@ static int split_list(char *text, const char **items, int max) {
   return n ? n : -1;
 }
 
+// What `tally compare` takes beyond its option table.
+typedef struct {
+  CompareSpec *spec;
+  ConfigArgs ca;
+  const char *all_config;                                        // --config FILE
+  const char *per_objective_config[COMPARE_MAX_OBJECTIVES * 2];  // --config NAME=FILE
+  int n_per_objective;
+} CompareArgs;
+
+// --config [NAME=]FILE, and --set, --data, --batch-size, --lr: kept as given, for every run's
+// `tally train` (parse_options' `more`).
+static int compare_arg(int argc, char **argv, int *i, void *compare_args) {
+  CompareArgs *a = compare_args;
+  CompareSpec *spec = a->spec;
+  const char *v;
+  if ((v = option_value(argc, argv, i, "--config"))) {
+    if (!strchr(v, '='))
+      a->all_config = v;
+    else if (a->n_per_objective == COMPARE_MAX_OBJECTIVES * 2)
+      return fprintf(stderr, "tally compare: too many --config options\n"), -1;
+    else
+      a->per_objective_config[a->n_per_objective++] = v;
+    return 1;
+  }
+  const int first = *i;
+  int used = config_arg(argc, argv, i, &a->ca);
+  if (used <= 0) return used;
+  if (a->ca.steps_set[0] || a->ca.epochs_set[0]) {
+    fprintf(stderr,
+            "tally compare: the budget is the runs' length; drop '%s' (see tally compare "
+            "--help)\n",
+            argv[first]);
+    return -1;
+  }
+  for (int j = first; j <= *i; j++) {
+    if (spec->n_shared_args == COMPARE_MAX_ARGS)
+      return fprintf(stderr, "tally compare: too many options\n"), -1;
+    spec->shared_args[spec->n_shared_args++] = argv[j];
+  }
+  return 1;
+}
+
+// Each objective at each budget as `tally train` will resolve it: the plan is of these.
+static int load_compare_configs(CompareSpec *spec, const ConfigArgs *ca) {
+  static Config configs[COMPARE_MAX_OBJECTIVES][COMPARE_MAX_BUDGETS];
+  for (int o = 0; o < spec->n_objectives; o++)
+    for (int b = 0; b < spec->n_budgets; b++) {
+      ConfigArgs run = *ca;
+      run.config_path = spec->config_paths[o];
+      if (as_setting(run.budget_set, sizeof run.budget_set, "--budget", "train.budget",
+                     spec->budgets[b]) < 0)
+        return 2;
+      if (run.config_path && access(run.config_path, R_OK) != 0) {
+        fprintf(stderr, "tally compare: %s's recipe %s: %s\n", spec->objectives[o], run.config_path,
+                strerror(errno));
+        return 1;
+      }
+      if (load_config(spec->objectives[o], &run, &configs[o][b]) != 0) return 1;
+      spec->configs[o][b] = &configs[o][b];
+    }
+  return 0;
+}
+
 static int cmd_compare(int argc, char **argv) {
   static CompareSpec spec;
+  static CompareArgs args = {.spec = &spec};
   static char objectives_text[512], budgets_text[512];
-  const char *per_objective_config[COMPARE_MAX_OBJECTIVES * 2], *config_dir = NULL;
-  const char *objectives = NULL, *budgets = NULL, *all_config = NULL;
-  int n_per_objective = 0;
+  const char *objectives = NULL, *budgets = NULL, *config_dir = NULL;
   long seeds = 3;
-  ConfigArgs ca = {0};
-  for (int i = 0; i < argc; i++) {
-    const char *v;
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage_compare(stdout);
-      return 0;
-    } else if ((v = option_value(argc, argv, &i, "--objectives"))) {
-      objectives = v;
-    } else if ((v = option_value(argc, argv, &i, "--budget"))) {
-      budgets = v;
-    } else if ((v = option_value(argc, argv, &i, "--seeds"))) {
-      if (parse_count("--seeds", v, &seeds)) return 2;
-    } else if ((v = option_value(argc, argv, &i, "--config-dir"))) {
-      config_dir = v;
-    } else if ((v = option_value(argc, argv, &i, "--config"))) {
-      if (!strchr(v, '='))
-        all_config = v;
-      else if (n_per_objective == COMPARE_MAX_OBJECTIVES * 2)
-        return fprintf(stderr, "tally compare: too many --config options\n"), 2;
-      else
-        per_objective_config[n_per_objective++] = v;
-    } else if ((v = option_value(argc, argv, &i, "--out"))) {
-      spec.out_dir = v;
-    } else if (!strcmp(argv[i], "--quiet")) {
-      spec.quiet = 1;
-    } else if (!strcmp(argv[i], "--no-memory-check")) {
-      spec.no_memory_check = 1;
-    } else {
-      // --set, --data, --batch-size, --lr: kept as given, for every run's `tally train`.
-      const int first = i;
-      int used = config_arg(argc, argv, &i, &ca);
-      if (used < 0) return 2;
-      if (!used || ca.steps_set[0] || ca.epochs_set[0]) {
-        fprintf(stderr, "tally compare: %s '%s' (see tally compare --help)\n",
-                used ? "the budget is the runs' length; drop" : "unknown option", argv[first]);
-        return 2;
-      }
-      for (int j = first; j <= i; j++) {
-        if (spec.n_shared_args == COMPARE_MAX_ARGS)
-          return fprintf(stderr, "tally compare: too many options\n"), 2;
-        spec.shared_args[spec.n_shared_args++] = argv[j];
-      }
-    }
-  }
+  const Option opts[] = {{.name = "--objectives", .text = &objectives},
+                         {.name = "--budget", .text = &budgets},
+                         {.name = "--seeds", .count = &seeds},
+                         {.name = "--config-dir", .text = &config_dir},
+                         {.name = "--out", .text = &spec.out_dir},
+                         {.name = "--quiet", .flag = &spec.quiet},
+                         {.name = "--no-memory-check", .flag = &spec.no_memory_check},
+                         {.name = NULL}};
+  int rc = parse_options("compare", argc, argv, opts, compare_arg, &args, usage_compare);
+  if (rc) return rc == 1 ? 0 : rc;
   if (!objectives || !budgets || !spec.out_dir) {
     fprintf(stderr, "tally compare: name --objectives, --budget and --out (see --help)\n");
     return 2;
@@ -1243,7 +1275,7 @@ static int cmd_compare(int argc, char **argv) {
     fprintf(stderr, "tally compare: --seeds %ld: at most %d\n", seeds, COMPARE_MAX_SEEDS);
     return 2;
   }
-  if ((config_dir != NULL) + (all_config != NULL) + (n_per_objective > 0) > 1) {
+  if ((config_dir != NULL) + (args.all_config != NULL) + (args.n_per_objective > 0) > 1) {
     fprintf(stderr, "tally compare: give --config-dir, --config FILE or --config NAME=FILE\n");
     return 2;
   }
@@ -1257,54 +1289,14 @@ static int cmd_compare(int argc, char **argv) {
             COMPARE_MAX_OBJECTIVES, COMPARE_MAX_BUDGETS);
     return 2;
   }
-  static char dir_paths[COMPARE_MAX_OBJECTIVES][CONFIG_PATH_MAX];
-  for (int o = 0; o < spec.n_objectives; o++) {
-    int rc = check_objective(spec.objectives[o]);
-    if (rc) return rc;
-    for (int k = 0; k < o; k++)
-      if (!strcmp(spec.objectives[k], spec.objectives[o])) {
-        fprintf(stderr, "tally compare: %s is named twice\n", spec.objectives[o]);
-        return 2;
-      }
-    spec.config_paths[o] = all_config;
-    if (config_dir) {
-      snprintf(dir_paths[o], sizeof dir_paths[o], "%s/%s.ini", config_dir, spec.objectives[o]);
-      spec.config_paths[o] = dir_paths[o];
-    }
-    for (int k = 0; k < n_per_objective; k++) {
-      const char *eq = strchr(per_objective_config[k], '=');
-      if ((size_t)(eq - per_objective_config[k]) == strlen(spec.objectives[o]) &&
-          !strncmp(per_objective_config[k], spec.objectives[o], strlen(spec.objectives[o])))
-        spec.config_paths[o] = eq + 1;
-    }
-  }
-  for (int k = 0; k < n_per_objective; k++) {
-    int named = 0;
-    for (int o = 0; o < spec.n_objectives; o++)
-      named |= spec.config_paths[o] == strchr(per_objective_config[k], '=') + 1;
-    if (!named) {
-      fprintf(stderr, "tally compare: --config %s names no objective of --objectives\n",
-              per_objective_config[k]);
-      return 2;
-    }
-  }
-  // Each objective at each budget as `tally train` will resolve it: the plan is of these.
-  static Config configs[COMPARE_MAX_OBJECTIVES][COMPARE_MAX_BUDGETS];
   for (int o = 0; o < spec.n_objectives; o++)
-    for (int b = 0; b < spec.n_budgets; b++) {
-      ConfigArgs run = ca;
-      run.config_path = spec.config_paths[o];
-      if (as_setting(run.budget_set, sizeof run.budget_set, "--budget", "train.budget",
-                     spec.budgets[b]) < 0)
-        return 2;
-      if (run.config_path && access(run.config_path, R_OK) != 0) {
-        fprintf(stderr, "tally compare: %s's recipe %s: %s\n", spec.objectives[o], run.config_path,
-                strerror(errno));
-        return 1;
-      }
-      if (load_config(spec.objectives[o], &run, &configs[o][b]) != 0) return 1;
-      spec.configs[o][b] = &configs[o][b];
-    }
+    if ((rc = check_objective(spec.objectives[o]))) return rc;
+  if (compare_choose_recipes(&spec, config_dir, args.all_config, args.per_objective_config,
+                             args.n_per_objective) != 0) {
+    fprintf(stderr, "tally compare: %s\n", tl_last_error());
+    return 2;
+  }
+  if ((rc = load_compare_configs(&spec, &args.ca))) return rc;
   return compare_run(&spec);
 }
 
