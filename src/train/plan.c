@@ -764,12 +764,8 @@ static void print_own_fields(FILE *f, const LedgerRecord *recs, int n, LedgerGro
     }
 }
 
-void plan_print_table(FILE *f, int n, const char *const *names, const LedgerRecord *recs,
-                      const PlanTotals *totals) {
-  char(*cells)[48] = calloc((size_t)n, sizeof *cells);
-  if (!cells) TL_DIE("out of memory");
-  for (int j = 0; j < n; j++) snprintf(cells[j], sizeof cells[j], "%s", names[j]);
-  print_row(f, "", n, cells);
+// The rows that say what a column plans: backbone, parameters, data, batch, steps, patches.
+static void print_configuration(FILE *f, int n, const PlanTotals *totals, char cells[][48]) {
   fprintf(f, "%s\n", "Configuration");
   for (int j = 0; j < n; j++) snprintf(cells[j], sizeof cells[j], "%.47s", totals[j].backbone);
   print_row(f, "backbone", n, cells);
@@ -799,6 +795,11 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
         snprintf(cells[j], sizeof cells[j], "-");
     print_row(f, "patches per image", n, cells);
   }
+}
+
+// The ledger's fields group by group (the four questions, cost), then the names of the time
+// fields, which only a run measures.
+static void print_ledger_groups(FILE *f, int n, const LedgerRecord *recs, char cells[][48]) {
   const int nf = ledger_field_count();
   for (int g = 0; g < LEDGER_TIME; g++) {
     fprintf(f, "%s\n", ledger_group_title((LedgerGroup)g));
@@ -827,6 +828,10 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
       first = 0;
     }
   fputc('\n', f);
+}
+
+// What memory the run holds in all, and whether it fits this machine.
+static void print_memory_totals(FILE *f, int n, const PlanTotals *totals, char cells[][48]) {
   fprintf(f, "Memory totals\n");
   static const char *const total_names[] = {
       "dataset (train + test)", "loader buffers",          "evaluation (kNN monitor)",
@@ -849,6 +854,10 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
       snprintf(cells[j], 48, "no (%s)", need);
   }
   print_row(f, label, n, cells);
+}
+
+// A timed probe's pace and the run's steps at it, when any column was timed.
+static void print_timed(FILE *f, int n, const PlanTotals *totals, char cells[][48]) {
   int any_timed = 0;
   for (int j = 0; j < n; j++) any_timed |= !isnan(totals[j].timed_step_ms);
   if (any_timed) {
@@ -871,6 +880,18 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
     }
     print_row(f, "the run's steps at that pace", n, cells);
   }
+}
+
+void plan_print_table(FILE *f, int n, const char *const *names, const LedgerRecord *recs,
+                      const PlanTotals *totals) {
+  char(*cells)[48] = calloc((size_t)n, sizeof *cells);
+  if (!cells) TL_DIE("out of memory");
+  for (int j = 0; j < n; j++) snprintf(cells[j], sizeof cells[j], "%s", names[j]);
+  print_row(f, "", n, cells);
+  print_configuration(f, n, totals, cells);
+  print_ledger_groups(f, n, recs, cells);
+  print_memory_totals(f, n, totals, cells);
+  print_timed(f, n, totals, cells);
   free(cells);
 }
 
