@@ -23,6 +23,7 @@
 #include "io/npy.h"
 #include "ledger/bytes.h"
 #include "train/plan.h"
+#include "train/plan_scaling.h"
 #include "ledger/report.h"
 #include "ledger/scaling.h"
 #include "objectives/objective.h"
@@ -203,6 +204,78 @@ static int config_arg(int argc, char **argv, int *i, ConfigArgs *a) {
   return 1;
 }
 
+// A whole number >= least from an option's text; 2 (usage) with a message otherwise.
+static int parse_whole(const char *option, const char *text, long least, long *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (end == text || *end || v < least || errno) {
+    fprintf(stderr, "tally: %s '%s': expected a whole number of at least %ld\n", option, text,
+            least);
+    return 2;
+  }
+  *out = v;
+  return 0;
+}
+
+static int parse_count(const char *option, const char *text, long *out) {
+  return parse_whole(option, text, 1, out);
+}
+
+// One option of a command: a value option keeps its text in *text (the last one given), or in
+// *count as a whole number >= 1; a flag sets *flag to 1. `given`, when set, receives the
+// option's name: which of a group came last.
+typedef struct {
+  const char *name;
+  const char **text;
+  long *count;
+  int *flag;
+  const char **given;
+} Option;
+
+// Walks a command's arguments: each is -h/--help, one of opts (ended by a row without a name), or
+// one that `more` consumes (it returns 1, 0 when the argument is not its own, or -1 on an error
+// it printed). Returns 0 when all were taken, 1 when the usage was printed for --help, 2 on a
+// usage error (printed).
+static int parse_options(const char *command, int argc, char **argv, const Option *opts,
+                         int (*more)(int argc, char **argv, int *i, void *ctx), void *ctx,
+                         void (*usage)(FILE *)) {
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage(stdout);
+      return 1;
+    }
+    const Option *o = opts;
+    const char *v = NULL;
+    while (o->name && !(o->flag ? !strcmp(argv[i], o->name)
+                                : (v = option_value(argc, argv, &i, o->name)) != NULL))
+      o++;
+    if (o->name) {
+      if (o->flag)
+        *o->flag = 1;
+      else if (o->count && parse_count(o->name, v, o->count))
+        return 2;
+      else if (o->text)
+        *o->text = v;
+      if (o->given) *o->given = o->name;
+      continue;
+    }
+    int used = more ? more(argc, argv, &i, ctx) : 0;
+    if (used < 0) return 2;
+    if (!used) {
+      fprintf(stderr, "tally %s: unknown option '%s' (see tally %s --help)\n", command, argv[i],
+              command);
+      return 2;
+    }
+  }
+  return 0;
+}
+
+// The configuration options (config_arg) as parse_options' `more`.
+static int more_config(int argc, char **argv, int *i, void *config_args) {
+  return config_arg(argc, argv, i, config_args);
+}
+
 // 0 if `objective` names an objective; otherwise prints why and returns 2.
 static int check_objective(const char *objective) {
   const ObjectiveDef *def = objective_find(objective);
@@ -339,24 +412,6 @@ static int resume_config(const char *dir, const ConfigArgs *ca, Config *cfg, cha
     return 1;
   }
   return 0;
-}
-
-// A whole number >= least from an option's text; 2 (usage) with a message otherwise.
-static int parse_whole(const char *option, const char *text, long least, long *out) {
-  char *end;
-  errno = 0;
-  long v = strtol(text, &end, 10);
-  if (end == text || *end || v < least || errno) {
-    fprintf(stderr, "tally: %s '%s': expected a whole number of at least %ld\n", option, text,
-            least);
-    return 2;
-  }
-  *out = v;
-  return 0;
-}
-
-static int parse_count(const char *option, const char *text, long *out) {
-  return parse_whole(option, text, 1, out);
 }
 
 // A run that cannot fit is refused before it starts, from its plan (arithmetic, a fraction of a
@@ -549,130 +604,26 @@ static void usage_plan(FILE *f) {
           objective_names());
 }
 
-// What one step sends, from plans: the gradient block every replica averages and the buckets it
-// is averaged in, the other sums' payload (a two-replica ring moves 2 (2-1)/2 = 1 times each
-// payload each way, so half the allreduce bytes are payload), what a sample adds to the gathers
-// (rank 0 sends its block and receives the other, 2 x its block), and the collectives it calls
-// (two replicas take every multi-replica path, as N do).
-static int step_traffic(const Config *cfg, const char *objective, StepTraffic *t) {
-  static Config two;
-  two = *cfg;
-  if (config_set(&two, "parallel.backend=local") != 0 ||
-      config_set(&two, "parallel.replicas=2") != 0 ||
-      config_set(&two, "eval.knn_train_limit=0") != 0)
-    return -1;
-  const PlanOptions no_knn = {.no_knn = 1};
-  LedgerRecord rec;
-  PlanTotals totals;
-  if (plan_build(&two, objective, 0, &no_knn, &rec, &totals) != 0) return -1;
-  static double bucket_bytes[PLAN_MAX_BUCKETS], bucket_ready[PLAN_MAX_BUCKETS];
-  for (int b = 0; b < totals.grad_buckets; b++) {
-    bucket_bytes[b] = (double)totals.grad_bucket_floats[b] * sizeof(float);
-    bucket_ready[b] = totals.grad_bucket_ready[b];
-  }
-  t->allreduce_payload_bytes = (double)totals.param_count * sizeof(float);
-  t->gradient_buckets = totals.grad_buckets;
-  t->bucket_bytes = bucket_bytes;
-  t->bucket_ready = bucket_ready;
-  const double other = fmax(0, rec.comm_allreduce_bytes / 2.0 - t->allreduce_payload_bytes);
-  t->gather_bytes_per_sample = rec.comm_allgather_bytes / 2.0 / totals.local_batch;
-  t->allreduce_calls = rec.comm_allreduce_calls;
-  t->allgather_calls = rec.comm_allgather_calls;
-  // Some sums grow with the global batch (inbatch's column gradients, 2 x batch x d floats): a
-  // plan of twice the batch tells that part from the fixed. (Twice keeps every divisibility
-  // the batch met: shards, bn_splits; half would not.)
-  const int batch = two.train.batch_size;
-  static Config doubled;
-  LedgerRecord rec2;
-  PlanTotals totals2;
-  char set[64];
-  snprintf(set, sizeof set, "train.batch_size=%d", 2 * batch);
-  doubled = two;
-  t->other_allreduce_bytes = other, t->other_allreduce_bytes_per_sample = 0;
-  if (config_set(&doubled, set) != 0 ||
-      plan_build(&doubled, objective, 0, &no_knn, &rec2, &totals2) != 0) {
-    fprintf(stderr,
-            "tally plan: warning: no plan at twice the batch (%s); every sum is taken as fixed, "
-            "at the measured run's global batch\n",
-            tl_last_error());
-    return 0;
-  }
-  const double other2 = fmax(0, rec2.comm_allreduce_bytes / 2.0 - t->allreduce_payload_bytes);
-  t->other_allreduce_bytes_per_sample = fmax(0, (other2 - other) / batch);
-  t->other_allreduce_bytes = fmax(0, other - t->other_allreduce_bytes_per_sample * batch);
-  return 0;
-}
-
 // tally plan --from RUN --nodes N[,N...] --link RATE: throughput at N machines, one replica each.
 static int plan_scaling(const char *run_dir, const char *nodes_text, const char *link_text,
                         const char *mtu_text, const char *latency_text, const char *allreduce_text,
                         int keep_replica_batch, int json) {
-  double link, payload, latency;
-  ScaleAllreduce allreduce;
-  long mtu;
-  if (parse_whole("--mtu", mtu_text, 0, &mtu) != 0) return 2;
-  if (scaling_parse_rate(link_text, &link) != 0 || scaling_payload_rate(link, mtu, &payload) != 0 ||
-      scaling_parse_latency(latency_text, &latency) != 0 ||
-      scaling_parse_allreduce(allreduce_text, &allreduce) != 0) {
+  static ScalingSetup s;
+  ScaleQuestion *q = &s.question;
+  q->keep_replica_batch = keep_replica_batch;
+  if (parse_whole("--mtu", mtu_text, 0, &s.mtu) != 0) return 2;
+  if (scaling_parse_rate(link_text, &s.line_bytes_per_s) != 0 ||
+      scaling_payload_rate(s.line_bytes_per_s, s.mtu, &q->link_bytes_per_s) != 0 ||
+      scaling_parse_latency(latency_text, &q->latency_s) != 0 ||
+      scaling_parse_allreduce(allreduce_text, &q->allreduce) != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 2;
   }
-  char ckpt[4200], objective[64];
-  snprintf(ckpt, sizeof ckpt, "%s/%s", run_dir, CHECKPOINT_FILE);
-  static Config cfg;
-  StFile f;
-  MeasuredRun m;
-  StepTraffic traffic;
-  if (checkpoint_read(&f, ckpt) != 0) {
+  if (plan_scaling_setup(run_dir, &s) != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 1;
   }
-  const char *name = st_get_meta(&f, "objective");
-  snprintf(objective, sizeof objective, "%s", name ? name : "");
-  int rc = checkpoint_config(&f, ckpt, &cfg);
-  st_free(&f);
-  if (rc == 0) rc = scaling_read_run(run_dir, &m);
-  if (rc == 0) rc = step_traffic(&cfg, objective, &traffic);
-  if (rc != 0) {
-    fprintf(stderr, "tally: %s\n", tl_last_error());
-    return 1;
-  }
-  if (!json) {
-    printf(
-        "tally plan: %s from %s (%d replica%s of %d images; per step: compute %.1f ms, "
-        "backward %.1f ms, waiting for the slower replica %.1f ms),\n",
-        objective, run_dir, m.replicas, m.replicas == 1 ? "" : "s", m.local_batch,
-        m.step_ms - m.comm_ms, m.backward_ms, m.replicas > 1 ? m.comm_ms : 0.0);
-    char framing[64];
-    if (mtu)
-      snprintf(framing, sizeof framing, "TCP payload %.4g Gbit/s at MTU %ld", payload * 8 / 1e9,
-               mtu);
-    else
-      snprintf(framing, sizeof framing, "taken as TCP payload");
-    printf(
-        "link %.4g Gbit/s (%s) with %.3g us latency, one "
-        "replica per node, %s; gradient allreduce %.2f MB in %d bucket%s (%s), other sums %.0f "
-        "bytes (%.0f a sample of the global batch), gathers %.0f bytes per sample; %ld "
-        "allreduces and %ld gathers per step\n",
-        link * 8 / 1e9, framing, latency * 1e6,
-        keep_replica_batch ? "each keeps the measured per-replica batch"
-                           : "the measured global batch split over the nodes",
-        traffic.allreduce_payload_bytes / 1e6, traffic.gradient_buckets,
-        traffic.gradient_buckets == 1 ? "" : "s",
-        scaling_allreduce_name(allreduce == SCALE_ALLREDUCE_AUTO ? SCALE_ALLREDUCE_BINOMIAL
-                                                                 : allreduce),
-        scaling_other_sum_bytes(&traffic, m.global_batch), traffic.other_allreduce_bytes_per_sample,
-        traffic.gather_bytes_per_sample, traffic.allreduce_calls, traffic.allgather_calls);
-    printf("gradient buckets in the order they start (MB, written by this share of backward):");
-    for (int b = 0; b < traffic.gradient_buckets; b++)
-      printf(" %.2f (%.0f%%)", traffic.bucket_bytes[b] / 1e6, 100 * traffic.bucket_ready[b]);
-    printf("\n");
-    printf("%7s %7s %7s %11s %9s %11s %11s %13s %11s %10s\n", "nodes", "batch", "/node",
-           "compute ms", "link ms", "comm ms", "step ms", "no-overlap ms", "images/s",
-           "efficiency");
-    // Efficiency: the share of a step spent computing, i.e. images/s against N nodes that
-    // never wait for the link.
-  }
+  if (!json) scaling_print_setup(stdout, &s);
   char copy[256];
   snprintf(copy, sizeof copy, "%s", nodes_text);
   for (char *save, *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -682,124 +633,81 @@ static int plan_scaling(const char *run_dir, const char *nodes_text, const char 
       fprintf(stderr, "tally: --nodes '%s': expected node counts such as 2,8,64\n", nodes_text);
       return 2;
     }
-    ScaleQuestion q = {.nodes = (int)nodes,
-                       .link_bytes_per_s = payload,
-                       .keep_replica_batch = keep_replica_batch,
-                       .latency_s = latency,
-                       .allreduce = allreduce};
-    ScalePrediction p;
-    scaling_predict(&m, &traffic, &q, &p);
-    if (json)
-      printf(
-          "{\"objective\":\"%s\",\"nodes\":%ld,\"link_bytes_per_s\":%.6g,\"mtu\":%ld,"
-          "\"payload_bytes_per_s\":%.6g,\"latency_s\":%.6g,\"allreduce\":\"%s\",\"local_batch\":%d,"
-          "\"global_batch\":%d,"
-          "\"predicted_compute_ms\":%.3f,\"predicted_wait_ms\":%.3f,"
-          "\"predicted_link_ms\":%.3f,\"predicted_comm_ms\":%.3f,\"predicted_step_ms\":%.3f,"
-          "\"predicted_step_ms_no_overlap\":%.3f,\"predicted_images_per_s\":%.2f}\n",
-          objective, nodes, link, mtu, payload, latency, scaling_allreduce_name(p.allreduce),
-          p.local_batch, p.global_batch, p.compute_ms, p.wait_ms, p.link_ms, p.comm_ms, p.step_ms,
-          p.step_ms_no_overlap, p.images_per_s);
-    else
-      printf("%7ld %7d %7d %11.1f %9.1f %11.1f %11.1f %13.1f %11.0f %9.0f%%\n", nodes,
-             p.global_batch, p.local_batch, p.compute_ms, p.link_ms, p.comm_ms, p.step_ms,
-             p.step_ms_no_overlap, p.images_per_s, 100 * p.compute_ms / p.step_ms);
+    scaling_print_prediction(stdout, &s, nodes, json);
   }
   return 0;
 }
 
+// tally plan --from takes the measured run's configuration: an option that chooses another
+// would be ignored. Returns the first such option given, or NULL.
+static const char *unused_by_scaling(const ConfigArgs *ca, const char *objective_given,
+                                     const char *budget_text, const char *step_text,
+                                     const PlanRequest *req) {
+  return config_args_given(ca)       ? "--config, --set, --steps, --epochs or --budget"
+         : objective_given           ? "--objective"
+         : budget_text               ? "--memory-budget"
+         : step_text                 ? "--step"
+         : req->options.no_knn       ? "--no-knn"
+         : req->options.knn_at_start ? "--knn-at-start"
+         : req->timed                ? "--time"
+                                     : NULL;
+}
+
 static int cmd_plan(int argc, char **argv) {
-  const char *objectives = "inbatch", *budget_text = NULL, *step_text = NULL;
+  const char *objectives = "inbatch", *objective_given = NULL, *budget_text = NULL,
+             *step_text = NULL;
   // 50 us: Open MPI over TCP through one Ethernet switch delivers a small message in tens of us.
   const char *from = NULL, *nodes = NULL, *link = NULL, *latency = "50us", *allreduce = "auto",
              *mtu = "1500";
-  ConfigArgs ca = {0};
-  PlanOptions popt = {0};
-  int json = 0, keep_replica_batch = 0, objective_given = 0, timed = 0;
   const char *scaling_option = NULL;  // one that only a prediction from a run takes
-  for (int i = 0; i < argc; i++) {
-    const char *v;
-    int used = config_arg(argc, argv, &i, &ca);
-    if (used < 0) return 2;
-    if (used) continue;
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage_plan(stdout);
-      return 0;
-    } else if ((v = option_value(argc, argv, &i, "--objective"))) {
-      objectives = v;
-      objective_given = 1;
-    } else if ((v = option_value(argc, argv, &i, "--memory-budget"))) {
-      budget_text = v;
-    } else if ((v = option_value(argc, argv, &i, "--step"))) {
-      step_text = v;
-    } else if ((v = option_value(argc, argv, &i, "--from"))) {
-      from = v;
-    } else if ((v = option_value(argc, argv, &i, "--nodes"))) {
-      nodes = v;
-    } else if ((v = option_value(argc, argv, &i, "--link"))) {
-      link = v;
-    } else if ((v = option_value(argc, argv, &i, "--latency"))) {
-      latency = v;
-      scaling_option = "--latency";
-    } else if ((v = option_value(argc, argv, &i, "--mtu"))) {
-      mtu = v;
-      scaling_option = "--mtu";
-    } else if ((v = option_value(argc, argv, &i, "--allreduce"))) {
-      allreduce = v;
-      scaling_option = "--allreduce";
-    } else if (!strcmp(argv[i], "--keep-replica-batch")) {
-      keep_replica_batch = 1;
-      scaling_option = "--keep-replica-batch";
-    } else if (!strcmp(argv[i], "--time")) {
-      timed = 1;
-    } else if (!strcmp(argv[i], "--json")) {
-      json = 1;
-    } else if (!strcmp(argv[i], "--no-knn")) {
-      popt.no_knn = 1;
-    } else if (!strcmp(argv[i], "--knn-at-start")) {
-      popt.knn_at_start = 1;
-    } else {
-      fprintf(stderr, "tally plan: unknown option '%s' (see tally plan --help)\n", argv[i]);
-      return 2;
-    }
-  }
+  ConfigArgs ca = {0};
+  PlanRequest req = {.step = PLAN_LAST_STEP};
+  int keep_replica_batch = 0;
+  const Option opts[] = {
+      {.name = "--objective", .text = &objectives, .given = &objective_given},
+      {.name = "--memory-budget", .text = &budget_text},
+      {.name = "--step", .text = &step_text},
+      {.name = "--from", .text = &from},
+      {.name = "--nodes", .text = &nodes},
+      {.name = "--link", .text = &link},
+      {.name = "--latency", .text = &latency, .given = &scaling_option},
+      {.name = "--mtu", .text = &mtu, .given = &scaling_option},
+      {.name = "--allreduce", .text = &allreduce, .given = &scaling_option},
+      {.name = "--keep-replica-batch", .flag = &keep_replica_batch, .given = &scaling_option},
+      {.name = "--time", .flag = &req.timed},
+      {.name = "--json", .flag = &req.json},
+      {.name = "--no-knn", .flag = &req.options.no_knn},
+      {.name = "--knn-at-start", .flag = &req.options.knn_at_start},
+      {.name = NULL}};
+  int rc = parse_options("plan", argc, argv, opts, more_config, &ca, usage_plan);
+  if (rc) return rc == 1 ? 0 : rc;
   if (from || nodes || link) {
     if (!from || !nodes || !link) {
       fprintf(stderr, "tally plan: --from RUN, --nodes N[,N...] and --link RATE go together\n");
       return 2;
     }
-    // A prediction from a measured run takes that run's configuration: options that choose
-    // another would be ignored.
-    const char *unused = config_args_given(&ca) ? "--config, --set, --steps, --epochs or --budget"
-                         : objective_given      ? "--objective"
-                         : budget_text          ? "--memory-budget"
-                         : step_text            ? "--step"
-                         : popt.no_knn          ? "--no-knn"
-                         : popt.knn_at_start    ? "--knn-at-start"
-                         : timed                ? "--time"
-                                                : NULL;
+    const char *unused = unused_by_scaling(&ca, objective_given, budget_text, step_text, &req);
     if (unused) {
       fprintf(stderr,
               "tally plan: --from RUN predicts from that run's own configuration; drop %s\n",
               unused);
       return 2;
     }
-    return plan_scaling(from, nodes, link, mtu, latency, allreduce, keep_replica_batch, json);
+    return plan_scaling(from, nodes, link, mtu, latency, allreduce, keep_replica_batch, req.json);
   }
   if (scaling_option) {
     fprintf(stderr, "tally plan: %s goes with --from RUN --nodes N --link RATE\n", scaling_option);
     return 2;
   }
-  size_t budget = 0;
-  if (budget_text && plan_parse_size(budget_text, &budget) != 0) {
+  req.fit_budget = budget_text != NULL;
+  if (budget_text && plan_parse_size(budget_text, &req.budget_bytes) != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 2;
   }
-  long step = PLAN_LAST_STEP;
   if (step_text) {
     char *end;
-    step = strtol(step_text, &end, 10);
-    if (end == step_text || *end || step < 0) {
+    req.step = strtol(step_text, &end, 10);
+    if (end == step_text || *end || req.step < 0) {
       fprintf(stderr, "tally: --step '%s': expected a step number (0, 1, ...)\n", step_text);
       return 2;
     }
@@ -815,69 +723,22 @@ static int cmd_plan(int argc, char **argv) {
       fprintf(stderr, "tally: at most %d objectives side by side\n", MAX_COLUMNS);
       return 2;
     }
-    int rc = check_objective(tok);
-    if (rc) return rc;
+    if ((rc = check_objective(tok))) return rc;
     names[n++] = tok;
   }
   if (n == 0) return check_objective("");
 
-  static Config cfgs[MAX_COLUMNS], fitted;
+  static Config cfgs[MAX_COLUMNS];
   LedgerRecord recs[MAX_COLUMNS];
   PlanTotals totals[MAX_COLUMNS];
   for (int j = 0; j < n; j++) {
     if (load_config(names[j], &ca, &cfgs[j]) != 0) return 1;
-    const Config *cfg = &cfgs[j];
-    if (budget_text) {
-      long value;
-      if (plan_fit_budget(cfg, names[j], budget, &popt, &fitted, &value) != 0) {
-        fprintf(stderr, "tally: %s: %s\n", names[j], tl_last_error());
-        return 1;
-      }
-      cfgs[j] = fitted;
-      char have[32];
-      format_bytes((double)budget, have, sizeof have);
-      if (!json)
-        printf("%s: the largest %s within %s is %ld\n", names[j], plan_budget_key(names[j]), have,
-               value);
-    }
-    if (plan_build(cfg, names[j], step, &popt, &recs[j], &totals[j]) != 0) {
+    if (plan_column(stdout, &cfgs[j], names[j], &req, &recs[j], &totals[j]) != 0) {
       fprintf(stderr, "tally: %s: %s\n", names[j], tl_last_error());
       return 1;
     }
-    if (timed) {
-      if (!json) {
-        printf("%s: timing 5 steps here...\n", names[j]);
-        fflush(stdout);
-      }
-      if (plan_time_steps(cfg, names[j], 5, &totals[j].timed_step_ms) != 0) {
-        fprintf(stderr, "tally: %s: %s\n", names[j], tl_last_error());
-        return 1;
-      }
-    }
-    const double encoded = ledger_value(&recs[j], "patches_encoded");
-    if (!json && budget_text && !isnan(encoded))
-      printf("%s: %g of %d patches encoded per image\n", names[j], encoded / totals[j].local_batch,
-             totals[j].patches_per_image);
   }
-  if (json) {
-    for (int j = 0; j < n; j++) plan_print_json(stdout, &recs[j], &totals[j]);
-    return 0;
-  }
-  for (int j = 1; j < n; j++)
-    if (strcmp(totals[j].backbone, totals[0].backbone) != 0) {
-      printf(
-          "note: the columns use different backbones (each objective's own recipe); pass\n"
-          "      --config FILE to compare them on one backbone and dataset\n");
-      break;
-    }
-  int same_step = 1;
-  for (int j = 1; j < n; j++) same_step &= recs[j].step == recs[0].step;
-  if (same_step)
-    printf("tally plan: step %ld (epoch %d)", recs[0].step, recs[0].epoch);
-  else
-    printf("tally plan: each column's last step");
-  printf(", %d replica%s\n", totals[0].world, totals[0].world == 1 ? "" : "s");
-  plan_print_table(stdout, n, names, recs, totals);
+  plan_print_columns(stdout, n, names, recs, totals, req.json);
   return 0;
 }
 
@@ -1327,57 +1188,85 @@ static int split_list(char *text, const char **items, int max) {
   return n ? n : -1;
 }
 
+// What `tally compare` takes beyond its option table.
+typedef struct {
+  CompareSpec *spec;
+  ConfigArgs ca;
+  const char *all_config;                                        // --config FILE
+  const char *per_objective_config[COMPARE_MAX_OBJECTIVES * 2];  // --config NAME=FILE
+  int n_per_objective;
+} CompareArgs;
+
+// --config [NAME=]FILE, and --set, --data, --batch-size, --lr: kept as given, for every run's
+// `tally train` (parse_options' `more`).
+static int compare_arg(int argc, char **argv, int *i, void *compare_args) {
+  CompareArgs *a = compare_args;
+  CompareSpec *spec = a->spec;
+  const char *v;
+  if ((v = option_value(argc, argv, i, "--config"))) {
+    if (!strchr(v, '='))
+      a->all_config = v;
+    else if (a->n_per_objective == COMPARE_MAX_OBJECTIVES * 2)
+      return fprintf(stderr, "tally compare: too many --config options\n"), -1;
+    else
+      a->per_objective_config[a->n_per_objective++] = v;
+    return 1;
+  }
+  const int first = *i;
+  int used = config_arg(argc, argv, i, &a->ca);
+  if (used <= 0) return used;
+  if (a->ca.steps_set[0] || a->ca.epochs_set[0]) {
+    fprintf(stderr,
+            "tally compare: the budget is the runs' length; drop '%s' (see tally compare "
+            "--help)\n",
+            argv[first]);
+    return -1;
+  }
+  for (int j = first; j <= *i; j++) {
+    if (spec->n_shared_args == COMPARE_MAX_ARGS)
+      return fprintf(stderr, "tally compare: too many options\n"), -1;
+    spec->shared_args[spec->n_shared_args++] = argv[j];
+  }
+  return 1;
+}
+
+// Each objective at each budget as `tally train` will resolve it: the plan is of these.
+static int load_compare_configs(CompareSpec *spec, const ConfigArgs *ca) {
+  static Config configs[COMPARE_MAX_OBJECTIVES][COMPARE_MAX_BUDGETS];
+  for (int o = 0; o < spec->n_objectives; o++)
+    for (int b = 0; b < spec->n_budgets; b++) {
+      ConfigArgs run = *ca;
+      run.config_path = spec->config_paths[o];
+      if (as_setting(run.budget_set, sizeof run.budget_set, "--budget", "train.budget",
+                     spec->budgets[b]) < 0)
+        return 2;
+      if (run.config_path && access(run.config_path, R_OK) != 0) {
+        fprintf(stderr, "tally compare: %s's recipe %s: %s\n", spec->objectives[o], run.config_path,
+                strerror(errno));
+        return 1;
+      }
+      if (load_config(spec->objectives[o], &run, &configs[o][b]) != 0) return 1;
+      spec->configs[o][b] = &configs[o][b];
+    }
+  return 0;
+}
+
 static int cmd_compare(int argc, char **argv) {
   static CompareSpec spec;
+  static CompareArgs args = {.spec = &spec};
   static char objectives_text[512], budgets_text[512];
-  const char *per_objective_config[COMPARE_MAX_OBJECTIVES * 2], *config_dir = NULL;
-  const char *objectives = NULL, *budgets = NULL, *all_config = NULL;
-  int n_per_objective = 0;
+  const char *objectives = NULL, *budgets = NULL, *config_dir = NULL;
   long seeds = 3;
-  ConfigArgs ca = {0};
-  for (int i = 0; i < argc; i++) {
-    const char *v;
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage_compare(stdout);
-      return 0;
-    } else if ((v = option_value(argc, argv, &i, "--objectives"))) {
-      objectives = v;
-    } else if ((v = option_value(argc, argv, &i, "--budget"))) {
-      budgets = v;
-    } else if ((v = option_value(argc, argv, &i, "--seeds"))) {
-      if (parse_count("--seeds", v, &seeds)) return 2;
-    } else if ((v = option_value(argc, argv, &i, "--config-dir"))) {
-      config_dir = v;
-    } else if ((v = option_value(argc, argv, &i, "--config"))) {
-      if (!strchr(v, '='))
-        all_config = v;
-      else if (n_per_objective == COMPARE_MAX_OBJECTIVES * 2)
-        return fprintf(stderr, "tally compare: too many --config options\n"), 2;
-      else
-        per_objective_config[n_per_objective++] = v;
-    } else if ((v = option_value(argc, argv, &i, "--out"))) {
-      spec.out_dir = v;
-    } else if (!strcmp(argv[i], "--quiet")) {
-      spec.quiet = 1;
-    } else if (!strcmp(argv[i], "--no-memory-check")) {
-      spec.no_memory_check = 1;
-    } else {
-      // --set, --data, --batch-size, --lr: kept as given, for every run's `tally train`.
-      const int first = i;
-      int used = config_arg(argc, argv, &i, &ca);
-      if (used < 0) return 2;
-      if (!used || ca.steps_set[0] || ca.epochs_set[0]) {
-        fprintf(stderr, "tally compare: %s '%s' (see tally compare --help)\n",
-                used ? "the budget is the runs' length; drop" : "unknown option", argv[first]);
-        return 2;
-      }
-      for (int j = first; j <= i; j++) {
-        if (spec.n_shared_args == COMPARE_MAX_ARGS)
-          return fprintf(stderr, "tally compare: too many options\n"), 2;
-        spec.shared_args[spec.n_shared_args++] = argv[j];
-      }
-    }
-  }
+  const Option opts[] = {{.name = "--objectives", .text = &objectives},
+                         {.name = "--budget", .text = &budgets},
+                         {.name = "--seeds", .count = &seeds},
+                         {.name = "--config-dir", .text = &config_dir},
+                         {.name = "--out", .text = &spec.out_dir},
+                         {.name = "--quiet", .flag = &spec.quiet},
+                         {.name = "--no-memory-check", .flag = &spec.no_memory_check},
+                         {.name = NULL}};
+  int rc = parse_options("compare", argc, argv, opts, compare_arg, &args, usage_compare);
+  if (rc) return rc == 1 ? 0 : rc;
   if (!objectives || !budgets || !spec.out_dir) {
     fprintf(stderr, "tally compare: name --objectives, --budget and --out (see --help)\n");
     return 2;
@@ -1386,7 +1275,7 @@ static int cmd_compare(int argc, char **argv) {
     fprintf(stderr, "tally compare: --seeds %ld: at most %d\n", seeds, COMPARE_MAX_SEEDS);
     return 2;
   }
-  if ((config_dir != NULL) + (all_config != NULL) + (n_per_objective > 0) > 1) {
+  if ((config_dir != NULL) + (args.all_config != NULL) + (args.n_per_objective > 0) > 1) {
     fprintf(stderr, "tally compare: give --config-dir, --config FILE or --config NAME=FILE\n");
     return 2;
   }
@@ -1400,54 +1289,14 @@ static int cmd_compare(int argc, char **argv) {
             COMPARE_MAX_OBJECTIVES, COMPARE_MAX_BUDGETS);
     return 2;
   }
-  static char dir_paths[COMPARE_MAX_OBJECTIVES][CONFIG_PATH_MAX];
-  for (int o = 0; o < spec.n_objectives; o++) {
-    int rc = check_objective(spec.objectives[o]);
-    if (rc) return rc;
-    for (int k = 0; k < o; k++)
-      if (!strcmp(spec.objectives[k], spec.objectives[o])) {
-        fprintf(stderr, "tally compare: %s is named twice\n", spec.objectives[o]);
-        return 2;
-      }
-    spec.config_paths[o] = all_config;
-    if (config_dir) {
-      snprintf(dir_paths[o], sizeof dir_paths[o], "%s/%s.ini", config_dir, spec.objectives[o]);
-      spec.config_paths[o] = dir_paths[o];
-    }
-    for (int k = 0; k < n_per_objective; k++) {
-      const char *eq = strchr(per_objective_config[k], '=');
-      if ((size_t)(eq - per_objective_config[k]) == strlen(spec.objectives[o]) &&
-          !strncmp(per_objective_config[k], spec.objectives[o], strlen(spec.objectives[o])))
-        spec.config_paths[o] = eq + 1;
-    }
-  }
-  for (int k = 0; k < n_per_objective; k++) {
-    int named = 0;
-    for (int o = 0; o < spec.n_objectives; o++)
-      named |= spec.config_paths[o] == strchr(per_objective_config[k], '=') + 1;
-    if (!named) {
-      fprintf(stderr, "tally compare: --config %s names no objective of --objectives\n",
-              per_objective_config[k]);
-      return 2;
-    }
-  }
-  // Each objective at each budget as `tally train` will resolve it: the plan is of these.
-  static Config configs[COMPARE_MAX_OBJECTIVES][COMPARE_MAX_BUDGETS];
   for (int o = 0; o < spec.n_objectives; o++)
-    for (int b = 0; b < spec.n_budgets; b++) {
-      ConfigArgs run = ca;
-      run.config_path = spec.config_paths[o];
-      if (as_setting(run.budget_set, sizeof run.budget_set, "--budget", "train.budget",
-                     spec.budgets[b]) < 0)
-        return 2;
-      if (run.config_path && access(run.config_path, R_OK) != 0) {
-        fprintf(stderr, "tally compare: %s's recipe %s: %s\n", spec.objectives[o], run.config_path,
-                strerror(errno));
-        return 1;
-      }
-      if (load_config(spec.objectives[o], &run, &configs[o][b]) != 0) return 1;
-      spec.configs[o][b] = &configs[o][b];
-    }
+    if ((rc = check_objective(spec.objectives[o]))) return rc;
+  if (compare_choose_recipes(&spec, config_dir, args.all_config, args.per_objective_config,
+                             args.n_per_objective) != 0) {
+    fprintf(stderr, "tally compare: %s\n", tl_last_error());
+    return 2;
+  }
+  if ((rc = load_compare_configs(&spec, &args.ca))) return rc;
   return compare_run(&spec);
 }
 

@@ -15,6 +15,7 @@
 
 #include "gradcheck.h"
 #include "op_test_util.h"
+#include "nn/backbone.h"
 #include "nn/transformer.h"
 #include "nn/vit.h"
 

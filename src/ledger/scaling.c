@@ -217,3 +217,62 @@ int scaling_parse_latency(const char *text, double *seconds) {
   }
   return tl_fail("--latency '%s': unknown unit (ns, us, ms, s)", text);
 }
+
+void scaling_print_setup(FILE *f, const ScalingSetup *s) {
+  const MeasuredRun *m = &s->run;
+  const StepTraffic *t = &s->traffic;
+  const ScaleQuestion *q = &s->question;
+  fprintf(f,
+          "tally plan: %s from %s (%d replica%s of %d images; per step: compute %.1f ms, "
+          "backward %.1f ms, waiting for the slower replica %.1f ms),\n",
+          s->objective, s->run_dir, m->replicas, m->replicas == 1 ? "" : "s", m->local_batch,
+          m->step_ms - m->comm_ms, m->backward_ms, m->replicas > 1 ? m->comm_ms : 0.0);
+  char framing[64];
+  if (s->mtu)
+    snprintf(framing, sizeof framing, "TCP payload %.4g Gbit/s at MTU %ld",
+             q->link_bytes_per_s * 8 / 1e9, s->mtu);
+  else
+    snprintf(framing, sizeof framing, "taken as TCP payload");
+  fprintf(f,
+          "link %.4g Gbit/s (%s) with %.3g us latency, one "
+          "replica per node, %s; gradient allreduce %.2f MB in %d bucket%s (%s), other sums %.0f "
+          "bytes (%.0f a sample of the global batch), gathers %.0f bytes per sample; %ld "
+          "allreduces and %ld gathers per step\n",
+          s->line_bytes_per_s * 8 / 1e9, framing, q->latency_s * 1e6,
+          q->keep_replica_batch ? "each keeps the measured per-replica batch"
+                                : "the measured global batch split over the nodes",
+          t->allreduce_payload_bytes / 1e6, t->gradient_buckets,
+          t->gradient_buckets == 1 ? "" : "s", scaling_allreduce_name(resolve(q->allreduce)),
+          scaling_other_sum_bytes(t, m->global_batch), t->other_allreduce_bytes_per_sample,
+          t->gather_bytes_per_sample, t->allreduce_calls, t->allgather_calls);
+  fprintf(f, "gradient buckets in the order they start (MB, written by this share of backward):");
+  for (int b = 0; b < t->gradient_buckets; b++)
+    fprintf(f, " %.2f (%.0f%%)", t->bucket_bytes[b] / 1e6, 100 * t->bucket_ready[b]);
+  fprintf(f, "\n");
+  // Efficiency: the share of a step spent computing, i.e. images/s against N nodes that never
+  // wait for the link.
+  fprintf(f, "%7s %7s %7s %11s %9s %11s %11s %13s %11s %10s\n", "nodes", "batch", "/node",
+          "compute ms", "link ms", "comm ms", "step ms", "no-overlap ms", "images/s", "efficiency");
+}
+
+void scaling_print_prediction(FILE *f, const ScalingSetup *s, long nodes, int json) {
+  ScaleQuestion q = s->question;
+  q.nodes = (int)nodes;
+  ScalePrediction p;
+  scaling_predict(&s->run, &s->traffic, &q, &p);
+  if (json)
+    fprintf(f,
+            "{\"objective\":\"%s\",\"nodes\":%ld,\"link_bytes_per_s\":%.6g,\"mtu\":%ld,"
+            "\"payload_bytes_per_s\":%.6g,\"latency_s\":%.6g,\"allreduce\":\"%s\","
+            "\"local_batch\":%d,\"global_batch\":%d,"
+            "\"predicted_compute_ms\":%.3f,\"predicted_wait_ms\":%.3f,"
+            "\"predicted_link_ms\":%.3f,\"predicted_comm_ms\":%.3f,\"predicted_step_ms\":%.3f,"
+            "\"predicted_step_ms_no_overlap\":%.3f,\"predicted_images_per_s\":%.2f}\n",
+            s->objective, nodes, s->line_bytes_per_s, s->mtu, q.link_bytes_per_s, q.latency_s,
+            scaling_allreduce_name(p.allreduce), p.local_batch, p.global_batch, p.compute_ms,
+            p.wait_ms, p.link_ms, p.comm_ms, p.step_ms, p.step_ms_no_overlap, p.images_per_s);
+  else
+    fprintf(f, "%7ld %7d %7d %11.1f %9.1f %11.1f %11.1f %13.1f %11.0f %9.0f%%\n", nodes,
+            p.global_batch, p.local_batch, p.compute_ms, p.link_ms, p.comm_ms, p.step_ms,
+            p.step_ms_no_overlap, p.images_per_s, 100 * p.compute_ms / p.step_ms);
+}

@@ -16,6 +16,7 @@
 //     blocks (a ring, N-1 rounds).
 // Every round waits the link's latency once, so many small collectives are not free at scale.
 #pragma once
+#include <stdio.h>
 
 // The algorithm of the gradient's non-blocking sums.
 typedef enum {
@@ -104,3 +105,21 @@ const char *scaling_allreduce_name(ScaleAllreduce a);
 
 // "50us", "0.2ms", "2000ns", "0": a latency, >= 0. Returns 0, or -1 with tl_last_error().
 int scaling_parse_latency(const char *text, double *seconds);
+
+// A prediction's setting, as `tally plan --from RUN` states it: the measured run, what its step
+// sends, and the link; the node count is asked per prediction.
+typedef struct {
+  char objective[64];  // the measured run's
+  const char *run_dir;
+  MeasuredRun run;
+  StepTraffic traffic;
+  double line_bytes_per_s;  // the link's rate as given
+  long mtu;                 // 0: that rate is already the payload's
+  ScaleQuestion question;   // payload rate, latency, algorithm, batch rule (nodes: unused)
+} ScalingSetup;
+
+// The text report's head: the measured run, the link, what a step sends, the column titles.
+void scaling_print_setup(FILE *f, const ScalingSetup *s);
+// The prediction at `nodes`: a row under scaling_print_setup's titles, or (json) one object a
+// line with the prediction's and the setting's numbers.
+void scaling_print_prediction(FILE *f, const ScalingSetup *s, long nodes, int json);

@@ -26,10 +26,6 @@ int backbone_patch_count(const ModelSpec *spec, int image_size) {
   return strcmp(spec->type, "vit") == 0 ? vit_patch_count(spec, image_size) : 0;
 }
 
-int backbone_padded_size(const ModelSpec *spec, int image_size) {
-  return spec->pad_to ? spec->pad_to : image_size;
-}
-
 Backbone *backbone_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels) {
   if (strcmp(spec->type, "vit") == 0) {
     // config_validate has checked the spec against the data; what is left is the step's size.

@@ -2,6 +2,6 @@
 // BatchNorm, ReLU, a 1x1 projection shortcut where the shape changes), global average pooling.
 // resnet-small: stem 32, stages 32/64/128 with strides 1/2/2 -> 128-d features.
 #pragma once
-#include "nn/backbone.h"
+#include "nn/backbone_type.h"
 
 Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels);

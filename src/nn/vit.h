@@ -24,7 +24,7 @@
 // Parameters are taken in the order patch_embed.weight, patch_embed.bias, cls_token (pool = cls),
 // blocks.0 ... blocks.{depth-1} (see transformer.h), norm.gamma, norm.beta.
 #pragma once
-#include "nn/backbone.h"
+#include "nn/backbone_type.h"
 #include "nn/transformer.h"
 
 typedef struct {

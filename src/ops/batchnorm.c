@@ -50,6 +50,88 @@ struct BatchNormPrivate {
 
 static size_t bn_elems(const BatchNorm *l) { return (size_t)l->N * l->H * l->W * l->C; }
 
+static void bn_take_params(BatchNorm *l, Builder *b, const char *name) {
+  const int C = l->C;
+  char pname[96];
+  snprintf(pname, sizeof pname, "%s.gamma", name);
+  l->gamma = paramset_take(b->params, pname, (size_t)C, 1, &l->dgamma);
+  paramset_init_const(b->params, l->gamma, (size_t)C, 1.0f);
+  snprintf(pname, sizeof pname, "%s.beta", name);
+  l->beta = paramset_take(b->params, pname, (size_t)C, 1, &l->dbeta);
+  paramset_init_const(b->params, l->beta, (size_t)C, 0.0f);
+  snprintf(pname, sizeof pname, "%s.running_mean", name);
+  l->running_mean = paramset_take_buffer(b->params, pname, (size_t)C);
+  paramset_init_const(b->params, l->running_mean, (size_t)C, 0.0f);
+  snprintf(pname, sizeof pname, "%s.running_var", name);
+  l->running_var = paramset_take_buffer(b->params, pname, (size_t)C);
+  paramset_init_const(b->params, l->running_var, (size_t)C, 1.0f);
+}
+
+// What forward keeps when it trains (or updates running statistics): the batch statistics and
+// the ReLU mask per call, the primitive that normalizes with given statistics, sync_bn's buffers.
+static void bn_keep_statistics(BatchNorm *l, Builder *b, const dnnl_memory_desc_t *data_md,
+                               unsigned flags) {
+  DnnlCtx *ctx = b->ctx;
+  struct BatchNormPrivate *p = l->priv;
+  const int C = l->C, fuse_relu = l->fuse_relu;
+  // Batch statistics (and the ReLU mask) are kept for backward in training; the momentum encoder
+  // only needs them for the running-statistics update right after forward.
+  MemCategory kept = builder_out_category(b);
+  const size_t G = (size_t)l->splits;
+  p->batch_mean = p->mean_slots = op_calls_alloc(&l->calls, G * C * sizeof(float), kept, l->comp);
+  p->batch_var = p->var_slots = op_calls_alloc(&l->calls, G * C * sizeof(float), kept, l->comp);
+  if (fuse_relu) {
+    dnnl_memory_desc_t ws_md = dnnl_pd_md(p->fwd_pd, dnnl_query_workspace_md, 0);
+    p->ws = dnnl_mem_new(ctx, &ws_md);
+    p->relu_ws_bytes = dnnl_md_bytes(&ws_md);
+    p->relu_ws = p->relu_ws_slots = op_calls_alloc(&l->calls, G * p->relu_ws_bytes, kept, l->comp);
+  }
+  if (l->sync || (b->mode == OP_TRAIN && l->calls.out_shared)) {
+    // Normalizing with given statistics: sync_bn's second pass, and batchnorm_recompute's (for
+    // an output in a scratch buffer, ops/builder.h).
+    dnnl_batch_normalization_desc_t desc;
+    DNNL_CHECK(dnnl_batch_normalization_forward_desc_init(&desc, dnnl_forward_training, data_md,
+                                                          l->eps, flags | dnnl_use_global_stats));
+    p->fwd_global = dnnl_ctx_make(ctx, &desc, NULL, &p->fwd_global_pd);
+  }
+  if (l->sync) {
+    p->sync_buf = tl_alloc(2 * (size_t)C * sizeof(float), MEM_WORKSPACE, l->comp);
+    p->sync_coef = tl_alloc(3 * (size_t)C * sizeof(float), MEM_WORKSPACE, l->comp);
+  }
+}
+
+// Backward (and sync_bn's backward with given statistics), its gradient memories, and where
+// its input gradient goes.
+static void bn_make_backward(BatchNorm *l, Builder *b, const dnnl_memory_desc_t *data_md,
+                             const dnnl_memory_desc_t *c_md, unsigned flags) {
+  DnnlCtx *ctx = b->ctx;
+  struct BatchNormPrivate *p = l->priv;
+  const int C = l->C;
+  const size_t G = (size_t)l->splits;
+  if (l->sync) {
+    dnnl_batch_normalization_desc_t desc;
+    DNNL_CHECK(dnnl_batch_normalization_backward_desc_init(&desc, dnnl_backward, data_md, data_md,
+                                                           l->eps, flags | dnnl_use_global_stats));
+    p->bwd_global = dnnl_ctx_make(ctx, &desc, p->fwd_global_pd, &p->bwd_global_pd);
+  }
+  if (G > 1) {
+    p->dgamma_split = tl_alloc(G * C * sizeof(float), MEM_WORKSPACE, l->comp);
+    p->dbeta_split = tl_alloc(G * C * sizeof(float), MEM_WORKSPACE, l->comp);
+  }
+
+  dnnl_batch_normalization_desc_t bwd_desc;
+  DNNL_CHECK(dnnl_batch_normalization_backward_desc_init(&bwd_desc, dnnl_backward, data_md, data_md,
+                                                         l->eps, flags));
+  p->bwd = dnnl_ctx_make(ctx, &bwd_desc, p->fwd_pd, &p->bwd_pd);
+  p->diff_src = dnnl_mem_new(ctx, data_md);
+  p->dscale = dnnl_mem_new(ctx, c_md);
+  p->dshift = dnnl_mem_new(ctx, c_md);
+  if (l->need_din)
+    op_din_alloc(b, &l->calls, &l->din, bn_elems(l) * sizeof(float), l->comp);
+  else
+    p->din_discard = tl_alloc(bn_elems(l) * sizeof(float), MEM_WORKSPACE, l->comp);
+}
+
 void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, int H, int W,
                     int fuse_relu, int need_din) {
   if (N <= 0 || C <= 0 || H <= 0 || W <= 0)
@@ -80,19 +162,7 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   l->eps = 1e-5f;
   l->momentum = 0.1f;
 
-  char pname[96];
-  snprintf(pname, sizeof pname, "%s.gamma", name);
-  l->gamma = paramset_take(b->params, pname, (size_t)C, 1, &l->dgamma);
-  paramset_init_const(b->params, l->gamma, (size_t)C, 1.0f);
-  snprintf(pname, sizeof pname, "%s.beta", name);
-  l->beta = paramset_take(b->params, pname, (size_t)C, 1, &l->dbeta);
-  paramset_init_const(b->params, l->beta, (size_t)C, 0.0f);
-  snprintf(pname, sizeof pname, "%s.running_mean", name);
-  l->running_mean = paramset_take_buffer(b->params, pname, (size_t)C);
-  paramset_init_const(b->params, l->running_mean, (size_t)C, 0.0f);
-  snprintf(pname, sizeof pname, "%s.running_var", name);
-  l->running_var = paramset_take_buffer(b->params, pname, (size_t)C);
-  paramset_init_const(b->params, l->running_var, (size_t)C, 1.0f);
+  bn_take_params(l, b, name);
 
   struct BatchNormPrivate *p = calloc(1, sizeof *p);
   if (!p) TL_DIE("out of memory");
@@ -121,54 +191,10 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   l->out = l->out_slots;
   if (infer) return;
 
-  // Batch statistics (and the ReLU mask) are kept for backward in training; the momentum encoder
-  // only needs them for the running-statistics update right after forward.
-  MemCategory kept = builder_out_category(b);
-  const size_t G = (size_t)l->splits;
-  p->batch_mean = p->mean_slots = op_calls_alloc(&l->calls, G * C * sizeof(float), kept, l->comp);
-  p->batch_var = p->var_slots = op_calls_alloc(&l->calls, G * C * sizeof(float), kept, l->comp);
-  if (fuse_relu) {
-    dnnl_memory_desc_t ws_md = dnnl_pd_md(p->fwd_pd, dnnl_query_workspace_md, 0);
-    p->ws = dnnl_mem_new(ctx, &ws_md);
-    p->relu_ws_bytes = dnnl_md_bytes(&ws_md);
-    p->relu_ws = p->relu_ws_slots = op_calls_alloc(&l->calls, G * p->relu_ws_bytes, kept, l->comp);
-  }
-  if (l->sync || (b->mode == OP_TRAIN && l->calls.out_shared)) {
-    // Normalizing with given statistics: sync_bn's second pass, and batchnorm_recompute's (for
-    // an output in a scratch buffer, ops/builder.h).
-    dnnl_batch_normalization_desc_t desc;
-    DNNL_CHECK(dnnl_batch_normalization_forward_desc_init(&desc, dnnl_forward_training, &data_md,
-                                                          l->eps, flags | dnnl_use_global_stats));
-    p->fwd_global = dnnl_ctx_make(ctx, &desc, NULL, &p->fwd_global_pd);
-  }
-  if (l->sync) {
-    p->sync_buf = tl_alloc(2 * (size_t)C * sizeof(float), MEM_WORKSPACE, l->comp);
-    p->sync_coef = tl_alloc(3 * (size_t)C * sizeof(float), MEM_WORKSPACE, l->comp);
-  }
+  bn_keep_statistics(l, b, &data_md, flags);
   if (b->mode != OP_TRAIN) return;
   op_grads_expect(b, &l->calls, l->dgamma, (size_t)C, l->dbeta, (size_t)C);
-  if (l->sync) {
-    dnnl_batch_normalization_desc_t desc;
-    DNNL_CHECK(dnnl_batch_normalization_backward_desc_init(&desc, dnnl_backward, &data_md, &data_md,
-                                                           l->eps, flags | dnnl_use_global_stats));
-    p->bwd_global = dnnl_ctx_make(ctx, &desc, p->fwd_global_pd, &p->bwd_global_pd);
-  }
-  if (G > 1) {
-    p->dgamma_split = tl_alloc(G * C * sizeof(float), MEM_WORKSPACE, l->comp);
-    p->dbeta_split = tl_alloc(G * C * sizeof(float), MEM_WORKSPACE, l->comp);
-  }
-
-  dnnl_batch_normalization_desc_t bwd_desc;
-  DNNL_CHECK(dnnl_batch_normalization_backward_desc_init(&bwd_desc, dnnl_backward, &data_md,
-                                                         &data_md, l->eps, flags));
-  p->bwd = dnnl_ctx_make(ctx, &bwd_desc, p->fwd_pd, &p->bwd_pd);
-  p->diff_src = dnnl_mem_new(ctx, &data_md);
-  p->dscale = dnnl_mem_new(ctx, &c_md);
-  p->dshift = dnnl_mem_new(ctx, &c_md);
-  if (l->need_din)
-    op_din_alloc(b, &l->calls, &l->din, bn_elems(l) * sizeof(float), l->comp);
-  else
-    p->din_discard = tl_alloc(bn_elems(l) * sizeof(float), MEM_WORKSPACE, l->comp);
+  bn_make_backward(l, b, &data_md, &c_md, flags);
 }
 
 // The values per channel the statistics were taken over: one group's, or the global batch's.

@@ -87,6 +87,141 @@ static size_t conv_out_bytes(const Conv2d *l) {
   return (size_t)l->N * l->OH * l->OW * l->OC * sizeof(float);
 }
 
+// A layer's memory descriptors, shared by the primitives conv2d_init creates. oneDNN describes
+// tensors in NCHW dimension order; the tags give the actual layouts.
+typedef struct {
+  dnnl_memory_desc_t src_f32, src_md, dst_md, diff_dst_md, w_plain, w_any, dw_any, b_md, w_fwd_md;
+  const dnnl_memory_desc_t *b_md_or_null;
+  dnnl_dims_t strides, padding;
+  dnnl_alg_kind_t alg;  // the forward's algorithm, after any fallback to direct
+} ConvDescs;
+
+static void conv_take_params(Conv2d *l, Builder *b, const char *name) {
+  const int OC = l->OC, IC = l->IC, K = l->K;
+  char pname[96];
+  snprintf(pname, sizeof pname, "%s.weight", name);
+  l->weight = paramset_take(b->params, pname, (size_t)OC * IC * K * K, 0, &l->dweight);
+  paramset_set_shape(b->params, 4, (long[]){OC, IC, K, K});
+  paramset_init_normal(b->params, l->weight, (size_t)OC * IC * K * K,
+                       sqrtf(2.0f / (float)(IC * K * K)));
+  if (l->has_bias) {
+    snprintf(pname, sizeof pname, "%s.bias", name);
+    l->bias = paramset_take(b->params, pname, (size_t)OC, 1, &l->dbias);
+    paramset_init_const(b->params, l->bias, (size_t)OC, 0.0f);
+  }
+}
+
+// The builder's layout for activations, except an input whose channels the blocked layout
+// cannot hold (the images), which arrives nhwc and which the blocked kernels read as nchw (the
+// same bytes for one channel; for three, the input's copy converts it).
+static void conv_describe(const Conv2d *l, Builder *b, ConvDescs *d) {
+  dnnl_data_type_t type = dnnl_ctx_compute_type(b->ctx);
+  const dnnl_format_tag_t act = builder_layout(b);
+  const int image_input = conv_image_input(b, l->IC);
+  const dnnl_format_tag_t in_tag = image_input && l->IC == 1 ? dnnl_nchw
+                                   : image_input             ? dnnl_nhwc
+                                                             : act;
+  const dnnl_format_tag_t src_tag = image_input ? dnnl_nchw : act;
+  dnnl_dims_t src_dims = {l->N, l->IC, l->IH, l->IW}, dst_dims = {l->N, l->OC, l->OH, l->OW};
+  dnnl_dims_t w_dims = {l->OC, l->IC, l->K, l->K}, b_dims = {l->OC};
+  d->strides[0] = d->strides[1] = l->stride;
+  d->padding[0] = d->padding[1] = l->pad;
+  d->src_f32 = dnnl_md_plain(4, src_dims, in_tag);
+  d->src_md = dnnl_md_typed(4, src_dims, type, src_tag);
+  d->dst_md = dnnl_md_plain(4, dst_dims, act);
+  d->diff_dst_md = dnnl_md_typed(4, dst_dims, type, act);
+  d->w_plain = dnnl_md_plain(4, w_dims, dnnl_oihw);
+  d->w_any = dnnl_md_typed(4, w_dims, type, dnnl_format_tag_any);
+  d->dw_any = dnnl_md_plain(4, w_dims, dnnl_format_tag_any);
+  d->b_md = dnnl_md_plain(1, b_dims, dnnl_a);
+  d->b_md_or_null = l->has_bias ? &d->b_md : NULL;
+  d->alg =
+      conv_winograd_wanted(l, b->ctx, act) ? dnnl_convolution_winograd : dnnl_convolution_direct;
+}
+
+// The forward primitive (Winograd when wanted and this library has it, else direct), its weights'
+// copy into the primitive's layout, the input's copy and the memories it runs on.
+static void conv_make_forward(Conv2d *l, Builder *b, ConvDescs *d) {
+  DnnlCtx *ctx = b->ctx;
+  struct ConvPrivate *p = l->priv;
+  const dnnl_prop_kind_t prop =
+      b->mode == OP_TRAIN ? dnnl_forward_training : dnnl_forward_inference;
+  dnnl_convolution_desc_t fwd_desc;
+  DNNL_CHECK(dnnl_convolution_forward_desc_init(&fwd_desc, prop, d->alg, &d->src_md, &d->w_any,
+                                                d->b_md_or_null, &d->dst_md, d->strides, d->padding,
+                                                d->padding));
+  if (d->alg == dnnl_convolution_winograd &&
+      !(p->fwd = dnnl_ctx_try_make(ctx, &fwd_desc, NULL, &p->fwd_pd))) {
+    // This library or CPU has no Winograd kernel (oneDNN 3.2 removed them): direct, as asked
+    // for where Winograd is not.
+    d->alg = dnnl_convolution_direct;
+    DNNL_CHECK(dnnl_convolution_forward_desc_init(&fwd_desc, prop, d->alg, &d->src_md, &d->w_any,
+                                                  d->b_md_or_null, &d->dst_md, d->strides,
+                                                  d->padding, d->padding));
+  }
+  l->winograd = p->winograd[CONV_FWD] = d->alg == dnnl_convolution_winograd;
+  if (!p->fwd) p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
+  d->w_fwd_md = dnnl_pd_md(p->fwd_pd, dnnl_query_weights_md, 0);
+  dnnl_copy_init(&p->fwd_w, ctx, &d->w_plain, &d->w_fwd_md, MEM_WORKSPACE, l->comp);
+  p->bwd_weights_f32 = dnnl_ctx_compute_type(ctx) != dnnl_f32 && l->stride > 1;
+  MemCategory in_category = b->mode == OP_TRAIN && !p->bwd_weights_f32 ? MEM_ACT : MEM_WORKSPACE;
+  dnnl_copy_init_slots(&p->in, ctx, &d->src_f32, &d->src_md, in_category, l->comp, l->calls.count);
+  TL_ASSERT(conv2d_backward_reads_input(l) == conv2d_will_read_input(b, l->IC, l->stride));
+  p->src = dnnl_mem_new(ctx, &d->src_md);
+  p->dst = dnnl_mem_new(ctx, &d->dst_md);
+  p->wei_fwd = dnnl_mem_new(ctx, &d->w_fwd_md);
+  if (l->has_bias) p->bias = dnnl_mem_new(ctx, &d->b_md);
+}
+
+// Backward data, in the forward's algorithm when the library has it, else direct.
+static void conv_make_backward_data(Conv2d *l, Builder *b, const ConvDescs *d) {
+  DnnlCtx *ctx = b->ctx;
+  struct ConvPrivate *p = l->priv;
+  for (dnnl_alg_kind_t a = d->alg; !p->bwd_data; a = dnnl_convolution_direct) {
+    dnnl_convolution_desc_t bd_desc;
+    DNNL_CHECK(dnnl_convolution_backward_data_desc_init(
+        &bd_desc, a, &d->src_f32, &d->w_any, &d->diff_dst_md, d->strides, d->padding, d->padding));
+    p->bwd_data = a == dnnl_convolution_direct
+                      ? dnnl_ctx_make(ctx, &bd_desc, p->fwd_pd, &p->bwd_data_pd)
+                      : dnnl_ctx_try_make(ctx, &bd_desc, p->fwd_pd, &p->bwd_data_pd);
+    p->winograd[CONV_BWD_DATA] = p->bwd_data && a == dnnl_convolution_winograd;
+  }
+  dnnl_memory_desc_t w_bd_md = dnnl_pd_md(p->bwd_data_pd, dnnl_query_weights_md, 0);
+  p->bwd_data_shares_fwd_w = dnnl_md_equal(&w_bd_md, &d->w_fwd_md);
+  if (!p->bwd_data_shares_fwd_w)
+    dnnl_copy_init(&p->bwd_data_w, ctx, &d->w_plain, &w_bd_md, MEM_WORKSPACE, l->comp);
+  p->wei_bwd_data = dnnl_mem_new(ctx, &w_bd_md);
+  p->diff_src = dnnl_mem_new(ctx, &d->src_f32);
+  op_din_alloc(b, &l->calls, &l->din, (size_t)l->N * l->IH * l->IW * l->IC * sizeof(float),
+               l->comp);
+}
+
+// Backward weights (f32 for a strided bf16 layer), in the forward's algorithm when the library
+// has it, else direct, and the reorder of its gradient into the plain one.
+static void conv_make_backward_weights(Conv2d *l, Builder *b, const ConvDescs *d) {
+  DnnlCtx *ctx = b->ctx;
+  struct ConvPrivate *p = l->priv;
+  const dnnl_memory_desc_t *bw_src_md = p->bwd_weights_f32 ? &d->src_f32 : &d->src_md;
+  const dnnl_memory_desc_t *bw_diff_dst_md = p->bwd_weights_f32 ? &d->dst_md : &d->diff_dst_md;
+  for (dnnl_alg_kind_t a = d->alg; !p->bwd_weights; a = dnnl_convolution_direct) {
+    dnnl_convolution_desc_t bw_desc;
+    DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&bw_desc, a, bw_src_md, &d->dw_any,
+                                                           d->b_md_or_null, bw_diff_dst_md,
+                                                           d->strides, d->padding, d->padding));
+    p->bwd_weights = a == dnnl_convolution_direct
+                         ? dnnl_ctx_make(ctx, &bw_desc, p->fwd_pd, &p->bwd_weights_pd)
+                         : dnnl_ctx_try_make(ctx, &bw_desc, p->fwd_pd, &p->bwd_weights_pd);
+    p->winograd[CONV_BWD_WEIGHTS] = p->bwd_weights && a == dnnl_convolution_winograd;
+  }
+  dnnl_memory_desc_t dw_md = dnnl_pd_md(p->bwd_weights_pd, dnnl_query_diff_weights_md, 0);
+  dnnl_reorder_init(&p->dw_to_plain, ctx, &dw_md, &d->w_plain);
+  if (dnnl_reorder_needed(&p->dw_to_plain))
+    p->dw_buf = tl_alloc(dnnl_md_bytes(&dw_md), MEM_WORKSPACE, l->comp);
+  p->dwei = dnnl_mem_new(ctx, &dw_md);
+  p->bw_src = dnnl_mem_new(ctx, bw_src_md);
+  p->bw_diff_dst = dnnl_mem_new(ctx, bw_diff_dst_md);
+}
+
 void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH, int IW, int OC,
                  int K, int stride, int pad, int has_bias, int need_din) {
   if (N <= 0 || IC <= 0 || OC <= 0 || K <= 0 || stride <= 0 || pad < 0 || IH + 2 * pad < K ||
@@ -104,75 +239,15 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   op_calls_init(&l->calls, b);
   // Backward data is only needed in training, and not for the first layer.
   l->need_din = need_din && b->mode == OP_TRAIN;
-
-  char pname[96];
-  snprintf(pname, sizeof pname, "%s.weight", name);
-  l->weight = paramset_take(b->params, pname, (size_t)OC * IC * K * K, 0, &l->dweight);
-  paramset_set_shape(b->params, 4, (long[]){OC, IC, K, K});
-  paramset_init_normal(b->params, l->weight, (size_t)OC * IC * K * K,
-                       sqrtf(2.0f / (float)(IC * K * K)));
-  if (has_bias) {
-    snprintf(pname, sizeof pname, "%s.bias", name);
-    l->bias = paramset_take(b->params, pname, (size_t)OC, 1, &l->dbias);
-    paramset_init_const(b->params, l->bias, (size_t)OC, 0.0f);
-  }
+  conv_take_params(l, b, name);
 
   struct ConvPrivate *p = calloc(1, sizeof *p);
   if (!p) TL_DIE("out of memory");
   l->priv = p;
   p->params = b->params;
-
-  // oneDNN describes tensors in NCHW dimension order; the tags give the actual layouts: the
-  // builder's for activations, except an input whose channels the blocked layout cannot hold
-  // (the images), which arrives nhwc and which the blocked kernels read as nchw (the same bytes
-  // for one channel; for three, the input's copy below converts it).
-  dnnl_data_type_t type = dnnl_ctx_compute_type(ctx);
-  const dnnl_format_tag_t act = builder_layout(b);
-  const int image_input = conv_image_input(b, IC);
-  const dnnl_format_tag_t in_tag = image_input && IC == 1 ? dnnl_nchw
-                                   : image_input          ? dnnl_nhwc
-                                                          : act;
-  const dnnl_format_tag_t src_tag = image_input ? dnnl_nchw : act;
-  dnnl_dims_t src_dims = {N, IC, IH, IW}, dst_dims = {N, OC, l->OH, l->OW};
-  dnnl_dims_t w_dims = {OC, IC, K, K}, b_dims = {OC};
-  dnnl_dims_t strides = {stride, stride}, padding = {pad, pad};
-  dnnl_memory_desc_t src_f32 = dnnl_md_plain(4, src_dims, in_tag);
-  dnnl_memory_desc_t src_md = dnnl_md_typed(4, src_dims, type, src_tag);
-  dnnl_memory_desc_t dst_md = dnnl_md_plain(4, dst_dims, act);
-  dnnl_memory_desc_t diff_dst_md = dnnl_md_typed(4, dst_dims, type, act);
-  dnnl_memory_desc_t w_plain = dnnl_md_plain(4, w_dims, dnnl_oihw);
-  dnnl_memory_desc_t w_any = dnnl_md_typed(4, w_dims, type, dnnl_format_tag_any);
-  dnnl_memory_desc_t dw_any = dnnl_md_plain(4, w_dims, dnnl_format_tag_any);
-  dnnl_memory_desc_t b_md = dnnl_md_plain(1, b_dims, dnnl_a);
-  const dnnl_memory_desc_t *b_md_or_null = has_bias ? &b_md : NULL;
-
-  dnnl_alg_kind_t alg =
-      conv_winograd_wanted(l, ctx, act) ? dnnl_convolution_winograd : dnnl_convolution_direct;
-  const dnnl_prop_kind_t prop =
-      b->mode == OP_TRAIN ? dnnl_forward_training : dnnl_forward_inference;
-  dnnl_convolution_desc_t fwd_desc;
-  DNNL_CHECK(dnnl_convolution_forward_desc_init(&fwd_desc, prop, alg, &src_md, &w_any, b_md_or_null,
-                                                &dst_md, strides, padding, padding));
-  if (alg == dnnl_convolution_winograd &&
-      !(p->fwd = dnnl_ctx_try_make(ctx, &fwd_desc, NULL, &p->fwd_pd))) {
-    // This library or CPU has no Winograd kernel (oneDNN 3.2 removed them): direct, as asked
-    // for where Winograd is not.
-    alg = dnnl_convolution_direct;
-    DNNL_CHECK(dnnl_convolution_forward_desc_init(
-        &fwd_desc, prop, alg, &src_md, &w_any, b_md_or_null, &dst_md, strides, padding, padding));
-  }
-  l->winograd = p->winograd[CONV_FWD] = alg == dnnl_convolution_winograd;
-  if (!p->fwd) p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
-  dnnl_memory_desc_t w_fwd_md = dnnl_pd_md(p->fwd_pd, dnnl_query_weights_md, 0);
-  dnnl_copy_init(&p->fwd_w, ctx, &w_plain, &w_fwd_md, MEM_WORKSPACE, l->comp);
-  p->bwd_weights_f32 = type != dnnl_f32 && stride > 1;
-  MemCategory in_category = b->mode == OP_TRAIN && !p->bwd_weights_f32 ? MEM_ACT : MEM_WORKSPACE;
-  dnnl_copy_init_slots(&p->in, ctx, &src_f32, &src_md, in_category, l->comp, l->calls.count);
-  TL_ASSERT(conv2d_backward_reads_input(l) == conv2d_will_read_input(b, IC, stride));
-  p->src = dnnl_mem_new(ctx, &src_md);
-  p->dst = dnnl_mem_new(ctx, &dst_md);
-  p->wei_fwd = dnnl_mem_new(ctx, &w_fwd_md);
-  if (has_bias) p->bias = dnnl_mem_new(ctx, &b_md);
+  ConvDescs d;
+  conv_describe(l, b, &d);
+  conv_make_forward(l, b, &d);
 
   op_out_alloc(b, &l->calls, &l->out_slots, conv_out_bytes(l), l->comp);
   l->out = l->out_slots;
@@ -182,45 +257,10 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
 
   // Read in its own type only by backward data, or by a bf16 backward weights.
   if (l->need_din || !p->bwd_weights_f32)
-    dnnl_copy_init(&p->dout, ctx, &dst_md, &diff_dst_md, MEM_ACT_GRAD, l->comp);
-  p->diff_dst = dnnl_mem_new(ctx, &diff_dst_md);
-  if (l->need_din) {
-    for (dnnl_alg_kind_t a = alg; !p->bwd_data; a = dnnl_convolution_direct) {
-      dnnl_convolution_desc_t bd_desc;
-      DNNL_CHECK(dnnl_convolution_backward_data_desc_init(&bd_desc, a, &src_f32, &w_any,
-                                                          &diff_dst_md, strides, padding, padding));
-      p->bwd_data = a == dnnl_convolution_direct
-                        ? dnnl_ctx_make(ctx, &bd_desc, p->fwd_pd, &p->bwd_data_pd)
-                        : dnnl_ctx_try_make(ctx, &bd_desc, p->fwd_pd, &p->bwd_data_pd);
-      p->winograd[CONV_BWD_DATA] = p->bwd_data && a == dnnl_convolution_winograd;
-    }
-    dnnl_memory_desc_t w_bd_md = dnnl_pd_md(p->bwd_data_pd, dnnl_query_weights_md, 0);
-    p->bwd_data_shares_fwd_w = dnnl_md_equal(&w_bd_md, &w_fwd_md);
-    if (!p->bwd_data_shares_fwd_w)
-      dnnl_copy_init(&p->bwd_data_w, ctx, &w_plain, &w_bd_md, MEM_WORKSPACE, l->comp);
-    p->wei_bwd_data = dnnl_mem_new(ctx, &w_bd_md);
-    p->diff_src = dnnl_mem_new(ctx, &src_f32);
-    op_din_alloc(b, &l->calls, &l->din, (size_t)N * IH * IW * IC * sizeof(float), l->comp);
-  }
-
-  const dnnl_memory_desc_t *bw_src_md = p->bwd_weights_f32 ? &src_f32 : &src_md;
-  const dnnl_memory_desc_t *bw_diff_dst_md = p->bwd_weights_f32 ? &dst_md : &diff_dst_md;
-  for (dnnl_alg_kind_t a = alg; !p->bwd_weights; a = dnnl_convolution_direct) {
-    dnnl_convolution_desc_t bw_desc;
-    DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(
-        &bw_desc, a, bw_src_md, &dw_any, b_md_or_null, bw_diff_dst_md, strides, padding, padding));
-    p->bwd_weights = a == dnnl_convolution_direct
-                         ? dnnl_ctx_make(ctx, &bw_desc, p->fwd_pd, &p->bwd_weights_pd)
-                         : dnnl_ctx_try_make(ctx, &bw_desc, p->fwd_pd, &p->bwd_weights_pd);
-    p->winograd[CONV_BWD_WEIGHTS] = p->bwd_weights && a == dnnl_convolution_winograd;
-  }
-  dnnl_memory_desc_t dw_md = dnnl_pd_md(p->bwd_weights_pd, dnnl_query_diff_weights_md, 0);
-  dnnl_reorder_init(&p->dw_to_plain, ctx, &dw_md, &w_plain);
-  if (dnnl_reorder_needed(&p->dw_to_plain))
-    p->dw_buf = tl_alloc(dnnl_md_bytes(&dw_md), MEM_WORKSPACE, l->comp);
-  p->dwei = dnnl_mem_new(ctx, &dw_md);
-  p->bw_src = dnnl_mem_new(ctx, bw_src_md);
-  p->bw_diff_dst = dnnl_mem_new(ctx, bw_diff_dst_md);
+    dnnl_copy_init(&p->dout, ctx, &d.dst_md, &d.diff_dst_md, MEM_ACT_GRAD, l->comp);
+  p->diff_dst = dnnl_mem_new(ctx, &d.diff_dst_md);
+  if (l->need_din) conv_make_backward_data(l, b, &d);
+  conv_make_backward_weights(l, b, &d);
 }
 
 void conv2d_forward(Conv2d *l, DnnlCtx *ctx, const float *in) {

@@ -30,6 +30,13 @@ typedef struct {
   int no_memory_check;  // runs whose plan does not fit the machine start anyway
 } CompareSpec;
 
+// Chooses each objective's recipe (spec->config_paths) from at most one of: config_dir (each is
+// DIR/NAME.ini), all_config (one FILE for all) or per_objective ("NAME=FILE" texts; the others
+// keep configs/NAME.ini). Refuses an objective named twice and a NAME=FILE that names none.
+// Returns 0, or -1 with tl_last_error() set.
+int compare_choose_recipes(CompareSpec *spec, const char *config_dir, const char *all_config,
+                           const char *const *per_objective, int n_per_objective);
+
 // Runs the compare. Returns the exit code: 0 with compare.json and compare.html written; 1 when a
 // plan, a run or an evaluation failed (one line says which and why), the code of a training
 // that stopped on a NaN loss (3), 128 + the signal when interrupted (the run under way keeps its

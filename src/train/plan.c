@@ -764,12 +764,8 @@ static void print_own_fields(FILE *f, const LedgerRecord *recs, int n, LedgerGro
     }
 }
 
-void plan_print_table(FILE *f, int n, const char *const *names, const LedgerRecord *recs,
-                      const PlanTotals *totals) {
-  char(*cells)[48] = calloc((size_t)n, sizeof *cells);
-  if (!cells) TL_DIE("out of memory");
-  for (int j = 0; j < n; j++) snprintf(cells[j], sizeof cells[j], "%s", names[j]);
-  print_row(f, "", n, cells);
+// The rows that say what a column plans: backbone, parameters, data, batch, steps, patches.
+static void print_configuration(FILE *f, int n, const PlanTotals *totals, char cells[][48]) {
   fprintf(f, "%s\n", "Configuration");
   for (int j = 0; j < n; j++) snprintf(cells[j], sizeof cells[j], "%.47s", totals[j].backbone);
   print_row(f, "backbone", n, cells);
@@ -799,6 +795,11 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
         snprintf(cells[j], sizeof cells[j], "-");
     print_row(f, "patches per image", n, cells);
   }
+}
+
+// The ledger's fields group by group (the four questions, cost), then the names of the time
+// fields, which only a run measures.
+static void print_ledger_groups(FILE *f, int n, const LedgerRecord *recs, char cells[][48]) {
   const int nf = ledger_field_count();
   for (int g = 0; g < LEDGER_TIME; g++) {
     fprintf(f, "%s\n", ledger_group_title((LedgerGroup)g));
@@ -827,6 +828,10 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
       first = 0;
     }
   fputc('\n', f);
+}
+
+// What memory the run holds in all, and whether it fits this machine.
+static void print_memory_totals(FILE *f, int n, const PlanTotals *totals, char cells[][48]) {
   fprintf(f, "Memory totals\n");
   static const char *const total_names[] = {
       "dataset (train + test)", "loader buffers",          "evaluation (kNN monitor)",
@@ -849,6 +854,10 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
       snprintf(cells[j], 48, "no (%s)", need);
   }
   print_row(f, label, n, cells);
+}
+
+// A timed probe's pace and the run's steps at it, when any column was timed.
+static void print_timed(FILE *f, int n, const PlanTotals *totals, char cells[][48]) {
   int any_timed = 0;
   for (int j = 0; j < n; j++) any_timed |= !isnan(totals[j].timed_step_ms);
   if (any_timed) {
@@ -871,6 +880,18 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
     }
     print_row(f, "the run's steps at that pace", n, cells);
   }
+}
+
+void plan_print_table(FILE *f, int n, const char *const *names, const LedgerRecord *recs,
+                      const PlanTotals *totals) {
+  char(*cells)[48] = calloc((size_t)n, sizeof *cells);
+  if (!cells) TL_DIE("out of memory");
+  for (int j = 0; j < n; j++) snprintf(cells[j], sizeof cells[j], "%s", names[j]);
+  print_row(f, "", n, cells);
+  print_configuration(f, n, totals, cells);
+  print_ledger_groups(f, n, recs, cells);
+  print_memory_totals(f, n, totals, cells);
+  print_timed(f, n, totals, cells);
   free(cells);
 }
 
@@ -902,4 +923,56 @@ void plan_print_json(FILE *f, const LedgerRecord *rec, const PlanTotals *t) {
             t->timed_step_ms * t->total_steps / 1e3);
   else
     fprintf(f, "\"timed_step_ms\":%.3f,\"timed_run_seconds\":null}\n", t->timed_step_ms);
+}
+
+int plan_column(FILE *f, Config *cfg, const char *objective, const PlanRequest *req,
+                LedgerRecord *rec, PlanTotals *totals) {
+  if (req->fit_budget) {
+    static Config fitted;
+    long value;
+    if (plan_fit_budget(cfg, objective, req->budget_bytes, &req->options, &fitted, &value) != 0)
+      return -1;
+    *cfg = fitted;
+    char have[32];
+    format_bytes((double)req->budget_bytes, have, sizeof have);
+    if (!req->json)
+      fprintf(f, "%s: the largest %s within %s is %ld\n", objective, plan_budget_key(objective),
+              have, value);
+  }
+  if (plan_build(cfg, objective, req->step, &req->options, rec, totals) != 0) return -1;
+  if (req->timed) {
+    if (!req->json) {
+      fprintf(f, "%s: timing 5 steps here...\n", objective);
+      fflush(f);
+    }
+    if (plan_time_steps(cfg, objective, 5, &totals->timed_step_ms) != 0) return -1;
+  }
+  const double encoded = ledger_value(rec, "patches_encoded");
+  if (!req->json && req->fit_budget && !isnan(encoded))
+    fprintf(f, "%s: %g of %d patches encoded per image\n", objective, encoded / totals->local_batch,
+            totals->patches_per_image);
+  return 0;
+}
+
+void plan_print_columns(FILE *f, int n, const char *const *names, const LedgerRecord *recs,
+                        const PlanTotals *totals, int json) {
+  if (json) {
+    for (int j = 0; j < n; j++) plan_print_json(f, &recs[j], &totals[j]);
+    return;
+  }
+  for (int j = 1; j < n; j++)
+    if (strcmp(totals[j].backbone, totals[0].backbone) != 0) {
+      fprintf(f,
+              "note: the columns use different backbones (each objective's own recipe); pass\n"
+              "      --config FILE to compare them on one backbone and dataset\n");
+      break;
+    }
+  int same_step = 1;
+  for (int j = 1; j < n; j++) same_step &= recs[j].step == recs[0].step;
+  if (same_step)
+    fprintf(f, "tally plan: step %ld (epoch %d)", recs[0].step, recs[0].epoch);
+  else
+    fprintf(f, "tally plan: each column's last step");
+  fprintf(f, ", %d replica%s\n", totals[0].world, totals[0].world == 1 ? "" : "s");
+  plan_print_table(f, n, names, recs, totals);
 }

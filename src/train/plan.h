@@ -90,3 +90,23 @@ void plan_print_table(FILE *f, int n, const char *const *names, const LedgerReco
 // One JSON object: the ledger's fields under their ledger.jsonl names (measured-only fields
 // null), then the totals as planned_* members. One line, like a ledger.jsonl line.
 void plan_print_json(FILE *f, const LedgerRecord *rec, const PlanTotals *totals);
+
+// What `tally plan` asks of every column.
+typedef struct {
+  PlanOptions options;
+  long step;            // as plan_build's
+  int fit_budget;       // 1: first the largest plan_budget_key value whose plan fits budget_bytes
+  size_t budget_bytes;  //    (plan_fit_budget)
+  int timed;            // 1: also a timed probe of 5 steps (plan_time_steps)
+  int json;             // 1: no lines for a reader (plan_print_columns prints JSON)
+} PlanRequest;
+
+// One column of `tally plan`: fits cfg to the budget when asked (cfg becomes the fitted
+// configuration), plans the step, times it when asked; says what it found on f. Returns 0, or
+// -1 with tl_last_error() set.
+int plan_column(FILE *f, Config *cfg, const char *objective, const PlanRequest *req,
+                LedgerRecord *rec, PlanTotals *totals);
+// The columns as `tally plan` shows them: one JSON line each (plan_print_json), or a heading and
+// plan_print_table.
+void plan_print_columns(FILE *f, int n, const char *const *names, const LedgerRecord *recs,
+                        const PlanTotals *totals, int json);
