@@ -111,7 +111,9 @@ static void test_linear(void **state) {
   (void)state;
   check_linear((LinearShape){.M = 6, .IC = 5, .OC = 4, .grad_blocked = 0});
   // Widening: blocked where the CPU has brgemm (AVX-512), plain otherwise.
-  check_linear((LinearShape){.M = 40, .IC = 16, .OC = 64, .grad_blocked = dnnl_cpu_has_avx512()});
+  check_linear((LinearShape){.M = 24, .IC = 64, .OC = 128, .grad_blocked = dnnl_cpu_has_avx512()});
+  // Widening by a partial block of 64: plain.
+  check_linear((LinearShape){.M = 12, .IC = 16, .OC = 48, .grad_blocked = 0});
 }
 
 // init_std > 0 draws normal(0, std) instead; no bias means no bias parameters are taken.
