@@ -1105,8 +1105,9 @@ static void usage_eval(FILE *f) {
           "\n"
           "Scores a trained encoder (a run folder, a checkpoint or an export) on the labeled\n"
           "training and test sets its configuration names ([data] train, test):\n"
-          "  kNN        cosine, temperature-weighted votes, k = eval.knn_k (200) and 20,\n"
-          "             memory bank = the training set\n"
+          "  kNN        cosine, temperature-weighted votes, k = eval.knn_k (200; at most\n"
+          "             the training images of the smallest class) and 20, memory bank = the\n"
+          "             training set\n"
           "  linear     multinomial logistic regression on frozen, standardized features,\n"
           "             L-BFGS to convergence, L2 strength chosen on a tenth of the training\n"
           "             set held out, then refitted on all of it\n"
@@ -1119,9 +1120,9 @@ static void usage_eval(FILE *f) {
           "               data.test_limit, data.stream, eval.knn_k, eval.knn_temperature,\n"
           "               eval.batch_size (images a forward pass encodes: its activations\n"
           "               are most of the memory at large image sizes)\n"
-          "  --json       one JSON object: knn_top1 (k=200), knn_top1_k20, linear_top1,\n"
-          "               knn_top1_raw_pixels, linear_top1_raw_pixels, rankme,\n"
-          "               embedding_std, n_train, n_test, seconds, ...\n"
+          "  --json       one JSON object: knn_k, knn_top1 (k = knn_k), knn_top1_k20,\n"
+          "               linear_top1, knn_top1_raw_pixels, linear_top1_raw_pixels,\n"
+          "               rankme, embedding_std, n_train, n_test, seconds, ...\n"
           "\n"
           "Also, needing no labels: rankme, the effective rank of the training set's\n"
           "embeddings (exp of the entropy of their normalized singular values), and\n"
@@ -1171,6 +1172,7 @@ static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json)
     printf(", \"step\": %ld, ", enc->step);
     printf("\"n_train\": %d, \"n_test\": %d, \"n_classes\": %d, \"feature_dim\": %d, ", r->n_train,
            r->n_test, r->n_classes, r->feature_dim);
+    printf("\"knn_k\": %d, ", r->knn_k);
     json_number("knn_top1", r->knn_top1, 0);
     json_number("knn_top1_k20", r->knn_top1_k20, 0);
     json_number("knn_top1_raw_pixels", r->knn_top1_raw_pixels, 0);
@@ -1192,7 +1194,7 @@ static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json)
          r->feature_dim);
   printf("%-24s %10s %12s\n", "", "encoder", "raw pixels");
   char k_label[32];
-  snprintf(k_label, sizeof k_label, "kNN top-1 (k=%d)", enc->cfg.eval.knn_k);
+  snprintf(k_label, sizeof k_label, "kNN top-1 (k=%d)", r->knn_k);
   if (isfinite(r->knn_top1)) {
     eval_row(k_label, r->knn_top1, r->knn_top1_raw_pixels);
     printf("\n");

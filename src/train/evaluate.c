@@ -20,20 +20,19 @@ static void say(const EvalOptions *opt, const char *what, int n) {
 }
 
 // A result as soon as it is known (the table at the end repeats it).
-static void tell(const EvalOptions *opt, const char *what, double top1, double top1_k20,
-                 const Config *cfg) {
+static void tell(const EvalOptions *opt, const char *what, double top1, double top1_k20, int k) {
   if (opt->quiet) return;
   if (isnan(top1_k20))
     printf("tally eval: %s: %.4f\n", what, top1);
   else
-    printf("tally eval: %s: %.4f (k=%d), %.4f (k=20)\n", what, top1, cfg->eval.knn_k, top1_k20);
+    printf("tally eval: %s: %.4f (k=%d), %.4f (k=20)\n", what, top1, k, top1_k20);
   fflush(stdout);
 }
 
-// kNN at k = eval.knn_k and 20; accuracies into top1, top1_k20.
-static int knn(const Config *cfg, const float *train, const Dataset *tr, const float *test,
+// kNN at k (knn_k_for_bank) and 20; accuracies into top1, top1_k20.
+static int knn(const Config *cfg, int k, const float *train, const Dataset *tr, const float *test,
                const Dataset *te, int d, DnnlCtx *ctx, double *top1, double *top1_k20) {
-  const int ks[2] = {cfg->eval.knn_k, 20};
+  const int ks[2] = {k, 20};
   double acc[2];
   if (knn_top1_multi(train, tr->labels, tr->n, test, te->labels, te->n, d, tr->n_classes, ks, 2,
                      cfg->eval.knn_temperature, ctx, acc, NULL) != 0)
@@ -94,28 +93,27 @@ static int score(FeatureEncoder *e, const EvalOptions *opt, const Dataset *tr, c
   float *ptr = te && opt->baseline ? pixels(e, tr, &rc) : NULL;
   float *pte = te && opt->baseline ? pixels(e, te, &rc) : NULL;
   if (rc == 0 && te && opt->knn) {
+    const int k = r->knn_k = knn_k_for_bank(cfg->eval.knn_k, tr->labels, tr->n, tr->n_classes);
     say(opt, "kNN on the features", te->n);
-    rc = knn(cfg, ftr, tr, fte, te, D, &e->ctx, &r->knn_top1, &r->knn_top1_k20);
-    if (rc == 0) tell(opt, "kNN top-1 of the encoder", r->knn_top1, r->knn_top1_k20, cfg);
+    rc = knn(cfg, k, ftr, tr, fte, te, D, &e->ctx, &r->knn_top1, &r->knn_top1_k20);
+    if (rc == 0) tell(opt, "kNN top-1 of the encoder", r->knn_top1, r->knn_top1_k20, k);
     if (rc == 0 && opt->baseline) {
       say(opt, "kNN on raw pixels", te->n);
-      rc = knn(cfg, ptr, tr, pte, te, P, &e->ctx, &r->knn_top1_raw_pixels,
+      rc = knn(cfg, k, ptr, tr, pte, te, P, &e->ctx, &r->knn_top1_raw_pixels,
                &r->knn_top1_k20_raw_pixels);
       if (rc == 0)
-        tell(opt, "kNN top-1 on raw pixels", r->knn_top1_raw_pixels, r->knn_top1_k20_raw_pixels,
-             cfg);
+        tell(opt, "kNN top-1 on raw pixels", r->knn_top1_raw_pixels, r->knn_top1_k20_raw_pixels, k);
     }
   }
   if (rc == 0 && te && opt->linear) {
     say(opt, "linear probe on the features", tr->n);
     rc = linear(tr, ftr, te, fte, D, cfg->train.seed, &e->ctx, &r->linear_top1, &r->linear_lambda);
-    if (rc == 0) tell(opt, "linear probe top-1 of the encoder", r->linear_top1, NAN, cfg);
+    if (rc == 0) tell(opt, "linear probe top-1 of the encoder", r->linear_top1, NAN, 0);
     if (rc == 0 && opt->baseline) {
       say(opt, "linear probe on raw pixels", tr->n);
       rc = linear(tr, ptr, te, pte, P, cfg->train.seed, &e->ctx, &r->linear_top1_raw_pixels,
                   &r->linear_lambda_raw_pixels);
-      if (rc == 0)
-        tell(opt, "linear probe top-1 on raw pixels", r->linear_top1_raw_pixels, NAN, cfg);
+      if (rc == 0) tell(opt, "linear probe top-1 on raw pixels", r->linear_top1_raw_pixels, NAN, 0);
     }
   }
   tl_free(ftr);

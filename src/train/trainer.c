@@ -144,7 +144,7 @@ static void fill_memory(LedgerRecord *rec) {
 // One evaluation's console line: kNN top-1 (labeled data), the probe, the label-free quality.
 static void print_eval(const char *what, KnnResult r) {
   if (isfinite(r.top1))
-    printf("kNN top-1 %-26s %.4f (k=20: %.4f)", what, r.top1, r.top1_k20);
+    printf("kNN top-1 %-26s %.4f (k=%d; k=20: %.4f)", what, r.top1, r.knn_k, r.top1_k20);
   else
     printf("label-free quality %-17s", what);
   if (isfinite(r.linear_top1)) printf("  linear probe %.4f", r.linear_top1);
@@ -155,32 +155,12 @@ static void print_eval(const char *what, KnnResult r) {
   fflush(stdout);
 }
 
-// "key":value, (%.6f), or "key":null, when v is not finite.
-static void json_number_field(FILE *f, const char *key, double v) {
-  if (isfinite(v))
-    fprintf(f, "\"%s\":%.6f,", key, v);
-  else
-    fprintf(f, "\"%s\":null,", key);
-}
-
-// Appends one evaluation to eval.jsonl: {"step", "what", "knn_top1", "knn_top1_k20" (null
-// without labels), "linear_top1" (eval.linear = 1), then, for the encoder, "rankme",
-// "embedding_std", "embedding_std_reference", "collapsed", and "seconds"}. Returns -1 with
+// Appends one evaluation to eval.jsonl (knn_result_write_line). Returns -1 with
 // tl_last_error() when the line could not be written whole.
 static int record_eval(const Run *run, const char *what, long step, KnnResult r) {
   FILE *f = regular_fopen(run->path_eval, "a");
   if (!f) return -1;
-  fprintf(f, "{\"step\":%ld,\"what\":\"%s\",", step, what);
-  json_number_field(f, "knn_top1", r.top1);
-  json_number_field(f, "knn_top1_k20", r.top1_k20);
-  if (isfinite(r.linear_top1)) fprintf(f, "\"linear_top1\":%.6f,", r.linear_top1);
-  if (strcmp(what, "encoder") == 0) {
-    json_number_field(f, "rankme", r.quality.rankme);
-    json_number_field(f, "embedding_std", r.quality.embedding_std);
-    json_number_field(f, "embedding_std_reference", r.quality.embedding_std_reference);
-    fprintf(f, "\"collapsed\":%s,", embedding_quality_collapsed(&r.quality) ? "true" : "false");
-  }
-  fprintf(f, "\"seconds\":%.3f}\n", r.seconds);
+  knn_result_write_line(f, step, what, NULL, &r);
   int ok = fflush(f) == 0 && !ferror(f);
   int err = errno;
   if (fclose(f) != 0) ok = 0;
