@@ -460,9 +460,9 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
     t.loader_bytes += loader_buffer_bytes(pl->n_train, local, &views, cfg->data.channels);
   }
   r.data_bytes = t.dataset_bytes + t.loader_bytes;
-  // The first encoder evaluation follows the last step of the first evaluated epoch (or comes
-  // before step 0); it can leave a larger scratchpad behind.
-  long first_eval_after = (long)pl->steps_per_epoch * cfg->eval.knn_every_epochs;
+  // The first encoder evaluation follows the first evaluation period (or comes before step 0);
+  // it can leave a larger scratchpad behind.
+  long first_eval_after = config_eval_period_steps(cfg, pl->steps_per_epoch);
   r.eval_bytes = pl->opt.knn_at_start || r.step >= first_eval_after ? pl->eval_after_first
                                                                     : pl->eval_before_first;
   if (pl->def->plan) pl->def->plan(cfg, r.step, pl->global_batch, &r);

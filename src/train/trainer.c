@@ -818,8 +818,10 @@ static void check_length(ReplicaState *r, int step, const LedgerRecord *rec) {
 }
 
 // After each step: a checkpoint when due (every train.checkpoint_every steps, at an epoch's end,
-// at the run's end, and when stopping early), then at an epoch's end the kNN monitor when due
-// (rank 0); every replica waits for it. Returns 0 to go on, 1 to stop.
+// at an evaluation, at the run's end, and when stopping early), then the monitor when due (rank
+// 0: config_eval_period_steps, and the run's end); every replica waits for it. Every rank
+// decides from the step alone, so all of them wait at the same steps. Returns 0 to go on, 1 to
+// stop.
 static int end_of_step(ReplicaState *r, int step) {
   Run *run = r->run;
   const int done = step + 1;
@@ -828,7 +830,10 @@ static int end_of_step(ReplicaState *r, int step) {
   int sig = agreed_stop_signal(r);
   int stop_at = run->opt->stop_at > 0 && done == run->opt->stop_at && !last;
   int every = r->cfg->train.checkpoint_every;
-  int due = epoch_end || last || sig || stop_at || (every > 0 && done % every == 0);
+  // A checkpoint at each evaluation: a signal that cuts the evaluation short stops the run at
+  // this step with its state whole.
+  int eval_due = done % config_eval_period_steps(r->cfg, run->steps_per_epoch) == 0;
+  int due = epoch_end || eval_due || last || sig || stop_at || (every > 0 && done % every == 0);
   int eval_cancelled = 0;
   if (r->rank == 0 && due) {
     double seconds = (now_ms() - r->train_start_ms) / 1e3;
@@ -839,9 +844,7 @@ static int end_of_step(ReplicaState *r, int step) {
       comm_abort(r->comm, tl_last_error());
       return 1;
     }
-    int epoch = done / run->steps_per_epoch;
-    if (!sig && r->use_monitor &&
-        (last || (epoch_end && epoch % r->cfg->eval.knn_every_epochs == 0))) {
+    if (!sig && r->use_monitor && (last || eval_due)) {
       double te = now_ms();
       int rc = evaluate(run, &r->mon, done);
       if (rc < 0) comm_abort(r->comm, tl_last_error());
