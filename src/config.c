@@ -187,6 +187,14 @@ static const KeySpec recipe_keys[] = {
             "training images in the kNN memory bank, the first N; 0 = the whole training set"),
     INT_KEY(RECIPE(eval, batch_size), "128", 1, 65536,
             "forward-only evaluation batch; its activations are evaluation memory"),
+    TEXT_KEY(RECIPE(eval, train), "", NULL,
+             "the monitor's own labeled set, its memory bank: an IDX images file (labels beside "
+             "it) or an ImageFolder root with class subfolders, at [data] image_size and "
+             "channels; the monitor (kNN, rankme, embedding_std) and `tally eval` use it instead "
+             "of [data] train and test, labeled training data or not; empty = [data]'s. Give "
+             "`test` with it"),
+    TEXT_KEY(RECIPE(eval, test), "", NULL,
+             "the monitor's own labeled test images, in the same form as `train`"),
 
     INT_KEY(RECIPE(ledger, every), "1", 1, INT_MAX,
             "steps between records in ledger.jsonl and ledger.csv"),
@@ -1147,6 +1155,29 @@ int config_total_steps(const Config *cfg, int steps_per_epoch, int *total) {
     return tl_fail("%ld steps (%d epochs of %d) is more than Tally counts (%d)", steps,
                    cfg->train.epochs, steps_per_epoch, INT_MAX);
   *total = (int)steps;
+  return 0;
+}
+
+int config_validate_eval_set(const Config *cfg) {
+  char where_buf[512];
+  const char *const paths[2] = {cfg->eval.train, cfg->eval.test};
+  static const char *const keys[2] = {"train", "test"};
+  if (!paths[0][0] && !paths[1][0]) return 0;
+  for (int i = 0; i < 2; i++) {
+    const char *key = i ? "eval.test" : "eval.train";
+    if (!paths[i][0])
+      return tl_fail(
+          "%s: [eval] %s is empty and %s is not: the monitor's labeled set needs both, its "
+          "memory bank (train) and the images it scores (test)",
+          ORIGIN(key, i ? "eval.train" : "eval.test"), keys[i], keys[1 - i]);
+    struct stat st;
+    if (stat(paths[i], &st) != 0)
+      return tl_fail("%s: [eval] %s = '%s': %s", ORIGIN(key), keys[i], paths[i], strerror(errno));
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
+      return tl_fail(
+          "%s: [eval] %s = '%s' is neither an IDX images file nor an ImageFolder root (a folder)",
+          ORIGIN(key), keys[i], paths[i]);
+  }
   return 0;
 }
 

@@ -1104,7 +1104,8 @@ static void usage_eval(FILE *f) {
           "                  [--set S.K=V]...\n"
           "\n"
           "Scores a trained encoder (a run folder, a checkpoint or an export) on the labeled\n"
-          "training and test sets its configuration names ([data] train, test):\n"
+          "training and test sets its configuration names ([eval] train, test when given,\n"
+          "else [data] train, test):\n"
           "  kNN        cosine, temperature-weighted votes, k = eval.knn_k (200; at most\n"
           "             the training images of the smallest class) and 20, memory bank = the\n"
           "             training set\n"
@@ -1117,9 +1118,11 @@ static void usage_eval(FILE *f) {
           "  --no-baseline  skip the raw-pixel measures (at photo sizes the pixels are many\n"
           "               features: the baseline can take longer than the encoder's)\n"
           "  --set S.K=V  evaluate elsewhere: data.train, data.test, data.format, data.limit,\n"
-          "               data.test_limit, data.stream, eval.knn_k, eval.knn_temperature,\n"
-          "               eval.batch_size (images a forward pass encodes: its activations\n"
-          "               are most of the memory at large image sizes)\n"
+          "               data.test_limit, data.stream, eval.train, eval.test, eval.knn_k,\n"
+          "               eval.knn_temperature, eval.batch_size (images a forward pass\n"
+          "               encodes: its activations are most of the memory at large image\n"
+          "               sizes). A run whose monitor had a labeled set of its own (eval.train,\n"
+          "               eval.test) is scored on it, unless data.train or data.test is set\n"
           "  --json       one JSON object: knn_k, knn_top1 (k = knn_k), knn_top1_k20,\n"
           "               linear_top1, knn_top1_raw_pixels, linear_top1_raw_pixels,\n"
           "               rankme, embedding_std, n_train, n_test, seconds, ...\n"
@@ -1132,8 +1135,9 @@ static void usage_eval(FILE *f) {
 
 static int eval_may_set(const char *assignment) {
   static const char *const allowed[] = {
-      "data.train=",  "data.test=",  "data.format=",          "data.limit=",     "data.test_limit=",
-      "data.stream=", "eval.knn_k=", "eval.knn_temperature=", "eval.batch_size="};
+      "data.train=",      "data.test=",   "data.format=", "data.limit=",
+      "data.test_limit=", "data.stream=", "eval.knn_k=",  "eval.knn_temperature=",
+      "eval.batch_size=", "eval.train=",  "eval.test="};
   for (size_t i = 0; i < sizeof allowed / sizeof *allowed; i++)
     if (strncmp(assignment, allowed[i], strlen(allowed[i])) == 0) return 1;
   return 0;
@@ -1222,8 +1226,9 @@ static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json)
 
 static int cmd_eval(int argc, char **argv) {
   const char *src = NULL;
-  const char *sets[256];
-  int n_sets = 0, json = 0, no_baseline = 0;
+  // Two first: data.train or data.test given here replaces the run's own evaluation set.
+  const char *sets[258] = {"eval.train=", "eval.test="};
+  int n_sets = 2, json = 0, no_baseline = 0, data_set = 0;
   EvalOptions opt = {0};
   for (int i = 0; i < argc; i++) {
     const char *v;
@@ -1238,8 +1243,9 @@ static int cmd_eval(int argc, char **argv) {
                 v);
         return 2;
       }
-      if (n_sets == 256) return 2;
+      if (n_sets == 258) return 2;
       sets[n_sets++] = v;
+      data_set |= !strncmp(v, "data.train=", 11) || !strncmp(v, "data.test=", 10);
     } else if (!strcmp(argv[i], "--knn")) {
       opt.knn = 1;
     } else if (!strcmp(argv[i], "--no-baseline")) {
@@ -1263,7 +1269,8 @@ static int cmd_eval(int argc, char **argv) {
   opt.baseline = !no_baseline;
   opt.quiet = json;
   static FeatureEncoder enc;
-  if (feature_encoder_open(&enc, src, sets, n_sets) != 0) {
+  if (feature_encoder_open(&enc, src, sets + (data_set ? 0 : 2), n_sets - (data_set ? 0 : 2)) !=
+      0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 1;
   }

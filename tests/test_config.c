@@ -578,6 +578,8 @@ static const char *const every_key[][2] = {
     {"eval.every_steps", "7"},
     {"eval.knn_train_limit", "5000"},
     {"eval.batch_size", "250"},
+    {"eval.train", "data/samples/stripes"},
+    {"eval.test", "data/samples/stripes"},
     {"ledger.every", "2"},
 };
 #define N_KEYS (sizeof every_key / sizeof every_key[0])

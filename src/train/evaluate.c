@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -139,17 +140,21 @@ int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r) {
                     .embedding_std_reference = nan};
   const Config *cfg = &e->cfg;
   Dataset tr = {0}, te = {0};
+  // The run's evaluation set: the monitor's own ([eval] train, test) when it had one, whole.
+  const int own = cfg->eval.train[0] != 0;
+  const char *train = own ? cfg->eval.train : cfg->data.train;
+  const char *test = own ? cfg->eval.test : cfg->data.test;
   say(opt, "loading the training and test sets", 0);
-  int rc = feature_dataset_load(e, &tr, cfg->data.train, cfg->data.limit);
+  int rc = feature_dataset_load(e, &tr, train, own ? 0 : cfg->data.limit);
   // A folder without class labels (data.labels = none) is still measured: what needs no labels.
   const int labeled = rc == 0 && tr.n_classes > 0;
-  if (rc == 0 && labeled) rc = feature_dataset_load(e, &te, cfg->data.test, cfg->data.test_limit);
-  if (rc == 0 && labeled) rc = dataset_align_test_labels(&tr, &te, cfg->data.test);
+  if (rc == 0 && labeled) rc = feature_dataset_load(e, &te, test, own ? 0 : cfg->data.test_limit);
+  if (rc == 0 && labeled) rc = dataset_align_test_labels(&tr, &te, test);
   if (rc == 0 && !labeled && !opt->quiet) {
     printf(
         "tally eval: %s has no class labels: kNN and the linear probe need them; measuring "
         "what needs none (rankme, embedding_std)\n",
-        cfg->data.train);
+        train);
     fflush(stdout);
   }
   if (rc == 0) {

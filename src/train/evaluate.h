@@ -24,6 +24,7 @@ typedef struct {
 } EvalResult;
 
 // Encodes e's configured training set (the kNN memory bank, the probe's training rows) and test
-// set and scores them. Measures not asked for are NaN. -1 with tl_last_error() on bad data
+// set — [eval] train and test when the run's monitor had a set of its own, else [data]'s — and
+// scores them. Measures not asked for are NaN. -1 with tl_last_error() on bad data
 // (missing files, a test class the training set does not have).
 int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r);
