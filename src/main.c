@@ -1113,7 +1113,9 @@ static void usage_eval(FILE *f) {
           "             L-BFGS to convergence, L2 strength chosen on a tenth of the training\n"
           "             set held out, then refitted on all of it\n"
           "each next to the same measure on raw pixels. Without --knn or --linear, both.\n"
-          "Each result is printed as soon as it is known, then the table.\n"
+          "Each result is printed as soon as it is known, then the table. Given a run folder,\n"
+          "the result is also appended to its eval.jsonl, marked \"source\":\"tally eval\", for\n"
+          "tally report (not while a training run holds the folder: then it says so).\n"
           "\n"
           "  --no-baseline  skip the raw-pixel measures (at photo sizes the pixels are many\n"
           "               features: the baseline can take longer than the encoder's)\n"
@@ -1280,6 +1282,15 @@ static int cmd_eval(int argc, char **argv) {
     print_eval(&enc, &r, json);
   else
     fprintf(stderr, "tally: %s\n", tl_last_error());
+  // A run folder keeps the result beside its monitor's, for tally report. Not recording it
+  // (a training run holds the folder, a read-only folder) takes nothing from what was printed.
+  struct stat st;
+  if (rc == 0 && stat(src, &st) == 0 && S_ISDIR(st.st_mode)) {
+    if (evaluate_record(src, enc.step, &r) != 0)
+      fprintf(stderr, "tally eval: not recorded in %s/eval.jsonl: %s\n", src, tl_last_error());
+    else if (!json)
+      printf("recorded in %s/eval.jsonl (after step %ld)\n", src, enc.step);
+  }
   feature_encoder_close(&enc);
   return rc ? 1 : 0;
 }

@@ -359,6 +359,50 @@ static void test_knn_k_follows_the_smallest_class(void **state) {
   assert_non_null(strstr(out, "kNN top-1 (k=2)"));
 }
 
+// `tally eval RUN` appends its result to the run's eval.jsonl, marked as its own, and tally
+// report shows it: a run trained without the monitor has no kNN in its report until then. While
+// another process holds the folder's lock (a training run) nothing is written, and it says so.
+static void test_eval_records_in_the_run(void **state) {
+  (void)state;
+  char out[16384], dir[512], line[4096], cell[128];
+  snprintf(dir, sizeof dir, "%s/recorded", tmpdir);
+  int rc = run(out, sizeof out, "train --config configs/smoke.ini --no-knn --quiet --out %s", dir);
+  if (rc != 0) fprintf(stderr, "%s", out);
+  assert_int_equal(rc, 0);
+  assert_false(exists("%s/eval.jsonl", dir));
+  assert_int_equal(run(out, sizeof out, "report %s", dir), 0);
+  assert_int_equal(sh("grep -q 'kNN top-1 (last evaluation)</th><td>-<' %s/report.html", dir), 0);
+
+  assert_int_equal(run(out, sizeof out, "eval %s --knn --no-baseline", dir), 0);
+  assert_non_null(strstr(out, "recorded in"));
+  assert_int_equal(last_line(dir, "eval.jsonl", line, sizeof line), 1);
+  assert_non_null(strstr(line, "{\"step\":4,\"what\":\"encoder\",\"source\":\"tally eval\","));
+  assert_true(json_field(line, "knn_k") == 4);  // smoke.ini's eval.knn_k, below a class's 8
+  assert_int_equal(run(out, sizeof out, "report %s", dir), 0);
+  snprintf(cell, sizeof cell, "kNN top-1 (last evaluation)</th><td>%.2f%%<",
+           100 * json_field(line, "knn_top1"));
+  assert_int_equal(sh("grep -qF '%s' %s/report.html", cell, dir), 0);
+
+  // A second evaluation after a cut-off line (a killed writer's): the line is dropped, not
+  // joined to the new record.
+  assert_int_equal(sh("printf '{\"step\":4,\"wh' >> %s/eval.jsonl", dir), 0);
+  assert_int_equal(run(out, sizeof out, "eval %s --knn --no-baseline --json", dir), 0);
+  assert_null(strstr(out, "recorded in"));  // --json prints the object alone
+  assert_int_equal(last_line(dir, "eval.jsonl", line, sizeof line), 2);
+  assert_non_null(strstr(line, "{\"step\":4,\"what\":\"encoder\",\"source\":\"tally eval\","));
+
+  // flock(1) holds the folder's lock while tally eval runs, as a training run would.
+  assert_int_equal(sh("flock %s/.lock %s eval %s --knn --no-baseline > %s/locked.log 2>&1", dir,
+                      bin, dir, tmpdir),
+                   0);
+  assert_int_equal(sh("grep -q 'kNN top-1 (k=4)' %s/locked.log", tmpdir), 0);
+  assert_int_equal(sh("grep -q 'not recorded in .*eval.jsonl: .*another run is using this folder' "
+                      "%s/locked.log",
+                      tmpdir),
+                   0);
+  assert_int_equal(last_line(dir, "eval.jsonl", line, sizeof line), 2);
+}
+
 // tally plan --from a run of two local replicas: the link's rate is a line's, of which TCP at
 // MTU 1500 carries 1448 bytes in every 1538; so with no latency everything on the link takes
 // 1538 / 1448 as long as at --mtu 0 (the rate taken as payload). One node sends nothing; an
@@ -426,6 +470,7 @@ int main(void) {
       cmocka_unit_test(test_plan_from_run),
       cmocka_unit_test(test_monitor_on_its_own_labeled_set),
       cmocka_unit_test(test_knn_k_follows_the_smallest_class),
+      cmocka_unit_test(test_eval_records_in_the_run),
       cmocka_unit_test(test_options_not_ignored),
       cmocka_unit_test(test_missing_dataset),
       cmocka_unit_test(test_truncated_gz),

@@ -9,7 +9,11 @@
 #include "core/timer.h"
 #include "eval/knn.h"
 #include "eval/linear_probe.h"
+#include "eval/monitor.h"
 #include "eval/quality.h"
+#include "io/atomic_file.h"
+#include "io/dir_lock.h"
+#include "io/regular_file.h"
 
 static void say(const EvalOptions *opt, const char *what, int n) {
   if (opt->quiet) return;
@@ -168,4 +172,33 @@ int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r) {
   dataset_free(&te);
   r->seconds = (now_ms() - t0) / 1e3;
   return rc;
+}
+
+int evaluate_record(const char *dir, long step, const EvalResult *r) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/eval.jsonl", dir);
+  if (step < 0) return tl_fail("%s: the checkpoint does not say its step", dir);
+  if (dir_lock(dir, ".lock", "run") != 0) return -1;
+  char *text = NULL;
+  size_t len = 0;
+  int rc = regular_read_text(path, &text, &len);
+  if (rc < 0) return -1;
+  while (len > 0 && text[len - 1] != '\n') len--;  // a killed writer's cut-off line
+  AtomicFile a;
+  if (atomic_open(&a, path) != 0) {
+    free(text);
+    return -1;
+  }
+  if (len) fwrite(text, 1, len, a.f);
+  free(text);
+  const KnnResult line = {.top1 = r->knn_top1,
+                          .top1_k20 = r->knn_top1_k20,
+                          .knn_k = r->knn_k,
+                          .linear_top1 = r->linear_top1,
+                          .quality = {.rankme = r->rankme,
+                                      .embedding_std = r->embedding_std,
+                                      .embedding_std_reference = r->embedding_std_reference},
+                          .seconds = r->seconds};
+  knn_result_write_line(a.f, step, "encoder", "tally eval", &line);
+  return atomic_commit(&a);
 }

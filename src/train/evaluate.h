@@ -28,3 +28,11 @@ typedef struct {
 // scores them. Measures not asked for are NaN. -1 with tl_last_error() on bad data
 // (missing files, a test class the training set does not have).
 int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r);
+
+// Records r in the run folder `dir`'s eval.jsonl as one more evaluation of its encoder after
+// `step` steps, in the training monitor's format marked "source":"tally eval", so `tally report`
+// shows it beside the monitor's. Under the folder's lock (a training run holds it for as long as
+// it lives: then nothing is written), by writing the file whole again beside it and renaming it
+// into place (io/atomic_file.h): a crash leaves the old file or the new one, and a cut-off last
+// line (a killed run's) is dropped rather than joined to the record. -1 with tl_last_error().
+int evaluate_record(const char *dir, long step, const EvalResult *r);
