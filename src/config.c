@@ -98,8 +98,8 @@ static const KeySpec recipe_keys[] = {
             "masks), which are keyed by (seed, step, image)"),
     INT_KEY(RECIPE(train, log_every), "10", 1, INT_MAX, "steps between progress lines"),
     INT_KEY(RECIPE(train, checkpoint_every), "50", 0, INT_MAX,
-            "steps between checkpoints; they are also written at each epoch's end, at the "
-            "run's end and on SIGINT/SIGTERM; 0 = only then"),
+            "steps between checkpoints; they are also written at each epoch's end, before "
+            "each evaluation, at the run's end and on SIGINT/SIGTERM; 0 = only then"),
     TEXT_KEY(RECIPE(train, budget), "", NULL,
              "the run's length as compute, overriding `steps` and `epochs`: training time "
              "(420s, 7m, 1.5h; evaluation excluded), FLOPs of every replica (5e15flop, 5PFLOP) "
@@ -179,10 +179,22 @@ static const KeySpec recipe_keys[] = {
     INT_KEY(RECIPE(eval, knn_every_epochs), "1", 1, INT_MAX,
             "epochs between evaluations, kNN (labeled data) and the label-free rankme and "
             "embedding_std (always), also at the run's end"),
+    INT_KEY(RECIPE(eval, every_steps), "0", 0, INT_MAX,
+            "steps between evaluations instead of knn_every_epochs (after steps N, 2N, ... and "
+            "at the run's end; a checkpoint at each); 0 = the epoch schedule. Not with "
+            "knn_every_epochs other than 1"),
     INT_KEY(RECIPE(eval, knn_train_limit), "0", 0, INT_MAX,
             "training images in the kNN memory bank, the first N; 0 = the whole training set"),
     INT_KEY(RECIPE(eval, batch_size), "128", 1, 65536,
             "forward-only evaluation batch; its activations are evaluation memory"),
+    TEXT_KEY(RECIPE(eval, train), "", NULL,
+             "the monitor's own labeled set, its memory bank: an IDX images file (labels beside "
+             "it) or an ImageFolder root with class subfolders, at [data] image_size and "
+             "channels; the monitor (kNN, rankme, embedding_std) and `tally eval` use it instead "
+             "of [data] train and test, labeled training data or not; empty = [data]'s. Give "
+             "`test` with it"),
+    TEXT_KEY(RECIPE(eval, test), "", NULL,
+             "the monitor's own labeled test images, in the same form as `train`"),
 
     INT_KEY(RECIPE(ledger, every), "1", 1, INT_MAX,
             "steps between records in ledger.jsonl and ledger.csv"),
@@ -974,6 +986,11 @@ int config_validate(const Config *cfg) {
     return tl_fail("%s: [eval] knn_k = %d is larger than knn_train_limit = %d",
                    ORIGIN("eval.knn_k", "eval.knn_train_limit"), cfg->eval.knn_k,
                    cfg->eval.knn_train_limit);
+  if (cfg->eval.every_steps > 0 && cfg->eval.knn_every_epochs != 1)
+    return tl_fail(
+        "%s: [eval] every_steps = %d and knn_every_epochs = %d are two schedules: choose one",
+        ORIGIN("eval.every_steps", "eval.knn_every_epochs"), cfg->eval.every_steps,
+        cfg->eval.knn_every_epochs);
   Budget budget;
   if (config_budget(cfg, &budget) != 0) {
     char why[1024];
@@ -1139,6 +1156,34 @@ int config_total_steps(const Config *cfg, int steps_per_epoch, int *total) {
                    cfg->train.epochs, steps_per_epoch, INT_MAX);
   *total = (int)steps;
   return 0;
+}
+
+int config_validate_eval_set(const Config *cfg) {
+  char where_buf[512];
+  const char *const paths[2] = {cfg->eval.train, cfg->eval.test};
+  static const char *const keys[2] = {"train", "test"};
+  if (!paths[0][0] && !paths[1][0]) return 0;
+  for (int i = 0; i < 2; i++) {
+    const char *key = i ? "eval.test" : "eval.train";
+    if (!paths[i][0])
+      return tl_fail(
+          "%s: [eval] %s is empty and %s is not: the monitor's labeled set needs both, its "
+          "memory bank (train) and the images it scores (test)",
+          ORIGIN(key, i ? "eval.train" : "eval.test"), keys[i], keys[1 - i]);
+    struct stat st;
+    if (stat(paths[i], &st) != 0)
+      return tl_fail("%s: [eval] %s = '%s': %s", ORIGIN(key), keys[i], paths[i], strerror(errno));
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
+      return tl_fail(
+          "%s: [eval] %s = '%s' is neither an IDX images file nor an ImageFolder root (a folder)",
+          ORIGIN(key), keys[i], paths[i]);
+  }
+  return 0;
+}
+
+long config_eval_period_steps(const Config *cfg, int steps_per_epoch) {
+  if (cfg->eval.every_steps > 0) return cfg->eval.every_steps;
+  return (long)cfg->eval.knn_every_epochs * steps_per_epoch;
 }
 
 int config_budget(const Config *cfg, Budget *out) {

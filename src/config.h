@@ -102,8 +102,11 @@ typedef struct {
     int knn_k;              // 200
     float knn_temperature;  // 0.1
     int knn_every_epochs;   // 1
+    int every_steps;        // 0 = the epoch schedule; N: after every N steps instead
     int knn_train_limit;    // 0 = the whole training set as the memory bank
     int batch_size;         // 128, forward-only evaluation batch (its activations are eval memory)
+    char train[CONFIG_PATH_MAX];  // "" = the monitor votes on [data]; else its own labeled set:
+    char test[CONFIG_PATH_MAX];   // memory bank and test images (IDX file or ImageFolder root)
   } eval;
 
   struct {
@@ -162,6 +165,17 @@ int config_budget_steps(const Config *cfg, long done, double left, double per_st
 // steps_per_epoch (time and FLOP budgets are fixed by the trainer after its first steps; this is
 // then the provisional length). -1 with tl_last_error() when it does not fit the step counter.
 int config_total_steps(const Config *cfg, int steps_per_epoch, int *total);
+
+// The monitor's own labeled set ([eval] train and test) named together, each an existing file
+// or folder. Apart from config_validate, which also reads the configuration a checkpoint or an
+// export carries (where the set may have moved since): `tally train` and `tally plan` call it.
+// -1 with tl_last_error() naming the recipe or --set that gave the path.
+int config_validate_eval_set(const Config *cfg);
+
+// Steps between the training monitor's evaluations: eval.every_steps, else knn_every_epochs
+// epochs of steps_per_epoch. The monitor evaluates after every multiple of it (and at the end),
+// counted from step 0, so a resumed run and every rank evaluate at the same steps.
+long config_eval_period_steps(const Config *cfg, int steps_per_epoch);
 
 // The run's peak learning rate: optim.lr, or with optim.lr_batch the linear scaling rule,
 // lr * train.batch_size / lr_batch.

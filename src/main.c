@@ -967,24 +967,30 @@ static void usage_eval(FILE *f) {
           "                  [--set S.K=V]...\n"
           "\n"
           "Scores a trained encoder (a run folder, a checkpoint or an export) on the labeled\n"
-          "training and test sets its configuration names ([data] train, test):\n"
-          "  kNN        cosine, temperature-weighted votes, k = eval.knn_k (200) and 20,\n"
-          "             memory bank = the training set\n"
+          "training and test sets its configuration names ([eval] train, test when given,\n"
+          "else [data] train, test):\n"
+          "  kNN        cosine, temperature-weighted votes, k = eval.knn_k (200; at most\n"
+          "             the training images of the smallest class) and 20, memory bank = the\n"
+          "             training set\n"
           "  linear     multinomial logistic regression on frozen, standardized features,\n"
           "             L-BFGS to convergence, L2 strength chosen on a tenth of the training\n"
           "             set held out, then refitted on all of it\n"
           "each next to the same measure on raw pixels. Without --knn or --linear, both.\n"
-          "Each result is printed as soon as it is known, then the table.\n"
+          "Each result is printed as soon as it is known, then the table. Given a run folder,\n"
+          "the result is also appended to its eval.jsonl, marked \"source\":\"tally eval\", for\n"
+          "tally report (not while a training run holds the folder: then it says so).\n"
           "\n"
           "  --no-baseline  skip the raw-pixel measures (at photo sizes the pixels are many\n"
           "               features: the baseline can take longer than the encoder's)\n"
           "  --set S.K=V  evaluate elsewhere: data.train, data.test, data.format, data.limit,\n"
-          "               data.test_limit, data.stream, eval.knn_k, eval.knn_temperature,\n"
-          "               eval.batch_size (images a forward pass encodes: its activations\n"
-          "               are most of the memory at large image sizes)\n"
-          "  --json       one JSON object: knn_top1 (k=200), knn_top1_k20, linear_top1,\n"
-          "               knn_top1_raw_pixels, linear_top1_raw_pixels, rankme,\n"
-          "               embedding_std, n_train, n_test, seconds, ...\n"
+          "               data.test_limit, data.stream, eval.train, eval.test, eval.knn_k,\n"
+          "               eval.knn_temperature, eval.batch_size (images a forward pass\n"
+          "               encodes: its activations are most of the memory at large image\n"
+          "               sizes). A run whose monitor had a labeled set of its own (eval.train,\n"
+          "               eval.test) is scored on it, unless data.train or data.test is set\n"
+          "  --json       one JSON object: knn_k, knn_top1 (k = knn_k), knn_top1_k20,\n"
+          "               linear_top1, knn_top1_raw_pixels, linear_top1_raw_pixels,\n"
+          "               rankme, embedding_std, n_train, n_test, seconds, ...\n"
           "\n"
           "Also, needing no labels: rankme, the effective rank of the training set's\n"
           "embeddings (exp of the entropy of their normalized singular values), and\n"
@@ -994,8 +1000,9 @@ static void usage_eval(FILE *f) {
 
 static int eval_may_set(const char *assignment) {
   static const char *const allowed[] = {
-      "data.train=",  "data.test=",  "data.format=",          "data.limit=",     "data.test_limit=",
-      "data.stream=", "eval.knn_k=", "eval.knn_temperature=", "eval.batch_size="};
+      "data.train=",      "data.test=",   "data.format=", "data.limit=",
+      "data.test_limit=", "data.stream=", "eval.knn_k=",  "eval.knn_temperature=",
+      "eval.batch_size=", "eval.train=",  "eval.test="};
   for (size_t i = 0; i < sizeof allowed / sizeof *allowed; i++)
     if (strncmp(assignment, allowed[i], strlen(allowed[i])) == 0) return 1;
   return 0;
@@ -1034,6 +1041,7 @@ static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json)
     printf(", \"step\": %ld, ", enc->step);
     printf("\"n_train\": %d, \"n_test\": %d, \"n_classes\": %d, \"feature_dim\": %d, ", r->n_train,
            r->n_test, r->n_classes, r->feature_dim);
+    printf("\"knn_k\": %d, ", r->knn_k);
     json_number("knn_top1", r->knn_top1, 0);
     json_number("knn_top1_k20", r->knn_top1_k20, 0);
     json_number("knn_top1_raw_pixels", r->knn_top1_raw_pixels, 0);
@@ -1055,7 +1063,7 @@ static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json)
          r->feature_dim);
   printf("%-24s %10s %12s\n", "", "encoder", "raw pixels");
   char k_label[32];
-  snprintf(k_label, sizeof k_label, "kNN top-1 (k=%d)", enc->cfg.eval.knn_k);
+  snprintf(k_label, sizeof k_label, "kNN top-1 (k=%d)", r->knn_k);
   if (isfinite(r->knn_top1)) {
     eval_row(k_label, r->knn_top1, r->knn_top1_raw_pixels);
     printf("\n");
@@ -1083,8 +1091,9 @@ static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json)
 
 static int cmd_eval(int argc, char **argv) {
   const char *src = NULL;
-  const char *sets[256];
-  int n_sets = 0, json = 0, no_baseline = 0;
+  // Two first: data.train or data.test given here replaces the run's own evaluation set.
+  const char *sets[258] = {"eval.train=", "eval.test="};
+  int n_sets = 2, json = 0, no_baseline = 0, data_set = 0;
   EvalOptions opt = {0};
   for (int i = 0; i < argc; i++) {
     const char *v;
@@ -1099,8 +1108,9 @@ static int cmd_eval(int argc, char **argv) {
                 v);
         return 2;
       }
-      if (n_sets == 256) return 2;
+      if (n_sets == 258) return 2;
       sets[n_sets++] = v;
+      data_set |= !strncmp(v, "data.train=", 11) || !strncmp(v, "data.test=", 10);
     } else if (!strcmp(argv[i], "--knn")) {
       opt.knn = 1;
     } else if (!strcmp(argv[i], "--no-baseline")) {
@@ -1124,7 +1134,8 @@ static int cmd_eval(int argc, char **argv) {
   opt.baseline = !no_baseline;
   opt.quiet = json;
   static FeatureEncoder enc;
-  if (feature_encoder_open(&enc, src, sets, n_sets) != 0) {
+  if (feature_encoder_open(&enc, src, sets + (data_set ? 0 : 2), n_sets - (data_set ? 0 : 2)) !=
+      0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 1;
   }
@@ -1134,6 +1145,15 @@ static int cmd_eval(int argc, char **argv) {
     print_eval(&enc, &r, json);
   else
     fprintf(stderr, "tally: %s\n", tl_last_error());
+  // A run folder keeps the result beside its monitor's, for tally report. Not recording it
+  // (a training run holds the folder, a read-only folder) takes nothing from what was printed.
+  struct stat st;
+  if (rc == 0 && stat(src, &st) == 0 && S_ISDIR(st.st_mode)) {
+    if (evaluate_record(src, enc.step, &r) != 0)
+      fprintf(stderr, "tally eval: not recorded in %s/eval.jsonl: %s\n", src, tl_last_error());
+    else if (!json)
+      printf("recorded in %s/eval.jsonl (after step %ld)\n", src, enc.step);
+  }
   feature_encoder_close(&enc);
   return rc ? 1 : 0;
 }

@@ -287,6 +287,123 @@ static double json_field(const char *text, const char *key) {
   return at ? strtod(at + strlen(pat), NULL) : -1;
 }
 
+// The last line of DIR/FILE (without its newline) into buf; the file's line count.
+static int last_line(const char *dir, const char *file, char *buf, size_t cap) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir, file);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  int n = 0;
+  char line[4096];
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = 0;
+    snprintf(buf, cap, "%s", line);
+    n++;
+  }
+  fclose(f);
+  return n;
+}
+
+// Unlabeled training data monitored on a labeled set of its own (the sample stripes, 8 images a
+// class): every evaluation has kNN, at k = 8 (eval.knn_k = 200 is more than a class holds), and
+// `tally eval RUN` scores the same set by default, to the same numbers. A missing path is refused
+// before a run folder is made, naming the key.
+static void test_monitor_on_its_own_labeled_set(void **state) {
+  (void)state;
+  char out[16384], dir[512], line[4096];
+  const char *own =
+      "train --config configs/smoke.ini --set data.dataset=stripes-unlabeled --set "
+      "eval.knn_k=200 --set eval.every_steps=2 --set eval.test=data/samples/stripes --quiet";
+  snprintf(dir, sizeof dir, "%s/own-set", tmpdir);
+  int rc = run(out, sizeof out, "%s --set eval.train=data/samples/stripes --out %s", own, dir);
+  if (rc != 0) fprintf(stderr, "%s", out);
+  assert_int_equal(rc, 0);
+  assert_null(strstr(out, "kNN monitor off"));
+  // raw pixels (step 0), then the encoder after steps 2 and 4
+  assert_int_equal(last_line(dir, "eval.jsonl", line, sizeof line), 3);
+  assert_non_null(strstr(line, "\"step\":4,\"what\":\"encoder\""));
+  const double monitor = json_field(line, "knn_top1");
+  assert_true(monitor >= 0 && monitor <= 1);
+  assert_true(json_field(line, "knn_k") == 8);
+
+  assert_int_equal(run(out, sizeof out, "eval %s --knn --no-baseline --json", dir), 0);
+  // --json prints "key": value
+  const char *k = strstr(out, "\"knn_k\": "), *top1 = strstr(out, "\"knn_top1\": ");
+  assert_true(k && top1);
+  assert_true(strtod(k + 9, NULL) == 8);
+  assert_true(strtod(top1 + 12, NULL) == monitor);
+
+  snprintf(dir, sizeof dir, "%s/own-set-missing", tmpdir);
+  assert_int_equal(
+      run(out, sizeof out, "%s --set eval.train=%s/no-such-set --out %s", own, tmpdir, dir), 1);
+  assert_non_null(strstr(out, "[eval] train = '"));
+  assert_non_null(strstr(out, "no-such-set': No such file or directory"));
+  assert_false(exists("%s", dir));
+}
+
+// k adapts to the smallest class: the stripes with 3 vertical images left beside 8 horizontal
+// ones vote with k = 3 whatever eval.knn_k above it; the table names that k.
+static void test_knn_k_follows_the_smallest_class(void **state) {
+  (void)state;
+  char out[16384], data[1024];
+  snprintf(data, sizeof data, "%s/stripes-3-vertical", tmpdir);
+  assert_int_equal(sh("cp -r data/samples/stripes %s && rm %s/vertical/0[3-7].png", data, data), 0);
+  int rc =
+      run(out, sizeof out, "train --config configs/smoke.ini --no-knn --quiet --out %s/k3", tmpdir);
+  if (rc != 0) fprintf(stderr, "%s", out);
+  assert_int_equal(rc, 0);
+  const char *eval = "eval %s/k3 --knn --set data.train=%s --set data.test=%s --set eval.knn_k=%s";
+  assert_int_equal(run(out, sizeof out, eval, tmpdir, data, data, "200"), 0);
+  assert_non_null(strstr(out, "kNN top-1 (k=3)"));
+  assert_int_equal(run(out, sizeof out, eval, tmpdir, data, data, "2"), 0);
+  assert_non_null(strstr(out, "kNN top-1 (k=2)"));
+}
+
+// `tally eval RUN` appends its result to the run's eval.jsonl, marked as its own, and tally
+// report shows it: a run trained without the monitor has no kNN in its report until then. While
+// another process holds the folder's lock (a training run) nothing is written, and it says so.
+static void test_eval_records_in_the_run(void **state) {
+  (void)state;
+  char out[16384], dir[512], line[4096], cell[128];
+  snprintf(dir, sizeof dir, "%s/recorded", tmpdir);
+  int rc = run(out, sizeof out, "train --config configs/smoke.ini --no-knn --quiet --out %s", dir);
+  if (rc != 0) fprintf(stderr, "%s", out);
+  assert_int_equal(rc, 0);
+  assert_false(exists("%s/eval.jsonl", dir));
+  assert_int_equal(run(out, sizeof out, "report %s", dir), 0);
+  assert_int_equal(sh("grep -q '<th>kNN top-1</th>' %s/report.html", dir), 1);
+
+  assert_int_equal(run(out, sizeof out, "eval %s --knn --no-baseline", dir), 0);
+  assert_non_null(strstr(out, "recorded in"));
+  assert_int_equal(last_line(dir, "eval.jsonl", line, sizeof line), 1);
+  assert_non_null(strstr(line, "{\"step\":4,\"what\":\"encoder\",\"source\":\"tally eval\","));
+  assert_true(json_field(line, "knn_k") == 4);  // smoke.ini's eval.knn_k, below a class's 8
+  assert_int_equal(run(out, sizeof out, "report %s", dir), 0);
+  // the quality table: one evaluation, its kNN top-1
+  snprintf(cell, sizeof cell, "<th>kNN top-1</th>.*recorded</th><td>1</td><td>%.2f%%<",
+           100 * json_field(line, "knn_top1"));
+  assert_int_equal(sh("tr -d '\\n' < %s/report.html | grep -q '%s'", dir, cell), 0);
+
+  // A second evaluation after a cut-off line (a killed writer's): the line is dropped, not
+  // joined to the new record.
+  assert_int_equal(sh("printf '{\"step\":4,\"wh' >> %s/eval.jsonl", dir), 0);
+  assert_int_equal(run(out, sizeof out, "eval %s --knn --no-baseline --json", dir), 0);
+  assert_null(strstr(out, "recorded in"));  // --json prints the object alone
+  assert_int_equal(last_line(dir, "eval.jsonl", line, sizeof line), 2);
+  assert_non_null(strstr(line, "{\"step\":4,\"what\":\"encoder\",\"source\":\"tally eval\","));
+
+  // flock(1) holds the folder's lock while tally eval runs, as a training run would.
+  assert_int_equal(sh("flock %s/.lock %s eval %s --knn --no-baseline > %s/locked.log 2>&1", dir,
+                      bin, dir, tmpdir),
+                   0);
+  assert_int_equal(sh("grep -q 'kNN top-1 (k=4)' %s/locked.log", tmpdir), 0);
+  assert_int_equal(sh("grep -q 'not recorded in .*eval.jsonl: .*another run is using this folder' "
+                      "%s/locked.log",
+                      tmpdir),
+                   0);
+  assert_int_equal(last_line(dir, "eval.jsonl", line, sizeof line), 2);
+}
+
 // tally plan --from a run of two local replicas: the link's rate is a line's, of which TCP at
 // MTU 1500 carries 1448 bytes in every 1538; so with no latency everything on the link takes
 // 1538 / 1448 as long as at --mtu 0 (the rate taken as payload). One node sends nothing; an
@@ -352,6 +469,9 @@ int main(void) {
       cmocka_unit_test(test_short_training_run),
       cmocka_unit_test(test_smoke_run_on_sample_data),
       cmocka_unit_test(test_plan_from_run),
+      cmocka_unit_test(test_monitor_on_its_own_labeled_set),
+      cmocka_unit_test(test_knn_k_follows_the_smallest_class),
+      cmocka_unit_test(test_eval_records_in_the_run),
       cmocka_unit_test(test_options_not_ignored),
       cmocka_unit_test(test_missing_dataset),
       cmocka_unit_test(test_truncated_gz),

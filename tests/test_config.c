@@ -594,8 +594,11 @@ static const char *const every_key[][2] = {
     {"eval.knn_k", "20"},
     {"eval.knn_temperature", "0.07"},
     {"eval.knn_every_epochs", "2"},
+    {"eval.every_steps", "7"},
     {"eval.knn_train_limit", "5000"},
     {"eval.batch_size", "250"},
+    {"eval.train", "data/samples/stripes"},
+    {"eval.test", "data/samples/stripes"},
     {"ledger.every", "2"},
 };
 #define N_KEYS (sizeof every_key / sizeof every_key[0])

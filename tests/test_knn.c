@@ -99,6 +99,35 @@ static void test_ties(void **state) {
   }
 }
 
+// k is capped by the bank's smallest class: labels 0 x5, 1 x2, 2 x6 and no class 3 (absent
+// classes do not count) give k = 2 for any k above 2, and k itself below.
+static void test_k_for_bank_smallest_class(void **state) {
+  (void)state;
+  const int labels[] = {0, 0, 1, 2, 0, 2, 2, 0, 1, 2, 2, 0, 2};
+  assert_int_equal(knn_k_for_bank(200, labels, 13, 4), 2);
+  assert_int_equal(knn_k_for_bank(3, labels, 13, 4), 2);
+  assert_int_equal(knn_k_for_bank(2, labels, 13, 4), 2);
+  assert_int_equal(knn_k_for_bank(1, labels, 13, 4), 1);
+  // The first 7 rows only (a limited bank): class 1 has 1 image there.
+  assert_int_equal(knn_k_for_bank(200, labels, 7, 4), 1);
+}
+
+// Why: the query's own class has 2 images, the nearest; 6 of another class lie farther. With
+// nearly equal weights (temperature 100) k = 8 lets the 6 outvote the 2; the bank's k, 2, does
+// not.
+static void test_k_for_bank_lets_a_small_class_win(void **state) {
+  (void)state;
+  const float train[] = {1.0f, 0.05f, 1.0f, -0.05f, 1.0f, 0.6f, 1.0f, -0.6f,
+                         1.0f, 0.7f,  1.0f, -0.7f,  1.0f, 0.8f, 1.0f, -0.8f};
+  const int train_labels[] = {0, 0, 1, 1, 1, 1, 1, 1};
+  const float test[] = {1.0f, 0.0f};
+  const int label0[] = {0};
+  assert_true(knn_top1(train, train_labels, 8, test, label0, 1, 2, 2, 8, 100.0f, &ctx) == 0.0);
+  const int k = knn_k_for_bank(8, train_labels, 8, 2);
+  assert_int_equal(k, 2);
+  assert_true(knn_top1(train, train_labels, 8, test, label0, 1, 2, 2, k, 100.0f, &ctx) == 1.0);
+}
+
 static void test_bad_input(void **state) {
   (void)state;
   const float train[] = {1.0f, 0.0f, 0.0f, 1.0f};
@@ -217,9 +246,14 @@ static void test_random_against_reference(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_obvious_2d), cmocka_unit_test(test_temperature_changes_vote),
-      cmocka_unit_test(test_k_clamped),  cmocka_unit_test(test_ties),
-      cmocka_unit_test(test_bad_input),  cmocka_unit_test(test_random_against_reference),
+      cmocka_unit_test(test_obvious_2d),
+      cmocka_unit_test(test_temperature_changes_vote),
+      cmocka_unit_test(test_k_clamped),
+      cmocka_unit_test(test_ties),
+      cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_random_against_reference),
+      cmocka_unit_test(test_k_for_bank_smallest_class),
+      cmocka_unit_test(test_k_for_bank_lets_a_small_class_win),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

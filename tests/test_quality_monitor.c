@@ -166,12 +166,104 @@ static void test_collapse_warning(void **state) {
   }
 }
 
+// The steps of eval.jsonl's encoder records, in order, into steps[] (at most 8); their count.
+static int encoder_steps(const char *dir, int steps[8]) {
+  char lines[8][1024];
+  int n_lines = eval_lines(dir, lines), n = 0;
+  double v;
+  for (int i = 0; i < n_lines; i++)
+    if (strstr(lines[i], "\"what\":\"encoder\"") && json_get(lines[i], "step", &v) == 1)
+      steps[n++] = (int)v;
+  return n;
+}
+
+// ledger.jsonl's losses as written, one string per line (at most 16), into losses; their count.
+static int ledger_losses(const char *dir, char losses[16][32]) {
+  char *text = read_text(dir, "ledger.jsonl");
+  int n = 0;
+  for (char *line = strtok(text, "\n"); line && n < 16; line = strtok(NULL, "\n")) {
+    const char *l = strstr(line, "\"loss\":");
+    assert_non_null(l);
+    snprintf(losses[n++], 32, "%.*s", (int)strcspn(l + 7, ",}"), l + 7);
+  }
+  free(text);
+  return n;
+}
+
+// eval.every_steps = 3 over 7 steps of 4 an epoch: evaluations after steps 3 and 6 and at the
+// run's end, none at the epoch's end (4). The monitor leaves training alone: the losses are a
+// run's without it, to the last digit, and a run stopped after step 5 and resumed evaluates at
+// the same steps with the same losses. Two replicas (threads, and MPI ranks when MPIEXEC is set)
+// evaluate at the same steps too. knn_every_epochs beside it is refused.
+static void test_every_steps(void **state) {
+  (void)state;
+  static const int expected[3] = {3, 6, 7};
+  const char *every = "--set eval.every_steps=3";
+  char dir[400], plain[400];
+  snprintf(dir, sizeof dir, "%s/every3", tmpdir);
+  snprintf(plain, sizeof plain, "%s/every3-no-monitor", tmpdir);
+  free(run_ok("%s train --objective=inbatch --steps 7 %s %s --quiet --out %s 2>&1", bin, small,
+              every, dir));
+  free(run_ok("%s train --objective=inbatch --steps 7 %s --no-knn --quiet --out %s 2>&1", bin,
+              small, plain));
+  int steps[8];
+  assert_int_equal(encoder_steps(dir, steps), 3);
+  assert_memory_equal(steps, expected, sizeof expected);
+  char with[16][32] = {{0}}, without[16][32] = {{0}};
+  assert_int_equal(ledger_losses(dir, with), 7);
+  assert_int_equal(ledger_losses(plain, without), 7);
+  assert_memory_equal(with, without, sizeof with[0] * 7);
+
+  char resumed[400];
+  snprintf(resumed, sizeof resumed, "%s/every3-resumed", tmpdir);
+  free(run_ok("%s train --objective=inbatch --steps 7 %s %s --stop-at 5 --quiet --out %s 2>&1", bin,
+              small, every, resumed));
+  free(run_ok("%s train --resume %s --quiet 2>&1", bin, resumed));
+  assert_int_equal(encoder_steps(resumed, steps), 3);
+  assert_memory_equal(steps, expected, sizeof expected);
+  char again[16][32] = {{0}};
+  assert_int_equal(ledger_losses(resumed, again), 7);
+  assert_memory_equal(again, with, sizeof with[0] * 7);
+
+  char two[400];
+  snprintf(two, sizeof two, "%s/every3-two-replicas", tmpdir);
+  free(
+      run_ok("%s train --objective=inbatch --steps 7 %s %s --set parallel.replicas=2 --quiet "
+             "--out %s 2>&1",
+             bin, small, every, two));
+  assert_int_equal(encoder_steps(two, steps), 3);
+  assert_memory_equal(steps, expected, sizeof expected);
+  const char *mpiexec = getenv("MPIEXEC");
+  if (mpiexec && mpiexec[0]) {
+    snprintf(two, sizeof two, "%s/every3-two-ranks", tmpdir);
+    free(
+        run_ok("ASAN_OPTIONS=detect_leaks=0 timeout 300 %s --allow-run-as-root --oversubscribe "
+               "-np 2 %s train --objective=inbatch --steps 7 %s %s --set parallel.backend=mpi "
+               "--quiet --out %s 2>&1",
+               mpiexec, bin, small, every, two));
+    assert_int_equal(encoder_steps(two, steps), 3);
+    assert_memory_equal(steps, expected, sizeof expected);
+  } else if (getenv("CI")) {
+    fail_msg("MPIEXEC is not set: the two-rank run cannot start");
+  }
+
+  char *out = NULL;
+  assert_int_equal(sh("%s train --objective=inbatch --steps 7 %s %s --set eval.knn_every_epochs=2 "
+                      "--quiet --out %s/both > %s/both.err 2>&1",
+                      bin, small, every, tmpdir, tmpdir),
+                   1);
+  out = read_text(tmpdir, "both.err");
+  assert_non_null(strstr(out, "every_steps = 3 and knn_every_epochs = 2 are two schedules"));
+  free(out);
+}
+
 int main(void) {
   if (cli_test_init("quality-monitor") != 0) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_unlabeled_run),
       cmocka_unit_test(test_labeled_run),
       cmocka_unit_test(test_collapse_warning),
+      cmocka_unit_test(test_every_steps),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   if (!failed) sh("rm -rf %s", tmpdir);

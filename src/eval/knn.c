@@ -186,6 +186,17 @@ int knn_top1_multi(const float *train_feat, const int *train_labels, int n_train
   return 0;
 }
 
+int knn_k_for_bank(int k, const int *train_labels, int n_train, int n_classes) {
+  int *count = calloc((size_t)(n_classes > 0 ? n_classes : 1), sizeof *count);
+  if (!count) TL_DIE("out of memory");
+  for (int i = 0; i < n_train; i++)
+    if (train_labels[i] >= 0 && train_labels[i] < n_classes) count[train_labels[i]]++;
+  for (int c = 0; c < n_classes; c++)
+    if (count[c] > 0 && count[c] < k) k = count[c];
+  free(count);
+  return k > 0 ? k : 1;
+}
+
 double knn_top1(const float *train_feat, const int *train_labels, int n_train,
                 const float *test_feat, const int *test_labels, int n_test, int d, int n_classes,
                 int k, float temperature, DnnlCtx *ctx) {

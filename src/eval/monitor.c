@@ -7,6 +7,7 @@
 #include "core/timer.h"
 #include "eval/knn.h"
 #include "eval/linear_probe.h"
+#include "io/json_write.h"
 
 static int limit_or_all(int limit, int n) { return limit > 0 && limit < n ? limit : n; }
 
@@ -91,7 +92,8 @@ static KnnResult no_result(void) {
 
 static KnnResult vote(KnnMonitor *m, const float *train_feat, const float *test_feat, int d) {
   KnnResult r = no_result();
-  const int ks[2] = {m->set.k, 20};
+  r.knn_k = knn_k_for_bank(m->set.k, m->train->labels, m->n_train, m->train->n_classes);
+  const int ks[2] = {r.knn_k, 20};
   double acc[2] = {-1, -1};
   if (knn_top1_multi(train_feat, m->train->labels, m->n_train, test_feat, m->test->labels,
                      m->n_test, d, m->train->n_classes, ks, 2, m->set.temperature, &m->ctx, acc,
@@ -120,7 +122,7 @@ KnnResult knn_monitor_run(KnnMonitor *m) {
   if (r.failed || r.cancelled) return r;
   if (m->labeled) {
     KnnResult v = vote(m, m->train_feat, m->test_feat, D);
-    r.top1 = v.top1, r.top1_k20 = v.top1_k20, r.linear_top1 = v.linear_top1;
+    r.top1 = v.top1, r.top1_k20 = v.top1_k20, r.knn_k = v.knn_k, r.linear_top1 = v.linear_top1;
   }
   // Non-finite embeddings have no quality to give: it stays NaN (recorded as null).
   EmbeddingQuality q;
@@ -171,4 +173,36 @@ void knn_monitor_destroy(KnnMonitor *m) {
   tl_free(m->quality_feat);
   paramset_free(&m->bound);
   dnnl_ctx_destroy(&m->ctx);
+}
+
+// "key":value, (%.6f), or "key":null, when v is not finite.
+static void json_number_field(FILE *f, const char *key, double v) {
+  if (isfinite(v))
+    fprintf(f, "\"%s\":%.6f,", key, v);
+  else
+    fprintf(f, "\"%s\":null,", key);
+}
+
+void knn_result_write_line(FILE *f, long step, const char *what, const char *source,
+                           const KnnResult *r) {
+  fprintf(f, "{\"step\":%ld,\"what\":\"%s\",", step, what);
+  if (source) {
+    fprintf(f, "\"source\":");
+    json_put_string(f, source);
+    fputc(',', f);
+  }
+  json_number_field(f, "knn_top1", r->top1);
+  json_number_field(f, "knn_top1_k20", r->top1_k20);
+  if (r->knn_k > 0 && isfinite(r->top1))
+    fprintf(f, "\"knn_k\":%d,", r->knn_k);
+  else
+    fprintf(f, "\"knn_k\":null,");
+  if (isfinite(r->linear_top1)) fprintf(f, "\"linear_top1\":%.6f,", r->linear_top1);
+  if (strcmp(what, "encoder") == 0) {
+    json_number_field(f, "rankme", r->quality.rankme);
+    json_number_field(f, "embedding_std", r->quality.embedding_std);
+    json_number_field(f, "embedding_std_reference", r->quality.embedding_std_reference);
+    fprintf(f, "\"collapsed\":%s,", embedding_quality_collapsed(&r->quality) ? "true" : "false");
+  }
+  fprintf(f, "\"seconds\":%.3f}\n", r->seconds);
 }

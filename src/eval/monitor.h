@@ -5,6 +5,7 @@
 // without a test set (unlabeled data) that is all it does.
 #pragma once
 #include <signal.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "data/augment.h"
@@ -52,9 +53,10 @@ typedef struct {
 } KnnMonitor;
 
 typedef struct {
-  double top1;         // k = eval.knn_k; NaN unlabeled
-  double top1_k20;     // k = 20, for comparison with published monitors; NaN unlabeled
-  double linear_top1;  // linear probe (eval.linear = 1), else NaN
+  double top1;      // k = knn_k; NaN unlabeled
+  double top1_k20;  // k = 20, for comparison with published monitors; NaN unlabeled
+  int knn_k;        // eval.knn_k, at most the bank's smallest class (knn_k_for_bank); 0 unlabeled
+  double linear_top1;        // linear probe (eval.linear = 1), else NaN
   EmbeddingQuality quality;  // on the quality sample (NaN for raw pixels, or when not finite)
   double seconds;
   int cancelled;  // *cancel ended it: no result
@@ -72,3 +74,11 @@ KnnResult knn_monitor_raw_pixels(KnnMonitor *m);
 // MEM_EVAL bytes a run holds at its peak beyond what the monitor keeps.
 size_t knn_monitor_reserve_run(KnnMonitor *m);
 void knn_monitor_destroy(KnnMonitor *m);
+
+// One line of a run's eval.jsonl, which `tally report` reads: {"step", "what" ("encoder" or
+// "raw_pixels"), "source" (only when given: "tally eval"), "knn_top1", "knn_top1_k20", "knn_k"
+// (null without labels), "linear_top1" (when measured), then, for the encoder, "rankme",
+// "embedding_std", "embedding_std_reference", "collapsed"; and "seconds"}. The training monitor
+// and `tally eval` both write through it.
+void knn_result_write_line(FILE *f, long step, const char *what, const char *source,
+                           const KnnResult *r);

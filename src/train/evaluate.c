@@ -2,13 +2,18 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
 #include "core/timer.h"
 #include "eval/knn.h"
 #include "eval/linear_probe.h"
+#include "eval/monitor.h"
 #include "eval/quality.h"
+#include "io/atomic_file.h"
+#include "io/dir_lock.h"
+#include "io/regular_file.h"
 
 static void say(const EvalOptions *opt, const char *what, int n) {
   if (opt->quiet) return;
@@ -20,20 +25,19 @@ static void say(const EvalOptions *opt, const char *what, int n) {
 }
 
 // A result as soon as it is known (the table at the end repeats it).
-static void tell(const EvalOptions *opt, const char *what, double top1, double top1_k20,
-                 const Config *cfg) {
+static void tell(const EvalOptions *opt, const char *what, double top1, double top1_k20, int k) {
   if (opt->quiet) return;
   if (isnan(top1_k20))
     printf("tally eval: %s: %.4f\n", what, top1);
   else
-    printf("tally eval: %s: %.4f (k=%d), %.4f (k=20)\n", what, top1, cfg->eval.knn_k, top1_k20);
+    printf("tally eval: %s: %.4f (k=%d), %.4f (k=20)\n", what, top1, k, top1_k20);
   fflush(stdout);
 }
 
-// kNN at k = eval.knn_k and 20; accuracies into top1, top1_k20.
-static int knn(const Config *cfg, const float *train, const Dataset *tr, const float *test,
+// kNN at k (knn_k_for_bank) and 20; accuracies into top1, top1_k20.
+static int knn(const Config *cfg, int k, const float *train, const Dataset *tr, const float *test,
                const Dataset *te, int d, DnnlCtx *ctx, double *top1, double *top1_k20) {
-  const int ks[2] = {cfg->eval.knn_k, 20};
+  const int ks[2] = {k, 20};
   double acc[2];
   if (knn_top1_multi(train, tr->labels, tr->n, test, te->labels, te->n, d, tr->n_classes, ks, 2,
                      cfg->eval.knn_temperature, ctx, acc, NULL) != 0)
@@ -94,28 +98,27 @@ static int score(FeatureEncoder *e, const EvalOptions *opt, const Dataset *tr, c
   float *ptr = te && opt->baseline ? pixels(e, tr, &rc) : NULL;
   float *pte = te && opt->baseline ? pixels(e, te, &rc) : NULL;
   if (rc == 0 && te && opt->knn) {
+    const int k = r->knn_k = knn_k_for_bank(cfg->eval.knn_k, tr->labels, tr->n, tr->n_classes);
     say(opt, "kNN on the features", te->n);
-    rc = knn(cfg, ftr, tr, fte, te, D, &e->ctx, &r->knn_top1, &r->knn_top1_k20);
-    if (rc == 0) tell(opt, "kNN top-1 of the encoder", r->knn_top1, r->knn_top1_k20, cfg);
+    rc = knn(cfg, k, ftr, tr, fte, te, D, &e->ctx, &r->knn_top1, &r->knn_top1_k20);
+    if (rc == 0) tell(opt, "kNN top-1 of the encoder", r->knn_top1, r->knn_top1_k20, k);
     if (rc == 0 && opt->baseline) {
       say(opt, "kNN on raw pixels", te->n);
-      rc = knn(cfg, ptr, tr, pte, te, P, &e->ctx, &r->knn_top1_raw_pixels,
+      rc = knn(cfg, k, ptr, tr, pte, te, P, &e->ctx, &r->knn_top1_raw_pixels,
                &r->knn_top1_k20_raw_pixels);
       if (rc == 0)
-        tell(opt, "kNN top-1 on raw pixels", r->knn_top1_raw_pixels, r->knn_top1_k20_raw_pixels,
-             cfg);
+        tell(opt, "kNN top-1 on raw pixels", r->knn_top1_raw_pixels, r->knn_top1_k20_raw_pixels, k);
     }
   }
   if (rc == 0 && te && opt->linear) {
     say(opt, "linear probe on the features", tr->n);
     rc = linear(tr, ftr, te, fte, D, cfg->train.seed, &e->ctx, &r->linear_top1, &r->linear_lambda);
-    if (rc == 0) tell(opt, "linear probe top-1 of the encoder", r->linear_top1, NAN, cfg);
+    if (rc == 0) tell(opt, "linear probe top-1 of the encoder", r->linear_top1, NAN, 0);
     if (rc == 0 && opt->baseline) {
       say(opt, "linear probe on raw pixels", tr->n);
       rc = linear(tr, ptr, te, pte, P, cfg->train.seed, &e->ctx, &r->linear_top1_raw_pixels,
                   &r->linear_lambda_raw_pixels);
-      if (rc == 0)
-        tell(opt, "linear probe top-1 on raw pixels", r->linear_top1_raw_pixels, NAN, cfg);
+      if (rc == 0) tell(opt, "linear probe top-1 on raw pixels", r->linear_top1_raw_pixels, NAN, 0);
     }
   }
   tl_free(ftr);
@@ -141,17 +144,21 @@ int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r) {
                     .embedding_std_reference = nan};
   const Config *cfg = &e->cfg;
   Dataset tr = {0}, te = {0};
+  // The run's evaluation set: the monitor's own ([eval] train, test) when it had one, whole.
+  const int own = cfg->eval.train[0] != 0;
+  const char *train = own ? cfg->eval.train : cfg->data.train;
+  const char *test = own ? cfg->eval.test : cfg->data.test;
   say(opt, "loading the training and test sets", 0);
-  int rc = feature_dataset_load(e, &tr, cfg->data.train, cfg->data.limit);
+  int rc = feature_dataset_load(e, &tr, train, own ? 0 : cfg->data.limit);
   // A folder without class labels (data.labels = none) is still measured: what needs no labels.
   const int labeled = rc == 0 && tr.n_classes > 0;
-  if (rc == 0 && labeled) rc = feature_dataset_load(e, &te, cfg->data.test, cfg->data.test_limit);
-  if (rc == 0 && labeled) rc = dataset_align_test_labels(&tr, &te, cfg->data.test);
+  if (rc == 0 && labeled) rc = feature_dataset_load(e, &te, test, own ? 0 : cfg->data.test_limit);
+  if (rc == 0 && labeled) rc = dataset_align_test_labels(&tr, &te, test);
   if (rc == 0 && !labeled && !opt->quiet) {
     printf(
         "tally eval: %s has no class labels: kNN and the linear probe need them; measuring "
         "what needs none (rankme, embedding_std)\n",
-        cfg->data.train);
+        train);
     fflush(stdout);
   }
   if (rc == 0) {
@@ -165,4 +172,33 @@ int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r) {
   dataset_free(&te);
   r->seconds = (now_ms() - t0) / 1e3;
   return rc;
+}
+
+int evaluate_record(const char *dir, long step, const EvalResult *r) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/eval.jsonl", dir);
+  if (step < 0) return tl_fail("%s: the checkpoint does not say its step", dir);
+  if (dir_lock(dir, ".lock", "run") != 0) return -1;
+  char *text = NULL;
+  size_t len = 0;
+  int rc = regular_read_text(path, &text, &len);
+  if (rc < 0) return -1;
+  while (len > 0 && text[len - 1] != '\n') len--;  // a killed writer's cut-off line
+  AtomicFile a;
+  if (atomic_open(&a, path) != 0) {
+    free(text);
+    return -1;
+  }
+  if (len) fwrite(text, 1, len, a.f);
+  free(text);
+  const KnnResult line = {.top1 = r->knn_top1,
+                          .top1_k20 = r->knn_top1_k20,
+                          .knn_k = r->knn_k,
+                          .linear_top1 = r->linear_top1,
+                          .quality = {.rankme = r->rankme,
+                                      .embedding_std = r->embedding_std,
+                                      .embedding_std_reference = r->embedding_std_reference},
+                          .seconds = r->seconds};
+  knn_result_write_line(a.f, step, "encoder", "tally eval", &line);
+  return atomic_commit(&a);
 }

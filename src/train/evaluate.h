@@ -1,6 +1,7 @@
 // `tally eval`: how good a trained encoder's features are on a labeled dataset — weighted kNN
-// (k = 200 and 20, cosine, as the training monitor) and a linear probe on frozen features — next
-// to the same measures on raw pixels, the baseline a representation must beat.
+// (k = 200, or the smallest class's size when smaller, and 20, cosine, as the training monitor)
+// and a linear probe on frozen features — next to the same measures on raw pixels, the baseline
+// a representation must beat.
 #pragma once
 #include "train/features.h"
 
@@ -12,7 +13,9 @@ typedef struct {
 
 typedef struct {
   int n_train, n_test, n_classes, feature_dim;
-  double knn_top1, knn_top1_k20;  // the encoder, k = eval.knn_k (200) and k = 20
+  int knn_k;                      // the k of knn_top1: eval.knn_k, at most the smallest class's
+                                  // training images (knn_k_for_bank); 0 without kNN
+  double knn_top1, knn_top1_k20;  // the encoder, k = knn_k and k = 20
   double knn_top1_raw_pixels, knn_top1_k20_raw_pixels;
   double linear_top1, linear_top1_raw_pixels, linear_lambda, linear_lambda_raw_pixels;
   // Label-free, on the training set's embeddings (eval/quality.h).
@@ -21,6 +24,15 @@ typedef struct {
 } EvalResult;
 
 // Encodes e's configured training set (the kNN memory bank, the probe's training rows) and test
-// set and scores them. Measures not asked for are NaN. -1 with tl_last_error() on bad data
+// set — [eval] train and test when the run's monitor had a set of its own, else [data]'s — and
+// scores them. Measures not asked for are NaN. -1 with tl_last_error() on bad data
 // (missing files, a test class the training set does not have).
 int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r);
+
+// Records r in the run folder `dir`'s eval.jsonl as one more evaluation of its encoder after
+// `step` steps, in the training monitor's format marked "source":"tally eval", so `tally report`
+// shows it beside the monitor's. Under the folder's lock (a training run holds it for as long as
+// it lives: then nothing is written), by writing the file whole again beside it and renaming it
+// into place (io/atomic_file.h): a crash leaves the old file or the new one, and a cut-off last
+// line (a killed run's) is dropped rather than joined to the record. -1 with tl_last_error().
+int evaluate_record(const char *dir, long step, const EvalResult *r);

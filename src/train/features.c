@@ -108,19 +108,22 @@ void feature_encoder_close(FeatureEncoder *e) {
   e->images = NULL;
 }
 
-int feature_dataset_load(const FeatureEncoder *e, Dataset *ds, const char *path, int limit) {
+int dataset_load_path(const Config *cfg, Dataset *ds, const char *path, int limit) {
   struct stat st;
   if (stat(path, &st) != 0) return tl_fail("%s: does not exist", path);
+  const int S = cfg->data.image_size;
   int rc = S_ISDIR(st.st_mode)
-               ? dataset_load_imagefolder(ds, path, e->cfg.data.image_size, e->cfg.data.channels,
-                                          limit, e->cfg.data.stream)
-               : dataset_load_idx(ds, path, e->cfg.data.channels, limit);
+               ? dataset_load_imagefolder(ds, path, S, cfg->data.channels, limit, cfg->data.stream)
+               : dataset_load_idx(ds, path, cfg->data.channels, limit);
   if (rc != 0) return -1;
-  if (ds->h != e->cfg.data.image_size || ds->w != e->cfg.data.image_size) {
+  if (ds->h != S || ds->w != S) {
     int h = ds->h, w = ds->w;
     dataset_free(ds);
-    return tl_fail("%s: images are %dx%d, the encoder was trained on %dx%d", path, h, w,
-                   e->cfg.data.image_size, e->cfg.data.image_size);
+    return tl_fail("%s: images are %dx%d, the encoder was trained on %dx%d", path, h, w, S, S);
   }
   return 0;
+}
+
+int feature_dataset_load(const FeatureEncoder *e, Dataset *ds, const char *path, int limit) {
+  return dataset_load_path(&e->cfg, ds, path, limit);
 }

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <strings.h>
 #include <unistd.h>
 
@@ -51,6 +52,10 @@ typedef struct {
   const ObjectiveDef *def;
   long step;  // < 0: memory only
   int world, global_batch, steps_per_epoch, n_train, n_test;
+  // The monitor's sets: its memory bank (n_bank images: [eval] train, else the training set) and
+  // its test images (n_test: [eval] test, else [data] test); whether each is streamed from files.
+  int n_bank, bank_streamed, test_streamed;
+  int own_eval_set;  // [eval] train and test are the monitor's
   long total_steps;
   int length_unknown;  // a time budget: the length is timed by training
   int shard_sizes[LOADER_MAX_SHARDS];
@@ -79,17 +84,22 @@ typedef struct {
   Comm *comm;
 } PlanReplica;
 
+// The monitor votes (kNN) when it has labels: its own set's, or the training data's.
+static int monitor_votes(const Plan *pl) {
+  return pl->own_eval_set || strcmp(pl->cfg->data.labels, "none") != 0;
+}
+
 // The kNN monitor as the trainer builds it, and the evaluation memory its passes reach. Only the
 // image counts of the datasets are read while building.
 static void plan_monitor(Plan *pl, KnnMonitor *mon, float *params) {
   const Config *cfg = pl->cfg;
   const int S = cfg->data.image_size, C = cfg->data.channels, px = S * S * C;
   static const AugmentParams no_aug;
-  Dataset train = {.n = pl->n_train, .h = S, .w = S, .c = C};
+  Dataset train = {.n = pl->n_bank, .h = S, .w = S, .c = C};
   Dataset test = {.n = pl->n_test, .h = S, .w = S, .c = C};
   const size_t base = snapshot_cat(pl->baseline, MEM_EVAL);
   const MonitorSettings set = replica_monitor_settings(cfg);
-  const int labeled = strcmp(cfg->data.labels, "none") != 0;
+  const int labeled = monitor_votes(pl);
   knn_monitor_init(mon, &set, &train, labeled ? &test : NULL, &no_aug, params);
   const int nt = mon->n_train, ne = mon->n_test;
   // knn_monitor_raw_pixels (labeled): both banks of raw pixels, then a vote over px-wide features.
@@ -285,8 +295,13 @@ static void *plan_replica(void *arg) {
 // MoCo's FIFO at `step`: every earlier step pushed keys_per_step keys (the global batch's), and
 // the queue keeps the last K of them, so the contents follow from arithmetic alone. Ages are
 // counted at `step`, as the step's own loss sees the queue (before its push).
-static int peek_dataset(const Config *cfg, const char *path, int limit, int *n) {
-  if (strcmp(cfg->data.format, "idx") != 0) return dataset_imagefolder_count(path, limit, n);
+static int is_folder(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int peek_dataset(const Config *cfg, const char *path, int folder, int limit, int *n) {
+  if (folder) return dataset_imagefolder_count(path, limit, n);
   int all, h, w;
   if (dataset_idx_peek(path, &all, &h, &w) != 0) return -1;
   if (h != cfg->data.image_size || w != cfg->data.image_size)
@@ -353,19 +368,34 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   const int mpi = strcmp(cfg->parallel.backend, "mpi") == 0;
   pl->world = cfg->parallel.replicas;
   pl->global_batch = cfg->train.batch_size;
-  // The test set is loaded only for the kNN monitor, which needs labels (unlabeled, the monitor
-  // measures the label-free quality alone).
-  const int labeled = strcmp(cfg->data.labels, "none") != 0;
-  if (labeled && !pl->opt.no_knn && !cfg->data.test[0]) {
+  // A test set is loaded only for the kNN monitor, which needs labels (unlabeled, the monitor
+  // measures the label-free quality alone): [eval] test with its own memory bank, [eval] train,
+  // when given, else [data] test.
+  pl->own_eval_set = cfg->eval.train[0] && !pl->opt.no_knn;
+  if (pl->own_eval_set && config_validate_eval_set(cfg) != 0) goto out;
+  const int data_folder = strcmp(cfg->data.format, "idx") != 0;
+  const int data_test = monitor_votes(pl) && !pl->own_eval_set && !pl->opt.no_knn;
+  if (data_test && !cfg->data.test[0]) {
     tl_fail(
         "the kNN monitor scores the encoder on a labeled test set, and data.test is empty: give "
         "--set data.test=PATH, or --no-knn");
     goto out;
   }
-  if (peek_dataset(cfg, cfg->data.train, cfg->data.limit, &pl->n_train) != 0 ||
-      (labeled && !pl->opt.no_knn &&
-       peek_dataset(cfg, cfg->data.test, cfg->data.test_limit, &pl->n_test) != 0))
+  if (peek_dataset(cfg, cfg->data.train, data_folder, cfg->data.limit, &pl->n_train) != 0 ||
+      (data_test &&
+       peek_dataset(cfg, cfg->data.test, data_folder, cfg->data.test_limit, &pl->n_test) != 0))
     goto out;
+  pl->n_bank = pl->n_train;
+  pl->bank_streamed = pl->test_streamed = data_folder && cfg->data.stream;
+  if (pl->own_eval_set) {
+    // As the trainer reads them (dataset_load_path): a folder is an ImageFolder root.
+    const int bank_folder = is_folder(cfg->eval.train), test_folder = is_folder(cfg->eval.test);
+    if (peek_dataset(cfg, cfg->eval.train, bank_folder, 0, &pl->n_bank) != 0 ||
+        peek_dataset(cfg, cfg->eval.test, test_folder, 0, &pl->n_test) != 0)
+      goto out;
+    pl->bank_streamed = bank_folder && cfg->data.stream;
+    pl->test_streamed = test_folder && cfg->data.stream;
+  }
   if (pl->n_train < pl->global_batch) {
     tl_fail("%s: %d training images, fewer than one batch of %d", cfg->data.train, pl->n_train,
             pl->global_batch);
@@ -446,8 +476,9 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   PlanTotals t = {.timed_step_ms = NAN};
   const int S = cfg->data.image_size, C = cfg->data.channels;
   const int streamed = strcmp(cfg->data.format, "idx") != 0 && cfg->data.stream;
-  t.dataset_bytes =
-      dataset_bytes(pl->n_train, S, S, C, streamed) + dataset_bytes(pl->n_test, S, S, C, streamed);
+  t.dataset_bytes = dataset_bytes(pl->n_train, S, S, C, streamed) +
+                    dataset_bytes(pl->n_test, S, S, C, pl->test_streamed);
+  if (pl->own_eval_set) t.dataset_bytes += dataset_bytes(pl->n_bank, S, S, C, pl->bank_streamed);
   const ViewRecipe views = replica_views(cfg, pl->def, NULL, NULL);
   int sizes[LEDGER_MAX_VIEW_GROUPS], counts[LEDGER_MAX_VIEW_GROUPS];
   for (int g = 0; g < views.n_groups; g++)
@@ -460,9 +491,9 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
     t.loader_bytes += loader_buffer_bytes(pl->n_train, local, &views, cfg->data.channels);
   }
   r.data_bytes = t.dataset_bytes + t.loader_bytes;
-  // The first encoder evaluation follows the last step of the first evaluated epoch (or comes
-  // before step 0); it can leave a larger scratchpad behind.
-  long first_eval_after = (long)pl->steps_per_epoch * cfg->eval.knn_every_epochs;
+  // The first encoder evaluation follows the first evaluation period (or comes before step 0);
+  // it can leave a larger scratchpad behind.
+  long first_eval_after = config_eval_period_steps(cfg, pl->steps_per_epoch);
   r.eval_bytes = pl->opt.knn_at_start || r.step >= first_eval_after ? pl->eval_after_first
                                                                     : pl->eval_before_first;
   if (pl->def->plan) pl->def->plan(cfg, r.step, pl->global_batch, &r);

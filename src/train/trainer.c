@@ -31,6 +31,7 @@
 #include "parallel/replica_sync.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
+#include "train/features.h"
 #include "train/optim.h"
 #include "train/replica.h"
 
@@ -40,6 +41,8 @@ typedef struct {
   const TrainOptions *opt;
   const ObjectiveDef *def;
   Dataset train, test;
+  Dataset eval_train;   // [eval] train, when given (rank 0)
+  const Dataset *bank;  // the monitor's memory bank and quality sample: eval_train or train
   AugmentParams aug;  // the evaluation transform: data.image_size, the training set's normalization
   ViewRecipe views;   // what the loader prepares for each step
   int world, global_batch, steps_per_epoch, total_steps;
@@ -144,7 +147,7 @@ static void fill_memory(LedgerRecord *rec) {
 // One evaluation's console line: kNN top-1 (labeled data), the probe, the label-free quality.
 static void print_eval(const char *what, KnnResult r) {
   if (isfinite(r.top1))
-    printf("kNN top-1 %-26s %.4f (k=20: %.4f)", what, r.top1, r.top1_k20);
+    printf("kNN top-1 %-26s %.4f (k=%d; k=20: %.4f)", what, r.top1, r.knn_k, r.top1_k20);
   else
     printf("label-free quality %-17s", what);
   if (isfinite(r.linear_top1)) printf("  linear probe %.4f", r.linear_top1);
@@ -155,32 +158,12 @@ static void print_eval(const char *what, KnnResult r) {
   fflush(stdout);
 }
 
-// "key":value, (%.6f), or "key":null, when v is not finite.
-static void json_number_field(FILE *f, const char *key, double v) {
-  if (isfinite(v))
-    fprintf(f, "\"%s\":%.6f,", key, v);
-  else
-    fprintf(f, "\"%s\":null,", key);
-}
-
-// Appends one evaluation to eval.jsonl: {"step", "what", "knn_top1", "knn_top1_k20" (null
-// without labels), "linear_top1" (eval.linear = 1), then, for the encoder, "rankme",
-// "embedding_std", "embedding_std_reference", "collapsed", and "seconds"}. Returns -1 with
+// Appends one evaluation to eval.jsonl (knn_result_write_line). Returns -1 with
 // tl_last_error() when the line could not be written whole.
 static int record_eval(const Run *run, const char *what, long step, KnnResult r) {
   FILE *f = regular_fopen(run->path_eval, "a");
   if (!f) return -1;
-  fprintf(f, "{\"step\":%ld,\"what\":\"%s\",", step, what);
-  json_number_field(f, "knn_top1", r.top1);
-  json_number_field(f, "knn_top1_k20", r.top1_k20);
-  if (isfinite(r.linear_top1)) fprintf(f, "\"linear_top1\":%.6f,", r.linear_top1);
-  if (strcmp(what, "encoder") == 0) {
-    json_number_field(f, "rankme", r.quality.rankme);
-    json_number_field(f, "embedding_std", r.quality.embedding_std);
-    json_number_field(f, "embedding_std_reference", r.quality.embedding_std_reference);
-    fprintf(f, "\"collapsed\":%s,", embedding_quality_collapsed(&r.quality) ? "true" : "false");
-  }
-  fprintf(f, "\"seconds\":%.3f}\n", r.seconds);
+  knn_result_write_line(f, step, what, NULL, &r);
   int ok = fflush(f) == 0 && !ferror(f);
   int err = errno;
   if (fclose(f) != 0) ok = 0;
@@ -483,7 +466,7 @@ static int open_monitor(ReplicaState *r) {
   r->use_monitor = !run->opt->no_knn;
   if (!r->use_monitor) return 0;
   const MonitorSettings set = replica_monitor_settings(r->cfg);
-  knn_monitor_init(&r->mon, &set, &run->train, run->no_knn ? NULL : &run->test, &run->aug,
+  knn_monitor_init(&r->mon, &set, run->bank, run->no_knn ? NULL : &run->test, &run->aug,
                    r->rep.ps.data);
   r->mon.cancel = &stop_signal;
   if (r->mon.labeled) {
@@ -842,8 +825,10 @@ static void check_length(ReplicaState *r, int step, const LedgerRecord *rec) {
 }
 
 // After each step: a checkpoint when due (every train.checkpoint_every steps, at an epoch's end,
-// at the run's end, and when stopping early), then at an epoch's end the kNN monitor when due
-// (rank 0); every replica waits for it. Returns 0 to go on, 1 to stop.
+// at an evaluation, at the run's end, and when stopping early), then the monitor when due (rank
+// 0: config_eval_period_steps, and the run's end); every replica waits for it. Every rank
+// decides from the step alone, so all of them wait at the same steps. Returns 0 to go on, 1 to
+// stop.
 static int end_of_step(ReplicaState *r, int step) {
   Run *run = r->run;
   const int done = step + 1;
@@ -852,7 +837,10 @@ static int end_of_step(ReplicaState *r, int step) {
   int sig = agreed_stop_signal(r);
   int stop_at = run->opt->stop_at > 0 && done == run->opt->stop_at && !last;
   int every = r->cfg->train.checkpoint_every;
-  int due = epoch_end || last || sig || stop_at || (every > 0 && done % every == 0);
+  // A checkpoint at each evaluation: a signal that cuts the evaluation short stops the run at
+  // this step with its state whole.
+  int eval_due = done % config_eval_period_steps(r->cfg, run->steps_per_epoch) == 0;
+  int due = epoch_end || eval_due || last || sig || stop_at || (every > 0 && done % every == 0);
   int eval_cancelled = 0;
   if (r->rank == 0 && due) {
     double seconds = (now_ms() - r->train_start_ms) / 1e3;
@@ -863,9 +851,7 @@ static int end_of_step(ReplicaState *r, int step) {
       comm_abort(r->comm, tl_last_error());
       return 1;
     }
-    int epoch = done / run->steps_per_epoch;
-    if (!sig && r->use_monitor &&
-        (last || (epoch_end && epoch % r->cfg->eval.knn_every_epochs == 0))) {
+    if (!sig && r->use_monitor && (last || eval_due)) {
       double te = now_ms();
       int rc = evaluate(run, &r->mon, done);
       if (rc < 0) comm_abort(r->comm, tl_last_error());
@@ -1121,10 +1107,60 @@ static int ranks_agree_on_run(Run *run, Comm *comm) {
   fprintf(f, "pixels_crc32 = %08lx\nlabels_crc32 = %08lx\n", data_crc32(d, run->cfg->data.train),
           crc32_z(crc32(0L, Z_NULL, 0), (const Bytef *)d->labels, sizeof(int) * (size_t)d->n));
   fclose(f);
-  static const char *const paths[] = {"data.train", "data.test", "model.file", NULL};
+  // Rank 0 alone reads the monitor's own set: the others' paths to it need not exist.
+  static const char *const paths[] = {"data.train", "data.test", "model.file",
+                                      "eval.train", "eval.test", NULL};
   int rc = ranks_agree(comm, text, paths);
   free(text);
   return rc == 0;
+}
+
+// The monitor's labeled sets: [eval] train (its memory bank and quality sample) and test when
+// given, for labeled and unlabeled training data alike, read by rank 0 alone (the only one that
+// evaluates); else [data] test beside the training set, when that is labeled. Unlabeled training
+// data without a set of the monitor's own has nothing to vote with (run->no_knn): the monitor
+// measures the label-free quality only. -1 with tl_last_error().
+static int load_monitor_data(Run *run) {
+  const Config *cfg = run->cfg;
+  run->bank = &run->train;
+  if (cfg->eval.train[0]) {
+    run->bank = &run->eval_train;
+    if (run->quiet_rank) return 0;
+    if (dataset_load_path(cfg, &run->eval_train, cfg->eval.train, 0) != 0 ||
+        dataset_load_path(cfg, &run->test, cfg->eval.test, 0) != 0)
+      return -1;
+    const char *unlabeled = !run->eval_train.n_classes ? cfg->eval.train
+                            : !run->test.n_classes     ? cfg->eval.test
+                                                       : NULL;
+    if (unlabeled)
+      return tl_fail(
+          "%s: no class subfolders; the monitor's own set ([eval] train, test) is "
+          "there to be labeled",
+          unlabeled);
+    return dataset_align_test_labels(&run->eval_train, &run->test, cfg->eval.test);
+  }
+  if (strcmp(cfg->data.labels, "none") == 0) {
+    if (!run->quiet_rank)
+      printf(
+          "kNN monitor off: data.labels = none; each evaluation measures the label-free quality "
+          "(rankme, embedding_std) only (give the monitor a labeled set of its own with "
+          "eval.train and eval.test, or score the encoder with `tally eval RUN --set "
+          "eval.train=LABELED --set eval.test=LABELED`)\n");
+    run->no_knn = 1;
+    return 0;
+  }
+  if (!cfg->data.test[0])
+    return tl_fail(
+        "the kNN monitor scores the encoder on a labeled test set, and data.test is empty: give "
+        "--set data.test=PATH (labeled as %s is), or --no-knn",
+        cfg->data.train);
+  const int ch = cfg->data.channels;
+  if ((strcmp(cfg->data.format, "idx") == 0
+           ? dataset_load_idx(&run->test, cfg->data.test, ch, cfg->data.test_limit)
+           : dataset_load_imagefolder(&run->test, cfg->data.test, cfg->data.image_size, ch,
+                                      cfg->data.test_limit, cfg->data.stream)) != 0)
+    return -1;
+  return dataset_align_test_labels(&run->train, &run->test, cfg->data.test);
 }
 
 static int parse_shard_weights(Run *run) {
@@ -1148,6 +1184,10 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     fprintf(stderr, "tally: unknown objective '%s' (choose one of: %s)\n", opt->objective,
             objective_names());
     rc = 2;
+    goto out;
+  }
+  if (!opt->no_knn && config_validate_eval_set(cfg) != 0) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
     goto out;
   }
   if (strcmp(cfg->parallel.backend, "mpi") == 0) {
@@ -1184,35 +1224,14 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
   int loaded = idx ? dataset_load_idx(&run->train, cfg->data.train, ch, cfg->data.limit) == 0
                    : dataset_load_imagefolder(&run->train, cfg->data.train, cfg->data.image_size,
                                               ch, cfg->data.limit, cfg->data.stream) == 0;
-  // Unlabeled training data has nothing for the kNN monitor to vote with: the monitor measures
-  // the label-free quality only.
-  int unlabeled = strcmp(cfg->data.labels, "none") == 0;
-  if (loaded && !unlabeled && !run->train.n_classes) {
+  if (loaded && strcmp(cfg->data.labels, "none") != 0 && !run->train.n_classes) {
     fprintf(stderr,
             "tally: %s: no class subfolders; to train on unlabeled images set data.labels = "
             "none\n",
             cfg->data.train);
     goto out;
   }
-  if (loaded && unlabeled && !opt->no_knn) {
-    if (!run->quiet_rank)
-      printf(
-          "kNN monitor off: data.labels = none; each evaluation measures the label-free quality "
-          "(rankme, embedding_std) only (score the encoder with `tally eval RUN --set "
-          "data.train=LABELED --set data.test=LABELED`)\n");
-    run->no_knn = 1;
-  }
-  if (loaded && !run->no_knn && !opt->no_knn && !cfg->data.test[0])
-    loaded = tl_fail(
-                 "the kNN monitor scores the encoder on a labeled test set, and data.test is "
-                 "empty: give --set data.test=PATH (labeled as %s is), or --no-knn",
-                 cfg->data.train) == 0;
-  if (loaded && !run->no_knn && !opt->no_knn)
-    loaded = idx ? dataset_load_idx(&run->test, cfg->data.test, ch, cfg->data.test_limit) == 0
-                 : dataset_load_imagefolder(&run->test, cfg->data.test, cfg->data.image_size, ch,
-                                            cfg->data.test_limit, cfg->data.stream) == 0;
-  if (loaded && !run->no_knn && !opt->no_knn)
-    loaded = dataset_align_test_labels(&run->train, &run->test, cfg->data.test) == 0;
+  if (loaded && !opt->no_knn) loaded = load_monitor_data(run) == 0;
   if (!loaded) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     goto out;
@@ -1358,6 +1377,7 @@ out:
   if (mpi) comm_destroy(mpi);
   dataset_free(&run->train);
   dataset_free(&run->test);
+  dataset_free(&run->eval_train);
   free(run->config_text);
   free(run->model_text);
   free(run);
