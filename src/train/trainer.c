@@ -6,8 +6,6 @@
 #include <stdint.h>
 #include <fcntl.h>
 #include <math.h>
-#include <omp.h>
-#include <pthread.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <stdio.h>
@@ -34,25 +32,24 @@
 #include "train/features.h"
 #include "train/optim.h"
 #include "train/replica.h"
+#include "train/run_layout.h"
 
 // What all replicas share: the read-only data, the plan of steps, and rank 0's outputs.
 typedef struct {
   const Config *cfg;
   const TrainOptions *opt;
-  const ObjectiveDef *def;
+  // The objective, the replicas and their shards, the steps of an epoch and of the run (a time or
+  // FLOP budget's once measured): as `tally plan` draws them.
+  RunLayout layout;
   Dataset train, test;
   Dataset eval_train;   // [eval] train, when given (rank 0)
   const Dataset *bank;  // the monitor's memory bank and quality sample: eval_train or train
   AugmentParams aug;  // the evaluation transform: data.image_size, the training set's normalization
   ViewRecipe views;   // what the loader prepares for each step
-  int world, global_batch, steps_per_epoch, total_steps;
-  int start_step;  // 0, or the steps a resumed checkpoint holds
+  int start_step;     // 0, or the steps a resumed checkpoint holds
   // The resolved configuration and model as INI text: written to config.ini and into every
   // checkpoint, from which --resume reads them back.
   char *config_text, *model_text;
-  int shard_sizes[CONFIG_MAX_REPLICAS];
-  int has_shard_sizes;
-  LocalGroup *group;
   char path_jsonl[4096], path_csv[4096], path_ckpt[4096], path_summary[4096], path_eval[4096];
   // Written by rank 0 only.
   int exit_code;
@@ -73,13 +70,6 @@ typedef struct {
   int steps_done;
   int quiet_rank;  // an MPI rank other than 0: trains, but writes and prints nothing
 } Run;
-
-// What a replica's thread (or, under mpi, the process) starts from.
-typedef struct {
-  Run *run;
-  int rank;
-  Comm *comm;
-} ReplicaThread;
 
 // The signal that asked the run to stop (SIGINT, SIGTERM, SIGHUP), or 0. A second one ends the
 // process at once, unless it comes within STOP_REPEAT_NS of the first: one Ctrl-C can arrive
@@ -129,18 +119,13 @@ static void format_duration(double seconds, char *buf, size_t n) {
     snprintf(buf, n, "%ld:%02ld", s / 60, s % 60);
 }
 
+// The memory of the step's record: what is live now, and the process's peak.
 static void fill_memory(LedgerRecord *rec) {
-  rec->activation_bytes = tl_mem_live(MEM_ACT);
-  for (int c = 0; c < COMP_NCOMP; c++)
-    rec->activation_bytes_by[c] = tl_mem_live_comp(MEM_ACT, (MemComponent)c);
-  rec->activation_grad_bytes = tl_mem_live(MEM_ACT_GRAD);
-  rec->param_bytes = tl_mem_live(MEM_PARAM);
-  rec->grad_bytes = tl_mem_live(MEM_GRAD);
-  rec->optimizer_bytes = tl_mem_live(MEM_OPTIM);
-  rec->momentum_encoder_bytes = tl_mem_live(MEM_MOMENTUM);
-  rec->workspace_bytes = tl_mem_live(MEM_WORKSPACE);
-  rec->data_bytes = tl_mem_live(MEM_DATA);
-  rec->eval_bytes = tl_mem_live(MEM_EVAL);
+  MemSnapshot m;
+  run_memory_snapshot(m);
+  run_fill_memory(rec, m);
+  rec->data_bytes = run_memory_category(m, MEM_DATA);
+  rec->eval_bytes = run_memory_category(m, MEM_EVAL);
   rec->peak_rss_bytes = tl_peak_rss_bytes();
 }
 
@@ -214,11 +199,11 @@ static int write_summary(Run *run) {
   if (atomic_open(&a, run->path_summary) != 0) return -1;
   FILE *f = a.f;
   const Config *cfg = run->cfg;
-  fprintf(f, "{\n  \"objective\": \"%s\",\n  \"backbone\": \"%s\",\n", run->def->name,
+  fprintf(f, "{\n  \"objective\": \"%s\",\n  \"backbone\": \"%s\",\n", run->layout.def->name,
           cfg->model.spec.type);
   fprintf(f, "  \"steps\": %d,\n  \"epochs\": %.4f,\n  \"batch_size\": %d,\n  \"replicas\": %d,\n",
-          run->steps_done, (double)run->steps_done / run->steps_per_epoch, run->global_batch,
-          run->world);
+          run->steps_done, (double)run->steps_done / run->layout.steps_per_epoch,
+          run->layout.global_batch, run->layout.world);
   if (isfinite(run->final_loss))
     fprintf(f, "  \"final_loss\": %.9g,\n", run->final_loss);
   else
@@ -235,8 +220,9 @@ static int write_summary(Run *run) {
     // How much of the budget the run spent: training seconds, FLOPs or epochs over what was given.
     const Budget *b = &run->budget;
     const double spent = b->kind == BUDGET_SECONDS ? run->train_seconds
-                         : b->kind == BUDGET_FLOPS ? run->flops_total
-                                                   : (double)run->steps_done / run->steps_per_epoch;
+                         : b->kind == BUDGET_FLOPS
+                             ? run->flops_total
+                             : (double)run->steps_done / run->layout.steps_per_epoch;
     fprintf(f, "  \"budget\": \"%s\",\n", cfg->train.budget);
     if (b->amount > 0) fprintf(f, "  \"budget_used\": %.4f,\n", spent / b->amount);
   }
@@ -340,7 +326,7 @@ typedef struct {
 static void replica_state(ReplicaState *r, StFile *s, int64_t *steps_done) {
   st_add_paramset(s, "params.", &r->rep.ps);
   optim_state(r->rep.optim, s);
-  if (r->run->def->state) r->run->def->state(r->rep.obj, s);
+  if (r->run->layout.def->state) r->run->layout.def->state(r->rep.obj, s);
   st_add(s, "train.step", ST_I64, 0, NULL, steps_done);
 }
 
@@ -356,11 +342,11 @@ static int save_checkpoint(ReplicaState *r, long steps_done) {
   st_add(&s, "data.std", ST_F32, 1, &channels, run->aug.std);
   char text[32];
   st_set_meta(&s, "format", CHECKPOINT_FORMAT);
-  st_set_meta(&s, "objective", run->def->name);
+  st_set_meta(&s, "objective", run->layout.def->name);
   snprintf(text, sizeof text, "%ld", steps_done);
   st_set_meta(&s, "step", text);
   // 0 while a budget's probe has not fixed the length: a resumed run then times its own steps.
-  snprintf(text, sizeof text, "%d", run->length_frozen ? run->total_steps : 0);
+  snprintf(text, sizeof text, "%d", run->length_frozen ? run->layout.total_steps : 0);
   st_set_meta(&s, "total_steps", text);
   st_set_meta(&s, "config", run->config_text);
   st_set_meta(&s, "model", run->model_text);
@@ -443,7 +429,7 @@ static int init_from_file(ReplicaState *r, const char *path) {
   }
   st_free(&f);
   if (rc != 0) return -1;
-  if (r->run->def->params_loaded) r->run->def->params_loaded(r->rep.obj);
+  if (r->run->layout.def->params_loaded) r->run->layout.def->params_loaded(r->rep.obj);
   if (r->rank == 0 && !r->run->quiet_rank)
     printf("initialized %d of %d parameter tensors from %s\n", taken, r->rep.ps.n_entries, path);
   return 0;
@@ -456,7 +442,7 @@ static int open_ledger(ReplicaState *r) {
   r->jsonl = regular_fopen(run->path_jsonl, "a");
   r->csv = regular_fopen(run->path_csv, "a");
   if (!r->jsonl || !r->csv) return -1;
-  if (run->start_step == 0) ledger_write_csv_header(r->csv, run->def->ledger_fields);
+  if (run->start_step == 0) ledger_write_csv_header(r->csv, run->layout.def->ledger_fields);
   return 0;
 }
 
@@ -498,10 +484,9 @@ static int open_monitor(ReplicaState *r) {
 static void replica_open(ReplicaState *r) {
   Run *run = r->run;
   const Config *cfg = r->cfg;
-  const int *shards = run->has_shard_sizes ? run->shard_sizes : NULL;
-  ReplicaSpec spec = {cfg,         run->def,         r->rank,           r->world, run->global_batch,
-                      shards,      run->total_steps, run->opt->out_dir, 0,        run->aug.mean,
-                      run->aug.std};
+  const int *shards = run_layout_shard_sizes(&run->layout);
+  ReplicaSpec spec = {cfg, &run->layout,  r->rank,     run->layout.total_steps, run->opt->out_dir,
+                      0,   run->aug.mean, run->aug.std};
   int ok = replica_build(&r->rep, &spec, r->comm) == 0;
   // Every replica reads the checkpoint itself (under MPI the run folder must be readable on
   // every host, like the data).
@@ -509,8 +494,8 @@ static void replica_open(ReplicaState *r) {
   if (ok && !run->opt->resume_path && run->opt->init_path)
     ok = init_from_file(r, run->opt->init_path) == 0;
   if (ok)
-    ok = loader_init(&r->loader, &run->train, &run->views, run->global_batch, cfg->train.seed,
-                     r->rank, r->world, shards, run->start_step) == 0;
+    ok = loader_init(&r->loader, &run->train, &run->views, run->layout.global_batch,
+                     cfg->train.seed, r->rank, r->world, shards, run->start_step) == 0;
   r->loader_ok = ok;
   if (ok && r->rank == 0) ok = open_monitor(r) == 0 && open_ledger(r) == 0;
   if (!ok) comm_abort(r->comm, tl_last_error());
@@ -576,7 +561,8 @@ static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, do
     }
     return 1;
   }
-  int differs = replica_check(&r->rep, step, r->length_frozen && step + 1 == run->total_steps);
+  int differs =
+      replica_check(&r->rep, step, r->length_frozen && step + 1 == run->layout.total_steps);
   if (differs >= 0) {
     char why[160];
     snprintf(why, sizeof why, "step %d: replica %d's parameters differ from replica 0's; stopping",
@@ -584,7 +570,7 @@ static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, do
     comm_abort(r->comm, why);
     return 1;
   }
-  r->images_done += run->global_batch;
+  r->images_done += run->layout.global_batch;
   return 0;
 }
 
@@ -595,8 +581,8 @@ static void account_step(ReplicaState *r, int step, float lr, double loss, const
   CommStats cs = comm_stats(r->comm);
   replica_count(&r->rep, rec);
   rec->step = step;
-  rec->epoch = step / run->steps_per_epoch;
-  rec->objective = run->def->name;
+  rec->epoch = step / run->layout.steps_per_epoch;
+  rec->objective = run->layout.def->name;
   rec->replicas = r->world;
   rec->lr = lr;
   rec->loss = loss;
@@ -609,11 +595,10 @@ static void account_step(ReplicaState *r, int step, float lr, double loss, const
   rec->optimizer_ms = t->updated - t->averaged;
   rec->step_ms = t->updated - t->start;
   // Every replica's FLOPs: rank 0's scaled by its share of the batch (the costs are per sample).
-  run->flops_total +=
-      (rec->flops_forward + rec->flops_backward) * run->global_batch / (double)batch->n;
+  run->flops_total += run_step_flops(&r->rep.shard, rec);
   rec->flops_total = run->flops_total;
   rec->train_seconds = run->opt->spent_seconds + (now_ms() - r->train_start_ms) / 1e3;
-  rec->images_per_s = run->global_batch / (rec->step_ms / 1e3);
+  rec->images_per_s = run->layout.global_batch / (rec->step_ms / 1e3);
   if (step % r->cfg->ledger.every == 0 && r->jsonl) {
     // Record by record: a kill loses at most the line being written, which readers skip. The
     // line's CRC goes into the next checkpoint, which ties this ledger to it.
@@ -641,7 +626,7 @@ static void account_step(ReplicaState *r, int step, float lr, double loss, const
 // A progress line with the rate since the last line and the ETA it implies.
 static void print_progress(ReplicaState *r, int step, const LedgerRecord *rec) {
   Run *run = r->run;
-  int last = r->length_frozen && step + 1 == run->total_steps;
+  int last = r->length_frozen && step + 1 == run->layout.total_steps;
   if (run->opt->quiet ||
       !((step + 1) % r->cfg->train.log_every == 0 || last || step == run->start_step))
     return;
@@ -655,8 +640,8 @@ static void print_progress(ReplicaState *r, int step, const LedgerRecord *rec) {
   // what is left of the budget.
   char eta[32], total[16];
   if (r->length_frozen) {
-    snprintf(total, sizeof total, "%d", run->total_steps);
-    format_duration((run->total_steps - step - 1) * run_per_step_ms / 1e3, eta, sizeof eta);
+    snprintf(total, sizeof total, "%d", run->layout.total_steps);
+    format_duration((run->layout.total_steps - step - 1) * run_per_step_ms / 1e3, eta, sizeof eta);
   } else {
     snprintf(total, sizeof total, "?");
     format_duration(fmax(run->budget.amount - rec->train_seconds, 0), eta, sizeof eta);
@@ -664,7 +649,7 @@ static void print_progress(ReplicaState *r, int step, const LedgerRecord *rec) {
   printf(
       "step %*d/%s  epoch %d  loss %.4f  lr %.4g  %.0f img/s  act %.0f MiB  %.1f GFLOP  ETA %s\n",
       (int)strlen(total), step + 1, total, rec->epoch + 1, rec->loss, rec->lr,
-      run->global_batch / (per_step_ms / 1e3), rec->activation_bytes / 1048576.0,
+      run->layout.global_batch / (per_step_ms / 1e3), rec->activation_bytes / 1048576.0,
       (rec->flops_forward + rec->flops_backward) / 1e9, eta);
   fflush(stdout);
   r->last_log_ms = now;
@@ -760,13 +745,13 @@ static void freeze_length(ReplicaState *r, int step, const LedgerRecord *rec) {
       comm_abort(r->comm, tl_last_error());
       return;
     }
-    if (measured) run->total_steps = total;
+    if (measured) run->layout.total_steps = total;
     if (measured) r->pace_start_seconds = rec->train_seconds;
   }
   int t = total;
   if (r->world > 1) comm_broadcast(r->comm, &t, sizeof t, 0);
   if (t == 0) return;
-  if (r->rank != 0 && run->quiet_rank) run->total_steps = t;
+  if (r->rank != 0 && run->quiet_rank) run->layout.total_steps = t;
   r->length_frozen = 1;
   r->rep.obj->env.total_steps = t;
   // Every rank, so that all of them check the length again at the same steps.
@@ -797,12 +782,12 @@ static void check_length(ReplicaState *r, int step, const LedgerRecord *rec) {
     return;
   const int done = step + 1;
   // Every replica knows the same total and the same checks done, so all reach this together.
-  if (done < LENGTH_CHECK_AT[r->length_checks] * run->total_steps ||
-      done - r->pace_start_step < LENGTH_CHECK_MIN_STEPS || done >= run->total_steps)
+  if (done < LENGTH_CHECK_AT[r->length_checks] * run->layout.total_steps ||
+      done - r->pace_start_step < LENGTH_CHECK_MIN_STEPS || done >= run->layout.total_steps)
     return;
   r->length_checks++;
   int total = 0;
-  const int before = run->total_steps;
+  const int before = run->layout.total_steps;
   if (r->rank == 0) {
     const double pace = (rec->train_seconds - r->pace_start_seconds) / (done - r->pace_start_step);
     if (config_budget_steps(r->cfg, done, run->budget.amount - rec->train_seconds, pace, &total) !=
@@ -810,10 +795,10 @@ static void check_length(ReplicaState *r, int step, const LedgerRecord *rec) {
       comm_abort(r->comm, tl_last_error());
       return;
     }
-    run->total_steps = total;
+    run->layout.total_steps = total;
   }
   if (r->world > 1) comm_broadcast(r->comm, &total, sizeof total, 0);
-  if (r->rank != 0 && run->quiet_rank) run->total_steps = total;
+  if (r->rank != 0 && run->quiet_rank) run->layout.total_steps = total;
   r->rep.obj->env.total_steps = total;
   if (r->rank == 0 && total != before && !run->quiet_rank && !run->opt->quiet) {
     printf("budget %s: %d steps (was %d; %.3f s a step since step %d)\n", r->cfg->train.budget,
@@ -832,14 +817,14 @@ static void check_length(ReplicaState *r, int step, const LedgerRecord *rec) {
 static int end_of_step(ReplicaState *r, int step) {
   Run *run = r->run;
   const int done = step + 1;
-  int epoch_end = done % run->steps_per_epoch == 0;
-  int last = r->length_frozen && done == run->total_steps;
+  int epoch_end = done % run->layout.steps_per_epoch == 0;
+  int last = r->length_frozen && done == run->layout.total_steps;
   int sig = agreed_stop_signal(r);
   int stop_at = run->opt->stop_at > 0 && done == run->opt->stop_at && !last;
   int every = r->cfg->train.checkpoint_every;
   // A checkpoint at each evaluation: a signal that cuts the evaluation short stops the run at
   // this step with its state whole.
-  int eval_due = done % config_eval_period_steps(r->cfg, run->steps_per_epoch) == 0;
+  int eval_due = done % config_eval_period_steps(r->cfg, run->layout.steps_per_epoch) == 0;
   int due = epoch_end || eval_due || last || sig || stop_at || (every > 0 && done % every == 0);
   int eval_cancelled = 0;
   if (r->rank == 0 && due) {
@@ -877,8 +862,8 @@ static int end_of_step(ReplicaState *r, int step) {
     run->exit_code = sig ? 128 + sig : 0;
     if (!run->quiet_rank)
       printf("%s at step %d of %d; checkpoint %s\ncontinue with: tally train --resume %s\n",
-             sig ? "interrupted" : "stopped as asked", done, run->total_steps, run->path_ckpt,
-             run->opt->out_dir);
+             sig ? "interrupted" : "stopped as asked", done, run->layout.total_steps,
+             run->path_ckpt, run->opt->out_dir);
     fflush(stdout);
   }
   return 1;
@@ -892,8 +877,9 @@ static void finish_without_steps(ReplicaState *r) {
   if (r->rank != 0 || comm_failed(r->comm)) return;
   run->steps_done = run->start_step;
   run->train_seconds = run->opt->spent_seconds;
-  run->images_per_s =
-      run->train_seconds > 0 ? (double)run->start_step * run->global_batch / run->train_seconds : 0;
+  run->images_per_s = run->train_seconds > 0
+                          ? (double)run->start_step * run->layout.global_batch / run->train_seconds
+                          : 0;
   run->final_loss = run->opt->last_loss;
   if (r->use_monitor && evaluate(run, &r->mon, run->start_step) != 0)
     comm_abort(r->comm, tl_last_error());
@@ -920,19 +906,18 @@ static void replica_close(ReplicaState *r) {
   replica_destroy(&r->rep);
 }
 
-static void *replica_main(void *arg) {
-  ReplicaThread *thread = arg;
-  Run *run = thread->run;
+// One replica's whole run, on its own thread (rank 0 on the caller's) or, under mpi, its process.
+static void replica_main(void *shared, int rank, Comm *comm) {
+  Run *run = shared;
   ReplicaState *r = calloc(1, sizeof *r);
   if (!r) TL_DIE("out of memory");
   *r = (ReplicaState){.run = run,
                       .cfg = run->cfg,
-                      .rank = thread->rank,
-                      .world = run->world,
-                      .comm = thread->comm,
+                      .rank = rank,
+                      .world = run->layout.world,
+                      .comm = comm,
                       .faults = faults_from_env()};
-  int ncores = omp_get_num_procs();
-  omp_set_num_threads(ncores / r->world > 0 ? ncores / r->world : 1);
+  run_split_threads(r->world);
 
   replica_open(r);
   r->length_frozen = run->length_frozen;
@@ -944,10 +929,11 @@ static void *replica_main(void *arg) {
   if (run->finishing) finish_without_steps(r);
   r->train_start_ms = r->last_log_ms = now_ms();
   for (int step = run->start_step;
-       (step < run->total_steps || !r->length_frozen) && !comm_failed(r->comm); step++) {
+       (step < run->layout.total_steps || !r->length_frozen) && !comm_failed(r->comm); step++) {
     const Config *cfg = r->cfg;
-    float lr = lr_at_step(config_lr(cfg), step, cfg->optim.warmup_steps,
-                          r->length_frozen ? run->total_steps : INT_MAX, cfg->optim.schedule);
+    float lr =
+        lr_at_step(config_lr(cfg), step, cfg->optim.warmup_steps,
+                   r->length_frozen ? run->layout.total_steps : INT_MAX, cfg->optim.schedule);
     LedgerRecord rec = {0};
     StepTimes t;
     const Batch *batch = NULL;
@@ -961,7 +947,6 @@ static void *replica_main(void *arg) {
   }
   replica_close(r);
   free(r);
-  return NULL;
 }
 
 // mkdir -p. The reason given is the first folder's that could not be made (a read-only file
@@ -1093,13 +1078,13 @@ static int ranks_agree_on_run(Run *run, Comm *comm) {
   FILE *f = open_memstream(&text, &n);
   if (!f) TL_DIE("out of memory");
   // The objective, then the configuration: a difference is named by what the user chose.
-  fprintf(f, "[run]\nobjective = %s\n", run->def->name);
+  fprintf(f, "[run]\nobjective = %s\n", run->layout.def->name);
   fputs(run->config_text, f);
   fputs("[model file]\n", f);
   fputs(run->model_text, f);
   fprintf(f, "[run]\nstart_step = %d\n", run->start_step);
   fprintf(f, "total_steps = %d\nlength_fixed = %d\nstop_at = %ld\nno_knn = %d\n",
-          run->length_frozen ? run->total_steps : -1, run->length_frozen, run->opt->stop_at,
+          run->length_frozen ? run->layout.total_steps : -1, run->length_frozen, run->opt->stop_at,
           run->no_knn);
   fprintf(f, "flops_spent = %.17g\n", run->flops_total);
   fprintf(f, "[training data]\nimages = %d\nimage = %dx%dx%d\nclasses = %d\n", d->n, d->h, d->w,
@@ -1163,57 +1148,45 @@ static int load_monitor_data(Run *run) {
   return dataset_align_test_labels(&run->train, &run->test, cfg->data.test);
 }
 
-static int parse_shard_weights(Run *run) {
-  const char *s = run->cfg->parallel.shard_weights;
-  if (!s[0]) return 0;
-  if (loader_shard_sizes_from_weights(s, run->world, run->global_batch, run->shard_sizes) != 0)
-    return -1;
-  run->has_shard_sizes = 1;
-  return 0;
+// What the steps of train_run return to go on; any other value is the exit code to stop with.
+enum { GO_ON = -1 };
+
+// Says what went wrong (tl_last_error) and gives the exit code of a failure.
+static int failed(void) {
+  fprintf(stderr, "tally: %s\n", tl_last_error());
+  return 1;
 }
 
-int train_run(const Config *cfg, const TrainOptions *opt) {
-  Run *run = calloc(1, sizeof *run);
-  if (!run) TL_DIE("out of memory");
-  run->cfg = cfg;
-  run->opt = opt;
-  run->def = objective_find(opt->objective);
-  int rc = 1;
-  Comm *mpi = NULL;
-  if (!run->def) {
-    fprintf(stderr, "tally: unknown objective '%s' (choose one of: %s)\n", opt->objective,
-            objective_names());
-    rc = 2;
-    goto out;
+// The objective, the replicas (the rank count under mpi, whose communicator *mpi receives) and
+// the batch's split over them.
+static int open_layout(Run *run, Comm **mpi) {
+  const Config *cfg = run->cfg;
+  const TrainOptions *opt = run->opt;
+  const ObjectiveDef *def = run_objective(opt->objective);
+  if (!def) {
+    failed();
+    return 2;  // a usage error, as an unknown option is
   }
-  if (!opt->no_knn && config_validate_eval_set(cfg) != 0) {
-    fprintf(stderr, "tally: %s\n", tl_last_error());
-    goto out;
-  }
+  if (!opt->no_knn && config_validate_eval_set(cfg) != 0) return failed();
+  int world = cfg->parallel.replicas;
   if (strcmp(cfg->parallel.backend, "mpi") == 0) {
-    mpi = comm_mpi_create(NULL, NULL);
-    if (!mpi) {
-      fprintf(stderr, "tally: %s\n", tl_last_error());
-      goto out;
-    }
-    run->world = comm_size(mpi);
-    run->quiet_rank = comm_rank(mpi) != 0;
-    comm_set_timeout(mpi, cfg->parallel.timeout);
-  } else {
-    run->world = cfg->parallel.replicas;
+    *mpi = comm_mpi_create(NULL, NULL);
+    if (!*mpi) return failed();
+    world = comm_size(*mpi);
+    run->quiet_rank = comm_rank(*mpi) != 0;
+    comm_set_timeout(*mpi, cfg->parallel.timeout);
   }
-  run->global_batch = cfg->train.batch_size;
   run->no_knn = opt->no_knn;
-  if (run->global_batch < run->world) {
-    fprintf(stderr,
-            "tally: train.batch_size = %d cannot be split over %d replicas (a shard of 0)\n",
-            run->global_batch, run->world);
-    goto out;
-  }
+  return run_layout_init(&run->layout, cfg, def, world) == 0 ? GO_ON : failed();
+}
 
-  double t0 = now_ms();
-  int ch = cfg->data.channels;
-  int idx = strcmp(cfg->data.format, "idx") == 0;
+// The training set (its pixels, or with data.stream its file list) as the recipe describes it,
+// and the monitor's sets; the run's steps follow from its size. *t0: when reading began.
+static int load_training_data(Run *run, double *t0) {
+  const Config *cfg = run->cfg;
+  *t0 = now_ms();
+  const int ch = cfg->data.channels;
+  const int idx = strcmp(cfg->data.format, "idx") == 0;
   if (!idx && !run->quiet_rank) {
     printf("reading %s: %s\n", cfg->data.train,
            cfg->data.stream ? "the file list and each image's header (the pixels are decoded as "
@@ -1229,148 +1202,137 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
             "tally: %s: no class subfolders; to train on unlabeled images set data.labels = "
             "none\n",
             cfg->data.train);
-    goto out;
+    return 1;
   }
-  if (loaded && !opt->no_knn) loaded = load_monitor_data(run) == 0;
-  if (!loaded) {
-    fprintf(stderr, "tally: %s\n", tl_last_error());
-    goto out;
-  }
-  if (run->train.h != cfg->data.image_size || run->train.w != cfg->data.image_size) {
-    fprintf(stderr, "tally: %s: images are %dx%d but [data] image_size = %d\n", cfg->data.train,
-            run->train.h, run->train.w, cfg->data.image_size);
-    goto out;
-  }
-  if (run->train.n < run->global_batch) {
-    fprintf(stderr, "tally: %s: %d training images, fewer than one batch of %d\n", cfg->data.train,
-            run->train.n, run->global_batch);
-    goto out;
-  }
-  run->steps_per_epoch = run->train.n / run->global_batch;
-  if (config_total_steps(cfg, run->steps_per_epoch, &run->total_steps) != 0) {
-    fprintf(stderr, "tally: %s\n", tl_last_error());
-    goto out;
-  }
+  if (loaded && !run->opt->no_knn) loaded = load_monitor_data(run) == 0;
+  if (!loaded || run_check_image_size(cfg, cfg->data.train, run->train.h, run->train.w) != 0 ||
+      run_layout_set_images(&run->layout, cfg, run->train.n) != 0)
+    return failed();
+  return GO_ON;
+}
+
+// Where the run starts and how long it is: a resumed run's step, a budget's length (fixed by its
+// first steps unless the checkpoint fixed it), --stop-at; and the shards of the batch.
+static int settle_length(Run *run) {
+  const TrainOptions *opt = run->opt;
+  RunLayout *L = &run->layout;
   run->start_step = (int)opt->start_step;
-  config_budget(cfg, &run->budget);  // validated with the configuration
+  config_budget(run->cfg, &run->budget);  // validated with the configuration
   run->length_frozen = run->budget.kind != BUDGET_SECONDS && run->budget.kind != BUDGET_FLOPS;
   if (opt->frozen_total_steps > 0) {
-    run->total_steps = (int)opt->frozen_total_steps;
+    L->total_steps = (int)opt->frozen_total_steps;
     run->length_frozen = 1;
   }
   run->flops_total = opt->spent_flops;
   run->ledger_last_step = opt->resume_path ? opt->ledger_last_step : -1;
   run->ledger_last_crc = opt->ledger_last_crc;
-  if (run->length_frozen && run->start_step > run->total_steps) {
+  if (run->length_frozen && run->start_step > L->total_steps) {
     fprintf(stderr,
             "tally: the checkpoint is at step %d, past the run's %d steps; give a larger "
             "--steps to go on\n",
-            run->start_step, run->total_steps);
-    goto out;
+            run->start_step, L->total_steps);
+    return 1;
   }
   // A finished run is left as it is; one whose end was cut short gets its evaluation and summary.
-  if (opt->resume_path && run->length_frozen && run->start_step == run->total_steps) {
+  if (opt->resume_path && run->length_frozen && run->start_step == L->total_steps) {
     if (exists(opt->out_dir, "summary.json")) {
       if (!run->quiet_rank)
         printf(
             "%s: finished already (%d of %d steps; its summary.json); nothing to do. --steps N "
             "continues it past %d\n",
-            opt->out_dir, run->start_step, run->total_steps, run->total_steps);
-      rc = 0;
-      goto out;
+            opt->out_dir, run->start_step, L->total_steps, L->total_steps);
+      return 0;
     }
     run->finishing = 1;
   }
-  if (opt->stop_at > 0 && run->length_frozen && opt->stop_at > run->total_steps) {
-    fprintf(stderr, "tally: --stop-at %ld: the run has %d steps\n", opt->stop_at, run->total_steps);
-    rc = 2;
-    goto out;
+  if (opt->stop_at > 0 && run->length_frozen && opt->stop_at > L->total_steps) {
+    fprintf(stderr, "tally: --stop-at %ld: the run has %d steps\n", opt->stop_at, L->total_steps);
+    return 2;
   }
   if (opt->stop_at > 0 && opt->stop_at <= run->start_step) {
     fprintf(stderr, "tally: --stop-at %ld: the run is already at step %d\n", opt->stop_at,
             run->start_step);
-    rc = 2;
-    goto out;
+    return 2;
   }
-  if (parse_shard_weights(run) != 0) {
-    fprintf(stderr, "tally: %s\n", tl_last_error());
-    goto out;
-  }
+  return run_layout_set_shards(L, run->cfg) == 0 ? GO_ON : failed();
+}
 
-  // The training set's normalization: every view group's, the monitor's and the checkpoint's.
+// The training set's normalization (every view group's, the monitor's and the checkpoint's) and
+// the views it makes; the run's opening line, and its configuration as text. steps_text: the
+// run's length as that line says it.
+static int describe_run(Run *run, char *steps_text, size_t n) {
+  const Config *cfg = run->cfg;
+  const RunLayout *L = &run->layout;
   AugmentParams *a = &run->aug;
   a->out_size = cfg->data.image_size;
-  if (dataset_channel_stats(&run->train, a->mean, a->std) != 0) {
-    fprintf(stderr, "tally: %s\n", tl_last_error());
-    goto out;
-  }
-  run->views = replica_views(cfg, run->def, a->mean, a->std);
-
+  if (dataset_channel_stats(&run->train, a->mean, a->std) != 0) return failed();
+  run->views = replica_views(cfg, L->def, a->mean, a->std);
   // A budget not yet turned into steps says what it is; its first steps will fix the count.
-  char steps_text[64];
   if (run->length_frozen)
-    snprintf(steps_text, sizeof steps_text, "%d", run->total_steps);
+    snprintf(steps_text, n, "%d", L->total_steps);
   else
-    snprintf(steps_text, sizeof steps_text, "budget %s of", cfg->train.budget);
+    snprintf(steps_text, n, "budget %s of", cfg->train.budget);
   if (!run->quiet_rank)
     printf(
         "tally train: objective %s, backbone %s (%s), %d training images (%dx%dx%d), "
         "batch %d, %s steps (%d per epoch), %d replica%s\n",
-        run->def->name, cfg->model.spec.type, cfg->model.file, run->train.n, run->train.h,
-        run->train.w, run->train.c, run->global_batch, steps_text, run->steps_per_epoch, run->world,
-        run->world == 1 ? "" : "s");
+        L->def->name, cfg->model.spec.type, cfg->model.file, run->train.n, run->train.h,
+        run->train.w, run->train.c, L->global_batch, steps_text, L->steps_per_epoch, L->world,
+        L->world == 1 ? "" : "s");
   config_texts(run);
-  // Before rank 0 touches the run folder: every rank runs the same run, or none does.
+  return GO_ON;
+}
+
+// Every rank agrees on the run before rank 0 creates (or takes over) the run folder.
+static int open_run_folder(Run *run, Comm *mpi, double t0, const char *steps_text) {
+  const Config *cfg = run->cfg;
   if (mpi && !ranks_agree_on_run(run, mpi)) {
     run->started = 1;  // stopped through the collectives already
-    goto out;
+    return 1;
   }
-  if (!run->quiet_rank) {
-    printf("data %s in %.1f s; run folder %s\n", !idx && cfg->data.stream ? "listed" : "loaded",
-           (now_ms() - t0) / 1e3, opt->out_dir);
-    if (run->start_step > 0) printf("resuming at step %d of %s\n", run->start_step, steps_text);
-    fflush(stdout);
-    if (make_run_dir(opt->out_dir, run) != 0) {
-      fprintf(stderr, "tally: %s\n", tl_last_error());
-      goto out;
-    }
-  }
+  if (run->quiet_rank) return GO_ON;
+  const int streamed = strcmp(cfg->data.format, "idx") != 0 && cfg->data.stream;
+  printf("data %s in %.1f s; run folder %s\n", streamed ? "listed" : "loaded",
+         (now_ms() - t0) / 1e3, run->opt->out_dir);
+  if (run->start_step > 0) printf("resuming at step %d of %s\n", run->start_step, steps_text);
+  fflush(stdout);
+  return make_run_dir(run->opt->out_dir, run) == 0 ? GO_ON : failed();
+}
 
+// The replicas train: one per process under mpi (this process's rank is its replica), else one
+// thread each. Then rank 0 writes the summary of a finished run (an interrupted one has its
+// checkpoint and ledger). Returns the run's exit code.
+static int train_replicas(Run *run, Comm *mpi) {
   install_stop_handlers();
   run->started = 1;
-  if (mpi) {
-    // One replica per process: this process's rank is its replica.
-    ReplicaThread thread = {run, comm_rank(mpi), mpi};
-    replica_main(&thread);
-  } else {
-    run->group = comm_local_group_create(run->world);
-    ReplicaThread reps[CONFIG_MAX_REPLICAS];
-    pthread_t threads[CONFIG_MAX_REPLICAS];
-    for (int r = 0; r < run->world; r++) {
-      reps[r] = (ReplicaThread){run, r, comm_local_rank(run->group, r)};
-      if (r > 0) pthread_create(&threads[r], NULL, replica_main, &reps[r]);
-    }
-    replica_main(&reps[0]);
-    for (int r = 1; r < run->world; r++) pthread_join(threads[r], NULL);
-    for (int r = 0; r < run->world; r++) comm_destroy(reps[r].comm);
-    comm_local_group_destroy(run->group);
-  }
+  if (mpi)
+    replica_main(run, comm_rank(mpi), mpi);
+  else
+    run_local_replicas(run->layout.world, replica_main, run);
+  if (run->exit_code != 0 || run->quiet_rank || run->stopped_early) return run->exit_code;
+  if (write_summary(run) != 0) return failed();
+  printf(
+      "done: %d steps in %.1f s (%.0f images/s), final loss %.4f, peak RSS %.0f MiB; "
+      "summary in %s\n",
+      run->steps_done, run->train_seconds, run->images_per_s, run->final_loss,
+      run->peak_rss / 1048576.0, run->path_summary);
+  return 0;
+}
 
-  rc = run->exit_code;
-  // Only a finished run has a summary: an interrupted one has its checkpoint and ledger.
-  if (rc == 0 && !run->quiet_rank && !run->stopped_early) {
-    if (write_summary(run) != 0) {
-      fprintf(stderr, "tally: %s\n", tl_last_error());
-      rc = 1;
-    } else {
-      printf(
-          "done: %d steps in %.1f s (%.0f images/s), final loss %.4f, peak RSS %.0f MiB; "
-          "summary in %s\n",
-          run->steps_done, run->train_seconds, run->images_per_s, run->final_loss,
-          run->peak_rss / 1048576.0, run->path_summary);
-    }
-  }
-out:
+int train_run(const Config *cfg, const TrainOptions *opt) {
+  Run *run = calloc(1, sizeof *run);
+  if (!run) TL_DIE("out of memory");
+  run->cfg = cfg;
+  run->opt = opt;
+  Comm *mpi = NULL;
+  double t0 = 0;
+  char steps_text[64];
+  int rc = open_layout(run, &mpi);
+  if (rc == GO_ON) rc = load_training_data(run, &t0);
+  if (rc == GO_ON) rc = settle_length(run);
+  if (rc == GO_ON) rc = describe_run(run, steps_text, sizeof steps_text);
+  if (rc == GO_ON) rc = open_run_folder(run, mpi, t0, steps_text);
+  if (rc == GO_ON) rc = train_replicas(run, mpi);
   // A rank that fails before training starts (its run folder, its data) must not leave the
   // others waiting in their first collective: stop them all.
   if (mpi && !run->started && rc != 0) comm_abort(mpi, "could not start (see the line above)");
