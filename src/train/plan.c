@@ -226,7 +226,11 @@ static void plan_replica(void *shared, int rank, Comm *comm) {
   MemSnapshot before, after;
   run_memory_snapshot(before);
   // No run folder: a plan writes no images, and reads none (no input normalization).
-  ReplicaSpec spec = {pl->cfg, &pl->layout, rank, pl->total_steps, NULL, 1, NULL, NULL};
+  const ReplicaSpec spec = {.cfg = pl->cfg,
+                            .layout = &pl->layout,
+                            .rank = rank,
+                            .total_steps = pl->total_steps,
+                            .dry_run = 1};
   Replica r;
   const int built = replica_build(&r, &spec, comm) == 0;
   KnnMonitor mon;
@@ -508,7 +512,7 @@ int plan_time_steps(const Config *cfg, const char *objective, int steps, double 
   const int batch_size = cfg->train.batch_size;
   RunLayout layout;
   (void)run_layout_init(&layout, cfg, def, 1);  // a batch of at least one (validated)
-  ReplicaSpec spec = {cfg, &layout, 0, 1000, NULL, 0, NULL, NULL};
+  const ReplicaSpec spec = {.cfg = cfg, .layout = &layout, .rank = 0, .total_steps = 1000};
   Replica r;
   int rc = -1;
   double *ms = malloc(sizeof(double) * (size_t)steps);

@@ -12,6 +12,7 @@
 #include "core/timer.h"
 #include "train/run_state.h"
 
+// The faults the TALLY_INJECT_* variables ask for (Faults, run_state.h); -1: none.
 static Faults faults_from_env(void) {
   Faults f = {-1, -1, -1, -1, -1, -1, -1, 0};
   const char *slow = getenv("TALLY_INJECT_SLOW_STEPS");
@@ -36,8 +37,13 @@ static void replica_open(ReplicaState *r) {
   Run *run = r->run;
   const Config *cfg = r->cfg;
   const int *shards = run_layout_shard_sizes(&run->layout);
-  ReplicaSpec spec = {cfg, &run->layout,  r->rank,     run->layout.total_steps, run->opt->out_dir,
-                      0,   run->aug.mean, run->aug.std};
+  const ReplicaSpec spec = {.cfg = cfg,
+                            .layout = &run->layout,
+                            .rank = r->rank,
+                            .total_steps = run->layout.total_steps,
+                            .out_dir = run->opt->out_dir,
+                            .input_mean = run->aug.mean,
+                            .input_std = run->aug.std};
   int ok = replica_build(&r->rep, &spec, r->comm) == 0;
   // Every replica reads the checkpoint itself (under MPI the run folder must be readable on
   // every host, like the data).
