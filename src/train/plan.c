@@ -2,7 +2,6 @@
 
 #include <ctype.h>
 #include <math.h>
-#include <omp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -24,24 +23,11 @@
 #include "parallel/grad_sync.h"
 #include "train/optim.h"
 #include "train/replica.h"
-
-typedef size_t MemSnapshot[MEM_NCAT][COMP_NCOMP];
-
-static void snapshot(MemSnapshot s) {
-  for (int c = 0; c < MEM_NCAT; c++)
-    for (int k = 0; k < COMP_NCOMP; k++)
-      s[c][k] = tl_mem_live_comp((MemCategory)c, (MemComponent)k);
-}
+#include "train/run_layout.h"
 
 static void snapshot_sub(MemSnapshot out, MemSnapshot a, MemSnapshot b) {
   for (int c = 0; c < MEM_NCAT; c++)
     for (int k = 0; k < COMP_NCOMP; k++) out[c][k] = a[c][k] - b[c][k];
-}
-
-static size_t snapshot_cat(MemSnapshot s, MemCategory c) {
-  size_t sum = 0;
-  for (int k = 0; k < COMP_NCOMP; k++) sum += s[c][k];
-  return sum;
 }
 
 // What the replicas of one plan share. They are built one at a time in rank order (turn), so the
@@ -49,18 +35,16 @@ static size_t snapshot_cat(MemSnapshot s, MemCategory c) {
 typedef struct {
   const Config *cfg;
   PlanOptions opt;
-  const ObjectiveDef *def;
-  long step;  // < 0: memory only
-  int world, global_batch, steps_per_epoch, n_train, n_test;
+  RunLayout layout;  // the run's objective, steps, replicas and shards, as the trainer's
+  long step;         // the stand-in batch's step (< 0: memory only)
+  long record_step;  // the step the record is of (as step, but 0 for a time budget's last)
+  int n_test;
   // The monitor's sets: its memory bank (n_bank images: [eval] train, else the training set) and
   // its test images (n_test: [eval] test, else [data] test); whether each is streamed from files.
   int n_bank, bank_streamed, test_streamed;
-  int own_eval_set;  // [eval] train and test are the monitor's
-  long total_steps;
+  int own_eval_set;    // [eval] train and test are the monitor's
+  long total_steps;    // the layout's, or a budget's
   int length_unknown;  // a time budget: the length is timed by training
-  int shard_sizes[LOADER_MAX_SHARDS];
-  int has_shard_sizes;
-  LocalGroup *group;
   pthread_mutex_t mutex;
   pthread_cond_t turn_changed;
   int turn;              // rank whose build is under way; world once all are built
@@ -78,12 +62,6 @@ typedef struct {
   double grad_bucket_ready[PLAN_MAX_BUCKETS];
 } Plan;
 
-typedef struct {
-  Plan *plan;
-  int rank;
-  Comm *comm;
-} PlanReplica;
-
 // The monitor votes (kNN) when it has labels: its own set's, or the training data's.
 static int monitor_votes(const Plan *pl) {
   return pl->own_eval_set || strcmp(pl->cfg->data.labels, "none") != 0;
@@ -97,7 +75,7 @@ static void plan_monitor(Plan *pl, KnnMonitor *mon, float *params) {
   static const AugmentParams no_aug;
   Dataset train = {.n = pl->n_bank, .h = S, .w = S, .c = C};
   Dataset test = {.n = pl->n_test, .h = S, .w = S, .c = C};
-  const size_t base = snapshot_cat(pl->baseline, MEM_EVAL);
+  const size_t base = run_memory_category(pl->baseline, MEM_EVAL);
   const MonitorSettings set = replica_monitor_settings(cfg);
   const int labeled = monitor_votes(pl);
   knn_monitor_init(mon, &set, &train, labeled ? &test : NULL, &no_aug, params);
@@ -205,10 +183,11 @@ static void bucket_clock_stop(BucketClock *bc, Plan *pl) {
 // indices and labels reserved and never written (nothing reads them in a dry run).
 static void plan_step(Plan *pl, Replica *r) {
   const Config *cfg = pl->cfg;
-  const int C = cfg->data.channels, local = r->local_batch;
-  const ViewRecipe views = replica_views(cfg, pl->def, NULL, NULL);
-  Batch batch = {
-      .global_step = (int)pl->step, .epoch = (int)(pl->step / pl->steps_per_epoch), .n = local};
+  const int C = cfg->data.channels, local = r->shard.local;
+  const ViewRecipe views = replica_views(cfg, pl->layout.def, NULL, NULL);
+  Batch batch = {.global_step = (int)pl->step,
+                 .epoch = (int)(pl->step / pl->layout.steps_per_epoch),
+                 .n = local};
   batch.views =
       tl_alloc(sizeof(float) * (size_t)local * view_recipe_floats(&views, C), MEM_DATA, COMP_OTHER);
   batch_set_groups(&batch, &views, C);
@@ -229,7 +208,7 @@ static void plan_step(Plan *pl, Replica *r) {
     pl->rec = rec;
     pl->encoder_act_bytes = r->encoder_act_bytes;
     MemSnapshot now;
-    snapshot(now);
+    run_memory_snapshot(now);
     snapshot_sub(pl->stepped, now, pl->baseline);
   }
   comm_barrier(r->comm);
@@ -238,36 +217,26 @@ static void plan_step(Plan *pl, Replica *r) {
   tl_free(batch.labels);
 }
 
-static void *plan_replica(void *arg) {
-  PlanReplica *rep = arg;
-  Plan *pl = rep->plan;
-  const int rank = rep->rank;
-
+static void plan_replica(void *shared, int rank, Comm *comm) {
+  Plan *pl = shared;
   // The trainer splits the cores among replicas; oneDNN sizes scratchpads for the threads it gets.
-  int ncores = omp_get_num_procs();
-  omp_set_num_threads(ncores / pl->world > 0 ? ncores / pl->world : 1);
+  run_split_threads(pl->layout.world);
   tl_alloc_set_untouched(1);  // per thread: this replica's buffers are reservations too
   wait_turn(pl, rank);
   MemSnapshot before, after;
-  snapshot(before);
+  run_memory_snapshot(before);
   // No run folder: a plan writes no images, and reads none (no input normalization).
-  ReplicaSpec spec = {pl->cfg,
-                      pl->def,
-                      rank,
-                      pl->world,
-                      pl->global_batch,
-                      pl->has_shard_sizes ? pl->shard_sizes : NULL,
-                      pl->total_steps,
-                      NULL,
-                      1,
-                      NULL,
-                      NULL};
+  const ReplicaSpec spec = {.cfg = pl->cfg,
+                            .layout = &pl->layout,
+                            .rank = rank,
+                            .total_steps = pl->total_steps,
+                            .dry_run = 1};
   Replica r;
-  const int built = replica_build(&r, &spec, rep->comm) == 0;
+  const int built = replica_build(&r, &spec, comm) == 0;
   KnnMonitor mon;
   const int use_knn = rank == 0 && built && !pl->opt.no_knn;
   if (use_knn) plan_monitor(pl, &mon, r.ps.data);
-  snapshot(after);
+  run_memory_snapshot(after);
   pthread_mutex_lock(&pl->mutex);
   if (rank == 0) snapshot_sub(pl->rank0, after, before);
   if (!built) pl->failed = 1;
@@ -276,25 +245,37 @@ static void *plan_replica(void *arg) {
   pthread_mutex_unlock(&pl->mutex);
 
   // Every replica decides on the same shared outcome, so none waits in a collective alone.
-  wait_turn(pl, pl->world);
+  wait_turn(pl, pl->layout.world);
   if (!pl->failed) {
     if (pl->step >= 0) {
       plan_step(pl, &r);
     } else if (rank == 0) {
       MemSnapshot now;
-      snapshot(now);
+      run_memory_snapshot(now);
       snapshot_sub(pl->stepped, now, pl->baseline);
     }
   }
 
   if (use_knn) knn_monitor_destroy(&mon);
   replica_destroy(&r);
-  return NULL;
 }
 
-// MoCo's FIFO at `step`: every earlier step pushed keys_per_step keys (the global batch's), and
-// the queue keeps the last K of them, so the contents follow from arithmetic alone. Ages are
-// counted at `step`, as the step's own loss sees the queue (before its push).
+// Every replica built in rank order and stepped together in dry run, as the trainer's threads
+// are: large buffers are only reserved meanwhile, and code that touches one is reported.
+static void plan_replicas(Plan *pl) {
+  pthread_mutex_init(&pl->mutex, NULL);
+  pthread_cond_init(&pl->turn_changed, NULL);
+  run_memory_snapshot(pl->baseline);
+  struct sigaction reserved_touched = {.sa_handler = on_reserved_touched}, before;
+  sigaction(SIGSEGV, &reserved_touched, &before);
+  tl_alloc_set_untouched(1);
+  run_local_replicas(pl->layout.world, plan_replica, pl);
+  tl_alloc_set_untouched(0);
+  sigaction(SIGSEGV, &before, NULL);
+  pthread_mutex_destroy(&pl->mutex);
+  pthread_cond_destroy(&pl->turn_changed);
+}
+
 static int is_folder(const char *path) {
   struct stat st;
   return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
@@ -304,22 +285,43 @@ static int peek_dataset(const Config *cfg, const char *path, int folder, int lim
   if (folder) return dataset_imagefolder_count(path, limit, n);
   int all, h, w;
   if (dataset_idx_peek(path, &all, &h, &w) != 0) return -1;
-  if (h != cfg->data.image_size || w != cfg->data.image_size)
-    return tl_fail("%s: images are %dx%d but [data] image_size = %d", path, h, w,
-                   cfg->data.image_size);
+  if (run_check_image_size(cfg, path, h, w) != 0) return -1;
   *n = limit > 0 && limit < all ? limit : all;
   return 0;
 }
 
-static void fill_memory(LedgerRecord *r, MemSnapshot m) {
-  r->activation_bytes = snapshot_cat(m, MEM_ACT);
-  for (int k = 0; k < COMP_NCOMP; k++) r->activation_bytes_by[k] = m[MEM_ACT][k];
-  r->activation_grad_bytes = snapshot_cat(m, MEM_ACT_GRAD);
-  r->param_bytes = snapshot_cat(m, MEM_PARAM);
-  r->grad_bytes = snapshot_cat(m, MEM_GRAD);
-  r->optimizer_bytes = snapshot_cat(m, MEM_OPTIM);
-  r->momentum_encoder_bytes = snapshot_cat(m, MEM_MOMENTUM);
-  r->workspace_bytes = snapshot_cat(m, MEM_WORKSPACE);
+// The image counts of the training set and the monitor's sets, read as the trainer reads them
+// (without the images), and the run's steps that follow from them.
+static int plan_images(Plan *pl) {
+  const Config *cfg = pl->cfg;
+  // A test set is loaded only for the kNN monitor, which needs labels (unlabeled, the monitor
+  // measures the label-free quality alone): [eval] test with its own memory bank, [eval] train,
+  // when given, else [data] test.
+  pl->own_eval_set = cfg->eval.train[0] && !pl->opt.no_knn;
+  if (pl->own_eval_set && config_validate_eval_set(cfg) != 0) return -1;
+  const int data_folder = strcmp(cfg->data.format, "idx") != 0;
+  const int data_test = monitor_votes(pl) && !pl->own_eval_set && !pl->opt.no_knn;
+  if (data_test && !cfg->data.test[0])
+    return tl_fail(
+        "the kNN monitor scores the encoder on a labeled test set, and data.test is empty: give "
+        "--set data.test=PATH, or --no-knn");
+  int n_train;
+  if (peek_dataset(cfg, cfg->data.train, data_folder, cfg->data.limit, &n_train) != 0 ||
+      (data_test &&
+       peek_dataset(cfg, cfg->data.test, data_folder, cfg->data.test_limit, &pl->n_test) != 0))
+    return -1;
+  pl->n_bank = n_train;
+  pl->bank_streamed = pl->test_streamed = data_folder && cfg->data.stream;
+  if (pl->own_eval_set) {
+    // As the trainer reads them (dataset_load_path): a folder is an ImageFolder root.
+    const int bank_folder = is_folder(cfg->eval.train), test_folder = is_folder(cfg->eval.test);
+    if (peek_dataset(cfg, cfg->eval.train, bank_folder, 0, &pl->n_bank) != 0 ||
+        peek_dataset(cfg, cfg->eval.test, test_folder, 0, &pl->n_test) != 0)
+      return -1;
+    pl->bank_streamed = bank_folder && cfg->data.stream;
+    pl->test_streamed = test_folder && cfg->data.stream;
+  }
+  return run_layout_set_images(&pl->layout, cfg, n_train);
 }
 
 // The process's own resident memory, taken once per process, after its first plan has built every
@@ -346,8 +348,123 @@ static int flops_budget_steps(const Config *cfg, const char *objective, const Pl
   if (rc != 0) return -1;
   Budget budget;
   config_budget(cfg, &budget);
-  const double per_step = (r.flops_forward + r.flops_backward) * t.global_batch / t.local_batch;
-  return config_budget_steps(cfg, 0, budget.amount, per_step, total);
+  const RunShard rank0 = {.local = t.local_batch, .global = t.global_batch};
+  return config_budget_steps(cfg, 0, budget.amount, run_step_flops(&rank0, &r), total);
+}
+
+// The run's length under its budget, and the step the record is of (PLAN_LAST_STEP: the last).
+// A FLOP budget's length is its amount over a step's FLOPs, as the trainer counts it after its
+// first step; a time budget's is known only once training has timed its first steps (until then
+// its schedules follow a run without end, as here).
+static int plan_length(Plan *pl, const char *objective) {
+  const Config *cfg = pl->cfg;
+  int total_steps = pl->layout.total_steps;
+  Budget budget;
+  config_budget(cfg, &budget);  // validated with the configuration
+  pl->record_step = pl->step;
+  if (budget.kind == BUDGET_FLOPS && pl->step >= 0 &&
+      flops_budget_steps(cfg, objective, &pl->opt, &total_steps) != 0)
+    return -1;
+  if (budget.kind == BUDGET_SECONDS) {
+    total_steps = INT_MAX;
+    pl->length_unknown = 1;
+    if (pl->record_step == PLAN_LAST_STEP) pl->record_step = 0;
+  }
+  pl->total_steps = total_steps;
+  if (pl->record_step == PLAN_LAST_STEP)
+    pl->step = pl->record_step = pl->total_steps - 1;
+  else if (pl->record_step >= pl->total_steps)
+    return tl_fail("step %ld is past the end of the run (%ld steps; steps count from 0)",
+                   pl->record_step, pl->total_steps);
+  return 0;
+}
+
+// MEM_DATA as the trainer holds it: the datasets, and every local replica's loader buffers (one
+// replica's process under mpi).
+static void plan_data_bytes(const Plan *pl, int processes_replicas, PlanTotals *t) {
+  const Config *cfg = pl->cfg;
+  const RunLayout *L = &pl->layout;
+  const int S = L->image_size, C = L->channels;
+  const int streamed = strcmp(cfg->data.format, "idx") != 0 && cfg->data.stream;
+  t->dataset_bytes = dataset_bytes(L->n_train, S, S, C, streamed) +
+                     dataset_bytes(pl->n_test, S, S, C, pl->test_streamed);
+  if (pl->own_eval_set) t->dataset_bytes += dataset_bytes(pl->n_bank, S, S, C, pl->bank_streamed);
+  const ViewRecipe views = replica_views(cfg, L->def, NULL, NULL);
+  for (int rank = 0; rank < processes_replicas; rank++) {
+    const RunShard shard = run_layout_shard(L, rank);
+    t->loader_bytes += loader_buffer_bytes(L->n_train, shard.local, &views, C);
+  }
+}
+
+// The ledger record of the planned step: rank 0's counts, the process's memory, the schedules'
+// values and every replica's FLOPs so far; what only training measures is NaN.
+static LedgerRecord plan_record(const Plan *pl, MemSnapshot mem, const PlanTotals *t) {
+  const Config *cfg = pl->cfg;
+  const RunLayout *L = &pl->layout;
+  LedgerRecord r = pl->rec;
+  r.step = pl->record_step < 0 ? 0 : pl->record_step;
+  r.epoch = (int)(r.step / L->steps_per_epoch);
+  r.objective = L->def->name;
+  r.replicas = L->world;
+  r.lr = lr_at_step(config_lr(cfg), (int)r.step, cfg->optim.warmup_steps, (int)pl->total_steps,
+                    cfg->optim.schedule);
+  r.loss = NAN;
+  run_fill_memory(&r, mem);
+  const ViewRecipe views = replica_views(cfg, L->def, NULL, NULL);
+  int sizes[LEDGER_MAX_VIEW_GROUPS], counts[LEDGER_MAX_VIEW_GROUPS];
+  for (int g = 0; g < views.n_groups; g++)
+    sizes[g] = views.group[g].aug.out_size, counts[g] = views.group[g].count;
+  ledger_view_groups_finish(&r, views.n_groups, sizes, counts, pl->encoder_act_bytes);
+  r.data_bytes = t->dataset_bytes + t->loader_bytes;
+  // The first encoder evaluation follows the first evaluation period (or comes before step 0);
+  // it can leave a larger scratchpad behind.
+  long first_eval_after = config_eval_period_steps(cfg, L->steps_per_epoch);
+  r.eval_bytes = pl->opt.knn_at_start || r.step >= first_eval_after ? pl->eval_after_first
+                                                                    : pl->eval_before_first;
+  if (L->def->plan) L->def->plan(cfg, r.step, L->global_batch, &r);
+  // Every replica's FLOPs so far, accumulated step by step as the trainer does (the same sum of
+  // the same numbers, so the same bits).
+  const RunShard rank0 = run_layout_shard(L, 0);
+  const double per_step = run_step_flops(&rank0, &r);
+  r.flops_total = 0;
+  for (long s = 0; s <= r.step; s++) r.flops_total += per_step;
+  r.data_ms = r.forward_ms = r.backward_ms = r.comm_ms = r.optimizer_ms = r.step_ms = NAN;
+  r.train_seconds = NAN;
+  r.images_per_s = NAN;
+  r.peak_rss_bytes = 0;
+  return r;
+}
+
+// What the plan was drawn from and its memory totals (t holds the data bytes already).
+static void plan_totals(const Plan *pl, const LedgerRecord *r, MemSnapshot mem, PlanTotals *t) {
+  const Config *cfg = pl->cfg;
+  const RunLayout *L = &pl->layout;
+  t->grad_buckets = pl->grad_buckets;
+  memcpy(t->grad_bucket_floats, pl->grad_bucket_floats, sizeof t->grad_bucket_floats);
+  memcpy(t->grad_bucket_ready, pl->grad_bucket_ready, sizeof t->grad_bucket_ready);
+  t->n_train = L->n_train;
+  t->n_test = pl->n_test;
+  t->image_size = L->image_size;
+  t->channels = L->channels;
+  t->world = L->world;
+  t->global_batch = L->global_batch;
+  t->local_batch = run_layout_shard(L, 0).local;
+  t->steps_per_epoch = L->steps_per_epoch;
+  t->total_steps = pl->length_unknown ? 0 : pl->total_steps;
+  t->param_count = objective_param_count(L->def, cfg);
+  const char *slash = strrchr(cfg->model.file, '/');
+  snprintf(t->backbone, sizeof t->backbone, "%.63s", slash ? slash + 1 : cfg->model.file);
+  char *dot = strrchr(t->backbone, '.');
+  if (dot && strcmp(dot, ".ini") == 0) *dot = 0;
+  t->patches_per_image = backbone_patch_count(&cfg->model.spec, cfg->data.image_size);
+  for (int c = 0; c < MEM_NCAT; c++) t->category_bytes[c] = run_memory_category(mem, c);
+  t->category_bytes[MEM_DATA] = r->data_bytes;
+  t->category_bytes[MEM_EVAL] = pl->eval_after_first;
+  t->eval_peak_bytes = pl->eval_peak;
+  for (int c = 0; c < MEM_NCAT; c++) t->total_bytes += c == MEM_EVAL ? 0 : t->category_bytes[c];
+  t->total_bytes += t->eval_peak_bytes;
+  t->process_bytes = process_baseline_bytes();
+  t->total_bytes += t->process_bytes;
 }
 
 int plan_build(const Config *cfg, const char *objective, long step, const PlanOptions *opt,
@@ -359,184 +476,20 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   pl->opt = opt ? *opt : defaults;
   pl->step = step;
   int rc = -1;
-  if (config_validate(cfg) != 0) goto out;
-  pl->def = objective_find(objective);
-  if (!pl->def) {
-    tl_fail("unknown objective '%s' (choose one of: %s)", objective, objective_names());
+  const ObjectiveDef *def = NULL;
+  if (config_validate(cfg) != 0 || !(def = run_objective(objective)) ||
+      run_layout_init(&pl->layout, cfg, def, cfg->parallel.replicas) != 0 || plan_images(pl) != 0 ||
+      plan_length(pl, objective) != 0 || run_layout_set_shards(&pl->layout, cfg) != 0)
     goto out;
-  }
-  const int mpi = strcmp(cfg->parallel.backend, "mpi") == 0;
-  pl->world = cfg->parallel.replicas;
-  pl->global_batch = cfg->train.batch_size;
-  // A test set is loaded only for the kNN monitor, which needs labels (unlabeled, the monitor
-  // measures the label-free quality alone): [eval] test with its own memory bank, [eval] train,
-  // when given, else [data] test.
-  pl->own_eval_set = cfg->eval.train[0] && !pl->opt.no_knn;
-  if (pl->own_eval_set && config_validate_eval_set(cfg) != 0) goto out;
-  const int data_folder = strcmp(cfg->data.format, "idx") != 0;
-  const int data_test = monitor_votes(pl) && !pl->own_eval_set && !pl->opt.no_knn;
-  if (data_test && !cfg->data.test[0]) {
-    tl_fail(
-        "the kNN monitor scores the encoder on a labeled test set, and data.test is empty: give "
-        "--set data.test=PATH, or --no-knn");
-    goto out;
-  }
-  if (peek_dataset(cfg, cfg->data.train, data_folder, cfg->data.limit, &pl->n_train) != 0 ||
-      (data_test &&
-       peek_dataset(cfg, cfg->data.test, data_folder, cfg->data.test_limit, &pl->n_test) != 0))
-    goto out;
-  pl->n_bank = pl->n_train;
-  pl->bank_streamed = pl->test_streamed = data_folder && cfg->data.stream;
-  if (pl->own_eval_set) {
-    // As the trainer reads them (dataset_load_path): a folder is an ImageFolder root.
-    const int bank_folder = is_folder(cfg->eval.train), test_folder = is_folder(cfg->eval.test);
-    if (peek_dataset(cfg, cfg->eval.train, bank_folder, 0, &pl->n_bank) != 0 ||
-        peek_dataset(cfg, cfg->eval.test, test_folder, 0, &pl->n_test) != 0)
-      goto out;
-    pl->bank_streamed = bank_folder && cfg->data.stream;
-    pl->test_streamed = test_folder && cfg->data.stream;
-  }
-  if (pl->n_train < pl->global_batch) {
-    tl_fail("%s: %d training images, fewer than one batch of %d", cfg->data.train, pl->n_train,
-            pl->global_batch);
-    goto out;
-  }
-  if (pl->world > LOADER_MAX_SHARDS) {
-    tl_fail("[parallel] replicas = %d: at most %d", pl->world, LOADER_MAX_SHARDS);
-    goto out;
-  }
-  pl->steps_per_epoch = pl->n_train / pl->global_batch;
-  int total_steps;
-  if (config_total_steps(cfg, pl->steps_per_epoch, &total_steps) != 0) goto out;
-  Budget budget;
-  config_budget(cfg, &budget);  // validated above
-  // A FLOP budget's length is its amount over a step's FLOPs, as the trainer counts it after its
-  // first step; a time budget's is known only once training has timed its first steps (until
-  // then its schedules follow a run without end, as here).
-  if (budget.kind == BUDGET_FLOPS && step >= 0 &&
-      flops_budget_steps(cfg, objective, opt, &total_steps) != 0)
-    goto out;
-  if (budget.kind == BUDGET_SECONDS) {
-    total_steps = INT_MAX;
-    pl->length_unknown = 1;
-    if (step == PLAN_LAST_STEP) step = 0;
-  }
-  pl->total_steps = total_steps;
-  if (step == PLAN_LAST_STEP) {
-    step = pl->total_steps - 1;
-    pl->step = step;
-  } else if (step >= pl->total_steps) {
-    tl_fail("step %ld is past the end of the run (%ld steps; steps count from 0)", step,
-            pl->total_steps);
-    goto out;
-  }
-  if (cfg->parallel.shard_weights[0]) {
-    if (loader_shard_sizes_from_weights(cfg->parallel.shard_weights, pl->world, pl->global_batch,
-                                        pl->shard_sizes) != 0)
-      goto out;
-    pl->has_shard_sizes = 1;
-  }
-
-  pthread_mutex_init(&pl->mutex, NULL);
-  pthread_cond_init(&pl->turn_changed, NULL);
-  snapshot(pl->baseline);
-  struct sigaction reserved_touched = {.sa_handler = on_reserved_touched}, before;
-  sigaction(SIGSEGV, &reserved_touched, &before);
-  tl_alloc_set_untouched(1);
-  pl->group = comm_local_group_create(pl->world);
-  PlanReplica reps[LOADER_MAX_SHARDS];
-  pthread_t threads[LOADER_MAX_SHARDS];
-  for (int r = 0; r < pl->world; r++) {
-    reps[r] = (PlanReplica){pl, r, comm_local_rank(pl->group, r)};
-    if (r > 0 && pthread_create(&threads[r], NULL, plan_replica, &reps[r]) != 0)
-      TL_DIE("cannot start a thread");
-  }
-  // Rank 0 runs here, as in the trainer: an objective's error message stays on this thread.
-  plan_replica(&reps[0]);
-  for (int r = 1; r < pl->world; r++) pthread_join(threads[r], NULL);
-  for (int r = 0; r < pl->world; r++) comm_destroy(reps[r].comm);
-  comm_local_group_destroy(pl->group);
-  tl_alloc_set_untouched(0);
-  sigaction(SIGSEGV, &before, NULL);
-  pthread_mutex_destroy(&pl->mutex);
-  pthread_cond_destroy(&pl->turn_changed);
+  plan_replicas(pl);
   if (pl->failed) goto out;
-
   // The process's memory: every local replica, or one replica's under mpi (its own process).
+  const int mpi = strcmp(cfg->parallel.backend, "mpi") == 0;
   MemSnapshot *mem = mpi ? &pl->rank0 : &pl->stepped;
-  LedgerRecord r = pl->rec;
-  r.step = step < 0 ? 0 : step;
-  r.epoch = (int)(r.step / pl->steps_per_epoch);
-  r.objective = pl->def->name;
-  r.replicas = pl->world;
-  r.lr = lr_at_step(config_lr(cfg), (int)r.step, cfg->optim.warmup_steps, (int)pl->total_steps,
-                    cfg->optim.schedule);
-  r.loss = NAN;
-  fill_memory(&r, *mem);
   PlanTotals t = {.timed_step_ms = NAN};
-  const int S = cfg->data.image_size, C = cfg->data.channels;
-  const int streamed = strcmp(cfg->data.format, "idx") != 0 && cfg->data.stream;
-  t.dataset_bytes = dataset_bytes(pl->n_train, S, S, C, streamed) +
-                    dataset_bytes(pl->n_test, S, S, C, pl->test_streamed);
-  if (pl->own_eval_set) t.dataset_bytes += dataset_bytes(pl->n_bank, S, S, C, pl->bank_streamed);
-  const ViewRecipe views = replica_views(cfg, pl->def, NULL, NULL);
-  int sizes[LEDGER_MAX_VIEW_GROUPS], counts[LEDGER_MAX_VIEW_GROUPS];
-  for (int g = 0; g < views.n_groups; g++)
-    sizes[g] = views.group[g].aug.out_size, counts[g] = views.group[g].count;
-  ledger_view_groups_finish(&r, views.n_groups, sizes, counts, pl->encoder_act_bytes);
-  for (int rank = 0; rank < (mpi ? 1 : pl->world); rank++) {
-    int offset, local;
-    loader_shard(pl->global_batch, rank, pl->world, pl->has_shard_sizes ? pl->shard_sizes : NULL,
-                 &offset, &local);
-    t.loader_bytes += loader_buffer_bytes(pl->n_train, local, &views, cfg->data.channels);
-  }
-  r.data_bytes = t.dataset_bytes + t.loader_bytes;
-  // The first encoder evaluation follows the first evaluation period (or comes before step 0);
-  // it can leave a larger scratchpad behind.
-  long first_eval_after = config_eval_period_steps(cfg, pl->steps_per_epoch);
-  r.eval_bytes = pl->opt.knn_at_start || r.step >= first_eval_after ? pl->eval_after_first
-                                                                    : pl->eval_before_first;
-  if (pl->def->plan) pl->def->plan(cfg, r.step, pl->global_batch, &r);
-  t.grad_buckets = pl->grad_buckets;
-  memcpy(t.grad_bucket_floats, pl->grad_bucket_floats, sizeof t.grad_bucket_floats);
-  memcpy(t.grad_bucket_ready, pl->grad_bucket_ready, sizeof t.grad_bucket_ready);
-  // Every replica's FLOPs so far, accumulated step by step as the trainer does (the same sum of
-  // the same numbers, so the same bits).
-  int rank0_batch;
-  loader_shard(pl->global_batch, 0, pl->world, pl->has_shard_sizes ? pl->shard_sizes : NULL,
-               &(int){0}, &rank0_batch);
-  double per_step = (r.flops_forward + r.flops_backward) * pl->global_batch / (double)rank0_batch;
-  r.flops_total = 0;
-  for (long s = 0; s <= r.step; s++) r.flops_total += per_step;
-  r.data_ms = r.forward_ms = r.backward_ms = r.comm_ms = r.optimizer_ms = r.step_ms = NAN;
-  r.train_seconds = NAN;
-  r.images_per_s = NAN;
-  r.peak_rss_bytes = 0;
-
-  t.n_train = pl->n_train;
-  t.n_test = pl->n_test;
-  t.image_size = cfg->data.image_size;
-  t.channels = cfg->data.channels;
-  t.world = pl->world;
-  t.global_batch = pl->global_batch;
-  loader_shard(pl->global_batch, 0, pl->world, pl->has_shard_sizes ? pl->shard_sizes : NULL,
-               &(int){0}, &t.local_batch);
-  t.steps_per_epoch = pl->steps_per_epoch;
-  t.total_steps = pl->length_unknown ? 0 : pl->total_steps;
-  t.param_count = objective_param_count(pl->def, cfg);
-  const char *slash = strrchr(cfg->model.file, '/');
-  snprintf(t.backbone, sizeof t.backbone, "%.63s", slash ? slash + 1 : cfg->model.file);
-  char *dot = strrchr(t.backbone, '.');
-  if (dot && strcmp(dot, ".ini") == 0) *dot = 0;
-  t.patches_per_image = backbone_patch_count(&cfg->model.spec, cfg->data.image_size);
-  for (int c = 0; c < MEM_NCAT; c++) t.category_bytes[c] = snapshot_cat(*mem, (MemCategory)c);
-  t.category_bytes[MEM_DATA] = r.data_bytes;
-  t.category_bytes[MEM_EVAL] = pl->eval_after_first;
-  t.eval_peak_bytes = pl->eval_peak;
-  for (int c = 0; c < MEM_NCAT; c++) t.total_bytes += c == MEM_EVAL ? 0 : t.category_bytes[c];
-  t.total_bytes += t.eval_peak_bytes;
-  t.process_bytes = process_baseline_bytes();
-  t.total_bytes += t.process_bytes;
+  plan_data_bytes(pl, mpi ? 1 : pl->layout.world, &t);
+  const LedgerRecord r = plan_record(pl, *mem, &t);
+  plan_totals(pl, &r, *mem, &t);
   if (out) *out = r;
   if (totals) *totals = t;
   rc = 0;
@@ -557,7 +510,9 @@ int plan_time_steps(const Config *cfg, const char *objective, int steps, double 
   LocalGroup *group = comm_local_group_create(1);
   Comm *comm = comm_local_rank(group, 0);
   const int batch_size = cfg->train.batch_size;
-  ReplicaSpec spec = {cfg, def, 0, 1, batch_size, NULL, 1000, NULL, 0, NULL, NULL};
+  RunLayout layout;
+  (void)run_layout_init(&layout, cfg, def, 1);  // a batch of at least one (validated)
+  const ReplicaSpec spec = {.cfg = cfg, .layout = &layout, .rank = 0, .total_steps = 1000};
   Replica r;
   int rc = -1;
   double *ms = malloc(sizeof(double) * (size_t)steps);

@@ -51,11 +51,12 @@ ViewRecipe replica_views(const Config *cfg, const ObjectiveDef *def, const float
 int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
   const Config *cfg = spec->cfg;
   memset(r, 0, sizeof *r);
+  const RunLayout *L = spec->layout;
   r->cfg = cfg;
-  r->def = spec->def;
+  r->def = L->def;
   r->rank = spec->rank;
-  r->world = spec->world;
-  r->global_batch = spec->global_batch;
+  r->world = L->world;
+  r->shard = run_layout_shard(L, spec->rank);
   r->comm = comm;
   dnnl_ctx_init(&r->ctx);
   r->ctx.bn_splits = cfg->model.bn_splits;
@@ -64,38 +65,36 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
   r->ctx.conv_algorithm = conv_algorithm_parse(cfg->train.conv_algorithm);
   r->ctx.dry_run = spec->dry_run;
   comm_set_dry_run(comm, spec->dry_run);
-  loader_shard(spec->global_batch, spec->rank, spec->world, spec->shard_sizes, &r->offset,
-               &r->local_batch);
-  if (cfg->model.sync_bn && spec->world > 1) {
+  if (cfg->model.sync_bn && r->world > 1) {
     r->ctx.bn_sync = sync_bn_average;
     r->ctx.bn_sync_user = comm;
-    r->ctx.bn_sync_scale = (double)spec->global_batch / r->local_batch;
+    r->ctx.bn_sync_scale = run_shard_to_global(&r->shard, 1.0);
   }
-  const size_t count = objective_param_count(spec->def, cfg);
+  const size_t count = objective_param_count(r->def, cfg);
   if (count == 0) return -1;
   paramset_alloc(&r->ps, count, cfg->train.seed);
   ObjectiveEnv env = {cfg,
                       &r->ctx,
                       comm,
                       &r->ps,
-                      r->local_batch,
-                      spec->global_batch,
+                      r->shard.local,
+                      r->shard.global,
                       spec->total_steps,
                       spec->rank == 0 ? spec->out_dir : NULL,
                       spec->input_mean,
                       spec->input_std};
   // This thread's own: several local replicas build at once.
   const long long act0 = tl_mem_thread_net(MEM_ACT, COMP_ENCODER);
-  r->obj = objective_create(spec->def, &env);
+  r->obj = objective_create(r->def, &env);
   if (!r->obj) return -1;
   r->encoder_act_bytes = (size_t)(tl_mem_thread_net(MEM_ACT, COMP_ENCODER) - act0);
   r->optim = optim_create_from_config(cfg, &r->ps);
   if (!r->optim) return -1;
   // Held for the run, like every buffer a step uses, so the ledger sees it at any moment.
-  if (spec->world > 1)
+  if (r->world > 1)
     r->buffer_pack =
         tl_alloc(sizeof(float) * (replica_buffer_floats(&r->ps) + 1), MEM_WORKSPACE, COMP_OTHER);
-  if (spec->world > 1 && comm_has_async(comm))
+  if (r->world > 1 && comm_has_async(comm))
     r->grad_sync = grad_sync_create(comm, &r->ps, (size_t)cfg->parallel.bucket_kib * 1024);
   return 0;
 }
@@ -114,7 +113,7 @@ double replica_forward_backward(Replica *r, const Batch *batch, LedgerRecord *re
   dnnl_ctx_reset_flops(&r->ctx);
   comm_stats_reset(r->comm);
   paramset_zero_grad(&r->ps, r->ctx.dry_run);
-  if (r->grad_sync) grad_sync_begin(r->grad_sync, batch->n, r->global_batch);
+  if (r->grad_sync) grad_sync_begin(r->grad_sync, batch->n, r->shard.global);
   return objective_step(r->obj, batch, rec);
 }
 
@@ -146,6 +145,6 @@ void replica_count(const Replica *r, LedgerRecord *rec) {
   }
   rec->flops_winograd = r->ctx.flops_winograd;
   ledger_record_comm(rec, &cs);
-  rec->shard_samples = r->local_batch;
-  rec->shard_weight = (double)r->local_batch / r->global_batch;
+  rec->shard_samples = r->shard.local;
+  rec->shard_weight = run_shard_weight(&r->shard);
 }

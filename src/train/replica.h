@@ -13,12 +13,13 @@
 #include "parallel/comm.h"
 #include "parallel/grad_sync.h"
 #include "train/optim.h"
+#include "train/run_layout.h"
 
 typedef struct {
   const Config *cfg;
   const ObjectiveDef *def;
   int rank, world;
-  int offset, local_batch, global_batch;  // this replica's shard of the global batch
+  RunShard shard;  // this replica's part of the global batch
   Comm *comm;
   DnnlCtx ctx;
   ParamSet ps;
@@ -31,9 +32,8 @@ typedef struct {
 
 typedef struct {
   const Config *cfg;
-  const ObjectiveDef *def;
-  int rank, world, global_batch;
-  const int *shard_sizes;               // NULL: the global batch split evenly
+  const RunLayout *layout;  // the objective, replicas and their shards
+  int rank;
   long total_steps;                     // the schedules' length
   const char *out_dir;                  // where the objective may write images (rank 0), or NULL
   int dry_run;                          // a plan: build and walk the step, compute nothing
