@@ -94,6 +94,7 @@ void run_freeze_length(ReplicaState *r, int step, const LedgerRecord *rec) {
   if (t == 0) return;
   if (r->rank != 0 && run->quiet_rank) run->layout.total_steps = t;
   r->length_frozen = 1;
+  r->total_steps = t;
   r->rep.obj->env.total_steps = t;
   // Every rank, so that all of them check the length again at the same steps.
   r->pace_start_step = done;
@@ -124,12 +125,12 @@ void run_check_length(ReplicaState *r, int step, const LedgerRecord *rec) {
     return;
   const int done = step + 1;
   // Every replica knows the same total and the same checks done, so all reach this together.
-  if (done < LENGTH_CHECK_AT[r->length_checks] * run->layout.total_steps ||
-      done - r->pace_start_step < LENGTH_CHECK_MIN_STEPS || done >= run->layout.total_steps)
+  if (done < LENGTH_CHECK_AT[r->length_checks] * r->total_steps ||
+      done - r->pace_start_step < LENGTH_CHECK_MIN_STEPS || done >= r->total_steps)
     return;
   r->length_checks++;
   int total = 0;
-  const int before = run->layout.total_steps;
+  const int before = r->total_steps;
   if (r->rank == 0) {
     const double pace = (rec->train_seconds - r->pace_start_seconds) / (done - r->pace_start_step);
     if (config_budget_steps(r->cfg, done, run->budget.amount - rec->train_seconds, pace, &total) !=
@@ -141,6 +142,7 @@ void run_check_length(ReplicaState *r, int step, const LedgerRecord *rec) {
   }
   if (r->world > 1) comm_broadcast(r->comm, &total, sizeof total, 0);
   if (r->rank != 0 && run->quiet_rank) run->layout.total_steps = total;
+  r->total_steps = total;
   r->rep.obj->env.total_steps = total;
   if (r->rank == 0 && total != before && !run->quiet_rank && !run->opt->quiet) {
     printf("budget %s: %d steps (was %d; %.3f s a step since step %d)\n", r->cfg->train.budget,

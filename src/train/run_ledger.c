@@ -95,7 +95,7 @@ void run_account_step(ReplicaState *r, int step, float lr, double loss, const Ba
 // A progress line with the rate since the last line and the ETA it implies.
 void run_print_progress(ReplicaState *r, int step, const LedgerRecord *rec) {
   Run *run = r->run;
-  int last = r->length_frozen && step + 1 == run->layout.total_steps;
+  int last = r->length_frozen && step + 1 == r->total_steps;
   if (run->opt->quiet ||
       !((step + 1) % r->cfg->train.log_every == 0 || last || step == run->start_step))
     return;

@@ -98,6 +98,10 @@ typedef struct {
   double pace_start_seconds;
   int pace_start_step, length_checks;
   int length_frozen;  // this replica's copy of the run's (each stops on its own count)
+  // This replica's copy of the run's length, once frozen: the local replicas share `Run`, and
+  // rank 0 changes its total at a time budget's checks while another replica may still be
+  // deciding from it whether to take part in that check.
+  int total_steps;
   int last_log_step;
 } ReplicaState;
 

@@ -119,7 +119,7 @@ static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, do
     return 1;
   }
   int differs =
-      replica_check(&r->rep, step, r->length_frozen && step + 1 == run->layout.total_steps);
+      replica_check(&r->rep, step, r->length_frozen && step + 1 == r->total_steps);
   if (differs >= 0) {
     char why[160];
     snprintf(why, sizeof why, "step %d: replica %d's parameters differ from replica 0's; stopping",
@@ -140,7 +140,7 @@ static int end_of_step(ReplicaState *r, int step) {
   Run *run = r->run;
   const int done = step + 1;
   int epoch_end = done % run->layout.steps_per_epoch == 0;
-  int last = r->length_frozen && done == run->layout.total_steps;
+  int last = r->length_frozen && done == r->total_steps;
   int sig = run_agreed_stop_signal(r);
   int stop_at = run->opt->stop_at > 0 && done == run->opt->stop_at && !last;
   int every = r->cfg->train.checkpoint_every;
@@ -243,6 +243,7 @@ static void replica_main(void *shared, int rank, Comm *comm) {
 
   replica_open(r);
   r->length_frozen = run->length_frozen;
+  r->total_steps = run->layout.total_steps;
   // A resumed run's pace is measured from its own start (set again if the length is frozen later).
   r->pace_start_seconds = run->opt->spent_seconds;
   r->pace_start_step = run->start_step;
@@ -251,11 +252,11 @@ static void replica_main(void *shared, int rank, Comm *comm) {
   if (run->finishing) finish_without_steps(r);
   r->train_start_ms = r->last_log_ms = now_ms();
   for (int step = run->start_step;
-       (step < run->layout.total_steps || !r->length_frozen) && !comm_failed(r->comm); step++) {
+       (step < r->total_steps || !r->length_frozen) && !comm_failed(r->comm); step++) {
     const Config *cfg = r->cfg;
     float lr =
         lr_at_step(config_lr(cfg), step, cfg->optim.warmup_steps,
-                   r->length_frozen ? run->layout.total_steps : INT_MAX, cfg->optim.schedule);
+                   r->length_frozen ? r->total_steps : INT_MAX, cfg->optim.schedule);
     LedgerRecord rec = {0};
     StepTimes t;
     const Batch *batch = NULL;
