@@ -3,6 +3,7 @@
 // shorter than the steps it must time, stops on its own count, and a checkpoint taken before
 // that count was known resumes into a run that times its steps again. Local replicas and MPI
 // ranks all stop after the same step (timeout(1) turns a hang into exit code 124).
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -161,30 +162,38 @@ static void test_time_budget_resumed_before_its_length(void **state) {
   expect_time_budget_kept("early", 4);
 }
 
-// Steps that slow down after the length was frozen (from step 10 each takes 300 ms more, about
-// four times a step here): the length is checked again as the run goes, so the run lands near its
-// budget instead of keeping the count timed at the fast start (which would train about 3.5 times
-// the budget: 50 slow steps after 10 fast of a 6 s budget frozen near 60 steps).
+// Steps that slow down after the length was frozen (from step 10 each takes four times its pace
+// more): the length is checked again as the run goes, so the run lands near its budget instead
+// of keeping the count timed at the fast start (which would train about 3 times the budget: 50
+// slow steps after 10 fast of a budget frozen near 60 steps). The budget and the delay are set
+// from this build's pace on this machine (a sanitizer build steps several times slower), so the
+// frozen count is near 60 steps, far past the slow-down and the first check, on any machine.
 static void test_time_budget_follows_a_slower_machine(void **state) {
   (void)state;
-  assert_int_equal(
-      sh("TALLY_INJECT_SLOW_STEPS=10:300 timeout 300 %s train %s --budget 6s --out %s/slow "
-         "> %s/slow.log 2>&1",
-         bin, run_args, tmpdir, tmpdir),
-      0);
-  char *frozen =
-      run_ok("sed -n 's/^budget 6s: \\([0-9]*\\) steps (time.*/\\1/p' %s/slow.log", tmpdir);
+  assert_int_equal(train("--steps 8", "pace"), 0);
+  const double pace = summary_value("pace", "train_seconds") / 8;
+  const int budget = (int)ceil(60 * pace) > 4 ? (int)ceil(60 * pace) : 4;
+  const int delay_ms = (int)ceil(4000 * pace);
+  assert_int_equal(sh("TALLY_INJECT_SLOW_STEPS=10:%d timeout 300 %s train %s --budget %ds --out "
+                      "%s/slow > %s/slow.log 2>&1",
+                      delay_ms, bin, run_args, budget, tmpdir, tmpdir),
+                   0);
+  char *frozen = run_ok("sed -n 's/^budget %ds: \\([0-9]*\\) steps (time.*/\\1/p' %s/slow.log",
+                        budget, tmpdir);
   const int first = atoi(frozen);
   free(frozen);
   const int last = announced_steps("slow");
   const double seconds = summary_value("slow", "train_seconds");
   const double used = summary_value("slow", "budget_used");
-  print_message("frozen at %d steps, ended at %d, %.2f s of 6 (%.3f)\n", first, last, seconds,
-                used);
+  print_message(
+      "%.3f s a step, %d ms more from step 10: frozen at %d steps, ended at %d, %.2f s "
+      "of %d (%.3f)\n",
+      pace, delay_ms, first, last, seconds, budget, used);
+  assert_true(first > 20);    // the slow-down and the first check come well before the end
   assert_true(last < first);  // the count came down with the pace
   assert_int_equal(ledger_lines("slow"), last);
-  assert_true(fabs(used - seconds / 6) < 1e-3);
-  assert_true(seconds < 1.6 * 6);
+  assert_true(fabs(used - seconds / budget) < 1e-3);
+  assert_true(seconds < 1.6 * budget);
 }
 
 int main(int argc, char **argv) {
