@@ -233,19 +233,28 @@ typedef struct {
   const char **given;
 } Option;
 
-// Walks a command's arguments: each is -h/--help, one of opts (ended by a row without a name), or
-// one that `more` consumes (it returns 1, 0 when the argument is not its own, or -1 on an error
-// it printed). Returns 0 when all were taken, 1 when the usage was printed for --help, 2 on a
-// usage error (printed).
-static int parse_options(const char *command, int argc, char **argv, const Option *opts,
-                         int (*more)(int argc, char **argv, int *i, void *ctx), void *ctx,
-                         void (*usage)(FILE *)) {
+// How a command reads its arguments: its option table, and `more` for what the table cannot say
+// (operands, options shared by several commands, options checked as they come). `more` returns 1
+// when argv[*i] (with its value) was its own, 0 when not, -1 on an error it printed.
+typedef struct {
+  const char *command;    // for messages: "tally COMMAND: ..."
+  void (*usage)(FILE *);  // printed to stdout for -h or --help
+  const Option *options;  // ended by a row without a name
+  int (*more)(int argc, char **argv, int *i, void *ctx);
+  void *ctx;
+  const char *refusal;  // what an argument nothing takes is called: "unknown option", "unexpected"
+} CommandLine;
+
+// Walks a command's arguments: each is -h/--help, a row of its table, or one that `more` takes.
+// Returns 0 when all were taken, 1 when the usage was printed for --help, 2 on a usage error
+// (printed).
+static int parse_options(const CommandLine *cl, int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage(stdout);
+      cl->usage(stdout);
       return 1;
     }
-    const Option *o = opts;
+    const Option *o = cl->options;
     const char *v = NULL;
     while (o->name && !(o->flag ? !strcmp(argv[i], o->name)
                                 : (v = option_value(argc, argv, &i, o->name)) != NULL))
@@ -260,15 +269,25 @@ static int parse_options(const char *command, int argc, char **argv, const Optio
       if (o->given) *o->given = o->name;
       continue;
     }
-    int used = more ? more(argc, argv, &i, ctx) : 0;
+    int used = cl->more ? cl->more(argc, argv, &i, cl->ctx) : 0;
     if (used < 0) return 2;
     if (!used) {
-      fprintf(stderr, "tally %s: unknown option '%s' (see tally %s --help)\n", command, argv[i],
-              command);
+      fprintf(stderr, "tally %s: %s '%s' (see tally %s --help)\n", cl->command, cl->refusal,
+              argv[i], cl->command);
       return 2;
     }
   }
   return 0;
+}
+
+// The one operand of a command (a run folder, a checkpoint): the first argument not starting
+// with '-' (parse_options' `more`, with a const char ** that is NULL until then).
+static int one_operand(int argc, char **argv, int *i, void *operand) {
+  (void)argc;
+  const char **src = operand;
+  if (argv[*i][0] == '-' || *src) return 0;
+  *src = argv[*i];
+  return 1;
 }
 
 // The configuration options (config_arg) as parse_options' `more`.
@@ -458,39 +477,20 @@ static int cmd_train(int argc, char **argv) {
   ConfigArgs ca = {0};
   TrainOptions opt = {0};
   int no_memory_check = 0;
-  for (int i = 0; i < argc; i++) {
-    const char *v;
-    int used = config_arg(argc, argv, &i, &ca);
-    if (used < 0) return 2;
-    if (used) continue;
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage_train(stdout);
-      return 0;
-    } else if ((v = option_value(argc, argv, &i, "--objective"))) {
-      objective = v;
-    } else if ((v = option_value(argc, argv, &i, "--out"))) {
-      out_dir = v;
-    } else if ((v = option_value(argc, argv, &i, "--resume"))) {
-      resume_dir = v;
-    } else if ((v = option_value(argc, argv, &i, "--init"))) {
-      opt.init_path = v;
-    } else if ((v = option_value(argc, argv, &i, "--stop-at"))) {
-      if (parse_count("--stop-at", v, &opt.stop_at)) return 2;
-    } else if (!strcmp(argv[i], "--overwrite")) {
-      opt.overwrite = 1;
-    } else if (!strcmp(argv[i], "--knn-at-start")) {
-      opt.knn_at_start = 1;
-    } else if (!strcmp(argv[i], "--quiet")) {
-      opt.quiet = 1;
-    } else if (!strcmp(argv[i], "--no-knn")) {
-      opt.no_knn = 1;
-    } else if (!strcmp(argv[i], "--no-memory-check")) {
-      no_memory_check = 1;
-    } else {
-      fprintf(stderr, "tally train: unknown option '%s' (see tally train --help)\n", argv[i]);
-      return 2;
-    }
-  }
+  const Option opts[] = {{.name = "--objective", .text = &objective},
+                         {.name = "--out", .text = &out_dir},
+                         {.name = "--resume", .text = &resume_dir},
+                         {.name = "--init", .text = &opt.init_path},
+                         {.name = "--stop-at", .count = &opt.stop_at},
+                         {.name = "--overwrite", .flag = &opt.overwrite},
+                         {.name = "--knn-at-start", .flag = &opt.knn_at_start},
+                         {.name = "--quiet", .flag = &opt.quiet},
+                         {.name = "--no-knn", .flag = &opt.no_knn},
+                         {.name = "--no-memory-check", .flag = &no_memory_check},
+                         {.name = NULL}};
+  const CommandLine cl = {"train", usage_train, opts, more_config, &ca, "unknown option"};
+  int rc = parse_options(&cl, argc, argv);
+  if (rc) return rc == 1 ? 0 : rc;
   if (opt.knn_at_start && opt.no_knn) {
     fprintf(stderr,
             "tally: --knn-at-start evaluates with the kNN monitor, which --no-knn turns off\n");
@@ -508,8 +508,8 @@ static int cmd_train(int argc, char **argv) {
               opt.init_path ? "init" : "overwrite");
       return 2;
     }
-    int rc = resume_config(resume_dir, &ca, &cfg, resumed_objective, sizeof resumed_objective,
-                           ckpt_path, sizeof ckpt_path, &opt);
+    rc = resume_config(resume_dir, &ca, &cfg, resumed_objective, sizeof resumed_objective,
+                       ckpt_path, sizeof ckpt_path, &opt);
     if (rc) return rc;
     if (objective && strcmp(objective, resumed_objective) != 0) {
       fprintf(stderr, "tally: %s was trained with --objective=%s, not %s\n", resume_dir,
@@ -521,8 +521,7 @@ static int cmd_train(int argc, char **argv) {
     opt.resume_path = ckpt_path;
   }
   if (!objective) objective = "inbatch";
-  int rc = check_objective(objective);
-  if (rc) return rc;
+  if ((rc = check_objective(objective))) return rc;
   if (!resume_dir && load_config(objective, &ca, &cfg) != 0) return 1;
 
   char default_out[128];
@@ -679,7 +678,8 @@ static int cmd_plan(int argc, char **argv) {
       {.name = "--no-knn", .flag = &req.options.no_knn},
       {.name = "--knn-at-start", .flag = &req.options.knn_at_start},
       {.name = NULL}};
-  int rc = parse_options("plan", argc, argv, opts, more_config, &ca, usage_plan);
+  const CommandLine cl = {"plan", usage_plan, opts, more_config, &ca, "unknown option"};
+  int rc = parse_options(&cl, argc, argv);
   if (rc) return rc == 1 ? 0 : rc;
   if (from || nodes || link) {
     if (!from || !nodes || !link) {
@@ -753,27 +753,34 @@ static void usage_report(FILE *f) {
           "  --out FILE   where to write it (default RUN_DIR/report.html of the first run)\n");
 }
 
+// The run folders of `tally report`: every argument that is not an option ("-" included).
+typedef struct {
+  const char **dirs;
+  int n;
+} RunDirs;
+
+static int run_dir_operand(int argc, char **argv, int *i, void *run_dirs) {
+  (void)argc;
+  RunDirs *d = run_dirs;
+  if (argv[*i][0] == '-' && argv[*i][1]) return 0;
+  d->dirs[d->n++] = argv[*i];
+  return 1;
+}
+
 static int cmd_report(int argc, char **argv) {
   const char *out = NULL;
-  const char **dirs = calloc((size_t)argc + 1, sizeof *dirs);
-  if (!dirs) return 1;
-  int n = 0, rc = 0;
-  for (int i = 0; i < argc; i++) {
-    const char *v;
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage_report(stdout);
-      free(dirs);
-      return 0;
-    } else if ((v = option_value(argc, argv, &i, "--out"))) {
-      out = v;
-    } else if (argv[i][0] == '-' && argv[i][1]) {
-      fprintf(stderr, "tally report: unknown option '%s' (see tally report --help)\n", argv[i]);
-      rc = 2;
-    } else {
-      dirs[n++] = argv[i];
-    }
+  RunDirs d = {.dirs = calloc((size_t)argc + 1, sizeof *d.dirs)};
+  if (!d.dirs) return 1;
+  const Option opts[] = {{.name = "--out", .text = &out}, {.name = NULL}};
+  const CommandLine cl = {"report", usage_report, opts, run_dir_operand, &d, "unknown option"};
+  int rc = parse_options(&cl, argc, argv);
+  if (rc) {
+    free(d.dirs);
+    return rc == 1 ? 0 : rc;
   }
-  if (rc == 0 && n == 0) {
+  const char **dirs = d.dirs;
+  const int n = d.n;
+  if (n == 0) {
     fprintf(stderr, "tally report: name at least one run folder (see tally report --help)\n");
     rc = 2;
   }
@@ -817,22 +824,11 @@ static void checkpoint_path(const char *src, char *out, size_t n) {
 static int cmd_export(int argc, char **argv) {
   const char *src = NULL, *out = NULL;
   int with_head = 0;
-  for (int i = 0; i < argc; i++) {
-    const char *v;
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage_export(stdout);
-      return 0;
-    } else if ((v = option_value(argc, argv, &i, "--out"))) {
-      out = v;
-    } else if (!strcmp(argv[i], "--with-head")) {
-      with_head = 1;
-    } else if (argv[i][0] != '-' && !src) {
-      src = argv[i];
-    } else {
-      fprintf(stderr, "tally export: unexpected '%s' (see tally export --help)\n", argv[i]);
-      return 2;
-    }
-  }
+  const Option opts[] = {
+      {.name = "--out", .text = &out}, {.name = "--with-head", .flag = &with_head}, {.name = NULL}};
+  const CommandLine cl = {"export", usage_export, opts, one_operand, &src, "unexpected"};
+  int rc = parse_options(&cl, argc, argv);
+  if (rc) return rc == 1 ? 0 : rc;
   if (!src) {
     fprintf(stderr, "tally export: name a run folder or checkpoint (see tally export --help)\n");
     return 2;
@@ -894,24 +890,14 @@ static int write_rows(const char *path, const Dataset *ds, const char *data) {
 static int cmd_embed(int argc, char **argv) {
   const char *src = NULL, *data = NULL, *out = "embeddings.npy";
   long limit = 0;
-  for (int i = 0; i < argc; i++) {
-    const char *v;
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage_embed(stdout);
-      return 0;
-    } else if ((v = option_value(argc, argv, &i, "--out"))) {
-      out = v;
-    } else if ((v = option_value(argc, argv, &i, "--data"))) {
-      data = v;
-    } else if ((v = option_value(argc, argv, &i, "--limit"))) {
-      if (parse_count("--limit", v, &limit) || limit > INT_MAX) return 2;
-    } else if (argv[i][0] != '-' && !src) {
-      src = argv[i];
-    } else {
-      fprintf(stderr, "tally embed: unexpected '%s' (see tally embed --help)\n", argv[i]);
-      return 2;
-    }
-  }
+  const Option opts[] = {{.name = "--out", .text = &out},
+                         {.name = "--data", .text = &data},
+                         {.name = "--limit", .count = &limit},
+                         {.name = NULL}};
+  const CommandLine cl = {"embed", usage_embed, opts, one_operand, &src, "unexpected"};
+  int rc = parse_options(&cl, argc, argv);
+  if (rc) return rc == 1 ? 0 : rc;
+  if (limit > INT_MAX) return 2;
   if (!src || !data) {
     fprintf(stderr, "tally embed: name the encoder and --data (see tally embed --help)\n");
     return 2;
@@ -935,7 +921,7 @@ static int cmd_embed(int argc, char **argv) {
     return 1;
   }
   printf("reading %s...\n", data);
-  int rc = feature_dataset_load(&enc, &ds, data, (int)limit);
+  rc = feature_dataset_load(&enc, &ds, data, (int)limit);
   if (rc == 0) {
     const int D = feature_encoder_dim(&enc);
     printf("encoding %d images...\n", ds.n);
@@ -1089,43 +1075,45 @@ static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json)
   printf("%.1f s\n", r->seconds);
 }
 
-static int cmd_eval(int argc, char **argv) {
-  const char *src = NULL;
+// What `tally eval` takes beyond its option table: the encoder, and --set checked as it comes.
+typedef struct {
+  const char *src;
   // Two first: data.train or data.test given here replaces the run's own evaluation set.
-  const char *sets[258] = {"eval.train=", "eval.test="};
-  int n_sets = 2, json = 0, no_baseline = 0, data_set = 0;
-  EvalOptions opt = {0};
-  for (int i = 0; i < argc; i++) {
-    const char *v;
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage_eval(stdout);
-      return 0;
-    } else if ((v = option_value(argc, argv, &i, "--set"))) {
-      if (!eval_may_set(v)) {
-        fprintf(stderr,
-                "tally eval: --set %s: only data.* paths, limits and stream, eval.knn_* and "
-                "eval.batch_size can change (see tally eval --help)\n",
-                v);
-        return 2;
-      }
-      if (n_sets == 258) return 2;
-      sets[n_sets++] = v;
-      data_set |= !strncmp(v, "data.train=", 11) || !strncmp(v, "data.test=", 10);
-    } else if (!strcmp(argv[i], "--knn")) {
-      opt.knn = 1;
-    } else if (!strcmp(argv[i], "--no-baseline")) {
-      no_baseline = 1;
-    } else if (!strcmp(argv[i], "--linear")) {
-      opt.linear = 1;
-    } else if (!strcmp(argv[i], "--json")) {
-      json = 1;
-    } else if (argv[i][0] != '-' && !src) {
-      src = argv[i];
-    } else {
-      fprintf(stderr, "tally eval: unexpected '%s' (see tally eval --help)\n", argv[i]);
-      return 2;
-    }
+  const char *sets[258];
+  int n_sets, data_set;
+} EvalArgs;
+
+static int eval_arg(int argc, char **argv, int *i, void *eval_args) {
+  EvalArgs *a = eval_args;
+  const char *v = option_value(argc, argv, i, "--set");
+  if (!v) return one_operand(argc, argv, i, &a->src);
+  if (!eval_may_set(v)) {
+    fprintf(stderr,
+            "tally eval: --set %s: only data.* paths, limits and stream, eval.knn_* and "
+            "eval.batch_size can change (see tally eval --help)\n",
+            v);
+    return -1;
   }
+  if (a->n_sets == 258) return -1;
+  a->sets[a->n_sets++] = v;
+  a->data_set |= !strncmp(v, "data.train=", 11) || !strncmp(v, "data.test=", 10);
+  return 1;
+}
+
+static int cmd_eval(int argc, char **argv) {
+  EvalArgs a = {.sets = {"eval.train=", "eval.test="}, .n_sets = 2};
+  int json = 0, no_baseline = 0;
+  EvalOptions opt = {0};
+  const Option opts[] = {{.name = "--knn", .flag = &opt.knn},
+                         {.name = "--no-baseline", .flag = &no_baseline},
+                         {.name = "--linear", .flag = &opt.linear},
+                         {.name = "--json", .flag = &json},
+                         {.name = NULL}};
+  const CommandLine cl = {"eval", usage_eval, opts, eval_arg, &a, "unexpected"};
+  int rc = parse_options(&cl, argc, argv);
+  if (rc) return rc == 1 ? 0 : rc;
+  const char *src = a.src, **sets = a.sets;
+  const int n_sets = a.n_sets, data_set = a.data_set;
   if (!src) {
     fprintf(stderr, "tally eval: name a run folder, checkpoint or export (see --help)\n");
     return 2;
@@ -1140,7 +1128,7 @@ static int cmd_eval(int argc, char **argv) {
     return 1;
   }
   EvalResult r;
-  int rc = evaluate_encoder(&enc, &opt, &r);
+  rc = evaluate_encoder(&enc, &opt, &r);
   if (rc == 0)
     print_eval(&enc, &r, json);
   else
@@ -1285,7 +1273,8 @@ static int cmd_compare(int argc, char **argv) {
                          {.name = "--quiet", .flag = &spec.quiet},
                          {.name = "--no-memory-check", .flag = &spec.no_memory_check},
                          {.name = NULL}};
-  int rc = parse_options("compare", argc, argv, opts, compare_arg, &args, usage_compare);
+  const CommandLine cl = {"compare", usage_compare, opts, compare_arg, &args, "unknown option"};
+  int rc = parse_options(&cl, argc, argv);
   if (rc) return rc == 1 ? 0 : rc;
   if (!objectives || !budgets || !spec.out_dir) {
     fprintf(stderr, "tally compare: name --objectives, --budget and --out (see --help)\n");
@@ -1331,14 +1320,10 @@ static void usage_keys(FILE *f) {
 }
 
 static int cmd_keys(int argc, char **argv) {
-  for (int i = 0; i < argc; i++) {
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage_keys(stdout);
-      return 0;
-    }
-    fprintf(stderr, "tally keys: unexpected '%s' (see tally keys --help)\n", argv[i]);
-    return 2;
-  }
+  const Option opts[] = {{.name = NULL}};
+  const CommandLine cl = {"keys", usage_keys, opts, NULL, NULL, "unexpected"};
+  int rc = parse_options(&cl, argc, argv);
+  if (rc) return rc == 1 ? 0 : rc;
   config_write_reference(stdout);
   return 0;
 }
@@ -1384,14 +1369,14 @@ int main(int argc, char **argv) {
     printf("tally %s\n", TALLY_VERSION);
     return 0;
   }
-  if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
-  if (!strcmp(cmd, "plan")) return cmd_plan(argc - 2, argv + 2);
-  if (!strcmp(cmd, "report")) return cmd_report(argc - 2, argv + 2);
-  if (!strcmp(cmd, "compare")) return cmd_compare(argc - 2, argv + 2);
-  if (!strcmp(cmd, "eval")) return cmd_eval(argc - 2, argv + 2);
-  if (!strcmp(cmd, "embed")) return cmd_embed(argc - 2, argv + 2);
-  if (!strcmp(cmd, "export")) return cmd_export(argc - 2, argv + 2);
-  if (!strcmp(cmd, "keys")) return cmd_keys(argc - 2, argv + 2);
+  static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+  } commands[] = {{"train", cmd_train},     {"plan", cmd_plan}, {"report", cmd_report},
+                  {"compare", cmd_compare}, {"eval", cmd_eval}, {"embed", cmd_embed},
+                  {"export", cmd_export},   {"keys", cmd_keys}};
+  for (size_t c = 0; c < sizeof commands / sizeof *commands; c++)
+    if (!strcmp(cmd, commands[c].name)) return commands[c].run(argc - 2, argv + 2);
   fprintf(stderr, "tally: unknown command '%s' (see tally --help)\n", cmd);
   return 2;
 }
