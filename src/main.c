@@ -1354,6 +1354,7 @@ static void open_standard_streams(void) {
 
 int main(int argc, char **argv) {
   open_standard_streams();
+  objective_register_config();
   setvbuf(stdout, NULL, _IOLBF, 0);
   set_search_root();
   if (argc < 2) {
