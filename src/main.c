@@ -15,10 +15,8 @@
 
 #include "config.h"
 #include "core/error.h"
-#include "eval/quality.h"
 #include "train/evaluate.h"
 #include "io/atomic_file.h"
-#include "io/json_write.h"
 #include "io/regular_file.h"
 #include "io/npy.h"
 #include "ledger/bytes.h"
@@ -994,87 +992,6 @@ static int eval_may_set(const char *assignment) {
   return 0;
 }
 
-static void json_number(const char *name, double v, int last) {
-  if (isfinite(v))
-    printf("\"%s\": %.6g%s", name, v, last ? "" : ", ");
-  else
-    printf("\"%s\": null%s", name, last ? "" : ", ");
-}
-
-// One row of the eval table; a measure not taken (NaN) shows as "-".
-static void eval_row(const char *label, double encoder, double pixels) {
-  printf("%-24s %10.4f", label, encoder);
-  if (isfinite(pixels))
-    printf(" %12.4f", pixels);
-  else
-    printf(" %12s", "-");
-}
-
-// The collapse rule of the training monitor (eval/quality.h), on an evaluation's numbers.
-static int eval_collapsed(const EvalResult *r) {
-  const EmbeddingQuality q = {.rankme = r->rankme,
-                              .embedding_std = r->embedding_std,
-                              .embedding_std_reference = r->embedding_std_reference};
-  return embedding_quality_collapsed(&q);
-}
-
-static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json) {
-  if (json) {
-    printf("{\"source\": ");
-    json_put_string(stdout, enc->source);
-    printf(", \"objective\": ");
-    json_put_string(stdout, enc->objective);
-    printf(", \"step\": %ld, ", enc->step);
-    printf("\"n_train\": %d, \"n_test\": %d, \"n_classes\": %d, \"feature_dim\": %d, ", r->n_train,
-           r->n_test, r->n_classes, r->feature_dim);
-    printf("\"knn_k\": %d, ", r->knn_k);
-    json_number("knn_top1", r->knn_top1, 0);
-    json_number("knn_top1_k20", r->knn_top1_k20, 0);
-    json_number("knn_top1_raw_pixels", r->knn_top1_raw_pixels, 0);
-    json_number("knn_top1_k20_raw_pixels", r->knn_top1_k20_raw_pixels, 0);
-    json_number("linear_top1", r->linear_top1, 0);
-    json_number("linear_top1_raw_pixels", r->linear_top1_raw_pixels, 0);
-    json_number("linear_lambda", r->linear_lambda, 0);
-    json_number("linear_lambda_raw_pixels", r->linear_lambda_raw_pixels, 0);
-    json_number("rankme", r->rankme, 0);
-    json_number("embedding_std", r->embedding_std, 0);
-    json_number("embedding_std_reference", r->embedding_std_reference, 0);
-    printf(" \"collapsed\": %s,", eval_collapsed(r) ? "true" : "false");
-    json_number("seconds", r->seconds, 1);
-    printf("}\n");
-    return;
-  }
-  printf("%s (%s, step %ld): %d training, %d test images, %d classes, %d-d features\n", enc->source,
-         enc->objective[0] ? enc->objective : "?", enc->step, r->n_train, r->n_test, r->n_classes,
-         r->feature_dim);
-  printf("%-24s %10s %12s\n", "", "encoder", "raw pixels");
-  char k_label[32];
-  snprintf(k_label, sizeof k_label, "kNN top-1 (k=%d)", r->knn_k);
-  if (isfinite(r->knn_top1)) {
-    eval_row(k_label, r->knn_top1, r->knn_top1_raw_pixels);
-    printf("\n");
-    eval_row("kNN top-1 (k=20)", r->knn_top1_k20, r->knn_top1_k20_raw_pixels);
-    printf("\n");
-  }
-  if (isfinite(r->linear_top1)) {
-    eval_row("linear probe top-1", r->linear_top1, r->linear_top1_raw_pixels);
-    if (isfinite(r->linear_lambda_raw_pixels))
-      printf("   (L2 %g / %g)\n", r->linear_lambda, r->linear_lambda_raw_pixels);
-    else
-      printf("   (L2 %g)\n", r->linear_lambda);
-  }
-  printf("%-24s %10.1f   (effective rank of the training set's embeddings, of %d)\n", "rankme",
-         r->rankme, r->feature_dim);
-  printf("%-24s %10.4f   (per dimension, L2-normalized; 1/sqrt(d) = %.4f, collapsed ~ 0)\n",
-         "embedding_std", r->embedding_std, r->embedding_std_reference);
-  if (eval_collapsed(r))
-    printf(
-        "warning: the embeddings have collapsed: embedding_std is below %g of 1/sqrt(d), every "
-        "image maps to nearly the same direction\n",
-        QUALITY_COLLAPSED_FRACTION);
-  printf("%.1f s\n", r->seconds);
-}
-
 // What `tally eval` takes beyond its option table: the encoder, and --set checked as it comes.
 typedef struct {
   const char *src;
@@ -1130,7 +1047,7 @@ static int cmd_eval(int argc, char **argv) {
   EvalResult r;
   rc = evaluate_encoder(&enc, &opt, &r);
   if (rc == 0)
-    print_eval(&enc, &r, json);
+    evaluate_print(stdout, &enc, &r, json);
   else
     fprintf(stderr, "tally: %s\n", tl_last_error());
   // A run folder keeps the result beside its monitor's, for tally report. Not recording it
