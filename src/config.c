@@ -249,14 +249,35 @@ static KeySpec all_recipe_keys[MAX_RECIPE_KEYS];
 static Schema recipe_schema_built;
 static const ConfigSection *objective_sections[CONFIG_MAX_OBJECTIVES];
 static const char *objective_section_names[CONFIG_MAX_OBJECTIVES];
-static int n_objective_sections;
+static int n_objective_sections = -1;  // -1: not registered yet
+static int recipe_schema_built_yet;
 static pthread_once_t recipe_schema_once = PTHREAD_ONCE_INIT;
 
+void config_register_objectives(const char *const *names, const ConfigSection *const *sections,
+                                int n) {
+  if (n < 0 || n > CONFIG_MAX_OBJECTIVES)
+    TL_DIE("%d objectives registered with config: at most %d (raise CONFIG_MAX_OBJECTIVES)", n,
+           CONFIG_MAX_OBJECTIVES);
+  int same = n == n_objective_sections;
+  for (int o = 0; same && o < n; o++)
+    same = sections[o] == objective_sections[o] && !strcmp(names[o], objective_section_names[o]);
+  if (same) return;
+  if (recipe_schema_built_yet)
+    TL_DIE("objective sections registered with config after a configuration was read");
+  for (int o = 0; o < n; o++) {
+    objective_section_names[o] = names[o];
+    objective_sections[o] = sections[o];
+  }
+  n_objective_sections = n;
+}
+
 static void build_recipe_schema(void) {
+  if (n_objective_sections < 0)
+    TL_DIE(
+        "a configuration was read before the objectives registered their sections with config "
+        "(objective_register_config, at startup)");
   size_t n = sizeof recipe_keys / sizeof recipe_keys[0];
   memcpy(all_recipe_keys, recipe_keys, sizeof recipe_keys);
-  n_objective_sections =
-      objective_config_sections(objective_section_names, objective_sections, CONFIG_MAX_OBJECTIVES);
   for (int o = 0; o < n_objective_sections; o++) {
     const ConfigSection *sec = objective_sections[o];
     if (!sec) continue;
@@ -270,6 +291,7 @@ static void build_recipe_schema(void) {
     }
   }
   recipe_schema_built = (Schema){all_recipe_keys, n};
+  recipe_schema_built_yet = 1;
 }
 
 static const Schema *recipe_schema_get(void) {

@@ -72,6 +72,10 @@ typedef struct {
 #define CONFIG_SECTION(table, type, check) \
   { table, sizeof table / sizeof table[0], sizeof(type), check }
 
-// The objectives' sections in registry order (src/objectives/objective.c): names[i] is objective
-// i's name and section, sections[i] its keys (NULL: it has none). Returns the count.
-int objective_config_sections(const char **names, const ConfigSection **sections, int max);
+// The objectives' sections, in the objectives' registry order: names[i] is objective i's name and
+// section, sections[i] its keys (NULL: it has none). Config sits below the objectives and does not
+// know them, so they are given to it once at startup (objective_register_config), before any
+// configuration is read: reading one first, or registering other sections after, is an internal
+// error. Registering the same sections again does nothing.
+void config_register_objectives(const char *const *names, const ConfigSection *const *sections,
+                                int n);

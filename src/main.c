@@ -3,9 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <math.h>
 #include <signal.h>
-#include <stdint.h>
 #include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,15 +13,12 @@
 
 #include "config.h"
 #include "core/error.h"
-#include "eval/quality.h"
+#include "train/embed.h"
 #include "train/evaluate.h"
-#include "io/atomic_file.h"
-#include "io/json_write.h"
 #include "io/regular_file.h"
-#include "io/npy.h"
-#include "ledger/bytes.h"
 #include "train/plan.h"
 #include "train/plan_scaling.h"
+#include "train/run_config.h"
 #include "ledger/report.h"
 #include "ledger/scaling.h"
 #include "objectives/objective.h"
@@ -132,17 +127,6 @@ static const char *option_value(int argc, char **argv, int *i, const char *name)
   return NULL;
 }
 
-// The options that say which configuration to run, shared by train and plan.
-typedef struct {
-  const char *config_path;  // NULL: configs/NAME.ini when it exists, else the built-in defaults
-  const char *sets[256];
-  int n_sets;
-  char steps_set[64], epochs_set[64], budget_set[96];
-  // --data, --batch-size, --lr: before the --set options, which may refine them.
-  const char *data_path;
-  char batch_set[64], lr_set[64];
-} ConfigArgs;
-
 // "key=value" into out, or -1 (printed) when the value would not fit: a value cut short would
 // be read as another number.
 static int as_setting(char *out, size_t cap, const char *option, const char *key,
@@ -156,22 +140,6 @@ static int as_setting(char *out, size_t cap, const char *option, const char *key
 static int config_args_given(const ConfigArgs *a) {
   return a->config_path || a->n_sets || a->steps_set[0] || a->epochs_set[0] || a->budget_set[0] ||
          a->data_path || a->batch_set[0] || a->lr_set[0];
-}
-
-// --data PATH: the training data is PATH — a folder of images (ImageFolder, with or without class
-// subfolders) or an IDX file — and no longer the recipe's dataset: its name and its test set go
-// (the kNN monitor then asks for data.test, or --no-knn).
-static int apply_data_path(Config *cfg, const char *path) {
-  struct stat st;
-  if (stat(path, &st) != 0) return tl_fail("--data %s: %s", path, strerror(errno));
-  char set[CONFIG_PATH_MAX + 32];
-  int rc = config_set(cfg, S_ISDIR(st.st_mode) ? "data.format=imagefolder" : "data.format=idx");
-  if (rc == 0) rc = config_set(cfg, "data.dataset=");
-  if (rc == 0 && snprintf(set, sizeof set, "data.train=%s", path) >= (int)sizeof set)
-    return tl_fail("--data: a path of %zu characters is too long", strlen(path));
-  if (rc == 0) rc = config_set(cfg, set);
-  if (rc == 0) rc = config_set(cfg, "data.test=");
-  return rc;
 }
 
 // Consumes argv[*i] if it is --config, --set, --steps or --epochs. Returns 1 if consumed, 0 if
@@ -233,19 +201,28 @@ typedef struct {
   const char **given;
 } Option;
 
-// Walks a command's arguments: each is -h/--help, one of opts (ended by a row without a name), or
-// one that `more` consumes (it returns 1, 0 when the argument is not its own, or -1 on an error
-// it printed). Returns 0 when all were taken, 1 when the usage was printed for --help, 2 on a
-// usage error (printed).
-static int parse_options(const char *command, int argc, char **argv, const Option *opts,
-                         int (*more)(int argc, char **argv, int *i, void *ctx), void *ctx,
-                         void (*usage)(FILE *)) {
+// How a command reads its arguments: its option table, and `more` for what the table cannot say
+// (operands, options shared by several commands, options checked as they come). `more` returns 1
+// when argv[*i] (with its value) was its own, 0 when not, -1 on an error it printed.
+typedef struct {
+  const char *command;    // for messages: "tally COMMAND: ..."
+  void (*usage)(FILE *);  // printed to stdout for -h or --help
+  const Option *options;  // ended by a row without a name
+  int (*more)(int argc, char **argv, int *i, void *ctx);
+  void *ctx;
+  const char *refusal;  // what an argument nothing takes is called: "unknown option", "unexpected"
+} CommandLine;
+
+// Walks a command's arguments: each is -h/--help, a row of its table, or one that `more` takes.
+// Returns 0 when all were taken, 1 when the usage was printed for --help, 2 on a usage error
+// (printed).
+static int parse_options(const CommandLine *cl, int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage(stdout);
+      cl->usage(stdout);
       return 1;
     }
-    const Option *o = opts;
+    const Option *o = cl->options;
     const char *v = NULL;
     while (o->name && !(o->flag ? !strcmp(argv[i], o->name)
                                 : (v = option_value(argc, argv, &i, o->name)) != NULL))
@@ -260,15 +237,25 @@ static int parse_options(const char *command, int argc, char **argv, const Optio
       if (o->given) *o->given = o->name;
       continue;
     }
-    int used = more ? more(argc, argv, &i, ctx) : 0;
+    int used = cl->more ? cl->more(argc, argv, &i, cl->ctx) : 0;
     if (used < 0) return 2;
     if (!used) {
-      fprintf(stderr, "tally %s: unknown option '%s' (see tally %s --help)\n", command, argv[i],
-              command);
+      fprintf(stderr, "tally %s: %s '%s' (see tally %s --help)\n", cl->command, cl->refusal,
+              argv[i], cl->command);
       return 2;
     }
   }
   return 0;
+}
+
+// The one operand of a command (a run folder, a checkpoint): the first argument not starting
+// with '-' (parse_options' `more`, with a const char ** that is NULL until then).
+static int one_operand(int argc, char **argv, int *i, void *operand) {
+  (void)argc;
+  const char **src = operand;
+  if (argv[*i][0] == '-' || *src) return 0;
+  *src = argv[*i];
+  return 1;
 }
 
 // The configuration options (config_arg) as parse_options' `more`.
@@ -290,164 +277,9 @@ static int check_objective(const char *objective) {
 // The configuration `tally train --objective=NAME` runs with these options, validated. Prints
 // the error and returns 1 on failure.
 static int load_config(const char *objective, const ConfigArgs *a, Config *cfg) {
-  const char *config_path = a->config_path;
-  config_defaults(cfg);
-  char default_name[256], default_path[CONFIG_PATH_MAX];
-  snprintf(default_name, sizeof default_name, "configs/%s.ini", objective);
-  config_resolve_path(default_name, default_path, sizeof default_path);
-  if (!config_path && access(default_path, R_OK) == 0) config_path = default_path;
-  int rc = config_path ? config_load(cfg, config_path) : config_load_model(cfg, cfg->model.file);
-  if (rc == 0 && a->data_path) rc = apply_data_path(cfg, a->data_path);
-  if (rc == 0 && a->batch_set[0]) rc = config_set(cfg, a->batch_set);
-  if (rc == 0 && a->lr_set[0]) rc = config_set(cfg, a->lr_set);
-  for (int i = 0; rc == 0 && i < a->n_sets; i++) rc = config_set(cfg, a->sets[i]);
-  // --epochs alone means "train for epochs", so it clears a step count from the recipe.
-  if (rc == 0 && a->epochs_set[0] && !a->steps_set[0]) rc = config_set(cfg, "train.steps=0");
-  if (rc == 0 && a->epochs_set[0]) rc = config_set(cfg, a->epochs_set);
-  if (rc == 0 && a->steps_set[0]) rc = config_set(cfg, a->steps_set);
-  if (rc == 0 && a->budget_set[0]) rc = config_set(cfg, a->budget_set);
-  if (rc == 0) rc = config_validate(cfg);
-  if (rc != 0) {
-    fprintf(stderr, "tally: %s\n", tl_last_error());
-    return 1;
-  }
-  return 0;
-}
-
-// Keys a resumed run may change: none of them changes the model, the objective, the data or
-// the optimization of the steps already taken (train.recompute changes only what is kept between
-// forward and backward, not a value). train.precision and train.conv_algorithm are among them
-// because they only change how a step multiplies: bf16 lives only inside a step (the parameters
-// and the optimizer and objective state a checkpoint holds are f32 in either precision), and
-// Winograd computes the same convolution.
-static int resume_may_set(const char *assignment) {
-  static const char *const allowed[] = {"train.steps=",
-                                        "train.epochs=",
-                                        "train.precision=",
-                                        "train.recompute=",
-                                        "train.conv_algorithm=",
-                                        "train.log_every=",
-                                        "train.checkpoint_every=",
-                                        "eval.",
-                                        "mae.png_every=",
-                                        "ledger.every=",
-                                        "parallel.checksum_every=",
-                                        "parallel.bucket_kib=",
-                                        "parallel.timeout=",
-                                        "parallel.replicas=",
-                                        "parallel.backend="};
-  for (size_t i = 0; i < sizeof allowed / sizeof *allowed; i++)
-    if (strncmp(assignment, allowed[i], strlen(allowed[i])) == 0) return 1;
-  return 0;
-}
-
-// --resume DIR: the configuration, objective and step from DIR's checkpoint (and --no-knn when the
-// run was started with it), with the overrides a resumed run may take. Prints the error and returns
-// its exit code on failure.
-static int resume_config(const char *dir, const ConfigArgs *ca, Config *cfg, char *objective,
-                         size_t objective_cap, char *ckpt_path, size_t ckpt_cap,
-                         TrainOptions *opt) {
-  if (ca->config_path || ca->budget_set[0] || ca->data_path || ca->batch_set[0] || ca->lr_set[0]) {
-    fprintf(stderr, "tally: --resume takes the run's own configuration and length; drop %s\n",
-            ca->config_path    ? "--config"
-            : ca->data_path    ? "--data"
-            : ca->batch_set[0] ? "--batch-size"
-            : ca->lr_set[0]    ? "--lr"
-                               : "--budget (--steps N lengthens a run)");
-    return 2;
-  }
-  snprintf(ckpt_path, ckpt_cap, "%s/%s", dir, CHECKPOINT_FILE);
-  StFile f;
-  if (checkpoint_read(&f, ckpt_path) != 0 || checkpoint_config(&f, ckpt_path, cfg) != 0) {
-    fprintf(stderr, "tally: %s\n", tl_last_error());
-    return 1;
-  }
-  const char *name = st_get_meta(&f, "objective");
-  snprintf(objective, objective_cap, "%s", name ? name : "");
-  opt->start_step = checkpoint_step(&f);
-  const char *no_knn = st_get_meta(&f, "no_knn");
-  if (no_knn && strcmp(no_knn, "1") == 0) opt->no_knn = 1;
-  // What the run has spent, and the length a time or FLOP budget fixed.
-  const char *spent_s = st_get_meta(&f, "train_seconds"), *spent_f = st_get_meta(&f, "flops_total");
-  const char *total = st_get_meta(&f, "total_steps");
-  opt->spent_seconds = spent_s ? strtod(spent_s, NULL) : 0;
-  opt->spent_flops = spent_f ? strtod(spent_f, NULL) : 0;
-  // Checkpoints from before the ledger was tied to them carry no record: nothing to check.
-  const char *ledger_step = st_get_meta(&f, "ledger_last_step");
-  const char *ledger_crc = st_get_meta(&f, "ledger_last_crc");
-  opt->ledger_last_step = ledger_step && ledger_crc ? strtol(ledger_step, NULL, 10) : -1;
-  opt->ledger_last_crc = ledger_crc ? strtoul(ledger_crc, NULL, 10) : 0;
-  const char *loss = st_get_meta(&f, "loss");
-  opt->last_loss = loss ? strtod(loss, NULL) : NAN;
-  Budget budget;
-  if (total && config_budget(cfg, &budget) == 0 &&
-      (budget.kind == BUDGET_SECONDS || budget.kind == BUDGET_FLOPS))
-    opt->frozen_total_steps = strtol(total, NULL, 10);
-  st_free(&f);
-  if (opt->start_step < 0) {
-    fprintf(stderr, "tally: %s: holds no step\n", ckpt_path);
-    return 1;
-  }
-  const char *sets[258];
-  int n = 0;
-  for (int i = 0; i < ca->n_sets; i++) sets[n++] = ca->sets[i];
-  if (ca->epochs_set[0] && !ca->steps_set[0]) sets[n++] = "train.steps=0";
-  if (ca->epochs_set[0]) sets[n++] = ca->epochs_set;
-  if (ca->steps_set[0]) sets[n++] = ca->steps_set;
-  for (int i = 0; i < n; i++) {
-    if (!resume_may_set(sets[i])) {
-      fprintf(stderr,
-              "tally: --set %s: a resumed run keeps its model, objective, data and optimizer; "
-              "start a new run to change it\n",
-              sets[i]);
-      return 2;
-    }
-    if (config_set(cfg, sets[i]) != 0) {
-      fprintf(stderr, "tally: %s\n", tl_last_error());
-      return 1;
-    }
-  }
-  if (config_validate(cfg) != 0) {
-    fprintf(stderr, "tally: %s\n", tl_last_error());
-    return 1;
-  }
-  return 0;
-}
-
-// A run that cannot fit is refused before it starts, from its plan (arithmetic, a fraction of a
-// second), instead of being killed by the kernel minutes in; the planned peak is kept for the
-// run's summary either way (`check` 0: --no-memory-check). Under mpi each rank's machine is its
-// own, so only the local backend is planned. A plan that fails leaves the error to train_run.
-static int fits_in_memory(const Config *cfg, const char *objective, TrainOptions *opt, int check) {
-  if (strcmp(cfg->parallel.backend, "local") != 0) return 1;
-  PlanOptions po = {.no_knn = opt->no_knn, .knn_at_start = opt->knn_at_start};
-  PlanTotals t;
-  if (plan_build(cfg, objective, -1, &po, NULL, &t) != 0) return 1;
-  opt->planned_peak_bytes = t.total_bytes;
-  const double machine = tl_machine_memory_bytes();
-  if (!check || (double)t.total_bytes <= machine) return 1;
-  char need[32], have[32];
-  format_bytes((double)t.total_bytes, need, sizeof need);
-  format_bytes(machine, have, sizeof have);
-  fprintf(stderr,
-          "tally: this run needs %s of memory at its peak (tally plan shows where it goes); this "
-          "machine has %s. Lower train.batch_size (or the model's size), or start it anyway with "
-          "--no-memory-check\n",
-          need, have);
-  return 0;
-}
-
-// A FLOP budget below one step, or above what Tally counts, is refused before the run starts:
-// its plan counts a step's FLOPs as training will (a dry run, a fraction of a second). A resumed
-// run's length is fixed already.
-static int budget_fits_steps(const Config *cfg, const char *objective, const TrainOptions *opt) {
-  Budget budget;
-  if (opt->resume_path || config_budget(cfg, &budget) != 0 || budget.kind != BUDGET_FLOPS) return 1;
-  PlanOptions po = {.no_knn = 1};
-  PlanTotals t;
-  if (plan_build(cfg, objective, 0, &po, NULL, &t) == 0) return 1;
+  if (run_config_load(objective, a, cfg) == 0) return 0;
   fprintf(stderr, "tally: %s\n", tl_last_error());
-  return 0;
+  return 1;
 }
 
 static int cmd_train(int argc, char **argv) {
@@ -458,39 +290,20 @@ static int cmd_train(int argc, char **argv) {
   ConfigArgs ca = {0};
   TrainOptions opt = {0};
   int no_memory_check = 0;
-  for (int i = 0; i < argc; i++) {
-    const char *v;
-    int used = config_arg(argc, argv, &i, &ca);
-    if (used < 0) return 2;
-    if (used) continue;
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage_train(stdout);
-      return 0;
-    } else if ((v = option_value(argc, argv, &i, "--objective"))) {
-      objective = v;
-    } else if ((v = option_value(argc, argv, &i, "--out"))) {
-      out_dir = v;
-    } else if ((v = option_value(argc, argv, &i, "--resume"))) {
-      resume_dir = v;
-    } else if ((v = option_value(argc, argv, &i, "--init"))) {
-      opt.init_path = v;
-    } else if ((v = option_value(argc, argv, &i, "--stop-at"))) {
-      if (parse_count("--stop-at", v, &opt.stop_at)) return 2;
-    } else if (!strcmp(argv[i], "--overwrite")) {
-      opt.overwrite = 1;
-    } else if (!strcmp(argv[i], "--knn-at-start")) {
-      opt.knn_at_start = 1;
-    } else if (!strcmp(argv[i], "--quiet")) {
-      opt.quiet = 1;
-    } else if (!strcmp(argv[i], "--no-knn")) {
-      opt.no_knn = 1;
-    } else if (!strcmp(argv[i], "--no-memory-check")) {
-      no_memory_check = 1;
-    } else {
-      fprintf(stderr, "tally train: unknown option '%s' (see tally train --help)\n", argv[i]);
-      return 2;
-    }
-  }
+  const Option opts[] = {{.name = "--objective", .text = &objective},
+                         {.name = "--out", .text = &out_dir},
+                         {.name = "--resume", .text = &resume_dir},
+                         {.name = "--init", .text = &opt.init_path},
+                         {.name = "--stop-at", .count = &opt.stop_at},
+                         {.name = "--overwrite", .flag = &opt.overwrite},
+                         {.name = "--knn-at-start", .flag = &opt.knn_at_start},
+                         {.name = "--quiet", .flag = &opt.quiet},
+                         {.name = "--no-knn", .flag = &opt.no_knn},
+                         {.name = "--no-memory-check", .flag = &no_memory_check},
+                         {.name = NULL}};
+  const CommandLine cl = {"train", usage_train, opts, more_config, &ca, "unknown option"};
+  int rc = parse_options(&cl, argc, argv);
+  if (rc) return rc == 1 ? 0 : rc;
   if (opt.knn_at_start && opt.no_knn) {
     fprintf(stderr,
             "tally: --knn-at-start evaluates with the kNN monitor, which --no-knn turns off\n");
@@ -508,9 +321,21 @@ static int cmd_train(int argc, char **argv) {
               opt.init_path ? "init" : "overwrite");
       return 2;
     }
-    int rc = resume_config(resume_dir, &ca, &cfg, resumed_objective, sizeof resumed_objective,
+    if (ca.config_path || ca.budget_set[0] || ca.data_path || ca.batch_set[0] || ca.lr_set[0]) {
+      fprintf(stderr, "tally: --resume takes the run's own configuration and length; drop %s\n",
+              ca.config_path    ? "--config"
+              : ca.data_path    ? "--data"
+              : ca.batch_set[0] ? "--batch-size"
+              : ca.lr_set[0]    ? "--lr"
+                                : "--budget (--steps N lengthens a run)");
+      return 2;
+    }
+    rc = run_config_resume(resume_dir, &ca, &cfg, resumed_objective, sizeof resumed_objective,
                            ckpt_path, sizeof ckpt_path, &opt);
-    if (rc) return rc;
+    if (rc) {
+      fprintf(stderr, "tally: %s\n", tl_last_error());
+      return rc;
+    }
     if (objective && strcmp(objective, resumed_objective) != 0) {
       fprintf(stderr, "tally: %s was trained with --objective=%s, not %s\n", resume_dir,
               resumed_objective, objective);
@@ -521,8 +346,7 @@ static int cmd_train(int argc, char **argv) {
     opt.resume_path = ckpt_path;
   }
   if (!objective) objective = "inbatch";
-  int rc = check_objective(objective);
-  if (rc) return rc;
+  if ((rc = check_objective(objective))) return rc;
   if (!resume_dir && load_config(objective, &ca, &cfg) != 0) return 1;
 
   char default_out[128];
@@ -537,8 +361,11 @@ static int cmd_train(int argc, char **argv) {
   }
   opt.objective = objective;
   opt.out_dir = out_dir;
-  if (!fits_in_memory(&cfg, objective, &opt, !no_memory_check)) return 1;
-  if (!budget_fits_steps(&cfg, objective, &opt)) return 1;
+  if (!run_fits_in_memory(&cfg, objective, &opt, !no_memory_check) ||
+      !run_budget_fits_steps(&cfg, objective, &opt)) {
+    fprintf(stderr, "tally: %s\n", tl_last_error());
+    return 1;
+  }
   return train_run(&cfg, &opt);
 }
 
@@ -679,7 +506,8 @@ static int cmd_plan(int argc, char **argv) {
       {.name = "--no-knn", .flag = &req.options.no_knn},
       {.name = "--knn-at-start", .flag = &req.options.knn_at_start},
       {.name = NULL}};
-  int rc = parse_options("plan", argc, argv, opts, more_config, &ca, usage_plan);
+  const CommandLine cl = {"plan", usage_plan, opts, more_config, &ca, "unknown option"};
+  int rc = parse_options(&cl, argc, argv);
   if (rc) return rc == 1 ? 0 : rc;
   if (from || nodes || link) {
     if (!from || !nodes || !link) {
@@ -753,27 +581,34 @@ static void usage_report(FILE *f) {
           "  --out FILE   where to write it (default RUN_DIR/report.html of the first run)\n");
 }
 
+// The run folders of `tally report`: every argument that is not an option ("-" included).
+typedef struct {
+  const char **dirs;
+  int n;
+} RunDirs;
+
+static int run_dir_operand(int argc, char **argv, int *i, void *run_dirs) {
+  (void)argc;
+  RunDirs *d = run_dirs;
+  if (argv[*i][0] == '-' && argv[*i][1]) return 0;
+  d->dirs[d->n++] = argv[*i];
+  return 1;
+}
+
 static int cmd_report(int argc, char **argv) {
   const char *out = NULL;
-  const char **dirs = calloc((size_t)argc + 1, sizeof *dirs);
-  if (!dirs) return 1;
-  int n = 0, rc = 0;
-  for (int i = 0; i < argc; i++) {
-    const char *v;
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage_report(stdout);
-      free(dirs);
-      return 0;
-    } else if ((v = option_value(argc, argv, &i, "--out"))) {
-      out = v;
-    } else if (argv[i][0] == '-' && argv[i][1]) {
-      fprintf(stderr, "tally report: unknown option '%s' (see tally report --help)\n", argv[i]);
-      rc = 2;
-    } else {
-      dirs[n++] = argv[i];
-    }
+  RunDirs d = {.dirs = calloc((size_t)argc + 1, sizeof *d.dirs)};
+  if (!d.dirs) return 1;
+  const Option opts[] = {{.name = "--out", .text = &out}, {.name = NULL}};
+  const CommandLine cl = {"report", usage_report, opts, run_dir_operand, &d, "unknown option"};
+  int rc = parse_options(&cl, argc, argv);
+  if (rc) {
+    free(d.dirs);
+    return rc == 1 ? 0 : rc;
   }
-  if (rc == 0 && n == 0) {
+  const char **dirs = d.dirs;
+  const int n = d.n;
+  if (n == 0) {
     fprintf(stderr, "tally report: name at least one run folder (see tally report --help)\n");
     rc = 2;
   }
@@ -817,22 +652,11 @@ static void checkpoint_path(const char *src, char *out, size_t n) {
 static int cmd_export(int argc, char **argv) {
   const char *src = NULL, *out = NULL;
   int with_head = 0;
-  for (int i = 0; i < argc; i++) {
-    const char *v;
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage_export(stdout);
-      return 0;
-    } else if ((v = option_value(argc, argv, &i, "--out"))) {
-      out = v;
-    } else if (!strcmp(argv[i], "--with-head")) {
-      with_head = 1;
-    } else if (argv[i][0] != '-' && !src) {
-      src = argv[i];
-    } else {
-      fprintf(stderr, "tally export: unexpected '%s' (see tally export --help)\n", argv[i]);
-      return 2;
-    }
-  }
+  const Option opts[] = {
+      {.name = "--out", .text = &out}, {.name = "--with-head", .flag = &with_head}, {.name = NULL}};
+  const CommandLine cl = {"export", usage_export, opts, one_operand, &src, "unexpected"};
+  int rc = parse_options(&cl, argc, argv);
+  if (rc) return rc == 1 ? 0 : rc;
   if (!src) {
     fprintf(stderr, "tally export: name a run folder or checkpoint (see tally export --help)\n");
     return 2;
@@ -871,94 +695,26 @@ static void usage_embed(FILE *f) {
           "                   turn (as data.limit), so every class is sampled\n");
 }
 
-// Which image each row of an embedding is: one line per row, the image's file (ImageFolder) or
-// DATA:INDEX (the index in an IDX file), control bytes written as \xNN so a line is a row.
-static int write_rows(const char *path, const Dataset *ds, const char *data) {
-  AtomicFile a;
-  if (atomic_open(&a, path) != 0) return -1;
-  for (int i = 0; i < ds->n; i++) {
-    const char *name = ds->files ? ds->files[i] : data;
-    for (const unsigned char *c = (const unsigned char *)name; *c; c++)
-      if (*c < 0x20 || *c == 0x7f || *c == '\\')
-        fprintf(a.f, "\\x%02x", *c);
-      else
-        fputc(*c, a.f);
-    if (ds->files)
-      fputc('\n', a.f);
-    else
-      fprintf(a.f, ":%d\n", i);
-  }
-  return atomic_commit(&a);
-}
-
 static int cmd_embed(int argc, char **argv) {
   const char *src = NULL, *data = NULL, *out = "embeddings.npy";
   long limit = 0;
-  for (int i = 0; i < argc; i++) {
-    const char *v;
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage_embed(stdout);
-      return 0;
-    } else if ((v = option_value(argc, argv, &i, "--out"))) {
-      out = v;
-    } else if ((v = option_value(argc, argv, &i, "--data"))) {
-      data = v;
-    } else if ((v = option_value(argc, argv, &i, "--limit"))) {
-      if (parse_count("--limit", v, &limit) || limit > INT_MAX) return 2;
-    } else if (argv[i][0] != '-' && !src) {
-      src = argv[i];
-    } else {
-      fprintf(stderr, "tally embed: unexpected '%s' (see tally embed --help)\n", argv[i]);
-      return 2;
-    }
-  }
+  const Option opts[] = {{.name = "--out", .text = &out},
+                         {.name = "--data", .text = &data},
+                         {.name = "--limit", .count = &limit},
+                         {.name = NULL}};
+  const CommandLine cl = {"embed", usage_embed, opts, one_operand, &src, "unexpected"};
+  int rc = parse_options(&cl, argc, argv);
+  if (rc) return rc == 1 ? 0 : rc;
+  if (limit > INT_MAX) return 2;
   if (!src || !data) {
     fprintf(stderr, "tally embed: name the encoder and --data (see tally embed --help)\n");
     return 2;
   }
-  // Both outputs are checked before anything is written: a refused labels file must not leave
-  // embeddings without their labels.
-  char labels_path[4200], rows_path[4200];
-  size_t stem =
-      strlen(out) > 4 && !strcmp(out + strlen(out) - 4, ".npy") ? strlen(out) - 4 : strlen(out);
-  snprintf(labels_path, sizeof labels_path, "%.*s.labels.npy", (int)stem, out);
-  snprintf(rows_path, sizeof rows_path, "%.*s.rows.txt", (int)stem, out);
-  if (output_path_check(out) != 0 || output_path_check(labels_path) != 0 ||
-      output_path_check(rows_path) != 0) {
+  if (embed_write(src, data, (int)limit, out) != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 1;
   }
-  static FeatureEncoder enc;
-  Dataset ds = {0};
-  if (feature_encoder_open(&enc, src, NULL, 0) != 0) {
-    fprintf(stderr, "tally: %s\n", tl_last_error());
-    return 1;
-  }
-  printf("reading %s...\n", data);
-  int rc = feature_dataset_load(&enc, &ds, data, (int)limit);
-  if (rc == 0) {
-    const int D = feature_encoder_dim(&enc);
-    printf("encoding %d images...\n", ds.n);
-    float *feat = tl_alloc(sizeof(float) * (size_t)ds.n * D, MEM_EVAL, COMP_OTHER);
-    rc = feature_encoder_run(&enc, &ds, ds.n, feat);
-    if (rc == 0) rc = npy_write_f32(out, feat, (size_t)ds.n, (size_t)D);
-    tl_free(feat);
-    if (rc == 0) rc = write_rows(rows_path, &ds, data);
-    if (rc == 0 && ds.n_classes > 0) {
-      int64_t *labels = tl_alloc(sizeof(int64_t) * (size_t)ds.n, MEM_EVAL, COMP_OTHER);
-      for (int i = 0; i < ds.n; i++) labels[i] = ds.labels[i];
-      rc = npy_write_i64(labels_path, labels, (size_t)ds.n);
-      tl_free(labels);
-    }
-    if (rc == 0)
-      printf(
-          "%d embeddings of dimension %d written to %s, the image of each row, in order, to %s\n",
-          ds.n, D, out, rows_path);
-  }
-  if (rc != 0) fprintf(stderr, "tally: %s\n", tl_last_error());
-  dataset_free(&ds);
-  feature_encoder_close(&enc);
-  return rc ? 1 : 0;
+  return 0;
 }
 
 static void usage_eval(FILE *f) {
@@ -1008,124 +764,45 @@ static int eval_may_set(const char *assignment) {
   return 0;
 }
 
-static void json_number(const char *name, double v, int last) {
-  if (isfinite(v))
-    printf("\"%s\": %.6g%s", name, v, last ? "" : ", ");
-  else
-    printf("\"%s\": null%s", name, last ? "" : ", ");
-}
+// What `tally eval` takes beyond its option table: the encoder, and --set checked as it comes.
+typedef struct {
+  const char *src;
+  // Two first: data.train or data.test given here replaces the run's own evaluation set.
+  const char *sets[258];
+  int n_sets, data_set;
+} EvalArgs;
 
-// One row of the eval table; a measure not taken (NaN) shows as "-".
-static void eval_row(const char *label, double encoder, double pixels) {
-  printf("%-24s %10.4f", label, encoder);
-  if (isfinite(pixels))
-    printf(" %12.4f", pixels);
-  else
-    printf(" %12s", "-");
-}
-
-// The collapse rule of the training monitor (eval/quality.h), on an evaluation's numbers.
-static int eval_collapsed(const EvalResult *r) {
-  const EmbeddingQuality q = {.rankme = r->rankme,
-                              .embedding_std = r->embedding_std,
-                              .embedding_std_reference = r->embedding_std_reference};
-  return embedding_quality_collapsed(&q);
-}
-
-static void print_eval(const FeatureEncoder *enc, const EvalResult *r, int json) {
-  if (json) {
-    printf("{\"source\": ");
-    json_put_string(stdout, enc->source);
-    printf(", \"objective\": ");
-    json_put_string(stdout, enc->objective);
-    printf(", \"step\": %ld, ", enc->step);
-    printf("\"n_train\": %d, \"n_test\": %d, \"n_classes\": %d, \"feature_dim\": %d, ", r->n_train,
-           r->n_test, r->n_classes, r->feature_dim);
-    printf("\"knn_k\": %d, ", r->knn_k);
-    json_number("knn_top1", r->knn_top1, 0);
-    json_number("knn_top1_k20", r->knn_top1_k20, 0);
-    json_number("knn_top1_raw_pixels", r->knn_top1_raw_pixels, 0);
-    json_number("knn_top1_k20_raw_pixels", r->knn_top1_k20_raw_pixels, 0);
-    json_number("linear_top1", r->linear_top1, 0);
-    json_number("linear_top1_raw_pixels", r->linear_top1_raw_pixels, 0);
-    json_number("linear_lambda", r->linear_lambda, 0);
-    json_number("linear_lambda_raw_pixels", r->linear_lambda_raw_pixels, 0);
-    json_number("rankme", r->rankme, 0);
-    json_number("embedding_std", r->embedding_std, 0);
-    json_number("embedding_std_reference", r->embedding_std_reference, 0);
-    printf(" \"collapsed\": %s,", eval_collapsed(r) ? "true" : "false");
-    json_number("seconds", r->seconds, 1);
-    printf("}\n");
-    return;
+static int eval_arg(int argc, char **argv, int *i, void *eval_args) {
+  EvalArgs *a = eval_args;
+  const char *v = option_value(argc, argv, i, "--set");
+  if (!v) return one_operand(argc, argv, i, &a->src);
+  if (!eval_may_set(v)) {
+    fprintf(stderr,
+            "tally eval: --set %s: only data.* paths, limits and stream, eval.knn_* and "
+            "eval.batch_size can change (see tally eval --help)\n",
+            v);
+    return -1;
   }
-  printf("%s (%s, step %ld): %d training, %d test images, %d classes, %d-d features\n", enc->source,
-         enc->objective[0] ? enc->objective : "?", enc->step, r->n_train, r->n_test, r->n_classes,
-         r->feature_dim);
-  printf("%-24s %10s %12s\n", "", "encoder", "raw pixels");
-  char k_label[32];
-  snprintf(k_label, sizeof k_label, "kNN top-1 (k=%d)", r->knn_k);
-  if (isfinite(r->knn_top1)) {
-    eval_row(k_label, r->knn_top1, r->knn_top1_raw_pixels);
-    printf("\n");
-    eval_row("kNN top-1 (k=20)", r->knn_top1_k20, r->knn_top1_k20_raw_pixels);
-    printf("\n");
-  }
-  if (isfinite(r->linear_top1)) {
-    eval_row("linear probe top-1", r->linear_top1, r->linear_top1_raw_pixels);
-    if (isfinite(r->linear_lambda_raw_pixels))
-      printf("   (L2 %g / %g)\n", r->linear_lambda, r->linear_lambda_raw_pixels);
-    else
-      printf("   (L2 %g)\n", r->linear_lambda);
-  }
-  printf("%-24s %10.1f   (effective rank of the training set's embeddings, of %d)\n", "rankme",
-         r->rankme, r->feature_dim);
-  printf("%-24s %10.4f   (per dimension, L2-normalized; 1/sqrt(d) = %.4f, collapsed ~ 0)\n",
-         "embedding_std", r->embedding_std, r->embedding_std_reference);
-  if (eval_collapsed(r))
-    printf(
-        "warning: the embeddings have collapsed: embedding_std is below %g of 1/sqrt(d), every "
-        "image maps to nearly the same direction\n",
-        QUALITY_COLLAPSED_FRACTION);
-  printf("%.1f s\n", r->seconds);
+  if (a->n_sets == 258) return -1;
+  a->sets[a->n_sets++] = v;
+  a->data_set |= !strncmp(v, "data.train=", 11) || !strncmp(v, "data.test=", 10);
+  return 1;
 }
 
 static int cmd_eval(int argc, char **argv) {
-  const char *src = NULL;
-  // Two first: data.train or data.test given here replaces the run's own evaluation set.
-  const char *sets[258] = {"eval.train=", "eval.test="};
-  int n_sets = 2, json = 0, no_baseline = 0, data_set = 0;
+  EvalArgs a = {.sets = {"eval.train=", "eval.test="}, .n_sets = 2};
+  int json = 0, no_baseline = 0;
   EvalOptions opt = {0};
-  for (int i = 0; i < argc; i++) {
-    const char *v;
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage_eval(stdout);
-      return 0;
-    } else if ((v = option_value(argc, argv, &i, "--set"))) {
-      if (!eval_may_set(v)) {
-        fprintf(stderr,
-                "tally eval: --set %s: only data.* paths, limits and stream, eval.knn_* and "
-                "eval.batch_size can change (see tally eval --help)\n",
-                v);
-        return 2;
-      }
-      if (n_sets == 258) return 2;
-      sets[n_sets++] = v;
-      data_set |= !strncmp(v, "data.train=", 11) || !strncmp(v, "data.test=", 10);
-    } else if (!strcmp(argv[i], "--knn")) {
-      opt.knn = 1;
-    } else if (!strcmp(argv[i], "--no-baseline")) {
-      no_baseline = 1;
-    } else if (!strcmp(argv[i], "--linear")) {
-      opt.linear = 1;
-    } else if (!strcmp(argv[i], "--json")) {
-      json = 1;
-    } else if (argv[i][0] != '-' && !src) {
-      src = argv[i];
-    } else {
-      fprintf(stderr, "tally eval: unexpected '%s' (see tally eval --help)\n", argv[i]);
-      return 2;
-    }
-  }
+  const Option opts[] = {{.name = "--knn", .flag = &opt.knn},
+                         {.name = "--no-baseline", .flag = &no_baseline},
+                         {.name = "--linear", .flag = &opt.linear},
+                         {.name = "--json", .flag = &json},
+                         {.name = NULL}};
+  const CommandLine cl = {"eval", usage_eval, opts, eval_arg, &a, "unexpected"};
+  int rc = parse_options(&cl, argc, argv);
+  if (rc) return rc == 1 ? 0 : rc;
+  const char *src = a.src, **sets = a.sets;
+  const int n_sets = a.n_sets, data_set = a.data_set;
   if (!src) {
     fprintf(stderr, "tally eval: name a run folder, checkpoint or export (see --help)\n");
     return 2;
@@ -1140,9 +817,9 @@ static int cmd_eval(int argc, char **argv) {
     return 1;
   }
   EvalResult r;
-  int rc = evaluate_encoder(&enc, &opt, &r);
+  rc = evaluate_encoder(&enc, &opt, &r);
   if (rc == 0)
-    print_eval(&enc, &r, json);
+    evaluate_print(stdout, &enc, &r, json);
   else
     fprintf(stderr, "tally: %s\n", tl_last_error());
   // A run folder keeps the result beside its monitor's, for tally report. Not recording it
@@ -1285,7 +962,8 @@ static int cmd_compare(int argc, char **argv) {
                          {.name = "--quiet", .flag = &spec.quiet},
                          {.name = "--no-memory-check", .flag = &spec.no_memory_check},
                          {.name = NULL}};
-  int rc = parse_options("compare", argc, argv, opts, compare_arg, &args, usage_compare);
+  const CommandLine cl = {"compare", usage_compare, opts, compare_arg, &args, "unknown option"};
+  int rc = parse_options(&cl, argc, argv);
   if (rc) return rc == 1 ? 0 : rc;
   if (!objectives || !budgets || !spec.out_dir) {
     fprintf(stderr, "tally compare: name --objectives, --budget and --out (see --help)\n");
@@ -1331,14 +1009,10 @@ static void usage_keys(FILE *f) {
 }
 
 static int cmd_keys(int argc, char **argv) {
-  for (int i = 0; i < argc; i++) {
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage_keys(stdout);
-      return 0;
-    }
-    fprintf(stderr, "tally keys: unexpected '%s' (see tally keys --help)\n", argv[i]);
-    return 2;
-  }
+  const Option opts[] = {{.name = NULL}};
+  const CommandLine cl = {"keys", usage_keys, opts, NULL, NULL, "unexpected"};
+  int rc = parse_options(&cl, argc, argv);
+  if (rc) return rc == 1 ? 0 : rc;
   config_write_reference(stdout);
   return 0;
 }
@@ -1369,6 +1043,7 @@ static void open_standard_streams(void) {
 
 int main(int argc, char **argv) {
   open_standard_streams();
+  objective_register_config();
   setvbuf(stdout, NULL, _IOLBF, 0);
   set_search_root();
   if (argc < 2) {
@@ -1384,14 +1059,14 @@ int main(int argc, char **argv) {
     printf("tally %s\n", TALLY_VERSION);
     return 0;
   }
-  if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
-  if (!strcmp(cmd, "plan")) return cmd_plan(argc - 2, argv + 2);
-  if (!strcmp(cmd, "report")) return cmd_report(argc - 2, argv + 2);
-  if (!strcmp(cmd, "compare")) return cmd_compare(argc - 2, argv + 2);
-  if (!strcmp(cmd, "eval")) return cmd_eval(argc - 2, argv + 2);
-  if (!strcmp(cmd, "embed")) return cmd_embed(argc - 2, argv + 2);
-  if (!strcmp(cmd, "export")) return cmd_export(argc - 2, argv + 2);
-  if (!strcmp(cmd, "keys")) return cmd_keys(argc - 2, argv + 2);
+  static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+  } commands[] = {{"train", cmd_train},     {"plan", cmd_plan}, {"report", cmd_report},
+                  {"compare", cmd_compare}, {"eval", cmd_eval}, {"embed", cmd_embed},
+                  {"export", cmd_export},   {"keys", cmd_keys}};
+  for (size_t c = 0; c < sizeof commands / sizeof *commands; c++)
+    if (!strcmp(cmd, commands[c].name)) return commands[c].run(argc - 2, argv + 2);
   fprintf(stderr, "tally: unknown command '%s' (see tally --help)\n", cmd);
   return 2;
 }

@@ -300,6 +300,7 @@ static void test_stop_and_resume_is_bit_exact(void **state) {
 }
 
 int main(void) {
+  objective_register_config();
   if (cli_test_init("byol") != 0) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_loss_matches_pytorch),

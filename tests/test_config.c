@@ -20,6 +20,7 @@
 
 #include "config.h"
 #include "core/error.h"
+#include "objectives/objective.h"
 
 // A key's value as config_write would write it.
 static const char *value_of(const Config *c, const char *name) {
@@ -865,6 +866,7 @@ static void datasets_are_named_in_data(void **state) {
 }
 
 int main(void) {
+  objective_register_config();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(defaults_validate_and_name_their_model),
       cmocka_unit_test(every_default_is_a_valid_value),

@@ -17,6 +17,7 @@
 
 #include "cli_test_util.h"
 #include "config.h"
+#include "objectives/objective.h"
 
 static const char begin_marker[] = "<!-- keys:begin -->\n\n";
 static const char end_marker[] = "\n<!-- keys:end -->";
@@ -138,6 +139,7 @@ static void test_help_names_the_command(void **state) {
 }
 
 int main(void) {
+  objective_register_config();
   // Only the binary's path is wanted: the scratch folder it makes stays unused.
   if (cli_test_init("config-reference") == 0) rmdir(tmpdir);
   const struct CMUnitTest tests[] = {

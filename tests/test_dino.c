@@ -196,6 +196,7 @@ static void test_stop_and_resume_is_bit_exact(void **state) {
 }
 
 int main(void) {
+  objective_register_config();
   if (cli_test_init("dino") != 0) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_loss_matches_pytorch),         cmocka_unit_test(test_step_gradient_vit),

@@ -539,6 +539,7 @@ static void test_own_fields_round_trip(void **state) {
 }
 
 int main(void) {
+  objective_register_config();
   if (cli_test_init("ledger") != 0) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_own_fields_round_trip),

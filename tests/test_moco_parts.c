@@ -18,6 +18,7 @@
 #include "objectives/key_queue.h"
 #include "objectives/moco.h"
 #include "objectives/ntxent.h"
+#include "objectives/objective.h"
 
 enum { N = INFONCE_REF_N, D = INFONCE_REF_DIM, K = INFONCE_REF_K };
 
@@ -325,6 +326,7 @@ static void test_shufflebn_three_replicas(void **state) {
 }
 
 int main(void) {
+  objective_register_config();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_infonce_reference_and_fd),
       cmocka_unit_test(test_infonce_unusable_is_absent),

@@ -324,6 +324,7 @@ static void test_mae_mask_per_image_and_step(void **state) {
 }
 
 int main(void) {
+  objective_register_config();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_inbatch_vit_gradient),
       cmocka_unit_test(test_moco_vit_gradient),

@@ -13,6 +13,7 @@
 #include "core/params.h"
 #include "core/rng.h"
 #include "train/optim.h"
+#include "objectives/objective.h"
 
 // A 7-float set: "w" (3, decayed and LARS-adapted), "b" (2, no_decay), "bn.mean" (2, buffer).
 enum { W_OFF = 0, W_N = 3, B_OFF = 3, B_N = 2, BUF_OFF = 5, BUF_N = 2, N = 7, STEPS = 3 };
@@ -302,6 +303,7 @@ static void test_schedule(void **state) {
 }
 
 int main(void) {
+  objective_register_config();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sgd_by_hand),
       cmocka_unit_test(test_lars_by_hand),

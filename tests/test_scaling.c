@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "ledger/scaling.h"
 #include "train/plan.h"
+#include "objectives/objective.h"
 
 // A replica of 64 samples: 10 ms loading, 100 forward, 200 backward, 5 optimizer, no collectives.
 static const MeasuredRun run = {.replicas = 1,
@@ -358,6 +359,7 @@ static void test_payload_rate(void **state) {
 }
 
 int main(void) {
+  objective_register_config();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_one_node_is_the_measured_run),
       cmocka_unit_test(test_split_batch_over_four_nodes),

@@ -20,6 +20,7 @@
 #include "nn/backbone.h"
 #include "ops/batchnorm.h"
 #include "parallel/comm.h"
+#include "objectives/objective.h"
 
 enum { N_ALL = 8, C = 32, H = 8, W = 8, MAX_WORLD = 3 };
 #define PIX (H * W)
@@ -307,6 +308,7 @@ static void test_moco_two_replicas_train_like_one(void **state) {
 }
 
 int main(void) {
+  objective_register_config();
   if (cli_test_init("sync-bn") != 0) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_two_uneven_replicas_equal_one),

@@ -189,6 +189,7 @@ static void test_vicreg_resume_is_exact(void **state) {
 }
 
 int main(void) {
+  objective_register_config();
   if (cli_test_init("vicreg") != 0) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_vicreg_loss_reference),

@@ -84,10 +84,8 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   o->target_backbone = objective_encoder(env, &target, rows, &o->target_projector, "head");
   if (!env->ctx->dry_run) ema_copy(&o->target_params, env->params);
 
-  env->ctx->component = COMP_LOSS;
   byol_loss_init(&o->loss, rows, d);
   o->dp = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT_GRAD, COMP_LOSS);
-  env->ctx->component = COMP_ENCODER;
   TL_ASSERT(paramset_complete(env->params));
   TL_ASSERT(o->target_params.used == o->target_params.count);
   return &o->base;
@@ -122,7 +120,6 @@ static ObjectiveLoss byol_step(Objective *base, const Batch *batch, LedgerRecord
 
   // The batch is view-major, so views 0 and 1 of all samples form one 2b-image forward, for the
   // target as for the online network.
-  ctx->component = COMP_ENCODER;
   o->target_backbone->forward(o->target_backbone, ctx, batch->views);
   head_forward(&o->target_projector, ctx, o->target_backbone->feature);
   base->online->forward(base->online, ctx, batch->views);

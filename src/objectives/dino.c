@@ -242,23 +242,19 @@ static Objective *dino_create(const ObjectiveEnv *env) {
   }
   o->features = tl_alloc(sizeof(float) * (size_t)o->rows * D, MEM_ACT, COMP_ENCODER);
   head_init(&o->head, &student, "head", o->rows, D, hidden, bottleneck);
-  env->ctx->component = COMP_HEAD;
   normed_last_init(&o->last, env->ctx, env->params, o->rows, bottleneck, K, 1);
 
   // The teacher starts as an exact copy of every student parameter, taken in the same order.
   paramset_alloc_nograd(&o->teacher_params, env->params->used, cfg->train.seed, MEM_MOMENTUM);
   Builder teacher = {.ctx = env->ctx, .params = &o->teacher_params, .mode = OP_FORWARD};
   o->teacher = objective_encoder(env, &teacher, global_rows, &o->teacher_head, "head");
-  env->ctx->component = COMP_HEAD;
   normed_last_init(&o->teacher_last, env->ctx, &o->teacher_params, global_rows, bottleneck, K, 0);
   if (!env->ctx->dry_run) ema_copy(&o->teacher_params, env->params);
 
   o->center = tl_alloc(sizeof(float) * (size_t)K, MEM_MOMENTUM, COMP_LOSS);
   o->batch_center = tl_alloc(sizeof(float) * (size_t)K, MEM_WORKSPACE, COMP_LOSS);
-  env->ctx->component = COMP_LOSS;
   dino_loss_init(&o->loss, env->ctx, o->b, GLOBAL_CROPS, GLOBAL_CROPS + set->local_crops, K);
   o->dlogits = tl_alloc(sizeof(float) * (size_t)o->rows * K, MEM_ACT_GRAD, COMP_LOSS);
-  env->ctx->component = COMP_ENCODER;
   TL_ASSERT(paramset_complete(env->params));
   TL_ASSERT(o->teacher_params.used == o->teacher_params.count);
   return &o->base;
@@ -287,7 +283,6 @@ static ObjectiveLoss dino_step(Objective *base, const Batch *batch, LedgerRecord
             batch->group[0].count == GLOBAL_CROPS);
   const float *global_views = batch->group[0].views;
 
-  ctx->component = COMP_ENCODER;
   o->teacher->forward(o->teacher, ctx, global_views);
   head_forward(&o->teacher_head, ctx, o->teacher->feature);
   normed_last_forward(&o->teacher_last, ctx, o->teacher_head.out);
@@ -314,10 +309,8 @@ static ObjectiveLoss dino_step(Objective *base, const Batch *batch, LedgerRecord
       dino_loss_forward_backward(&o->loss, ctx, o->last.logits, o->teacher_last.logits, o->center,
                                  set->student_temp, tau_t, b, o->dlogits);
   objective_backward_begins(base);
-  ctx->component = COMP_HEAD;
   normed_last_backward(&o->last, ctx, base->env.params, o->dlogits);
   head_backward(&o->head, ctx, o->last.dz);
-  ctx->component = COMP_ENCODER;
   const double local_bwd0 = ctx->flops_backward[COMP_ENCODER];
   if (o->local) o->local->backward(o->local, ctx, o->head.din + (size_t)global_rows * D);
   const double local_bwd = ctx->flops_backward[COMP_ENCODER] - local_bwd0;

@@ -53,14 +53,12 @@ static Objective *inbatch_create(const ObjectiveEnv *env) {
   int rows = 2 * o->b, M = 2 * env->global_batch, d = cfg->model.head_out_dim;
   Builder bld = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
   o->base.online = objective_encoder(env, &bld, rows, &o->head, "head");
-  env->ctx->component = COMP_LOSS;
   ntxent_init(&o->loss, env->ctx, M, rows, d, set->temperature);
   o->u_local = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT, COMP_LOSS);
   o->norms = tl_alloc(sizeof(float) * (size_t)rows, MEM_ACT, COMP_LOSS);
   o->u_all = tl_alloc(sizeof(float) * (size_t)M * d, MEM_ACT, COMP_LOSS);
   o->du_local = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT_GRAD, COMP_LOSS);
   o->dz = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT_GRAD, COMP_LOSS);
-  env->ctx->component = COMP_ENCODER;
   TL_ASSERT(paramset_complete(env->params));
   return &o->base;
 }

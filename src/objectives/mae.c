@@ -156,7 +156,6 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   o->dec_in = tl_alloc(sizeof(float) * (size_t)b * o->Td * o->Dd, MEM_ACT, COMP_DECODER);
   o->dembed = tl_alloc(sizeof(float) * (size_t)b * o->Te * o->Dd, MEM_ACT_GRAD, COMP_DECODER);
 
-  env->ctx->component = COMP_LOSS;
   o->keep = tl_alloc(sizeof(int) * (size_t)b * o->n_keep, MEM_ACT, COMP_LOSS);
   o->slot_of = tl_alloc(sizeof(int) * (size_t)b * o->P, MEM_ACT, COMP_LOSS);
   o->masked = tl_alloc((size_t)b * o->P, MEM_ACT, COMP_LOSS);
@@ -375,7 +374,6 @@ static ObjectiveLoss mae_step(Objective *base, const Batch *batch, LedgerRecord 
   TL_ASSERT(batch->n == b && batch->n_views == 1);
 
   if (!ctx->dry_run) draw_masks(o, batch);
-  ctx->component = COMP_ENCODER;
   vit_forward_visible(o->encoder, ctx, batch->views, o->keep);
 
   linear_forward(&o->embed, ctx, o->encoder->tokens);
@@ -403,7 +401,6 @@ static ObjectiveLoss mae_step(Objective *base, const Batch *batch, LedgerRecord 
   if (!ctx->dry_run) scatter_decoder_grad(o, d);
   paramset_grad_contributed(base->env.params, o->dmask_token, (size_t)Dd);
   linear_backward(&o->embed, ctx, o->dembed);
-  ctx->component = COMP_ENCODER;
   vit_backward_tokens(o->encoder, ctx, o->embed.din);
 
   rec->views_grad = b;

@@ -97,7 +97,6 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   o->key_backbone = objective_encoder(env, &key, nq, &o->key_head, "key_head");
   if (!env->ctx->dry_run) ema_copy(&o->key_params, env->params);
 
-  env->ctx->component = COMP_LOSS;
   infonce_init(&o->loss, env->ctx, nq, K, d, settings(cfg)->temperature);
   key_queue_init(&o->queue, K, d, cfg->train.seed);
   size_t qd = (size_t)nq * d;
@@ -116,7 +115,6 @@ static Objective *moco_create(const ObjectiveEnv *env) {
     o->all_keys = tl_alloc(sizeof(float) * (size_t)nq_global * d, MEM_WORKSPACE, COMP_LOSS);
     o->perm = tl_alloc(sizeof(int) * (size_t)nq_global, MEM_WORKSPACE, COMP_OTHER);
   }
-  env->ctx->component = COMP_ENCODER;
   TL_ASSERT(paramset_complete(env->params));
   TL_ASSERT(o->key_params.used == o->key_params.count);
   return &o->base;
@@ -212,7 +210,6 @@ static ObjectiveLoss moco_step(Objective *base, const Batch *batch, LedgerRecord
     if (settings(cfg)->symmetric)
       memcpy(o->key_images + (size_t)b * f, view0, sizeof(float) * (size_t)b * f);
   }
-  ctx->component = COMP_ENCODER;
   if (comm_size(comm) > 1)
     encode_keys_shuffled(o, ctx);
   else

@@ -111,11 +111,13 @@ const void *objective_settings(const Config *cfg, const ObjectiveDef *def) {
   return cfg->objective_settings[objective_index(def)];
 }
 
-int objective_config_sections(const char **names, const ConfigSection **sections, int max) {
+void objective_register_config(void) {
   _Static_assert(N_OBJECTIVES <= CONFIG_MAX_OBJECTIVES, "raise CONFIG_MAX_OBJECTIVES");
-  for (int i = 0; i < N_OBJECTIVES && i < max; i++) {
+  const char *names[N_OBJECTIVES];
+  const ConfigSection *sections[N_OBJECTIVES];
+  for (int i = 0; i < N_OBJECTIVES; i++) {
     names[i] = objective_table[i]->name;
     sections[i] = objective_table[i]->settings;
   }
-  return N_OBJECTIVES;
+  config_register_objectives(names, sections, N_OBJECTIVES);
 }

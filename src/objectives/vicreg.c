@@ -63,11 +63,9 @@ static Objective *vicreg_create(const ObjectiveEnv *env) {
   Builder bld = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
   // Named "head" like every objective's projection head, so export --with-head and --init take it.
   o->base.online = objective_encoder(env, &bld, rows, &o->expander, "head");
-  env->ctx->component = COMP_LOSS;
   vicreg_loss_init(&o->loss, env->ctx, env->global_batch, o->b, d, set->sim_coeff, set->std_coeff,
                    set->cov_coeff);
   o->dz = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT_GRAD, COMP_LOSS);
-  env->ctx->component = COMP_ENCODER;
   TL_ASSERT(paramset_complete(env->params));
   return &o->base;
 }

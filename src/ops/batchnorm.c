@@ -52,13 +52,8 @@ static size_t bn_elems(const BatchNorm *l) { return (size_t)l->N * l->H * l->W *
 
 static void bn_take_params(BatchNorm *l, Builder *b, const char *name) {
   const int C = l->C;
+  op_take_scale_shift(b, name, (size_t)C, &l->gamma, &l->dgamma, &l->beta, &l->dbeta);
   char pname[96];
-  snprintf(pname, sizeof pname, "%s.gamma", name);
-  l->gamma = paramset_take(b->params, pname, (size_t)C, 1, &l->dgamma);
-  paramset_init_const(b->params, l->gamma, (size_t)C, 1.0f);
-  snprintf(pname, sizeof pname, "%s.beta", name);
-  l->beta = paramset_take(b->params, pname, (size_t)C, 1, &l->dbeta);
-  paramset_init_const(b->params, l->beta, (size_t)C, 0.0f);
   snprintf(pname, sizeof pname, "%s.running_mean", name);
   l->running_mean = paramset_take_buffer(b->params, pname, (size_t)C);
   paramset_init_const(b->params, l->running_mean, (size_t)C, 0.0f);

@@ -27,6 +27,7 @@
 //   ctx->flops_forward/backward[component given at creation].
 #pragma once
 #include "core/dnnl_ctx.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -298,4 +299,17 @@ static inline void op_grads_end(DnnlCtx *ctx, MemComponent comp, const OpCalls *
       op_grad_commit(ctx, comp, c->params, g->grad[i], g->target[i], g->count[i]);
       paramset_grad_contributed(c->params, g->grad[i], g->count[i]);
     }
+}
+
+// A normalization's affine parameters from the builder's set: NAME.gamma (ones) and NAME.beta
+// (zeros), n each, without weight decay, with their gradients (batchnorm, layernorm).
+static inline void op_take_scale_shift(const Builder *b, const char *name, size_t n, float **gamma,
+                                       float **dgamma, float **beta, float **dbeta) {
+  char pname[96];
+  snprintf(pname, sizeof pname, "%s.gamma", name);
+  *gamma = paramset_take(b->params, pname, n, 1, dgamma);
+  paramset_init_const(b->params, *gamma, n, 1.0f);
+  snprintf(pname, sizeof pname, "%s.beta", name);
+  *beta = paramset_take(b->params, pname, n, 1, dbeta);
+  paramset_init_const(b->params, *beta, n, 0.0f);
 }

@@ -35,13 +35,7 @@ void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   l->eps = 1e-6f;
   op_calls_init(&l->calls, b);
 
-  char pname[64];
-  snprintf(pname, sizeof pname, "%s.gamma", name);
-  l->gamma = paramset_take(b->params, pname, (size_t)D, 1, &l->dgamma);
-  paramset_init_const(b->params, l->gamma, (size_t)D, 1.0f);
-  snprintf(pname, sizeof pname, "%s.beta", name);
-  l->beta = paramset_take(b->params, pname, (size_t)D, 1, &l->dbeta);
-  paramset_init_const(b->params, l->beta, (size_t)D, 0.0f);
+  op_take_scale_shift(b, name, (size_t)D, &l->gamma, &l->dgamma, &l->beta, &l->dbeta);
 
   struct LayerNormPrivate *p = calloc(1, sizeof *p);
   if (!p) TL_DIE("out of memory");

@@ -4,7 +4,7 @@
 #pragma once
 #include <stdio.h>
 
-#include "train/compare.h"
+#include "train/compare_spec.h"
 
 // The measures, one table for compare.json, compare.html and the verdict.
 typedef enum {

@@ -13,6 +13,7 @@
 #include "eval/quality.h"
 #include "io/atomic_file.h"
 #include "io/dir_lock.h"
+#include "io/json_write.h"
 #include "io/regular_file.h"
 
 static void say(const EvalOptions *opt, const char *what, int n) {
@@ -201,4 +202,85 @@ int evaluate_record(const char *dir, long step, const EvalResult *r) {
                           .seconds = r->seconds};
   knn_result_write_line(a.f, step, "encoder", "tally eval", &line);
   return atomic_commit(&a);
+}
+
+static void json_number(FILE *f, const char *name, double v, int last) {
+  if (isfinite(v))
+    fprintf(f, "\"%s\": %.6g%s", name, v, last ? "" : ", ");
+  else
+    fprintf(f, "\"%s\": null%s", name, last ? "" : ", ");
+}
+
+// One row of the eval table; a measure not taken (NaN) shows as "-".
+static void eval_row(FILE *f, const char *label, double encoder, double pixels) {
+  fprintf(f, "%-24s %10.4f", label, encoder);
+  if (isfinite(pixels))
+    fprintf(f, " %12.4f", pixels);
+  else
+    fprintf(f, " %12s", "-");
+}
+
+// The collapse rule of the training monitor (eval/quality.h), on an evaluation's numbers.
+static int eval_collapsed(const EvalResult *r) {
+  const EmbeddingQuality q = {.rankme = r->rankme,
+                              .embedding_std = r->embedding_std,
+                              .embedding_std_reference = r->embedding_std_reference};
+  return embedding_quality_collapsed(&q);
+}
+
+void evaluate_print(FILE *f, const FeatureEncoder *enc, const EvalResult *r, int json) {
+  if (json) {
+    fprintf(f, "{\"source\": ");
+    json_put_string(f, enc->source);
+    fprintf(f, ", \"objective\": ");
+    json_put_string(f, enc->objective);
+    fprintf(f, ", \"step\": %ld, ", enc->step);
+    fprintf(f, "\"n_train\": %d, \"n_test\": %d, \"n_classes\": %d, \"feature_dim\": %d, ",
+            r->n_train, r->n_test, r->n_classes, r->feature_dim);
+    fprintf(f, "\"knn_k\": %d, ", r->knn_k);
+    json_number(f, "knn_top1", r->knn_top1, 0);
+    json_number(f, "knn_top1_k20", r->knn_top1_k20, 0);
+    json_number(f, "knn_top1_raw_pixels", r->knn_top1_raw_pixels, 0);
+    json_number(f, "knn_top1_k20_raw_pixels", r->knn_top1_k20_raw_pixels, 0);
+    json_number(f, "linear_top1", r->linear_top1, 0);
+    json_number(f, "linear_top1_raw_pixels", r->linear_top1_raw_pixels, 0);
+    json_number(f, "linear_lambda", r->linear_lambda, 0);
+    json_number(f, "linear_lambda_raw_pixels", r->linear_lambda_raw_pixels, 0);
+    json_number(f, "rankme", r->rankme, 0);
+    json_number(f, "embedding_std", r->embedding_std, 0);
+    json_number(f, "embedding_std_reference", r->embedding_std_reference, 0);
+    fprintf(f, " \"collapsed\": %s,", eval_collapsed(r) ? "true" : "false");
+    json_number(f, "seconds", r->seconds, 1);
+    fprintf(f, "}\n");
+    return;
+  }
+  fprintf(f, "%s (%s, step %ld): %d training, %d test images, %d classes, %d-d features\n",
+          enc->source, enc->objective[0] ? enc->objective : "?", enc->step, r->n_train, r->n_test,
+          r->n_classes, r->feature_dim);
+  fprintf(f, "%-24s %10s %12s\n", "", "encoder", "raw pixels");
+  char k_label[32];
+  snprintf(k_label, sizeof k_label, "kNN top-1 (k=%d)", r->knn_k);
+  if (isfinite(r->knn_top1)) {
+    eval_row(f, k_label, r->knn_top1, r->knn_top1_raw_pixels);
+    fprintf(f, "\n");
+    eval_row(f, "kNN top-1 (k=20)", r->knn_top1_k20, r->knn_top1_k20_raw_pixels);
+    fprintf(f, "\n");
+  }
+  if (isfinite(r->linear_top1)) {
+    eval_row(f, "linear probe top-1", r->linear_top1, r->linear_top1_raw_pixels);
+    if (isfinite(r->linear_lambda_raw_pixels))
+      fprintf(f, "   (L2 %g / %g)\n", r->linear_lambda, r->linear_lambda_raw_pixels);
+    else
+      fprintf(f, "   (L2 %g)\n", r->linear_lambda);
+  }
+  fprintf(f, "%-24s %10.1f   (effective rank of the training set's embeddings, of %d)\n", "rankme",
+          r->rankme, r->feature_dim);
+  fprintf(f, "%-24s %10.4f   (per dimension, L2-normalized; 1/sqrt(d) = %.4f, collapsed ~ 0)\n",
+          "embedding_std", r->embedding_std, r->embedding_std_reference);
+  if (eval_collapsed(r))
+    fprintf(f,
+            "warning: the embeddings have collapsed: embedding_std is below %g of 1/sqrt(d), every "
+            "image maps to nearly the same direction\n",
+            QUALITY_COLLAPSED_FRACTION);
+  fprintf(f, "%.1f s\n", r->seconds);
 }

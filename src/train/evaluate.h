@@ -3,6 +3,8 @@
 // and a linear probe on frozen features — next to the same measures on raw pixels, the baseline
 // a representation must beat.
 #pragma once
+#include <stdio.h>
+
 #include "train/features.h"
 
 typedef struct {
@@ -36,3 +38,8 @@ int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r);
 // into place (io/atomic_file.h): a crash leaves the old file or the new one, and a cut-off last
 // line (a killed run's) is dropped rather than joined to the record. -1 with tl_last_error().
 int evaluate_record(const char *dir, long step, const EvalResult *r);
+
+// r as `tally eval` prints it to f: a table of the encoder's measures beside the raw pixels', the
+// label-free ones and a warning when the embeddings have collapsed; with `json`, one JSON object
+// (knn_top1, linear_top1, rankme, embedding_std, collapsed, seconds, ...).
+void evaluate_print(FILE *f, const FeatureEncoder *enc, const EvalResult *r, int json);

@@ -13,6 +13,7 @@
 #include "config.h"
 #include "core/error.h"
 #include "fuzz_util.h"
+#include "objectives/objective.h"
 
 // The text config_write (or config_write_model) produces, malloc'ed.
 static char *written(const Config *cfg, void (*write)(const Config *, FILE *)) {
@@ -60,6 +61,14 @@ static void check_round_trip(const Config *cfg) {
   free(model);
   free(recipe_again);
   free(model_again);
+}
+
+// libFuzzer calls it once, before the first input: config reads the objectives' sections.
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  (void)argc;
+  (void)argv;
+  objective_register_config();
+  return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

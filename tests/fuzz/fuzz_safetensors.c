@@ -9,6 +9,7 @@
 
 #include "config.h"
 #include "fuzz_util.h"
+#include "objectives/objective.h"
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
@@ -63,6 +64,14 @@ static void find_weights(const StFile *f, const ModelSpec *spec, int channels) {
     weights_find(f, &e, spec, channels, out, "fuzz");
     free(out);
   }
+}
+
+// libFuzzer calls it once, before the first input: config reads the objectives' sections.
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  (void)argc;
+  (void)argv;
+  objective_register_config();
+  return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
