@@ -73,7 +73,11 @@ void paramset_alloc_counting(ParamSet *ps, uint64_t seed) {
 int paramset_complete(const ParamSet *ps) { return ps->counting || ps->used == ps->count; }
 
 void paramset_free(ParamSet *ps) {
-  if (ps->counting) {
+  if (ps->owner) {
+    // A view: its data, gradients and (counting) reservations are its owner's, freed with it.
+    // Unmapping a counting owner's window here as well unmapped it twice, and the second time
+    // whatever another thread had mapped there meanwhile.
+  } else if (ps->counting) {
     munmap(ps->data, ps->counting_window * sizeof(float));
     munmap(ps->grad, ps->counting_window * sizeof(float));
   } else if (ps->owns) {
