@@ -141,6 +141,11 @@ static const KeySpec recipe_keys[] = {
               "weight decay; biases and normalization parameters have none"),
     INT_KEY(RECIPE(optim, warmup_steps), "0", 0, INT_MAX,
             "steps of linear warm-up to `lr`; 0 = none"),
+    INT_KEY(RECIPE(optim, backbone_freeze_steps), "0", 0, INT_MAX,
+            "steps at the start in which only the heads (projector, predictor, decoder) are "
+            "updated: the backbone, its momentum and its weight decay stay as they are, while "
+            "heads that start random learn to read its features; 0 = none. `sgd` and `lars` "
+            "only"),
     TEXT_KEY(RECIPE(optim, schedule), "cosine", "cosine|constant",
              "learning rate after warm-up: `cosine` decays it to 0 at the run's end, "
              "`constant` keeps it"),
@@ -985,6 +990,11 @@ int config_validate(const Config *cfg) {
     return tl_fail("%s: [augment] crop_scale_min = %g is larger than crop_scale_max = %g",
                    ORIGIN("augment.crop_scale_min", "augment.crop_scale_max"),
                    cfg->augment.crop_scale_min, cfg->augment.crop_scale_max);
+  if (cfg->optim.backbone_freeze_steps > 0 && strcmp(cfg->optim.name, "adamw") == 0)
+    return tl_fail(
+        "%s: [optim] backbone_freeze_steps = %d needs `sgd` or `lars`: adamw's bias "
+        "correction counts every update of the block, which a frozen backbone misses",
+        ORIGIN("optim.backbone_freeze_steps", "optim.name"), cfg->optim.backbone_freeze_steps);
   if (cfg->model.sync_bn && cfg->model.bn_splits > 1)
     return tl_fail(
         "%s: [model] sync_bn = 1 and bn_splits = %d ask for opposite statistics (the "

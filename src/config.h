@@ -72,16 +72,17 @@ typedef struct {
   } train;
 
   struct {
-    char name[16];       // sgd | lars | adamw
-    float lr;            // peak learning rate (at lr_batch when set: config_lr)
-    int lr_batch;        // 0: lr as it is; else the global batch lr is given for
-    float momentum;      // 0.9 (sgd, lars)
-    float weight_decay;  // 5e-4
-    int warmup_steps;    // 0
-    char schedule[16];   // cosine | constant
-    float beta1, beta2;  // 0.9, 0.95 (adamw)
-    float eps;           // 1e-8 (adamw)
-    float lars_eta;      // 0.001 trust coefficient
+    char name[16];              // sgd | lars | adamw
+    float lr;                   // peak learning rate (at lr_batch when set: config_lr)
+    int lr_batch;               // 0: lr as it is; else the global batch lr is given for
+    float momentum;             // 0.9 (sgd, lars)
+    float weight_decay;         // 5e-4
+    int warmup_steps;           // 0
+    int backbone_freeze_steps;  // 0: the backbone is not updated before this step
+    char schedule[16];          // cosine | constant
+    float beta1, beta2;         // 0.9, 0.95 (adamw)
+    float eps;                  // 1e-8 (adamw)
+    float lars_eta;             // 0.001 trust coefficient
   } optim;
 
   // Each objective's own section ([inbatch], [moco], [mae], ...), one slot per objective in the

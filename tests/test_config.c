@@ -548,6 +548,7 @@ static const char *const every_key[][2] = {
     {"optim.momentum", "0.8"},
     {"optim.weight_decay", "1e-5"},
     {"optim.warmup_steps", "7"},
+    {"optim.backbone_freeze_steps", "3"},
     {"optim.schedule", "constant"},
     {"optim.beta1", "0.85"},
     {"optim.beta2", "0.999"},
@@ -707,6 +708,12 @@ static void validate_cross_field(void **state) {
   memcpy(&c, &base, sizeof c);
   c.model.file[0] = '\0';
   expect_invalid(&c, "[model] file is empty");
+
+  memcpy(&c, &base, sizeof c);
+  assert_int_equal(config_set(&c, "optim.backbone_freeze_steps=5"), 0);
+  assert_int_equal(config_validate(&c), 0);
+  assert_int_equal(config_set(&c, "optim.name=adamw"), 0);
+  expect_invalid(&c, "[optim] backbone_freeze_steps = 5 needs `sgd` or `lars`");
 
   memcpy(&c, &base, sizeof c);
   assert_int_equal(config_set(&c, "parallel.shard_weights=1,3"), 0);

@@ -107,6 +107,37 @@ static void test_adamw_by_hand(void **state) {
   paramset_free(&ps);
 }
 
+// A frozen backbone (the block's first floats): its parameters and momentum stay as they are,
+// weight decay included, while the rest takes the ordinary update; unfrozen, it takes it too.
+static void test_frozen_backbone_by_hand(void **state) {
+  (void)state;
+  const char *kinds[] = {"sgd", "lars"};
+  for (int k = 0; k < 2; k++) {
+    ParamSet ps;
+    paramset_alloc(&ps, 2, 1);
+    paramset_take(&ps, "backbone.w", 1, 0, NULL);
+    paramset_take(&ps, "head.w", 1, 0, NULL);
+    ps.data[0] = ps.data[1] = 1.0f;
+    // lars with eta = 1: trust = ||p|| / ||g + wd p|| = 1 / 0.6, so its step is lr * g / 0.6.
+    Optimizer *opt = optim_create(kinds[k], &ps, 0.1f, 0.9f, 0.1f, 0, 0, 0, 1.0f);
+    assert_non_null(opt);
+    opt->backbone_floats = 1;
+    opt->backbone_frozen = 1;
+    ps.grad[0] = ps.grad[1] = 0.5f;
+    optim_step(opt, 0.1f);
+    // sgd, as test_sgd_by_hand: g = 0.6, buf = 0.6, p = 0.94; lars: buf = 0.1, p = 0.9
+    const double head1 = k == 0 ? 0.94 : 0.9;
+    assert_true(ps.data[0] == 1.0f && opt->momentum_buf[0] == 0.0f);
+    assert_close(head1, ps.data[1], 1e-6, kinds[k], 1);
+    opt->backbone_frozen = 0;
+    optim_step(opt, 0.1f);
+    // the backbone's first update, from its untouched state: as the head's first
+    assert_close(head1, ps.data[0], 1e-6, kinds[k], 0);
+    optim_destroy(opt);
+    paramset_free(&ps);
+  }
+}
+
 // ---- three-step trajectories over the 7-float set, reference in double -----------------------
 
 typedef struct {
@@ -308,6 +339,7 @@ int main(void) {
       cmocka_unit_test(test_sgd_by_hand),
       cmocka_unit_test(test_lars_by_hand),
       cmocka_unit_test(test_adamw_by_hand),
+      cmocka_unit_test(test_frozen_backbone_by_hand),
       cmocka_unit_test(test_sgd_trajectory),
       cmocka_unit_test(test_lars_trajectory),
       cmocka_unit_test(test_adamw_trajectory),

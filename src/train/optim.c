@@ -131,6 +131,10 @@ static float entry_decay(const Optimizer *opt, int entry) {
   return opt->ps->entries[entry].no_decay ? 0.0f : opt->weight_decay;
 }
 
+static int chunk_frozen(const Optimizer *opt, const Chunk *ch) {
+  return opt->backbone_frozen && ch->begin < opt->backbone_floats;
+}
+
 // PyTorch SGD (dampening 0, no Nesterov): g = grad + wd*p; buf = momentum*buf + g; p -= lr*buf.
 // PyTorch sets buf = g on the first step; the zero-initialized buffer gives exactly that.
 static void sgd_step(Optimizer *opt, float lr) {
@@ -140,6 +144,7 @@ static void sgd_step(Optimizer *opt, float lr) {
 #pragma omp parallel for schedule(dynamic, 1)
   for (int c = 0; c < priv->n_chunks; c++) {
     const Chunk ch = priv->chunks[c];
+    if (chunk_frozen(opt, &ch)) continue;
     const float wd = entry_decay(opt, ch.entry);
     for (size_t i = ch.begin; i < ch.end; i++) {
       float g = grad[i] + wd * p[i];
@@ -188,6 +193,7 @@ static void lars_step(Optimizer *opt, float lr) {
 #pragma omp parallel for schedule(dynamic, 1)
   for (int c = 0; c < priv->n_chunks; c++) {
     const Chunk ch = priv->chunks[c];
+    if (chunk_frozen(opt, &ch)) continue;
     const float wd = entry_decay(opt, ch.entry);
     const float scaled_lr = lr * priv->trust[ch.entry];
     for (size_t i = ch.begin; i < ch.end; i++) {
@@ -226,6 +232,8 @@ static void adamw_step(Optimizer *opt, float lr) {
 void optim_step(Optimizer *opt, float lr) {
   // The chunk plan was made from the entries at creation; a later take would go unoptimized.
   TL_ASSERT(opt->ps->n_entries == opt->priv->n_entries);
+  // adamw's bias correction counts the block's updates, which a frozen part would miss.
+  TL_ASSERT(!opt->backbone_frozen || opt->kind != OPTIM_ADAMW);
   switch (opt->kind) {
     case OPTIM_SGD:
       sgd_step(opt, lr);

@@ -23,6 +23,10 @@ typedef struct {
   float *momentum_buf;   // (ps->count) sgd/lars momentum; adamw first moment m
   float *second_moment;  // (ps->count) adamw v; NULL otherwise
   long steps_done;       // updates applied so far (adamw bias correction)
+  // The backbone's parameters are the block's first `backbone_floats` (objective.h); while
+  // `backbone_frozen` is set, optim_step leaves them and their state untouched.
+  size_t backbone_floats;
+  int backbone_frozen;
   struct OptimPrivate *priv;
 } Optimizer;
 

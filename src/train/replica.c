@@ -4,6 +4,7 @@
 
 #include "core/timer.h"
 #include "data/loader.h"
+#include "nn/backbone.h"
 #include "parallel/replica_sync.h"
 
 _Static_assert((int)VIEW_MAX_GROUPS <= (int)LEDGER_MAX_VIEW_GROUPS,
@@ -90,6 +91,8 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
   r->encoder_act_bytes = (size_t)(tl_mem_thread_net(MEM_ACT, COMP_ENCODER) - act0);
   r->optim = optim_create_from_config(cfg, &r->ps);
   if (!r->optim) return -1;
+  r->optim->backbone_floats =
+      backbone_param_count(&cfg->model.spec, cfg->data.image_size, cfg->data.channels);
   // Held for the run, like every buffer a step uses, so the ledger sees it at any moment.
   if (r->world > 1)
     r->buffer_pack =

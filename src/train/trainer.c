@@ -98,6 +98,7 @@ static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, do
     return 1;
   }
   t->computed = now_ms();
+  r->rep.optim->backbone_frozen = step < r->cfg->optim.backbone_freeze_steps;
   replica_update(&r->rep, batch, lr, rec, t);
   // A finite loss does not prove finite weights (an overflow in an update, BatchNorm statistics
   // gone to infinity): a non-finite parameter stops the run before a checkpoint can keep it.
@@ -118,8 +119,7 @@ static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, do
     }
     return 1;
   }
-  int differs =
-      replica_check(&r->rep, step, r->length_frozen && step + 1 == r->total_steps);
+  int differs = replica_check(&r->rep, step, r->length_frozen && step + 1 == r->total_steps);
   if (differs >= 0) {
     char why[160];
     snprintf(why, sizeof why, "step %d: replica %d's parameters differ from replica 0's; stopping",
@@ -254,9 +254,8 @@ static void replica_main(void *shared, int rank, Comm *comm) {
   for (int step = run->start_step;
        (step < r->total_steps || !r->length_frozen) && !comm_failed(r->comm); step++) {
     const Config *cfg = r->cfg;
-    float lr =
-        lr_at_step(config_lr(cfg), step, cfg->optim.warmup_steps,
-                   r->length_frozen ? r->total_steps : INT_MAX, cfg->optim.schedule);
+    float lr = lr_at_step(config_lr(cfg), step, cfg->optim.warmup_steps,
+                          r->length_frozen ? r->total_steps : INT_MAX, cfg->optim.schedule);
     LedgerRecord rec = {0};
     StepTimes t;
     const Batch *batch = NULL;
