@@ -22,8 +22,6 @@ int run_layout_init(RunLayout *L, const Config *cfg, const ObjectiveDef *def, in
   L->def = def;
   L->world = world;
   L->global_batch = cfg->train.batch_size;
-  L->image_size = cfg->data.image_size;
-  L->channels = cfg->data.channels;
   if (L->global_batch < L->world)
     return tl_fail("train.batch_size = %d cannot be split over %d replicas (a shard of 0)",
                    L->global_batch, L->world);

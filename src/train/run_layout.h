@@ -1,8 +1,9 @@
 // The shape of a training run, drawn from its configuration in one place for `tally train`
-// (train/trainer.c) and `tally plan` (train/plan.c): the objective, the image geometry, the steps
-// of an epoch and of the run, the replicas and their shards of the global batch, and the threads
-// each replica gets. A plan describes the run the trainer would start because both take these
-// numbers from here.
+// (train/trainer.c) and `tally plan` (train/plan.c): the objective, the check of the images'
+// geometry, the steps of an epoch and of the run, the replicas and their shards of the global
+// batch, and the threads each replica gets. A plan describes the run the trainer would start
+// because both take these numbers from here. The image size and channels are read from the
+// configuration itself ([data]), which is their one place.
 #pragma once
 #include <stddef.h>
 
@@ -16,7 +17,6 @@ typedef struct {
   const ObjectiveDef *def;
   int world;         // replicas: [parallel] replicas, or the rank count under the mpi backend
   int global_batch;  // [train] batch_size: images a step takes over every replica
-  int image_size, channels;
   int n_train;          // training images (after [data] limit); 0 until run_layout_set_images
   int steps_per_epoch;  // whole global batches in the training set
   int total_steps;      // [train] steps or epochs (a budget's length is settled by training)
