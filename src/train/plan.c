@@ -861,8 +861,7 @@ static void print_timed(FILE *f, int n, const PlanTotals *totals, char cells[][4
       else if (!totals[j].total_steps)
         snprintf(cells[j], 48, "the time budget");
       else
-        snprintf(cells[j], 48, "%dh%02dm%02ds", (int)(s / 3600), (int)fmod(s / 60, 60),
-                 (int)fmod(s, 60));
+        format_quantity(QTY_SECONDS, s, cells[j], 48);
     }
     print_row(f, "the run's steps at that pace", n, cells);
   }
