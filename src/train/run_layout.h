@@ -15,8 +15,8 @@
 
 typedef struct {
   const ObjectiveDef *def;
-  int world;         // replicas: [parallel] replicas, or the rank count under the mpi backend
-  int global_batch;  // [train] batch_size: images a step takes over every replica
+  int world;            // replicas: [parallel] replicas, or the rank count under the mpi backend
+  int global_batch;     // [train] batch_size: images a step takes over every replica
   int n_train;          // training images (after [data] limit); 0 until run_layout_set_images
   int steps_per_epoch;  // whole global batches in the training set
   int total_steps;      // [train] steps or epochs (a budget's length is settled by training)
@@ -50,8 +50,7 @@ int run_layout_set_images(RunLayout *L, const Config *cfg, int n_train);
 // evenly). -1 with tl_last_error() on a bad list.
 int run_layout_set_shards(RunLayout *L, const Config *cfg);
 
-// The shard sizes replicas and loaders take: NULL for an even split.
-const int *run_layout_shard_sizes(const RunLayout *L);
+// Replica `rank`'s shard, computed here alone: its replica and its loader take this one.
 RunShard run_layout_shard(const RunLayout *L, int rank);
 
 // A per-sample count of one shard scaled to the global batch: `per_shard` x global / local. The

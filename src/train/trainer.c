@@ -36,7 +36,6 @@ static Faults faults_from_env(void) {
 static void replica_open(ReplicaState *r) {
   Run *run = r->run;
   const Config *cfg = r->cfg;
-  const int *shards = run_layout_shard_sizes(&run->layout);
   const ReplicaSpec spec = {.cfg = cfg,
                             .layout = &run->layout,
                             .rank = r->rank,
@@ -51,8 +50,9 @@ static void replica_open(ReplicaState *r) {
   if (ok && !run->opt->resume_path && run->opt->init_path)
     ok = run_init_from_file(r, run->opt->init_path) == 0;
   if (ok)
-    ok = loader_init(&r->loader, &run->train, &run->views, run->layout.global_batch,
-                     cfg->train.seed, r->rank, r->world, shards, run->start_step) == 0;
+    ok =
+        loader_init(&r->loader, &run->train, &run->views, run->layout.global_batch, cfg->train.seed,
+                    r->rep.shard.offset, r->rep.shard.local, run->start_step) == 0;
   r->loader_ok = ok;
   if (ok && r->rank == 0) ok = run_open_monitor(r) == 0 && run_open_ledger(r) == 0;
   if (!ok) comm_abort(r->comm, tl_last_error());
@@ -118,8 +118,7 @@ static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, do
     }
     return 1;
   }
-  int differs =
-      replica_check(&r->rep, step, r->length_frozen && step + 1 == r->total_steps);
+  int differs = replica_check(&r->rep, step, r->length_frozen && step + 1 == r->total_steps);
   if (differs >= 0) {
     char why[160];
     snprintf(why, sizeof why, "step %d: replica %d's parameters differ from replica 0's; stopping",
@@ -254,9 +253,8 @@ static void replica_main(void *shared, int rank, Comm *comm) {
   for (int step = run->start_step;
        (step < r->total_steps || !r->length_frozen) && !comm_failed(r->comm); step++) {
     const Config *cfg = r->cfg;
-    float lr =
-        lr_at_step(config_lr(cfg), step, cfg->optim.warmup_steps,
-                   r->length_frozen ? r->total_steps : INT_MAX, cfg->optim.schedule);
+    float lr = lr_at_step(config_lr(cfg), step, cfg->optim.warmup_steps,
+                          r->length_frozen ? r->total_steps : INT_MAX, cfg->optim.schedule);
     LedgerRecord rec = {0};
     StepTimes t;
     const Batch *batch = NULL;
