@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -20,7 +19,6 @@
 #include "train/plan_scaling.h"
 #include "train/run_config.h"
 #include "ledger/report.h"
-#include "ledger/scaling.h"
 #include "objectives/objective.h"
 #include "train/checkpoint.h"
 #include "train/compare.h"
@@ -172,22 +170,17 @@ static int config_arg(int argc, char **argv, int *i, ConfigArgs *a) {
   return 1;
 }
 
-// A whole number >= least from an option's text; 2 (usage) with a message otherwise.
-static int parse_whole(const char *option, const char *text, long least, long *out) {
+// A whole number >= 1 from an option's text; 2 (usage) with a message otherwise.
+static int parse_count(const char *option, const char *text, long *out) {
   char *end;
   errno = 0;
   long v = strtol(text, &end, 10);
-  if (end == text || *end || v < least || errno) {
-    fprintf(stderr, "tally: %s '%s': expected a whole number of at least %ld\n", option, text,
-            least);
+  if (end == text || *end || v < 1 || errno) {
+    fprintf(stderr, "tally: %s '%s': expected a whole number of at least 1\n", option, text);
     return 2;
   }
   *out = v;
   return 0;
-}
-
-static int parse_count(const char *option, const char *text, long *out) {
-  return parse_whole(option, text, 1, out);
 }
 
 // One option of a command: a value option keeps its text in *text (the last one given), or in
@@ -351,12 +344,7 @@ static int cmd_train(int argc, char **argv) {
 
   char default_out[128];
   if (!out_dir) {
-    time_t t = time(NULL);
-    struct tm tm;
-    localtime_r(&t, &tm);
-    char stamp[32];
-    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
-    snprintf(default_out, sizeof default_out, "runs/%s-%s", objective, stamp);
+    run_default_folder(objective, default_out, sizeof default_out);
     out_dir = default_out;
   }
   opt.objective = objective;
@@ -431,40 +419,6 @@ static void usage_plan(FILE *f) {
           objective_names());
 }
 
-// tally plan --from RUN --nodes N[,N...] --link RATE: throughput at N machines, one replica each.
-static int plan_scaling(const char *run_dir, const char *nodes_text, const char *link_text,
-                        const char *mtu_text, const char *latency_text, const char *allreduce_text,
-                        int keep_replica_batch, int json) {
-  static ScalingSetup s;
-  ScaleQuestion *q = &s.question;
-  q->keep_replica_batch = keep_replica_batch;
-  if (parse_whole("--mtu", mtu_text, 0, &s.mtu) != 0) return 2;
-  if (scaling_parse_rate(link_text, &s.line_bytes_per_s) != 0 ||
-      scaling_payload_rate(s.line_bytes_per_s, s.mtu, &q->link_bytes_per_s) != 0 ||
-      scaling_parse_latency(latency_text, &q->latency_s) != 0 ||
-      scaling_parse_allreduce(allreduce_text, &q->allreduce) != 0) {
-    fprintf(stderr, "tally: %s\n", tl_last_error());
-    return 2;
-  }
-  if (plan_scaling_setup(run_dir, &s) != 0) {
-    fprintf(stderr, "tally: %s\n", tl_last_error());
-    return 1;
-  }
-  if (!json) scaling_print_setup(stdout, &s);
-  char copy[256];
-  snprintf(copy, sizeof copy, "%s", nodes_text);
-  for (char *save, *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-    char *end;
-    long nodes = strtol(tok, &end, 10);
-    if (end == tok || *end || nodes < 1 || nodes > 1000000) {
-      fprintf(stderr, "tally: --nodes '%s': expected node counts such as 2,8,64\n", nodes_text);
-      return 2;
-    }
-    scaling_print_prediction(stdout, &s, nodes, json);
-  }
-  return 0;
-}
-
 // tally plan --from takes the measured run's configuration: an option that chooses another
 // would be ignored. Returns the first such option given, or NULL.
 static const char *unused_by_scaling(const ConfigArgs *ca, const char *objective_given,
@@ -521,7 +475,16 @@ static int cmd_plan(int argc, char **argv) {
               unused);
       return 2;
     }
-    return plan_scaling(from, nodes, link, mtu, latency, allreduce, keep_replica_batch, req.json);
+    const ScalingRequest sr = {.run_dir = from,
+                               .nodes = nodes,
+                               .link = link,
+                               .mtu = mtu,
+                               .latency = latency,
+                               .allreduce = allreduce,
+                               .keep_replica_batch = keep_replica_batch,
+                               .json = req.json};
+    if ((rc = plan_scaling_print(stdout, &sr))) fprintf(stderr, "tally: %s\n", tl_last_error());
+    return rc;
   }
   if (scaling_option) {
     fprintf(stderr, "tally plan: %s goes with --from RUN --nodes N --link RATE\n", scaling_option);
@@ -614,7 +577,7 @@ static int cmd_report(int argc, char **argv) {
   }
   char default_out[4200];
   if (rc == 0 && !out) {
-    snprintf(default_out, sizeof default_out, "%s/report.html", dirs[0]);
+    report_default_path(dirs[0], default_out, sizeof default_out);
     out = default_out;
   }
   if (rc == 0 && report_write(n, dirs, out, objective_ledger_fields) != 0) {
@@ -640,15 +603,6 @@ static void usage_export(FILE *f) {
           "  --with-head   also the projection head (inbatch, moco) or MAE's decoder\n");
 }
 
-// A run folder names its checkpoint; anything else is taken as a file.
-static void checkpoint_path(const char *src, char *out, size_t n) {
-  struct stat st;
-  if (stat(src, &st) == 0 && S_ISDIR(st.st_mode))
-    snprintf(out, n, "%s/%s", src, CHECKPOINT_FILE);
-  else
-    snprintf(out, n, "%s", src);
-}
-
 static int cmd_export(int argc, char **argv) {
   const char *src = NULL, *out = NULL;
   int with_head = 0;
@@ -662,13 +616,9 @@ static int cmd_export(int argc, char **argv) {
     return 2;
   }
   char ckpt[4200], default_out[4200];
-  checkpoint_path(src, ckpt, sizeof ckpt);
+  checkpoint_path_of(src, ckpt, sizeof ckpt);
   if (!out) {
-    snprintf(default_out, sizeof default_out, "%s", ckpt);
-    char *slash = strrchr(default_out, '/');
-    snprintf(slash ? slash + 1 : default_out,
-             sizeof default_out - (size_t)(slash ? slash + 1 - default_out : 0),
-             "encoder.safetensors");
+    export_default_path(ckpt, default_out, sizeof default_out);
     out = default_out;
   }
   if (output_path_check(out) != 0 || export_checkpoint(ckpt, out, with_head) != 0) {

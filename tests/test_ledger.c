@@ -16,6 +16,7 @@
 
 #include "config.h"
 #include "train/plan.h"
+#include "train/run_layout.h"
 #include "objective_test_util.h"
 
 // Small real runs: a slice of Fashion-MNIST, batches of 32. The kNN monitor keeps its default
@@ -427,6 +428,32 @@ static void test_timed_probe(void **state) {
   free(plan);
 }
 
+// The global batch cut into shards, as every replica and its loader take them: as even as
+// possible with the first ranks one sample larger, or by [parallel] shard_weights.
+static void test_shards_split_the_global_batch(void **state) {
+  (void)state;
+  static Config cfg;
+  config_defaults(&cfg);
+  RunLayout L;
+  cfg.train.batch_size = 10;
+  assert_int_equal(run_layout_init(&L, &cfg, NULL, 4), 0);
+  assert_int_equal(run_layout_set_shards(&L, &cfg), 0);
+  const int expect_offset[4] = {0, 3, 6, 8}, expect_local[4] = {3, 3, 2, 2};
+  for (int r = 0; r < 4; r++) {
+    RunShard s = run_layout_shard(&L, r);
+    assert_true(s.offset == expect_offset[r] && s.local == expect_local[r] && s.global == 10);
+  }
+  cfg.train.batch_size = 6;
+  assert_int_equal(config_set(&cfg, "parallel.shard_weights=1,1,4"), 0);
+  assert_int_equal(run_layout_init(&L, &cfg, NULL, 3), 0);
+  assert_int_equal(run_layout_set_shards(&L, &cfg), 0);
+  RunShard last = run_layout_shard(&L, 2);
+  assert_true(last.offset == 2 && last.local == 4);
+  assert_int_equal(run_layout_init(&L, &cfg, NULL, 2), 0);
+  assert_int_equal(run_layout_set_shards(&L, &cfg), -1);
+  assert_int_equal(run_layout_init(&L, &cfg, NULL, 7), -1);
+}
+
 static void test_memory_budget(void **state) {
   (void)state;
   size_t two_gib, b;
@@ -549,6 +576,7 @@ int main(void) {
       cmocka_unit_test(test_resnet_conv_flops),
       cmocka_unit_test(test_view_counts_match_encoder_work),
       cmocka_unit_test(test_resnet18_is_a_model_file),
+      cmocka_unit_test(test_shards_split_the_global_batch),
       cmocka_unit_test(test_memory_budget),
       cmocka_unit_test(test_timed_probe),
       cmocka_unit_test(test_inbatch_plan_equals_run),

@@ -4,7 +4,6 @@
 #include "data/loader.h"
 
 #include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <omp.h>
 #include <stdatomic.h>
@@ -27,49 +26,13 @@ struct LoaderPrivate {
   int next_fill_step;       // worker side
   int next_take_step;       // caller side
   atomic_int stop;
-  int omp_threads;   // the caller's OpenMP thread count, applied in the worker thread
-  int shard_offset;  // position of this replica's first sample in the global batch
+  int omp_threads;  // the caller's OpenMP thread count, applied in the worker thread
   // The permutation of the epoch last used, recomputed when a step crosses into a new epoch.
   int *permutation;  // (ds->n), MEM_DATA
   int permutation_epoch;
   int failed_step;   // the step whose batch could not be made (an image failed to decode), or -1
   char error[1024];  // why
 };
-
-void loader_shard(int global_batch, int rank, int world, const int *shard_sizes, int *offset,
-                  int *size) {
-  if (shard_sizes) {
-    *offset = 0;
-    for (int r = 0; r < rank; r++) *offset += shard_sizes[r];
-    *size = shard_sizes[rank];
-    return;
-  }
-  const int base = global_batch / world, extra = global_batch % world;
-  *size = base + (rank < extra);
-  *offset = rank * base + (rank < extra ? rank : extra);
-}
-
-int loader_shard_sizes_from_weights(const char *weights, int world, int global_batch, int *sizes) {
-  double w[LOADER_MAX_SHARDS], total = 0;
-  int n = 0;
-  for (const char *p = weights; *p && n < LOADER_MAX_SHARDS;) {
-    char *end;
-    w[n] = strtod(p, &end);
-    if (end == p || w[n] <= 0)
-      return tl_fail("[parallel] shard_weights = '%s': not positive numbers", weights);
-    total += w[n++];
-    p = *end == ',' ? end + 1 : end;
-  }
-  if (n != world)
-    return tl_fail("[parallel] shard_weights has %d entries for %d replicas", n, world);
-  int assigned = 0;
-  for (int r = 0; r < n; r++) {
-    sizes[r] = r + 1 == n ? global_batch - assigned : (int)floor(global_batch * w[r] / total + 0.5);
-    if (sizes[r] < 1) return tl_fail("[parallel] shard_weights gives replica %d no samples", r);
-    assigned += sizes[r];
-  }
-  return 0;
-}
 
 // Fisher-Yates from the epoch's own stream: every replica derives the same order.
 static void epoch_permutation(int n, uint64_t seed, int epoch, int *perm) {
@@ -135,7 +98,7 @@ static int fill_batch(Loader *l, int step, Batch *b) {
   b->global_step = step;
   b->epoch = epoch;
   const int *first =
-      pv->permutation + (size_t)position_in_epoch * l->global_batch + pv->shard_offset;
+      pv->permutation + (size_t)position_in_epoch * l->global_batch + l->shard_offset;
   for (int i = 0; i < b->n; i++) {
     b->indices[i] = first[i];
     b->labels[i] = l->ds->labels[first[i]];
@@ -204,8 +167,8 @@ size_t loader_buffer_bytes(int dataset_n, int shard_size, const ViewRecipe *view
   return N_SLOTS * (z.views + z.indices + z.labels) + z.permutation;
 }
 
-static int check_args(const Dataset *ds, const ViewRecipe *views, int global_batch, int rank,
-                      int world, const int *shard_sizes, int start_step) {
+static int check_args(const Dataset *ds, const ViewRecipe *views, int global_batch,
+                      int shard_offset, int shard_size, int start_step) {
   if (views->n_groups < 1 || views->n_groups > VIEW_MAX_GROUPS)
     return tl_fail("loader: %d view groups, expected 1 to %d", views->n_groups, VIEW_MAX_GROUPS);
   if (view_recipe_count(views) > LOADER_MAX_VIEWS)
@@ -224,43 +187,32 @@ static int check_args(const Dataset *ds, const ViewRecipe *views, int global_bat
   if (global_batch < 1 || global_batch > ds->n)
     return tl_fail("loader: global batch %d must be between 1 and the %d images of the dataset",
                    global_batch, ds->n);
-  if (world < 1 || rank < 0 || rank >= world)
-    return tl_fail("loader: rank %d is not in a world of %d", rank, world);
+  if (shard_offset < 0 || shard_size < 1 || shard_size > global_batch - shard_offset)
+    return tl_fail("loader: a shard of %d samples from sample %d is not in the global batch of %d",
+                   shard_size, shard_offset, global_batch);
   if (start_step < 0) return tl_fail("loader: start step %d is negative", start_step);
-  if (shard_sizes) {
-    int sum = 0;
-    for (int r = 0; r < world; r++) {
-      if (shard_sizes[r] < 0) return tl_fail("loader: shard %d has negative size", r);
-      sum += shard_sizes[r];
-    }
-    if (sum != global_batch)
-      return tl_fail("loader: shard sizes sum to %d, not the global batch %d", sum, global_batch);
-  }
   return 0;
 }
 
 int loader_init(Loader *l, const Dataset *ds, const ViewRecipe *views, int global_batch,
-                uint64_t seed, int rank, int world, const int *shard_sizes, int start_step) {
+                uint64_t seed, int shard_offset, int shard_size, int start_step) {
   memset(l, 0, sizeof *l);
-  if (check_args(ds, views, global_batch, rank, world, shard_sizes, start_step) < 0) return -1;
+  if (check_args(ds, views, global_batch, shard_offset, shard_size, start_step) < 0) return -1;
   l->ds = ds;
   l->views = *views;
   l->global_batch = global_batch;
   l->steps_per_epoch = ds->n / global_batch;
   l->seed = seed;
-  l->rank = rank;
-  l->world = world;
-  l->shard_sizes = shard_sizes;
+  l->shard_offset = shard_offset;
+  l->shard_size = shard_size;
 
   struct LoaderPrivate *pv = calloc(1, sizeof *pv);
   if (!pv) TL_DIE("out of memory");
   l->priv = pv;
-  int size;
-  loader_shard(global_batch, rank, world, shard_sizes, &pv->shard_offset, &size);
-  const LoaderSizes z = loader_sizes(ds->n, size, views, ds->c);
+  const LoaderSizes z = loader_sizes(ds->n, shard_size, views, ds->c);
   for (int s = 0; s < N_SLOTS; s++) {
     Batch *b = &pv->slots[s];
-    b->n = size;
+    b->n = shard_size;
     // views: every group's (count, n, size, size, C)
     b->views = tl_alloc(z.views, MEM_DATA, COMP_OTHER);
     batch_set_groups(b, views, ds->c);

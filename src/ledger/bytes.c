@@ -39,10 +39,15 @@ double quantity_unit(Quantity q, double v, const char **name) {
 void format_quantity(Quantity q, double v, char *buf, size_t n) {
   const char *name;
   const double size = quantity_unit(q, v, &name), x = v / size;
-  if (size == 1 && q != QTY_SECONDS)
+  if (v == 0) {
+    // Nothing is the same in every unit: the base one reads best ("0 s", not "0.00 ms").
+    quantity_unit(q, 1, &name);
+    snprintf(buf, n, "0 %s", name);
+  } else if (size == 1 && q != QTY_SECONDS) {
     snprintf(buf, n, "%.0f %s", x, name);
-  else
+  } else {
     snprintf(buf, n, "%.*f %s", fabs(x) < 10 ? 2 : fabs(x) < 100 ? 1 : 0, x, name);
+  }
 }
 
 void format_bytes(double bytes, char *buf, size_t n) { format_quantity(QTY_BYTES, bytes, buf, n); }

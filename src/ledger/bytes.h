@@ -13,6 +13,7 @@ typedef enum { QTY_BYTES, QTY_FLOPS, QTY_SECONDS } Quantity;
 double quantity_unit(Quantity q, double v, const char **name);
 
 // v in its unit: 2 decimals below 10, 1 below 100, none above ("1.50 GiB", "12.5 s", "350
-// GFLOP"); whole numbers in the smallest unit of bytes and FLOPs ("512 B", "96 FLOP").
+// GFLOP"); whole numbers in the smallest unit of bytes and FLOPs ("512 B", "96 FLOP"); zero in
+// the base unit ("0 B", "0 FLOP", "0 s").
 void format_quantity(Quantity q, double v, char *buf, size_t n);
 void format_bytes(double bytes, char *buf, size_t n);

@@ -1244,3 +1244,7 @@ out:
   free(runs);
   return rc;
 }
+
+void report_default_path(const char *run_dir, char *out, size_t cap) {
+  snprintf(out, cap, "%s/report.html", run_dir);
+}

@@ -12,3 +12,6 @@
 // `lookup` tells the objectives' own ledger fields (objective_ledger_fields; NULL: none read).
 int report_write(int n_runs, const char *const *run_dirs, const char *out_path,
                  LedgerOwnLookup lookup);
+
+// Where a report goes unless told: report.html in the (first) run folder.
+void report_default_path(const char *run_dir, char *out, size_t cap);

@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/error.h"
 
@@ -71,4 +72,12 @@ long checkpoint_step(const StFile *s) {
   int64_t step;
   memcpy(&step, t->data, sizeof step);
   return step >= 0 ? (long)step : -1;
+}
+
+void checkpoint_path_of(const char *src, char *out, size_t cap) {
+  struct stat st;
+  if (stat(src, &st) == 0 && S_ISDIR(st.st_mode))
+    snprintf(out, cap, "%s/%s", src, CHECKPOINT_FILE);
+  else
+    snprintf(out, cap, "%s", src);
 }

@@ -27,3 +27,6 @@ int checkpoint_read(StFile *s, const char *path);
 
 // The step a checkpoint was written after (steps done), or -1 if it has none.
 long checkpoint_step(const StFile *s);
+
+// The checkpoint `src` names: a run folder's own, anything else taken as the file itself.
+void checkpoint_path_of(const char *src, char *out, size_t cap);

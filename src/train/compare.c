@@ -240,15 +240,6 @@ static Measured measured(const CompareSpec *spec, int only_o) {
   return m;
 }
 
-static void format_duration(double s, char *out, size_t n) {
-  if (s < 120)
-    snprintf(out, n, "%.0f s", s);
-  else if (s < 7200)
-    snprintf(out, n, "%.1f min", s / 60);
-  else
-    snprintf(out, n, "%.1f h", s / 3600);
-}
-
 // How long what is left will take, as well as it can be told, and from what: a time budget is
 // its own length; a FLOP or epoch budget's planned FLOPs at the FLOP rate measured on this
 // compare's finished runs of that objective (or of any, said so); evaluations at their measured
@@ -292,16 +283,16 @@ static void print_estimate(const CompareSpec *spec, CellPlan plans[][COMPARE_MAX
   printf("time left: %d run%s to train, %d to evaluate:", runs_left, runs_left == 1 ? "" : "s",
          evals_left);
   if (budget_seconds > 0) {
-    format_duration(budget_seconds, text, sizeof text);
+    format_quantity(QTY_SECONDS, budget_seconds, text, sizeof text);
     printf(" %s of time budgets;", text);
   }
   if (flop_seconds > 0) {
-    format_duration(flop_seconds, text, sizeof text);
+    format_quantity(QTY_SECONDS, flop_seconds, text, sizeof text);
     printf(" %s for planned FLOPs at the rate measured on finished runs%s;", text,
            other_rate_runs ? " (another objective's for some)" : "");
   }
   if (probe_seconds > 0) {
-    format_duration(probe_seconds, text, sizeof text);
+    format_quantity(QTY_SECONDS, probe_seconds, text, sizeof text);
     printf(" %s for planned steps at a timed probe's pace (5 steps here, before any run);", text);
   }
   if (unknown_runs)
@@ -311,13 +302,13 @@ static void print_estimate(const CompareSpec *spec, CellPlan plans[][COMPARE_MAX
         unknown_runs, unknown_runs == 1 ? "" : "s");
   if (all.evals) {
     double eval_seconds = evals_left * all.eval_seconds / all.evals;
-    format_duration(eval_seconds, text, sizeof text);
+    format_quantity(QTY_SECONDS, eval_seconds, text, sizeof text);
     printf(" evaluations about %s (measured);", text);
     seconds += eval_seconds;
   } else {
     printf(" evaluations not yet timed;");
   }
-  format_duration(seconds, text, sizeof text);
+  format_quantity(QTY_SECONDS, seconds, text, sizeof text);
   printf(" %s%s in all\n", unknown_runs || !all.evals ? "at least " : "about ", text);
 }
 

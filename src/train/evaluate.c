@@ -86,9 +86,7 @@ static int score(FeatureEncoder *e, const EvalOptions *opt, const Dataset *tr, c
   // What needs no labels: how many directions the embeddings use, and how spread they are.
   EmbeddingQuality q;
   if (rc == 0 && (rc = embedding_quality(ftr, tr->n, D, &e->ctx, &q)) == 0) {
-    r->rankme = q.rankme;
-    r->embedding_std = q.embedding_std;
-    r->embedding_std_reference = q.embedding_std_reference;
+    r->encoder.quality = q;
     if (!opt->quiet) {
       printf("tally eval: rankme %.1f of %d dimensions; embedding_std %.4f (1/sqrt(d) = %.4f)\n",
              q.rankme, D, q.embedding_std, q.embedding_std_reference);
@@ -99,27 +97,28 @@ static int score(FeatureEncoder *e, const EvalOptions *opt, const Dataset *tr, c
   float *ptr = te && opt->baseline ? pixels(e, tr, &rc) : NULL;
   float *pte = te && opt->baseline ? pixels(e, te, &rc) : NULL;
   if (rc == 0 && te && opt->knn) {
-    const int k = r->knn_k = knn_k_for_bank(cfg->eval.knn_k, tr->labels, tr->n, tr->n_classes);
+    const int k = knn_k_for_bank(cfg->eval.knn_k, tr->labels, tr->n, tr->n_classes);
+    r->encoder.knn_k = r->raw_pixels.knn_k = k;
     say(opt, "kNN on the features", te->n);
-    rc = knn(cfg, k, ftr, tr, fte, te, D, &e->ctx, &r->knn_top1, &r->knn_top1_k20);
-    if (rc == 0) tell(opt, "kNN top-1 of the encoder", r->knn_top1, r->knn_top1_k20, k);
+    rc = knn(cfg, k, ftr, tr, fte, te, D, &e->ctx, &r->encoder.top1, &r->encoder.top1_k20);
+    if (rc == 0) tell(opt, "kNN top-1 of the encoder", r->encoder.top1, r->encoder.top1_k20, k);
     if (rc == 0 && opt->baseline) {
       say(opt, "kNN on raw pixels", te->n);
-      rc = knn(cfg, k, ptr, tr, pte, te, P, &e->ctx, &r->knn_top1_raw_pixels,
-               &r->knn_top1_k20_raw_pixels);
+      rc = knn(cfg, k, ptr, tr, pte, te, P, &e->ctx, &r->raw_pixels.top1, &r->raw_pixels.top1_k20);
       if (rc == 0)
-        tell(opt, "kNN top-1 on raw pixels", r->knn_top1_raw_pixels, r->knn_top1_k20_raw_pixels, k);
+        tell(opt, "kNN top-1 on raw pixels", r->raw_pixels.top1, r->raw_pixels.top1_k20, k);
     }
   }
   if (rc == 0 && te && opt->linear) {
     say(opt, "linear probe on the features", tr->n);
-    rc = linear(tr, ftr, te, fte, D, cfg->train.seed, &e->ctx, &r->linear_top1, &r->linear_lambda);
-    if (rc == 0) tell(opt, "linear probe top-1 of the encoder", r->linear_top1, NAN, 0);
+    rc = linear(tr, ftr, te, fte, D, cfg->train.seed, &e->ctx, &r->encoder.linear_top1,
+                &r->linear_lambda);
+    if (rc == 0) tell(opt, "linear probe top-1 of the encoder", r->encoder.linear_top1, NAN, 0);
     if (rc == 0 && opt->baseline) {
       say(opt, "linear probe on raw pixels", tr->n);
-      rc = linear(tr, ptr, te, pte, P, cfg->train.seed, &e->ctx, &r->linear_top1_raw_pixels,
+      rc = linear(tr, ptr, te, pte, P, cfg->train.seed, &e->ctx, &r->raw_pixels.linear_top1,
                   &r->linear_lambda_raw_pixels);
-      if (rc == 0) tell(opt, "linear probe top-1 on raw pixels", r->linear_top1_raw_pixels, NAN, 0);
+      if (rc == 0) tell(opt, "linear probe top-1 on raw pixels", r->raw_pixels.linear_top1, NAN, 0);
     }
   }
   tl_free(ftr);
@@ -132,17 +131,13 @@ static int score(FeatureEncoder *e, const EvalOptions *opt, const Dataset *tr, c
 int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r) {
   double t0 = now_ms();
   const double nan = NAN;
-  *r = (EvalResult){.knn_top1 = nan,
-                    .knn_top1_k20 = nan,
-                    .knn_top1_raw_pixels = nan,
-                    .knn_top1_k20_raw_pixels = nan,
-                    .linear_top1 = nan,
-                    .linear_top1_raw_pixels = nan,
-                    .linear_lambda = nan,
-                    .linear_lambda_raw_pixels = nan,
-                    .rankme = nan,
-                    .embedding_std = nan,
-                    .embedding_std_reference = nan};
+  const KnnResult none = {
+      .top1 = nan,
+      .top1_k20 = nan,
+      .linear_top1 = nan,
+      .quality = {.rankme = nan, .embedding_std = nan, .embedding_std_reference = nan}};
+  *r = (EvalResult){
+      .encoder = none, .raw_pixels = none, .linear_lambda = nan, .linear_lambda_raw_pixels = nan};
   const Config *cfg = &e->cfg;
   Dataset tr = {0}, te = {0};
   // The run's evaluation set: the monitor's own ([eval] train, test) when it had one, whole.
@@ -171,7 +166,7 @@ int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r) {
   }
   dataset_free(&tr);
   dataset_free(&te);
-  r->seconds = (now_ms() - t0) / 1e3;
+  r->encoder.seconds = (now_ms() - t0) / 1e3;
   return rc;
 }
 
@@ -192,15 +187,7 @@ int evaluate_record(const char *dir, long step, const EvalResult *r) {
   }
   if (len) fwrite(text, 1, len, a.f);
   free(text);
-  const KnnResult line = {.top1 = r->knn_top1,
-                          .top1_k20 = r->knn_top1_k20,
-                          .knn_k = r->knn_k,
-                          .linear_top1 = r->linear_top1,
-                          .quality = {.rankme = r->rankme,
-                                      .embedding_std = r->embedding_std,
-                                      .embedding_std_reference = r->embedding_std_reference},
-                          .seconds = r->seconds};
-  knn_result_write_line(a.f, step, "encoder", "tally eval", &line);
+  knn_result_write_line(a.f, step, "encoder", "tally eval", &r->encoder);
   return atomic_commit(&a);
 }
 
@@ -220,14 +207,6 @@ static void eval_row(FILE *f, const char *label, double encoder, double pixels) 
     fprintf(f, " %12s", "-");
 }
 
-// The collapse rule of the training monitor (eval/quality.h), on an evaluation's numbers.
-static int eval_collapsed(const EvalResult *r) {
-  const EmbeddingQuality q = {.rankme = r->rankme,
-                              .embedding_std = r->embedding_std,
-                              .embedding_std_reference = r->embedding_std_reference};
-  return embedding_quality_collapsed(&q);
-}
-
 void evaluate_print(FILE *f, const FeatureEncoder *enc, const EvalResult *r, int json) {
   if (json) {
     fprintf(f, "{\"source\": ");
@@ -237,20 +216,21 @@ void evaluate_print(FILE *f, const FeatureEncoder *enc, const EvalResult *r, int
     fprintf(f, ", \"step\": %ld, ", enc->step);
     fprintf(f, "\"n_train\": %d, \"n_test\": %d, \"n_classes\": %d, \"feature_dim\": %d, ",
             r->n_train, r->n_test, r->n_classes, r->feature_dim);
-    fprintf(f, "\"knn_k\": %d, ", r->knn_k);
-    json_number(f, "knn_top1", r->knn_top1, 0);
-    json_number(f, "knn_top1_k20", r->knn_top1_k20, 0);
-    json_number(f, "knn_top1_raw_pixels", r->knn_top1_raw_pixels, 0);
-    json_number(f, "knn_top1_k20_raw_pixels", r->knn_top1_k20_raw_pixels, 0);
-    json_number(f, "linear_top1", r->linear_top1, 0);
-    json_number(f, "linear_top1_raw_pixels", r->linear_top1_raw_pixels, 0);
+    fprintf(f, "\"knn_k\": %d, ", r->encoder.knn_k);
+    json_number(f, "knn_top1", r->encoder.top1, 0);
+    json_number(f, "knn_top1_k20", r->encoder.top1_k20, 0);
+    json_number(f, "knn_top1_raw_pixels", r->raw_pixels.top1, 0);
+    json_number(f, "knn_top1_k20_raw_pixels", r->raw_pixels.top1_k20, 0);
+    json_number(f, "linear_top1", r->encoder.linear_top1, 0);
+    json_number(f, "linear_top1_raw_pixels", r->raw_pixels.linear_top1, 0);
     json_number(f, "linear_lambda", r->linear_lambda, 0);
     json_number(f, "linear_lambda_raw_pixels", r->linear_lambda_raw_pixels, 0);
-    json_number(f, "rankme", r->rankme, 0);
-    json_number(f, "embedding_std", r->embedding_std, 0);
-    json_number(f, "embedding_std_reference", r->embedding_std_reference, 0);
-    fprintf(f, " \"collapsed\": %s,", eval_collapsed(r) ? "true" : "false");
-    json_number(f, "seconds", r->seconds, 1);
+    json_number(f, "rankme", r->encoder.quality.rankme, 0);
+    json_number(f, "embedding_std", r->encoder.quality.embedding_std, 0);
+    json_number(f, "embedding_std_reference", r->encoder.quality.embedding_std_reference, 0);
+    fprintf(f, " \"collapsed\": %s,",
+            embedding_quality_collapsed(&r->encoder.quality) ? "true" : "false");
+    json_number(f, "seconds", r->encoder.seconds, 1);
     fprintf(f, "}\n");
     return;
   }
@@ -259,28 +239,29 @@ void evaluate_print(FILE *f, const FeatureEncoder *enc, const EvalResult *r, int
           r->n_classes, r->feature_dim);
   fprintf(f, "%-24s %10s %12s\n", "", "encoder", "raw pixels");
   char k_label[32];
-  snprintf(k_label, sizeof k_label, "kNN top-1 (k=%d)", r->knn_k);
-  if (isfinite(r->knn_top1)) {
-    eval_row(f, k_label, r->knn_top1, r->knn_top1_raw_pixels);
+  snprintf(k_label, sizeof k_label, "kNN top-1 (k=%d)", r->encoder.knn_k);
+  if (isfinite(r->encoder.top1)) {
+    eval_row(f, k_label, r->encoder.top1, r->raw_pixels.top1);
     fprintf(f, "\n");
-    eval_row(f, "kNN top-1 (k=20)", r->knn_top1_k20, r->knn_top1_k20_raw_pixels);
+    eval_row(f, "kNN top-1 (k=20)", r->encoder.top1_k20, r->raw_pixels.top1_k20);
     fprintf(f, "\n");
   }
-  if (isfinite(r->linear_top1)) {
-    eval_row(f, "linear probe top-1", r->linear_top1, r->linear_top1_raw_pixels);
+  if (isfinite(r->encoder.linear_top1)) {
+    eval_row(f, "linear probe top-1", r->encoder.linear_top1, r->raw_pixels.linear_top1);
     if (isfinite(r->linear_lambda_raw_pixels))
       fprintf(f, "   (L2 %g / %g)\n", r->linear_lambda, r->linear_lambda_raw_pixels);
     else
       fprintf(f, "   (L2 %g)\n", r->linear_lambda);
   }
   fprintf(f, "%-24s %10.1f   (effective rank of the training set's embeddings, of %d)\n", "rankme",
-          r->rankme, r->feature_dim);
+          r->encoder.quality.rankme, r->feature_dim);
   fprintf(f, "%-24s %10.4f   (per dimension, L2-normalized; 1/sqrt(d) = %.4f, collapsed ~ 0)\n",
-          "embedding_std", r->embedding_std, r->embedding_std_reference);
-  if (eval_collapsed(r))
+          "embedding_std", r->encoder.quality.embedding_std,
+          r->encoder.quality.embedding_std_reference);
+  if (embedding_quality_collapsed(&r->encoder.quality))
     fprintf(f,
             "warning: the embeddings have collapsed: embedding_std is below %g of 1/sqrt(d), every "
             "image maps to nearly the same direction\n",
             QUALITY_COLLAPSED_FRACTION);
-  fprintf(f, "%.1f s\n", r->seconds);
+  fprintf(f, "%.1f s\n", r->encoder.seconds);
 }

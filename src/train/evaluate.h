@@ -5,6 +5,7 @@
 #pragma once
 #include <stdio.h>
 
+#include "eval/monitor.h"
 #include "train/features.h"
 
 typedef struct {
@@ -15,14 +16,12 @@ typedef struct {
 
 typedef struct {
   int n_train, n_test, n_classes, feature_dim;
-  int knn_k;                      // the k of knn_top1: eval.knn_k, at most the smallest class's
-                                  // training images (knn_k_for_bank); 0 without kNN
-  double knn_top1, knn_top1_k20;  // the encoder, k = knn_k and k = 20
-  double knn_top1_raw_pixels, knn_top1_k20_raw_pixels;
-  double linear_top1, linear_top1_raw_pixels, linear_lambda, linear_lambda_raw_pixels;
-  // Label-free, on the training set's embeddings (eval/quality.h).
-  double rankme, embedding_std, embedding_std_reference;
-  double seconds;
+  // The measures as the training monitor takes them (eval/monitor.h), so both write one eval.jsonl
+  // line: kNN top-1 at k = knn_k (eval.knn_k, at most the smallest class's training images; 0
+  // without kNN) and at 20, the linear probe, and on the encoder the label-free quality of the
+  // training set's embeddings (eval/quality.h) and the whole evaluation's seconds. NaN: not taken.
+  KnnResult encoder, raw_pixels;
+  double linear_lambda, linear_lambda_raw_pixels;  // the probes' chosen L2 strengths
 } EvalResult;
 
 // Encodes e's configured training set (the kNN memory bank, the probe's training rows) and test

@@ -252,3 +252,9 @@ int export_checkpoint(const char *ckpt, const char *out, int with_head) {
   st_free(&f);
   return rc;
 }
+
+void export_default_path(const char *ckpt, char *out, size_t cap) {
+  const char *slash = strrchr(ckpt, '/');
+  const int dir_len = slash ? (int)(slash + 1 - ckpt) : 0;
+  snprintf(out, cap, "%.*sencoder.safetensors", dir_len, ckpt);
+}

@@ -35,5 +35,9 @@ int weights_find(const StFile *f, const ParamEntry *e, const ModelSpec *spec, in
 // with_head) as safetensors with PyTorch names to `out`. -1 with tl_last_error().
 int export_checkpoint(const char *ckpt, const char *out, int with_head);
 
+// Where an export of checkpoint `ckpt` goes unless told: encoder.safetensors beside it (in its
+// run folder).
+void export_default_path(const char *ckpt, char *out, size_t cap);
+
 // Reads a checkpoint's configuration (its own copy of the recipe and model). -1 on error.
 int checkpoint_config(const StFile *ckpt, const char *path, Config *cfg);

@@ -39,11 +39,7 @@ static int load_weights(FeatureEncoder *e, const StFile *f) {
 
 int feature_encoder_open(FeatureEncoder *e, const char *src, const char *const *sets, int n_sets) {
   memset(e, 0, sizeof *e);
-  struct stat st;
-  if (stat(src, &st) == 0 && S_ISDIR(st.st_mode))
-    snprintf(e->source, sizeof e->source, "%s/%s", src, CHECKPOINT_FILE);
-  else
-    snprintf(e->source, sizeof e->source, "%s", src);
+  checkpoint_path_of(src, e->source, sizeof e->source);
   StFile f;
   if (st_read(&f, e->source, 0) != 0) return -1;
   int rc = checkpoint_config(&f, e->source, &e->cfg);

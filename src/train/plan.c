@@ -384,7 +384,7 @@ static int plan_length(Plan *pl, const char *objective) {
 static void plan_data_bytes(const Plan *pl, int processes_replicas, PlanTotals *t) {
   const Config *cfg = pl->cfg;
   const RunLayout *L = &pl->layout;
-  const int S = L->image_size, C = L->channels;
+  const int S = cfg->data.image_size, C = cfg->data.channels;
   const int streamed = strcmp(cfg->data.format, "idx") != 0 && cfg->data.stream;
   t->dataset_bytes = dataset_bytes(L->n_train, S, S, C, streamed) +
                      dataset_bytes(pl->n_test, S, S, C, pl->test_streamed);
@@ -444,8 +444,8 @@ static void plan_totals(const Plan *pl, const LedgerRecord *r, MemSnapshot mem, 
   memcpy(t->grad_bucket_ready, pl->grad_bucket_ready, sizeof t->grad_bucket_ready);
   t->n_train = L->n_train;
   t->n_test = pl->n_test;
-  t->image_size = L->image_size;
-  t->channels = L->channels;
+  t->image_size = cfg->data.image_size;
+  t->channels = cfg->data.channels;
   t->world = L->world;
   t->global_batch = L->global_batch;
   t->local_batch = run_layout_shard(L, 0).local;
@@ -861,8 +861,7 @@ static void print_timed(FILE *f, int n, const PlanTotals *totals, char cells[][4
       else if (!totals[j].total_steps)
         snprintf(cells[j], 48, "the time budget");
       else
-        snprintf(cells[j], 48, "%dh%02dm%02ds", (int)(s / 3600), (int)fmod(s / 60, 60),
-                 (int)fmod(s, 60));
+        format_quantity(QTY_SECONDS, s, cells[j], 48);
     }
     print_row(f, "the run's steps at that pace", n, cells);
   }

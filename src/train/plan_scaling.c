@@ -1,7 +1,10 @@
 #include "train/plan_scaling.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "train/checkpoint.h"
@@ -76,4 +79,41 @@ int plan_scaling_setup(const char *run_dir, ScalingSetup *s) {
   if (rc == 0) rc = scaling_read_run(run_dir, &s->run);
   if (rc == 0) rc = plan_step_traffic(&cfg, s->objective, &s->traffic);
   return rc;
+}
+
+// The link and the question from r's texts. 0, or -1 with tl_last_error() naming the option.
+static int scaling_link(const ScalingRequest *r, ScalingSetup *s) {
+  ScaleQuestion *q = &s->question;
+  q->keep_replica_batch = r->keep_replica_batch;
+  char *end;
+  errno = 0;
+  s->mtu = strtol(r->mtu, &end, 10);
+  if (end == r->mtu || *end || s->mtu < 0 || errno)
+    return tl_fail("--mtu '%s': expected a whole number of at least 0", r->mtu);
+  if (scaling_parse_rate(r->link, &s->line_bytes_per_s) != 0 ||
+      scaling_payload_rate(s->line_bytes_per_s, s->mtu, &q->link_bytes_per_s) != 0 ||
+      scaling_parse_latency(r->latency, &q->latency_s) != 0 ||
+      scaling_parse_allreduce(r->allreduce, &q->allreduce) != 0)
+    return -1;
+  return 0;
+}
+
+int plan_scaling_print(FILE *f, const ScalingRequest *r) {
+  static ScalingSetup s;
+  memset(&s, 0, sizeof s);
+  if (scaling_link(r, &s) != 0) return 2;
+  if (plan_scaling_setup(r->run_dir, &s) != 0) return 1;
+  if (!r->json) scaling_print_setup(f, &s);
+  char copy[256];
+  snprintf(copy, sizeof copy, "%s", r->nodes);
+  for (char *save, *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    char *end;
+    long nodes = strtol(tok, &end, 10);
+    if (end == tok || *end || nodes < 1 || nodes > 1000000) {
+      tl_fail("--nodes '%s': expected node counts such as 2,8,64", r->nodes);
+      return 2;
+    }
+    scaling_print_prediction(f, &s, nodes, r->json);
+  }
+  return 0;
 }

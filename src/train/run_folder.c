@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "io/atomic_file.h"
@@ -115,4 +116,13 @@ void run_config_texts(Run *run) {
   if (!f) TL_DIE("out of memory");
   config_write_model(run->cfg, f);
   fclose(f);
+}
+
+void run_default_folder(const char *objective, char *out, size_t cap) {
+  time_t t = time(NULL);
+  struct tm tm;
+  localtime_r(&t, &tm);
+  char stamp[32];
+  strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  snprintf(out, cap, "runs/%s-%s", objective, stamp);
 }

@@ -1,15 +1,12 @@
 #include "train/run_layout.h"
 
+#include <math.h>
 #include <omp.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
-#include "data/loader.h"
-
-// The loader parses shard weights for as many replicas as a run may have.
-_Static_assert((int)LOADER_MAX_SHARDS >= (int)CONFIG_MAX_REPLICAS,
-               "a shard for every replica a configuration allows");
 
 const ObjectiveDef *run_objective(const char *name) {
   const ObjectiveDef *def = objective_find(name);
@@ -22,8 +19,6 @@ int run_layout_init(RunLayout *L, const Config *cfg, const ObjectiveDef *def, in
   L->def = def;
   L->world = world;
   L->global_batch = cfg->train.batch_size;
-  L->image_size = cfg->data.image_size;
-  L->channels = cfg->data.channels;
   if (L->global_batch < L->world)
     return tl_fail("train.batch_size = %d cannot be split over %d replicas (a shard of 0)",
                    L->global_batch, L->world);
@@ -46,22 +41,50 @@ int run_layout_set_images(RunLayout *L, const Config *cfg, int n_train) {
   return config_total_steps(cfg, L->steps_per_epoch, &L->total_steps);
 }
 
+// Shard sizes from [parallel] shard_weights ("1,3": proportional, rounded, the last takes the
+// rest): sizes (world) sum to global_batch. -1 with tl_last_error() on a bad list or an empty
+// shard.
+static int shard_sizes_from_weights(const char *weights, int world, int global_batch, int *sizes) {
+  double w[CONFIG_MAX_REPLICAS], total = 0;
+  int n = 0;
+  for (const char *p = weights; *p && n < CONFIG_MAX_REPLICAS;) {
+    char *end;
+    w[n] = strtod(p, &end);
+    if (end == p || w[n] <= 0)
+      return tl_fail("[parallel] shard_weights = '%s': not positive numbers", weights);
+    total += w[n++];
+    p = *end == ',' ? end + 1 : end;
+  }
+  if (n != world)
+    return tl_fail("[parallel] shard_weights has %d entries for %d replicas", n, world);
+  int assigned = 0;
+  for (int r = 0; r < n; r++) {
+    sizes[r] = r + 1 == n ? global_batch - assigned : (int)floor(global_batch * w[r] / total + 0.5);
+    if (sizes[r] < 1) return tl_fail("[parallel] shard_weights gives replica %d no samples", r);
+    assigned += sizes[r];
+  }
+  return 0;
+}
+
 int run_layout_set_shards(RunLayout *L, const Config *cfg) {
   const char *weights = cfg->parallel.shard_weights;
   if (!weights[0]) return 0;
-  if (loader_shard_sizes_from_weights(weights, L->world, L->global_batch, L->shard_sizes) != 0)
-    return -1;
+  if (shard_sizes_from_weights(weights, L->world, L->global_batch, L->shard_sizes) != 0) return -1;
   L->has_shard_sizes = 1;
   return 0;
 }
 
-const int *run_layout_shard_sizes(const RunLayout *L) {
-  return L->has_shard_sizes ? L->shard_sizes : NULL;
-}
-
 RunShard run_layout_shard(const RunLayout *L, int rank) {
   RunShard s = {.global = L->global_batch};
-  loader_shard(L->global_batch, rank, L->world, run_layout_shard_sizes(L), &s.offset, &s.local);
+  if (L->has_shard_sizes) {
+    for (int r = 0; r < rank; r++) s.offset += L->shard_sizes[r];
+    s.local = L->shard_sizes[rank];
+    return s;
+  }
+  // As even as possible: the first ranks take one sample more.
+  const int base = L->global_batch / L->world, extra = L->global_batch % L->world;
+  s.local = base + (rank < extra);
+  s.offset = rank * base + (rank < extra ? rank : extra);
   return s;
 }
 

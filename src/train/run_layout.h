@@ -1,8 +1,9 @@
 // The shape of a training run, drawn from its configuration in one place for `tally train`
-// (train/trainer.c) and `tally plan` (train/plan.c): the objective, the image geometry, the steps
-// of an epoch and of the run, the replicas and their shards of the global batch, and the threads
-// each replica gets. A plan describes the run the trainer would start because both take these
-// numbers from here.
+// (train/trainer.c) and `tally plan` (train/plan.c): the objective, the check of the images'
+// geometry, the steps of an epoch and of the run, the replicas and their shards of the global
+// batch, and the threads each replica gets. A plan describes the run the trainer would start
+// because both take these numbers from here. The image size and channels are read from the
+// configuration itself ([data]), which is their one place.
 #pragma once
 #include <stddef.h>
 
@@ -14,9 +15,8 @@
 
 typedef struct {
   const ObjectiveDef *def;
-  int world;         // replicas: [parallel] replicas, or the rank count under the mpi backend
-  int global_batch;  // [train] batch_size: images a step takes over every replica
-  int image_size, channels;
+  int world;            // replicas: [parallel] replicas, or the rank count under the mpi backend
+  int global_batch;     // [train] batch_size: images a step takes over every replica
   int n_train;          // training images (after [data] limit); 0 until run_layout_set_images
   int steps_per_epoch;  // whole global batches in the training set
   int total_steps;      // [train] steps or epochs (a budget's length is settled by training)
@@ -50,8 +50,7 @@ int run_layout_set_images(RunLayout *L, const Config *cfg, int n_train);
 // evenly). -1 with tl_last_error() on a bad list.
 int run_layout_set_shards(RunLayout *L, const Config *cfg);
 
-// The shard sizes replicas and loaders take: NULL for an even split.
-const int *run_layout_shard_sizes(const RunLayout *L);
+// Replica `rank`'s shard, computed here alone: its replica and its loader take this one.
 RunShard run_layout_shard(const RunLayout *L, int rank);
 
 // A per-sample count of one shard scaled to the global batch: `per_shard` x global / local. The

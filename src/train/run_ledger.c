@@ -9,17 +9,15 @@
 
 #include "core/timer.h"
 #include "io/regular_file.h"
+#include "ledger/bytes.h"
 
-static void format_duration(double seconds, char *buf, size_t n) {
-  if (!(seconds >= 0) || seconds > 1e7) {
+// The time left as every duration reads ("850 ms", "12.5 s", "3.20 min"); "?" while a pace
+// cannot be told yet (no step timed, or one so slow the run would outlast any wait).
+static void format_eta(double seconds, char *buf, size_t n) {
+  if (!(seconds >= 0) || seconds > 1e7)
     snprintf(buf, n, "?");
-    return;
-  }
-  long s = (long)(seconds + 0.5);
-  if (s >= 3600)
-    snprintf(buf, n, "%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
   else
-    snprintf(buf, n, "%ld:%02ld", s / 60, s % 60);
+    format_quantity(QTY_SECONDS, seconds, buf, n);
 }
 
 // The memory of the step's record: what is live now, and the process's peak.
@@ -110,10 +108,10 @@ void run_print_progress(ReplicaState *r, int step, const LedgerRecord *rec) {
   char eta[32], total[16];
   if (r->length_frozen) {
     snprintf(total, sizeof total, "%d", run->layout.total_steps);
-    format_duration((run->layout.total_steps - step - 1) * run_per_step_ms / 1e3, eta, sizeof eta);
+    format_eta((run->layout.total_steps - step - 1) * run_per_step_ms / 1e3, eta, sizeof eta);
   } else {
     snprintf(total, sizeof total, "?");
-    format_duration(fmax(run->budget.amount - rec->train_seconds, 0), eta, sizeof eta);
+    format_eta(fmax(run->budget.amount - rec->train_seconds, 0), eta, sizeof eta);
   }
   printf(
       "step %*d/%s  epoch %d  loss %.4f  lr %.4g  %.0f img/s  act %.0f MiB  %.1f GFLOP  ETA %s\n",

@@ -36,7 +36,6 @@ static Faults faults_from_env(void) {
 static void replica_open(ReplicaState *r) {
   Run *run = r->run;
   const Config *cfg = r->cfg;
-  const int *shards = run_layout_shard_sizes(&run->layout);
   const ReplicaSpec spec = {.cfg = cfg,
                             .layout = &run->layout,
                             .rank = r->rank,
@@ -51,8 +50,9 @@ static void replica_open(ReplicaState *r) {
   if (ok && !run->opt->resume_path && run->opt->init_path)
     ok = run_init_from_file(r, run->opt->init_path) == 0;
   if (ok)
-    ok = loader_init(&r->loader, &run->train, &run->views, run->layout.global_batch,
-                     cfg->train.seed, r->rank, r->world, shards, run->start_step) == 0;
+    ok =
+        loader_init(&r->loader, &run->train, &run->views, run->layout.global_batch, cfg->train.seed,
+                    r->rep.shard.offset, r->rep.shard.local, run->start_step) == 0;
   r->loader_ok = ok;
   if (ok && r->rank == 0) ok = run_open_monitor(r) == 0 && run_open_ledger(r) == 0;
   if (!ok) comm_abort(r->comm, tl_last_error());

@@ -31,3 +31,7 @@ typedef struct {
 // on failure prints one line saying what went wrong and where (file, path, step) and returns a
 // nonzero exit code; 128 + the signal when SIGINT or SIGTERM stopped it (after a checkpoint).
 int train_run(const Config *cfg, const TrainOptions *opt);
+
+// The run folder of a training not told where: runs/OBJECTIVE-YYYYmmdd-HHMMSS (local time), so
+// runs started one after another sort by when they began and never share a folder.
+void run_default_folder(const char *objective, char *out, size_t cap);
