@@ -229,7 +229,7 @@ static inline void read_line(const char *path, int n, char *buf, size_t cap) {
 // null) and the run wrote the same number. `what` names the run and step in a failure.
 static inline void expect_planned_as_measured(const char *what, const char *plan,
                                               const char *measured, const char *key) {
-  double p, m;
+  double p = 0, m = 0;
   if (json_get(plan, key, &p) != 1) fail_msg("%s: the plan gives no %s", what, key);
   assert_int_equal(json_get(measured, key, &m), 1);
   if (p != m) fail_msg("%s: %s planned %.9g, measured %.9g", what, key, p, m);
@@ -247,20 +247,12 @@ static inline int ledger_lines(const char *dir) {
   return n;
 }
 
-// `tally train ARGS EXTRA --steps 6` into tmpdir/NAME and `tally plan ARGS EXTRA --steps 6
-// --step 5 --json` agree on step 5: every field of the ledger's table that is neither text nor
-// measured only is planned as measured, and the measured-only ones are null in the plan. Returns
-// the run's record of step 5.
-static inline LedgerRecord plan_equals_run(const char *name, const char *args, const char *extra) {
-  assert_int_equal(sh("%s train %s %s --steps 6 --quiet --out %s/%s > %s/%s.log 2>&1", bin, args,
-                      extra, tmpdir, name, tmpdir, name),
-                   0);
-  char *plan = run_ok("%s plan %s %s --steps 6 --step 5 --json", bin, args, extra);
-  char path[600], measured[16384];
-  snprintf(path, sizeof path, "%s/%s/ledger.jsonl", tmpdir, name);
-  read_line(path, 5, measured, sizeof measured);
-  char what[128];
-  snprintf(what, sizeof what, "%s, step 5", name);
+// A plan (`tally plan --json --step N`) against the ledger record the run wrote for step N:
+// every field of the ledger's table that is neither text nor measured only, and every field the
+// objective declares, is planned as measured; the measured-only ones are null in the plan.
+// `what` names the run and step in a failure. Returns the measured record.
+static inline LedgerRecord expect_plan_is_run(const char *what, const char *plan,
+                                              const char *measured) {
   int compared = 0;
   // The view groups' members sit in a list ("view_groups"): compared as the reader reads them.
   LedgerRecord planned_rec = {0}, measured_rec = {0};
@@ -286,7 +278,7 @@ static inline LedgerRecord plan_equals_run(const char *name, const char *args, c
       continue;
     }
     if (fi->measured_only) {
-      assert_int_equal(json_get(plan, fi->name, &v), 0);
+      if (json_get(plan, fi->name, &v) != 0) fail_msg("%s: the plan gives %s", what, fi->name);
       continue;
     }
     expect_planned_as_measured(what, plan, measured, fi->name);
@@ -300,15 +292,30 @@ static inline LedgerRecord plan_equals_run(const char *name, const char *args, c
     if (fi->measured_only) {
       assert_int_equal(json_get(plan, fi->name, &v), 0);
       assert_true(isnan(planned_rec.own[k]));
+      assert_int_equal(json_get(measured, fi->name, &v), 1);
       continue;
     }
     expect_planned_as_measured(what, plan, measured, fi->name);
     compared++;
   }
-  print_message("%s: %d counted fields equal\n", name, compared);
+  print_message("%s: %d counted fields equal\n", what, compared);
   assert_true(compared > 40);
-  LedgerRecord r = {0};
-  assert_true(ledger_read_json(measured, &r, objective_ledger_fields) > 0);
+  return measured_rec;
+}
+
+// `tally train ARGS EXTRA --steps 6` into tmpdir/NAME and `tally plan ARGS EXTRA --steps 6
+// --step 5 --json` agree on step 5 (expect_plan_is_run). Returns the run's record of step 5.
+static inline LedgerRecord plan_equals_run(const char *name, const char *args, const char *extra) {
+  assert_int_equal(sh("%s train %s %s --steps 6 --quiet --out %s/%s > %s/%s.log 2>&1", bin, args,
+                      extra, tmpdir, name, tmpdir, name),
+                   0);
+  char *plan = run_ok("%s plan %s %s --steps 6 --step 5 --json", bin, args, extra);
+  char path[600], measured[16384];
+  snprintf(path, sizeof path, "%s/%s/ledger.jsonl", tmpdir, name);
+  read_line(path, 5, measured, sizeof measured);
+  char what[128];
+  snprintf(what, sizeof what, "%s, step 5", name);
+  LedgerRecord r = expect_plan_is_run(what, plan, measured);
   assert_int_equal(r.step, 5);
   free(plan);
   return r;

@@ -649,21 +649,34 @@ static void write_load_round_trip(void **state) {
   assert_true(c.train.seed == UINT64_MAX);
   round_trip(&c, written, sizeof written);
 
-  // Every key of the sections listed above once, no more; the model spec only as comments.
+  // Every key config_write writes, once, no more; the model spec only as comments. The sections
+  // are the ones config knows, every registered objective's among them, so a section the list
+  // above does not name (a new objective's) fails here by name.
   size_t key_lines = 0;
-  int listed = 0;
   for (const char *line = written; *line; line = strchr(line, '\n') + 1) {
     if (*line == '[') {
       size_t len = strcspn(line + 1, "]");
-      listed = 0;
+      int listed = 0;
       for (size_t i = 0; i < N_KEYS; i++)
         listed |= strncmp(every_key[i][0], line + 1, len) == 0 && every_key[i][0][len] == '.';
-    } else if (*line != ';' && *line != '\n' && listed) {
+      if (!listed) fail_msg("every_key sets no key of [%.*s]", (int)len, line + 1);
+    } else if (*line != ';' && *line != '\n') {
       key_lines++;
     }
     if (!strchr(line, '\n')) break;
   }
   assert_int_equal(key_lines, N_KEYS);
+  // And every objective of the table has its section written.
+  char names[256];
+  snprintf(names, sizeof names, "%s", objective_names());
+  int n_objectives = 0;
+  for (char *save, *name = strtok_r(names, ", ", &save); name; name = strtok_r(NULL, ", ", &save)) {
+    char header[64];
+    snprintf(header, sizeof header, "\n[%s]\n", name);
+    assert_contains(written, header);
+    n_objectives++;
+  }
+  assert_true(n_objectives >= 6);
   // Floats in their shortest exact form: the float nearest 0.123456789 is 0.123456791043...,
   // its neighbours are 7.45e-9 away, so 8 digits name it and 7 (0.1234568) do not.
   assert_contains(written, "\nlr = 0.12345679\n");

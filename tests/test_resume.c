@@ -18,11 +18,12 @@
 
 static const char *mpiexec;
 
-// Small runs crossing an epoch boundary (8 steps of 32 per epoch); moco's queue of 64 keys wraps
-// every second step, so a resumed queue must hold the right keys with the right step tags.
+// Small runs crossing an epoch boundary (8 steps of 32 per epoch); moco's queue of 48 keys wraps
+// in the second step, so a resumed queue must hold the right keys with the right step tags, and
+// at the stop (step 4: 128 keys pushed) its next slot is 32, not the 0 a restarted queue has.
 static const char *objective_args(const char *objective) {
   if (!strcmp(objective, "moco"))
-    return "--objective=moco --set moco.queue_size=64 --set train.batch_size=32";
+    return "--objective=moco --set moco.queue_size=48 --set train.batch_size=32";
   if (!strcmp(objective, "mae"))
     return "--objective=mae --set train.batch_size=32 --set optim.warmup_steps=3";
   return "--objective=inbatch --set train.batch_size=32";
