@@ -144,7 +144,8 @@ static const KeySpec recipe_keys[] = {
     INT_KEY(RECIPE(optim, backbone_freeze_steps), "0", 0, INT_MAX,
             "steps at the start in which only the heads (projector, predictor, decoder) are "
             "updated: the backbone, its momentum and its weight decay stay as they are, while "
-            "heads that start random learn to read its features; 0 = none. `sgd` and `lars` "
+            "heads that start random learn to read its features; then the backbone warms up "
+            "over `warmup_steps` as the network did at the start; 0 = none. `sgd` and `lars` "
             "only"),
     TEXT_KEY(RECIPE(optim, schedule), "cosine", "cosine|constant",
              "learning rate after warm-up: `cosine` decays it to 0 at the run's end, "

@@ -138,6 +138,37 @@ static void test_frozen_backbone_by_hand(void **state) {
   }
 }
 
+// After a freeze the backbone warms up again: its learning rate is the step's times
+// (step - freeze + 1) / warmup over the warm-up's steps, the head's is the step's throughout.
+static void test_backbone_warmup_after_freeze(void **state) {
+  (void)state;
+  // freeze 20, warm-up 10: steps 20..29 scale 0.1..1.0; before (frozen anyway) and after, 1
+  assert_close(0.1, backbone_lr_scale_at(20, 20, 10), 1e-7, "step", 20);
+  assert_close(0.5, backbone_lr_scale_at(24, 20, 10), 1e-7, "step", 24);
+  assert_close(1.0, backbone_lr_scale_at(29, 20, 10), 1e-7, "step", 29);
+  assert_close(1.0, backbone_lr_scale_at(30, 20, 10), 0, "step", 30);
+  assert_close(1.0, backbone_lr_scale_at(5, 20, 10), 0, "step", 5);
+  // no freeze, or no warm-up: nothing to ramp
+  assert_close(1.0, backbone_lr_scale_at(0, 0, 10), 0, "nofreeze", 0);
+  assert_close(1.0, backbone_lr_scale_at(20, 20, 0), 0, "nowarmup", 20);
+  ParamSet ps;
+  paramset_alloc(&ps, 2, 1);
+  paramset_take(&ps, "backbone.w", 1, 0, NULL);
+  paramset_take(&ps, "head.w", 1, 0, NULL);
+  ps.data[0] = ps.data[1] = 1.0f;
+  Optimizer *opt = optim_create("sgd", &ps, 0.1f, 0.9f, 0.1f, 0, 0, 0, 0);
+  assert_non_null(opt);
+  opt->backbone_floats = 1;
+  opt->backbone_lr_scale = 0.5f;
+  ps.grad[0] = ps.grad[1] = 0.5f;
+  optim_step(opt, 0.1f);
+  // g = 0.5 + 0.1 * 1 = 0.6, buf = 0.6; backbone p = 1 - 0.05 * 0.6 = 0.97, head 1 - 0.06 = 0.94
+  assert_close(0.97, ps.data[0], 1e-6, "backbone", 0);
+  assert_close(0.94, ps.data[1], 1e-6, "head", 1);
+  optim_destroy(opt);
+  paramset_free(&ps);
+}
+
 // ---- three-step trajectories over the 7-float set, reference in double -----------------------
 
 typedef struct {
@@ -340,6 +371,7 @@ int main(void) {
       cmocka_unit_test(test_lars_by_hand),
       cmocka_unit_test(test_adamw_by_hand),
       cmocka_unit_test(test_frozen_backbone_by_hand),
+      cmocka_unit_test(test_backbone_warmup_after_freeze),
       cmocka_unit_test(test_sgd_trajectory),
       cmocka_unit_test(test_lars_trajectory),
       cmocka_unit_test(test_adamw_trajectory),

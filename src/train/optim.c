@@ -108,6 +108,7 @@ Optimizer *optim_create(const char *name, ParamSet *ps, float lr, float momentum
                      .beta2 = beta2,
                      .eps = eps,
                      .lars_eta = lars_eta,
+                     .backbone_lr_scale = 1.0f,
                      .priv = priv};
   opt->momentum_buf = tl_alloc(ps->count * sizeof(float), MEM_OPTIM, COMP_OTHER);
   if (kind == OPTIM_ADAMW)
@@ -135,6 +136,12 @@ static int chunk_frozen(const Optimizer *opt, const Chunk *ch) {
   return opt->backbone_frozen && ch->begin < opt->backbone_floats;
 }
 
+// A chunk's learning rate: the step's, scaled for the backbone's (chunks never straddle the
+// backbone's end: it ends an entry).
+static float chunk_lr(const Optimizer *opt, const Chunk *ch, float lr) {
+  return ch->begin < opt->backbone_floats ? lr * opt->backbone_lr_scale : lr;
+}
+
 // PyTorch SGD (dampening 0, no Nesterov): g = grad + wd*p; buf = momentum*buf + g; p -= lr*buf.
 // PyTorch sets buf = g on the first step; the zero-initialized buffer gives exactly that.
 static void sgd_step(Optimizer *opt, float lr) {
@@ -145,11 +152,11 @@ static void sgd_step(Optimizer *opt, float lr) {
   for (int c = 0; c < priv->n_chunks; c++) {
     const Chunk ch = priv->chunks[c];
     if (chunk_frozen(opt, &ch)) continue;
-    const float wd = entry_decay(opt, ch.entry);
+    const float wd = entry_decay(opt, ch.entry), step_lr = chunk_lr(opt, &ch, lr);
     for (size_t i = ch.begin; i < ch.end; i++) {
       float g = grad[i] + wd * p[i];
       buf[i] = mom * buf[i] + g;
-      p[i] -= lr * buf[i];
+      p[i] -= step_lr * buf[i];
     }
   }
 }
@@ -195,7 +202,7 @@ static void lars_step(Optimizer *opt, float lr) {
     const Chunk ch = priv->chunks[c];
     if (chunk_frozen(opt, &ch)) continue;
     const float wd = entry_decay(opt, ch.entry);
-    const float scaled_lr = lr * priv->trust[ch.entry];
+    const float scaled_lr = chunk_lr(opt, &ch, lr) * priv->trust[ch.entry];
     for (size_t i = ch.begin; i < ch.end; i++) {
       float g = grad[i] + wd * p[i];
       buf[i] = mom * buf[i] + scaled_lr * g;
@@ -266,6 +273,11 @@ void optim_destroy(Optimizer *opt) {
   free(opt->priv->trust);
   free(opt->priv);
   free(opt);
+}
+
+float backbone_lr_scale_at(int step, int freeze_steps, int warmup_steps) {
+  if (freeze_steps <= 0 || step < freeze_steps || step >= freeze_steps + warmup_steps) return 1.0f;
+  return (float)((double)(step - freeze_steps + 1) / warmup_steps);
 }
 
 float lr_at_step(float peak_lr, int step, int warmup_steps, int total_steps, const char *schedule) {

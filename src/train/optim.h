@@ -24,9 +24,11 @@ typedef struct {
   float *second_moment;  // (ps->count) adamw v; NULL otherwise
   long steps_done;       // updates applied so far (adamw bias correction)
   // The backbone's parameters are the block's first `backbone_floats` (objective.h); while
-  // `backbone_frozen` is set, optim_step leaves them and their state untouched.
+  // `backbone_frozen` is set, optim_step leaves them and their state untouched; otherwise their
+  // learning rate is the step's times `backbone_lr_scale` (1 unless a warm-up after a freeze).
   size_t backbone_floats;
   int backbone_frozen;
+  float backbone_lr_scale;
   struct OptimPrivate *priv;
 } Optimizer;
 
@@ -54,3 +56,8 @@ void optim_destroy(Optimizer *opt);
 // step < warmup_steps, then "cosine" from peak_lr down to 0 at total_steps (0 beyond it), or
 // "constant" at peak_lr. Dies on an unknown schedule name (config validation rejects those).
 float lr_at_step(float peak_lr, int step, int warmup_steps, int total_steps, const char *schedule);
+
+// The backbone's share of the step's learning rate after `freeze_steps` frozen ones: it warms up
+// again, (step - freeze_steps + 1) / warmup_steps for the `warmup_steps` steps after the freeze,
+// as the whole network did at the start; 1 otherwise (and without a freeze).
+float backbone_lr_scale_at(int step, int freeze_steps, int warmup_steps);

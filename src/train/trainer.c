@@ -98,7 +98,9 @@ static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, do
     return 1;
   }
   t->computed = now_ms();
-  r->rep.optim->backbone_frozen = step < r->cfg->optim.backbone_freeze_steps;
+  const int freeze = r->cfg->optim.backbone_freeze_steps;
+  r->rep.optim->backbone_frozen = step < freeze;
+  r->rep.optim->backbone_lr_scale = backbone_lr_scale_at(step, freeze, r->cfg->optim.warmup_steps);
   replica_update(&r->rep, batch, lr, rec, t);
   // A finite loss does not prove finite weights (an overflow in an update, BatchNorm statistics
   // gone to infinity): a non-finite parameter stops the run before a checkpoint can keep it.
