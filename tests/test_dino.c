@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "fixtures/dino_reference.h"
+#include "nn/backbone.h"
 #include "objective_test_util.h"
 #include "objectives/dino_loss.h"
 
@@ -113,6 +114,41 @@ static void test_counts_teacher_and_centre(void **state) {
   fixture_free(f);
 }
 
+// The student's backbone keeps the running statistics of its global crops, the size it is
+// evaluated and exported at: the local crops' instance normalizes with its own batch statistics
+// and leaves them. The teacher, a copy of the student at the first step, encodes only the global
+// crops, so after one step every running statistic of the student's backbone equals the
+// teacher's (and has moved from its start). (The head sees every crop, the teacher's only the
+// global ones: their statistics differ, and no evaluation reads them.)
+static void test_running_stats_from_global_crops(void **state) {
+  (void)state;
+  Fixture *f = fixture_new("dino", "resnet", dino_settings);
+  StFile st = {0};
+  f->def->state(f->obj, &st);
+  step_loss(f);
+  const size_t backbone_floats = backbone_param_count(&f->cfg.model.spec, S, C);
+  int buffers = 0;
+  double moved = 0;
+  for (int e = 0; e < f->ps.n_entries; e++) {
+    const ParamEntry *pe = &f->ps.entries[e];
+    if (!pe->is_buffer || pe->offset >= backbone_floats) continue;
+    char name[ST_NAME_MAX];
+    snprintf(name, sizeof name, "dino.teacher.%s", pe->name);
+    const StTensor *t = st_find(&st, name);
+    assert_non_null(t);
+    const float *teacher = (const float *)t->data, *student = f->ps.data + pe->offset;
+    const float start = strstr(pe->name, "running_var") ? 1.0f : 0.0f;
+    for (size_t i = 0; i < pe->count; i++) {
+      assert_float_equal(student[i], teacher[i], 1e-5 * (1 + fabs(teacher[i])));
+      moved += fabs(student[i] - start);
+    }
+    buffers++;
+  }
+  assert_true(buffers > 0 && moved > 0);
+  st_free(&st);
+  fixture_free(f);
+}
+
 // ---- through the binary ----
 
 // A slice of Fashion-MNIST in batches of 32 (8 steps an epoch); 2 global crops of 28 and 4 local
@@ -160,6 +196,7 @@ int main(void) {
       cmocka_unit_test(test_loss_matches_pytorch),
 
       cmocka_unit_test(test_counts_teacher_and_centre),
+      cmocka_unit_test(test_running_stats_from_global_crops),
       cmocka_unit_test(test_plan_equals_run),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);

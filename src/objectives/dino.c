@@ -233,7 +233,10 @@ static Objective *dino_create(const ObjectiveEnv *env) {
     // rows of the features.
     const long long before = tl_mem_thread_net(MEM_ACT, COMP_ENCODER);
     paramset_view(&o->local_view, env->params, 0);
-    Builder local = {.ctx = env->ctx, .params = &o->local_view, .mode = OP_TRAIN};
+    // Its BatchNorms normalize the local crops with their own statistics and leave the running
+    // ones to the global crops, the size the encoder is evaluated and exported at.
+    Builder local = {
+        .ctx = env->ctx, .params = &o->local_view, .mode = OP_TRAIN, .keep_running_stats = 1};
     const ModelSpec small = local_spec(spec, set->local_size);
     o->local = backbone_create(&small, &local, local_rows, set->local_size, C);
     backbone_set_input_normalization(o->local, env->input_mean, env->input_std);

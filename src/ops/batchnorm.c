@@ -156,6 +156,7 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   if (l->sync && l->splits > 1) TL_DIE("batchnorm %s: sync_bn with bn_splits > 1", name);
   l->eps = 1e-5f;
   l->momentum = 0.1f;
+  l->keep_running = b->keep_running_stats;
 
   bn_take_params(l, b, name);
 
@@ -295,7 +296,7 @@ void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
       dnnl_ctx_exec(ctx, p->fwd_global, p->fwd_global_pd, nargs, args);
     }
   }
-  if (batch_stats && !ctx->dry_run) bn_update_running(l, ctx);
+  if (batch_stats && !l->keep_running && !ctx->dry_run) bn_update_running(l, ctx);
   int per_elem =
       (batch_stats ? BN_FWD_BATCH_FLOPS_PER_ELEM : BN_FWD_GLOBAL_FLOPS_PER_ELEM) +
       (l->fuse_relu ? BN_RELU_FLOPS_PER_ELEM : 0) +

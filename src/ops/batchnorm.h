@@ -15,6 +15,7 @@ typedef struct {
   OpMode mode;
   MemComponent comp;
   float eps, momentum;    // 1e-5, running stats updated as r = (1-momentum) r + momentum batch
+  int keep_running;       // the builder's keep_running_stats: no update
   float *gamma, *dgamma;  // (C) scale, init 1, no weight decay
   float *beta, *dbeta;    // (C) shift, init 0, no weight decay
   float *running_mean;    // (C) buffer in the parameter block (paramset_take_buffer)

@@ -88,6 +88,10 @@ typedef struct {
   // needs every channel count a multiple of 16 except a convolution's input read from outside
   // the network (the images, nhwc).
   dnnl_format_tag_t layout;
+  // Training BatchNorms leave their running statistics as they are: a second instance of a
+  // network at another input size (DINO's local crops) normalizes with its own batch statistics,
+  // and the running ones stay those of the size the network is evaluated and exported at.
+  int keep_running_stats;
 } Builder;
 
 static inline dnnl_format_tag_t builder_layout(const Builder *b) {
