@@ -118,8 +118,7 @@ static void test_counts_teacher_and_centre(void **state) {
 // evaluated and exported at: the local crops' instance normalizes with its own batch statistics
 // and leaves them. The teacher, a copy of the student at the first step, encodes only the global
 // crops, so after one step every running statistic of the student's backbone equals the
-// teacher's (and has moved from its start). (The head sees every crop, the teacher's only the
-// global ones: their statistics differ, and no evaluation reads them.)
+// teacher's (and has moved from its start).
 static void test_running_stats_from_global_crops(void **state) {
   (void)state;
   Fixture *f = fixture_new("dino", "resnet", dino_settings);
