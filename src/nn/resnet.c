@@ -32,9 +32,7 @@ typedef struct {
   float *padded;                // (N, P_S, P_S, C) the stem's input when pad_to frames the images
   float *padded_slots;          // one per forward call (ops/builder.h)
   OpCalls pad_calls;
-  BufferPool grads;    // every input gradient of the network, OP_TRAIN
-  BufferPool outs;     // every output but the feature, forward-only networks
-  BufferPool scratch;  // outputs no backward reads, OP_TRAIN (see SCRATCH_*)
+  BufferPool buffers;  // planned buffers: outputs but the feature, input gradients (block_init)
   Conv2d stem;
   BatchNorm stem_bn;  // with fused ReLU
   int n_blocks;
@@ -42,67 +40,77 @@ typedef struct {
   GlobalAvgPool pool;
 } ResNet;
 
-// Input gradients share three buffers (GradPool), named by when they are live in backward. The
-// gradient between blocks is in A. A block's backward: relu A -> X (read by bn2 and, as the
-// shortcut's gradient, by proj_bn or the final sum), bn2 X -> A, conv2 A -> B, bn1 B -> A,
-// conv1 A -> B (held for the sum), proj_bn X -> A, proj A -> X, sum B + X -> A. Each op writes a
-// buffer other than the one it reads, and nothing still needed is overwritten.
-enum { GRAD_X, GRAD_A, GRAD_B };
-// Without backward (momentum encoder, evaluation) the outputs share three buffers the same way,
-// the BatchNorms and the sum in place. A block's input and output are in P: conv1 P -> A,
-// bn1 A -> A, conv2 A -> B, bn2 B -> B, proj P -> A, proj_bn A -> A, sum B + (A or P) -> B,
-// relu B -> P. A BatchNorm that cannot run in place (sync_bn reads its input twice) takes four:
-// conv1 P -> A, bn1 A -> B, conv2 B -> A, bn2 A -> B, proj P -> A, proj_bn A -> C,
-// sum B + (C or P) -> A, relu A -> P.
-enum { OUT_P, OUT_A, OUT_B, OUT_C };
-// In training a block keeps what its backward reads: the convolutions' inputs (the block input,
-// bn1's output) for their weight gradients, the BatchNorms' inputs (the convolutions' outputs)
-// and the output, whose sign is the final ReLU's gradient. bn2's and proj_bn's outputs are read
-// only by the residual sum, and the sum's only by the ReLU after it: they live in scratch
-// buffers every block shares, the sum in place over bn2's output. bn1's output goes there too
-// (conv2 reads it before bn2 writes) when conv2's backward reads a copy of its own (bf16), or
-// when it is computed again just before that backward ([train] recompute, from conv1's output
-// and the batch statistics bn1 keeps anyway).
-enum { SCRATCH_SUM, SCRATCH_SHORTCUT };
-
-static void block_init(BasicBlock *blk, Builder *b, const char *name, int N, int IC, int IH, int IW,
-                       int OC, int stride) {
+// A block's ops in the order forward runs them (backward runs them in reverse), each declared to
+// the builder's pool before it is built (ops/builder.h): what it reads, where its output goes,
+// which gradient its backward reads and writes. The planner (ops/buffer_pool.h) keeps what a
+// backward reads: the convolutions' inputs (the block input, bn1's output) for their weight
+// gradients, the BatchNorms' inputs and the output, whose sign is the final ReLU's gradient.
+// bn2's and proj_bn's outputs are read only by the residual sum, and the sum's only by the ReLU:
+// they share the pool's buffers, the sum over bn2's output. So does bn1's output when conv2's
+// backward reads a copy of its own (bf16), or when [train] recompute writes it again just before
+// that backward (from conv1's output and the batch statistics bn1 keeps anyway). Without
+// backward the BatchNorms, the sum and the ReLU write over their inputs, except a BatchNorm that
+// reads its input again after writing (sync_bn). x: the block input, dout: the gradient at its
+// output, din: where its input gradient goes; returns the output value.
+static BufValue block_init(BasicBlock *blk, Builder *b, const char *name, int N, int IC, int IH,
+                           int IW, int OC, int stride, BufValue x, BufValue dout, BufValue din) {
   char nm[64];
-  int train = b->mode == OP_TRAIN, in_place = batchnorm_in_place(b);
+  int train = b->mode == OP_TRAIN;
+  const unsigned bn_flags = OUT_IN_PLACE | (batchnorm_in_place(b) ? 0 : OUT_READS_LATE);
   blk->train = train;
+  blk->has_projection = stride != 1 || IC != OC;
+  const BufValue g_sum = builder_grad_value(b), g_c1 = builder_grad_value(b),
+                 g_a = builder_grad_value(b), g_b1 = builder_grad_value(b),
+                 g_c2 = builder_grad_value(b), g_p = builder_grad_value(b),
+                 g_shortcut = blk->has_projection ? builder_grad_value(b) : g_sum;
+  size_t in_n = (size_t)N * IH * IW * IC;
+  if (train) {  // the gradient reaching the block input from both paths
+    builder_output(b, 0, 0, OUT_NONE);
+    builder_grad(b, din, g_c1, g_shortcut);
+    add_init(&blk->dsum, b, in_n, MEM_ACT_GRAD, 1);
+  }
   snprintf(nm, sizeof nm, "%s.conv1", name);
-  b->grad_slot = GRAD_B, b->out_slot = OUT_A;
+  const BufValue c1 = builder_output(b, x, 0, 0);
+  builder_grad(b, g_c1, g_a, 0);
   conv2d_init(&blk->conv1, b, nm, N, IC, IH, IW, OC, 3, stride, 1, 0, train);
+  if (conv2d_backward_reads_input(&blk->conv1)) builder_backward_reads(b, x);
   int H = blk->conv1.OH, W = blk->conv1.OW;
   snprintf(nm, sizeof nm, "%s.bn1", name);
-  b->grad_slot = GRAD_A, b->out_slot = in_place ? OUT_A : OUT_B;
-  b->scratch_slot = b->ctx->recompute || !conv2d_will_read_input(b, OC, 1) ? SCRATCH_SUM : -1;
+  const BufValue b1 = builder_output(b, c1, 0, bn_flags | OUT_RECOMPUTED);
+  builder_grad(b, g_a, g_b1, 0);
+  builder_backward_reads(b, c1);
   batchnorm_init(&blk->bn1, b, nm, N, OC, H, W, 1, train);
-  b->scratch_slot = -1;
   snprintf(nm, sizeof nm, "%s.conv2", name);
-  b->grad_slot = GRAD_B, b->out_slot = in_place ? OUT_B : OUT_A;
+  const BufValue c2 = builder_output(b, b1, 0, 0);
+  builder_grad(b, g_b1, g_c2, 0);
   conv2d_init(&blk->conv2, b, nm, N, OC, H, W, OC, 3, 1, 1, 0, train);
+  if (conv2d_backward_reads_input(&blk->conv2)) builder_backward_reads(b, b1);
   snprintf(nm, sizeof nm, "%s.bn2", name);
-  b->grad_slot = GRAD_A, b->out_slot = OUT_B, b->scratch_slot = SCRATCH_SUM;
+  const BufValue b2 = builder_output(b, c2, 0, bn_flags);
+  builder_grad(b, g_c2, g_sum, 0);
+  builder_backward_reads(b, c2);
   batchnorm_init(&blk->bn2, b, nm, N, OC, H, W, 0, train);
-  b->scratch_slot = -1;
-  blk->has_projection = stride != 1 || IC != OC;
+  BufValue shortcut = x;
   if (blk->has_projection) {
     snprintf(nm, sizeof nm, "%s.proj", name);
-    b->grad_slot = GRAD_X, b->out_slot = OUT_A;
+    const BufValue pj = builder_output(b, x, 0, 0);
+    builder_grad(b, g_shortcut, g_p, 0);
     conv2d_init(&blk->proj, b, nm, N, IC, IH, IW, OC, 1, stride, 0, 0, train);
+    if (conv2d_backward_reads_input(&blk->proj)) builder_backward_reads(b, x);
     snprintf(nm, sizeof nm, "%s.proj_bn", name);
-    b->grad_slot = GRAD_A, b->out_slot = in_place ? OUT_A : OUT_C;
-    b->scratch_slot = SCRATCH_SHORTCUT;
+    shortcut = builder_output(b, pj, 0, bn_flags);
+    builder_grad(b, g_p, g_sum, 0);
+    builder_backward_reads(b, pj);
     batchnorm_init(&blk->proj_bn, b, nm, N, OC, H, W, 0, train);
   }
   size_t out_n = (size_t)N * H * W * OC;
-  b->out_slot = in_place ? OUT_B : OUT_A, b->scratch_slot = SCRATCH_SUM;
+  const BufValue sum = builder_output(b, b2, shortcut, OUT_IN_PLACE);
   add_init(&blk->sum, b, out_n, builder_out_category(b), 0);
-  b->grad_slot = GRAD_X, b->out_slot = OUT_P, b->scratch_slot = -1;
+  const BufValue out = builder_output(b, sum, 0, OUT_IN_PLACE);
+  builder_grad(b, g_sum, dout, 0);
+  builder_backward_reads(b, out);
   eltwise_init(&blk->relu, b, ELTWISE_RELU, out_n, train);
-  b->grad_slot = GRAD_A;
-  if (train) add_init(&blk->dsum, b, (size_t)N * IH * IW * IC, MEM_ACT_GRAD, 1);
+  return out;
 }
 
 static const float *block_forward(BasicBlock *blk, DnnlCtx *ctx, const float *in) {
@@ -126,18 +134,18 @@ static const float *block_forward(BasicBlock *blk, DnnlCtx *ctx, const float *in
 static const float *block_backward(BasicBlock *blk, DnnlCtx *ctx, const float *dout) {
   eltwise_backward(&blk->relu, ctx, dout);
   const float *dsum = blk->relu.din;  // reaches both the residual branch and the shortcut
-  batchnorm_backward(&blk->bn2, ctx, dsum);
-  if (blk->bn1.calls.out_shared && conv2d_backward_reads_input(&blk->conv2))
-    batchnorm_recompute(&blk->bn1, ctx);
-  conv2d_backward(&blk->conv2, ctx, blk->bn2.din);
-  batchnorm_backward(&blk->bn1, ctx, blk->conv2.din);
-  conv2d_backward(&blk->conv1, ctx, blk->bn1.din);
   const float *dshortcut = dsum;
   if (blk->has_projection) {
     batchnorm_backward(&blk->proj_bn, ctx, dsum);
     conv2d_backward(&blk->proj, ctx, blk->proj_bn.din);
     dshortcut = blk->proj.din;
   }
+  batchnorm_backward(&blk->bn2, ctx, dsum);
+  if (blk->bn1.calls.out_shared && conv2d_backward_reads_input(&blk->conv2))
+    batchnorm_recompute(&blk->bn1, ctx);
+  conv2d_backward(&blk->conv2, ctx, blk->bn2.din);
+  batchnorm_backward(&blk->bn1, ctx, blk->conv2.din);
+  conv2d_backward(&blk->conv1, ctx, blk->bn1.din);
   add_forward(&blk->dsum, ctx, blk->conv1.din, dshortcut);
   return blk->dsum.out;
 }
@@ -208,9 +216,7 @@ static void resnet_destroy(Backbone *bb) {
   for (int i = 0; i < r->n_blocks; i++) block_destroy(&r->blocks[i]);
   free(r->blocks);
   gap_destroy(&r->pool);
-  buffer_pool_free(&r->grads);
-  buffer_pool_free(&r->outs);
-  buffer_pool_free(&r->scratch);
+  buffer_pool_free(&r->buffers);
   free(r);
 }
 
@@ -252,17 +258,21 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
     r->padded = r->padded_slots =
         op_calls_alloc(&r->pad_calls, padded_bytes(r), builder_out_category(b), b->ctx->component);
   Builder pooled = *b;
-  if (train) pooled.grad_pool = &r->grads, pooled.scratch_pool = &r->scratch;
-  if (!train) pooled.out_pool = &r->outs;
-  pooled.scratch_slot = pooled.inner_slot = -1;
+  pooled.pool = &r->buffers;
   if (!pooled.layout) pooled.layout = resnet_layout(spec, b->ctx);
   b = &pooled;
+  const unsigned bn_flags = OUT_IN_PLACE | (batchnorm_in_place(b) ? 0 : OUT_READS_LATE);
   int C = spec->stem_channels, H = r->padded_size, W = r->padded_size;
-  b->out_slot = OUT_A;
+  const BufValue g_stem = builder_grad_value(b);
+  BufValue g_x = builder_grad_value(b);
+  const BufValue stem = builder_output(b, 0, 0, 0);  // reads the images or their frame
+  builder_grad(b, 0, g_stem, 0);
   conv2d_init(&r->stem, b, "stem.conv", N, channels, H, W, C, 3, 1, 1, 0, 0);
   H = r->stem.OH;
   W = r->stem.OW;
-  b->grad_slot = GRAD_B, b->out_slot = OUT_P;  // reads the first block's A; writes its input
+  BufValue x = builder_output(b, stem, 0, bn_flags);
+  builder_grad(b, g_stem, g_x, 0);
+  builder_backward_reads(b, stem);
   batchnorm_init(&r->stem_bn, b, "stem.bn", N, C, H, W, 1, train);
   const int stages = model_spec_stages(spec);
   for (int s = 0; s < stages; s++) r->n_blocks += spec->stage_blocks[s];
@@ -274,16 +284,18 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
       char name[32];
       snprintf(name, sizeof name, "stage%d.block%d", s + 1, i + 1);
       int stride = i == 0 ? spec->stage_strides[s] : 1;
-      block_init(&r->blocks[k], b, name, N, C, H, W, spec->stage_channels[s], stride);
+      const BufValue g_out = builder_grad_value(b);
+      x = block_init(&r->blocks[k], b, name, N, C, H, W, spec->stage_channels[s], stride, x, g_out,
+                     g_x);
+      g_x = g_out;
       C = spec->stage_channels[s];
       H = r->blocks[k].conv1.OH;
       W = r->blocks[k].conv1.OW;
     }
-  b->grad_slot = GRAD_A, b->out_slot = -1;  // the feature outlives the pass
+  builder_output(b, x, 0, OUT_OWN);  // the feature outlives the pass
+  builder_grad(b, g_x, 0, 0);
   gap_init(&r->pool, b, N, H, W, C, train);
-  if (train) buffer_pool_finish(&r->grads, MEM_ACT_GRAD, b->ctx->component);
-  if (train) buffer_pool_finish(&r->scratch, MEM_WORKSPACE, b->ctx->component);
-  if (!train) buffer_pool_finish(&r->outs, MEM_WORKSPACE, b->ctx->component);
+  buffer_pool_finish(&r->buffers, b->ctx->component);
   r->base = (Backbone){.pad_mean = strcmp(spec->pad_fill, "mean") == 0,
                        .N = N,
                        .channels = channels,

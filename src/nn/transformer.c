@@ -3,8 +3,17 @@
 #include <stdio.h>
 #include <string.h>
 
-void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name, int N, int T,
-                            int D, int heads, int mlp_ratio, int need_din) {
+// The block's ops in the order forward runs them, each declared to the builder's pool before it is
+// built (ops/builder.h): what it reads, where its output goes, which gradient its backward reads
+// and writes. The planner decides the rest (ops/buffer_pool.h): outputs no backward reads share
+// the pool's buffers (proj and fc2, read once by the residual sums; the norms' and GELU's when
+// their readers' backward reads a converted copy, or when [train] recompute writes them again
+// first, transformer_block_backward), the sums and GELU write over their input where nothing
+// reads it later (without backward), and gradients share buffers by lifetime. x: the block's
+// input value, dout: the gradient reaching its output, din: where its input gradient goes.
+static BufValue block_build(TransformerBlock *blk, Builder *b, const char *name, int N, int T,
+                            int D, int heads, int mlp_ratio, int need_din, BufValue x,
+                            BufValue dout, BufValue din) {
   memset(blk, 0, sizeof *blk);
   int train = b->mode == OP_TRAIN;
   blk->N = N;
@@ -17,68 +26,89 @@ void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name,
   int M = N * T, hidden = mlp_ratio * D;
   size_t n = (size_t)M * (size_t)D;
   char nm[64];
-  // With a gradient pool (b->grad_pool), the block's input gradients share four buffers: the
-  // block's incoming and outgoing gradients are in the builder's slot, dx1 (live from the MLP
-  // branch's sum to the block's) in Q, and the ops of each branch alternate between A and B.
-  // Without backward, with an output pool (b->out_pool), the outputs rotate the same way from the
-  // builder's out_slot: norm1 P -> A, qkv -> B, attention -> A, proj -> B, residual P + B -> Q,
-  // norm2 Q -> A, fc1 -> B, GELU in place in B, fc2 -> A, residual Q + A -> P; so only B is
-  // ever as wide as the MLP's hidden layer.
-  const int slot = b->grad_slot, out = b->out_slot;
-  const int Q = (slot + 1) % 4, A = (slot + 2) % 4, B = (slot + 3) % 4;
-  const int oQ = out < 0 ? -1 : (out + 1) % 4, oA = out < 0 ? -1 : (out + 2) % 4,
-            oB = out < 0 ? -1 : (out + 3) % 4;
-  // With a scratch pool (b->scratch_pool), in training, what backward does not read where it
-  // was written lives in two buffers shared by every block and call: the norms' outputs and the
-  // projections back to D (proj, fc2) in buffer S, GELU's output in buffer S + 1. proj and fc2
-  // are read once, by the residual sums. The norms' and GELU's outputs are read by linear layers
-  // whose backward either reads a converted copy of its own (a compute type other than f32) or
-  // gets the output recomputed first (transformer_block_backward); [train] recompute = 0 keeps
-  // them instead. What stays per block and call: the residual stream (x1, out), qkv,
-  // attention's probabilities and output, and fc1's output. Attention's inner buffers
-  // (ops/builder.h) take S + 2 and S + 3, in any mode. Each op's slot is set before it is built,
-  // as its gradient and output slots are; -1: its own buffer.
-  const int scratch_in = b->scratch_slot, inner_in = b->inner_slot;
-  const int S = b->scratch_pool ? scratch_in : -1;
-  const int s0 = S, s1 = S < 0 ? -1 : S + 1, inner = S < 0 ? -1 : S + 2;
-  const int copies = dnnl_ctx_compute_type(b->ctx) != dnnl_f32;  // what linear_init decides
-  const int r0 = b->ctx->recompute || copies ? s0 : -1, r1 = b->ctx->recompute || copies ? s1 : -1;
+  // Gradients: at x through the attention branch, at x1 through the MLP branch and in all, at
+  // the norms', qkv's, attention's and GELU's and fc1's inputs.
+  const BufValue g_xa = builder_grad_value(b), g_x1m = builder_grad_value(b),
+                 g_x1 = builder_grad_value(b), g_n1 = builder_grad_value(b),
+                 g_q = builder_grad_value(b), g_at = builder_grad_value(b),
+                 g_n2 = builder_grad_value(b), g_h = builder_grad_value(b),
+                 g_g = builder_grad_value(b);
+  if (blk->need_din) {
+    builder_output(b, 0, 0, OUT_NONE);
+    builder_grad(b, din, g_x1, g_xa);
+    add_init(&blk->dx_sum, b, n, MEM_ACT_GRAD, 1);
+  }
   snprintf(nm, sizeof nm, "%s.norm1", name);
-  b->grad_slot = B, b->out_slot = oA, b->scratch_slot = r0;
+  const BufValue n1 = builder_output(b, x, 0, OUT_RECOMPUTED);
+  builder_grad(b, g_xa, g_n1, 0);
+  builder_backward_reads(b, x);
   layernorm_init(&blk->norm1, b, nm, M, D);
   // qkv's input gradient is needed even without need_din: norm1's scale and shift gradients
   // come from it.
   snprintf(nm, sizeof nm, "%s.attn.qkv", name);
-  b->grad_slot = A, b->out_slot = oB, b->scratch_slot = -1;
+  const BufValue q = builder_output(b, n1, 0, 0);
+  builder_grad(b, g_n1, g_q, 0);
   linear_init(&blk->qkv, b, nm, M, D, 3 * D, 1, train, 0.0f);
-  b->grad_slot = B, b->out_slot = oA, b->scratch_slot = -1, b->inner_slot = inner;
+  if (linear_backward_reads_input(&blk->qkv)) builder_backward_reads(b, n1);
+  const BufValue at = builder_output(b, q, 0, 0);
+  builder_grad(b, g_q, g_at, 0);
+  builder_backward_reads(b, q);
   attention_init(&blk->attn, b, N, T, D, heads);
   snprintf(nm, sizeof nm, "%s.attn.proj", name);
-  b->grad_slot = A, b->out_slot = oB, b->scratch_slot = s0;
+  const BufValue pr = builder_output(b, at, 0, 0);
+  builder_grad(b, g_at, g_x1, 0);
   linear_init(&blk->proj, b, nm, M, D, D, 1, train, 0.0f);
-  b->out_slot = oQ, b->scratch_slot = -1;
+  if (linear_backward_reads_input(&blk->proj)) builder_backward_reads(b, at);
+  const BufValue x1 = builder_output(b, pr, x, OUT_IN_PLACE);
   add_init(&blk->attn_residual, b, n, builder_out_category(b), 0);
+  if (train) {
+    builder_output(b, 0, 0, OUT_NONE);
+    builder_grad(b, g_x1, dout, g_x1m);
+    add_init(&blk->dx1_sum, b, n, MEM_ACT_GRAD, 1);
+  }
   snprintf(nm, sizeof nm, "%s.norm2", name);
-  b->grad_slot = B, b->out_slot = oA, b->scratch_slot = r0;
+  const BufValue n2 = builder_output(b, x1, 0, OUT_RECOMPUTED);
+  builder_grad(b, g_x1m, g_n2, 0);
+  builder_backward_reads(b, x1);
   layernorm_init(&blk->norm2, b, nm, M, D);
   snprintf(nm, sizeof nm, "%s.mlp.fc1", name);
-  b->grad_slot = A, b->out_slot = oB, b->scratch_slot = -1;
+  const BufValue h = builder_output(b, n2, 0, 0);
+  builder_grad(b, g_n2, g_h, 0);
   linear_init(&blk->fc1, b, nm, M, D, hidden, 1, train, 0.0f);
-  b->grad_slot = B, b->out_slot = oB, b->scratch_slot = r1;
+  if (linear_backward_reads_input(&blk->fc1)) builder_backward_reads(b, n2);
+  const BufValue g = builder_output(b, h, 0, OUT_IN_PLACE | OUT_RECOMPUTED);
+  builder_grad(b, g_h, g_g, 0);
+  builder_backward_reads(b, h);
   eltwise_init(&blk->gelu, b, ELTWISE_GELU, (size_t)M * (size_t)hidden, train);
   snprintf(nm, sizeof nm, "%s.mlp.fc2", name);
-  b->grad_slot = A, b->out_slot = oA, b->scratch_slot = s0;
+  const BufValue f = builder_output(b, g, 0, 0);
+  builder_grad(b, g_g, dout, 0);
   linear_init(&blk->fc2, b, nm, M, hidden, D, 1, train, 0.0f);
-  b->out_slot = out, b->scratch_slot = -1;
+  if (linear_backward_reads_input(&blk->fc2)) builder_backward_reads(b, g);
+  const BufValue out = builder_output(b, f, x1, OUT_IN_PLACE);
   add_init(&blk->mlp_residual, b, n, builder_out_category(b), 0);
-  b->scratch_slot = scratch_in, b->inner_slot = inner_in;
   blk->out = blk->mlp_residual.out;
-  b->grad_slot = slot;
-  if (!train) return;
-  b->grad_slot = Q;
-  add_init(&blk->dx1_sum, b, n, MEM_ACT_GRAD, 1);
-  b->grad_slot = slot;
-  if (blk->need_din) add_init(&blk->dx_sum, b, n, MEM_ACT_GRAD, 1);
+  b->out_value = b->grad_value = 0;
+  return out;
+}
+
+void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name, int N, int T,
+                            int D, int heads, int mlp_ratio, int need_din) {
+  block_build(blk, b, name, N, T, D, heads, mlp_ratio, need_din, 0, 0, 0);
+}
+
+BufValue transformer_stack_init(TransformerBlock *blocks, int depth, Builder *b, const char *prefix,
+                                int N, int T, int D, int heads, int mlp_ratio, BufValue x,
+                                BufValue dout, BufValue din) {
+  BufValue g_in = din;
+  for (int i = 0; i < depth; i++) {
+    char name[48];
+    snprintf(name, sizeof name, "%s.%d", prefix, i);
+    const BufValue g_out = i + 1 < depth ? builder_grad_value(b) : dout;
+    x = block_build(&blocks[i], b, name, N, T, D, heads, mlp_ratio, 1, x, g_out, g_in);
+    g_in = g_out;
+  }
+  return x;
 }
 
 const float *transformer_block_forward(TransformerBlock *blk, DnnlCtx *ctx, const float *in) {
@@ -87,13 +117,13 @@ const float *transformer_block_forward(TransformerBlock *blk, DnnlCtx *ctx, cons
   linear_forward(&blk->qkv, ctx, blk->norm1.out);
   attention_forward(&blk->attn, ctx, blk->qkv.out);
   linear_forward(&blk->proj, ctx, blk->attn.out);
-  add_forward(&blk->attn_residual, ctx, in, blk->proj.out);
+  add_forward(&blk->attn_residual, ctx, blk->proj.out, in);
   const float *x1 = blk->attn_residual.out;
   layernorm_forward(&blk->norm2, ctx, x1);
   linear_forward(&blk->fc1, ctx, blk->norm2.out);
   eltwise_forward(&blk->gelu, ctx, blk->fc1.out);
   linear_forward(&blk->fc2, ctx, blk->gelu.out);
-  add_forward(&blk->mlp_residual, ctx, x1, blk->fc2.out);
+  add_forward(&blk->mlp_residual, ctx, blk->fc2.out, x1);
   return blk->out = blk->mlp_residual.out;
 }
 

@@ -27,12 +27,17 @@ typedef struct {
   float *din;         // (N, T, D) = dx_sum.out after backward, when need_din (OP_TRAIN)
 } TransformerBlock;
 
-// With b->scratch_pool, the block takes buffers scratch_slot to scratch_slot + 3 of it: in
-// training for what backward does not read where it was written, in any mode for what lives
-// only inside attention's passes (see transformer_block_init); the owner finishes the pool
-// (buffer_pool_finish) before the first forward.
+// A block whose ops own their buffers (no pool): the pool's values come with
+// transformer_stack_init.
 void transformer_block_init(TransformerBlock *blk, Builder *b, const char *name, int N, int T,
                             int D, int heads, int mlp_ratio, int need_din);
+// `depth` blocks named PREFIX.i, declared to b->pool and built (see transformer.c): x, the first
+// block's input value (0: a buffer of its own); dout, the gradient value reaching the last
+// block's output; din, where the first block's input gradient goes. Returns the last block's
+// output value. The owner finishes the pool (buffer_pool_finish) before the first forward.
+BufValue transformer_stack_init(TransformerBlock *blocks, int depth, Builder *b, const char *prefix,
+                                int N, int T, int D, int heads, int mlp_ratio, BufValue x,
+                                BufValue dout, BufValue din);
 // Returns blk->out.
 const float *transformer_block_forward(TransformerBlock *blk, DnnlCtx *ctx, const float *in);
 // Fills the block's parameter gradients; returns blk->din (NULL without need_din).

@@ -209,9 +209,7 @@ static void vit_destroy(Backbone *bb) {
   for (int i = 0; i < v->depth; i++) transformer_block_destroy(&v->blocks[i]);
   free(v->blocks);
   layernorm_destroy(&v->norm);
-  buffer_pool_free(&v->grads);
-  buffer_pool_free(&v->outs);
-  buffer_pool_free(&v->scratch);
+  buffer_pool_free(&v->buffers);
   tl_free(v->feature_slots);
   tl_free(v->dtokens_from_feature);
   tl_free(v->dpatch_tokens);
@@ -276,25 +274,20 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
       op_calls_alloc(&v->calls, tokens * D * sizeof(float), out_cat, v->comp);
   v->blocks = calloc((size_t)v->depth, sizeof *v->blocks);
   if (!v->blocks && v->depth) TL_DIE("out of memory");
-  // The gradient between blocks (and the final norm's) shares buffer 0 of the pool, and so do the
-  // outputs between blocks of a forward-only ViT; each block takes the other three for its own
-  // (see transformer_block_init).
+  // The op list: the embedding (whose backward reads the first block's input gradient), the
+  // blocks, the final norm (its output, the tokens, outlives the pass).
   Builder pooled = *b;
-  if (train) pooled.grad_pool = &v->grads;
-  if (!train) pooled.out_pool = &v->outs;
-  pooled.scratch_pool = &v->scratch;
-  pooled.grad_slot = pooled.out_slot = pooled.scratch_slot = 0;
-  for (int i = 0; i < v->depth; i++) {
-    char name[32];
-    snprintf(name, sizeof name, "blocks.%d", i);
-    transformer_block_init(&v->blocks[i], &pooled, name, N, v->T, v->D, spec->heads,
-                           spec->mlp_ratio, train);
-  }
-  pooled.out_slot = pooled.scratch_slot = -1;  // the tokens outlive the pass
+  pooled.pool = &v->buffers;
+  const BufValue g_embedded = builder_grad_value(&pooled), g_tokens = builder_grad_value(&pooled);
+  builder_output(&pooled, 0, 0, OUT_NONE);
+  builder_grad(&pooled, 0, g_embedded, 0);
+  const BufValue x = transformer_stack_init(v->blocks, v->depth, &pooled, "blocks", N, v->T, v->D,
+                                            spec->heads, spec->mlp_ratio, 0, g_tokens, g_embedded);
+  builder_output(&pooled, x, 0, OUT_OWN);
+  builder_grad(&pooled, g_tokens, 0, 0);
+  builder_backward_reads(&pooled, x);
   layernorm_init(&v->norm, &pooled, "norm", N * v->T, v->D);
-  if (train) buffer_pool_finish(&v->grads, MEM_ACT_GRAD, v->comp);
-  buffer_pool_finish(&v->scratch, MEM_WORKSPACE, v->comp);
-  if (!train) buffer_pool_finish(&v->outs, MEM_WORKSPACE, v->comp);
+  buffer_pool_finish(&v->buffers, v->comp);
   v->tokens = v->norm.out;
   v->feature = v->feature_slots =
       op_calls_alloc(&v->calls, (size_t)N * D * sizeof(float), out_cat, v->comp);

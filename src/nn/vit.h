@@ -51,10 +51,7 @@ typedef struct {
   float *embedded;     // (N, T, D) input of the first block
   float *patches_slots, *embedded_slots, *feature_slots;
   TransformerBlock *blocks;  // (depth)
-  BufferPool grads;          // the blocks' and final norm's input gradients, OP_TRAIN
-  BufferPool outs;           // the blocks' outputs, forward-only
-  BufferPool scratch;        // what the blocks' backward does not read in place, and attention's
-                             // inner buffers (transformer_block_init)
+  BufferPool buffers;        // the blocks' and final norm's planned buffers (ops/buffer_pool.h)
   LayerNorm norm;
   float *tokens;                // (N, T, D) final-LN output = norm.out; cls first when has_cls
   float *feature;               // (N, D) = base.feature

@@ -26,12 +26,11 @@ typedef struct {
   float *mask_token, *dmask_token;  // (Dd) parameter
   float *dec_pos;                   // (P, Dd) fixed sin-cos
   TransformerBlock *blocks;         // (depth) on (b, Td, Dd)
-  BufferPool grads;                 // the decoder's input gradients but embed's
-  BufferPool scratch;               // what the decoder blocks' backward does not read in place
+  BufferPool buffers;               // the decoder's planned buffers (ops/buffer_pool.h)
   LayerNorm norm;                   // (b*Td, Dd)
   Linear pred;                      // (b*Td, Dd) -> (b*Td, patch_dim)
   int *keep;                        // (b, n_keep) visible patch indices
-  int *slot_of;                     // (b, P) position of patch p among the visible tokens, or -1
+  int *visible_at;                  // (b, P) position of patch p among the visible tokens, or -1
   unsigned char *masked;            // (b, P)
   float *dec_in;                    // (b, Td, Dd) decoder input, MEM_ACT decoder
   float *target;                    // (b, P, patch_dim) MEM_ACT loss
@@ -131,33 +130,33 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   paramset_init_normal(env->params, o->mask_token, (size_t)o->Dd, 0.02f);
   paramset_grad_expect(env->params, o->dmask_token, 1);  // written whole by each backward
   o->blocks = calloc((size_t)o->depth, sizeof *o->blocks);
-  // The decoder's input gradients share four buffers, as the encoder's do: the gradient between
-  // blocks and the final norm's in 0 (the blocks take 1-3 for their own), the prediction's in 2,
-  // read by the norm before the last block overwrites it.
+  // The decoder's op list: the scatter into its input (whose backward reads the first block's
+  // input gradient), the blocks, the final norm, the prediction (read by the loss).
   Builder pooled = bld;
-  pooled.grad_pool = &o->grads;
-  pooled.grad_slot = 0;
-  pooled.scratch_pool = &o->scratch;  // as the encoder's blocks (transformer_block_init)
-  pooled.scratch_slot = 0;
-  for (int i = 0; i < o->depth; i++) {
-    char name[32];
-    snprintf(name, sizeof name, "decoder.blocks.%d", i);
-    transformer_block_init(&o->blocks[i], &pooled, name, b, o->Td, o->Dd,
-                           settings(cfg)->decoder_heads, spec->mlp_ratio, 1);
-  }
-  pooled.scratch_slot = -1;
+  pooled.pool = &o->buffers;
+  const BufValue g_in = builder_grad_value(&pooled), g_blocks = builder_grad_value(&pooled),
+                 g_normed = builder_grad_value(&pooled);
+  builder_output(&pooled, 0, 0, OUT_NONE);
+  builder_grad(&pooled, 0, g_in, 0);
+  const BufValue x =
+      transformer_stack_init(o->blocks, o->depth, &pooled, "decoder.blocks", b, o->Td, o->Dd,
+                             settings(cfg)->decoder_heads, spec->mlp_ratio, 0, g_blocks, g_in);
+  const BufValue normed = builder_output(&pooled, x, 0, 0);
+  builder_grad(&pooled, g_blocks, g_normed, 0);
+  builder_backward_reads(&pooled, x);
   layernorm_init(&o->norm, &pooled, "decoder.norm", b * o->Td, o->Dd);
-  pooled.grad_slot = 2;
+  builder_output(&pooled, normed, 0, OUT_OWN);
+  builder_grad(&pooled, g_normed, 0, 0);
   linear_init(&o->pred, &pooled, "decoder.pred", b * o->Td, o->Dd, o->patch_dim, 1, 1, 0.0f);
-  buffer_pool_finish(&o->grads, MEM_ACT_GRAD, COMP_DECODER);
-  buffer_pool_finish(&o->scratch, MEM_WORKSPACE, COMP_DECODER);
+  if (linear_backward_reads_input(&o->pred)) builder_backward_reads(&pooled, normed);
+  buffer_pool_finish(&o->buffers, COMP_DECODER);
   o->dec_pos = tl_alloc(sizeof(float) * (size_t)o->P * o->Dd, MEM_PARAM, COMP_DECODER);
   vit_sincos_pos_embed(o->dec_pos, o->encoder->grid, o->Dd);
   o->dec_in = tl_alloc(sizeof(float) * (size_t)b * o->Td * o->Dd, MEM_ACT, COMP_DECODER);
   o->dembed = tl_alloc(sizeof(float) * (size_t)b * o->Te * o->Dd, MEM_ACT_GRAD, COMP_DECODER);
 
   o->keep = tl_alloc(sizeof(int) * (size_t)b * o->n_keep, MEM_ACT, COMP_LOSS);
-  o->slot_of = tl_alloc(sizeof(int) * (size_t)b * o->P, MEM_ACT, COMP_LOSS);
+  o->visible_at = tl_alloc(sizeof(int) * (size_t)b * o->P, MEM_ACT, COMP_LOSS);
   o->masked = tl_alloc((size_t)b * o->P, MEM_ACT, COMP_LOSS);
   o->target = tl_alloc(sizeof(float) * (size_t)b * o->P * o->patch_dim, MEM_ACT, COMP_LOSS);
   o->dpred = tl_alloc(sizeof(float) * (size_t)b * o->Td * o->patch_dim, MEM_ACT_GRAD, COMP_LOSS);
@@ -312,9 +311,9 @@ static void draw_masks(Mae *o, const Batch *batch) {
   for (int i = 0; i < o->b; i++) {
     mae_random_mask(o->base.env.cfg->train.seed, batch->global_step, batch->indices[i], P,
                     o->n_keep, o->keep + (size_t)i * o->n_keep, o->masked + (size_t)i * P);
-    for (int p = 0; p < P; p++) o->slot_of[(size_t)i * P + p] = -1;
+    for (int p = 0; p < P; p++) o->visible_at[(size_t)i * P + p] = -1;
     for (int j = 0; j < o->n_keep; j++)
-      o->slot_of[(size_t)i * P + o->keep[(size_t)i * o->n_keep + j]] = j;
+      o->visible_at[(size_t)i * P + o->keep[(size_t)i * o->n_keep + j]] = j;
   }
 }
 
@@ -327,9 +326,9 @@ static void fill_decoder_input(Mae *o) {
     float *row = o->dec_in + (size_t)i * Td * Dd;
     if (o->has_cls) memcpy(row, emb, sizeof(float) * Dd);
     for (int p = 0; p < P; p++) {
-      int slot = o->slot_of[(size_t)i * P + p];
+      int visible = o->visible_at[(size_t)i * P + p];
       float *dst = row + (size_t)(o->has_cls + p) * Dd;
-      const float *src = slot >= 0 ? emb + (size_t)(o->has_cls + slot) * Dd : o->mask_token;
+      const float *src = visible >= 0 ? emb + (size_t)(o->has_cls + visible) * Dd : o->mask_token;
       for (int c = 0; c < Dd; c++) dst[c] = src[c] + o->dec_pos[(size_t)p * Dd + c];
     }
   }
@@ -345,10 +344,10 @@ static void scatter_decoder_grad(Mae *o, const float *d) {
     float *demb = o->dembed + (size_t)i * Te * Dd;
     if (o->has_cls) memcpy(demb, drow, sizeof(float) * Dd);
     for (int p = 0; p < P; p++) {
-      int slot = o->slot_of[(size_t)i * P + p];
+      int visible = o->visible_at[(size_t)i * P + p];
       const float *src = drow + (size_t)(o->has_cls + p) * Dd;
-      if (slot >= 0)
-        memcpy(demb + (size_t)(o->has_cls + slot) * Dd, src, sizeof(float) * Dd);
+      if (visible >= 0)
+        memcpy(demb + (size_t)(o->has_cls + visible) * Dd, src, sizeof(float) * Dd);
       else
         for (int c = 0; c < Dd; c++) o->dmask_token[c] += src[c];
     }
@@ -430,13 +429,12 @@ static void mae_destroy(Objective *base) {
   free(o->blocks);
   layernorm_destroy(&o->norm);
   linear_destroy(&o->pred);
-  buffer_pool_free(&o->grads);
-  buffer_pool_free(&o->scratch);
+  buffer_pool_free(&o->buffers);
   tl_free(o->dec_pos);
   tl_free(o->dec_in);
   tl_free(o->dembed);
   tl_free(o->keep);
-  tl_free(o->slot_of);
+  tl_free(o->visible_at);
   tl_free(o->masked);
   tl_free(o->target);
   tl_free(o->dpred);

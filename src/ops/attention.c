@@ -122,7 +122,6 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   a->priv = p;
 
   int H = heads, Dh = D / heads, train = b->mode == OP_TRAIN;
-  const int inner = b->inner_slot;  // see ops/builder.h
   dnnl_dim_t qkv_row = 3 * (dnnl_dim_t)D, qkv_image = (dnnl_dim_t)T * qkv_row;
   dnnl_dim_t out_image = (dnnl_dim_t)T * D, probs_head = (dnnl_dim_t)T * T;
   dnnl_dim_t probs_image = H * probs_head;
@@ -144,12 +143,12 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
     if (train)
       p->heads = op_calls_alloc(&a->calls, qkv_count * sizeof(float), MEM_ACT, a->comp);
     else
-      p->heads_pooled = op_inner_alloc(b, inner < 0 ? -1 : inner + 1, &p->heads,
-                                       qkv_count * sizeof(float), MEM_WORKSPACE, a->comp);
+      p->heads_pooled = op_inner_alloc(b, PASS_FORWARD, &p->heads, qkv_count * sizeof(float),
+                                       MEM_WORKSPACE, a->comp);
     if (train) {
       dnnl_reorder_init(&p->from_heads, ctx, &split, &fused);
-      p->dheads_pooled = op_inner_alloc(b, inner < 0 ? -1 : inner + 1, &p->dheads,
-                                        qkv_count * sizeof(float), MEM_ACT_GRAD, a->comp);
+      p->dheads_pooled = op_inner_alloc(b, PASS_BACKWARD, &p->dheads, qkv_count * sizeof(float),
+                                        MEM_ACT_GRAD, a->comp);
     }
   } else {
     qkv_head = head_view(N, H, T, Dh, qkv_image, Dh, qkv_row, 1);
@@ -172,8 +171,8 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   if (train)
     p->probs = op_calls_alloc(&a->calls, probs_count * sizeof(float), MEM_ACT, a->comp);
   else
-    p->probs_pooled =
-        op_inner_alloc(b, inner, &p->probs, probs_count * sizeof(float), MEM_WORKSPACE, a->comp);
+    p->probs_pooled = op_inner_alloc(b, PASS_FORWARD, &p->probs, probs_count * sizeof(float),
+                                     MEM_WORKSPACE, a->comp);
   op_out_alloc(b, &a->calls, &a->out_slots, (size_t)N * (size_t)out_image * sizeof(float), a->comp);
   a->out = a->out_slots;
   if (!train) return;
@@ -186,7 +185,7 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   DNNL_CHECK(dnnl_softmax_backward_desc_init(&softmax_bwd_desc, &probs, &probs, 3));
   p->softmax_bwd = dnnl_ctx_make(ctx, &softmax_bwd_desc, p->softmax_fwd_pd, &p->softmax_bwd_pd);
   p->dprobs_mem = dnnl_mem_new(ctx, &probs);
-  p->dprobs_pooled = op_inner_alloc(b, inner, &p->dprobs_buf, probs_count * sizeof(float),
+  p->dprobs_pooled = op_inner_alloc(b, PASS_BACKWARD, &p->dprobs_buf, probs_count * sizeof(float),
                                     MEM_ACT_GRAD, a->comp);
   op_din_alloc(b, &a->calls, &a->din, qkv_count * sizeof(float), a->comp);
 }

@@ -81,9 +81,9 @@ static void bn_keep_statistics(BatchNorm *l, Builder *b, const dnnl_memory_desc_
     p->relu_ws_bytes = dnnl_md_bytes(&ws_md);
     p->relu_ws = p->relu_ws_slots = op_calls_alloc(&l->calls, G * p->relu_ws_bytes, kept, l->comp);
   }
-  if (l->sync || (b->mode == OP_TRAIN && l->calls.out_shared)) {
+  if (l->sync || (b->mode == OP_TRAIN && builder_may_recompute(b))) {
     // Normalizing with given statistics: sync_bn's second pass, and batchnorm_recompute's (for
-    // an output in a scratch buffer, ops/builder.h).
+    // an output written again before its backward, ops/builder.h).
     dnnl_batch_normalization_desc_t desc;
     DNNL_CHECK(dnnl_batch_normalization_forward_desc_init(&desc, dnnl_forward_training, data_md,
                                                           l->eps, flags | dnnl_use_global_stats));

@@ -33,6 +33,7 @@
 
 #include "core/error.h"
 #include "core/params.h"
+#include "ops/buffer_pool.h"
 
 typedef enum {
   OP_TRAIN,    // forward training (batch statistics), keeps what backward needs, has backward
@@ -40,50 +41,17 @@ typedef enum {
   OP_INFER,    // forward inference (running statistics), no backward (evaluation)
 } OpMode;
 
-enum { POOL_BUFFERS = 4 };
-
-// Buffers shared by ops whose contents are never live at the same time, instead of one per op. A
-// module that knows which are live together points the builder at a pool and, before building
-// each op, sets the slot that op may use (one nothing else live across that op's pass uses):
-// - grad_pool: input gradients (`din`, and gradient sums) in training. An autograd engine gets
-//   the same by freeing a gradient once the layer below has consumed it.
-// - out_pool: outputs of a forward-only network (momentum encoder, evaluation), which nothing
-//   keeps once the next layer has read them; ignored in training, where outputs are kept for
-//   backward. A slot < 0 gives the op its own output.
-// - scratch_pool: outputs in training that backward does not read where they were written: the
-//   next op reads them at once and keeps what its own backward needs (a residual add; a linear
-//   layer computing in bf16 keeps its converted input), or the module recomputes them just
-//   before the backward that needs them (*_recompute). One buffer serves every forward call of
-//   the step; MEM_WORKSPACE. An autograd engine gets the same by dropping a tensor no backward
-//   node saved; checkpointing libraries by recomputing it. The same pool also holds what lives
-//   only inside one pass of an op (inner_slot), in any mode.
-// The ops record where their buffer goes; buffer_pool_finish then allocates each buffer once at
-// its largest request and fills those pointers in.
-typedef struct {
-  size_t bytes[POOL_BUFFERS];  // the largest request per buffer
-  float *buf[POOL_BUFFERS];
-  // Every op's field to fill in by buffer_pool_finish, and its buffer: as many as the network
-  // has ops (a model file may ask for hundreds of blocks).
-  int n_users, cap_users;
-  float ***user;
-  int *user_slot;
-} BufferPool;
-
 typedef struct {
   DnnlCtx *ctx;
   ParamSet *params;
   OpMode mode;
-  int calls;                 // forward calls before backward, OP_TRAIN only; 0 means 1
-  BufferPool *grad_pool;     // NULL: each op owns its input gradient
-  int grad_slot;             // with a pool: the buffer the next op's din takes
-  BufferPool *out_pool;      // NULL (or OP_TRAIN): each op owns its output
-  int out_slot;              // with a pool: the buffer the next op's output takes, < 0 its own
-  BufferPool *scratch_pool;  // NULL (or not OP_TRAIN): outputs are kept for backward
-  int scratch_slot;          // with a scratch pool: the next op's output's buffer, < 0 its own
-  // With a scratch pool, in any mode: the first of two buffers the next op may take for what
-  // lives only inside one of its passes (attention: the probabilities and dense heads of a
-  // forward-only pass; the score and dense-head gradients of a backward); < 0 its own.
-  int inner_slot;
+  int calls;  // forward calls before backward, OP_TRAIN only; 0 means 1
+  // With a pool (ops/buffer_pool.h), the module declares each op before building it
+  // (builder_output, builder_grad), which points the op at its planned values; NULL: every op
+  // owns its buffers.
+  BufferPool *pool;
+  BufValue out_value;   // the next op's output, 0: its own
+  BufValue grad_value;  // the next op's input gradient, 0: its own
   // The layout of the 4-D activations the ops pass each other: 0 (nhwc) or dnnl_nChw16c, which
   // needs every channel count a multiple of 16 except a convolution's input read from outside
   // the network (the images, nhwc).
@@ -101,6 +69,68 @@ static inline dnnl_format_tag_t builder_layout(const Builder *b) {
 // Memory category for an op's output under this builder's mode.
 static inline MemCategory builder_out_category(const Builder *b) {
   return b->mode == OP_TRAIN ? MEM_ACT : MEM_WORKSPACE;
+}
+
+// Declaring a module's ops to its pool (ops/buffer_pool.h), each just before it is built, in the
+// order forward runs them; without a pool (or, for gradients, without backward) these do nothing
+// and return 0, and every op owns its buffers.
+enum {
+  OUT_OWN = 1,          // the output outlives the module's pass (or is read outside it): its own
+  OUT_NONE = 2,         // the op writes nothing in forward (a gradient sum)
+  OUT_IN_PLACE = 4,     // the op may write its output over in0, if nothing reads in0 after it
+  OUT_READS_LATE = 8,   // the op reads in0 again after writing its output: never in place
+  OUT_RECOMPUTED = 16,  // with [train] recompute the module writes the output again just before
+                        // a backward that reads it, instead of keeping it
+};
+
+// Starts the next op: its forward reads in0 and in1 (0: none, or a buffer of its own); returns
+// the value its output is (0 with OUT_OWN or OUT_NONE) and points the builder at it.
+static inline BufValue builder_output(Builder *b, BufValue in0, BufValue in1, unsigned flags) {
+  b->out_value = b->grad_value = 0;
+  if (!b->pool) return 0;
+  BufferPool *pool = b->pool;
+  buffer_pool_op(pool);
+  buffer_pool_read(pool, in0);
+  buffer_pool_read(pool, in1);
+  if (flags & OUT_READS_LATE)
+    buffer_pool_touch(pool, in0, PASS_FORWARD, pool_write_time(PASS_FORWARD, pool->ops - 1));
+  if (flags & (OUT_OWN | OUT_NONE)) return 0;
+  BufValue v = buffer_pool_value(pool, b->mode == OP_TRAIN ? VALUE_ACTIVATION : VALUE_OUTPUT);
+  buffer_pool_write(pool, v, PASS_FORWARD);
+  if ((flags & OUT_IN_PLACE) && in0)
+    buffer_pool_in_place(pool, v, in0);
+  else
+    buffer_pool_touch(pool, v, PASS_FORWARD, pool_read_time(PASS_FORWARD, pool->ops - 1));
+  if ((flags & OUT_RECOMPUTED) && b->ctx->recompute) pool->values[v].recomputed = 1;
+  return b->out_value = v;
+}
+
+// Whether the next op's output may be written again before a backward reads it (OUT_RECOMPUTED
+// under [train] recompute): the op prepares what recomputing takes when it is built.
+static inline int builder_may_recompute(const Builder *b) {
+  return b->pool && b->out_value && b->pool->values[b->out_value].recomputed;
+}
+
+// A gradient value for ops declared later to write and read (0 without backward).
+static inline BufValue builder_grad_value(Builder *b) {
+  return b->pool && b->mode == OP_TRAIN ? buffer_pool_value(b->pool, VALUE_GRAD) : 0;
+}
+
+// The current op's backward reads the gradients dout0 and dout1 and writes din, its input
+// gradient (never over what it reads); the builder points the op's din at it.
+static inline void builder_grad(Builder *b, BufValue din, BufValue dout0, BufValue dout1) {
+  if (!b->pool || b->mode != OP_TRAIN) return;
+  buffer_pool_read_in_backward(b->pool, dout0);
+  buffer_pool_read_in_backward(b->pool, dout1);
+  buffer_pool_write(b->pool, din, PASS_BACKWARD);
+  buffer_pool_touch(b->pool, din, PASS_BACKWARD, pool_read_time(PASS_BACKWARD, b->pool->ops - 1));
+  b->grad_value = din;
+}
+
+// The current op's backward reads the forward value v (its input for a weight gradient, its own
+// output for ReLU's): kept for it, or written again just before it when recomputed.
+static inline void builder_backward_reads(Builder *b, BufValue v) {
+  if (b->pool && b->mode == OP_TRAIN) buffer_pool_read_in_backward(b->pool, v);
 }
 
 enum { OP_MAX_CALLS = 8 };
@@ -141,74 +171,45 @@ static inline void op_calls_new_step(OpCalls *c) {
   c->depth = 0;
 }
 
-static inline void buffer_pool_record(BufferPool *pool, int slot, float **user, size_t bytes) {
-  if (slot < 0 || slot >= POOL_BUFFERS) TL_DIE("buffer pool: slot %d", slot);
-  if (pool->n_users == pool->cap_users) {
-    pool->cap_users = pool->cap_users ? 2 * pool->cap_users : 64;
-    pool->user = realloc(pool->user, sizeof *pool->user * (size_t)pool->cap_users);
-    pool->user_slot = realloc(pool->user_slot, sizeof *pool->user_slot * (size_t)pool->cap_users);
-    if (!pool->user || !pool->user_slot) TL_DIE("out of memory for %d pool users", pool->cap_users);
-  }
-  if (bytes > pool->bytes[slot]) pool->bytes[slot] = bytes;
-  pool->user[pool->n_users] = user;
-  pool->user_slot[pool->n_users++] = slot;
-  *user = NULL;
-}
-
-// Allocates the pool's buffers (tagged `cat`, `comp`) and points every recorded field at its own.
-static inline void buffer_pool_finish(BufferPool *pool, MemCategory cat, MemComponent comp) {
-  for (int i = 0; i < POOL_BUFFERS; i++)
-    if (pool->bytes[i]) pool->buf[i] = tl_alloc(pool->bytes[i], cat, comp);
-  for (int u = 0; u < pool->n_users; u++) *pool->user[u] = pool->buf[pool->user_slot[u]];
-}
-
-static inline void buffer_pool_free(BufferPool *pool) {
-  for (int i = 0; i < POOL_BUFFERS; i++) tl_free(pool->buf[i]);
-  free(pool->user);
-  free(pool->user_slot);
-  memset(pool, 0, sizeof *pool);
-}
-
 // `count` buffers of `bytes` side by side, one allocation for the ledger; op_slot finds one.
 static inline void *op_calls_alloc(const OpCalls *c, size_t bytes, MemCategory cat,
                                    MemComponent comp) {
   return tl_alloc(bytes * (size_t)c->count, cat, comp);
 }
 
-// An op's input gradient (MEM_ACT_GRAD): its own buffer, or with a grad_pool the builder's slot,
-// filled in by buffer_pool_finish (NULL until then).
+// An op's input gradient (MEM_ACT_GRAD): its own buffer, or with a pool the value the module
+// declared for it (builder_grad), filled in by buffer_pool_finish (NULL until then).
 static inline void op_din_alloc(const Builder *b, OpCalls *c, float **din, size_t bytes,
                                 MemComponent comp) {
-  c->din_pooled = b->grad_pool != NULL;
+  c->din_pooled = b->pool && b->grad_value;
   if (c->din_pooled)
-    buffer_pool_record(b->grad_pool, b->grad_slot, din, bytes);
+    buffer_pool_record(b->pool, b->grad_value, din, bytes, 1, &c->din_pooled, NULL, comp);
   else
     *din = tl_alloc(bytes, MEM_ACT_GRAD, comp);
 }
 
-// An op's output, one per call (`slots`): its own, or in a forward-only network with an out_pool
-// the builder's slot (filled in by buffer_pool_finish).
+// An op's output, one per call (`slots`): its own, or with a pool the value the module declared
+// for it (builder_output); the planner decides whether that is a pool buffer for every call
+// (out_pooled, out_shared) or, for an activation a backward reads, one of its own per call.
 static inline void op_out_alloc(const Builder *b, OpCalls *c, float **slots, size_t bytes,
                                 MemComponent comp) {
-  c->out_shared = b->scratch_pool && b->mode == OP_TRAIN && b->scratch_slot >= 0;
-  if (c->out_shared) {
-    c->out_pooled = 1;
-    buffer_pool_record(b->scratch_pool, b->scratch_slot, slots, bytes);
-    return;
-  }
-  c->out_pooled = b->out_pool && b->mode != OP_TRAIN && b->out_slot >= 0;
-  if (c->out_pooled)
-    buffer_pool_record(b->out_pool, b->out_slot, slots, bytes);
+  c->out_shared = c->out_pooled = 0;
+  if (b->pool && b->out_value)
+    buffer_pool_record(b->pool, b->out_value, slots, bytes, c->count, &c->out_pooled,
+                       &c->out_shared, comp);
   else
     *slots = op_calls_alloc(c, bytes, builder_out_category(b), comp);
 }
 
-// A buffer that lives only inside one pass of the op: with a scratch pool and slot >= 0 that
-// buffer of the pool (filled in by buffer_pool_finish; returns 1), else its own (returns 0).
-static inline int op_inner_alloc(const Builder *b, int slot, float **buf, size_t bytes,
+// A buffer that lives only inside one pass of the op: with a pool a value live over the op in
+// that pass (filled in by buffer_pool_finish; returns 1), else its own (returns 0).
+static inline int op_inner_alloc(const Builder *b, Pass pass, float **buf, size_t bytes,
                                  MemCategory cat, MemComponent comp) {
-  if (b->scratch_pool && slot >= 0) {
-    buffer_pool_record(b->scratch_pool, slot, buf, bytes);
+  if (b->pool && b->pool->ops) {
+    BufValue v = buffer_pool_value(b->pool, VALUE_INNER);
+    buffer_pool_touch(b->pool, v, pass, pool_read_time(pass, b->pool->ops - 1));
+    buffer_pool_write(b->pool, v, pass);
+    buffer_pool_record(b->pool, v, buf, bytes, 1, NULL, NULL, comp);
     return 1;
   }
   *buf = tl_alloc(bytes, cat, comp);

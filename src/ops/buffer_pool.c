@@ -1,0 +1,224 @@
+#include "ops/buffer_pool.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+static PoolValue *value_of(BufferPool *pool, BufValue v) {
+  if (v < 1 || v > pool->n_values) TL_DIE("buffer pool: no value %d", v);
+  return &pool->values[v];
+}
+
+int buffer_pool_op(BufferPool *pool) { return pool->ops++; }
+
+static int current_op(const BufferPool *pool) {
+  if (pool->ops == 0) TL_DIE("buffer pool: a value used before any op was declared");
+  return pool->ops - 1;
+}
+
+BufValue buffer_pool_value(BufferPool *pool, ValueKind kind) {
+  if (pool->n_values + 1 >= pool->cap_values) {
+    pool->cap_values = pool->cap_values ? 2 * pool->cap_values : 64;
+    pool->values = realloc(pool->values, sizeof *pool->values * (size_t)pool->cap_values);
+    if (!pool->values) TL_DIE("out of memory for %d pool values", pool->cap_values);
+  }
+  BufValue v = ++pool->n_values;
+  pool->values[v] =
+      (PoolValue){.kind = kind, .lo = {INT_MAX, INT_MAX}, .hi = {-1, -1}, .buffer = -1};
+  return v;
+}
+
+void buffer_pool_touch(BufferPool *pool, BufValue v, Pass pass, int time) {
+  if (!v) return;
+  PoolValue *p = value_of(pool, v);
+  if (time < p->lo[pass]) p->lo[pass] = time;
+  if (time > p->hi[pass]) p->hi[pass] = time;
+}
+
+void buffer_pool_read(BufferPool *pool, BufValue v) {
+  buffer_pool_touch(pool, v, PASS_FORWARD, pool_read_time(PASS_FORWARD, current_op(pool)));
+}
+
+void buffer_pool_write(BufferPool *pool, BufValue v, Pass pass) {
+  buffer_pool_touch(pool, v, pass, pool_write_time(pass, current_op(pool)));
+}
+
+void buffer_pool_read_in_backward(BufferPool *pool, BufValue v) {
+  if (!v) return;
+  if (value_of(pool, v)->kind == VALUE_ACTIVATION) value_of(pool, v)->back_reads++;
+  buffer_pool_touch(pool, v, PASS_BACKWARD, pool_read_time(PASS_BACKWARD, current_op(pool)));
+}
+
+void buffer_pool_in_place(BufferPool *pool, BufValue out, BufValue in) {
+  PoolValue *p = value_of(pool, out);
+  p->in_place_of = in;
+  p->in_place_op = current_op(pool);
+}
+
+void buffer_pool_record(BufferPool *pool, BufValue v, float **field, size_t bytes, int calls,
+                        int *pooled, int *shared, MemComponent comp) {
+  PoolValue *p = value_of(pool, v);
+  if (bytes > p->bytes) p->bytes = bytes;
+  if (pool->n_users == pool->cap_users) {
+    pool->cap_users = pool->cap_users ? 2 * pool->cap_users : 64;
+    pool->users = realloc(pool->users, sizeof *pool->users * (size_t)pool->cap_users);
+    if (!pool->users) TL_DIE("out of memory for %d pool users", pool->cap_users);
+  }
+  pool->users[pool->n_users++] = (PoolUser){v, field, bytes, calls, pooled, shared, comp};
+  *field = NULL;
+}
+
+static int live_in(const PoolValue *p, int pass) { return p->lo[pass] <= p->hi[pass]; }
+
+static BufValue root_of(const BufferPool *pool, BufValue v) {
+  while (pool->values[v].merged_into) v = pool->values[v].merged_into;
+  return v;
+}
+
+static void merge_interval(PoolValue *into, const PoolValue *from) {
+  for (int pass = 0; pass < 2; pass++) {
+    if (from->lo[pass] < into->lo[pass]) into->lo[pass] = from->lo[pass];
+    if (from->hi[pass] > into->hi[pass]) into->hi[pass] = from->hi[pass];
+  }
+}
+
+// An activation a backward reads is kept for it unless written again just before; one no
+// backward reads lives only through its forward readers.
+static void decide_kept(BufferPool *pool) {
+  for (BufValue v = 1; v <= pool->n_values; v++) {
+    PoolValue *p = &pool->values[v];
+    if (p->kind != VALUE_ACTIVATION || !p->back_reads || p->recomputed) continue;
+    p->kept = 1;
+    p->lo[0] = p->lo[1] = INT_MAX;
+    p->hi[0] = p->hi[1] = -1;
+  }
+}
+
+// An op writes its output over its input when nothing reads the input after the op's reading
+// time: no later forward reader, no backward life, neither kept. Otherwise the output is live
+// from the op's reading time, as any output that may not overwrite what the op reads.
+static void decide_in_place(BufferPool *pool) {
+  for (BufValue v = 1; v <= pool->n_values; v++) {
+    PoolValue *p = &pool->values[v];
+    if (!p->in_place_of) continue;
+    const int read = pool_read_time(PASS_FORWARD, p->in_place_op);
+    BufValue u = root_of(pool, p->in_place_of);
+    PoolValue *q = &pool->values[u];
+    int ok = !p->kept && !q->kept && q->kind != VALUE_GRAD && p->kind != VALUE_GRAD &&
+             q->hi[PASS_FORWARD] <= read && !live_in(q, PASS_BACKWARD);
+    if (ok) {
+      p->merged_into = u;
+      merge_interval(q, p);
+    } else if (read < p->lo[PASS_FORWARD]) {
+      p->lo[PASS_FORWARD] = read;
+    }
+  }
+}
+
+typedef struct {
+  BufValue v;
+  size_t bytes;
+} BySize;
+
+static int larger_first(const void *a, const void *b) {
+  const BySize *x = a, *y = b;
+  if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+  return x->v - y->v;
+}
+
+static int pool_of(const PoolValue *p) { return p->kind == VALUE_GRAD; }
+
+// Largest first, each value into the first buffer not in use over its lifetime in either pass
+// (a busy map per buffer and pass over the op clock), else a new buffer of its size.
+static void assign_buffers(BufferPool *pool, int which) {
+  const int times = 2 * pool->ops + 2;
+  BySize *order = malloc(sizeof *order * (size_t)(pool->n_values + 1));
+  if (!order) TL_DIE("out of memory");
+  int n = 0;
+  for (BufValue v = 1; v <= pool->n_values; v++) {
+    const PoolValue *p = &pool->values[v];
+    if (pool_of(p) == which && !p->kept && !p->merged_into) order[n++] = (BySize){v, p->bytes};
+  }
+  qsort(order, (size_t)n, sizeof *order, larger_first);
+  unsigned char *busy = NULL;  // [buffer][pass][time]
+  int n_buffers = 0;
+  size_t *bytes = NULL;
+  for (int i = 0; i < n; i++) {
+    PoolValue *p = &pool->values[order[i].v];
+    int chosen = -1;
+    for (int buf = 0; buf < n_buffers && chosen < 0; buf++) {
+      int clash = 0;
+      for (int pass = 0; pass < 2 && !clash; pass++)
+        for (int t = p->lo[pass]; t <= p->hi[pass] && !clash; t++)
+          clash = busy[((size_t)buf * 2 + pass) * times + t];
+      if (!clash) chosen = buf;
+    }
+    if (chosen < 0) {
+      chosen = n_buffers++;
+      busy = realloc(busy, (size_t)n_buffers * 2 * times);
+      bytes = realloc(bytes, sizeof *bytes * (size_t)n_buffers);
+      if (!busy || !bytes) TL_DIE("out of memory for %d pool buffers", n_buffers);
+      memset(busy + (size_t)chosen * 2 * times, 0, 2 * (size_t)times);
+      bytes[chosen] = p->bytes;
+    }
+    for (int pass = 0; pass < 2; pass++)
+      for (int t = p->lo[pass]; t <= p->hi[pass]; t++)
+        busy[((size_t)chosen * 2 + pass) * times + t] = 1;
+    p->buffer = chosen;
+  }
+  free(busy);
+  free(order);
+  pool->n_buffers[which] = n_buffers;
+  pool->buffer_bytes[which] = bytes;
+}
+
+void buffer_pool_plan(BufferPool *pool) {
+  if (pool->buffer_bytes[0] || pool->buffer_bytes[1]) return;
+  decide_kept(pool);
+  decide_in_place(pool);
+  assign_buffers(pool, 0);
+  assign_buffers(pool, 1);
+}
+
+size_t buffer_pool_bytes(const BufferPool *pool, int gradients) {
+  size_t total = 0;
+  for (int i = 0; i < pool->n_buffers[gradients]; i++) total += pool->buffer_bytes[gradients][i];
+  return total;
+}
+
+void buffer_pool_finish(BufferPool *pool, MemComponent comp) {
+  buffer_pool_plan(pool);
+  for (int which = 0; which < 2; which++) {
+    const int n = pool->n_buffers[which];
+    pool->buf[which] = calloc((size_t)(n ? n : 1), sizeof *pool->buf[which]);
+    if (!pool->buf[which]) TL_DIE("out of memory");
+    for (int i = 0; i < n; i++)
+      pool->buf[which][i] =
+          tl_alloc(pool->buffer_bytes[which][i], which ? MEM_ACT_GRAD : MEM_WORKSPACE, comp);
+  }
+  for (int u = 0; u < pool->n_users; u++) {
+    const PoolUser *user = &pool->users[u];
+    const PoolValue *p = &pool->values[root_of(pool, user->value)];
+    if (p->kept) {
+      *user->field = tl_alloc(user->bytes * (size_t)user->calls, MEM_ACT, user->comp);
+    } else {
+      *user->field = pool->buf[pool_of(p)][p->buffer];
+    }
+    if (user->pooled) *user->pooled = !p->kept;
+    if (user->shared) *user->shared = !p->kept;
+  }
+}
+
+void buffer_pool_free(BufferPool *pool) {
+  for (int which = 0; which < 2; which++) {
+    for (int i = 0; i < pool->n_buffers[which] && pool->buf[which]; i++)
+      tl_free(pool->buf[which][i]);
+    free(pool->buf[which]);
+    free(pool->buffer_bytes[which]);
+  }
+  free(pool->values);
+  free(pool->users);
+  memset(pool, 0, sizeof *pool);
+}

@@ -1,0 +1,103 @@
+// Buffers shared by ops whose contents are never live at the same time, assigned by a planner
+// instead of by hand. A module declares its ops in the order forward runs them (backward runs
+// them in reverse) and, for each, the values it writes and reads: its output, the values its
+// forward reads, what its backward reads (a forward value, the gradients reaching it) and the
+// gradient it writes. Every value is live from the op that writes it to its last reader, in the
+// forward pass and in the backward pass separately; buffer_pool_finish gives each value a buffer
+// no value live at the same time uses (largest values first, each into the first buffer free over
+// its lifetime, as TFLite's greedy-by-size and ggml's allocator, which frees a tensor once its
+// last consumer ran), lets an op write over its input when nothing reads that input after it,
+// and allocates each buffer once. The ledger counts those allocations, so the plan (a dry run
+// of the same code) holds what a run holds.
+//
+// Kinds of values:
+// - VALUE_OUTPUT: an op's output in a network without backward (momentum encoder, evaluation):
+//   free once its last reader ran.
+// - VALUE_ACTIVATION: an op's output in training. When a backward reads it, it is kept for that
+//   backward (a buffer of its own per forward call, MEM_ACT), unless the module writes it again
+//   just before (recomputed: then it lives in the pool around that backward too); otherwise it
+//   lives in the pool only until its last forward reader (one buffer for every call).
+// - VALUE_GRAD: an input gradient (MEM_ACT_GRAD), live in backward from the op that writes it to
+//   the last op whose backward reads it.
+// - VALUE_INNER: what lives only inside one pass of one op (attention's probabilities).
+// Outputs, activations and inner values share the workspace buffers (MEM_WORKSPACE); gradients
+// have their own.
+#pragma once
+#include <stddef.h>
+
+#include "core/alloc.h"
+
+typedef int BufValue;  // a value of a pool, 1-based; 0: none (a buffer of its own)
+
+typedef enum { VALUE_OUTPUT, VALUE_ACTIVATION, VALUE_GRAD, VALUE_INNER } ValueKind;
+typedef enum { PASS_FORWARD, PASS_BACKWARD } Pass;
+
+typedef struct {
+  ValueKind kind;
+  size_t bytes;      // the largest request
+  int lo[2], hi[2];  // live times in each pass (lo > hi: not live in it)
+  int back_reads;    // backwards that read it (VALUE_ACTIVATION)
+  int recomputed;    // written again before each backward that reads it
+  int in_place_of;   // the value it asks to overwrite (0: none), at op in_place_op
+  int in_place_op;
+  int merged_into;  // after planning: the value whose buffer it took over (0: none)
+  int kept;         // after planning: a buffer of its own per call
+  int buffer;       // after planning: its pool buffer (-1: none)
+} PoolValue;
+
+// An op's field that points at a value's buffer once planned.
+typedef struct {
+  BufValue value;
+  float **field;
+  size_t bytes;  // one call's
+  int calls;     // the op's forward calls (a kept value gets one buffer per call)
+  int *pooled;   // the op's flag: its buffer is the pool's (not its own), or NULL
+  int *shared;   // the op's flag: one buffer for every call, or NULL
+  MemComponent comp;
+} PoolUser;
+
+typedef struct {
+  int ops;  // ops declared so far: the clock of both passes
+  int n_values, cap_values;
+  PoolValue *values;  // [1..n_values]
+  int n_users, cap_users;
+  PoolUser *users;
+  // After buffer_pool_finish: the buffers of each pool (0: workspace, 1: gradients).
+  int n_buffers[2];
+  size_t *buffer_bytes[2];
+  float **buf[2];
+} BufferPool;
+
+// Times in a pass: an op k reads at 2k and writes at 2k + 1 in forward; backward runs the ops
+// in reverse, so there op k reads at 2k + 1 and writes at 2k. A value written by an op is live
+// from the op's reading time on (it may not overwrite what the op reads) unless the op writes in
+// place.
+static inline int pool_read_time(Pass pass, int op) { return 2 * op + (pass == PASS_BACKWARD); }
+static inline int pool_write_time(Pass pass, int op) { return 2 * op + (pass == PASS_FORWARD); }
+
+// Starts the next op of the list; returns its index.
+int buffer_pool_op(BufferPool *pool);
+// A new value (no buffer, not live anywhere yet).
+BufValue buffer_pool_value(BufferPool *pool, ValueKind kind);
+// `v` is live at `time` of `pass` (nothing for v = 0).
+void buffer_pool_touch(BufferPool *pool, BufValue v, Pass pass, int time);
+// The current op's forward reads `v`.
+void buffer_pool_read(BufferPool *pool, BufValue v);
+// The current op writes `v` in `pass` (its output in forward, its gradient in backward).
+void buffer_pool_write(BufferPool *pool, BufValue v, Pass pass);
+// The current op's backward reads `v` (an activation: kept unless recomputed; a gradient).
+void buffer_pool_read_in_backward(BufferPool *pool, BufValue v);
+// The current op may write its output `out` over `in`: the planner lets it when nothing reads
+// `in` after the op's reading time, in either pass; otherwise `out` gets a buffer of its own.
+void buffer_pool_in_place(BufferPool *pool, BufValue out, BufValue in);
+// The current op's field `*field` is value v's buffer (bytes per call; `calls` forward calls).
+// `pooled`, `shared`: the op's flags, set when planned. *field is NULL until buffer_pool_finish.
+void buffer_pool_record(BufferPool *pool, BufValue v, float **field, size_t bytes, int calls,
+                        int *pooled, int *shared, MemComponent comp);
+// Plans every value (kept, merged in place, or its buffer) without allocating; idempotent.
+void buffer_pool_plan(BufferPool *pool);
+// Plans, allocates the buffers (tagged `comp`) and points every recorded field at its own.
+void buffer_pool_finish(BufferPool *pool, MemComponent comp);
+// The bytes of the pool's buffers of one kind after planning (0: workspace, 1: gradients).
+size_t buffer_pool_bytes(const BufferPool *pool, int gradients);
+void buffer_pool_free(BufferPool *pool);
