@@ -277,6 +277,22 @@ void config_register_objectives(const char *const *names, const ConfigSection *c
   n_objective_sections = n;
 }
 
+int config_objectives_set(const Config *cfg, const char **names, int cap) {
+  Config *defaults = malloc(sizeof *defaults);
+  if (!defaults) TL_DIE("out of memory");
+  config_defaults(defaults);
+  int n = 0;
+  for (int o = 0; o < n_objective_sections; o++) {
+    const ConfigSection *sec = objective_sections[o];
+    if (!sec || !memcmp(cfg->objective_settings[o], defaults->objective_settings[o], sec->bytes))
+      continue;
+    if (n < cap) names[n] = objective_section_names[o];
+    n++;
+  }
+  free(defaults);
+  return n;
+}
+
 static void build_recipe_schema(void) {
   if (n_objective_sections < 0)
     TL_DIE(

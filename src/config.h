@@ -118,6 +118,11 @@ typedef struct {
 // Fills every field with its default.
 void config_defaults(Config *cfg);
 
+// The objectives whose own section ([byol], [dino], ...) `cfg` changes from its defaults: up to
+// `cap` of their names into `names`; returns how many there are. A recipe file names its
+// objective this way (configs/byol.ini sets [byol] keys).
+int config_objectives_set(const Config *cfg, const char **names, int cap);
+
 // Reads a recipe (and then the model file it names, relative paths resolved against the
 // current directory). Unknown sections/keys, bad types and out-of-range values are errors:
 // returns -1 with tl_last_error() = "FILE:LINE: message" (with the closest known key when the

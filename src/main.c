@@ -275,6 +275,37 @@ static int load_config(const char *objective, const ConfigArgs *a, Config *cfg) 
   return 1;
 }
 
+// Without --objective, a recipe names its objective by its own section: configs/byol.ini sets
+// [byol] keys, so `--config configs/byol.ini` trains byol, not the default. Several objectives'
+// sections and no --objective is an error (exit 2); with one, sections of other objectives get a
+// note, since nothing reads them. `*objective` is left NULL (the default) when nothing names one.
+static int recipe_objective(const char *command, const ConfigArgs *a, const char **objective) {
+  enum { MAX_NAMED = 8 };
+  const char *named[MAX_NAMED];
+  if (!a->config_path && a->n_sets == 0) return 0;
+  Config *cfg = malloc(sizeof *cfg);
+  if (!cfg) TL_DIE("out of memory");
+  int rc = load_config(*objective ? *objective : "inbatch", a, cfg);
+  const int n = rc ? 0 : config_objectives_set(cfg, named, MAX_NAMED);
+  free(cfg);
+  if (rc) return 1;
+  if (!*objective && n == 1) *objective = named[0];
+  if (!*objective && n > 1) {
+    fprintf(stderr,
+            "tally %s: the configuration sets [%s] and [%s]: say which objective with "
+            "--objective\n",
+            command, named[0], named[1]);
+    return 2;
+  }
+  for (int i = 0; i < n && i < MAX_NAMED; i++)
+    if (*objective && strcmp(named[i], *objective) != 0)
+      fprintf(stderr,
+              "tally %s: note: the configuration sets [%s], which objective %s does not "
+              "read\n",
+              command, named[i], *objective);
+  return 0;
+}
+
 static int cmd_train(int argc, char **argv) {
   // A reader of the progress lines that goes away (`tally train | head`) must not end the run,
   // from its first line on.
@@ -338,6 +369,8 @@ static int cmd_train(int argc, char **argv) {
     out_dir = resume_dir;
     opt.resume_path = ckpt_path;
   }
+  if (!resume_dir && objective && (rc = check_objective(objective))) return rc;
+  if (!resume_dir && (rc = recipe_objective("train", &ca, &objective))) return rc;
   if (!objective) objective = "inbatch";
   if ((rc = check_objective(objective))) return rc;
   if (!resume_dir && load_config(objective, &ca, &cfg) != 0) return 1;
@@ -504,6 +537,11 @@ static int cmd_plan(int argc, char **argv) {
     }
   }
 
+  if (!objective_given) {
+    const char *named = NULL;
+    if ((rc = recipe_objective("plan", &ca, &named))) return rc;
+    if (named) objectives = named;
+  }
   enum { MAX_COLUMNS = 8 };
   char names_buf[256];
   snprintf(names_buf, sizeof names_buf, "%s", objectives);

@@ -172,6 +172,29 @@ static void test_malformed_ini(void **state) {
   assert_non_null(strstr(out, "batch_size"));
 }
 
+// A recipe names its objective by its own section: without --objective, a file that sets [byol]
+// keys is a byol run (not the default inbatch with [byol] unread); two objectives' sections are
+// an error; with --objective, another objective's section gets a note.
+static void test_recipe_names_its_objective(void **state) {
+  (void)state;
+  char out[16384], path[512];
+  snprintf(path, sizeof path, "%s/recipe.ini", tmpdir);
+  write_file(path, "[train]\nbatch_size = 32\n[byol]\nmomentum = 0.95\n");
+  assert_int_equal(run(out, sizeof out, "plan --config %s", path), 0);
+  assert_non_null(strstr(out, "byol"));
+  assert_null(strstr(out, "inbatch"));
+  write_file(path, "[byol]\nmomentum = 0.95\n[dino]\nlocal_crops = 2\n");
+  assert_int_equal(run(out, sizeof out, "train --config %s", path), 2);
+  assert_non_null(strstr(out, "sets [byol] and [dino]"));
+  assert_int_not_equal(run(out, sizeof out,
+                           "train --objective=moco --config %s "
+                           "--set data.train=%s/none --set data.test=",
+                           path, tmpdir),
+                       0);
+  assert_non_null(strstr(out, "sets [byol], which objective moco does not read"));
+  assert_non_null(strstr(out, "sets [dino], which objective moco does not read"));
+}
+
 static void test_unreadable_image(void **state) {
   (void)state;
   char out[8192], root[300], cls[400], path[500], dir[300];
@@ -476,6 +499,7 @@ int main(void) {
       cmocka_unit_test(test_missing_dataset),
       cmocka_unit_test(test_truncated_gz),
       cmocka_unit_test(test_malformed_ini),
+      cmocka_unit_test(test_recipe_names_its_objective),
       cmocka_unit_test(test_unreadable_image),
       cmocka_unit_test(test_imagefolder_training),
       cmocka_unit_test(test_nan_loss_stops_and_keeps_checkpoint),
