@@ -16,30 +16,6 @@
 
 // ---- the step, in process ----
 
-// Every objective's section at the tiny network's scale: moco's queue of 10 and momentum 0.9,
-// mae's one-block decoder, byol's predictor of 12, dino's two local crops of 4 x 4 and 8
-// prototypes with temperatures closer together than the paper's, so that finite differences of
-// the loss stay smooth.
-static const char *const tiny_settings[] = {"inbatch.temperature=0.5",
-                                            "moco.temperature=0.5",
-                                            "moco.queue_size=10",
-                                            "moco.momentum=0.9",
-                                            "mae.decoder_dim=8",
-                                            "mae.decoder_heads=2",
-                                            "mae.decoder_depth=1",
-                                            "mae.mask_ratio=0.75",
-                                            "byol.momentum=0.9",
-                                            "byol.momentum_schedule=cosine",
-                                            "byol.predictor_hidden_dim=12",
-                                            "dino.local_crops=2",
-                                            "dino.local_size=4",
-                                            "dino.out_dim=8",
-                                            "dino.student_temp=0.5",
-                                            "dino.warmup_teacher_temp=0.3",
-                                            "dino.teacher_temp=0.3",
-                                            "dino.momentum=0.9",
-                                            NULL};
-
 // GELU is smooth, but a few entries can still sit where the loss curves sharply at the scale of
 // eps, or at a head's ReLU kink: quotients at eps and eps/2 that disagree are counted and skipped
 // (at most a quarter). Gradients near zero are compared on an absolute scale of 1e-2, since
