@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "fixtures/infonce_reference.h"
 #include "gradcheck.h"
+#include "model_test_util.h"
 #include "objectives/infonce.h"
 #include "objectives/key_queue.h"
 #include "objectives/moco.h"
@@ -234,15 +235,8 @@ static void shuffle_config(Config *cfg) {
   config_defaults(cfg);
   cfg->data.image_size = SB_S;
   cfg->data.channels = 1;
-  ModelSpec *m = &cfg->model.spec;
-  strcpy(m->type, "vit");
-  m->patch_size = 4;
-  m->pad_to = 0;
-  m->dim = 16;
-  m->depth = 1;
-  m->heads = 2;
-  m->mlp_ratio = 2;
-  strcpy(m->pool, "cls");
+  cfg->model.spec = tiny_model_spec("vit");
+  cfg->model.spec.dim = 16;
   cfg->model.head_hidden_dim = 32;
   cfg->model.head_out_dim = SB_DIM;
   cfg->train.batch_size = SB_N;
