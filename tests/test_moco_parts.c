@@ -7,7 +7,6 @@
 #include <setjmp.h>
 #include <cmocka.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +19,7 @@
 #include "objectives/moco.h"
 #include "objectives/ntxent.h"
 #include "objectives/objective.h"
+#include "replica_test_util.h"
 
 enum { N = INFONCE_REF_N, D = INFONCE_REF_DIM, K = INFONCE_REF_K };
 
@@ -248,13 +248,10 @@ static void run_shuffled(int world, const int *sizes, float (*keys)[SB_N][SB_DIM
   Config cfg;
   shuffle_config(&cfg);
   ShuffleReplica *reps = calloc((size_t)world, sizeof *reps);
-  pthread_t ids[3];
   LocalGroup *g = comm_local_group_create(world);
-  for (int r = 0, first = 0; r < world; first += sizes[r++]) {
+  for (int r = 0, first = 0; r < world; first += sizes[r++])
     reps[r] = (ShuffleReplica){.group = g, .cfg = &cfg, .rank = r, .first = first, .b = sizes[r]};
-    assert_int_equal(pthread_create(&ids[r], NULL, shuffle_replica_thread, &reps[r]), 0);
-  }
-  for (int r = 0; r < world; r++) pthread_join(ids[r], NULL);
+  run_on_threads(world, shuffle_replica_thread, reps, sizeof reps[0]);
   comm_local_group_destroy(g);
   for (int r = 0; r < world; r++) {
     if (reps[r].failed) fail_msg("replica %d of %d failed: %s", r, world, tl_last_error());
