@@ -4,8 +4,12 @@
 // counted field of `tally plan` equals what `tally train` writes, on one replica and on two uneven
 // ones, and peak RSS comes within 15% of the planned total), and a run stopped part way and resumed
 // ends bit for bit where the run done in one go ends (every tensor of the checkpoint, the
-// objective's own state among them, on one replica and on two). What only one objective has is its
-// own test file's.
+// objective's own state among them, on one replica and on two). Two replicas are held to what is
+// exact for every objective, counts and a replayed run, and not to one replica's losses: with
+// BatchNorm's statistics over each shard they are not the same numbers. That two replicas train
+// like one is test_parallel's (MAE on ViT, no batch-coupled op: equal to float rounding) and
+// test_sync_bn's (ResNet with sync_bn: within 2e-3, where unsynchronized runs differ by more than
+// 2e-2). What only one objective has is its own test file's.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
