@@ -17,48 +17,51 @@
 #include "cli_test_util.h"
 #include "core/error.h"
 #include "ledger/record.h"
+#include "model_test_util.h"
 #include "objectives/objective.h"
 
 // The tiny network: a batch of B images of S x S x C, a head of HEAD_HIDDEN -> HEAD_OUT, and a
 // run of TOTAL_STEPS steps for the schedules.
 enum { B = 4, S = 8, C = 1, HEAD_HIDDEN = 16, HEAD_OUT = 6, TOTAL_STEPS = 100 };
 
-// The tiny network on `backbone` ("vit": GELU, smooth enough for finite differences; "resnet":
-// two stages, the second strided), then `settings` (NULL-terminated, or NULL) for the
-// objectives' own sections.
+// The tiny network on `backbone` (model_test_util.h; "vit": GELU, smooth enough for finite
+// differences; "resnet": two stages, the second strided), then `settings` (NULL-terminated, or
+// NULL) for the objectives' own sections.
 static inline void tiny_config(Config *cfg, const char *backbone, const char *const *settings) {
   config_defaults(cfg);
   cfg->data.image_size = S;
   cfg->data.channels = C;
-  ModelSpec *m = &cfg->model.spec;
-  if (strcmp(backbone, "vit") == 0) {
-    strcpy(m->type, "vit");
-    m->patch_size = 4;
-    m->pad_to = 0;
-    m->dim = 8;
-    m->depth = 1;
-    m->heads = 2;
-    m->mlp_ratio = 2;
-    strcpy(m->pool, "cls");
-  } else {
-    strcpy(m->type, "resnet");
-    m->stem_channels = 4;
-    // Two stages: the defaults' third entries cleared (a list ends at its first 0).
-    memset(m->stage_channels, 0, sizeof m->stage_channels);
-    memset(m->stage_blocks, 0, sizeof m->stage_blocks);
-    memset(m->stage_strides, 0, sizeof m->stage_strides);
-    m->stage_channels[0] = 4;
-    m->stage_channels[1] = 8;
-    m->stage_blocks[0] = m->stage_blocks[1] = 1;
-    m->stage_strides[0] = 1;
-    m->stage_strides[1] = 2;
-  }
+  cfg->model.spec = tiny_model_spec(backbone);
   cfg->model.head_hidden_dim = HEAD_HIDDEN;
   cfg->model.head_out_dim = HEAD_OUT;
   cfg->train.batch_size = B;
   for (; settings && *settings; settings++)
     if (config_set(cfg, *settings) != 0) fail_msg("%s", tl_last_error());
 }
+
+// Every objective's section at the tiny network's scale: moco's queue of 10 and momentum 0.9,
+// mae's one-block decoder, byol's predictor of 12, dino's two local crops of 4 x 4 and 8
+// prototypes with temperatures closer together than the paper's, so that finite differences of
+// the loss stay smooth.
+static const char *const tiny_settings[] = {"inbatch.temperature=0.5",
+                                            "moco.temperature=0.5",
+                                            "moco.queue_size=10",
+                                            "moco.momentum=0.9",
+                                            "mae.decoder_dim=8",
+                                            "mae.decoder_heads=2",
+                                            "mae.decoder_depth=1",
+                                            "mae.mask_ratio=0.75",
+                                            "byol.momentum=0.9",
+                                            "byol.momentum_schedule=cosine",
+                                            "byol.predictor_hidden_dim=12",
+                                            "dino.local_crops=2",
+                                            "dino.local_size=4",
+                                            "dino.out_dim=8",
+                                            "dino.student_temp=0.5",
+                                            "dino.warmup_teacher_temp=0.3",
+                                            "dino.teacher_temp=0.3",
+                                            "dino.momentum=0.9",
+                                            NULL};
 
 // One objective on the tiny network, one replica, with a fixed batch of random views.
 typedef struct {
@@ -85,7 +88,7 @@ static inline Fixture *fixture_new(const char *objective, const char *backbone,
   f->def = objective_find(objective);
   assert_non_null(f->def);
   paramset_alloc(&f->ps, objective_param_count(f->def, &f->cfg), 3);
-  ObjectiveEnv env = {&f->cfg, &f->ctx, f->comm, &f->ps, B, B, TOTAL_STEPS, NULL, NULL, NULL};
+  ObjectiveEnv env = {&f->cfg, &f->ctx, f->comm, &f->ps, B, B, 1.0, TOTAL_STEPS, NULL, NULL, NULL};
   f->obj = objective_create(f->def, &env);
   assert_non_null(f->obj);
   const AugmentParams base = {.out_size = S};

@@ -23,6 +23,39 @@ static inline size_t linear_floats(int IC, int OC, int has_bias) {
 static inline size_t batchnorm_floats(int C) { return 4 * (size_t)C; }  // gamma, beta, mean, var
 static inline size_t layernorm_floats(int D) { return 2 * (size_t)D; }  // gamma, beta
 
+// The ledger's analytic FLOPs per element, counted here operation by operation from what each
+// op computes (one add, subtract, multiply, compare or exp is one FLOP), not copied from the ops:
+// a count the ops get wrong fails the tests that hold them to these.
+enum {
+  // BatchNorm with running statistics: normalize (subtract the mean, multiply by 1 / std) and
+  // scale and shift (multiply, add).
+  BN_FWD_GLOBAL = 2 + 2,
+  // With batch statistics, first the statistics: the mean (an add) and the variance (subtract
+  // the mean, square, add).
+  BN_FWD = 1 + 3 + BN_FWD_GLOBAL,
+  // Backward: dbeta (an add), dgamma (subtract the mean, multiply by 1 / std, by dout, add), din
+  // (dout scaled by gamma / std, less its two batch terms, each scaled and subtracted: 5).
+  BN_BWD = 1 + 4 + 5,
+  // LayerNorm over a row: the mean (add), the variance (subtract, square, add), normalize
+  // (subtract, multiply), scale and shift (multiply, add).
+  LN_FWD = 1 + 3 + 2 + 2,
+  // Backward: dbeta (add), dgamma (multiply, add), dxhat = dout gamma (multiply), its row sum
+  // (add), the row sum of dxhat xhat (multiply, add), dx = (dxhat - sum1 / D - xhat sum2 / D) /
+  // std (subtract, multiply, subtract, multiply).
+  LN_BWD = 1 + 2 + 1 + 1 + 2 + 4,
+  // Softmax over an attention row, per score: scale by 1 / sqrt(d) (multiply), the row max
+  // (compare), subtract it, exp, the row sum (add), normalize (multiply).
+  SOFTMAX_FWD = 1 + 1 + 1 + 1 + 1 + 1,
+  // Backward: the row sum of dP P (multiply, add), subtract it from dP, multiply by P, scale.
+  SOFTMAX_BWD = 2 + 1 + 1 + 1,
+  // GELU = x / 2 (1 + erf(x / sqrt 2)). erf has no exact count: the ledger costs its polynomial
+  // approximation at 14, an exp with its argument at 10. Forward: x / sqrt 2, erf, + 1, times x,
+  // halved. Backward: erf again, the density exp(-x^2 / 2), and dout (1 + erf) / 2 + dout x
+  // density (add, multiply, multiply, add).
+  GELU_FWD = 1 + 14 + 1 + 1 + 1,
+  GELU_BWD = 14 + 10 + 4,
+};
+
 static inline void env_init(Env *e, size_t n_params, OpMode mode) {
   dnnl_ctx_init(&e->ctx);
   paramset_alloc(&e->ps, n_params, 7);

@@ -58,23 +58,13 @@ static void test_loss_matches_pytorch(void **state) {
 
 // ---- the whole step ----
 
-// Two local crops of 4 x 4 beside the two global ones of 8 x 8; 8 prototypes; temperatures
-// closer together than the paper's, so finite differences of the loss stay smooth.
-static const char *const dino_settings[] = {"dino.local_crops=2",
-                                            "dino.local_size=4",
-                                            "dino.out_dim=8",
-                                            "dino.student_temp=0.5",
-                                            "dino.warmup_teacher_temp=0.3",
-                                            "dino.teacher_temp=0.3",
-                                            "dino.momentum=0.9",
-                                            NULL};
-
 // What a step compares: each crop with the teacher's two global ones; the checkpoint holds the
 // teacher (every student parameter) and the centre, which follows the teacher outputs' batch mean:
-// c <- 0.9 c + 0.1 mean.
+// c <- 0.9 c + 0.1 mean. The tiny settings: two local crops of 4 x 4 beside the two global ones
+// of 8 x 8, 8 prototypes, momentum 0.9.
 static void test_counts_teacher_and_centre(void **state) {
   (void)state;
-  Fixture *f = fixture_new("dino", "resnet", dino_settings);
+  Fixture *f = fixture_new("dino", "resnet", tiny_settings);
   StFile st = {0};
   f->def->state(f->obj, &st);
   const StTensor *center = st_find(&st, "dino.center");

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model_test_util.h"
 #include "nn/backbone.h"
 
 // N images of S x S x C framed to P = S + 4; stem 4 channels at P x P, stage 1: 4 blocks of
@@ -21,17 +22,9 @@
 enum { N = 4, S = 8, C = 3, P = S + 4 };
 
 static ModelSpec spec_of(int blocks_in_stage1) {
-  ModelSpec m;
-  memset(&m, 0, sizeof m);
-  snprintf(m.type, sizeof m.type, "resnet");
+  ModelSpec m = tiny_model_spec("resnet");
   m.pad_to = P;
-  m.stem_channels = 4;
-  m.stage_channels[0] = 4;
-  m.stage_channels[1] = 8;
   m.stage_blocks[0] = blocks_in_stage1;
-  m.stage_blocks[1] = 1;
-  m.stage_strides[0] = 1;
-  m.stage_strides[1] = 2;
   return m;
 }
 

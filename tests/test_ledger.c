@@ -41,18 +41,21 @@ static void plan(const Config *c, const char *objective, long step, LedgerRecord
 
 static void test_contrast_tradeoffs(void **state) {
   (void)state;
-  const long B = 32, K = 4096;
+  const long K = 4096;
   Config c = base_config("resnet-small");
   LedgerRecord in, mo;
   PlanTotals t;
   plan(&c, "inbatch", 0, &in, &t);
   plan(&c, "moco", 0, &mo, &t);
   // How many views each encodes is test_view_counts_match_encoder_work's; here, what they compare.
-  assert_int_equal(in.negatives_per_query, 2 * B - 2);
+  // inbatch's 64 embeddings (two views of 32): each query is compared with the 63 others, one of
+  // which is its positive.
+  assert_int_equal(in.negatives_per_query, 62);
   assert_int_equal(mo.negatives_per_query, K);
   assert_int_equal(mo.encodings_next_reused, K);
-  // The queue: K keys of d floats plus one step number (a long) per slot.
-  assert_int_equal(mo.queue_bytes, K * (64 * sizeof(float) + sizeof(long)));
+  // The queue: 4096 slots, each a key of 64 floats (256 bytes) and the 8-byte step it was pushed
+  // at: 4096 x 264.
+  assert_int_equal(mo.queue_bytes, 1081344);
   // moco holds activations for B views, inbatch for 2B: about half. What does not halve: the
   // (B, K) logits moco keeps for its loss, against inbatch's (2B, 2B).
   double ratio = (double)mo.activation_bytes / (double)in.activation_bytes;

@@ -7,18 +7,19 @@
 #include <setjmp.h>
 #include <cmocka.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
 #include "fixtures/infonce_reference.h"
 #include "gradcheck.h"
+#include "model_test_util.h"
 #include "objectives/infonce.h"
 #include "objectives/key_queue.h"
 #include "objectives/moco.h"
 #include "objectives/ntxent.h"
 #include "objectives/objective.h"
+#include "replica_test_util.h"
 
 enum { N = INFONCE_REF_N, D = INFONCE_REF_DIM, K = INFONCE_REF_K };
 
@@ -202,7 +203,8 @@ static void *shuffle_replica_thread(void *arg) {
   dnnl_ctx_init(&ctx);
   ParamSet ps;
   paramset_alloc(&ps, objective_param_count(def, r->cfg), 3);
-  ObjectiveEnv env = {r->cfg, &ctx, comm, &ps, r->b, SB_N, SB_N, NULL, NULL, NULL};
+  ObjectiveEnv env = {r->cfg, &ctx, comm, &ps, r->b, SB_N, (double)SB_N / r->b,
+                      SB_N,   NULL, NULL, NULL};
   Objective *o = objective_create(def, &env);
   float *views = calloc((size_t)2 * r->b * SB_S * SB_S, sizeof(float));
   int indices[SB_N] = {0}, labels[SB_N] = {0};
@@ -234,15 +236,8 @@ static void shuffle_config(Config *cfg) {
   config_defaults(cfg);
   cfg->data.image_size = SB_S;
   cfg->data.channels = 1;
-  ModelSpec *m = &cfg->model.spec;
-  strcpy(m->type, "vit");
-  m->patch_size = 4;
-  m->pad_to = 0;
-  m->dim = 16;
-  m->depth = 1;
-  m->heads = 2;
-  m->mlp_ratio = 2;
-  strcpy(m->pool, "cls");
+  cfg->model.spec = tiny_model_spec("vit");
+  cfg->model.spec.dim = 16;
   cfg->model.head_hidden_dim = 32;
   cfg->model.head_out_dim = SB_DIM;
   cfg->train.batch_size = SB_N;
@@ -254,13 +249,10 @@ static void run_shuffled(int world, const int *sizes, float (*keys)[SB_N][SB_DIM
   Config cfg;
   shuffle_config(&cfg);
   ShuffleReplica *reps = calloc((size_t)world, sizeof *reps);
-  pthread_t ids[3];
   LocalGroup *g = comm_local_group_create(world);
-  for (int r = 0, first = 0; r < world; first += sizes[r++]) {
+  for (int r = 0, first = 0; r < world; first += sizes[r++])
     reps[r] = (ShuffleReplica){.group = g, .cfg = &cfg, .rank = r, .first = first, .b = sizes[r]};
-    assert_int_equal(pthread_create(&ids[r], NULL, shuffle_replica_thread, &reps[r]), 0);
-  }
-  for (int r = 0; r < world; r++) pthread_join(ids[r], NULL);
+  run_on_threads(world, shuffle_replica_thread, reps, sizeof reps[0]);
   comm_local_group_destroy(g);
   for (int r = 0; r < world; r++) {
     if (reps[r].failed) fail_msg("replica %d of %d failed: %s", r, world, tl_last_error());

@@ -18,13 +18,13 @@
 #include <setjmp.h>
 #include <cmocka.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gradcheck.h"
 #include "objectives/ntxent.h"
 #include "parallel/comm.h"
+#include "replica_test_util.h"
 
 enum { B = 8, D = 5, M = 2 * B, MAX_WORLD = 3 };
 static const float temperature = 0.3f;
@@ -70,15 +70,13 @@ static void *replica_thread(void *arg) {
 
 // Runs the batch `u` sharded as `sizes` (consecutive samples) on `world` thread replicas.
 static void run_replicas(int world, const int *sizes, const float *u, Replica *reps) {
-  pthread_t ids[MAX_WORLD];
   LocalGroup *g = comm_local_group_create(world);
   for (int r = 0, first = 0; r < world; first += sizes[r++]) {
     reps[r] = (Replica){.group = g, .rank = r, .first = first, .b = sizes[r]};
     for (int j = 0; j < 2 * sizes[r]; j++)
       memcpy(reps[r].u + j * D, u + batch_row(&reps[r], j) * D, sizeof(float) * D);
-    assert_int_equal(pthread_create(&ids[r], NULL, replica_thread, &reps[r]), 0);
   }
-  for (int r = 0; r < world; r++) pthread_join(ids[r], NULL);
+  run_on_threads(world, replica_thread, reps, sizeof reps[0]);
   comm_local_group_destroy(g);
 }
 

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "model_test_util.h"
 #include "nn/backbone.h"
 #include "nn/transformer.h"
 #include "op_test_util.h"
@@ -79,25 +80,13 @@ static void blk_destroy(void *m) {
 
 enum { BLK_T = 5, BLK_D = 8 };
 
+// The tiny networks, the ViT two blocks deep (a block's output feeds another's input).
 static void spec_for(ModelSpec *m, const char *type) {
-  memset(m, 0, sizeof *m);
-  snprintf(m->type, sizeof m->type, "%s", type);
-  if (strcmp(type, "vit") == 0) {
-    m->patch_size = 4;
-    m->dim = 8;
+  *m = tiny_model_spec(type);
+  if (strcmp(type, "vit") == 0)
     m->depth = 2;
-    m->heads = 2;
-    m->mlp_ratio = 2;
-    snprintf(m->pool, sizeof m->pool, "cls");
-  } else {
+  else
     m->pad_to = S + 4;  // the frame is a kept input of its own
-    m->stem_channels = 4;
-    m->stage_channels[0] = 4;
-    m->stage_channels[1] = 8;
-    m->stage_blocks[0] = m->stage_blocks[1] = 1;
-    m->stage_strides[0] = 1;
-    m->stage_strides[1] = 2;
-  }
 }
 
 // `type`: "block", "resnet" or "vit". Parameters from seed 3, so every build of a type starts

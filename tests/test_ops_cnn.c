@@ -38,11 +38,6 @@
 // Inputs of ReLU-like kinks are kept at least this far from 0, well beyond any perturbation.
 #define KINK_MARGIN 0.05f
 
-// BatchNorm's documented FLOPs per element (src/ops/batchnorm.c): forward with batch statistics
-// 8, with running statistics 4, backward 10, plus 1 each way for a fused ReLU.
-// GELU's (src/ops/eltwise.c): 18 forward, 28 backward.
-enum { BN_FWD = 8, BN_FWD_GLOBAL = 4, BN_BWD = 10, GELU_FWD = 18, GELU_BWD = 28 };
-
 // Magnitudes in [KINK_MARGIN, 1] with random signs: no value near ReLU's kink.
 static void fill_away_from_zero(float *x, size_t n, uint64_t stream) {
   Rng r = rng_stream(42, RNG_TEST, stream, 1);
@@ -193,6 +188,9 @@ static void check_conv_in(const ConvCase *c, dnnl_format_tag_t layout, ConvAlgor
   expect_close(out, ref, n_out, FWD_ATOL);
 
   conv2d_backward(&l, &e.ctx, R);
+  // Each of the N OH OW OC outputs is a sum of IC K K products: a multiply and an add each. The
+  // bias adds one per output. Backward runs the same products twice, for din (when asked) and for
+  // dweight, and sums dout over positions for dbias.
   double pass = 2.0 * c->N * OH * OW * c->OC * c->IC * c->K * c->K;
   double bias = c->has_bias ? (double)c->N * OH * OW * c->OC : 0.0;
   assert_float_equal(e.ctx.flops_forward[COMP_ENCODER], pass + bias, 0.5);
@@ -366,6 +364,7 @@ static void check_batchnorm(int N, int C, int H, int W, int relu) {
   }
 
   batchnorm_backward(&l, &e.ctx, R);
+  // A fused ReLU: one compare more each way.
   assert_float_equal(e.ctx.flops_forward[COMP_ENCODER], (double)(BN_FWD + relu) * n, 0.5);
   assert_float_equal(e.ctx.flops_backward[COMP_ENCODER], (double)(BN_BWD + relu) * n, 0.5);
 
@@ -481,6 +480,7 @@ static void test_bn_modes(void **state) {
   batchnorm_forward(&infer, &e.ctx, in2);
   bn_reference(in2, M, C, run_mean, run_var, infer.gamma, infer.beta, infer.eps, 1, ref);
   expect_close(infer.out, ref, n, FWD_ATOL);
+  // Running statistics, and the fused ReLU's compare.
   assert_float_equal(e.ctx.flops_forward[COMP_ENCODER], (double)(BN_FWD_GLOBAL + 1) * n, 0.5);
   // Inference leaves the running statistics alone.
   for (int c = 0; c < C; c++) assert_float_equal(infer.running_mean[c], run_mean[c], 1e-6);

@@ -26,10 +26,6 @@
 #define GRAD_ATOL_SCALE 1e-2
 #define EPS 1e-2f
 
-// Layer norm's documented FLOPs per element (src/ops/layernorm.c): 8 forward, 11 backward.
-// Attention's softmax per attention-matrix element (src/ops/attention.c): 6 forward, 5 backward.
-enum { LN_FWD = 8, LN_BWD = 11, SOFTMAX_FWD = 6, SOFTMAX_BWD = 5 };
-
 static void expect_close(const float *got, const double *want, size_t n, double atol) {
   double worst = 0;
   for (size_t i = 0; i < n; i++) {

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/rng.h"
+#include "model_test_util.h"
 #include "nn/backbone.h"
 #include "nn/vit.h"
 
@@ -25,26 +26,11 @@ enum { N = 2, S = 8, C = 3, P = S + 4, M = (P - S) / 2, FEATURE_DIM = 8 };
 static const float mean[C] = {0.286f, 0.61f, 0.05f};
 static const float std_dev[C] = {0.353f, 0.2f, 0.9f};
 
+// The tiny networks (both give FEATURE_DIM features) framed to `pad_to` in black.
 static void tiny_spec(ModelSpec *m, const char *type, int pad_to) {
-  memset(m, 0, sizeof *m);
-  snprintf(m->type, sizeof m->type, "%s", type);
+  *m = tiny_model_spec(type);
   m->pad_to = pad_to;
   snprintf(m->pad_fill, sizeof m->pad_fill, "black");
-  if (strcmp(type, "vit") == 0) {
-    m->patch_size = 4;
-    m->dim = FEATURE_DIM;
-    m->depth = 1;
-    m->heads = 2;
-    m->mlp_ratio = 2;
-    snprintf(m->pool, sizeof m->pool, "cls");
-  } else {
-    m->stem_channels = 4;
-    m->stage_channels[0] = 4;
-    m->stage_channels[1] = FEATURE_DIM;
-    m->stage_blocks[0] = m->stage_blocks[1] = 1;
-    m->stage_strides[0] = 1;
-    m->stage_strides[1] = 2;
-  }
 }
 
 typedef struct {

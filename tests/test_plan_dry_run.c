@@ -83,8 +83,8 @@ static void test_huge_queue_is_planned_not_allocated(void **state) {
            "model.head_out_dim=128", "--set", "moco.symmetric=0", "--no-knn", "--json", NULL);
   assert_int_equal(r->exit_code, 0);
   assert_true(r->max_rss_kb < PLAN_RSS_LIMIT_KB);
-  // Each key: 128 floats and the 8-byte step it was enqueued at.
-  assert_true(json_number(r->out, "queue_bytes") == 4194304.0 * (128 * sizeof(float) + 8));
+  // Each key: 128 floats (512 bytes) and the 8-byte step it was enqueued at: 2^22 x 520 bytes.
+  assert_true(json_number(r->out, "queue_bytes") == 2181038080.0);
   // The queue and the step's logits against it: 256 queries x 4M keys.
   assert_true(json_number(r->out, "planned_total_bytes") >
               json_number(r->out, "queue_bytes") + 256.0 * 4194304 * sizeof(float));

@@ -12,10 +12,10 @@
 #include <cmocka.h>
 
 #include <math.h>
-#include <pthread.h>
 
 #include "cli_test_util.h"
 #include "op_test_util.h"
+#include "replica_test_util.h"
 #include "config.h"
 #include "nn/backbone.h"
 #include "ops/batchnorm.h"
@@ -94,7 +94,6 @@ static void check_split(int world, const int *sizes, int relu) {
   LocalGroup *g = comm_local_group_create(world);
   Shard *shards = calloc((size_t)world, sizeof *shards);
   ShardThread threads[MAX_WORLD];
-  pthread_t tid[MAX_WORLD];
   for (int r = 0, offset = 0; r < world; offset += sizes[r++]) {
     shards[r] = (Shard){.comm = comm_local_rank(g, r),
                         .n = sizes[r],
@@ -103,9 +102,8 @@ static void check_split(int world, const int *sizes, int relu) {
                         .in = in,
                         .dout = dout};
     threads[r] = (ShardThread){&shards[r], world};
-    pthread_create(&tid[r], NULL, shard_thread, &threads[r]);
   }
-  for (int r = 0; r < world; r++) pthread_join(tid[r], NULL);
+  run_on_threads(world, shard_thread, threads, sizeof threads[0]);
 
   double worst_out = 0, worst_din = 0, worst_param = 0, worst_running = 0;
   for (int r = 0; r < world; r++) {
@@ -207,9 +205,7 @@ static void test_resnet_on_two_replicas_equal_one(void **state) {
   LocalGroup *g = comm_local_group_create(2);
   NetShard parts[2] = {{comm_local_rank(g, 0), 5, 0, 2, images, dfeature, &cfg.model.spec, 0, 0},
                        {comm_local_rank(g, 1), 3, 5, 2, images, dfeature, &cfg.model.spec, 0, 0}};
-  pthread_t tid[2];
-  for (int r = 0; r < 2; r++) pthread_create(&tid[r], NULL, net_shard, &parts[r]);
-  for (int r = 0; r < 2; r++) pthread_join(tid[r], NULL);
+  run_on_threads(2, net_shard, parts, sizeof parts[0]);
   double worst = 0, scale = 0;
   for (size_t i = 0; i < whole.count; i++) {
     double avg = (parts[0].grad[i] * 5.0 + parts[1].grad[i] * 3.0) / N_ALL;

@@ -10,7 +10,6 @@
 #include <cmocka.h>
 
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +18,7 @@
 #include "gradcheck.h"
 #include "objective_test_util.h"
 #include "objectives/vicreg_loss.h"
+#include "replica_test_util.h"
 
 enum { N = VICREG_REF_N, D = VICREG_REF_DIM };
 
@@ -69,12 +69,9 @@ static void *replica_thread(void *arg) {
 // on its own thread replica.
 static void run_split(int world, const int *sizes, Replica *reps) {
   LocalGroup *g = comm_local_group_create(world);
-  pthread_t ids[2];
-  for (int r = 0, first = 0; r < world; first += sizes[r++]) {
+  for (int r = 0, first = 0; r < world; first += sizes[r++])
     reps[r] = (Replica){.group = g, .rank = r, .first = first, .b = sizes[r]};
-    assert_int_equal(pthread_create(&ids[r], NULL, replica_thread, &reps[r]), 0);
-  }
-  for (int r = 0; r < world; r++) pthread_join(ids[r], NULL);
+  run_on_threads(world, replica_thread, reps, sizeof reps[0]);
   comm_local_group_destroy(g);
 }
 

@@ -85,7 +85,7 @@ static ObjectiveLoss inbatch_step(Objective *base, const Batch *batch, LedgerRec
   float world = (float)comm_size(comm);
   // The trainer averages replica gradients weighted by sample count; scaling by
   // global_batch / local_batch turns that average back into the sum of contributions.
-  float scale = (float)base->env.global_batch / (float)o->b;
+  float scale = (float)base->env.shard_to_global;
   const float *col = o->loss.du_col + (size_t)row0 * d;
   if (!ctx->dry_run) {
     for (size_t i = 0; i < (size_t)rows * d; i++)

@@ -83,7 +83,7 @@ size_t objective_param_count(const ObjectiveDef *def, const Config *cfg) {
   Comm *comm = comm_local_rank(group, 0);
   comm_set_dry_run(comm, 1);
   const int batch = cfg->train.batch_size;
-  ObjectiveEnv env = {cfg, &pass.ctx, comm, &pass.ps, batch, batch, 1, NULL, NULL, NULL};
+  ObjectiveEnv env = {cfg, &pass.ctx, comm, &pass.ps, batch, batch, 1.0, 1, NULL, NULL, NULL};
   Objective *o = objective_create(def, &env);
   if (o) def->destroy(o);
   comm_destroy(comm);

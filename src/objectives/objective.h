@@ -16,11 +16,14 @@
 typedef struct {
   const Config *cfg;
   DnnlCtx *ctx;
-  Comm *comm;           // collectives: gathered features (inbatch), gathered keys (moco)
-  ParamSet *params;     // online trainable parameters, allocated to objective_param_count;
-                        // the backbone's come first so an evaluation copy can bind to them
-  int local_batch;      // samples this replica trains on per step
-  int global_batch;     // samples over all replicas per step
+  Comm *comm;        // collectives: gathered features (inbatch), gathered keys (moco)
+  ParamSet *params;  // online trainable parameters, allocated to objective_param_count;
+                     // the backbone's come first so an evaluation copy can bind to them
+  int local_batch;   // samples this replica trains on per step
+  int global_batch;  // samples over all replicas per step
+  // global_batch / local_batch, the run layout's (run_shard_to_global): replica gradients are
+  // averaged weighted by sample count, so a gradient times this is this replica's part of a sum.
+  double shard_to_global;
   long total_steps;     // steps in the run (schedules)
   const char *out_dir;  // run folder for the objective's own outputs (images); NULL = none
   // (C) each: the normalization the views went through, (x - mean) / std per channel; every
@@ -50,7 +53,7 @@ struct ObjectiveDef {
   const char *description;
   // Its own config section: keys, defaults, ranges and cross-checks (config_keys.h). NULL: none.
   const ConfigSection *settings;
-  int n_views;      // views per sample the loader prepares, one group at data.image_size ...
+  int n_views;  // views per sample the loader prepares, one group at data.image_size ...
   // ... unless the objective declares its view groups (data/views.h) from its configuration and
   // the recipe's augmentation `base` (out_size = data.image_size). NULL: n_views of `base`.
   void (*views)(const Config *cfg, const AugmentParams *base, ViewRecipe *out);

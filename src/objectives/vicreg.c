@@ -84,7 +84,7 @@ static ObjectiveLoss vicreg_step(Objective *base, const Batch *batch, LedgerReco
   objective_backward_begins(base);
   // The trainer averages replica gradients weighted by sample count (b / B); B / b turns that
   // average back into the sum of every replica's part of the global loss's gradient.
-  const float scale = (float)base->env.global_batch / (float)o->b;
+  const float scale = (float)base->env.shard_to_global;
   for (size_t i = 0; i < (size_t)rows * o->expander.out_dim && !ctx->dry_run; i++)
     o->dz[i] *= scale;
   head_backward(&o->expander, ctx, o->dz);

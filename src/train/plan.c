@@ -333,22 +333,21 @@ static size_t process_baseline_bytes(void) {
   return baseline;
 }
 
-// The steps a FLOP budget allows: step 0 planned without the budget gives a step's FLOPs over
-// every replica, as the trainer's first step measures them.
-static int flops_budget_steps(const Config *cfg, const char *objective, const PlanOptions *opt,
-                              int *total) {
+// The steps a FLOP budget allows: step 0 planned without the budget gives rank 0's FLOPs, scaled
+// to every replica by rank 0's shard of the run layout, as the trainer's first step measures them.
+static int flops_budget_steps(const Config *cfg, const RunLayout *L, const char *objective,
+                              const PlanOptions *opt, int *total) {
   Config *unbounded = malloc(sizeof *unbounded);
   if (!unbounded) TL_DIE("out of memory");
   *unbounded = *cfg;
   unbounded->train.budget[0] = 0;
   LedgerRecord r;
-  PlanTotals t;
-  int rc = plan_build(unbounded, objective, 0, opt, &r, &t);
+  int rc = plan_build(unbounded, objective, 0, opt, &r, NULL);
   free(unbounded);
   if (rc != 0) return -1;
   Budget budget;
   config_budget(cfg, &budget);
-  const RunShard rank0 = {.local = t.local_batch, .global = t.global_batch};
+  const RunShard rank0 = run_layout_shard(L, 0);
   return config_budget_steps(cfg, 0, budget.amount, run_step_flops(&rank0, &r), total);
 }
 
@@ -363,7 +362,7 @@ static int plan_length(Plan *pl, const char *objective) {
   config_budget(cfg, &budget);  // validated with the configuration
   pl->record_step = pl->step;
   if (budget.kind == BUDGET_FLOPS && pl->step >= 0 &&
-      flops_budget_steps(cfg, objective, &pl->opt, &total_steps) != 0)
+      flops_budget_steps(cfg, &pl->layout, objective, &pl->opt, &total_steps) != 0)
     return -1;
   if (budget.kind == BUDGET_SECONDS) {
     total_steps = INT_MAX;
@@ -479,7 +478,7 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   const ObjectiveDef *def = NULL;
   if (config_validate(cfg) != 0 || !(def = run_objective(objective)) ||
       run_layout_init(&pl->layout, cfg, def, cfg->parallel.replicas) != 0 || plan_images(pl) != 0 ||
-      plan_length(pl, objective) != 0 || run_layout_set_shards(&pl->layout, cfg) != 0)
+      run_layout_set_shards(&pl->layout, cfg) != 0 || plan_length(pl, objective) != 0)
     goto out;
   plan_replicas(pl);
   if (pl->failed) goto out;

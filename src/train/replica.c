@@ -80,6 +80,7 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
                       &r->ps,
                       r->shard.local,
                       r->shard.global,
+                      run_shard_to_global(&r->shard, 1.0),
                       spec->total_steps,
                       spec->rank == 0 ? spec->out_dir : NULL,
                       spec->input_mean,
