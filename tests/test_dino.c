@@ -111,7 +111,7 @@ static void test_counts_teacher_and_centre(void **state) {
 // teacher's (and has moved from its start).
 static void test_running_stats_from_global_crops(void **state) {
   (void)state;
-  Fixture *f = fixture_new("dino", "resnet", dino_settings);
+  Fixture *f = fixture_new("dino", "resnet", tiny_settings);
   StFile st = {0};
   f->def->state(f->obj, &st);
   step_loss(f);
