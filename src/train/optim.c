@@ -1,5 +1,6 @@
 #include "train/optim.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -276,8 +277,9 @@ void optim_destroy(Optimizer *opt) {
 }
 
 float backbone_lr_scale_at(int step, int freeze_steps, int warmup_steps) {
-  if (freeze_steps <= 0 || step < freeze_steps || step >= freeze_steps + warmup_steps) return 1.0f;
-  return (float)((double)(step - freeze_steps + 1) / warmup_steps);
+  if (freeze_steps <= 0 || step < freeze_steps) return 1.0f;
+  // The schedule's own warm-up, counted from the end of the freeze, to a peak of 1.
+  return lr_at_step(1.0f, step - freeze_steps, warmup_steps, INT_MAX, "constant");
 }
 
 float lr_at_step(float peak_lr, int step, int warmup_steps, int total_steps, const char *schedule) {
