@@ -11,6 +11,9 @@
 #     with the same compare.json as the compare done in one go (times and memory aside)
 #   4 failures stop the compare with the exit code of the README, no compare.json: a NaN loss
 #     (3), a budget below one step (1, before any run), other settings on the same folder (2)
+#   5 an unlabeled folder: every run scored by what needs no labels
+#   6 more seeds on a finished compare's folder train only the new seeds' runs; fewer seeds
+#     summarize the first ones, training nothing
 source "$(dirname "$0")/lib.sh"
 
 BG_PIDS=()
@@ -287,6 +290,33 @@ for o in ("inbatch", "moco"):
     assert cell["rankme"]["values"] == values and cell["rankme"]["n"] == 2, cell["rankme"]
     assert all(1 <= v <= 128 for v in values), values
 assert any("no run had labels" in v for v in c["verdict"]), c["verdict"]
+print("ok")
+EOF2
+finish "$name"
+
+# 6. The number of seeds may change on a compare's folder; nothing else may (case 4).
+name="6 --seeds 3 then 1 on a 2-seed compare: seed 2 trained, seeds 0 and 1 kept, compare.json follows"
+before=$(stat -c %Y.%s "$out"/*-seed[01]/summary.json | tr '\n' ' ')
+cp "$out/compare.json" "$TMP/two-seeds.json"
+sleep 1.1  # a retrained run would show a later mtime
+cmp_run more --objectives inbatch,moco --budget 4epochs --seeds 3 \
+  --set data.dataset=stripes-unlabeled --set train.batch_size=8 --quiet --out "$out"
+[[ $rc == 0 ]] || bad "--seeds 3 on a 2-seed folder exited $rc: $(firstline "$TMP/more.err")"
+grep -q "now has 3 seeds; its finished runs are kept" "$TMP/more.out" || bad "no word that seeds were added"
+[[ $(stat -c %Y.%s "$out"/*-seed[01]/summary.json | tr '\n' ' ') == "$before" ]] || bad "seeds 0 and 1 were trained again"
+[[ -f $out/inbatch-4epochs-seed2/summary.json && -f $out/moco-4epochs-seed2/summary.json ]] || bad "seed 2 was not trained"
+cmp_run fewer --objectives inbatch,moco --budget 4epochs --seeds 1 \
+  --set data.dataset=stripes-unlabeled --set train.batch_size=8 --quiet --out "$out"
+[[ $rc == 0 ]] || bad "--seeds 1 on a 3-seed folder exited $rc: $(firstline "$TMP/fewer.err")"
+grep -q "training in" "$TMP/fewer.out" && bad "--seeds 1 trained a run: $(grep -m1 "training in" "$TMP/fewer.out")"
+/usr/bin/python3 - "$TMP/two-seeds.json" "$out/compare.json" <<'EOF2' || bad "compare.json after --seeds 3 and 1"
+import json, sys
+two = json.load(open(sys.argv[1]))["results"]
+one = json.load(open(sys.argv[2]))
+assert one["seeds"] == 1, one["seeds"]
+for o in ("inbatch", "moco"):
+    r = one["results"][o]["4epochs"]["rankme"]
+    assert r["n"] == 1 and r["values"] == two[o]["4epochs"]["rankme"]["values"][:1], (r, two[o])
 print("ok")
 EOF2
 finish "$name"

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,8 +104,8 @@ static int make_dir(const char *dir) {
 }
 
 // What makes two invocations the same compare: the objectives with their recipes, the budgets,
-// the seeds and the shared options, one per line.
-static char *settings_text(const CompareSpec *spec) {
+// the shared options and (with_seeds) the number of seeds, one per line.
+static char *settings_text(const CompareSpec *spec, bool with_seeds) {
   char *text;
   size_t n;
   FILE *f = open_memstream(&text, &n);
@@ -113,26 +114,51 @@ static char *settings_text(const CompareSpec *spec) {
     fprintf(f, "objective %s %s\n", spec->objectives[o],
             spec->config_paths[o] ? spec->config_paths[o] : "(its recipe)");
   for (int b = 0; b < spec->n_budgets; b++) fprintf(f, "budget %s\n", spec->budgets[b]);
-  fprintf(f, "seeds %d\n", spec->n_seeds);
+  if (with_seeds) fprintf(f, "seeds %d\n", spec->n_seeds);
   for (int i = 0; i < spec->n_shared_args; i++) fprintf(f, "option %s\n", spec->shared_args[i]);
   fclose(f);
   return text;
 }
 
+// Drops the "seeds N" line from a settings text, in place.
+static void drop_seeds_line(char *text) {
+  char *line = strncmp(text, "seeds ", 6) == 0 ? text : strstr(text, "\nseeds ");
+  if (!line) return;
+  if (line != text) line++;
+  char *end = strchr(line, '\n');
+  if (end)
+    memmove(line, end + 1, strlen(end + 1) + 1);
+  else
+    *line = 0;
+}
+
 // A folder holds the runs of one compare: the first invocation writes its settings
 // (compare.settings); a later one with other settings is refused (2), since its runs would be
-// mixed with the first's.
+// mixed with the first's. Only the number of seeds may change: seed s's run is the same run in
+// any compare, so more seeds add runs beside the finished ones, and compare.json covers the
+// seeds asked for.
 static int check_settings(const CompareSpec *spec) {
-  char path[4200], *mine = settings_text(spec), *theirs = NULL;
+  char path[4200], *mine = settings_text(spec, true), *theirs = NULL;
   snprintf(path, sizeof path, "%s/compare.settings", spec->out_dir);
   int rc = regular_read_text(path, &theirs, NULL);
   if (rc == 0 && strcmp(mine, theirs) != 0) {
-    fprintf(stderr,
-            "tally compare: %s holds a compare of other settings (its compare.settings); give "
-            "another --out, or run it with the same options\n",
-            spec->out_dir);
-    rc = 2;
-  } else if (rc == 1) {
+    char *mine_unseeded = settings_text(spec, false);
+    drop_seeds_line(theirs);
+    bool same = strcmp(mine_unseeded, theirs) == 0;
+    free(mine_unseeded);
+    if (!same) {
+      fprintf(stderr,
+              "tally compare: %s holds a compare of other settings (its compare.settings); give "
+              "another --out, or run it with the same options (only --seeds may change)\n",
+              spec->out_dir);
+      rc = 2;
+    } else {
+      printf("tally compare: %s now has %d seed%s; its finished runs are kept\n", spec->out_dir,
+             spec->n_seeds, spec->n_seeds == 1 ? "" : "s");
+      rc = 1;  // rewrite compare.settings with this seed count, below
+    }
+  }
+  if (rc == 1) {
     AtomicFile a;
     rc = atomic_open(&a, path) != 0 || fputs(mine, a.f) < 0 || atomic_commit(&a) != 0;
     if (rc) fprintf(stderr, "tally compare: %s\n", tl_last_error());
