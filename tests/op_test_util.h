@@ -1,8 +1,15 @@
 // Small pieces the op and model tests share: an op's environment (oneDNN context, parameter
 // block, builder), deterministic random tensors, and the scalar loss sum(out * R).
 #pragma once
+// clang-format off
+#include <setjmp.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <cmocka.h>
+// clang-format on
+#include <math.h>
+#include <stdio.h>
 
 #include "core/rng.h"
 #include "ops/builder.h"
@@ -75,6 +82,17 @@ static inline float *new_tensor(size_t n) {
 static inline void fill_uniform(float *x, size_t n, float lo, float hi, uint64_t stream) {
   Rng r = rng_stream(42, RNG_TEST, stream, 0);
   for (size_t i = 0; i < n; i++) x[i] = rng_uniform_range(&r, lo, hi);
+}
+
+// Every element of a forward output within atol of its reference, computed another way.
+static inline void expect_close(const float *got, const double *want, size_t n, double atol) {
+  double worst = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = fabs((double)got[i] - want[i]);
+    if (d > worst) worst = d;
+  }
+  if (worst >= atol) printf("forward mismatch: worst abs error %.3e\n", worst);
+  assert_true(worst < atol);
 }
 
 // sum(out * r) in double: a loss whose gradient with respect to out is r.

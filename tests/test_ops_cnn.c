@@ -47,16 +47,6 @@ static void fill_away_from_zero(float *x, size_t n, uint64_t stream) {
   }
 }
 
-static void expect_close(const float *got, const double *want, size_t n, double atol) {
-  double worst = 0;
-  for (size_t i = 0; i < n; i++) {
-    double d = fabs((double)got[i] - want[i]);
-    if (d > worst) worst = d;
-  }
-  if (worst >= atol) printf("forward mismatch: worst abs error %.3e\n", worst);
-  assert_true(worst < atol);
-}
-
 // The loss sum(out * R) after running the op's forward on `in`.
 typedef struct {
   void (*forward)(void *op, DnnlCtx *ctx, const float *in);

@@ -26,16 +26,6 @@
 #define GRAD_ATOL_SCALE 1e-2
 #define EPS 1e-2f
 
-static void expect_close(const float *got, const double *want, size_t n, double atol) {
-  double worst = 0;
-  for (size_t i = 0; i < n; i++) {
-    double d = fabs((double)got[i] - want[i]);
-    if (d > worst) worst = d;
-  }
-  if (worst >= atol) printf("forward mismatch: worst abs error %.3e\n", worst);
-  assert_true(worst < atol);
-}
-
 static void check_grad(gradcheck_loss_fn loss, void *c, float *x, const float *g, size_t n,
                        const char *label) {
   assert_true(gradcheck(loss, c, x, g, n, 64, EPS, GRAD_ATOL_SCALE, label) < GRAD_RTOL);
