@@ -66,6 +66,17 @@ int dnnl_cpu_has_avx512(void) {
   return (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
 }
 
+void dnnl_build_lazy_kernels(void) {
+  // 64 is above the sizes oneDNN hands to its small-matrix paths; every transposition, as the
+  // forward, backward-data and backward-weights passes of an inner product use them.
+  enum { n = 64 };
+  static float a[n * n], b[n * n], c[n * n];
+  const char trans[2] = {'N', 'T'};
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 2; j++)
+      DNNL_CHECK(dnnl_sgemm(trans[i], trans[j], n, n, n, 1.f, a, n, b, n, 0.f, c, n));
+}
+
 ConvAlgorithm conv_algorithm_parse(const char *text) {
   return strcmp(text, "direct") == 0     ? CONV_ALGO_DIRECT
          : strcmp(text, "winograd") == 0 ? CONV_ALGO_WINOGRAD

@@ -68,6 +68,13 @@ typedef struct {
   double flops_winograd;
 } DnnlCtx;
 
+// Builds what oneDNN builds only on first execution, never at primitive creation: the JIT
+// kernels of its gemm (which the f32 inner products of every head run on), the code pages of its
+// gemm driver and the OpenMP worker threads with their stacks. A plan, whose networks are built
+// in dry run and never execute, calls it before it takes its process's resident memory, so that
+// memory includes what a training's first step adds to it (about 5 MiB here).
+void dnnl_build_lazy_kernels(void);
+
 void dnnl_ctx_init(DnnlCtx *ctx);
 void dnnl_ctx_destroy(DnnlCtx *ctx);
 void dnnl_ctx_reset_flops(DnnlCtx *ctx);
