@@ -467,6 +467,23 @@ static const char *unused_by_scaling(const ConfigArgs *ca, const char *objective
                                      : NULL;
 }
 
+enum { MAX_COLUMNS = 8 };  // objectives side by side in one plan
+
+// The comma-separated objectives of `tally plan --objective`, split in place, each checked.
+static int split_objectives(char *list, const char *names[MAX_COLUMNS], int *n) {
+  *n = 0;
+  for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    if (*n == MAX_COLUMNS) {
+      fprintf(stderr, "tally: at most %d objectives side by side\n", MAX_COLUMNS);
+      return 2;
+    }
+    int rc = check_objective(tok);
+    if (rc) return rc;
+    names[(*n)++] = tok;
+  }
+  return *n == 0 ? check_objective("") : 0;
+}
+
 static int cmd_plan(int argc, char **argv) {
   const char *objectives = "inbatch", *objective_given = NULL, *budget_text = NULL,
              *step_text = NULL;
@@ -542,20 +559,11 @@ static int cmd_plan(int argc, char **argv) {
     if ((rc = recipe_objective("plan", &ca, &named))) return rc;
     if (named) objectives = named;
   }
-  enum { MAX_COLUMNS = 8 };
   char names_buf[256];
   snprintf(names_buf, sizeof names_buf, "%s", objectives);
   const char *names[MAX_COLUMNS];
   int n = 0;
-  for (char *save, *tok = strtok_r(names_buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-    if (n == MAX_COLUMNS) {
-      fprintf(stderr, "tally: at most %d objectives side by side\n", MAX_COLUMNS);
-      return 2;
-    }
-    if ((rc = check_objective(tok))) return rc;
-    names[n++] = tok;
-  }
-  if (n == 0) return check_objective("");
+  if ((rc = split_objectives(names_buf, names, &n))) return rc;
 
   static Config cfgs[MAX_COLUMNS];
   LedgerRecord recs[MAX_COLUMNS];
