@@ -33,6 +33,15 @@ static inline int sh(const char *fmt, ...) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// The text of a small file (a summary, a log) into buf, NUL-terminated, cut at cap - 1 bytes.
+static inline void read_file_text(const char *path, char *buf, size_t cap) {
+  FILE *f = fopen(path, "r");
+  if (!f) fail_msg("%s: cannot open", path);
+  size_t n = fread(buf, 1, cap - 1, f);
+  buf[n] = 0;
+  fclose(f);
+}
+
 // The online parameters a checkpoint holds (its params.* tensors, in order) as one malloc'ed
 // block; *steps receives the steps it holds. NULL when the file cannot be read.
 static inline float *checkpoint_params(const char *path, size_t *count, long *steps) {

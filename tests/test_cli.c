@@ -81,18 +81,15 @@ static void test_short_training_run(void **state) {
   assert_true(exists("%s/checkpoint.safetensors", dir));
   char path[1024], text[8192];
   snprintf(path, sizeof path, "%s/summary.json", dir);
-  FILE *f = fopen(path, "r");
-  assert_non_null(f);
-  size_t n = fread(text, 1, sizeof text - 1, f);
-  text[n] = 0;
-  fclose(f);
+  read_file_text(path, text, sizeof text);
   assert_non_null(strstr(text, "\"final_loss\""));
   assert_non_null(strstr(text, "\"images_per_s\""));
   assert_non_null(strstr(text, "\"knn_top1\""));
   assert_non_null(strstr(text, "\"steps\": 3"));
   // One ledger record per step.
   snprintf(path, sizeof path, "%s/ledger.jsonl", dir);
-  f = fopen(path, "r");
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
   int lines = 0;
   while (fgets(text, sizeof text, f)) lines++;
   fclose(f);
@@ -326,11 +323,7 @@ static void test_plan_holds_the_smallest_run(void **state) {
   assert_int_equal(rc, 0);
   char path[600], summary[8192] = {0};
   snprintf(path, sizeof path, "%s/smoke-rss/summary.json", tmpdir);
-  FILE *f = fopen(path, "r");
-  assert_non_null(f);
-  size_t n = fread(summary, 1, sizeof summary - 1, f);
-  summary[n] = 0;
-  fclose(f);
+  read_file_text(path, summary, sizeof summary);
   const double rss = json_field(summary, "peak_rss_bytes"),
                planned = json_field(summary, "planned_peak_bytes");
   print_message("smoke, --no-knn: peak RSS %.1f MiB, planned %.1f MiB (%.3f)\n", rss / 1048576,

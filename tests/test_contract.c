@@ -111,11 +111,7 @@ static void expect_rss_near_plan(const char *name, const char *run_args) {
   free(plan);
   char path[600], summary[8192];
   snprintf(path, sizeof path, "%s/%s/summary.json", tmpdir, name);
-  FILE *f = fopen(path, "r");
-  assert_non_null(f);
-  size_t n = fread(summary, 1, sizeof summary - 1, f);
-  summary[n] = 0;
-  fclose(f);
+  read_file_text(path, summary, sizeof summary);
   const char *p = strstr(summary, "\"peak_rss_bytes\":");
   assert_non_null(p);
   rss = strtod(p + strlen("\"peak_rss_bytes\":"), NULL);

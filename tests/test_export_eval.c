@@ -155,11 +155,7 @@ static void test_eval_json(void **state) {
   assert_int_equal(tally("eval %s/rn --json", tmpdir), 0);
   char path[600], text[4096];
   snprintf(path, sizeof path, "%s/last.log", tmpdir);
-  FILE *f = fopen(path, "r");
-  assert_non_null(f);
-  size_t n = fread(text, 1, sizeof text - 1, f);
-  text[n] = 0;
-  fclose(f);
+  read_file_text(path, text, sizeof text);
   assert_int_equal(json_field(text, "n_train"), 512);
   assert_int_equal(json_field(text, "n_test"), 300);
   const char *acc[] = {"knn_top1", "knn_top1_k20", "linear_top1", "knn_top1_raw_pixels",
@@ -172,17 +168,12 @@ static void test_eval_json(void **state) {
   assert_true(json_field(text, "seconds") > 0);
   // The label-free measures: a trained encoder uses more than one direction and is spread.
   const double rankme = json_field(text, "rankme"), spread = json_field(text, "embedding_std");
-  if (!(rankme > 1.5 && rankme <= json_field(text, "feature_dim")))
-    fail_msg("rankme = %g", rankme);
+  if (!(rankme > 1.5 && rankme <= json_field(text, "feature_dim"))) fail_msg("rankme = %g", rankme);
   if (!(spread > 0 && spread < 1)) fail_msg("embedding_std = %g", spread);
 
   // Without the baseline: the encoder's measures as before, the raw pixels' null.
   assert_int_equal(tally("eval %s/rn --json --no-baseline", tmpdir), 0);
-  f = fopen(path, "r");
-  assert_non_null(f);
-  n = fread(text, 1, sizeof text - 1, f);
-  text[n] = 0;
-  fclose(f);
+  read_file_text(path, text, sizeof text);
   assert_non_null(strstr(text, "\"knn_top1_raw_pixels\": null"));
   assert_non_null(strstr(text, "\"linear_top1_raw_pixels\": null"));
   double knn = json_field(text, "knn_top1");
