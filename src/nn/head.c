@@ -32,27 +32,35 @@ void head_init_with(ProjectionHead *h, Builder *b, const char *name, int N, int 
   h->din = h->fc1.din;
 }
 
-void head_forward(ProjectionHead *h, DnnlCtx *ctx, const float *in) {
-  linear_forward(&h->fc1, ctx, in);
+// The hidden layer's activation on fc1's output: BatchNorm + ReLU, or GELU. Returns its output.
+static const float *activation_forward(ProjectionHead *h, DnnlCtx *ctx) {
   if (h->activation == HEAD_BN_RELU) {
     batchnorm_forward(&h->bn, ctx, h->fc1.out);
-    linear_forward(&h->fc2, ctx, h->bn.out);
-  } else {
-    eltwise_forward(&h->gelu, ctx, h->fc1.out);
-    linear_forward(&h->fc2, ctx, h->gelu.out);
+    return h->bn.out;
   }
+  eltwise_forward(&h->gelu, ctx, h->fc1.out);
+  return h->gelu.out;
+}
+
+// Its backward from fc2's input gradient; returns fc1's output gradient.
+static const float *activation_backward(ProjectionHead *h, DnnlCtx *ctx) {
+  if (h->activation == HEAD_BN_RELU) {
+    batchnorm_backward(&h->bn, ctx, h->fc2.din);
+    return h->bn.din;
+  }
+  eltwise_backward(&h->gelu, ctx, h->fc2.din);
+  return h->gelu.din;
+}
+
+void head_forward(ProjectionHead *h, DnnlCtx *ctx, const float *in) {
+  linear_forward(&h->fc1, ctx, in);
+  linear_forward(&h->fc2, ctx, activation_forward(h, ctx));
   h->out = h->fc2.out;
 }
 
 void head_backward(ProjectionHead *h, DnnlCtx *ctx, const float *dout) {
   linear_backward(&h->fc2, ctx, dout);
-  if (h->activation == HEAD_BN_RELU) {
-    batchnorm_backward(&h->bn, ctx, h->fc2.din);
-    linear_backward(&h->fc1, ctx, h->bn.din);
-  } else {
-    eltwise_backward(&h->gelu, ctx, h->fc2.din);
-    linear_backward(&h->fc1, ctx, h->gelu.din);
-  }
+  linear_backward(&h->fc1, ctx, activation_backward(h, ctx));
 }
 
 void head_destroy(ProjectionHead *h) {
