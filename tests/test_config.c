@@ -587,6 +587,7 @@ static const char *const every_key[][2] = {
     {"dino.momentum", "0.995"},
     {"dino.momentum_schedule", "constant"},
     {"dino.head_bn", "1"},
+    {"dino.head_layers", "3"},
     {"parallel.backend", "mpi"},
     {"parallel.replicas", "2"},
     {"parallel.checksum_every", "10"},

@@ -163,7 +163,8 @@ enum { LOCAL = 12 };
 
 // The ledger's answers (the crops each group encodes are test_ledger's, held to the FLOPs the
 // encoders counted): the teacher's parameters and the centre held as the momentum encoder, and
-// what a local crop costs beside a global one. Also with two uneven replicas.
+// what a local crop costs beside a global one. Also with two uneven replicas, and with the
+// paper's three-layer head.
 static void test_plan_equals_run(void **state) {
   (void)state;
   LedgerRecord r = plan_equals_run("one", small, "");
@@ -187,9 +188,14 @@ static void test_plan_equals_run(void **state) {
   // On one replica the groups' activations are all the encoder's (counted at the build on the
   // replica's thread, against the allocator's live total at the step).
   assert_int_equal(g->activation_bytes + l->activation_bytes, r.activation_bytes_by[COMP_ENCODER]);
+  const size_t one_params = r.param_bytes;
   r = plan_equals_run("two", small,
                       "--set parallel.replicas=2 --set parallel.shard_weights=1,3 --no-knn");
   assert_int_equal(r.shard_samples, 8);
+  // The paper's three-layer head with BatchNorm: a hidden (256 x 256) layer with its bias more,
+  // and two BatchNorms (gamma, beta and the running mean and variance) that GELU does not have.
+  r = plan_equals_run("deep", small, "--set dino.head_layers=3 --set dino.head_bn=1 --no-knn");
+  assert_int_equal(r.param_bytes - one_params, sizeof(float) * (256 * 256 + 256 + 2 * 4 * 256));
 }
 
 int main(void) {

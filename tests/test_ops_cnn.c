@@ -19,6 +19,7 @@
 #include "gradcheck.h"
 #include "op_test_util.h"
 #include "ops/add.h"
+#include "nn/head.h"
 #include "ops/batchnorm.h"
 #include "ops/conv.h"
 #include "ops/eltwise.h"
@@ -553,6 +554,82 @@ static void test_gelu(void **state) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Projection heads (nn/head.h)
+
+// A three-layer GELU head (DINO's nlayers = 3): Linear -> GELU -> Linear -> GELU -> Linear,
+// forward against that computed here in double, every gradient against finite differences; and
+// the parameter names of a three-layer BatchNorm head, a two-layer one's with the middle layer's
+// between them.
+enum { PH_N = 5, PH_I = 4, PH_H = 3, PH_O = 2 };
+
+static double gelu_ref(double x) { return 0.5 * x * (1 + erf(x / sqrt(2.0))); }
+
+static void linear_ref(const Linear *l, const double *x, int rows, double *y) {
+  for (int n = 0; n < rows; n++)
+    for (int o = 0; o < l->OC; o++) {
+      double s = l->bias[o];
+      for (int i = 0; i < l->IC; i++) s += (double)l->weight[o * l->IC + i] * x[n * l->IC + i];
+      y[n * l->OC + o] = s;
+    }
+}
+
+static void head_fwd(void *h, DnnlCtx *ctx, const float *in) { head_forward(h, ctx, in); }
+
+static void test_head_three_layers(void **state) {
+  (void)state;
+  Env e;
+  env_init(
+      &e,
+      linear_floats(PH_I, PH_H, 1) + linear_floats(PH_H, PH_H, 1) + linear_floats(PH_H, PH_O, 1),
+      OP_TRAIN);
+  ProjectionHead h;
+  head_init_with(&h, &e.b, "head", PH_N, PH_I, PH_H, PH_O, 3, HEAD_GELU);
+  assert_int_equal(e.ps.used, e.ps.count);
+  for (int i = 0; i < 3; i++) fill_uniform(h.fc[i].bias, (size_t)h.fc[i].OC, -0.5f, 0.5f, 10 + i);
+  float *in = new_tensor(PH_N * PH_I), *R = new_tensor(PH_N * PH_O);
+  fill_uniform(in, PH_N * PH_I, -2, 2, 3);
+  fill_uniform(R, PH_N * PH_O, -1, 1, 6);
+  double x[PH_N * PH_I], a[PH_N * PH_H], b[PH_N * PH_H], ref[PH_N * PH_O];
+  for (int i = 0; i < PH_N * PH_I; i++) x[i] = in[i];
+  linear_ref(&h.fc[0], x, PH_N, a);
+  for (int i = 0; i < PH_N * PH_H; i++) a[i] = gelu_ref(a[i]);
+  linear_ref(&h.fc[1], a, PH_N, b);
+  for (int i = 0; i < PH_N * PH_H; i++) b[i] = gelu_ref(b[i]);
+  linear_ref(&h.fc[2], b, PH_N, ref);
+  head_forward(&h, &e.ctx, in);
+  expect_close(h.out, ref, PH_N * PH_O, FWD_ATOL);
+  head_backward(&h, &e.ctx, R);
+  LossCtx lc = {head_fwd, &h, &e.ctx, in, h.out, R, PH_N * PH_O};
+  expect_grad(&lc, in, h.din, PH_N * PH_I, EPS_SMOOTH, "head din");
+  const char *labels[3] = {"head fc1", "head fc1_2", "head fc2"};
+  for (int i = 0; i < 3; i++) {
+    const size_t nw = (size_t)h.fc[i].OC * h.fc[i].IC;
+    expect_grad(&lc, h.fc[i].weight, h.fc[i].dweight, nw, EPS_SMOOTH, labels[i]);
+    expect_grad(&lc, h.fc[i].bias, h.fc[i].dbias, (size_t)h.fc[i].OC, EPS_SMOOTH, labels[i]);
+  }
+  tl_free(in);
+  tl_free(R);
+  head_destroy(&h);
+  env_destroy(&e);
+
+  env_init(&e,
+           linear_floats(PH_I, PH_H, 1) + linear_floats(PH_H, PH_H, 1) +
+               linear_floats(PH_H, PH_O, 1) + 2 * batchnorm_floats(PH_H),
+           OP_TRAIN);
+  head_init_with(&h, &e.b, "head", PH_N, PH_I, PH_H, PH_O, 3, HEAD_BN_RELU);
+  assert_int_equal(e.ps.used, e.ps.count);
+  const char *names[] = {"head.fc1.weight",   "head.fc1.bias",          "head.bn.gamma",
+                         "head.bn.beta",      "head.bn.running_mean",   "head.bn.running_var",
+                         "head.fc1_2.weight", "head.fc1_2.bias",        "head.bn_2.gamma",
+                         "head.bn_2.beta",    "head.bn_2.running_mean", "head.bn_2.running_var",
+                         "head.fc2.weight",   "head.fc2.bias"};
+  assert_int_equal(e.ps.n_entries, (int)(sizeof names / sizeof names[0]));
+  for (int i = 0; i < e.ps.n_entries; i++) assert_string_equal(e.ps.entries[i].name, names[i]);
+  head_destroy(&h);
+  env_destroy(&e);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Add and global average pooling
 
 static void test_add(void **state) {
@@ -628,6 +705,7 @@ int main(void) {
       cmocka_unit_test(test_bn_split_groups),
       cmocka_unit_test(test_relu),
       cmocka_unit_test(test_gelu),
+      cmocka_unit_test(test_head_three_layers),
       cmocka_unit_test(test_add),
       cmocka_unit_test(test_global_avg_pool),
   };

@@ -8,9 +8,9 @@
 // the checkpoint) and sharpened (a temperature below the student's, warmed up), are the targets
 // of the student's outputs for every other crop (dino_loss.h).
 //
-// Here the MLP has two layers (Linear, GELU, Linear to head_out_dim), not DINO's three, and no
-// normalization between them, as DINO's (`head_bn` puts the other heads' BatchNorm there); the
-// last layer is not frozen in the first epoch.
+// Here the MLP has two layers (Linear, GELU, Linear to head_out_dim) unless `head_layers` asks
+// for DINO's three, and no normalization between them, as DINO's (`head_bn` puts the other
+// heads' BatchNorm there); the last layer is not frozen in the first epoch.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +38,7 @@ typedef struct {
   float momentum;              // the teacher's EMA coefficient at step 0
   char momentum_schedule[16];  // cosine (rises to 1 over the run, as the paper) | constant
   int head_bn;                 // BatchNorm + ReLU in the head's hidden layer, else GELU alone
+  int head_layers;             // the MLP's linear layers (the paper's nlayers)
 } DinoSettings;
 
 // The paper's defaults, but for the teacher's momentum (0.996 is for 100+ epochs; its memory of
@@ -68,10 +69,11 @@ static const KeySpec dino_keys[] = {
     TEXT_KEY(OWN(DinoSettings, dino, momentum_schedule), "cosine", "constant|cosine",
              "`cosine`: the teacher's coefficient rises to 1 over the run, or `constant`"),
     INT_KEY(OWN(DinoSettings, dino, head_bn), "0", 0, 1,
-            "1: BatchNorm + ReLU in the head's hidden layer, as the other objectives' heads; 0: "
-            "GELU alone, as the paper (its use_bn_in_head). The student's head sees every crop "
-            "size in one batch and the teacher's only the global crops, so batch statistics "
-            "would normalize the same image differently in the two"),
+            "1: BatchNorm + ReLU in the head's hidden layers, as the other objectives' heads "
+            "(the paper's use_bn_in_head); 0: GELU alone, as the paper's default"),
+    INT_KEY(OWN(DinoSettings, dino, head_layers), "2", 2, HEAD_MAX_LAYERS,
+            "the head's linear layers before its L2 normalization (the paper's nlayers, 3): "
+            "model.head_hidden_dim wide, the last to model.head_out_dim"),
 };
 static const ConfigSection dino_settings = CONFIG_SECTION(dino_keys, DinoSettings, NULL);
 
@@ -252,7 +254,8 @@ static Objective *dino_create(const ObjectiveEnv *env) {
   }
   o->features = tl_alloc(sizeof(float) * (size_t)o->rows * D, MEM_ACT, COMP_ENCODER);
   const HeadActivation head_activation = set->head_bn ? HEAD_BN_RELU : HEAD_GELU;
-  head_init_with(&o->head, &student, "head", o->rows, D, hidden, bottleneck, head_activation);
+  head_init_with(&o->head, &student, "head", o->rows, D, hidden, bottleneck, set->head_layers,
+                 head_activation);
   normed_last_init(&o->last, env->ctx, env->params, o->rows, bottleneck, K, 1);
 
   // The teacher starts as an exact copy of every student parameter, taken in the same order.
@@ -260,7 +263,7 @@ static Objective *dino_create(const ObjectiveEnv *env) {
   Builder teacher = {.ctx = env->ctx, .params = &o->teacher_params, .mode = OP_FORWARD};
   o->teacher = objective_encoder(env, &teacher, global_rows, NULL, NULL);
   head_init_with(&o->teacher_head, &teacher, "head", global_rows, D, hidden, bottleneck,
-                 head_activation);
+                 set->head_layers, head_activation);
   normed_last_init(&o->teacher_last, env->ctx, &o->teacher_params, global_rows, bottleneck, K, 0);
   if (!env->ctx->dry_run) ema_copy(&o->teacher_params, env->params);
 
