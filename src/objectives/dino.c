@@ -37,7 +37,7 @@ typedef struct {
   float center_momentum;
   float momentum;              // the teacher's EMA coefficient at step 0
   char momentum_schedule[16];  // cosine (rises to 1 over the run, as the paper) | constant
-  int head_bn;                 // BatchNorm + ReLU in the head's hidden layer, else GELU alone
+  int head_bn;                 // BatchNorm + ReLU in the head's hidden layers, else GELU alone
   int head_layers;             // the MLP's linear layers (the paper's nlayers)
 } DinoSettings;
 
