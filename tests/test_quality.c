@@ -86,6 +86,30 @@ static void test_two_directions_off_axis(void **state) {
   assert_float_equal(q.embedding_std, h / 3, 1e-6);
 }
 
+// Fewer rows than dimensions, spread over a wide range: row i is 2^(-i/4) times the i-th row of
+// the 256-point Walsh-Hadamard matrix over 16 (orthonormal, every entry +-1/16), so the
+// singular values are 2^(-i/4) exactly and the other 216 are 0. A (d, d) Gram matrix in f32
+// leaves rounding noise of about 1e-7 of the largest eigenvalue in each of those 216, whose square
+// roots are 3e-4 of the largest singular value: enough to lift rankme by several directions.
+static void test_fewer_rows_than_dimensions(void **state) {
+  (void)state;
+  enum { N = 40, D = 256 };
+  float *f = malloc(sizeof *f * N * D);
+  double p[D] = {0}, total = 0;
+  for (int i = 0; i < N; i++) {
+    const double s = pow(2, -i / 4.0);
+    for (int k = 0; k < D; k++)
+      f[i * D + k] = (float)(s * (__builtin_popcount((unsigned)(i & k)) % 2 ? -1 : 1) / 16.0);
+    p[i] = s;
+    total += s;
+  }
+  for (int i = 0; i < N; i++) p[i] /= total;
+  EmbeddingQuality q;
+  assert_int_equal(embedding_quality(f, N, D, &ctx, &q), 0);
+  assert_float_equal(q.rankme, rankme_of(p, D), 1e-3);
+  free(f);
+}
+
 static void test_refuses(void **state) {
   (void)state;
   float f[4] = {1, 2, NAN, 4};
@@ -100,6 +124,7 @@ int main(void) {
       cmocka_unit_test(test_collapsed),
       cmocka_unit_test(test_full_rank),
       cmocka_unit_test(test_two_directions_off_axis),
+      cmocka_unit_test(test_fewer_rows_than_dimensions),
       cmocka_unit_test(test_refuses),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -22,8 +22,9 @@ typedef struct {
 
 // feat: (n, d) row-major, n >= 2, 1 <= d <= 4096. embedding_std over every row; rankme over
 // QUALITY_SAMPLE rows spread evenly (all when fewer), its singular values the square roots of the
-// eigenvalues of their (d, d) Gram matrix (a oneDNN matmul, then cyclic Jacobi rotations in
-// double). -1 with tl_last_error() on sizes out of range or non-finite values.
+// eigenvalues of their Gram matrix on the smaller side, (d, d) or (rows, rows) (a oneDNN matmul,
+// then Householder tridiagonalization and implicit QL in double: a second at d = 2048, where
+// cyclic Jacobi rotations took minutes). -1 with tl_last_error() on sizes out of range or non-finite values.
 // Its buffers are MEM_EVAL, all held until it returns, and the oneDNN scratchpad is ctx's.
 int embedding_quality(const float *feat, int n, int d, DnnlCtx *ctx, EmbeddingQuality *q);
 
