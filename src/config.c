@@ -178,8 +178,10 @@ static const KeySpec recipe_keys[] = {
     BOOL_KEY(RECIPE(eval, linear), "0",
              "1: the training monitor also fits a linear probe (`linear_top1` in eval.jsonl; "
              "seconds per evaluation)"),
-    INT_KEY(RECIPE(eval, knn_k), "200", 1, 100000,
-            "neighbours that vote in the kNN monitor and `tally eval` (cosine similarity)"),
+    INT_KEY(
+        RECIPE(eval, knn_k), "200", 1, 100000,
+        "neighbours that vote in the kNN monitor and `tally eval` (cosine similarity); at most a "
+        "tenth of the smallest class's training images, but not below 20 or the class"),
     FLOAT_KEY(RECIPE(eval, knn_temperature), "0.1", 0, 100, OPEN_MIN,
               "kNN votes (monitor and `tally eval`) weigh exp(similarity / temperature)"),
     INT_KEY(RECIPE(eval, knn_every_epochs), "1", 1, INT_MAX,

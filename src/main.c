@@ -721,9 +721,9 @@ static void usage_eval(FILE *f) {
           "Scores a trained encoder (a run folder, a checkpoint or an export) on the labeled\n"
           "training and test sets its configuration names ([eval] train, test when given,\n"
           "else [data] train, test):\n"
-          "  kNN        cosine, temperature-weighted votes, k = eval.knn_k (200; at most\n"
-          "             the training images of the smallest class) and 20, memory bank = the\n"
-          "             training set\n"
+          "  kNN        cosine, temperature-weighted votes, k = eval.knn_k (200; at most a\n"
+          "             tenth of the smallest class's training images, but not below 20 or\n"
+          "             the class) and 20, memory bank = the training set\n"
           "  linear     multinomial logistic regression on frozen, standardized features,\n"
           "             L-BFGS to convergence, L2 strength chosen on a tenth of the training\n"
           "             set held out, then refitted on all of it\n"
@@ -735,11 +735,14 @@ static void usage_eval(FILE *f) {
           "  --no-baseline  skip the raw-pixel measures (at photo sizes the pixels are many\n"
           "               features: the baseline can take longer than the encoder's)\n"
           "  --set S.K=V  evaluate elsewhere: data.train, data.test, data.format, data.limit,\n"
-          "               data.test_limit, data.stream, eval.train, eval.test, eval.knn_k,\n"
-          "               eval.knn_temperature, eval.batch_size (images a forward pass\n"
-          "               encodes: its activations are most of the memory at large image\n"
+          "               data.test_limit, data.stream, data.labels, eval.train, eval.test,\n"
+          "               eval.knn_k, eval.knn_temperature, eval.batch_size (images a forward\n"
+          "               pass encodes: its activations are most of the memory at large image\n"
           "               sizes). A run whose monitor had a labeled set of its own (eval.train,\n"
-          "               eval.test) is scored on it, unless data.train or data.test is set\n"
+          "               eval.test) is scored on it, unless data.train or data.test is set.\n"
+          "               A run of unlabeled images (data.labels = none) is scored without\n"
+          "               labels; a data.train given here is labeled by its class subfolders\n"
+          "               (data.labels = auto) unless --set data.labels=none says otherwise\n"
           "  --json       one JSON object: knn_k, knn_top1 (k = knn_k), knn_top1_k20,\n"
           "               linear_top1, knn_top1_raw_pixels, linear_top1_raw_pixels,\n"
           "               rankme, embedding_std, n_train, n_test, seconds, ...\n"
@@ -752,9 +755,9 @@ static void usage_eval(FILE *f) {
 
 static int eval_may_set(const char *assignment) {
   static const char *const allowed[] = {
-      "data.train=",      "data.test=",   "data.format=", "data.limit=",
-      "data.test_limit=", "data.stream=", "eval.knn_k=",  "eval.knn_temperature=",
-      "eval.batch_size=", "eval.train=",  "eval.test="};
+      "data.train=",           "data.test=",       "data.format=", "data.limit=",
+      "data.test_limit=",      "data.stream=",     "data.labels=", "eval.knn_k=",
+      "eval.knn_temperature=", "eval.batch_size=", "eval.train=",  "eval.test="};
   for (size_t i = 0; i < sizeof allowed / sizeof *allowed; i++)
     if (strncmp(assignment, allowed[i], strlen(allowed[i])) == 0) return 1;
   return 0;
@@ -763,9 +766,10 @@ static int eval_may_set(const char *assignment) {
 // What `tally eval` takes beyond its option table: the encoder, and --set checked as it comes.
 typedef struct {
   const char *src;
-  // Two first: data.train or data.test given here replaces the run's own evaluation set.
-  const char *sets[258];
-  int n_sets, data_set;
+  // Three first: data.train or data.test given here replaces the run's own evaluation set, and
+  // a data.train given here is labeled by its subfolders unless data.labels says otherwise.
+  const char *sets[259];
+  int n_sets, data_set, data_train_set;
 } EvalArgs;
 
 static int eval_arg(int argc, char **argv, int *i, void *eval_args) {
@@ -779,14 +783,15 @@ static int eval_arg(int argc, char **argv, int *i, void *eval_args) {
             v);
     return -1;
   }
-  if (a->n_sets == 258) return -1;
+  if (a->n_sets == 259) return -1;
   a->sets[a->n_sets++] = v;
+  a->data_train_set |= !strncmp(v, "data.train=", 11);
   a->data_set |= !strncmp(v, "data.train=", 11) || !strncmp(v, "data.test=", 10);
   return 1;
 }
 
 static int cmd_eval(int argc, char **argv) {
-  EvalArgs a = {.sets = {"eval.train=", "eval.test="}, .n_sets = 2};
+  EvalArgs a = {.sets = {"data.labels=auto", "eval.train=", "eval.test="}, .n_sets = 3};
   int json = 0, no_baseline = 0;
   EvalOptions opt = {0};
   const Option opts[] = {{.name = "--knn", .flag = &opt.knn},
@@ -798,7 +803,7 @@ static int cmd_eval(int argc, char **argv) {
   int rc = parse_options(&cl, argc, argv);
   if (rc) return rc == 1 ? 0 : rc;
   const char *src = a.src, **sets = a.sets;
-  const int n_sets = a.n_sets, data_set = a.data_set;
+  const int first_set = a.data_train_set ? 0 : a.data_set ? 1 : 3;
   if (!src) {
     fprintf(stderr, "tally eval: name a run folder, checkpoint or export (see --help)\n");
     return 2;
@@ -807,8 +812,7 @@ static int cmd_eval(int argc, char **argv) {
   opt.baseline = !no_baseline;
   opt.quiet = json;
   static FeatureEncoder enc;
-  if (feature_encoder_open(&enc, src, sets + (data_set ? 0 : 2), n_sets - (data_set ? 0 : 2)) !=
-      0) {
+  if (feature_encoder_open(&enc, src, sets + first_set, a.n_sets - first_set) != 0) {
     fprintf(stderr, "tally: %s\n", tl_last_error());
     return 1;
   }

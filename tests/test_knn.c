@@ -112,6 +112,22 @@ static void test_k_for_bank_smallest_class(void **state) {
   assert_int_equal(knn_k_for_bank(200, labels, 7, 4), 1);
 }
 
+// Past 20 a class, at most a tenth of the smallest votes: 150 a class (a small labeled set) give
+// 20, 500 give 50, 6,000 (Fashion-MNIST's) leave 200; 15 a class give 15.
+static void test_k_for_bank_a_tenth_of_the_class(void **state) {
+  (void)state;
+  enum { MAX = 3 * 6000 + 7 };
+  int *labels = malloc(sizeof *labels * MAX);
+  const int per_class[] = {150, 500, 6000, 15}, expected[] = {20, 50, 200, 15};
+  for (int t = 0; t < 4; t++) {
+    const int n = 3 * per_class[t] + 7;  // class 2 has 7 more: the smallest decides
+    for (int i = 0; i < n; i++) labels[i] = i < 3 * per_class[t] ? i % 3 : 2;
+    assert_int_equal(knn_k_for_bank(200, labels, n, 3), expected[t]);
+    assert_int_equal(knn_k_for_bank(10, labels, n, 3), expected[t] < 10 ? expected[t] : 10);
+  }
+  free(labels);
+}
+
 // Why: the query's own class has 2 images, the nearest; 6 of another class lie farther. With
 // nearly equal weights (temperature 100) k = 8 lets the 6 outvote the 2; the bank's k, 2, does
 // not.
@@ -253,6 +269,7 @@ int main(void) {
       cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_random_against_reference),
       cmocka_unit_test(test_k_for_bank_smallest_class),
+      cmocka_unit_test(test_k_for_bank_a_tenth_of_the_class),
       cmocka_unit_test(test_k_for_bank_lets_a_small_class_win),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

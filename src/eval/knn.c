@@ -191,9 +191,14 @@ int knn_k_for_bank(int k, const int *train_labels, int n_train, int n_classes) {
   if (!count) TL_DIE("out of memory");
   for (int i = 0; i < n_train; i++)
     if (train_labels[i] >= 0 && train_labels[i] < n_classes) count[train_labels[i]]++;
+  int smallest = 0;
   for (int c = 0; c < n_classes; c++)
-    if (count[c] > 0 && count[c] < k) k = count[c];
+    if (count[c] > 0 && (smallest == 0 || count[c] < smallest)) smallest = count[c];
   free(count);
+  if (smallest > 0) {
+    const int cap = smallest / 10 > 20 ? smallest / 10 : smallest < 20 ? smallest : 20;
+    if (k > cap) k = cap;
+  }
   return k > 0 ? k : 1;
 }
 
