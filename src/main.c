@@ -857,7 +857,8 @@ static void usage_compare(FILE *f) {
           "                    several, comma-separated, compare at each (at most %d)\n"
           "  --seeds N         seeds per objective and budget (default 3, at most %d): seed s\n"
           "                    trains with train.seed + s. The intervals need N >= 2\n"
-          "  --config-dir DIR  each objective's recipe is DIR/NAME.ini (default configs/NAME.ini)\n"
+          "  --config-dir DIR  each objective's recipe is DIR/NAME.ini (default configs/NAME.ini;\n"
+          "                    configs/photos/NAME.ini when --data names a folder of images)\n"
           "  --config NAME=FILE  NAME's recipe is FILE (repeatable); --config FILE: one recipe\n"
           "                    for every objective (one backbone and dataset)\n"
           "  --set, --data, --batch-size, --lr   shared by every run, as for `tally train`\n"
@@ -977,6 +978,18 @@ static int cmd_compare(int argc, char **argv) {
   if ((config_dir != NULL) + (args.all_config != NULL) + (args.n_per_objective > 0) > 1) {
     fprintf(stderr, "tally compare: give --config-dir, --config FILE or --config NAME=FILE\n");
     return 2;
+  }
+  // A folder of images as --data and no recipe named: each objective's photo recipe (64x64 RGB,
+  // unlabeled), not its Fashion-MNIST one (28x28 grayscale).
+  struct stat st;
+  if (!config_dir && !args.all_config && !args.n_per_objective && args.ca.data_path &&
+      stat(args.ca.data_path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    config_dir = "configs/photos";
+    if (!spec.quiet)
+      printf(
+          "tally compare: --data %s is a folder of images: each objective trains with its photo "
+          "recipe, configs/photos/NAME.ini\n",
+          args.ca.data_path);
   }
   spec.n_seeds = (int)seeds;
   snprintf(objectives_text, sizeof objectives_text, "%s", objectives);

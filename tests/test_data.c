@@ -978,7 +978,7 @@ static void test_imagefolder_errors(void **state) {
   alarm(30);
   assert_imagefolder_fails(t->dir, "zebra/x.png: not a regular file");
   int count;
-  assert_int_equal(dataset_imagefolder_count(t->dir, 0, &count), -1);
+  assert_int_equal(dataset_imagefolder_count(t->dir, 0, 0, &count), -1);
   assert_contains(tl_last_error(), "zebra/x.png: not a regular file");
   alarm(0);
   remove(fifo);

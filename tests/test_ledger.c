@@ -267,12 +267,13 @@ static void test_timed_probe(void **state) {
   (void)state;
   Config c = base_config("resnet-small");
   assert_int_equal(config_set(&c, "train.batch_size=8"), 0);
-  double ms = NAN;
-  assert_int_equal(plan_time_steps(&c, "moco", 3, &ms), 0);
+  double ms = NAN, range[2] = {NAN, NAN};
+  assert_int_equal(plan_time_steps(&c, "moco", 3, &ms, range), 0);
   assert_true(isfinite(ms) && ms > 0);
+  assert_true(range[0] > 0 && range[0] <= ms && ms <= range[1]);
   Config two = c;
   assert_int_equal(config_set(&two, "parallel.replicas=2"), 0);
-  assert_int_equal(plan_time_steps(&two, "moco", 3, &ms), -1);
+  assert_int_equal(plan_time_steps(&two, "moco", 3, &ms, NULL), -1);
   assert_non_null(strstr(tl_last_error(), "one replica"));
   char *plan = run_ok("%s plan --objective=inbatch %s --steps 7 --no-knn --time --json", bin,
                       "--set train.batch_size=8 --set data.limit=256 --set data.test_limit=128");

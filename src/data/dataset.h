@@ -29,7 +29,11 @@ typedef struct {
 // from the header's counts alone.
 int dataset_load_idx(Dataset *ds, const char *images_path, int channels, int limit);
 
-// Lists root/<class>/*.{png,jpg,jpeg,bmp} (classes sorted by name, files by name). `streaming`:
+// What dataset_load_imagefolder is told, or-ed: DATASET_STREAM, and DATASET_UNLABELED (data.labels
+// = none): subfolders are not classes; every image under root, at any depth, is one unlabeled set.
+enum { DATASET_STREAM = 1, DATASET_UNLABELED = 2 };
+
+// Lists root/<class>/*.{png,jpg,jpeg,bmp} (classes sorted by name, files by name). DATASET_STREAM:
 // reads every image's header (its size, checked as image_read_header does) and keeps only the
 // list; views are decoded from the files later (dataset_image). Otherwise decodes every image
 // once, converted to `channels` and resized to image_size x image_size (bilinear; the aspect
@@ -37,7 +41,7 @@ int dataset_load_idx(Dataset *ds, const char *images_path, int channels, int lim
 // image's name that is not a regular file (a FIFO, a device). A root without subfolders is
 // unlabeled data: its own images, labels 0 and n_classes 0.
 int dataset_load_imagefolder(Dataset *ds, const char *root, int image_size, int channels, int limit,
-                             int streaming);
+                             int flags);
 
 // Image `index` as views are cut from it. In memory: its pixels (h, w, c), not copied. Streamed:
 // its file decoded at 1/reduction of each side (JPEG only; other formats at full size), and
@@ -61,8 +65,8 @@ int dataset_align_test_labels(const Dataset *train, Dataset *test, const char *t
 // (before any limit), read without touching the pixels; same errors as dataset_load_idx.
 int dataset_idx_peek(const char *images_path, int *n, int *h, int *w);
 // Images an ImageFolder tree holds under `limit` (as dataset_load_imagefolder would keep), from
-// the directory listing alone.
-int dataset_imagefolder_count(const char *root, int limit, int *n);
+// the directory listing alone (flags: DATASET_UNLABELED as there).
+int dataset_imagefolder_count(const char *root, int limit, int flags, int *n);
 // MEM_DATA bytes a loaded dataset of n images (h, w, c) holds: pixels and labels; streamed,
 // labels and each image's size.
 size_t dataset_bytes(int n, int h, int w, int c, int streaming);

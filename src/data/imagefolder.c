@@ -1,7 +1,8 @@
 // ImageFolder trees: root/<class>/<image>, one class per subfolder; or, for unlabeled data, the
-// images directly under root (no subfolders at all): one group, n_classes 0. Images are
-// either decoded once into memory at the training size (data.stream = 0) or only their headers
-// read here, the pixels decoded by the loader when a batch needs them (data/decode.h).
+// images directly under root (no subfolders at all), or every image under root at any depth when
+// the caller says the subfolders are not classes (DATASET_UNLABELED): one group, n_classes 0.
+// Images are either decoded once into memory at the training size (data.stream = 0) or only their
+// headers read here, the pixels decoded by the loader when a batch needs them (data/decode.h).
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -119,9 +120,68 @@ static void class_quotas(const NameList *files, int n_classes, int limit, int *k
       if (keep[k] < files[k].n) keep[k]++, left--;
 }
 
-// The class subfolders of root, or, when it has none, root itself as one unlabeled group ("."),
-// provided it holds images. *labeled says which.
-static int list_groups(const char *root, NameList *groups, int *labeled) {
+// Deeper than this, a folder tree is taken for a loop of links.
+enum { MAX_FOLDER_DEPTH = 32 };
+
+// Every image under dir/rel, at any depth, into out as paths relative to dir: each folder's
+// images (sorted) before its subfolders (sorted), hidden entries skipped.
+static int list_tree(const char *dir, const char *rel, int depth, NameList *out) {
+  char *here = rel[0] ? join_path(dir, rel) : strdup(dir);
+  if (!here) TL_DIE("out of memory");
+  NameList images = {0}, folders = {0};
+  int rc =
+      depth > MAX_FOLDER_DEPTH
+          ? tl_fail("%s: folders nested deeper than %d (a loop of links?)", here, MAX_FOLDER_DEPTH)
+          : list_dir(here, 0, &images);
+  if (rc == 0) rc = list_dir(here, 1, &folders);
+  for (int i = 0; rc == 0 && i < images.n; i++) {
+    if (out->n == out->cap) {
+      out->cap = out->cap ? 2 * out->cap : 16;
+      out->names = realloc(out->names, sizeof *out->names * out->cap);
+      if (!out->names) TL_DIE("out of memory");
+    }
+    out->names[out->n++] = rel[0] ? join_path(rel, images.names[i]) : strdup(images.names[i]);
+    if (!out->names[out->n - 1]) TL_DIE("out of memory");
+  }
+  for (int i = 0; rc == 0 && i < folders.n; i++) {
+    char *sub = rel[0] ? join_path(rel, folders.names[i]) : strdup(folders.names[i]);
+    if (!sub) TL_DIE("out of memory");
+    rc = list_tree(dir, sub, depth + 1, out);
+    free(sub);
+  }
+  names_free(&images);
+  names_free(&folders);
+  free(here);
+  return rc;
+}
+
+// The images of group `name` under root: a class folder's own images, or, for the unlabeled
+// group ("."), every image under root at any depth.
+static int list_group(const char *root, const char *name, NameList *out) {
+  if (strcmp(name, ".") == 0) return list_tree(root, "", 0, out);
+  char *dir = join_path(root, name);
+  int rc = list_dir(dir, 0, out);
+  free(dir);
+  return rc;
+}
+
+// The class subfolders of root, or, when it has none or `unlabeled` says its subfolders are not
+// classes, root itself as one unlabeled group ("."), provided it holds images. *labeled says
+// which.
+static int list_groups(const char *root, int unlabeled, NameList *groups, int *labeled) {
+  if (unlabeled) {
+    *labeled = 0;
+    NameList all = {0};
+    if (list_tree(root, "", 0, &all) < 0) return -1;
+    const int any = all.n > 0;
+    names_free(&all);
+    if (!any)
+      return tl_fail("%s: no .png, .jpg, .jpeg or .bmp images in it or its subfolders", root);
+    groups->names = malloc(sizeof *groups->names);
+    if (!groups->names || !(groups->names[0] = strdup("."))) TL_DIE("out of memory");
+    groups->n = groups->cap = 1;
+    return 0;
+  }
   if (list_dir(root, 1, groups) < 0) return -1;
   *labeled = groups->n > 0;
   NameList images = {0};
@@ -147,19 +207,15 @@ static int list_groups(const char *root, NameList *groups, int *labeled) {
   return 0;
 }
 
-int dataset_imagefolder_count(const char *root, int limit, int *n) {
+int dataset_imagefolder_count(const char *root, int limit, int flags, int *n) {
   NameList classes = {0};
   int labeled;
-  if (list_groups(root, &classes, &labeled) < 0) return -1;
+  if (list_groups(root, flags & DATASET_UNLABELED, &classes, &labeled) < 0) return -1;
   NameList *files = calloc(classes.n, sizeof *files);
   int *keep = calloc(classes.n, sizeof *keep);
   if (!files || !keep) TL_DIE("out of memory");
   int rc = 0;
-  for (int k = 0; k < classes.n && rc == 0; k++) {
-    char *dir = join_path(root, classes.names[k]);
-    rc = list_dir(dir, 0, &files[k]);
-    free(dir);
-  }
+  for (int k = 0; k < classes.n && rc == 0; k++) rc = list_group(root, classes.names[k], &files[k]);
   if (rc == 0) {
     class_quotas(files, classes.n, limit, keep);
     *n = 0;
@@ -174,20 +230,19 @@ int dataset_imagefolder_count(const char *root, int limit, int *n) {
 
 // Lists root's images (class by class under `limit`) into ds->files and ds->labels, and its
 // classes into ds->class_names when it has class folders.
-static int list_images(Dataset *ds, const char *root, int limit) {
+static int list_images(Dataset *ds, const char *root, int limit, int unlabeled) {
   NameList classes = {0};
   int labeled;
-  if (list_groups(root, &classes, &labeled) < 0) return -1;
+  if (list_groups(root, unlabeled, &classes, &labeled) < 0) return -1;
   const int n_classes = classes.n;
   int rc = -1;
   NameList *files = calloc(n_classes, sizeof *files);
   int *keep = calloc(n_classes, sizeof *keep);
   if (!files || !keep) TL_DIE("out of memory");
   for (int k = 0; k < n_classes; k++) {
-    char *dir = join_path(root, classes.names[k]);
-    int listed = list_dir(dir, 0, &files[k]);
-    if (listed == 0 && files[k].n == 0) tl_fail("%s: no .png, .jpg, .jpeg or .bmp images", dir);
-    free(dir);
+    int listed = list_group(root, classes.names[k], &files[k]);
+    if (listed == 0 && files[k].n == 0)
+      tl_fail("%s/%s: no .png, .jpg, .jpeg or .bmp images", root, classes.names[k]);
     if (listed < 0 || files[k].n == 0) goto done;
   }
   class_quotas(files, n_classes, limit, keep);
@@ -256,13 +311,14 @@ static int scan_one(Dataset *ds, int i, void *arg) {
 }
 
 int dataset_load_imagefolder(Dataset *ds, const char *root, int image_size, int channels, int limit,
-                             int streaming) {
+                             int flags) {
+  const int streaming = flags & DATASET_STREAM;
   memset(ds, 0, sizeof *ds);
   if (channels != 1 && channels != 3)
     return tl_fail("%s: channels must be 1 or 3, got %d", root, channels);
   if (image_size < 1 || image_size > max_image_size)
     return tl_fail("%s: image size %d is outside 1..%d", root, image_size, max_image_size);
-  if (list_images(ds, root, limit) != 0) {
+  if (list_images(ds, root, limit, flags & DATASET_UNLABELED) != 0) {
     dataset_free(ds);
     return -1;
   }

@@ -31,3 +31,10 @@ void json_flat_string(const char *text, const char *key, char *out, size_t n) {
   if (!end) return;
   snprintf(out, n, "%.*s", (int)(end - p - 1), p + 1);
 }
+
+double json_flat_bool(const char *text, const char *key) {
+  const char *p = json_flat_value(text, key);
+  if (p && strncmp(p, "true", 4) == 0) return 1;
+  if (p && strncmp(p, "false", 5) == 0) return 0;
+  return NAN;
+}

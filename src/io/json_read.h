@@ -10,3 +10,5 @@ const char *json_flat_value(const char *text, const char *key);
 double json_flat_number(const char *text, const char *key);
 // The member's string (without escapes) into out; "" when absent or not a string.
 void json_flat_string(const char *text, const char *key, char *out, size_t n);
+// The member's boolean as 1 or 0; NaN when it is absent or not a boolean.
+double json_flat_bool(const char *text, const char *key);

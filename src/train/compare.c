@@ -226,7 +226,7 @@ static void probe_cells(const CompareSpec *spec, CellPlan plans[][COMPARE_MAX_BU
     printf("timing %s: 5 steps here...\n", spec->objectives[o]);
     fflush(stdout);
     double ms;
-    if (plan_time_steps(spec->configs[o][0], spec->objectives[o], 5, &ms) != 0) {
+    if (plan_time_steps(spec->configs[o][0], spec->objectives[o], 5, &ms, NULL) != 0) {
       printf("  (not timed: %s)\n", tl_last_error());
       continue;
     }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "eval/quality.h"
 #include "io/atomic_file.h"
 #include "io/json_read.h"
 #include "io/json_write.h"
@@ -16,7 +17,8 @@
 #include "objectives/objective.h"
 
 typedef enum { FROM_EVAL, FROM_SUMMARY, FROM_LEDGER } Source;
-typedef enum { SHOW_FRACTION, SHOW_NUMBER, SHOW_BYTES, SHOW_PFLOP } Show;
+// SHOW_COUNT: how many seeds of n had it ("1 of 3"), for a 0/1 measure.
+typedef enum { SHOW_FRACTION, SHOW_NUMBER, SHOW_BYTES, SHOW_PFLOP, SHOW_COUNT } Show;
 
 // Where each measure is read and how compare.json groups it: at the cell's top, under
 // "per_step" (the ledger's answers for one step) or under "raw_pixels" (the baselines).
@@ -30,7 +32,11 @@ static const struct {
   Show show;
 } measures[N_MEASURES] = {
     [M_KNN] = {"knn_top1", NULL, "kNN top-1", FROM_EVAL, "knn_top1", 0, SHOW_FRACTION},
+    [M_KNN_K] = {"knn_k", NULL, "kNN k", FROM_EVAL, "knn_k", 0, SHOW_NUMBER},
+    [M_KNN20] = {"knn_top1_k20", NULL, "kNN top-1 (k=20)", FROM_EVAL, "knn_top1_k20", 0,
+                 SHOW_FRACTION},
     [M_LINEAR] = {"linear_top1", NULL, "linear probe", FROM_EVAL, "linear_top1", 0, SHOW_FRACTION},
+    [M_COLLAPSED] = {"collapsed", NULL, "collapsed", FROM_EVAL, "collapsed", 0, SHOW_COUNT},
     [M_RANKME] = {"rankme", NULL, "rankme", FROM_EVAL, "rankme", 0, SHOW_NUMBER},
     [M_EMBEDDING_STD] = {"embedding_std", NULL, "embedding std", FROM_EVAL, "embedding_std", 0,
                          SHOW_NUMBER},
@@ -54,6 +60,8 @@ static const struct {
                             "encodings_next_reused", 0, SHOW_NUMBER},
     [M_KNN_RAW] = {"knn_top1", "raw_pixels", "kNN on raw pixels", FROM_EVAL, "knn_top1_raw_pixels",
                    1, SHOW_FRACTION},
+    [M_KNN20_RAW] = {"knn_top1_k20", "raw_pixels", "kNN (k=20) on raw pixels", FROM_EVAL,
+                     "knn_top1_k20_raw_pixels", 1, SHOW_FRACTION},
     [M_LINEAR_RAW] = {"linear_top1", "raw_pixels", "linear probe on raw pixels", FROM_EVAL,
                       "linear_top1_raw_pixels", 1, SHOW_FRACTION},
     [M_EVAL_SECONDS] = {"eval_seconds", NULL, "evaluation s", FROM_EVAL, "seconds", 0, SHOW_NUMBER},
@@ -73,20 +81,35 @@ double t_quantile_975(int df) {
   return df >= 1 && df <= n ? t975[df - 1] : NAN;
 }
 
-void seed_stats(SeedStats *s) {
-  double sum = 0;
+static double logit(double p) {
+  p = fmin(fmax(p, COMPARE_FRACTION_EPS), 1 - COMPARE_FRACTION_EPS);
+  return log(p / (1 - p));
+}
+
+void seed_stats(SeedStats *s, int bounded) {
+  double sum = 0, sum_t = 0;
   s->n = 0;
   for (int i = 0; i < s->n_values; i++)
-    if (isfinite(s->values[i])) sum += s->values[i], s->n++;
+    if (isfinite(s->values[i]))
+      sum += s->values[i], sum_t += bounded ? logit(s->values[i]) : s->values[i], s->n++;
   s->mean = s->n ? sum / s->n : NAN;
   s->lo = s->hi = NAN;
   if (s->n < 2) return;
+  const double mean_t = sum_t / s->n;
   double squares = 0;
   for (int i = 0; i < s->n_values; i++)
-    if (isfinite(s->values[i])) squares += (s->values[i] - s->mean) * (s->values[i] - s->mean);
+    if (isfinite(s->values[i])) {
+      const double t = bounded ? logit(s->values[i]) : s->values[i];
+      squares += (t - mean_t) * (t - mean_t);
+    }
   double half = t_quantile_975(s->n - 1) * sqrt(squares / (s->n - 1)) / sqrt(s->n);
-  s->lo = s->mean - half;
-  s->hi = s->mean + half;
+  if (bounded) {
+    s->lo = fmin(1 / (1 + exp(-(mean_t - half))), s->mean);
+    s->hi = fmax(1 / (1 + exp(-(mean_t + half))), s->mean);
+  } else {
+    s->lo = fmax(0, mean_t - half);
+    s->hi = mean_t + half;
+  }
 }
 
 // ---- reading the runs ----
@@ -138,7 +161,8 @@ int compare_collect(const CompareSpec *spec, CompareCell *cells) {
         for (int m = 0; m < N_MEASURES; m++) {
           SeedStats *st = &c->m[m];
           if (measures[m].first_seed_only && s > 0) continue;
-          double v = measures[m].source == FROM_EVAL ? json_flat_number(eval, measures[m].field)
+          double v = m == M_COLLAPSED                  ? json_flat_bool(eval, measures[m].field)
+                     : measures[m].source == FROM_EVAL ? json_flat_number(eval, measures[m].field)
                      : measures[m].source == FROM_SUMMARY
                          ? json_flat_number(summary, measures[m].field)
                          : ledger_value(&rec, measures[m].field);
@@ -153,22 +177,12 @@ int compare_collect(const CompareSpec *spec, CompareCell *cells) {
         free(eval);
         free(summary);
       }
-      for (int m = 0; m < N_MEASURES; m++) seed_stats(&c->m[m]);
+      for (int m = 0; m < N_MEASURES; m++) seed_stats(&c->m[m], measures[m].show == SHOW_FRACTION);
     }
   return 0;
 }
 
 // ---- the verdict ----
-
-// The accuracy a budget's objectives are ranked by: the linear probe when any has one, else kNN;
-// -1 when no run had labels.
-static int ranking_measure(const CompareSpec *spec, const CompareCell *cells, int b) {
-  const CompareMeasure order[] = {M_LINEAR, M_KNN};
-  for (int k = 0; k < 2; k++)
-    for (int o = 0; o < spec->n_objectives; o++)
-      if (cells[o * spec->n_budgets + b].m[order[k]].n > 0) return order[k];
-  return -1;
-}
 
 static const char *measure_words(int m) { return m == M_LINEAR ? "the linear probe" : "kNN"; }
 
@@ -181,87 +195,165 @@ static void describe(const SeedStats *s, char *out, size_t n) {
     snprintf(out, n, "%.1f%% (%d seed, no interval)", 100 * s->mean, s->n);
 }
 
-static int by_mean_desc(const void *a, const void *b) {
-  const SeedStats *x = *(const SeedStats *const *)a, *y = *(const SeedStats *const *)b;
-  return (x->mean < y->mean) - (x->mean > y->mean);
+// An objective's cell at budget b.
+static const CompareCell *cell_at(const CompareSpec *spec, const CompareCell *cells, int o, int b) {
+  return &cells[o * spec->n_budgets + b];
+}
+
+// Collapsed in any seed: such an encoder is never recommended, whatever it scores.
+static int collapsed(const CompareCell *c) {
+  return c->m[M_COLLAPSED].n > 0 && c->m[M_COLLAPSED].mean > 0;
+}
+
+// The objectives with a score on measure m at budget b, best mean first, into order[]; returns
+// how many.
+static int rank_by(const CompareSpec *spec, const CompareCell *cells, int b, int m, int *order) {
+  int k = 0;
+  for (int o = 0; o < spec->n_objectives; o++)
+    if (cell_at(spec, cells, o, b)->m[m].n > 0) order[k++] = o;
+  for (int i = 1; i < k; i++)  // insertion sort: a handful of objectives
+    for (int j = i; j > 0 && cell_at(spec, cells, order[j], b)->m[m].mean >
+                                 cell_at(spec, cells, order[j - 1], b)->m[m].mean;
+         j--) {
+      const int t = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = t;
+    }
+  return k;
+}
+
+static double raw_baseline(const CompareSpec *spec, const CompareCell *cells, int b, int raw_m) {
+  for (int o = 0; o < spec->n_objectives; o++)
+    if (isfinite(cell_at(spec, cells, o, b)->m[raw_m].mean))
+      return cell_at(spec, cells, o, b)->m[raw_m].mean;
+  return NAN;
 }
 
 #define APPEND(...) (void)(at < n ? at += (size_t)snprintf(out + at, n - at, __VA_ARGS__) : 0)
+
+// One measure's sentences: the best objective that did not collapse, how sure the seeds are of
+// the order, and where raw pixels stand. Returns the objective it names best, or -1.
+static int verdict_measure(const CompareSpec *spec, const CompareCell *cells, int b, int m,
+                           char *out, size_t n, size_t *at_io) {
+  size_t at = *at_io;
+  int order[COMPARE_MAX_OBJECTIVES];
+  const int k = rank_by(spec, cells, b, m, order);
+  char text[160], what[64];
+  int best = -1;
+  for (int i = 0; i < k && best < 0; i++)
+    if (!collapsed(cell_at(spec, cells, order[i], b))) best = order[i];
+  if (m == M_KNN) {
+    const SeedStats *ks = &cell_at(spec, cells, order[0], b)->m[M_KNN_K];
+    snprintf(what, sizeof what, "kNN (cosine, k = %.0f)", ks->n ? ks->mean : NAN);
+  } else {
+    snprintf(what, sizeof what, "%s", measure_words(m));
+  }
+  if (best < 0) {
+    APPEND(" By %s: every objective's encoder collapsed; none is recommended.", what);
+    *at_io = at;
+    return -1;
+  }
+  const SeedStats *top = &cell_at(spec, cells, best, b)->m[m];
+  describe(top, text, sizeof text);
+  APPEND(" By %s: %s scores best, %s", what, spec->objectives[best], text);
+  if (best != order[0]) APPEND(" (%s scores higher but collapsed)", spec->objectives[order[0]]);
+  APPEND(".");
+  int min_n = COMPARE_MAX_SEEDS;
+  for (int i = 0; i < k; i++) {
+    const int seeds = cell_at(spec, cells, order[i], b)->m[m].n;
+    if (seeds < min_n) min_n = seeds;
+  }
+  int within = 0;
+  for (int i = 0; i < k; i++) {
+    const SeedStats *s = &cell_at(spec, cells, order[i], b)->m[m];
+    if (order[i] == best || collapsed(cell_at(spec, cells, order[i], b))) continue;
+    if (min_n >= 2 && s->hi >= top->lo) {
+      describe(s, text, sizeof text);
+      APPEND("%s %s, %s", within++ ? ";" : " Within its interval:", spec->objectives[order[i]],
+             text);
+    }
+  }
+  if (k == 1)
+    APPEND(" It is the only objective with a score.");
+  else if (min_n < 2)
+    APPEND(
+        " With one seed there is no interval: the order is a single draw and may not repeat; "
+        "run more seeds (--seeds 3 or more) before choosing.");
+  else if (min_n == 2 && within)
+    APPEND(
+        ". Two seeds give intervals too wide to tell objectives apart (Student's t is 12.7 at "
+        "one degree of freedom): run --seeds 3 or more before choosing.");
+  else if (within)
+    APPEND(
+        ". These differences are within the 95%% intervals: the seeds do not tell %s apart "
+        "from %s; more seeds narrow the intervals.",
+        within == 1 ? "it" : "them", spec->objectives[best]);
+  else
+    APPEND(" Its interval is clear of every other objective's: the lead holds over these seeds.");
+  const double raw = raw_baseline(spec, cells, b, m == M_LINEAR ? M_LINEAR_RAW : M_KNN_RAW);
+  if (isfinite(raw)) {
+    int below = 0;
+    for (int i = 0; i < k; i++) below += cell_at(spec, cells, order[i], b)->m[m].mean < raw;
+    if (below == k)
+      APPEND(
+          " Every objective is below raw pixels (%.1f%%) by %s: at this budget the encoders "
+          "are worse features than the images themselves; train longer (a larger --budget).",
+          100 * raw, measure_words(m));
+    else if (below) {
+      APPEND(" Below raw pixels (%.1f%%):", 100 * raw);
+      for (int i = k - below, j = 0; i < k; i++, j++)
+        APPEND("%s %s", j ? "," : "", spec->objectives[order[i]]);
+      APPEND(".");
+    } else {
+      APPEND(" No objective is below raw pixels (%.1f%%).", 100 * raw);
+    }
+  }
+  *at_io = at;
+  return best;
+}
 
 void compare_verdict(const CompareSpec *spec, const CompareCell *cells, int b, char *out,
                      size_t n) {
   size_t at = 0;
   out[0] = 0;
-  int m = ranking_measure(spec, cells, b);
-  if (m < 0) {
+  APPEND("%s:", spec->budgets[b]);
+  int n_collapsed = 0;
+  for (int o = 0; o < spec->n_objectives; o++) {
+    const SeedStats *c = &cell_at(spec, cells, o, b)->m[M_COLLAPSED];
+    if (!collapsed(cell_at(spec, cells, o, b))) continue;
+    APPEND("%s %s collapsed in %.0f of %d seed%s",
+           n_collapsed++ ? ";" : " Collapsed encoders:", spec->objectives[o], c->mean * c->n, c->n,
+           c->n == 1 ? "" : "s");
+  }
+  if (n_collapsed)
     APPEND(
-        "%s: no run had labels, so nothing scores accuracy; compare rankme and embedding_std "
-        "(a collapsed encoder reads near 0).",
-        spec->budgets[b]);
+        " (embedding_std below %.0f%% of 1/sqrt(d): every image maps to nearly one point); "
+        "%s not recommended, whatever %s accuracy.",
+        100 * QUALITY_COLLAPSED_FRACTION, n_collapsed == 1 ? "it is" : "they are",
+        n_collapsed == 1 ? "its" : "their");
+  const CompareMeasure accuracies[] = {M_LINEAR, M_KNN};
+  int best[2] = {-1, -1}, scored = 0;
+  for (int i = 0; i < 2; i++) {
+    int any = 0;
+    for (int o = 0; o < spec->n_objectives; o++)
+      any |= cell_at(spec, cells, o, b)->m[accuracies[i]].n > 0;
+    if (!any) continue;
+    scored = 1;
+    best[i] = verdict_measure(spec, cells, b, accuracies[i], out, n, &at);
+  }
+  if (!scored) {
+    APPEND(
+        " No run had labels, so nothing scores accuracy; compare rankme and embedding_std "
+        "(a collapsed encoder reads near 0).");
     return;
   }
-  // The objectives with a score, best first.
-  const SeedStats *ranked[COMPARE_MAX_OBJECTIVES];
-  const char *names[COMPARE_MAX_OBJECTIVES];
-  int k = 0;
-  for (int o = 0; o < spec->n_objectives; o++)
-    if (cells[o * spec->n_budgets + b].m[m].n > 0)
-      ranked[k++] = &cells[o * spec->n_budgets + b].m[m];
-  qsort(ranked, (size_t)k, sizeof *ranked, by_mean_desc);
-  for (int i = 0; i < k; i++)
-    for (int o = 0; o < spec->n_objectives; o++)
-      if (ranked[i] == &cells[o * spec->n_budgets + b].m[m]) names[i] = spec->objectives[o];
-  char text[160];
-  describe(ranked[0], text, sizeof text);
-  APPEND("%s: %s scores best by %s, %s.", spec->budgets[b], names[0], measure_words(m), text);
-  int intervals = 1;
-  for (int i = 0; i < k; i++) intervals &= ranked[i]->n >= 2;
-  if (k == 1) {
-    APPEND(" It is the only objective with a score.");
-  } else if (!intervals) {
+  if (best[0] >= 0 && best[1] >= 0 && best[0] == best[1])
+    APPEND(" Both measures name %s.", spec->objectives[best[0]]);
+  else if (best[0] >= 0 && best[1] >= 0)
     APPEND(
-        " With one seed there is no interval: the order is a single draw and may not repeat; "
-        "run more seeds (--seeds 3 or more) before choosing.");
-  } else {
-    int within = 0;
-    for (int i = 1; i < k; i++)
-      if (ranked[i]->hi >= ranked[0]->lo) {
-        describe(ranked[i], text, sizeof text);
-        APPEND("%s %s, %s", within++ ? ";" : " Within its interval:", names[i], text);
-      }
-    if (within)
-      APPEND(
-          ". These differences are within the 95%% intervals: the seeds do not tell %s apart "
-          "from %s; more seeds narrow the intervals.",
-          within == 1 ? "it" : "them", names[0]);
-    else
-      APPEND(
-          " Its interval is clear of every other objective's: the lead holds over these "
-          "seeds.");
-  }
-  if (k > 1) {
-    APPEND(" Order:");
-    for (int i = 0; i < k; i++)
-      APPEND("%s %s %.1f%%", i ? "," : "", names[i], 100 * ranked[i]->mean);
-    APPEND(".");
-  }
-  const CompareMeasure raw_m = m == M_LINEAR ? M_LINEAR_RAW : M_KNN_RAW;
-  double raw = NAN;
-  for (int o = 0; o < spec->n_objectives && !isfinite(raw); o++)
-    raw = cells[o * spec->n_budgets + b].m[raw_m].mean;
-  if (isfinite(raw)) {
-    int below = 0;
-    for (int i = 0; i < k; i++) below += ranked[i]->mean < raw;
-    if (below == k)
-      APPEND(" No objective beats raw pixels (%.1f%%) at this budget.", 100 * raw);
-    else if (below) {
-      APPEND(" Below raw pixels (%.1f%%):", 100 * raw);
-      for (int i = k - below, j = 0; i < k; i++, j++) APPEND("%s %s", j ? "," : "", names[i]);
-      APPEND(".");
-    } else {
-      APPEND(" Every objective beats raw pixels (%.1f%%).", 100 * raw);
-    }
-  }
+        " The measures disagree: for nearest-neighbour retrieval take %s (kNN), for a linear "
+        "classifier on the features %s (the probe).",
+        spec->objectives[best[1]], spec->objectives[best[0]]);
 }
 
 // ---- compare.json ----
@@ -323,7 +415,10 @@ int compare_write_json(const CompareSpec *spec, const CompareCell *cells, const 
   fprintf(f, "],\n  \"seeds\": %d,\n", spec->n_seeds);
   fputs(
       "  \"interval\": \"ci95: mean -/+ t(0.975, n-1) * s / sqrt(n) over the n seeds with a "
-      "value, s the sample standard deviation; null for n < 2\",\n",
+      "value, s the sample standard deviation; null for n < 2. Accuracies (knn_top1, "
+      "knn_top1_k20, linear_top1) take it on the logit scale, values clamped to [1e-4, 1 - 1e-4], "
+      "mapped back and widened to hold the mean; other measures have lo clipped at 0. collapsed: "
+      "1 for a seed whose embeddings collapsed, its mean the fraction of seeds\",\n",
       f);
   fputs("  \"results\": {\n", f);
   for (int o = 0; o < spec->n_objectives; o++) {
@@ -365,7 +460,8 @@ int compare_write_json(const CompareSpec *spec, const CompareCell *cells, const 
 
 // ---- the terminal's table and compare.html ----
 
-// "81.2% ± 1.3" / "2.41 ± 0.08" / "1.20 GiB": the mean, and half the interval when there is one.
+// "81.2% [79.5-82.9]" / "2.41 ± 0.08" / "1.20 GiB" / "1 of 3": the mean, and the 95% interval
+// (accuracies) or half of it (other measures) when there is one.
 static void show(const SeedStats *s, Show how, char *out, size_t n) {
   if (s->n == 0) {
     snprintf(out, n, "-");
@@ -376,7 +472,10 @@ static void show(const SeedStats *s, Show how, char *out, size_t n) {
   switch (how) {
     case SHOW_FRACTION:
       at = (size_t)snprintf(out, n, "%.1f%%", 100 * s->mean);
-      if (isfinite(half) && at < n) snprintf(out + at, n - at, " ± %.1f", 100 * half);
+      if (s->n >= 2 && at < n) snprintf(out + at, n - at, " [%.1f-%.1f]", 100 * s->lo, 100 * s->hi);
+      break;
+    case SHOW_COUNT:
+      snprintf(out, n, "%.0f of %d", s->mean * s->n, s->n);
       break;
     case SHOW_BYTES:
       format_bytes(s->mean, out, n);
@@ -390,11 +489,32 @@ static void show(const SeedStats *s, Show how, char *out, size_t n) {
   }
 }
 
+// A measure's column label; kNN's names its k when every run voted with the same one.
+static void label_of(const CompareSpec *spec, const CompareCell *cells, int m, char *out,
+                     size_t n) {
+  double k = NAN;
+  int same = 1;
+  for (int i = 0; m == M_KNN && i < spec->n_objectives * spec->n_budgets; i++) {
+    const SeedStats *s = &cells[i].m[M_KNN_K];
+    if (s->n == 0) continue;
+    if (isfinite(k) && (s->mean != k || s->lo != s->hi)) same = 0;
+    k = s->mean;
+  }
+  if (m == M_KNN && isfinite(k) && same)
+    snprintf(out, n, "kNN top-1 (k=%.0f)", k);
+  else
+    snprintf(out, n, "%s", measures[m].label);
+}
+
 void compare_print_table(FILE *f, const CompareSpec *spec, const CompareCell *cells) {
-  static const CompareMeasure shown[] = {M_KNN, M_LINEAR, M_RANKME, M_FLOPS, M_SECONDS, M_PEAK_RSS};
+  static const CompareMeasure shown[] = {M_KNN,       M_KNN20, M_LINEAR,  M_RANKME,
+                                         M_COLLAPSED, M_FLOPS, M_SECONDS, M_PEAK_RSS};
   fprintf(f, "%-10s %-10s", "objective", "budget");
-  for (size_t k = 0; k < sizeof shown / sizeof *shown; k++)
-    fprintf(f, " %16s", measures[shown[k]].label);
+  for (size_t k = 0; k < sizeof shown / sizeof *shown; k++) {
+    char label[64];
+    label_of(spec, cells, shown[k], label, sizeof label);
+    fprintf(f, " %18s", label);
+  }
   fputc('\n', f);
   for (int o = 0; o < spec->n_objectives; o++)
     for (int b = 0; b < spec->n_budgets; b++) {
@@ -403,10 +523,13 @@ void compare_print_table(FILE *f, const CompareSpec *spec, const CompareCell *ce
         char text[64];
         show(&cells[o * spec->n_budgets + b].m[shown[k]], measures[shown[k]].show, text,
              sizeof text);
-        fprintf(f, " %16s", text);
+        fprintf(f, " %18s", text);
       }
       fputc('\n', f);
     }
+  fprintf(f,
+          "accuracies: mean over seeds [95%% interval, on the logit scale so inside 0-100%%]; "
+          "other measures: mean ± half the 95%% interval; training PFLOP of every replica\n");
 }
 
 // One point per (objective, budget): x the mean of a cost, y the mean accuracy.
@@ -454,11 +577,14 @@ static void scatter_chart(FILE *f, const CompareSpec *spec, const CompareCell *c
     }
   if (n == 0) return;
   if (isfinite(raw)) y0 = fmin(y0, raw), y1 = fmax(y1, raw);
-  // Accuracies that all agree (a task every encoder solves) get a few points of room below,
-  // not an axis past 100%.
-  if (y1 - y0 < 0.01) y0 = fmax(0, y1 - 0.05);
-  // Room either side so the first and last points are not on the frame.
+  // Accuracies that all agree (a task every encoder solves) get a few points of room below;
+  // an accuracy axis never leaves 0-100%.
+  if (y1 - y0 < 0.01) y0 = y1 - 0.05;
+  y0 = fmax(0, y0), y1 = fmin(1, y1);
+  // Costs that nearly agree (runs of one budget) are drawn from 0, not on an axis a few percent
+  // wide whose ticks all read the same; else room either side of the first and last points.
   double pad = x1 > x0 ? (x1 - x0) * 0.08 : fmax(fabs(x0) * 0.1, 1e-9);
+  if (x1 - x0 < 0.25 * x1) x0 = 0, pad = 0.05 * x1;
   ChartPlot plot = chart_plot(fmax(0, x0 - pad), x1 + pad, x_scale, y0, y1, CHART_PERCENT);
   char title[200];
   snprintf(title, sizeof title, "%s top-1 against %s", m == M_LINEAR ? "Linear probe" : "kNN",
@@ -498,11 +624,15 @@ static void scatter_chart(FILE *f, const CompareSpec *spec, const CompareCell *c
               chart_px_y(&plot, p[i].lo), px + 4, px - 4, chart_px_y(&plot, p[i].hi), px + 4);
     if (on_front(p, n, i))
       fprintf(f, "<circle class=\"pareto\" cx=\"%.1f\" cy=\"%.1f\" r=\"7\"/>\n", px, py);
-    fprintf(f, "<circle class=\"point\" cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"><title>", px,
-            py, color);
+    const int fell = collapsed(cell_at(spec, cells, p[i].objective, p[i].budget));
+    fprintf(f,
+            "<circle class=\"point%s\" cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\" "
+            "stroke=\"%s\"><title>",
+            fell ? " collapsed" : "", px, py, fell ? "none" : color, color);
     html_put_text(f, spec->objectives[p[i].objective]);
     fputs(" at ", f);
     html_put_text(f, spec->budgets[p[i].budget]);
+    if (fell) fputs(" (collapsed: not recommended)", f);
     fprintf(f, "</title></circle>\n<text class=\"tick\" x=\"%.1f\" y=\"%.1f\">", px + 7, py - 6);
     html_put_text(f, spec->budgets[p[i].budget]);
     fputs("</text>\n", f);
@@ -522,8 +652,10 @@ static void html_table(FILE *f, const CompareSpec *spec, const CompareCell *cell
                        const CompareMeasure *columns, int n_columns) {
   fputs("<table>\n<thead><tr><th>objective</th><th>budget</th><th>seeds</th>", f);
   for (int k = 0; k < n_columns; k++) {
+    char label[64];
+    label_of(spec, cells, columns[k], label, sizeof label);
     fputs("<th>", f);
-    html_put_text(f, measures[columns[k]].label);
+    html_put_text(f, label);
     fputs("</th>", f);
   }
   fputs("</tr></thead>\n<tbody>\n", f);
@@ -563,7 +695,8 @@ int compare_write_html(const CompareSpec *spec, const CompareCell *cells, const 
           chart_page_style, compare_style);
   fprintf(f,
           "<p>%d objective%s, %d budget%s, %d seed%s each; each point is the mean over "
-          "seeds, its bar the 95%% interval (Student's t over the seeds).</p>\n",
+          "seeds, its bar the 95%% interval (Student's t over the seeds, on the logit scale). "
+          "A collapsed encoder's point is hollow.</p>\n",
           spec->n_objectives, spec->n_objectives == 1 ? "" : "s", spec->n_budgets,
           spec->n_budgets == 1 ? "" : "s", spec->n_seeds, spec->n_seeds == 1 ? "" : "s");
   fputs("<h2>Verdict</h2>\n", f);
@@ -591,7 +724,8 @@ int compare_write_html(const CompareSpec *spec, const CompareCell *cells, const 
     for (size_t x = 0; x < sizeof axes / sizeof *axes; x++)
       scatter_chart(f, spec, cells, accuracies[k], axes[x].x, axes[x].scale, axes[x].label);
   }
-  static const CompareMeasure scores[] = {M_KNN, M_LINEAR, M_RANKME, M_EMBEDDING_STD};
+  static const CompareMeasure scores[] = {M_KNN,    M_KNN20,         M_LINEAR,
+                                          M_RANKME, M_EMBEDDING_STD, M_COLLAPSED};
   static const CompareMeasure costs[] = {M_FLOPS,         M_SECONDS,         M_PEAK_RSS,
                                          M_VIEWS_GRAD,    M_VIEWS_NOGRAD,    M_ACTIVATION_BYTES,
                                          M_QUEUE_VECTORS, M_ENCODINGS_REUSED};
@@ -600,8 +734,10 @@ int compare_write_html(const CompareSpec *spec, const CompareCell *cells, const 
   fputs("<h2>What it cost</h2>\n", f);
   html_table(f, spec, cells, costs, sizeof costs / sizeof *costs);
   fputs(
-      "<p class=\"sub\">Mean ± half the 95% interval over seeds. Per-step counts and bytes are "
-      "each run's last ledger record; compare.json holds every value.</p>\n</body></html>\n",
+      "<p class=\"sub\">Accuracies: mean over seeds [95% interval, Student's t on the logit "
+      "scale, so inside 0-100%]; other measures: mean ± half the 95% interval. Per-step counts "
+      "and bytes are each run's last ledger record; compare.json holds every value.</p>\n"
+      "</body></html>\n",
       f);
   return atomic_commit(&a);
 }

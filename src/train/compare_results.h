@@ -8,8 +8,11 @@
 
 // The measures, one table for compare.json, compare.html and the verdict.
 typedef enum {
-  M_KNN,  // tally eval: kNN top-1 (k = eval.knn_k)
+  M_KNN,    // tally eval: kNN top-1 (k = eval.knn_k, capped by the classes' sizes)
+  M_KNN_K,  // that k
+  M_KNN20,  // kNN top-1 at k = 20
   M_LINEAR,
+  M_COLLAPSED,  // 1 when the run's embeddings collapsed (eval/quality.h), else 0
   M_RANKME,
   M_EMBEDDING_STD,
   M_FLOPS,  // summary.json: training FLOPs (every replica), seconds, peak RSS
@@ -22,6 +25,7 @@ typedef enum {
   M_ENCODINGS_NEW,
   M_ENCODINGS_REUSED,
   M_KNN_RAW,  // tally eval's raw-pixel baselines (first seed only: they depend on the data)
+  M_KNN20_RAW,
   M_LINEAR_RAW,
   M_EVAL_SECONDS,
   N_MEASURES
@@ -29,7 +33,10 @@ typedef enum {
 
 // A measure over seeds: values NaN where a run has none (no labels: no accuracy). Over the n
 // finite ones: the mean and, for n >= 2, the 95% interval mean -/+ t(0.975, n-1) s / sqrt(n) with
-// s the sample standard deviation; lo = hi = NaN for n < 2, mean NaN for n = 0.
+// s the sample standard deviation; lo = hi = NaN for n < 2, mean NaN for n = 0. An accuracy (a
+// fraction, `bounded`) takes that interval on the logit scale, each value clamped to
+// [COMPARE_FRACTION_EPS, 1 - COMPARE_FRACTION_EPS] first, and maps it back: inside (0, 1) always,
+// widened to hold the mean. Other measures, none of them negative, have lo clipped at 0.
 typedef struct {
   double values[COMPARE_MAX_SEEDS];
   int n_values;
@@ -40,14 +47,15 @@ typedef struct {
 // The 0.975 quantile of Student's t with df degrees of freedom, 1 <= df <= 29 (a table); NaN
 // outside it.
 double t_quantile_975(int df);
-void seed_stats(SeedStats *s);  // mean, n, lo, hi from values[0..n_values)
+#define COMPARE_FRACTION_EPS 1e-4
+void seed_stats(SeedStats *s, int bounded);  // mean, n, lo, hi from values[0..n_values)
 
 typedef struct {
   const char *objective, *budget;
   SeedStats m[N_MEASURES];
 } CompareCell;
 
-enum { COMPARE_VERDICT_MAX = 2048 };
+enum { COMPARE_VERDICT_MAX = 4096 };
 
 // Gathers every run's outputs: cells[o * n_budgets + b]. -1 with tl_last_error() naming the file
 // when one is missing or unreadable.

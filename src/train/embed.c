@@ -45,7 +45,7 @@ int embed_write(const char *src, const char *data, int limit, const char *out) {
   Dataset ds = {0};
   if (feature_encoder_open(&enc, src, NULL, 0) != 0) return -1;
   printf("reading %s...\n", data);
-  int rc = feature_dataset_load(&enc, &ds, data, limit);
+  int rc = feature_dataset_load(&enc, &ds, data, limit, !strcmp(enc.cfg.data.labels, "none"));
   if (rc == 0) {
     const int D = feature_encoder_dim(&enc);
     printf("encoding %d images...\n", ds.n);

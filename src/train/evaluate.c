@@ -145,20 +145,22 @@ int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r) {
   const char *train = own ? cfg->eval.train : cfg->data.train;
   const char *test = own ? cfg->eval.test : cfg->data.test;
   say(opt, "loading the training and test sets", 0);
-  int rc = feature_dataset_load(e, &tr, train, own ? 0 : cfg->data.limit);
+  const int unlabeled = !own && strcmp(cfg->data.labels, "none") == 0;
+  int rc = feature_dataset_load(e, &tr, train, own ? 0 : cfg->data.limit, unlabeled);
   // Images without class labels are still measured: what needs no labels. A run's own data is
   // unlabeled when its recipe says so (data.labels = none), whatever its subfolders are called
   // (a photo collection by year); the monitor's own set (eval.train) is labeled by definition.
   const char *why = NULL;
-  if (rc == 0 && tr.n_classes == 0)
-    why = "has no class labels";
-  else if (rc == 0 && !own && strcmp(cfg->data.labels, "none") == 0)
+  if (rc == 0 && unlabeled)
     why =
         "is unlabeled (data.labels = none; --set data.labels=auto reads its subfolders as classes)";
+  else if (rc == 0 && tr.n_classes == 0)
+    why = "has no class labels";
   else if (rc == 0 && !test[0])
     why = "has class labels but no test set is named (--set data.test=PATH)";
   const int labeled = rc == 0 && !why;
-  if (rc == 0 && labeled) rc = feature_dataset_load(e, &te, test, own ? 0 : cfg->data.test_limit);
+  if (rc == 0 && labeled)
+    rc = feature_dataset_load(e, &te, test, own ? 0 : cfg->data.test_limit, 0);
   if (rc == 0 && labeled) rc = dataset_align_test_labels(&tr, &te, test);
   if (rc == 0 && !labeled && !opt->quiet) {
     printf(

@@ -104,13 +104,14 @@ void feature_encoder_close(FeatureEncoder *e) {
   e->images = NULL;
 }
 
-int dataset_load_path(const Config *cfg, Dataset *ds, const char *path, int limit) {
+int dataset_load_path(const Config *cfg, Dataset *ds, const char *path, int limit, int unlabeled) {
   struct stat st;
   if (stat(path, &st) != 0) return tl_fail("%s: does not exist", path);
   const int S = cfg->data.image_size;
-  int rc = S_ISDIR(st.st_mode)
-               ? dataset_load_imagefolder(ds, path, S, cfg->data.channels, limit, cfg->data.stream)
-               : dataset_load_idx(ds, path, cfg->data.channels, limit);
+  int rc = S_ISDIR(st.st_mode) ? dataset_load_imagefolder(ds, path, S, cfg->data.channels, limit,
+                                                          (cfg->data.stream ? DATASET_STREAM : 0) |
+                                                              (unlabeled ? DATASET_UNLABELED : 0))
+                               : dataset_load_idx(ds, path, cfg->data.channels, limit);
   if (rc != 0) return -1;
   if (ds->h != S || ds->w != S) {
     int h = ds->h, w = ds->w;
@@ -120,6 +121,7 @@ int dataset_load_path(const Config *cfg, Dataset *ds, const char *path, int limi
   return 0;
 }
 
-int feature_dataset_load(const FeatureEncoder *e, Dataset *ds, const char *path, int limit) {
-  return dataset_load_path(&e->cfg, ds, path, limit);
+int feature_dataset_load(const FeatureEncoder *e, Dataset *ds, const char *path, int limit,
+                         int unlabeled) {
+  return dataset_load_path(&e->cfg, ds, path, limit, unlabeled);
 }

@@ -35,8 +35,11 @@ void feature_encoder_close(FeatureEncoder *e);
 // Loads a dataset the encoder can take: IDX images file or ImageFolder root (a directory),
 // resized to the run's image size and channels. `labels` 0 accepts a folder of images without
 // class subfolders (labels all 0, n_classes 0).
-int feature_dataset_load(const FeatureEncoder *e, Dataset *ds, const char *path, int limit);
+// `unlabeled`: its subfolders are not classes (DATASET_UNLABELED: every image under it, at any
+// depth, unlabeled), as for a run of data.labels = none.
+int feature_dataset_load(const FeatureEncoder *e, Dataset *ds, const char *path, int limit,
+                         int unlabeled);
 // The same for a configuration's encoder ([data] image_size, channels, stream): a dataset named
 // by its path alone, as `tally eval`'s and the monitor's own labeled set ([eval] train, test)
 // are. -1 with tl_last_error() naming the path.
-int dataset_load_path(const Config *cfg, Dataset *ds, const char *path, int limit);
+int dataset_load_path(const Config *cfg, Dataset *ds, const char *path, int limit, int unlabeled);

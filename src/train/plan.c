@@ -282,8 +282,10 @@ static int is_folder(const char *path) {
   return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-static int peek_dataset(const Config *cfg, const char *path, int folder, int limit, int *n) {
-  if (folder) return dataset_imagefolder_count(path, limit, n);
+// flags: DATASET_UNLABELED for the run's own data of data.labels = none (dataset_flags).
+static int peek_dataset(const Config *cfg, const char *path, int folder, int limit, int flags,
+                        int *n) {
+  if (folder) return dataset_imagefolder_count(path, limit, flags, n);
   int all, h, w;
   if (dataset_idx_peek(path, &all, &h, &w) != 0) return -1;
   if (run_check_image_size(cfg, path, h, w) != 0) return -1;
@@ -307,17 +309,18 @@ static int plan_images(Plan *pl) {
         "the kNN monitor scores the encoder on a labeled test set, and data.test is empty: give "
         "--set data.test=PATH, or --no-knn");
   int n_train;
-  if (peek_dataset(cfg, cfg->data.train, data_folder, cfg->data.limit, &n_train) != 0 ||
+  if (peek_dataset(cfg, cfg->data.train, data_folder, cfg->data.limit,
+                   dataset_flags(cfg) & DATASET_UNLABELED, &n_train) != 0 ||
       (data_test &&
-       peek_dataset(cfg, cfg->data.test, data_folder, cfg->data.test_limit, &pl->n_test) != 0))
+       peek_dataset(cfg, cfg->data.test, data_folder, cfg->data.test_limit, 0, &pl->n_test) != 0))
     return -1;
   pl->n_bank = n_train;
   pl->bank_streamed = pl->test_streamed = data_folder && cfg->data.stream;
   if (pl->own_eval_set) {
     // As the trainer reads them (dataset_load_path): a folder is an ImageFolder root.
     const int bank_folder = is_folder(cfg->eval.train), test_folder = is_folder(cfg->eval.test);
-    if (peek_dataset(cfg, cfg->eval.train, bank_folder, 0, &pl->n_bank) != 0 ||
-        peek_dataset(cfg, cfg->eval.test, test_folder, 0, &pl->n_test) != 0)
+    if (peek_dataset(cfg, cfg->eval.train, bank_folder, 0, 0, &pl->n_bank) != 0 ||
+        peek_dataset(cfg, cfg->eval.test, test_folder, 0, 0, &pl->n_test) != 0)
       return -1;
     pl->bank_streamed = bank_folder && cfg->data.stream;
     pl->test_streamed = test_folder && cfg->data.stream;
@@ -490,7 +493,7 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
   // The process's memory: every local replica, or one replica's under mpi (its own process).
   const int mpi = strcmp(cfg->parallel.backend, "mpi") == 0;
   MemSnapshot *mem = mpi ? &pl->rank0 : &pl->stepped;
-  PlanTotals t = {.timed_step_ms = NAN};
+  PlanTotals t = {.timed_step_ms = NAN, .timed_step_range_ms = {NAN, NAN}};
   plan_data_bytes(pl, mpi ? 1 : pl->layout.world, &t);
   const LedgerRecord r = plan_record(pl, *mem, &t);
   plan_totals(pl, &r, *mem, &t);
@@ -502,7 +505,8 @@ out:
   return rc;
 }
 
-int plan_time_steps(const Config *cfg, const char *objective, int steps, double *ms_per_step) {
+int plan_time_steps(const Config *cfg, const char *objective, int steps, double *ms_per_step,
+                    double range_ms[2]) {
   const ObjectiveDef *def = objective_find(objective);
   if (!def) return tl_fail("unknown objective '%s'", objective);
   if (cfg->parallel.replicas > 1 || strcmp(cfg->parallel.backend, "local") != 0)
@@ -550,6 +554,7 @@ int plan_time_steps(const Config *cfg, const char *objective, int steps, double 
         ms[j] = ms[j - 1], ms[j - 1] = x;
       }
     *ms_per_step = steps % 2 ? ms[steps / 2] : (ms[steps / 2 - 1] + ms[steps / 2]) / 2;
+    if (range_ms) range_ms[0] = ms[0], range_ms[1] = ms[steps - 1];
     tl_free(batch.views);
     tl_free(batch.indices);
     tl_free(batch.labels);
@@ -856,18 +861,26 @@ static void print_timed(FILE *f, int n, const PlanTotals *totals, char cells[][4
       if (isnan(totals[j].timed_step_ms))
         snprintf(cells[j], 48, "-");
       else
-        snprintf(cells[j], 48, "%.1f", totals[j].timed_step_ms);
-    print_row(f, "ms per step (median)", n, cells);
+        snprintf(cells[j], 48, "%.1f (%.1f-%.1f)", totals[j].timed_step_ms,
+                 totals[j].timed_step_range_ms[0], totals[j].timed_step_range_ms[1]);
+    print_row(f, "ms per step (median, range)", n, cells);
     for (int j = 0; j < n; j++) {
-      const double s = totals[j].timed_step_ms * totals[j].total_steps / 1e3;
+      const double steps = (double)totals[j].total_steps / 1e3;
+      char mid[14], lo[14], hi[14];
+      format_quantity(QTY_SECONDS, totals[j].timed_step_ms * steps, mid, sizeof mid);
+      format_quantity(QTY_SECONDS, totals[j].timed_step_range_ms[0] * steps, lo, sizeof lo);
+      format_quantity(QTY_SECONDS, totals[j].timed_step_range_ms[1] * steps, hi, sizeof hi);
       if (isnan(totals[j].timed_step_ms))
         snprintf(cells[j], 48, "-");
       else if (!totals[j].total_steps)
         snprintf(cells[j], 48, "the time budget");
       else
-        format_quantity(QTY_SECONDS, s, cells[j], 48);
+        snprintf(cells[j], 48, "%s (%s-%s)", mid, lo, hi);
     }
     print_row(f, "the run's steps at that pace", n, cells);
+    fprintf(f,
+            "(the range is the probe's fastest and slowest step; evaluations and the first\n"
+            "step's setup come on top, and another load on this machine slows every step)\n");
   }
 }
 
@@ -908,8 +921,13 @@ void plan_print_json(FILE *f, const LedgerRecord *rec, const PlanTotals *t) {
   if (isnan(t->timed_step_ms))
     fputs("\"timed_step_ms\":null,\"timed_run_seconds\":null}\n", f);
   else if (t->total_steps)
-    fprintf(f, "\"timed_step_ms\":%.3f,\"timed_run_seconds\":%.1f}\n", t->timed_step_ms,
-            t->timed_step_ms * t->total_steps / 1e3);
+    fprintf(f,
+            "\"timed_step_ms\":%.3f,\"timed_step_range_ms\":[%.3f,%.3f],"
+            "\"timed_run_seconds\":%.1f,\"timed_run_seconds_range\":[%.1f,%.1f]}\n",
+            t->timed_step_ms, t->timed_step_range_ms[0], t->timed_step_range_ms[1],
+            t->timed_step_ms * t->total_steps / 1e3,
+            t->timed_step_range_ms[0] * t->total_steps / 1e3,
+            t->timed_step_range_ms[1] * t->total_steps / 1e3);
   else
     fprintf(f, "\"timed_step_ms\":%.3f,\"timed_run_seconds\":null}\n", t->timed_step_ms);
 }
@@ -934,7 +952,9 @@ int plan_column(FILE *f, Config *cfg, const char *objective, const PlanRequest *
       fprintf(f, "%s: timing 5 steps here...\n", objective);
       fflush(f);
     }
-    if (plan_time_steps(cfg, objective, 5, &totals->timed_step_ms) != 0) return -1;
+    if (plan_time_steps(cfg, objective, 5, &totals->timed_step_ms, totals->timed_step_range_ms) !=
+        0)
+      return -1;
   }
   const double encoded = ledger_value(rec, "patches_encoded");
   if (!req->json && req->fit_budget && !isnan(encoded))

@@ -31,6 +31,7 @@ typedef struct {
   size_t param_count;     // trainable floats (and buffers) of the online model
   int patches_per_image;  // vit backbones; else 0
   double timed_step_ms;   // a timed probe's median step here (plan_time_steps); NaN: not timed
+  double timed_step_range_ms[2];  // its fastest and slowest step
   // The buckets an mpi run averages the gradient in while backward runs (parallel/grad_sync.h),
   // in the order they start: their floats, and the share of the step's backward FLOPs done when
   // backward had written each and those before it (where its sum starts; 1 for one it never
@@ -65,9 +66,11 @@ int plan_build(const Config *cfg, const char *objective, long step, const PlanOp
 
 // A timed probe: `steps` training steps (after one that creates the primitives) of `objective`
 // under cfg on this machine, one replica, on random views of the run's sizes; the median ms a
-// step into *ms_per_step. Real memory and compute, unlike plan_build. Returns 0, or -1 with
-// tl_last_error() set (several replicas or the mpi backend: a timed step is one replica's).
-int plan_time_steps(const Config *cfg, const char *objective, int steps, double *ms_per_step);
+// step into *ms_per_step, the fastest and slowest into range_ms (when not NULL). Real memory and
+// compute, unlike plan_build. Returns 0, or -1 with tl_last_error() set (several replicas or the
+// mpi backend: a timed step is one replica's).
+int plan_time_steps(const Config *cfg, const char *objective, int steps, double *ms_per_step,
+                    double range_ms[2]);
 
 // The config key a memory budget is spent on: train.batch_size, or moco.queue_size for
 // objectives with a queue (moco), where the batch stays fixed.

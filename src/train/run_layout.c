@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "data/dataset.h"
 
 const ObjectiveDef *run_objective(const char *name) {
   const ObjectiveDef *def = objective_find(name);
@@ -25,6 +26,11 @@ int run_layout_init(RunLayout *L, const Config *cfg, const ObjectiveDef *def, in
   return 0;
 }
 
+int dataset_flags(const Config *cfg) {
+  return (cfg->data.stream ? DATASET_STREAM : 0) |
+         (strcmp(cfg->data.labels, "none") == 0 ? DATASET_UNLABELED : 0);
+}
+
 int run_check_image_size(const Config *cfg, const char *path, int h, int w) {
   if (h != cfg->data.image_size || w != cfg->data.image_size)
     return tl_fail("%s: images are %dx%d but [data] image_size = %d", path, h, w,
@@ -35,8 +41,9 @@ int run_check_image_size(const Config *cfg, const char *path, int h, int w) {
 int run_layout_set_images(RunLayout *L, const Config *cfg, int n_train) {
   L->n_train = n_train;
   if (n_train < L->global_batch)
-    return tl_fail("%s: %d training images, fewer than one batch of %d", cfg->data.train, n_train,
-                   L->global_batch);
+    return tl_fail("%s: %d training images, fewer than one batch of %d (give a smaller batch, "
+                   "e.g. --batch-size %d)",
+                   cfg->data.train, n_train, L->global_batch, n_train >= 16 ? 16 : n_train);
   L->steps_per_epoch = n_train / L->global_batch;
   return config_total_steps(cfg, L->steps_per_epoch, &L->total_steps);
 }

@@ -42,6 +42,10 @@ int run_layout_init(RunLayout *L, const Config *cfg, const ObjectiveDef *def, in
 // tl_last_error() otherwise.
 int run_check_image_size(const Config *cfg, const char *path, int h, int w);
 
+// How the run's own training folder is listed and read: DATASET_STREAM for data.stream = 1,
+// DATASET_UNLABELED for data.labels = none (subfolders are not classes).
+int dataset_flags(const Config *cfg);
+
 // The training set's size, and what follows from it: the steps of an epoch and of the run. -1
 // with tl_last_error() when it holds fewer images than one batch, or the run's length is invalid.
 int run_layout_set_images(RunLayout *L, const Config *cfg, int n_train);

@@ -116,8 +116,8 @@ int run_load_monitor_data(Run *run) {
   if (cfg->eval.train[0]) {
     run->bank = &run->eval_train;
     if (run->quiet_rank) return 0;
-    if (dataset_load_path(cfg, &run->eval_train, cfg->eval.train, 0) != 0 ||
-        dataset_load_path(cfg, &run->test, cfg->eval.test, 0) != 0)
+    if (dataset_load_path(cfg, &run->eval_train, cfg->eval.train, 0, 0) != 0 ||
+        dataset_load_path(cfg, &run->test, cfg->eval.test, 0, 0) != 0)
       return -1;
     const char *unlabeled = !run->eval_train.n_classes ? cfg->eval.train
                             : !run->test.n_classes     ? cfg->eval.test

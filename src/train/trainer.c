@@ -321,7 +321,7 @@ static int load_training_data(Run *run, double *t0) {
   }
   int loaded = idx ? dataset_load_idx(&run->train, cfg->data.train, ch, cfg->data.limit) == 0
                    : dataset_load_imagefolder(&run->train, cfg->data.train, cfg->data.image_size,
-                                              ch, cfg->data.limit, cfg->data.stream) == 0;
+                                              ch, cfg->data.limit, dataset_flags(cfg)) == 0;
   if (loaded && strcmp(cfg->data.labels, "none") != 0 && !run->train.n_classes) {
     fprintf(stderr,
             "tally: %s: no class subfolders; to train on unlabeled images set data.labels = "

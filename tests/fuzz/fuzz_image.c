@@ -42,7 +42,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fuzz_write(path, data + 1, size - 1);
 
   int n;
-  if (dataset_imagefolder_count(root, 0, &n) != 0 || n != 1) abort();
+  if (dataset_imagefolder_count(root, 0, 0, &n) != 0 || n != 1) abort();
   Dataset ds;
   if (dataset_load_imagefolder(&ds, root, image_size, channels, 0, 0) == 0) {
     if (ds.n != 1 || ds.h != image_size || ds.c != channels) abort();
