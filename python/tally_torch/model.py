@@ -28,8 +28,9 @@ Both see the normalized image framed to `pad_to` when the model file sets it (fl
 (0 - mean) / std per channel: the same as padding the raw image with 0 before normalizing
 (torchvision's Pad), not zeros after it. Each encoder holds that value as its `pad_value` buffer.
 
-Only the Python standard library, NumPy and PyTorch are needed: a safetensors file is an 8-byte
-little-endian header length, a JSON header, then the raw little-endian tensor data.
+No safetensors package is needed (NumPy and PyTorch, plus Pillow for image files): a safetensors
+file is an 8-byte little-endian header length, a JSON header, then the raw little-endian tensor
+data.
 """
 
 import configparser
