@@ -29,7 +29,7 @@ What the PyTorch side runs for each objective (one training step = everything ti
            MSE on the masked patches against per-patch normalized pixels (norm_pix_loss, unbiased
            variance, eps 1e-6); optimizer step.
 
-The networks are tests/interop/tally_torch.py's (the PyTorch mirror of src/nn/*.c that loads
+The networks are python/tally_torch/model.py's (the PyTorch mirror of src/nn/*.c that loads
 `tally export` files): ResNet, ViT, ProjectionHead, MaeDecoder; `run` checks that the trainable
 parameter count equals Tally's (`tally plan`'s "parameters" row, passed as --expect-params).
 Optimizers as the config says: SGD (momentum, weight decay) or AdamW (betas, eps, weight
@@ -97,7 +97,7 @@ def read_tally_config(path):
 def build_spec(config_path, cfg, tally_torch):
     """tally_torch.Spec from a run's resolved config.ini, as an export's metadata would give it
     (an export's `config` is that text; the MAE decoder keys are also copied to [objective],
-    where older versions of tally_torch.py looked for them)."""
+    where older versions of tally_torch looked for them)."""
     model_file = cfg.get("model", "file")
     if not os.path.isabs(model_file) and not os.path.exists(model_file):
         model_file = os.path.join(ROOT, model_file)
@@ -120,8 +120,8 @@ def cmd_run(args):
     import torch
     import torch.nn.functional as F
 
-    sys.path.insert(0, os.path.join(ROOT, "tests", "interop"))
-    import tally_torch
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    import tally_torch.model as tally_torch  # the networks: ResNet, ViT, the heads, frame
 
     torch.set_num_threads(args.threads)
     try:

@@ -4,7 +4,8 @@
 # For each model file (resnet-small, resnet-small-32, vit-tiny, vit-tiny-mean): train 3 steps on
 # 512 images, `tally export` the encoder (and again with --with-head), `tally embed` 64 test
 # images (from the run and from the export), then tests/interop/roundtrip.py builds the network
-# in PyTorch, loads each export with load_state_dict(strict=True) and requires
+# in PyTorch with the repository's tally_torch package (python/), loads each export with
+# load_state_dict(strict=True) and requires
 # max |torch - tally| <= 1e-4 over all 64 x D feature values.
 #
 # Needs Debian's python3-torch under /usr/bin/python3: without it the test is skipped (exit 77),

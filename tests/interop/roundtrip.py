@@ -20,7 +20,11 @@ import numpy as np
 import torch
 
 sys.dont_write_bytecode = True  # no __pycache__ left in the source tree
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The repository's package (python/tally_torch), ahead of an installed copy, unless
+# TALLY_TORCH_INSTALLED is set: then the test holds the installed package to the same bound.
+if not os.environ.get("TALLY_TORCH_INSTALLED"):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "python"))
 import tally_torch  # noqa: E402
 
 

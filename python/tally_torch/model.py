@@ -5,8 +5,8 @@ layouts; this module rebuilds the same network with torch.nn and loads it strict
 
     import tally_torch
     model = tally_torch.load_export("encoder.safetensors")     # eval() mode, strict load
-    x = model.preprocess(images)           # uint8 (N, H, W) or (N, H, W, C) -> float (N, C, S, S)
-    features = model(x)                    # (N, D), what `tally embed` writes
+    x = model.preprocess(["a.jpg", "b.png"])   # image files -> float (N, C, S, S), as Tally
+    features = model(x)                        # (N, D), what `tally embed` writes
 
 The architecture is read from the file's own metadata (`config` and `model` are the INI texts of
 the run, `input_mean` / `input_std` its input normalization), so nothing has to be told twice.
@@ -28,13 +28,15 @@ Both see the normalized image framed to `pad_to` when the model file sets it (fl
 (0 - mean) / std per channel: the same as padding the raw image with 0 before normalizing
 (torchvision's Pad), not zeros after it. Each encoder holds that value as its `pad_value` buffer.
 
-Only the Python standard library, NumPy and PyTorch are needed: a safetensors file is an 8-byte
-little-endian header length, a JSON header, then the raw little-endian tensor data.
+No safetensors package is needed (NumPy and PyTorch, plus Pillow for image files): a safetensors
+file is an 8-byte little-endian header length, a JSON header, then the raw little-endian tensor
+data.
 """
 
 import configparser
 import json
 import math
+import os
 import struct
 from collections import OrderedDict
 
@@ -42,6 +44,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from . import images
 
 BATCHNORM_EPS = 1e-5  # src/ops/batchnorm.c
 LAYERNORM_EPS = 1e-6  # src/ops/layernorm.c
@@ -110,6 +114,8 @@ class Spec:
         self.channels = config.getint("data", "channels")
         self.pad_to = bb.getint("pad_to", 0) or self.image_size
         self.pad_fill = bb.get("pad_fill", "black")
+        # How an image file becomes a view (tally_torch.images): the centred square, or squashed.
+        self.crop = "center" if config.getboolean("data", "stream", fallback=True) else "squash"
         # resnet
         self.stem_channels = bb.getint("stem_channels")
         self.stage_channels = _ints(bb.get("stage_channels", ""))
@@ -141,24 +147,41 @@ class Spec:
 
 
 class Preprocess(nn.Module):
-    """uint8 images (N, H, W) or (N, H, W, C), H = W = image_size -> normalized (N, C, S, S),
-    as Tally's evaluation transform (no resize is needed at the training size)."""
+    """Images -> normalized (N, C, S, S), as Tally's evaluation transform:
+
+    - image files (a path or a list of paths): decoded and cropped as Tally does
+      (tally_torch.images.load_image at the run's size, channels and `data.stream`);
+    - arrays (N, S, S) or (N, S, S, C), uint8 or float on the 0..255 scale, already at the
+      training size S (what load_images returns, or IDX images).
+    Then x / 255 (clamped to [0, 1]) and (x - mean) / std per channel."""
 
     def __init__(self, spec):
         super().__init__()
-        self.size, self.channels = spec.image_size, spec.channels
+        self.size, self.channels, self.crop = spec.image_size, spec.channels, spec.crop
         shape = (1, spec.channels, 1, 1)
         self.register_buffer("mean", torch.tensor(spec.mean).view(shape), persistent=False)
         self.register_buffer("std", torch.tensor(spec.std).view(shape), persistent=False)
 
-    def forward(self, images):
-        x = torch.from_numpy(np.array(images, dtype=np.uint8))  # a copy: writable
+    def load(self, paths):
+        """float32 (N, S, S, C) on 0..255: the files' views at this encoder's size."""
+        if isinstance(paths, (str, bytes, os.PathLike)):
+            paths = [paths]
+        return images.load_images([os.fspath(p) for p in paths], self.size, self.channels,
+                                  self.crop)
+
+    def forward(self, images_or_paths):
+        x = images_or_paths
+        if isinstance(x, (str, bytes, os.PathLike)) or (
+                isinstance(x, (list, tuple)) and x and isinstance(x[0], (str, bytes, os.PathLike))):
+            x = self.load(x)
+        x = torch.as_tensor(np.array(x))  # a copy: writable
         if x.dim() == 3:
             x = x.unsqueeze(-1)
         if tuple(x.shape[1:]) != (self.size, self.size, self.channels):
             raise ValueError(f"images are {tuple(x.shape[1:])}, the encoder takes "
-                             f"({self.size}, {self.size}, {self.channels}) uint8 HWC")
-        x = x.permute(0, 3, 1, 2).to(torch.float32) / 255.0
+                             f"({self.size}, {self.size}, {self.channels}) HWC; pass image "
+                             "files to have them cropped and resized as Tally does")
+        x = (x.permute(0, 3, 1, 2).to(torch.float32) / 255.0).clamp(0.0, 1.0)
         return (x - self.mean) / self.std
 
 
