@@ -110,6 +110,11 @@ assert e["n_train"] == 24 and e["n_test"] == 12 and e["n_classes"] == 2, e
 assert 0 <= e["knn_top1"] <= 1 and 0 <= e["linear_top1"] <= 1, e
 assert e["knn_k"] == 12, e  # the smallest class has 12: it votes whole, not 200
 PY
+# A slip: the training set as the test set. Scored, with a warning that says why it reads high.
+run eval-same eval "$R" --knn --no-baseline --set data.train="$LABELED/train" \
+  --set data.test="$LABELED/train"
+[[ $rc == 0 ]] && grep -q "warning: the test set is the training set" "$TMP/eval-same.err" ||
+  bad "train = test: exit $rc, no warning: $(firstline "$TMP/eval-same.err")"
 finish "$name"
 
 name="4 compare of three objectives on the folder, each with its photo recipe"

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/error.h"
 #include "core/timer.h"
@@ -128,6 +129,12 @@ static int score(FeatureEncoder *e, const EvalOptions *opt, const Dataset *tr, c
   return rc;
 }
 
+// Two paths that name one file or folder (after links).
+static int same_file(const char *a, const char *b) {
+  struct stat sa, sb;
+  return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r) {
   double t0 = now_ms();
   const double nan = NAN;
@@ -162,6 +169,12 @@ int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r) {
   if (rc == 0 && labeled)
     rc = feature_dataset_load(e, &te, test, own ? 0 : cfg->data.test_limit, 0);
   if (rc == 0 && labeled) rc = dataset_align_test_labels(&tr, &te, test);
+  if (rc == 0 && labeled && same_file(train, test))
+    fprintf(stderr,
+            "tally eval: warning: the test set is the training set (%s): kNN finds every test "
+            "image itself among its neighbours and the probe is scored on what it was fitted to; "
+            "both read high. Give a held-out set with --set data.test=PATH\n",
+            test);
   if (rc == 0 && !labeled && !opt->quiet) {
     printf(
         "tally eval: %s %s: kNN and the linear probe need labels; measuring what needs none "
