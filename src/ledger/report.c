@@ -317,6 +317,9 @@ static void line_chart(FILE *f, const char *title, const char *x_label, const Se
     fputs(".</p>\n", f);
     return;
   }
+  // One x alone (a run evaluated once) is drawn from 0 up to it, not on an axis of its own
+  // making (25 to 50 for a 25-step run).
+  if (x0 == x1 && x0 > 0) x0 = 0;
   ChartPlot p = chart_plot(x0, x1, x_scale, y0, y1, y_scale);
   chart_open(f, title, x_label, &p);
   for (int k = 0; k < ns; k++) {
