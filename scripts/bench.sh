@@ -27,6 +27,9 @@
 # to S seconds for the load to drop first; --require-quiet exits with 3 instead of measuring
 # if it has not).
 #
+# The time `tally plan --time` predicts against the run's measured time, recipe by recipe:
+#   scripts/bench.sh --plan-time [STEPS=40] [RECIPE...]    e.g. --plan-time 40 moco photos/moco
+#
 # Decoding on one core (tests/bench_decode.c): stb_image against libjpeg-turbo, full size and at
 # the reduction a view allows, over the first N images of a folder:
 #   scripts/bench.sh --decode DIR [N=500] [VIEW_SIZE=64] [CHANNELS=3] [REPEATS=3]
@@ -429,6 +432,53 @@ if [ "${1:-}" = --decode ]; then
   shift
   [ -x build/bench_decode ] || scripts/setup.sh
   OMP_NUM_THREADS=1 exec build/bench_decode "$@"
+fi
+
+# plan_time [STEPS] [RECIPE...]: what `tally plan --time` predicts for a run against what the
+# same run then measures (summary.json's train_seconds), recipe by recipe, one after the other.
+# RECIPE is a file under configs/ without .ini; photos/NAME recipes train on the synthetic folder
+# (bench-results/photos-64). The prediction is the probe's median pace times the steps, its range
+# the probe's fastest and slowest step: a measured time outside the range is the finding.
+plan_time() {
+  local steps=${1:-40}
+  shift || true
+  local recipes=("$@")
+  [ ${#recipes[@]} -gt 0 ] || recipes=(inbatch moco mae photos/moco photos/inbatch)
+  [ -x build/tally ] || scripts/setup.sh
+  local out
+  out=bench-results/$(date +%Y%m%d-%H%M%S)-plan-time
+  mkdir -p "$out"
+  make_photos bench-results/photos-64 512 64
+  echo "| recipe | steps | predicted s (range) | measured s | measured / predicted |"
+  echo "| --- | --- | --- | --- | --- |"
+  local r
+  for r in "${recipes[@]}"; do
+    local objective=${r#photos/} args=(--config "configs/$r.ini" --steps "$steps" --no-knn)
+    objective=${objective%-vit}
+    case $objective in
+      inbatch | moco | mae | byol | vicreg | dino) args=(--objective="$objective" "${args[@]}") ;;
+    esac
+    [[ $r == photos/* ]] && args+=(--data bench-results/photos-64)
+    build/tally plan "${args[@]}" --time --json >"$out/${r//\//-}.plan.json" 2>"$out/${r//\//-}.err" &&
+      build/tally train "${args[@]}" --out "$out/${r//\//-}" >"$out/${r//\//-}.log" 2>&1 ||
+      { echo "| $r | $steps | failed: $(tail -1 "$out/${r//\//-}.err") | | |"; continue; }
+    "$PY" - "$r" "$steps" "$out/${r//\//-}.plan.json" "$out/${r//\//-}/summary.json" <<'PY'
+import json, sys
+name, steps, plan_path, summary_path = sys.argv[1:]
+plan = json.loads(open(plan_path).read().strip().splitlines()[-1])
+measured = json.load(open(summary_path))["train_seconds"]
+lo, hi = plan["timed_run_seconds_range"]
+print(f"| {name} | {steps} | {plan['timed_run_seconds']:.1f} ({lo:.1f}-{hi:.1f}) | {measured:.1f} "
+      f"| {measured / plan['timed_run_seconds']:.2f} |")
+PY
+  done
+  echo "plans, logs and run folders: $out"
+}
+
+if [ "${1:-}" = --plan-time ]; then
+  shift
+  plan_time "$@"
+  exit
 fi
 
 if [ "${1:-}" = --vs-pytorch ]; then
