@@ -21,6 +21,8 @@
 #  13 --resume of a finished run, and of one whose end was cut short
 #  14 inbatch at a batch of 1; the binary used from another folder (installed); a deep model;
 #     an address-space limit (ulimit -v)
+#  15 the run folder locked as a folder: its .lock removed, a symbolic link in its place, a run
+#     file as a link, the folder moved away under a run
 #
 # Prints `ok - NAME` or `not ok - NAME: why` per case, `SKIP: ...` for a case this machine cannot
 # run, then `N passed, M failed`; exits 1 if any case failed. Needs root for the tmpfs mounts
@@ -772,7 +774,8 @@ if [[ $rc == 0 && -s $run/checkpoint.safetensors ]]; then
   ln -sf /dev/zero "$run/ledger.jsonl"
   t files-zero train --resume "$run" --steps 4 --no-knn --quiet
   expect_rc 1 "train --resume"
-  one_line_error "$last.err" "ledger.jsonl.*not a regular file" "the refusal"
+  # (a run's own file is never followed as a link: refused as one, before its target is looked at)
+  one_line_error "$last.err" "ledger.jsonl.*symbolic link" "the refusal"
   [[ -L $run/ledger.jsonl ]] || bad "the link was replaced"
   finish "$name"
 
@@ -1110,6 +1113,70 @@ t photo-monitor train --data "$TMP/photos" --set data.test="$TMP/tests" --set da
   --batch-size 4 --steps 2 --quiet --out "$TMP/photo-monitor-run"
 expect_rc 1 "train with a test image cut short"
 one_line_error "$last.err" "kNN monitor: .*tests/b/3.png" "the error"
+finish "$name"
+
+
+# ---------------------------------------------------------------------------------------------
+# 15. The run folder is locked as a folder, and its own files are never followed as links.
+name="15a rm R/.lock while a run trains: a --resume of R is still refused, the run ends whole"
+run=$TMP/lock-rm
+start lock-rm train "${SMALL[@]}" --steps 10 --set train.checkpoint_every=1 --out "$run"
+pid_a=$tpid
+if wait_lines "$run/ledger.jsonl" 2 "$pid_a" && [[ -s $run/checkpoint.safetensors ]]; then
+  rm -f "$run/.lock"
+  t lock-rm-resume train --resume "$run" --steps 10 --no-knn --quiet
+  expect_rc 1 "train --resume while the first run trains"
+  one_line_error "$last.err" "another run is using this folder" "the refusal"
+  tpid=$pid_a
+  last=$TMP/lock-rm
+  finish_bg
+  expect_rc 0 "the first run"
+  ledger_is "$run" 10
+  has_summary "$run"
+else
+  tpid=$pid_a
+  finish_bg
+  bad "the run ended (exit $rc) before 2 steps and a checkpoint: $(firstline "$TMP/lock-rm.err")"
+fi
+finish "$name"
+
+name="15b a dangling symbolic link as R/.lock: refused, nothing created where it points"
+run=$TMP/lock-link
+mkdir -p "$run"
+ln -s "$TMP/lock-link-target" "$run/.lock"
+t lock-link train "${SMALL[@]}" --steps 1 --out "$run"
+expect_rc 1 "train"
+one_line_error "$last.err" "\.lock.*symbolic link" "the refusal"
+[[ ! -e $TMP/lock-link-target ]] || bad "the link's target was created outside the folder"
+finish "$name"
+
+name="15c a run folder's own file as a symbolic link: tally eval neither reads nor copies it"
+run=$TMP/lock-run
+t lock-run train "${SMALL[@]}" --steps 2 --out "$run"
+if expect_rc 0 "train"; then
+  printf '{"step":0,"what":"encoder","secret":1}\n' >"$TMP/outside-eval.jsonl"
+  ln -s "$TMP/outside-eval.jsonl" "$run/eval.jsonl"
+  t lock-run-eval eval "$run" --knn --no-baseline --set data.limit=256 --set data.test_limit=100
+  said "$last.err" "eval.jsonl.*symbolic link" "the refusal to follow eval.jsonl"
+  [[ -L $run/eval.jsonl ]] || ! grep -q secret "$run/eval.jsonl" ||
+    bad "the link's target was copied into the run folder"
+fi
+finish "$name"
+
+name="15d the run folder moved away and another put in its place: the run writes nothing there"
+run=$TMP/lock-move
+start lock-move train "${SMALL[@]}" --steps 10 --set train.checkpoint_every=1 --out "$run"
+if wait_lines "$run/ledger.jsonl" 2 "$tpid"; then
+  mv "$run" "$TMP/lock-moved"
+  mkdir "$run"
+  finish_bg
+  expect_nonzero "train after its folder was replaced"
+  said "$last.err" "no longer the folder" "the error"
+  [[ -z $(ls -A "$run") ]] || bad "files were written into the new folder: $(ls -A "$run" | tr '\n' ' ')"
+else
+  finish_bg
+  bad "the run ended (exit $rc) before 2 steps were logged: $(firstline "$last.err")"
+fi
 finish "$name"
 
 totals
