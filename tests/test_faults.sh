@@ -23,6 +23,7 @@
 #     an address-space limit (ulimit -v)
 #  15 the run folder locked as a folder: its .lock removed, a symbolic link in its place, a run
 #     file as a link, the folder moved away under a run
+#  16 recipe lines Tally would not read as written: CR-only line ends, a key on a section's line, hex
 #
 # Prints `ok - NAME` or `not ok - NAME: why` per case, `SKIP: ...` for a case this machine cannot
 # run, then `N passed, M failed`; exits 1 if any case failed. Needs root for the tmpfs mounts
@@ -1177,6 +1178,22 @@ else
   finish_bg
   bad "the run ended (exit $rc) before 2 steps were logged: $(firstline "$last.err")"
 fi
+finish "$name"
+
+
+# ---------------------------------------------------------------------------------------------
+# 16. Recipe text Tally would not read as written is refused with its file and line.
+name="16a a recipe with CR-only line ends, a key on its section's line, a hex number: refused"
+printf '; saved on an old Mac\r[optim]\rlr = 0.36\r' >"$TMP/cr-only.ini"
+printf '[train] batch_size = 16\n' >"$TMP/section-line.ini"
+printf '[optim]\nlr = 0x10\n' >"$TMP/hex.ini"
+for recipe in cr-only:1:carriage section-line:1:section hex:2:0x10; do
+  IFS=: read -r file line what <<<"$recipe"
+  t "ini-$file" train --config "$TMP/$file.ini" "${SMALL[@]}" --steps 1 --out "$TMP/ini-$file"
+  expect_rc 1 "train --config $file.ini"
+  one_line_error "$last.err" "$file\.ini:$line:.*$what" "the refusal of $file.ini"
+  [[ ! -e $TMP/ini-$file ]] || bad "a run folder was made from $file.ini"
+done
 finish "$name"
 
 totals
