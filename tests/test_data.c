@@ -1242,8 +1242,10 @@ static void test_stream_matches_memory(void **state) {
     assert_int_equal(str.source_h[i], S);
   }
   // In memory: pixels and a label an image. Streamed, only the list and the sizes are held: a
-  // label and two 16-bit sides an image.
-  assert_int_equal(tl_mem_live(MEM_DATA) - data_before, N * (S * S * 3 + 4) + N * (4 + 2 * 2));
+  // label, two 16-bit sides and the file's identity (device, inode, bytes, modification time:
+  // four 8-byte numbers) an image.
+  assert_int_equal(tl_mem_live(MEM_DATA) - data_before,
+                   N * (S * S * 3 + 4) + N * (4 + 2 * 2 + 4 * 8));
   float mean_m[3], std_m[3], mean_s[3], std_s[3];
   assert_int_equal(dataset_channel_stats(&mem, mean_m, std_m), 0);
   assert_int_equal(dataset_channel_stats(&str, mean_s, std_s), 0);
@@ -1553,7 +1555,8 @@ static void test_stream_jpeg_reduced_views(void **state) {
 
 // A file that changes under a streamed run is an error naming it when a batch needs it: cut
 // short (a corrupt-data warning from libjpeg is an error, not a grey bottom), replaced by
-// another size, or gone. Header faults are refused at the start, as in memory.
+// another size or by another image of the same size, rewritten, or gone. Header faults are refused
+// at the start, as in memory.
 static void test_stream_file_faults(void **state) {
   const TempDir *t = *state;
   make_dir(temp_path(t, "c"));
@@ -1587,11 +1590,22 @@ static void test_stream_file_faults(void **state) {
   write_smooth(victim, 40, 48, 90);
   assert_int_equal(augment_view(&ds, 2, &p, &r, view), -1);
   assert_contains(tl_last_error(), "changed during the run");
+  // Another image of the same size (the pixels' size is all a decode can check), and the same
+  // bytes written again: neither is the file that was listed.
+  write_smooth(victim, 32, 48, 60);
+  assert_int_equal(augment_view(&ds, 2, &p, &r, view), -1);
+  assert_contains(tl_last_error(), "c/2.jpg: changed during the run");
+  write_bytes(victim, bytes, n, 0);
+  assert_int_equal(eval_view(&ds, 2, &p, view), -1);
+  assert_contains(tl_last_error(), "c/2.jpg: changed during the run");
   // Gone.
   remove(victim);
   assert_int_equal(eval_view(&ds, 2, &p, view), -1);
   assert_contains(tl_last_error(), "c/2.jpg");
+  dataset_free(&ds);
+  // Listed again, it is the file the dataset holds.
   write_bytes(victim, bytes, n, 0);
+  if (dataset_load_imagefolder(&ds, t->dir, 8, 3, 0, 1) != 0) fail_msg("%s", tl_last_error());
   assert_int_equal(eval_view(&ds, 2, &p, view), 0);
   dataset_free(&ds);
   // At the start: a file that is not what its name says, or whose header claims too much.

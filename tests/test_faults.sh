@@ -24,6 +24,7 @@
 #  15 the run folder locked as a folder: its .lock removed, a symbolic link in its place, a run
 #     file as a link, the folder moved away under a run
 #  16 recipe lines Tally would not read as written: CR-only line ends, a key on a section's line, hex
+#  17 a streamed image replaced during the run by another of the same size
 #
 # Prints `ok - NAME` or `not ok - NAME: why` per case, `SKIP: ...` for a case this machine cannot
 # run, then `N passed, M failed`; exits 1 if any case failed. Needs root for the tmpfs mounts
@@ -1194,6 +1195,38 @@ for recipe in cr-only:1:carriage section-line:1:section hex:2:0x10; do
   one_line_error "$last.err" "$file\.ini:$line:.*$what" "the refusal of $file.ini"
   [[ ! -e $TMP/ini-$file ]] || bad "a run folder was made from $file.ini"
 done
+finish "$name"
+
+
+# ---------------------------------------------------------------------------------------------
+# 17. A streamed image replaced under a run by another valid image of the same size.
+name="17a a streamed image replaced by another of the same size during the run: exit 1, naming it"
+mkdir -p "$TMP/same-size/a" "$TMP/same-size/b" "$TMP/same-size-spare"
+python3 - "$TMP/same-size" "$TMP/same-size-spare" <<'PY'
+import struct, sys, zlib
+def png(path, value):
+    raw = b"".join(b"\0" + bytes([(value + 7 * x + 13 * y) % 256 for x in range(8)]) for y in range(8))
+    chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    open(path, "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 8, 8, 8, 0, 0, 0, 0))
+                           + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+for c in "ab":
+    for i in range(8):
+        png(f"{sys.argv[1]}/{c}/{i}.png", ord(c) * 10 + i)
+png(f"{sys.argv[2]}/other.png", 77)
+PY
+run=$TMP/same-size-run
+start same-size train --data "$TMP/same-size" --set data.image_size=8 --batch-size 4 --steps 400 \
+  --no-knn --quiet --out "$run"
+if wait_lines "$run/ledger.jsonl" 2 "$tpid"; then
+  cat "$TMP/same-size-spare/other.png" >"$TMP/same-size/a/3.png"  # the same inode, new bytes
+  finish_bg
+  expect_rc 1 "train after an image was replaced"
+  said "$last.err" "a/3.png: changed during the run" "the error naming the image"
+  no_summary "$run"
+else
+  finish_bg
+  bad "the run ended (exit $rc) before 2 steps were logged: $(firstline "$last.err")"
+fi
 finish "$name"
 
 totals

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 // jpeglib.h needs stdio.h's FILE and size_t first.
 #include <jerror.h>
@@ -283,7 +284,7 @@ static int jpeg_read(const char *path, FILE *f, int64_t file_bytes, const JpegJo
       if (j->err.corrupt) {
         tl_fail("%s: corrupt JPEG data: %s", path, j->err.message);
       } else {
-        *img = (Image){pixels, oh, ow, job->channels, 1, reduction};
+        *img = (Image){pixels, oh, ow, job->channels, 1, reduction, {0}};
         pixels = NULL;
         rc = 0;
       }
@@ -317,11 +318,18 @@ static uint8_t *stb_decode(FILE *f, long long pixels, int channels, int *w, int 
 // *format, *file_bytes. The file is opened once and checked there, so what is decoded is what
 // was checked.
 static int open_file(const char *path, ImageDecoder decoder, FILE **f, Format *format,
-                     int64_t *file_bytes) {
+                     int64_t *file_bytes, FileIdentity *id) {
   *format = format_of_name(path);
   if (*format == FORMAT_NONE) return tl_fail("%s: not a .png, .jpg, .jpeg or .bmp file", path);
   int fd = regular_open(path, 0, file_bytes);
   if (fd < 0) return -1;
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    close(fd);
+    return tl_fail("%s: cannot read: %s", path, strerror(errno));
+  }
+  *id = (FileIdentity){(uint64_t)st.st_dev, (uint64_t)st.st_ino, (int64_t)st.st_size,
+                       (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec};
   if (!magic_matches(*format, fd)) {
     close(fd);
     return tl_fail("%s: its content is not the image format its name says", path);
@@ -357,14 +365,15 @@ int image_read_header(const char *path, ImageHeader *hdr) {
   FILE *f;
   Format format;
   int64_t file_bytes;
+  FileIdentity id;
   int w, h, rc;
-  if (open_file(path, DECODER_DEFAULT, &f, &format, &file_bytes) != 0) return -1;
+  if (open_file(path, DECODER_DEFAULT, &f, &format, &file_bytes, &id) != 0) return -1;
   if (format == FORMAT_JPEG)
     rc = jpeg_read(path, f, file_bytes, &(JpegJob){.header_only = 1}, &w, &h, NULL);
   else
     rc = stb_header(path, f, format, file_bytes, &w, &h);
   fclose(f);
-  if (rc == 0) *hdr = (ImageHeader){h, w, format == FORMAT_JPEG};
+  if (rc == 0) *hdr = (ImageHeader){h, w, format == FORMAT_JPEG, id};
   return rc;
 }
 
@@ -374,16 +383,18 @@ static int decode_file(const char *path, const JpegJob *job, ImageDecoder decode
   FILE *f;
   Format format;
   int64_t file_bytes;
+  FileIdentity id;
   int w, h, rc;
-  if (open_file(path, decoder, &f, &format, &file_bytes) != 0) return -1;
+  if (open_file(path, decoder, &f, &format, &file_bytes, &id) != 0) return -1;
   if (format == FORMAT_JPEG && decoder != DECODER_STB) {
     rc = jpeg_read(path, f, file_bytes, job, &w, &h, img);
   } else if ((rc = stb_header(path, f, format, file_bytes, &w, &h)) == 0) {
     uint8_t *px = stb_decode(f, (long long)w * h, job->channels, &w, &h);
-    if (px) *img = (Image){px, h, w, job->channels, 1, 1};
+    if (px) *img = (Image){px, h, w, job->channels, 1, 1, {0}};
     rc = px ? 0 : tl_fail("%s: cannot decode: %s", path, stbi_failure_reason());
   }
   fclose(f);
+  if (rc == 0) img->id = id;
   return rc;
 }
 
