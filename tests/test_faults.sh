@@ -25,6 +25,7 @@
 #     file as a link, the folder moved away under a run
 #  16 recipe lines Tally would not read as written: CR-only line ends, a key on a section's line, hex
 #  17 a streamed image replaced during the run by another of the same size
+#  18 a run resumed on another core count: the thread count recorded, a note
 #
 # Prints `ok - NAME` or `not ok - NAME: why` per case, `SKIP: ...` for a case this machine cannot
 # run, then `N passed, M failed`; exits 1 if any case failed. Needs root for the tmpfs mounts
@@ -1226,6 +1227,39 @@ if wait_lines "$run/ledger.jsonl" 2 "$tpid"; then
 else
   finish_bg
   bad "the run ended (exit $rc) before 2 steps were logged: $(firstline "$last.err")"
+fi
+finish "$name"
+
+
+# ---------------------------------------------------------------------------------------------
+# 18. Results depend on the core count (oneDNN splits its reductions by thread): the count is
+# recorded, and a resume on another count says so.
+name="18a a run on 1 core resumed on 2: threads_per_replica recorded, a note on the resume"
+if command -v taskset >/dev/null && taskset -c 0,1 true 2>/dev/null; then
+  run=$TMP/cores
+  # (a pinned tally: `t` runs the binary itself)
+  taskset -c 0 timeout "$LIMIT" "$TALLY_BIN" train "${SMALL[@]}" --steps 2 --out "$run" \
+    >"$TMP/cores.out" 2>"$TMP/cores.err"
+  rc=$?
+  last=$TMP/cores
+  expect_rc 0 "train on core 0"
+  grep -q '"threads_per_replica": 1,' "$run/summary.json" || bad "summary.json does not say 1 thread"
+  taskset -c 0,1 timeout "$LIMIT" "$TALLY_BIN" train --resume "$run" --steps 3 --quiet \
+    >"$TMP/cores-resume.out" 2>"$TMP/cores-resume.err"
+  rc=$?
+  last=$TMP/cores-resume
+  expect_rc 0 "train --resume on cores 0 and 1"
+  said "$last.out" "note: the checkpoint was written with 1 thread per replica, this run has 2" \
+    "the note"
+  grep -q '"threads_per_replica": 2,' "$run/summary.json" || bad "summary.json does not say 2 threads"
+  taskset -c 0,1 timeout "$LIMIT" "$TALLY_BIN" train --resume "$run" --steps 4 --quiet \
+    >"$TMP/cores-same.out" 2>"$TMP/cores-same.err"
+  rc=$?
+  last=$TMP/cores-same
+  expect_rc 0 "train --resume on the same cores"
+  ! grep -q "note: the checkpoint" "$last.out" || bad "a note when the count did not change"
+else
+  skip "$name: needs taskset and two cores"
 fi
 finish "$name"
 
