@@ -26,6 +26,7 @@
 #  16 recipe lines Tally would not read as written: CR-only line ends, a key on a section's line, hex
 #  17 a streamed image replaced during the run by another of the same size
 #  18 a run resumed on another core count: the thread count recorded, a note
+#  19 tally eval RUN that cannot write its record
 #
 # Prints `ok - NAME` or `not ok - NAME: why` per case, `SKIP: ...` for a case this machine cannot
 # run, then `N passed, M failed`; exits 1 if any case failed. Needs root for the tmpfs mounts
@@ -1260,6 +1261,23 @@ if command -v taskset >/dev/null && taskset -c 0,1 true 2>/dev/null; then
   ! grep -q "note: the checkpoint" "$last.out" || bad "a note when the count did not change"
 else
   skip "$name: needs taskset and two cores"
+fi
+finish "$name"
+
+
+# ---------------------------------------------------------------------------------------------
+# 19. tally eval RUN whose record cannot be written.
+name="19a tally eval of a run on a read-only filesystem: exit 1, the record not written said"
+if [[ ${TALLY_FAULTS_NO_MOUNT:-0} != 1 ]] && mount_tmpfs "$TMP/eval-ro" size=16m 2>/dev/null; then
+  run=$TMP/eval-ro/run
+  t eval-ro-train train "${SMALL[@]}" --steps 2 --out "$run"
+  expect_rc 0 "train"
+  mount -o remount,ro "$TMP/eval-ro"
+  t eval-ro eval "$run" --knn --no-baseline --set data.limit=256 --set data.test_limit=100
+  expect_rc 1 "eval of a run it cannot record in"
+  said "$last.err" "not recorded in .*eval.jsonl" "the message"
+else
+  skip "$name: tmpfs cannot be mounted here"
 fi
 finish "$name"
 

@@ -45,7 +45,11 @@ int dir_lock(const char *dir, const char *name, const char *what) {
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     int err = errno;
     close(fd);
-    if (err == EWOULDBLOCK) return tl_fail("%s: another %s is using this folder", dir, what);
+    if (err == EWOULDBLOCK) {
+      tl_fail("%s: another %s is using this folder", dir, what);
+      errno = EWOULDBLOCK;  // (a caller may wait, or leave the folder to its holder)
+      return -1;
+    }
     return tl_fail("%s: cannot lock the folder: %s", dir, strerror(err));
   }
   // The path may have been given another folder between open and flock.

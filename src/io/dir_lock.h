@@ -8,7 +8,7 @@
 // Locks the folder DIR and leaves DIR/NAME as its visible mark (created if missing; a symbolic
 // link or anything but a regular file there is refused, never followed). -1 with tl_last_error()
 // set when it cannot be locked, or another process holds it ("DIR: another WHAT is using this
-// folder").
+// folder", errno EWOULDBLOCK).
 int dir_lock(const char *dir, const char *name, const char *what);
 
 // Before a file of a folder this process locked is replaced: 0 while the path `dir` still names
