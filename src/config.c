@@ -397,6 +397,18 @@ static char *trim(char *s) {
   return s;
 }
 
+// strtod for decimal text only: strtod also reads hexadecimal ("0x10" is 16), "inf" and "nan",
+// none of which a recipe means as a number; for those nothing is read (*end == text).
+static double strtod_decimal(const char *text, char **end) {
+  double v = strtod(text, end);
+  for (const char *c = text; c < *end; c++)
+    if (strchr("xXpPiInN", *c)) {
+      *end = (char *)text;
+      return 0;
+    }
+  return v;
+}
+
 static int parse_integer(const char *text, long long *out) {
   if (!*text) return -1;
   char *end;
@@ -516,7 +528,7 @@ static int set_key(const KeySpec *k, void *base, const char *where, const char *
     }
     case KEY_FLOAT: {
       char *end;
-      double v = strtod(text, &end);
+      double v = strtod_decimal(text, &end);
       if (!*text || *end || !isfinite(v))
         return tl_fail("%s: [%s] %s = '%s' is not a number", where, k->section, k->key, text);
       // The range is checked on the value stored: 1e-50 is a float 0 and 0.99999999999 a 1.
@@ -665,26 +677,65 @@ typedef struct {
   int set_at_line[MAX_KEYS];  // where each key was set in this file, 0 = not yet
 } IniParse;
 
+static const char nul_fault[] = "a NUL byte in the line (a binary file, or UTF-16 text?)";
+static const char cr_fault[] =
+    "a carriage return inside the line (CR-only line ends?); save the file with LF or CRLF line "
+    "ends";
+
+// Why inih would not take `line` as written, or NULL: a NUL byte (inih stops the line there), a
+// carriage return inside it (a file saved with CR-only line ends reads as one line), or text after
+// a section header (inih ignores it: `[train] batch_size = 16` would set nothing).
+static const char *line_fault(const char *line, size_t len) {
+  if (memchr(line, '\0', len)) return nul_fault;
+  const char *cr = memchr(line, '\r', len);
+  if (cr && cr + 1 != line + len && cr[1] != '\n') return cr_fault;
+  const char *start = line + strspn(line, " \t");
+  if (*start == '[') {
+    const char *close = memchr(start, ']', len - (size_t)(start - line));
+    const char *rest = close ? close + 1 + strspn(close + 1, " \t\r\n") : "";
+    if (*rest && *rest != ';' && *rest != '#')
+      return "text after the section header; put each key on a line of its own";
+  }
+  return NULL;
+}
+
+// Skips the rest of an over-long comment line, up to its newline; what line_fault refuses there
+// is refused too (a CR-only file that starts with a long comment is one comment line).
+static const char *skip_comment_tail(FILE *f) {
+  for (int c, prev = 0; (c = getc(f)) != EOF && c != '\n'; prev = c) {
+    if (c == '\0') return nul_fault;
+    if (prev == '\r') return cr_fault;
+  }
+  return NULL;
+}
+
 static char *read_line(char *buf, int size, void *stream) {
   IniParse *p = stream;
-  if (!fgets(buf, size, p->file)) return NULL;
+  if (p->error_line) return NULL;  // the first faulty line ends the parse
+  size_t len = 0;
+  int c = 0;
+  while (len + 1 < (size_t)size && (c = getc(p->file)) != EOF)
+    if ((buf[len++] = (char)c) == '\n') break;
+  if (len == 0) return NULL;
+  buf[len] = 0;
   p->line++;
-  size_t len = strlen(buf);
   // inih would parse the rest of an over-long line as a line of its own. A long comment only
   // loses its tail; anything else would be cut, so it is an error.
-  if (len + 1 == (size_t)size && buf[len - 1] != '\n' && !feof(p->file)) {
-    const char *start = buf + strspn(buf, " \t");
-    if (*start != ';' && *start != '#') {
-      if (!p->error_line) {
-        p->error_line = p->line;
-        tl_fail("%s:%d: line is longer than %d characters", p->path, p->line, size - 3);
-      }
-      return NULL;
-    }
-    int c;
-    while ((c = fgetc(p->file)) != EOF && c != '\n') continue;
-    buf[len - 1] = '\n';
+  const int longer =
+      buf[len - 1] != '\n' && (c = getc(p->file)) != EOF && ungetc(c, p->file) != EOF;
+  const char *start = buf + strspn(buf, " \t");
+  const int comment = *start == ';' || *start == '#';
+  const char *fault = line_fault(buf, len);
+  if (!fault && longer && comment) fault = skip_comment_tail(p->file);
+  if (fault || (longer && !comment)) {
+    if (fault)
+      tl_fail("%s:%d: %s", p->path, p->line, fault);
+    else
+      tl_fail("%s:%d: line is longer than %d characters", p->path, p->line, size - 3);
+    p->error_line = p->line;
+    return NULL;
   }
+  if (longer) buf[len - 1] = '\n';
   snprintf(p->raw, sizeof p->raw, "%s", buf);
   return buf;
 }
@@ -917,7 +968,7 @@ static int validate_shard_weights(const Config *cfg, const char *where) {
   int n = 0;
   for (const char *c = w; *c;) {
     char *end;
-    double v = strtod(c, &end);
+    double v = strtod_decimal(c, &end);
     while (isspace((unsigned char)*end)) end++;
     if (end == c || !(v > 0) || (*end && *end != ',') || (*end == ',' && !end[1]))
       return tl_fail("%s: [parallel] shard_weights = '%s' is not a list of positive numbers", where,
@@ -1243,7 +1294,7 @@ int config_budget(const Config *cfg, Budget *out) {
   if (!text[0]) return 0;
   char *end;
   errno = 0;
-  double v = strtod(text, &end);
+  double v = strtod_decimal(text, &end);
   if (end == text || errno || !(v > 0) || !isfinite(v))
     return tl_fail(
         "[train] budget = '%s': expected a positive amount with a unit (420s, 7m, 1.5h, "

@@ -822,14 +822,17 @@ static int cmd_eval(int argc, char **argv) {
     evaluate_print(stdout, &enc, &r, json);
   else
     fprintf(stderr, "tally: %s\n", tl_last_error());
-  // A run folder keeps the result beside its monitor's, for tally report. Not recording it
-  // (a training run holds the folder, a read-only folder) takes nothing from what was printed.
+  // A run folder keeps the result beside its monitor's, for tally report. A training run that
+  // holds the folder takes nothing from what was printed; a write that fails (a full disk, a
+  // read-only folder) fails the command.
   struct stat st;
   if (rc == 0 && stat(src, &st) == 0 && S_ISDIR(st.st_mode)) {
-    if (evaluate_record(src, enc.step, &r) != 0)
+    const int recorded = evaluate_record(src, enc.step, &r);
+    if (recorded != 0)
       fprintf(stderr, "tally eval: not recorded in %s/eval.jsonl: %s\n", src, tl_last_error());
     else if (!json)
       printf("recorded in %s/eval.jsonl (after step %ld)\n", src, enc.step);
+    if (recorded < 0) rc = 1;
   }
   feature_encoder_close(&enc);
   return rc ? 1 : 0;

@@ -80,6 +80,25 @@ static void expect_load_error_part(const char *text, int line, const char *part)
   assert_contains(tl_last_error(), part);
 }
 
+// A recipe whose second line holds a NUL byte (inih would read "lr = 0.3" and drop the rest):
+// refused, naming the line.
+static void expect_nul_refused(void) {
+  static const char text[] = "[optim]\nlr = 0.3\0 6\n";
+  char path[256], location[300];
+  write_temp(path, sizeof path, "");
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(text, 1, sizeof text - 1, f), sizeof text - 1);
+  fclose(f);
+  Config cfg;
+  config_defaults(&cfg);
+  int rc = config_load(&cfg, path);
+  unlink(path);
+  assert_int_equal(rc, -1);
+  snprintf(location, sizeof location, "%s:2: a NUL byte", path);
+  assert_contains(tl_last_error(), location);
+}
+
 static void load_recipe(Config *c, const char *path) {
   config_defaults(c);
   if (config_load(c, path)) fail_msg("%s", tl_last_error());
@@ -346,6 +365,10 @@ static void numbers_out_of_range_or_malformed(void **state) {
   expect_load_error("[optim]\nlr = abc\n", ":2: [optim] lr = 'abc' is not a number");
   expect_load_error("[optim]\nlr = 0.1x\n", ":2: [optim] lr = '0.1x' is not a number");
   expect_load_error("[optim]\nlr =\n", ":2: [optim] lr = '' is not a number");
+  // strtod's other spellings are not a recipe's numbers: 0x10 would be read as 16.
+  expect_load_error("[optim]\nlr = 0x10\n", ":2: [optim] lr = '0x10' is not a number");
+  expect_load_error("[optim]\nlr = 0x1p-3\n", ":2: [optim] lr = '0x1p-3' is not a number");
+  expect_load_error("[optim]\nlr = infinity\n", ":2: [optim] lr = 'infinity' is not a number");
   expect_load_error("[train]\nepochs = 2.5\n", ":2: [train] epochs = '2.5' is not an integer");
   expect_load_error("[train]\nepochs = 99999999999999999999\n",
                     ":2: [train] epochs = '99999999999999999999' is not an integer");
@@ -382,6 +405,22 @@ static void lines_inih_cannot_parse(void **state) {
   char long_text[400];
   snprintf(long_text, sizeof long_text, "[data]\ntrain = %0300d\n", 0);
   expect_load_error_part(long_text, 2, "line is longer than");
+  // Lines inih would not take as written are refused with their line, not dropped: CR-only line
+  // ends (the whole file one line, or one comment), a key on its section's line, a NUL byte.
+  expect_load_error_part("[optim]\rlr = 0.36\r", 1, "a carriage return inside the line");
+  expect_load_error_part("; recipe\r[optim]\rlr = 0.36\r", 1, "carriage return");
+  snprintf(long_text, sizeof long_text, "; %0300d\r[optim]\rlr = 0.36\r", 0);
+  expect_load_error_part(long_text, 1, "carriage return");
+  expect_load_error_part("[train]\nepochs = 2\n[optim] lr = 0.36\n", 3,
+                         "text after the section header");
+  expect_nul_refused();
+  // CRLF line ends are line ends.
+  write_temp(path, sizeof path, "[optim]\r\nlr = 0.36\r\n[train] ; the loop\r\nepochs = 3\r\n");
+  int crlf_rc = config_load(&c, path);
+  unlink(path);
+  if (crlf_rc) fail_msg("%s", tl_last_error());
+  assert_true(c.optim.lr == 0.36f);
+  assert_int_equal(c.train.epochs, 3);
   // A long comment is harmless: it loses its tail, and the lines after it keep their numbers.
   snprintf(long_text, sizeof long_text, "; %0300d\n[optim]\nlr = abc\n", 0);
   expect_load_error(long_text, ":3: [optim] lr = 'abc' is not a number");

@@ -19,6 +19,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
+// jpeglib.h needs stdio.h's FILE and size_t first.
+#include <jpeglib.h>
 
 #include "core/alloc.h"
 #include "core/error.h"
@@ -1240,8 +1242,10 @@ static void test_stream_matches_memory(void **state) {
     assert_int_equal(str.source_h[i], S);
   }
   // In memory: pixels and a label an image. Streamed, only the list and the sizes are held: a
-  // label and two 16-bit sides an image.
-  assert_int_equal(tl_mem_live(MEM_DATA) - data_before, N * (S * S * 3 + 4) + N * (4 + 2 * 2));
+  // label, two 16-bit sides and the file's identity (device, inode, bytes, modification time:
+  // four 8-byte numbers) an image.
+  assert_int_equal(tl_mem_live(MEM_DATA) - data_before,
+                   N * (S * S * 3 + 4) + N * (4 + 2 * 2 + 4 * 8));
   float mean_m[3], std_m[3], mean_s[3], std_s[3];
   assert_int_equal(dataset_channel_stats(&mem, mean_m, std_m), 0);
   assert_int_equal(dataset_channel_stats(&str, mean_s, std_s), 0);
@@ -1398,6 +1402,128 @@ static void test_jpeg_decoders_agree(void **state) {
   }
 }
 
+// A JPEG of h x w samples of `components` each, stored in colour space `space` (libjpeg converts
+// CMYK input to YCCK itself), at quality 100 without chroma subsampling. CMYK and YCCK files get
+// Photoshop's Adobe marker, and their samples are stored as given (Adobe's inverted inks).
+static void write_jpeg_components(const char *path, int h, int w, int components,
+                                  const uint8_t *samples, J_COLOR_SPACE in, J_COLOR_SPACE space) {
+  struct jpeg_compress_struct c;
+  struct jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  jpeg_stdio_dest(&c, f);
+  c.image_width = (JDIMENSION)w;
+  c.image_height = (JDIMENSION)h;
+  c.input_components = components;
+  c.in_color_space = in;
+  jpeg_set_defaults(&c);
+  jpeg_set_colorspace(&c, space);
+  jpeg_set_quality(&c, 100, TRUE);
+  for (int i = 0; i < c.num_components; i++)
+    c.comp_info[i].h_samp_factor = c.comp_info[i].v_samp_factor = 1;
+  jpeg_start_compress(&c, TRUE);
+  while (c.next_scanline < c.image_height) {
+    JSAMPROW row = (JSAMPROW)(samples + (size_t)c.next_scanline * w * components);
+    jpeg_write_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_compress(&c);
+  jpeg_destroy_compress(&c);
+  fclose(f);
+}
+
+// CMYK and YCCK JPEGs (Photoshop's, about twenty of ImageNet's training images) decode to the
+// RGB PIL gives: inks stored inverted (Adobe), each colour (255 - C)(255 - K) / 255. Four flat
+// quadrants, so quality 100 leaves each within a few levels of its colour; stb_image agrees.
+static void test_jpeg_cmyk_and_ycck(void **state) {
+  const TempDir *t = *state;
+  enum { H = 32, W = 32 };
+  // Stored (inverted) C, M, Y, K of each quadrant: red, a dark green, light blue, mid grey.
+  static const uint8_t quadrant[4][4] = {
+      {255, 0, 0, 255}, {0, 200, 0, 160}, {120, 200, 255, 255}, {255, 255, 255, 128}};
+  uint8_t *cmyk = malloc((size_t)H * W * 4), *want = malloc((size_t)H * W * 3);
+  for (int y = 0; y < H; y++)
+    for (int x = 0; x < W; x++) {
+      const uint8_t *q = quadrant[(y >= H / 2) * 2 + (x >= W / 2)];
+      memcpy(cmyk + ((size_t)y * W + x) * 4, q, 4);
+      for (int ch = 0; ch < 3; ch++)
+        want[((size_t)y * W + x) * 3 + ch] = (uint8_t)lround(q[ch] * q[3] / 255.0);
+    }
+  const J_COLOR_SPACE spaces[2] = {JCS_CMYK, JCS_YCCK};
+  for (int k = 0; k < 2; k++) {
+    const char *path = temp_path(t, k ? "ycck.jpg" : "cmyk.jpg");
+    write_jpeg_components(path, H, W, 4, cmyk, JCS_CMYK, spaces[k]);
+    ImageHeader hdr;
+    if (image_read_header(path, &hdr) != 0) fail_msg("%s", tl_last_error());
+    assert_true(hdr.jpeg && hdr.h == H && hdr.w == W);
+    Image turbo, stb, gray, half;
+    if (image_decode(path, 3, 1, DECODER_DEFAULT, &turbo) != 0) fail_msg("%s", tl_last_error());
+    assert_int_equal(image_decode(path, 3, 1, DECODER_STB, &stb), 0);
+    int max;
+    const double mad = mean_abs_diff(turbo.pixels, want, (size_t)H * W * 3, &max);
+    print_message("%s: against the stored colours mean |d| %.3f, max %d\n", path, mad, max);
+    assert_true(mad < 1.0 && max <= 6);
+    assert_true(mean_abs_diff(turbo.pixels, stb.pixels, (size_t)H * W * 3, &max) < 1.0);
+    // Luminance of the same RGB (ITU-R 601), and the reduced decode a streamed view uses.
+    assert_int_equal(image_decode(path, 1, 1, DECODER_DEFAULT, &gray), 0);
+    for (size_t i = 0; i < (size_t)H * W; i++) {
+      const uint8_t *rgb = turbo.pixels + 3 * i;
+      const double l = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2];
+      assert_true(fabs(gray.pixels[i] - l) <= 1.0);
+    }
+    assert_int_equal(image_decode(path, 3, 4, DECODER_DEFAULT, &half), 0);
+    assert_true(half.h == H / 4 && half.w == W / 4);
+    assert_true(abs(half.pixels[0] - want[0]) <= 6);  // top left: red
+    image_free(&turbo);
+    image_free(&stb);
+    image_free(&gray);
+    image_free(&half);
+  }
+  // What stays undecodable is refused with the header (when a folder is listed), not when a
+  // batch needs it: a JPEG of two components.
+  write_jpeg_components(temp_path(t, "two.jpg"), H, W, 2, cmyk, JCS_UNKNOWN, JCS_UNKNOWN);
+  ImageHeader hdr;
+  assert_int_equal(image_read_header(temp_path(t, "two.jpg"), &hdr), -1);
+  assert_contains(tl_last_error(), "two.jpg: a JPEG of 2 colour components");
+  free(cmyk);
+  free(want);
+}
+
+// A BMP stored top-down (a negative height in its header, as Windows' own tools may write)
+// decodes as the same picture as its bottom-up twin.
+static void test_bmp_top_down(void **state) {
+  const TempDir *t = *state;
+  enum { H = 2, W = 3, ROW = 12 };  // 24-bit rows of 9 bytes, padded to 4
+  // Rows top to bottom: red then blue (BMP stores blue, green, red).
+  static const uint8_t red[3] = {0, 0, 255}, blue[3] = {255, 0, 0};
+  for (int top_down = 0; top_down < 2; top_down++) {
+    uint8_t file[54 + H * ROW] = {'B', 'M'};
+    const uint32_t fields[] = {sizeof file, 0, 54, 40, W, (uint32_t)(top_down ? -H : H)};
+    for (int i = 0; i < 6; i++)
+      for (int b = 0; b < 4; b++) file[2 + 4 * i + b] = (uint8_t)(fields[i] >> (8 * b));
+    file[26] = 1;   // planes
+    file[28] = 24;  // bits per pixel
+    for (int stored = 0; stored < H; stored++) {
+      const int y = top_down ? stored : H - 1 - stored;  // the picture's row this stored row is
+      for (int x = 0; x < W; x++) memcpy(file + 54 + stored * ROW + 3 * x, y ? blue : red, 3);
+    }
+    const char *path = temp_path(t, top_down ? "top-down.bmp" : "bottom-up.bmp");
+    write_bytes(path, file, sizeof file, 0);
+    ImageHeader hdr;
+    if (image_read_header(path, &hdr) != 0) fail_msg("%s", tl_last_error());
+    assert_true(hdr.h == H && hdr.w == W && !hdr.jpeg);
+    Image img;
+    if (image_decode(path, 3, 1, DECODER_DEFAULT, &img) != 0) fail_msg("%s", tl_last_error());
+    assert_true(img.h == H && img.w == W);
+    for (int x = 0; x < W; x++) {
+      assert_memory_equal(img.pixels + 3 * x, ((const uint8_t[3]){255, 0, 0}), 3);
+      assert_memory_equal(img.pixels + 3 * (W + x), ((const uint8_t[3]){0, 0, 255}), 3);
+    }
+    image_free(&img);
+  }
+}
+
 // Views of a streamed JPEG decoded at 1/2, 1/4 or 1/8 (as each view's box allows) stay close to
 // the same views cut from its full decode.
 static void test_stream_jpeg_reduced_views(void **state) {
@@ -1429,7 +1555,8 @@ static void test_stream_jpeg_reduced_views(void **state) {
 
 // A file that changes under a streamed run is an error naming it when a batch needs it: cut
 // short (a corrupt-data warning from libjpeg is an error, not a grey bottom), replaced by
-// another size, or gone. Header faults are refused at the start, as in memory.
+// another size or by another image of the same size, rewritten, or gone. Header faults are refused
+// at the start, as in memory.
 static void test_stream_file_faults(void **state) {
   const TempDir *t = *state;
   make_dir(temp_path(t, "c"));
@@ -1463,11 +1590,22 @@ static void test_stream_file_faults(void **state) {
   write_smooth(victim, 40, 48, 90);
   assert_int_equal(augment_view(&ds, 2, &p, &r, view), -1);
   assert_contains(tl_last_error(), "changed during the run");
+  // Another image of the same size (the pixels' size is all a decode can check), and the same
+  // bytes written again: neither is the file that was listed.
+  write_smooth(victim, 32, 48, 60);
+  assert_int_equal(augment_view(&ds, 2, &p, &r, view), -1);
+  assert_contains(tl_last_error(), "c/2.jpg: changed during the run");
+  write_bytes(victim, bytes, n, 0);
+  assert_int_equal(eval_view(&ds, 2, &p, view), -1);
+  assert_contains(tl_last_error(), "c/2.jpg: changed during the run");
   // Gone.
   remove(victim);
   assert_int_equal(eval_view(&ds, 2, &p, view), -1);
   assert_contains(tl_last_error(), "c/2.jpg");
+  dataset_free(&ds);
+  // Listed again, it is the file the dataset holds.
   write_bytes(victim, bytes, n, 0);
+  if (dataset_load_imagefolder(&ds, t->dir, 8, 3, 0, 1) != 0) fail_msg("%s", tl_last_error());
   assert_int_equal(eval_view(&ds, 2, &p, view), 0);
   dataset_free(&ds);
   // At the start: a file that is not what its name says, or whose header claims too much.
@@ -1520,6 +1658,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_stream_crops_from_source, temp_dir_make,
                                       temp_dir_remove),
       cmocka_unit_test_setup_teardown(test_jpeg_decoders_agree, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_jpeg_cmyk_and_ycck, temp_dir_make, temp_dir_remove),
+      cmocka_unit_test_setup_teardown(test_bmp_top_down, temp_dir_make, temp_dir_remove),
       cmocka_unit_test_setup_teardown(test_stream_jpeg_reduced_views, temp_dir_make,
                                       temp_dir_remove),
       cmocka_unit_test_setup_teardown(test_stream_file_faults, temp_dir_make, temp_dir_remove),

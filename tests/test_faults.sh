@@ -21,6 +21,12 @@
 #  13 --resume of a finished run, and of one whose end was cut short
 #  14 inbatch at a batch of 1; the binary used from another folder (installed); a deep model;
 #     an address-space limit (ulimit -v)
+#  15 the run folder locked as a folder: its .lock removed, a symbolic link in its place, a run
+#     file as a link, the folder moved away under a run
+#  16 recipe lines Tally would not read as written: CR-only line ends, a key on a section's line, hex
+#  17 a streamed image replaced during the run by another of the same size
+#  18 a run resumed on another core count: the thread count recorded, a note
+#  19 tally eval RUN that cannot write its record
 #
 # Prints `ok - NAME` or `not ok - NAME: why` per case, `SKIP: ...` for a case this machine cannot
 # run, then `N passed, M failed`; exits 1 if any case failed. Needs root for the tmpfs mounts
@@ -772,7 +778,8 @@ if [[ $rc == 0 && -s $run/checkpoint.safetensors ]]; then
   ln -sf /dev/zero "$run/ledger.jsonl"
   t files-zero train --resume "$run" --steps 4 --no-knn --quiet
   expect_rc 1 "train --resume"
-  one_line_error "$last.err" "ledger.jsonl.*not a regular file" "the refusal"
+  # (a run's own file is never followed as a link: refused as one, before its target is looked at)
+  one_line_error "$last.err" "ledger.jsonl.*symbolic link" "the refusal"
   [[ -L $run/ledger.jsonl ]] || bad "the link was replaced"
   finish "$name"
 
@@ -1110,6 +1117,168 @@ t photo-monitor train --data "$TMP/photos" --set data.test="$TMP/tests" --set da
   --batch-size 4 --steps 2 --quiet --out "$TMP/photo-monitor-run"
 expect_rc 1 "train with a test image cut short"
 one_line_error "$last.err" "kNN monitor: .*tests/b/3.png" "the error"
+finish "$name"
+
+
+# ---------------------------------------------------------------------------------------------
+# 15. The run folder is locked as a folder, and its own files are never followed as links.
+name="15a rm R/.lock while a run trains: a --resume of R is still refused, the run ends whole"
+run=$TMP/lock-rm
+start lock-rm train "${SMALL[@]}" --steps 10 --set train.checkpoint_every=1 --out "$run"
+pid_a=$tpid
+if wait_lines "$run/ledger.jsonl" 2 "$pid_a" && [[ -s $run/checkpoint.safetensors ]]; then
+  rm -f "$run/.lock"
+  t lock-rm-resume train --resume "$run" --steps 10 --no-knn --quiet
+  expect_rc 1 "train --resume while the first run trains"
+  one_line_error "$last.err" "another run is using this folder" "the refusal"
+  tpid=$pid_a
+  last=$TMP/lock-rm
+  finish_bg
+  expect_rc 0 "the first run"
+  ledger_is "$run" 10
+  has_summary "$run"
+else
+  tpid=$pid_a
+  finish_bg
+  bad "the run ended (exit $rc) before 2 steps and a checkpoint: $(firstline "$TMP/lock-rm.err")"
+fi
+finish "$name"
+
+name="15b a dangling symbolic link as R/.lock: refused, nothing created where it points"
+run=$TMP/lock-link
+mkdir -p "$run"
+ln -s "$TMP/lock-link-target" "$run/.lock"
+t lock-link train "${SMALL[@]}" --steps 1 --out "$run"
+expect_rc 1 "train"
+one_line_error "$last.err" "\.lock.*symbolic link" "the refusal"
+[[ ! -e $TMP/lock-link-target ]] || bad "the link's target was created outside the folder"
+finish "$name"
+
+name="15c a run folder's own file as a symbolic link: tally eval neither reads nor copies it"
+run=$TMP/lock-run
+t lock-run train "${SMALL[@]}" --steps 2 --out "$run"
+if expect_rc 0 "train"; then
+  printf '{"step":0,"what":"encoder","secret":1}\n' >"$TMP/outside-eval.jsonl"
+  ln -s "$TMP/outside-eval.jsonl" "$run/eval.jsonl"
+  t lock-run-eval eval "$run" --knn --no-baseline --set data.limit=256 --set data.test_limit=100
+  said "$last.err" "eval.jsonl.*symbolic link" "the refusal to follow eval.jsonl"
+  [[ -L $run/eval.jsonl ]] || ! grep -q secret "$run/eval.jsonl" ||
+    bad "the link's target was copied into the run folder"
+fi
+finish "$name"
+
+name="15d the run folder moved away and another put in its place: the run writes nothing there"
+run=$TMP/lock-move
+start lock-move train "${SMALL[@]}" --steps 10 --set train.checkpoint_every=1 --out "$run"
+if wait_lines "$run/ledger.jsonl" 2 "$tpid"; then
+  mv "$run" "$TMP/lock-moved"
+  mkdir "$run"
+  finish_bg
+  expect_nonzero "train after its folder was replaced"
+  said "$last.err" "no longer the folder" "the error"
+  [[ -z $(ls -A "$run") ]] || bad "files were written into the new folder: $(ls -A "$run" | tr '\n' ' ')"
+else
+  finish_bg
+  bad "the run ended (exit $rc) before 2 steps were logged: $(firstline "$last.err")"
+fi
+finish "$name"
+
+
+# ---------------------------------------------------------------------------------------------
+# 16. Recipe text Tally would not read as written is refused with its file and line.
+name="16a a recipe with CR-only line ends, a key on its section's line, a hex number: refused"
+printf '; saved on an old Mac\r[optim]\rlr = 0.36\r' >"$TMP/cr-only.ini"
+printf '[train] batch_size = 16\n' >"$TMP/section-line.ini"
+printf '[optim]\nlr = 0x10\n' >"$TMP/hex.ini"
+for recipe in cr-only:1:carriage section-line:1:section hex:2:0x10; do
+  IFS=: read -r file line what <<<"$recipe"
+  t "ini-$file" train --config "$TMP/$file.ini" "${SMALL[@]}" --steps 1 --out "$TMP/ini-$file"
+  expect_rc 1 "train --config $file.ini"
+  one_line_error "$last.err" "$file\.ini:$line:.*$what" "the refusal of $file.ini"
+  [[ ! -e $TMP/ini-$file ]] || bad "a run folder was made from $file.ini"
+done
+finish "$name"
+
+
+# ---------------------------------------------------------------------------------------------
+# 17. A streamed image replaced under a run by another valid image of the same size.
+name="17a a streamed image replaced by another of the same size during the run: exit 1, naming it"
+mkdir -p "$TMP/same-size/a" "$TMP/same-size/b" "$TMP/same-size-spare"
+python3 - "$TMP/same-size" "$TMP/same-size-spare" <<'PY'
+import struct, sys, zlib
+def png(path, value):
+    raw = b"".join(b"\0" + bytes([(value + 7 * x + 13 * y) % 256 for x in range(8)]) for y in range(8))
+    chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    open(path, "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 8, 8, 8, 0, 0, 0, 0))
+                           + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+for c in "ab":
+    for i in range(8):
+        png(f"{sys.argv[1]}/{c}/{i}.png", ord(c) * 10 + i)
+png(f"{sys.argv[2]}/other.png", 77)
+PY
+run=$TMP/same-size-run
+start same-size train --data "$TMP/same-size" --set data.image_size=8 --batch-size 4 --steps 400 \
+  --no-knn --quiet --out "$run"
+if wait_lines "$run/ledger.jsonl" 2 "$tpid"; then
+  cat "$TMP/same-size-spare/other.png" >"$TMP/same-size/a/3.png"  # the same inode, new bytes
+  finish_bg
+  expect_rc 1 "train after an image was replaced"
+  said "$last.err" "a/3.png: changed during the run" "the error naming the image"
+  no_summary "$run"
+else
+  finish_bg
+  bad "the run ended (exit $rc) before 2 steps were logged: $(firstline "$last.err")"
+fi
+finish "$name"
+
+
+# ---------------------------------------------------------------------------------------------
+# 18. Results depend on the core count (oneDNN splits its reductions by thread): the count is
+# recorded, and a resume on another count says so.
+name="18a a run on 1 core resumed on 2: threads_per_replica recorded, a note on the resume"
+if command -v taskset >/dev/null && taskset -c 0,1 true 2>/dev/null; then
+  run=$TMP/cores
+  # (a pinned tally: `t` runs the binary itself)
+  taskset -c 0 timeout "$LIMIT" "$TALLY_BIN" train "${SMALL[@]}" --steps 2 --out "$run" \
+    >"$TMP/cores.out" 2>"$TMP/cores.err"
+  rc=$?
+  last=$TMP/cores
+  expect_rc 0 "train on core 0"
+  grep -q '"threads_per_replica": 1,' "$run/summary.json" || bad "summary.json does not say 1 thread"
+  taskset -c 0,1 timeout "$LIMIT" "$TALLY_BIN" train --resume "$run" --steps 3 --quiet \
+    >"$TMP/cores-resume.out" 2>"$TMP/cores-resume.err"
+  rc=$?
+  last=$TMP/cores-resume
+  expect_rc 0 "train --resume on cores 0 and 1"
+  said "$last.out" "note: the checkpoint was written with 1 thread per replica, this run has 2" \
+    "the note"
+  grep -q '"threads_per_replica": 2,' "$run/summary.json" || bad "summary.json does not say 2 threads"
+  taskset -c 0,1 timeout "$LIMIT" "$TALLY_BIN" train --resume "$run" --steps 4 --quiet \
+    >"$TMP/cores-same.out" 2>"$TMP/cores-same.err"
+  rc=$?
+  last=$TMP/cores-same
+  expect_rc 0 "train --resume on the same cores"
+  ! grep -q "note: the checkpoint" "$last.out" || bad "a note when the count did not change"
+else
+  skip "$name: needs taskset and two cores"
+fi
+finish "$name"
+
+
+# ---------------------------------------------------------------------------------------------
+# 19. tally eval RUN whose record cannot be written.
+name="19a tally eval of a run on a read-only filesystem: exit 1, the record not written said"
+if [[ ${TALLY_FAULTS_NO_MOUNT:-0} != 1 ]] && mount_tmpfs "$TMP/eval-ro" size=16m 2>/dev/null; then
+  run=$TMP/eval-ro/run
+  t eval-ro-train train "${SMALL[@]}" --steps 2 --out "$run"
+  expect_rc 0 "train"
+  mount -o remount,ro "$TMP/eval-ro"
+  t eval-ro eval "$run" --knn --no-baseline --set data.limit=256 --set data.test_limit=100
+  expect_rc 1 "eval of a run it cannot record in"
+  said "$last.err" "not recorded in .*eval.jsonl" "the message"
+else
+  skip "$name: tmpfs cannot be mounted here"
+fi
 finish "$name"
 
 totals

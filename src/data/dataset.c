@@ -13,6 +13,7 @@ void dataset_free(Dataset *ds) {
   tl_free(ds->pixels);
   tl_free(ds->source_h);
   tl_free(ds->source_w);
+  tl_free(ds->source_id);
   tl_free(ds->labels);
   if (ds->class_names) {
     for (int k = 0; k < ds->n_classes; k++) free(ds->class_names[k]);
@@ -26,7 +27,7 @@ void dataset_free(Dataset *ds) {
 }
 
 size_t dataset_bytes(int n, int h, int w, int c, int streaming) {
-  if (streaming) return (sizeof(int) + 2 * sizeof(uint16_t)) * (size_t)n;
+  if (streaming) return (sizeof(int) + 2 * sizeof(uint16_t) + sizeof(FileIdentity)) * (size_t)n;
   return (size_t)n * h * w * c + sizeof(int) * (size_t)n;
 }
 
@@ -49,11 +50,22 @@ int dataset_max_reduction(const Dataset *ds, int index) {
 int dataset_image(const Dataset *ds, int index, int reduction, Image *img) {
   TL_ASSERT(index >= 0 && index < ds->n);
   if (ds->pixels) {
-    *img = (Image){ds->pixels + (size_t)index * ds->h * ds->w * ds->c, ds->h, ds->w, ds->c, 0, 1};
+    *img =
+        (Image){ds->pixels + (size_t)index * ds->h * ds->w * ds->c, ds->h, ds->w, ds->c, 0, 1, {0}};
     return 0;
   }
   if (dataset_max_reduction(ds, index) == 1) reduction = 1;
   if (image_decode(ds->files[index], ds->c, reduction, DECODER_DEFAULT, img) != 0) return -1;
+  const FileIdentity *listed = &ds->source_id[index];
+  if (!file_identity_equal(&img->id, listed)) {
+    const char *what = img->id.ino != listed->ino || img->id.dev != listed->dev ? "inode"
+                       : img->id.bytes != listed->bytes                         ? "size in bytes"
+                                                        : "modification time";
+    tl_fail("%s: changed during the run (its %s is not the listed file's: replaced or rewritten)",
+            ds->files[index], what);
+    image_free(img);
+    return -1;
+  }
   const int h = ds->source_h[index], w = ds->source_w[index];
   if (img->h != image_reduced_side(h, reduction) || img->w != image_reduced_side(w, reduction)) {
     tl_fail("%s: now %dx%d pixels, %dx%d when the run started (changed during the run)",

@@ -14,6 +14,7 @@ typedef struct {
   uint8_t *pixels;  // (n, h, w, c), MEM_DATA; NULL when streamed
   // Streamed ImageFolder: each file's own size (from its header at load), MEM_DATA; else NULL.
   uint16_t *source_h, *source_w;  // (n)
+  FileIdentity *source_id;        // (n) each file as listed; a file that is not is refused
   int *labels;                    // (n), MEM_DATA
   int n_classes;
   char **class_names;  // (n_classes), ImageFolder only; NULL for IDX
@@ -45,8 +46,10 @@ int dataset_load_imagefolder(Dataset *ds, const char *root, int image_size, int 
 
 // Image `index` as views are cut from it. In memory: its pixels (h, w, c), not copied. Streamed:
 // its file decoded at 1/reduction of each side (JPEG only; other formats at full size), and
-// checked to still have the size it had at load (a file changed under a run is an error naming
-// it). img->h, img->w say what was decoded; image_free releases it. -1 with tl_last_error().
+// checked to still be the file that was listed (its inode, size in bytes and modification time)
+// with the size it had at load: a file changed under a run, even to another image of the same
+// size, is an error naming it. img->h, img->w say what was decoded; image_free releases it. -1 with
+// tl_last_error().
 int dataset_image(const Dataset *ds, int index, int reduction, Image *img);
 // The size crops are chosen in: the file's own size when streamed, else (h, w).
 void dataset_source_size(const Dataset *ds, int index, int *h, int *w);
@@ -68,7 +71,7 @@ int dataset_idx_peek(const char *images_path, int *n, int *h, int *w);
 // the directory listing alone (flags: DATASET_UNLABELED as there).
 int dataset_imagefolder_count(const char *root, int limit, int flags, int *n);
 // MEM_DATA bytes a loaded dataset of n images (h, w, c) holds: pixels and labels; streamed,
-// labels and each image's size.
+// labels and each image's size and file identity.
 size_t dataset_bytes(int n, int h, int w, int c, int streaming);
 
 // Per-channel mean and std of the pixel values in [0,1] (c entries each). In memory: over every

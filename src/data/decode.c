@@ -3,6 +3,7 @@
 #include "data/decode.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stb_image.h>
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 // jpeglib.h needs stdio.h's FILE and size_t first.
 #include <jerror.h>
@@ -191,12 +193,50 @@ typedef struct {
   int header_only, channels, reduction, fit_side;
 } JpegJob;
 
+// The colour spaces a JPEG's header may declare that decode here: grey, YCbCr or RGB through
+// libjpeg's own conversion, CMYK and YCCK (Photoshop's, some scanners') as CMYK converted below.
+// Anything else (2 components, 5 or more) is refused with the header, before a run starts.
+static int jpeg_color_supported(const struct jpeg_decompress_struct *d) {
+  switch (d->jpeg_color_space) {
+    case JCS_GRAYSCALE:
+      return d->num_components == 1;
+    case JCS_YCbCr:
+    case JCS_RGB:
+      return d->num_components == 3;
+    case JCS_CMYK:
+    case JCS_YCCK:
+      return d->num_components == 4;
+    default:
+      return 0;
+  }
+}
+
+// A row of CMYK samples as libjpeg gives them to `channels` (3: RGB, 1: luminance). Adobe's
+// CMYK JPEGs store every ink inverted (255 is no ink), and PIL reads every 4-component JPEG so
+// ("CMYK;I") and converts each colour as (255 - K) - C (255 - K) / 255 with its own rounding,
+// then luminance as ITU-R 601 in 16-bit fixed point: the same here, so a photo decodes to PIL's
+// pixels (stb_image treats these files alike).
+static void cmyk_row_to(const uint8_t *cmyk, int w, int channels, uint8_t *out) {
+  for (int x = 0; x < w; x++, cmyk += 4) {
+    const unsigned nk = cmyk[3];  // 255 - K
+    uint8_t rgb[3];
+    for (int i = 0; i < 3; i++) {
+      const unsigned t = (255u - cmyk[i]) * nk + 128;  // C (255 - K), rounded as PIL's MULDIV255
+      rgb[i] = (uint8_t)(nk - (((t >> 8) + t) >> 8));
+    }
+    if (channels == 3)
+      memcpy(out + 3 * x, rgb, 3);
+    else
+      out[x] = (uint8_t)((rgb[0] * 19595u + rgb[1] * 38470u + rgb[2] * 7471u + 0x8000u) >> 16);
+  }
+}
+
 // One pass over an open JPEG: the header read once, checked, then the pixels when asked for.
 static int jpeg_read(const char *path, FILE *f, int64_t file_bytes, const JpegJob *job, int *w,
                      int *h, Image *img) {
   Jpeg *j = jpeg_new(f);
   // volatile: read after a longjmp back into this frame
-  uint8_t *volatile pixels = NULL;
+  uint8_t *volatile pixels = NULL, *volatile cmyk_row = NULL;
   volatile int header_read = 0;
   int rc = -1;
   if (setjmp(j->err.jump) == 0) {
@@ -204,7 +244,12 @@ static int jpeg_read(const char *path, FILE *f, int64_t file_bytes, const JpegJo
     header_read = 1;
     *w = (int)j->d.image_width;
     *h = (int)j->d.image_height;
-    if (check_size(path, fileno(f), FORMAT_JPEG, *w, *h, file_bytes) != 0) {
+    if (!jpeg_color_supported(&j->d)) {
+      tl_fail(
+          "%s: a JPEG of %d colour components (libjpeg colour space %d), which cannot be "
+          "decoded",
+          path, j->d.num_components, (int)j->d.jpeg_color_space);
+    } else if (check_size(path, fileno(f), FORMAT_JPEG, *w, *h, file_bytes) != 0) {
       // refused before a pixel is decoded
     } else if (job->header_only) {
       rc = 0;
@@ -212,7 +257,10 @@ static int jpeg_read(const char *path, FILE *f, int64_t file_bytes, const JpegJo
       const int reduction = job->fit_side > 0
                                 ? image_reduction_for(*h, *w, job->fit_side, job->fit_side)
                                 : job->reduction;
-      j->d.out_color_space = job->channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+      // libjpeg converts neither CMYK nor YCCK to RGB ("Unsupported color conversion request"):
+      // it gives CMYK, converted row by row.
+      const int cmyk = j->d.num_components == 4;
+      j->d.out_color_space = cmyk ? JCS_CMYK : job->channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
       j->d.scale_num = 1;
       j->d.scale_denom = (unsigned)reduction;
       // ISLOW: libjpeg's accurate integer DCT (the default); its fancy upsampling of chroma, as
@@ -220,19 +268,23 @@ static int jpeg_read(const char *path, FILE *f, int64_t file_bytes, const JpegJo
       j->d.dct_method = JDCT_ISLOW;
       jpeg_start_decompress(&j->d);
       const int ow = (int)j->d.output_width, oh = (int)j->d.output_height;
-      TL_ASSERT(j->d.output_components == job->channels);
+      TL_ASSERT(j->d.output_components == (cmyk ? 4 : job->channels));
       const size_t row = (size_t)ow * job->channels;
       pixels = malloc(row * oh);
-      if (!pixels) TL_DIE("out of memory");
+      // cmyk_row: (ow, 4), one row of CMYK before conversion
+      cmyk_row = cmyk ? malloc((size_t)ow * 4) : NULL;
+      if (!pixels || (cmyk && !cmyk_row)) TL_DIE("out of memory");
       while (j->d.output_scanline < j->d.output_height) {
-        JSAMPROW rows[1] = {pixels + row * j->d.output_scanline};
+        uint8_t *out = pixels + row * j->d.output_scanline;
+        JSAMPROW rows[1] = {cmyk ? cmyk_row : out};
         jpeg_read_scanlines(&j->d, rows, 1);
+        if (cmyk) cmyk_row_to(cmyk_row, ow, job->channels, out);
       }
       jpeg_finish_decompress(&j->d);
       if (j->err.corrupt) {
         tl_fail("%s: corrupt JPEG data: %s", path, j->err.message);
       } else {
-        *img = (Image){pixels, oh, ow, job->channels, 1, reduction};
+        *img = (Image){pixels, oh, ow, job->channels, 1, reduction, {0}};
         pixels = NULL;
         rc = 0;
       }
@@ -242,6 +294,7 @@ static int jpeg_read(const char *path, FILE *f, int64_t file_bytes, const JpegJo
             j->err.message);
   }
   free(pixels);
+  free(cmyk_row);
   jpeg_destroy_decompress(&j->d);
   free(j);
   return rc;
@@ -265,11 +318,18 @@ static uint8_t *stb_decode(FILE *f, long long pixels, int channels, int *w, int 
 // *format, *file_bytes. The file is opened once and checked there, so what is decoded is what
 // was checked.
 static int open_file(const char *path, ImageDecoder decoder, FILE **f, Format *format,
-                     int64_t *file_bytes) {
+                     int64_t *file_bytes, FileIdentity *id) {
   *format = format_of_name(path);
   if (*format == FORMAT_NONE) return tl_fail("%s: not a .png, .jpg, .jpeg or .bmp file", path);
   int fd = regular_open(path, 0, file_bytes);
   if (fd < 0) return -1;
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    close(fd);
+    return tl_fail("%s: cannot read: %s", path, strerror(errno));
+  }
+  *id = (FileIdentity){(uint64_t)st.st_dev, (uint64_t)st.st_ino, (int64_t)st.st_size,
+                       (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec};
   if (!magic_matches(*format, fd)) {
     close(fd);
     return tl_fail("%s: its content is not the image format its name says", path);
@@ -293,6 +353,9 @@ static int stb_header(const char *path, FILE *f, Format format, int64_t file_byt
   int file_channels;
   if (!stbi_info_from_file(f, w, h, &file_channels))
     return tl_fail("%s: not a readable image: %s", path, stbi_failure_reason());
+  // A BMP stored top-down gives a negative height (stb_image's header reader passes it on as
+  // read; its decoder takes it as a flip).
+  if (format == FORMAT_BMP && *h < 0 && *h != INT_MIN) *h = -*h;
   if (check_size(path, fileno(f), format, *w, *h, file_bytes) != 0) return -1;
   if (fseek(f, 0, SEEK_SET) != 0) return tl_fail("%s: cannot read: %s", path, strerror(errno));
   return 0;
@@ -302,14 +365,15 @@ int image_read_header(const char *path, ImageHeader *hdr) {
   FILE *f;
   Format format;
   int64_t file_bytes;
+  FileIdentity id;
   int w, h, rc;
-  if (open_file(path, DECODER_DEFAULT, &f, &format, &file_bytes) != 0) return -1;
+  if (open_file(path, DECODER_DEFAULT, &f, &format, &file_bytes, &id) != 0) return -1;
   if (format == FORMAT_JPEG)
     rc = jpeg_read(path, f, file_bytes, &(JpegJob){.header_only = 1}, &w, &h, NULL);
   else
     rc = stb_header(path, f, format, file_bytes, &w, &h);
   fclose(f);
-  if (rc == 0) *hdr = (ImageHeader){h, w, format == FORMAT_JPEG};
+  if (rc == 0) *hdr = (ImageHeader){h, w, format == FORMAT_JPEG, id};
   return rc;
 }
 
@@ -319,16 +383,18 @@ static int decode_file(const char *path, const JpegJob *job, ImageDecoder decode
   FILE *f;
   Format format;
   int64_t file_bytes;
+  FileIdentity id;
   int w, h, rc;
-  if (open_file(path, decoder, &f, &format, &file_bytes) != 0) return -1;
+  if (open_file(path, decoder, &f, &format, &file_bytes, &id) != 0) return -1;
   if (format == FORMAT_JPEG && decoder != DECODER_STB) {
     rc = jpeg_read(path, f, file_bytes, job, &w, &h, img);
   } else if ((rc = stb_header(path, f, format, file_bytes, &w, &h)) == 0) {
     uint8_t *px = stb_decode(f, (long long)w * h, job->channels, &w, &h);
-    if (px) *img = (Image){px, h, w, job->channels, 1, 1};
+    if (px) *img = (Image){px, h, w, job->channels, 1, 1, {0}};
     rc = px ? 0 : tl_fail("%s: cannot decode: %s", path, stbi_failure_reason());
   }
   fclose(f);
+  if (rc == 0) img->id = id;
   return rc;
 }
 

@@ -11,9 +11,21 @@
 enum { IMAGE_MAX_SIDE = 16384 };
 #define IMAGE_MAX_PIXELS (64ll << 20)
 
+// A file as it was when opened: another image written over it (even of the same size in
+// pixels) changes its size or modification time, one renamed over it its inode.
 typedef struct {
-  int h, w;  // the file's own size in pixels
-  int jpeg;  // 1: a JPEG, decodable at 1/2, 1/4 and 1/8 of each side
+  uint64_t dev, ino;
+  int64_t bytes, mtime_ns;
+} FileIdentity;
+
+static inline int file_identity_equal(const FileIdentity *a, const FileIdentity *b) {
+  return a->dev == b->dev && a->ino == b->ino && a->bytes == b->bytes && a->mtime_ns == b->mtime_ns;
+}
+
+typedef struct {
+  int h, w;         // the file's own size in pixels
+  int jpeg;         // 1: a JPEG, decodable at 1/2, 1/4 and 1/8 of each side
+  FileIdentity id;  // the file whose header this is
 } ImageHeader;
 
 // Reads and checks a file's header without decoding its pixels: a regular file whose content is
@@ -24,8 +36,9 @@ int image_read_header(const char *path, ImageHeader *hdr);
 typedef struct {
   uint8_t *pixels;  // (h, w, c)
   int h, w, c;
-  int owned;      // 1: pixels were allocated by image_decode (image_free releases them)
-  int reduction;  // decoded at 1/reduction of each side of the file
+  int owned;        // 1: pixels were allocated by image_decode (image_free releases them)
+  int reduction;    // decoded at 1/reduction of each side of the file
+  FileIdentity id;  // decoded: the file the pixels came from
 } Image;
 
 typedef enum {

@@ -307,6 +307,7 @@ static int scan_one(Dataset *ds, int i, void *arg) {
   if (image_read_header(ds->files[i], &hdr) != 0) return -1;
   ds->source_h[i] = (uint16_t)hdr.h;
   ds->source_w[i] = (uint16_t)hdr.w;
+  ds->source_id[i] = hdr.id;
   return 0;
 }
 
@@ -326,9 +327,10 @@ int dataset_load_imagefolder(Dataset *ds, const char *root, int image_size, int 
   ds->c = channels;
   int rc;
   if (streaming) {
-    // source_h, source_w: (n) each; the pixels stay in the files
+    // source_h, source_w, source_id: (n) each; the pixels stay in the files
     ds->source_h = tl_alloc(sizeof *ds->source_h * ds->n, MEM_DATA, COMP_OTHER);
     ds->source_w = tl_alloc(sizeof *ds->source_w * ds->n, MEM_DATA, COMP_OTHER);
+    ds->source_id = tl_alloc(sizeof *ds->source_id * ds->n, MEM_DATA, COMP_OTHER);
     rc = for_each_image(ds, scan_one, NULL);
   } else {
     // pixels: (n, image_size, image_size, channels)

@@ -9,17 +9,23 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "io/dir_lock.h"
 
-int fsync_parent_dir(const char *path) {
-  char dir[4096];
-  snprintf(dir, sizeof dir, "%s", path);
+// The folder part of `path` as it was written ("." when it has none).
+static void parent_of(const char *path, char *dir, size_t cap) {
+  snprintf(dir, cap, "%s", path);
   char *slash = strrchr(dir, '/');
   if (!slash)
-    snprintf(dir, sizeof dir, ".");
+    snprintf(dir, cap, ".");
   else if (slash == dir)
     dir[1] = 0;
   else
     *slash = 0;
+}
+
+int fsync_parent_dir(const char *path) {
+  char dir[4096];
+  parent_of(path, dir, sizeof dir);
   int fd = open(dir, O_RDONLY | O_DIRECTORY);
   if (fd < 0) return -1;
   int rc = fsync(fd);
@@ -51,6 +57,14 @@ int atomic_commit(AtomicFile *a) {
   if (ok && fsync(fileno(a->f)) != 0) ok = 0, err = errno;
   if (fclose(a->f) != 0 && ok) ok = 0, err = errno;
   a->f = NULL;
+  // A folder this process locked that was moved or replaced since belongs to no one, or to
+  // another process: its files are not replaced.
+  char dir[4096];
+  parent_of(a->path, dir, sizeof dir);
+  if (ok && dir_lock_check(dir) != 0) {
+    unlink(a->tmp);
+    return -1;
+  }
   if (ok && rename(a->tmp, a->path) != 0) ok = 0, err = errno;
   if (!ok) {
     unlink(a->tmp);

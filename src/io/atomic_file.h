@@ -14,7 +14,8 @@ typedef struct {
 // Opens a temporary file beside `path`. -1 with tl_last_error() naming the folder on failure.
 int atomic_open(AtomicFile *a, const char *path);
 // Flushes, syncs and renames into place. -1 with tl_last_error() naming the file and the reason
-// (the temporary file is removed and the previous target, if any, is kept).
+// (the temporary file is removed and the previous target, if any, is kept), also when the target's
+// folder is one this process locked (dir_lock.h) and its path names another folder now.
 int atomic_commit(AtomicFile *a);
 // Gives up: closes and removes the temporary file.
 void atomic_abort(AtomicFile *a);

@@ -13,15 +13,30 @@ const char *const RUN_STATE_FILES[] = {".lock",        "config.ini", "checkpoint
                                        "ledger.jsonl", "ledger.csv", "eval.jsonl",
                                        "summary.json", NULL};
 
+// 1 when `path` names one of a run folder's own files (RUN_STATE_FILES).
+static int is_run_state_name(const char *path) {
+  const char *slash = strrchr(path, '/');
+  const char *name = slash ? slash + 1 : path;
+  for (int i = 0; RUN_STATE_FILES[i]; i++)
+    if (strcmp(name, RUN_STATE_FILES[i]) == 0) return 1;
+  return 0;
+}
+
 int regular_open(const char *path, int append, int64_t *bytes) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, and for writing
   // for a reader, before fstat could say what it is.
   int flags = append ? O_WRONLY | O_APPEND | O_CREAT : O_RDONLY;
+  // A run writes its own files and never as links: a link there was put by someone else, and
+  // following it would read (or, with O_CREAT, create) a file outside the folder.
+  const int run_file = is_run_state_name(path);
+  if (run_file) flags |= O_NOFOLLOW;
   int fd = open(path, flags | O_NONBLOCK | O_CLOEXEC, 0644);
   if (fd < 0) {
     int err = errno;
     if (err == ENOENT)
       tl_fail("%s: no such file", path);
+    else if (err == ELOOP && run_file)
+      tl_fail("%s: is a symbolic link; a run folder's own files are never followed", path);
     else
       tl_fail("%s: cannot open: %s", path, strerror(err));
     errno = err;

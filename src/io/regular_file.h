@@ -13,7 +13,8 @@ extern const char *const RUN_STATE_FILES[];
 // Opens `path` for reading (or, with `append`, for appending, created when missing) if it is a
 // regular file. Returns a file descriptor in blocking mode, or -1 with errno set (ENOENT when it
 // does not exist, EINVAL when it is not a regular file) and tl_last_error() naming the path.
-// *bytes (may be NULL) receives its size.
+// *bytes (may be NULL) receives its size. A path named as one of RUN_STATE_FILES is not followed
+// when it is a symbolic link (ELOOP).
 int regular_open(const char *path, int append, int64_t *bytes);
 
 // The same as a stdio stream: mode "r" or "a".

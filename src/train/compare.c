@@ -404,9 +404,7 @@ static void arg(Args *a, const char *s) {
 // A folder another (killed) compare's training still holds, finishing its checkpoint after the
 // SIGTERM its compare's death sent it: wait for it to let go, up to a minute.
 static int wait_for_run_lock(const char *dir) {
-  char path[4200];
-  snprintf(path, sizeof path, "%s/.lock", dir);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);  // a run locks its folder (dir_lock.h)
   if (fd < 0) return 0;
   int said = 0, rc = 0;
   for (int tries = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; tries++) {

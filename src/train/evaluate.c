@@ -1,5 +1,6 @@
 #include "train/evaluate.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -199,7 +200,7 @@ int evaluate_record(const char *dir, long step, const EvalResult *r) {
   char path[4200];
   snprintf(path, sizeof path, "%s/eval.jsonl", dir);
   if (step < 0) return tl_fail("%s: the checkpoint does not say its step", dir);
-  if (dir_lock(dir, ".lock", "run") != 0) return -1;
+  if (dir_lock(dir, ".lock", "run") != 0) return errno == EWOULDBLOCK ? 1 : -1;
   char *text = NULL;
   size_t len = 0;
   int rc = regular_read_text(path, &text, &len);

@@ -35,7 +35,8 @@ int evaluate_encoder(FeatureEncoder *e, const EvalOptions *opt, EvalResult *r);
 // shows it beside the monitor's. Under the folder's lock (a training run holds it for as long as
 // it lives: then nothing is written), by writing the file whole again beside it and renaming it
 // into place (io/atomic_file.h): a crash leaves the old file or the new one, and a cut-off last
-// line (a killed run's) is dropped rather than joined to the record. -1 with tl_last_error().
+// line (a killed run's) is dropped rather than joined to the record. 1 (tl_last_error() set)
+// when a run holds the folder, -1 with tl_last_error() when the record cannot be written.
 int evaluate_record(const char *dir, long step, const EvalResult *r);
 
 // r as `tally eval` prints it to f: a table of the encoder's measures beside the raw pixels', the

@@ -41,6 +41,8 @@ int run_save_checkpoint(ReplicaState *r, long steps_done) {
   st_set_meta(&s, "model", run->model_text);
   // Train options that are not configuration but that a resumed run should keep.
   st_set_meta(&s, "no_knn", run->opt->no_knn ? "1" : "0");
+  snprintf(text, sizeof text, "%d", run_threads_per_replica(run->layout.world));
+  st_set_meta(&s, "threads_per_replica", text);
   snprintf(text, sizeof text, "%.17g", run->flops_total);
   st_set_meta(&s, "flops_total", text);
   snprintf(text, sizeof text, "%.3f", run->train_seconds);

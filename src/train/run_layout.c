@@ -105,10 +105,12 @@ double run_step_flops(const RunShard *s, const LedgerRecord *rec) {
   return run_shard_to_global(s, rec->flops_forward + rec->flops_backward);
 }
 
-void run_split_threads(int world) {
+int run_threads_per_replica(int world) {
   const int ncores = omp_get_num_procs();
-  omp_set_num_threads(ncores / world > 0 ? ncores / world : 1);
+  return ncores / world > 0 ? ncores / world : 1;
 }
+
+void run_split_threads(int world) { omp_set_num_threads(run_threads_per_replica(world)); }
 
 typedef struct {
   void (*fn)(void *shared, int rank, Comm *comm);

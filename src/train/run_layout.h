@@ -66,8 +66,13 @@ double run_shard_weight(const RunShard *s);
 // The FLOPs of a step over every replica, from one shard's record (forward and backward).
 double run_step_flops(const RunShard *s, const LedgerRecord *rec);
 
-// This thread's OpenMP threads: the machine's cores split evenly over the world's replicas (at
-// least one), as every replica of a local run and every planned one takes them.
+// The OpenMP threads a replica gets: the cores this process may run on (its affinity, as
+// taskset sets it) split evenly over the world's replicas, at least one. oneDNN splits its
+// reductions by thread, so a run's numbers depend on this count: checkpoints and summaries
+// record it.
+int run_threads_per_replica(int world);
+// Sets this thread's OpenMP threads to run_threads_per_replica(world), as every replica of a
+// local run and every planned one takes them.
 void run_split_threads(int world);
 
 // Runs fn(shared, rank, comm) for every rank of a local group of `world` replicas, rank 0 on the

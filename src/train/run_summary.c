@@ -15,6 +15,8 @@ int run_write_summary(Run *run) {
   fprintf(f, "  \"steps\": %d,\n  \"epochs\": %.4f,\n  \"batch_size\": %d,\n  \"replicas\": %d,\n",
           run->steps_done, (double)run->steps_done / run->layout.steps_per_epoch,
           run->layout.global_batch, run->layout.world);
+  // The results depend on it (oneDNN's reductions split by thread): said beside them.
+  fprintf(f, "  \"threads_per_replica\": %d,\n", run_threads_per_replica(run->layout.world));
   if (isfinite(run->final_loss))
     fprintf(f, "  \"final_loss\": %.9g,\n", run->final_loss);
   else

@@ -420,6 +420,14 @@ static int open_run_folder(Run *run, Comm *mpi, double t0, const char *steps_tex
   printf("data %s in %.1f s; run folder %s\n", streamed ? "listed" : "loaded",
          (now_ms() - t0) / 1e3, run->opt->out_dir);
   if (run->start_step > 0) printf("resuming at step %d of %s\n", run->start_step, steps_text);
+  const int threads = run_threads_per_replica(run->layout.world);
+  if (run->start_step > 0 && run->opt->checkpoint_threads > 0 &&
+      run->opt->checkpoint_threads != threads)
+    printf(
+        "note: the checkpoint was written with %d thread%s per replica, this run has %d: the "
+        "steps from here add up in another order, so the result is not bit-identical to a run "
+        "done in one go\n",
+        run->opt->checkpoint_threads, run->opt->checkpoint_threads == 1 ? "" : "s", threads);
   fflush(stdout);
   return run_make_folder(run->opt->out_dir, run) == 0 ? GO_ON : failed();
 }

@@ -22,6 +22,9 @@ typedef struct {
   long ledger_last_step;
   unsigned long ledger_last_crc;
   double last_loss;  // resuming: the loss of the checkpoint's last step (NaN if not recorded)
+  // Resuming: the OpenMP threads each replica had when the checkpoint was written (0: not
+  // recorded). oneDNN's reductions split over threads, so another count changes the arithmetic.
+  int checkpoint_threads;
   // The run's planned peak memory (`tally plan`'s total, drawn up before it started), kept in
   // summary.json beside the measured peak; 0 when it was not planned.
   size_t planned_peak_bytes;
