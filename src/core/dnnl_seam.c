@@ -111,6 +111,8 @@ dnnl_primitive_desc_t dnnl_pd_reorder(DnnlCtx *ctx, DnnlMd src, DnnlMd dst) {
   return pd_or_null(status, pd, "reorder");
 }
 
+int dnnl_batch_norm_backward_reads_shift(void) { return DNNL_VERSION_MAJOR < 3; }
+
 // --- Primitive descriptors
 
 #if DNNL_VERSION_MAJOR >= 3

@@ -96,3 +96,7 @@ dnnl_primitive_desc_t dnnl_pd_batch_norm_forward(DnnlCtx *ctx, dnnl_prop_kind_t 
 dnnl_primitive_desc_t dnnl_pd_batch_norm_backward(DnnlCtx *ctx, DnnlMd data, float eps,
                                                   unsigned flags, const_dnnl_primitive_desc_t hint);
 dnnl_primitive_desc_t dnnl_pd_reorder(DnnlCtx *ctx, DnnlMd src, DnnlMd dst);
+
+// Whether batch normalization backward with a shift takes DNNL_ARG_SHIFT at execution, although
+// dbeta does not depend on it: oneDNN 2.x requires it, 3.x rejects it as one input too many.
+int dnnl_batch_norm_backward_reads_shift(void);

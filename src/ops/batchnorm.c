@@ -383,13 +383,13 @@ void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout) {
     dnnl_mem_bind(p->var, p->batch_var + g * l->C);
     dnnl_mem_bind(p->dscale, G > 1 ? p->dgamma_split + g * l->C : dgamma);
     dnnl_mem_bind(p->dshift, G > 1 ? p->dbeta_split + g * l->C : dbeta);
-    // oneDNN 2.6 requires the shift as an input of backward though dbeta does not depend on it.
     dnnl_exec_arg_t args[10] = {{DNNL_ARG_SRC, p->src},           {DNNL_ARG_DIFF_DST, p->dst},
                                 {DNNL_ARG_DIFF_SRC, p->diff_src}, {DNNL_ARG_SCALE, p->scale},
-                                {DNNL_ARG_SHIFT, p->shift},       {DNNL_ARG_MEAN, p->mean},
-                                {DNNL_ARG_VARIANCE, p->var},      {DNNL_ARG_DIFF_SCALE, p->dscale},
-                                {DNNL_ARG_DIFF_SHIFT, p->dshift}};
-    int nargs = 9;
+                                {DNNL_ARG_MEAN, p->mean},         {DNNL_ARG_VARIANCE, p->var},
+                                {DNNL_ARG_DIFF_SCALE, p->dscale}, {DNNL_ARG_DIFF_SHIFT, p->dshift}};
+    int nargs = 8;
+    if (dnnl_batch_norm_backward_reads_shift())
+      args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SHIFT, p->shift};
     if (p->ws) {
       dnnl_mem_bind(p->ws, (char *)p->relu_ws + g * p->relu_ws_bytes);
       args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WORKSPACE, p->ws};
