@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 
 root=${TALLY_DEBIAN13_ROOT:-$HOME/.cache/tally/debian13}
 mirror=${TALLY_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-copy=/root/tally # the checkout, inside the root
+copy=/opt/tally # the checkout, inside the root (where every user can read it: tests run as nobody)
 
 # Tests that cannot run in the root, as "NAME|why": printed, then excluded from ctest. None today:
 # the network namespaces of test_multihost work once the root is a mount point (below).
