@@ -5,15 +5,16 @@
 #   scripts/setup.sh              to build and train (scripts/train.sh)
 #   scripts/setup.sh --for-tests  also what only tests need (scripts/test.sh): Chromium for the
 #                                 report's browser test; PyTorch, NumPy, Pillow, torchvision and
-#                                 venv for the interop tests (tally_torch, python/); Valgrind for
-#                                 the memcheck test
+#                                 venv for the interop tests (tally_torch, python/) and the photo
+#                                 test; Valgrind for the memcheck test; iproute2 for the network
+#                                 namespaces of the several-hosts test
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config libdnnl-dev libstb-dev libcmocka-dev libinih-dev
           zlib1g-dev libjpeg62-turbo-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist)
 test_packages=(chromium python3-torch python3-numpy python3-pil python3-torchvision python3-venv
-               valgrind)
+               valgrind iproute2)
 for arg in "$@"; do
   case "$arg" in
     --for-tests) packages+=("${test_packages[@]}") ;;

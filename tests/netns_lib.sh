@@ -75,12 +75,14 @@ netns_create() {
   export NETNS_RSH_MAP="$NETNS_ADDR_A=$NETNS_A $NETNS_ADDR_B=$NETNS_B"
   # shellcheck disable=SC2054  # tcp,self is one word
   # --bind-to none: each "host" would bind its rank to its own first core, and both firsts are
-  # this machine's core 0 (two ranks on one core, every step twice as long).
+  # this machine's core 0 (two ranks on one core, every step twice as long). coll ^han: Open MPI
+  # 5 chooses its hierarchical collectives by default, and with these two "hosts" (one machine,
+  # one hostname) their MPI_Allreduce fails (MPI_ERR_TRUNCATE); 4.1 chose the flat ones.
   NETNS_MPIRUN=(ip netns exec "$NETNS_A" "$MPIRUN" --allow-run-as-root
     --hostfile "$hostfile" -np 2 --map-by node --bind-to none
     --mca plm_rsh_agent "bash $NETNS_AGENT"
     --mca btl tcp,self --mca btl_tcp_if_include "$NETNS_SUBNET"
-    --mca oob_tcp_if_include "$NETNS_SUBNET")
+    --mca oob_tcp_if_include "$NETNS_SUBNET" --mca coll ^han)
 }
 
 # netns_burst RATE: tbf's bucket for RATE (a number and kbit, mbit or gbit), bytes: 1 ms of it,

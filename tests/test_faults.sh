@@ -598,10 +598,15 @@ if command -v "$MPIRUN" >/dev/null 2>&1; then
     while [[ $1 != -- ]]; do a+=("$1"); shift; done
     shift
     b=("$@")
+    # Each rank reads its own arguments (NUL-separated) rather than an MPMD command line
+    # (-np 1 A : -np 1 B), on which Open MPI 5.0.7's mpirun (Debian 13) crashes.
+    printf '%s\0' "${a[@]}" >"$TMP/$label.args0"
+    printf '%s\0' "${b[@]}" >"$TMP/$label.args1"
     t0=$(date +%s%N)
-    timeout "$LIMIT" "$MPIRUN" --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1 \
-      -np 1 "$TALLY_BIN" "${a[@]}" : -np 1 "$TALLY_BIN" "${b[@]}" >"$TMP/$label.out" \
-      2>"$TMP/$label.err"
+    # shellcheck disable=SC2016  # expanded by each rank's bash
+    timeout "$LIMIT" "$MPIRUN" --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1 -np 2 \
+      bash -c 'mapfile -d "" args <"$0.args$OMPI_COMM_WORLD_RANK" && exec "$1" "${args[@]}"' \
+      "$TMP/$label" "$TALLY_BIN" >"$TMP/$label.out" 2>"$TMP/$label.err"
     rc=$?
     last=$TMP/$label
     ms=$((($(date +%s%N) - t0) / 1000000))

@@ -49,7 +49,7 @@ static void test_infonce_reference_and_fd(void **state) {
   for (int i = 0; i < N * D; i++) assert_float_equal(c->dzq[i], infonce_ref_dzq[i], 1e-5);
   float analytic[N * D];
   memcpy(analytic, c->dzq, sizeof analytic);
-  assert_true(gradcheck(case_loss, c, c->zq, analytic, N * D, N * D, 1e-3f, 1e-4, "infonce dzq") <
+  assert_true(gradcheck(case_loss, c, c->zq, analytic, N * D, N * D, 1e-2f, 1e-4, "infonce dzq") <
               1e-2);
   infonce_destroy(&c->loss);
   dnnl_ctx_destroy(&c->ctx);

@@ -193,8 +193,12 @@ if [[ $rc == 124 ]]; then
 elif [[ $rc == 0 ]]; then
   bad "mpirun exited 0"
 fi
-grep -Eqi 'exited with non-zero status|returned a non-zero exit code|process.*(killed|exited)' \
-  "$TMP/fail.err" || bad "no error naming the failed process (stderr: $(firstline "$TMP/fail.err"))"
+# Open MPI 4.1 names the rank that exited. Open MPI 5 (PRRTE) names the rank that aborted first,
+# which here is rank 0 losing its peer's socket ("prterun has exited due to process rank 0 ...
+# calling abort"), and writes NUL bytes into the stream (-a).
+named='exited with non-zero status|returned a non-zero exit code|process.*(killed|exited)'
+grep -Eqai "$named|exited due to process rank [0-9]+" "$TMP/fail.err" ||
+  bad "no error naming the failed process (stderr: $(firstline "$TMP/fail.err"))"
 [[ ! -e $TMP/runs/fail/summary.json ]] || bad "summary.json written"
 grep -q '"step":' "$TMP/runs/fail/ledger.jsonl" 2>/dev/null ||
   bad "no step was logged before the kill (the fault did not hit a running job)"

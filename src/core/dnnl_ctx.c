@@ -83,28 +83,16 @@ ConvAlgorithm conv_algorithm_parse(const char *text) {
                                          : CONV_ALGO_AUTO;
 }
 
-dnnl_primitive_t dnnl_ctx_try_make(DnnlCtx *ctx, const void *op_desc,
-                                   const_dnnl_primitive_desc_t hint, dnnl_primitive_desc_t *pd) {
-  dnnl_status_t status =
-      dnnl_primitive_desc_create(pd, op_desc, dnnl_ctx_attr(), ctx->engine, hint);
-  if (status == dnnl_unimplemented) return *pd = NULL, NULL;
-  DNNL_CHECK(status);
+dnnl_primitive_t dnnl_ctx_adopt(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd) {
+  if (!pd) TL_DIE("oneDNN has no implementation for a primitive this build needs");
   dnnl_primitive_t prim;
-  DNNL_CHECK(dnnl_primitive_create(&prim, *pd));
-  dnnl_ctx_reserve_scratchpad(ctx, *pd);
-  return prim;
-}
-
-dnnl_primitive_t dnnl_ctx_make(DnnlCtx *ctx, const void *op_desc, const_dnnl_primitive_desc_t hint,
-                               dnnl_primitive_desc_t *pd) {
-  dnnl_primitive_t prim = dnnl_ctx_try_make(ctx, op_desc, hint, pd);
-  if (!prim) TL_DIE("oneDNN has no implementation for a primitive this build needs");
+  DNNL_CHECK(dnnl_primitive_create(&prim, pd));
+  dnnl_ctx_reserve_scratchpad(ctx, pd);
   return prim;
 }
 
 void dnnl_ctx_reserve_scratchpad(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd) {
-  dnnl_memory_desc_t md = dnnl_pd_md(pd, dnnl_query_scratchpad_md, 0);
-  size_t need = dnnl_md_bytes(&md);
+  size_t need = dnnl_pd_md_bytes(pd, dnnl_query_scratchpad_md, 0);
   if (need <= ctx->scratchpad_bytes) return;
   tl_free(ctx->scratchpad);
   ctx->scratchpad = tl_alloc(need, ctx->scratchpad_category, COMP_OTHER);
@@ -112,47 +100,19 @@ void dnnl_ctx_reserve_scratchpad(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd) {
   // One memory object for the buffer, made here rather than at every execution: a primitive
   // uses the first bytes it asked for.
   if (ctx->scratchpad_mem) dnnl_memory_destroy(ctx->scratchpad_mem);
-  dnnl_memory_desc_t whole;
   dnnl_dims_t dims = {(dnnl_dim_t)need};
-  DNNL_CHECK(dnnl_memory_desc_init_by_tag(&whole, 1, dims, dnnl_u8, dnnl_a));
-  DNNL_CHECK(dnnl_memory_create(&ctx->scratchpad_mem, &whole, ctx->engine, ctx->scratchpad));
-}
-
-dnnl_memory_t dnnl_mem_new(DnnlCtx *ctx, const dnnl_memory_desc_t *md) {
-  dnnl_memory_t m;
-  DNNL_CHECK(dnnl_memory_create(&m, md, ctx->engine, DNNL_MEMORY_NONE));
-  return m;
+  DnnlMd whole = dnnl_md_typed(1, dims, dnnl_u8, dnnl_a);
+  ctx->scratchpad_mem = dnnl_mem_new(ctx, whole);
+  dnnl_md_destroy(whole);
+  dnnl_mem_bind(ctx->scratchpad_mem, ctx->scratchpad);
 }
 
 void dnnl_mem_bind(dnnl_memory_t mem, const void *ptr) {
   DNNL_CHECK(dnnl_memory_set_data_handle(mem, (void *)ptr));
 }
 
-dnnl_memory_desc_t dnnl_md_plain(int ndims, const dnnl_dims_t dims, dnnl_format_tag_t tag) {
-  return dnnl_md_typed(ndims, dims, dnnl_f32, tag);
-}
-
-dnnl_memory_desc_t dnnl_md_typed(int ndims, const dnnl_dims_t dims, dnnl_data_type_t type,
-                                 dnnl_format_tag_t tag) {
-  dnnl_memory_desc_t md;
-  DNNL_CHECK(dnnl_memory_desc_init_by_tag(&md, ndims, dims, type, tag));
-  return md;
-}
-
 dnnl_data_type_t dnnl_ctx_compute_type(const DnnlCtx *ctx) {
   return ctx->bf16 ? dnnl_bf16 : dnnl_f32;
-}
-
-dnnl_memory_desc_t dnnl_pd_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what, int index) {
-  const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, what, index);
-  if (!md) TL_DIE("primitive descriptor has no memory descriptor for query %d", (int)what);
-  return *md;
-}
-
-size_t dnnl_md_bytes(const dnnl_memory_desc_t *md) { return dnnl_memory_desc_get_size(md); }
-
-int dnnl_md_equal(const dnnl_memory_desc_t *a, const dnnl_memory_desc_t *b) {
-  return dnnl_memory_desc_equal(a, b);
 }
 
 void dnnl_ctx_exec(DnnlCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_desc_t pd, int nargs,
@@ -162,22 +122,19 @@ void dnnl_ctx_exec(DnnlCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_des
   TL_ASSERT(nargs < MAX_ARGS);
   dnnl_exec_arg_t all[MAX_ARGS];
   memcpy(all, args, sizeof(dnnl_exec_arg_t) * (size_t)nargs);
-  dnnl_memory_desc_t smd = dnnl_pd_md(pd, dnnl_query_scratchpad_md, 0);
-  if (dnnl_md_bytes(&smd) > 0) {
-    TL_ASSERT(dnnl_md_bytes(&smd) <= ctx->scratchpad_bytes);
+  size_t scratchpad_bytes = dnnl_pd_md_bytes(pd, dnnl_query_scratchpad_md, 0);
+  if (scratchpad_bytes > 0) {
+    TL_ASSERT(scratchpad_bytes <= ctx->scratchpad_bytes);
     all[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, ctx->scratchpad_mem};
   }
   DNNL_CHECK(dnnl_primitive_execute(prim, ctx->stream, nargs, all));
 }
 
-void dnnl_reorder_init(DnnlReorder *r, DnnlCtx *ctx, const dnnl_memory_desc_t *src_md,
-                       const dnnl_memory_desc_t *dst_md) {
+void dnnl_reorder_init(DnnlReorder *r, DnnlCtx *ctx, DnnlMd src_md, DnnlMd dst_md) {
   memset(r, 0, sizeof *r);
   if (dnnl_md_equal(src_md, dst_md)) return;
-  DNNL_CHECK(dnnl_reorder_primitive_desc_create(&r->pd, src_md, ctx->engine, dst_md, ctx->engine,
-                                                dnnl_ctx_attr()));
-  DNNL_CHECK(dnnl_primitive_create(&r->prim, r->pd));
-  dnnl_ctx_reserve_scratchpad(ctx, r->pd);
+  r->pd = dnnl_pd_reorder(ctx, src_md, dst_md);
+  r->prim = dnnl_ctx_adopt(ctx, r->pd);
   r->src = dnnl_mem_new(ctx, src_md);
   r->dst = dnnl_mem_new(ctx, dst_md);
 }
@@ -200,9 +157,8 @@ void dnnl_reorder_destroy(DnnlReorder *r) {
   memset(r, 0, sizeof *r);
 }
 
-void dnnl_copy_init_slots(DnnlCopy *c, DnnlCtx *ctx, const dnnl_memory_desc_t *src_md,
-                          const dnnl_memory_desc_t *dst_md, MemCategory category, MemComponent comp,
-                          int slots) {
+void dnnl_copy_init_slots(DnnlCopy *c, DnnlCtx *ctx, DnnlMd src_md, DnnlMd dst_md,
+                          MemCategory category, MemComponent comp, int slots) {
   dnnl_reorder_init(&c->reorder, ctx, src_md, dst_md);
   c->slot_bytes = dnnl_md_bytes(dst_md);
   c->buf = dnnl_reorder_needed(&c->reorder)
@@ -210,8 +166,8 @@ void dnnl_copy_init_slots(DnnlCopy *c, DnnlCtx *ctx, const dnnl_memory_desc_t *s
                : NULL;
 }
 
-void dnnl_copy_init(DnnlCopy *c, DnnlCtx *ctx, const dnnl_memory_desc_t *src_md,
-                    const dnnl_memory_desc_t *dst_md, MemCategory category, MemComponent comp) {
+void dnnl_copy_init(DnnlCopy *c, DnnlCtx *ctx, DnnlMd src_md, DnnlMd dst_md, MemCategory category,
+                    MemComponent comp) {
   dnnl_copy_init_slots(c, ctx, src_md, dst_md, category, comp, 1);
 }
 

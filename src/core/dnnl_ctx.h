@@ -5,6 +5,7 @@
 #include <stddef.h>
 
 #include "core/alloc.h"
+#include "core/dnnl_seam.h"
 #include "core/error.h"
 
 #define DNNL_CHECK(call)                                                 \
@@ -27,7 +28,7 @@ int dnnl_cpu_has_avx512(void);
 // "auto", "direct" or "winograd" (the config checked the text).
 ConvAlgorithm conv_algorithm_parse(const char *text);
 
-typedef struct {
+struct DnnlCtx {
   dnnl_engine_t engine;
   dnnl_stream_t stream;
   // Shared scratchpad for all primitives of this replica; they run one at a time.
@@ -66,7 +67,7 @@ typedef struct {
   // The part of the above (forward and backward, every component) that convolution passes run by
   // Winograd kernels added: still the direct count, the arithmetic of the model.
   double flops_winograd;
-} DnnlCtx;
+};
 
 // Builds what oneDNN builds only on first execution, never at primitive creation: the JIT
 // kernels of its gemm (which the f32 inner products of every head run on), the code pages of its
@@ -83,35 +84,18 @@ double dnnl_ctx_total_flops(const DnnlCtx *ctx);
 // Attribute with user-managed scratchpad: every primitive descriptor is created with this.
 dnnl_primitive_attr_t dnnl_ctx_attr(void);
 
-// Creates the primitive descriptor for `op_desc` (user-managed scratchpad; `hint` is the forward
-// descriptor for backward primitives, or NULL) and its primitive, and reserves its scratchpad.
-dnnl_primitive_t dnnl_ctx_make(DnnlCtx *ctx, const void *op_desc, const_dnnl_primitive_desc_t hint,
-                               dnnl_primitive_desc_t *pd);
-// The same, but NULL (and *pd NULL) when the library has no implementation for `op_desc` (an
-// algorithm this build or CPU lacks), so the caller can fall back to another.
-dnnl_primitive_t dnnl_ctx_try_make(DnnlCtx *ctx, const void *op_desc,
-                                   const_dnnl_primitive_desc_t hint, dnnl_primitive_desc_t *pd);
+// Takes a created primitive descriptor into use: creates its primitive and grows the shared
+// scratchpad to what it asks for. A NULL `pd` (the library has no implementation, see
+// core/dnnl_seam.h) ends the run: call it only for what has no fallback.
+dnnl_primitive_t dnnl_ctx_adopt(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd);
 
-// Grows the shared scratchpad to at least what `pd` asks for (call once at op creation).
+// Grows the shared scratchpad to at least what `pd` asks for (dnnl_ctx_adopt does).
 void dnnl_ctx_reserve_scratchpad(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd);
 
-// A memory object with no data yet; bind a pointer before each execution.
-dnnl_memory_t dnnl_mem_new(DnnlCtx *ctx, const dnnl_memory_desc_t *md);
 void dnnl_mem_bind(dnnl_memory_t mem, const void *ptr);
-
-// Plain memory descriptors (f32, row-major in the order given).
-dnnl_memory_desc_t dnnl_md_plain(int ndims, const dnnl_dims_t dims, dnnl_format_tag_t tag);
-// The same in another data type (e.g. the compute type's copy of an f32 tensor).
-dnnl_memory_desc_t dnnl_md_typed(int ndims, const dnnl_dims_t dims, dnnl_data_type_t type,
-                                 dnnl_format_tag_t tag);
 
 // The data type convolutions and linear layers multiply in: bf16 when ctx->bf16, else f32.
 dnnl_data_type_t dnnl_ctx_compute_type(const DnnlCtx *ctx);
-
-// Queries a memory descriptor of a primitive descriptor (e.g. dnnl_query_src_md, index 0).
-dnnl_memory_desc_t dnnl_pd_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what, int index);
-size_t dnnl_md_bytes(const dnnl_memory_desc_t *md);
-int dnnl_md_equal(const dnnl_memory_desc_t *a, const dnnl_memory_desc_t *b);
 
 // Executes a primitive with the given args plus the shared scratchpad; its outputs are ready when
 // this returns (the CPU stream is synchronous, see dnnl_ctx.c).
@@ -124,8 +108,7 @@ typedef struct {
   dnnl_primitive_t prim;
   dnnl_memory_t src, dst;
 } DnnlReorder;
-void dnnl_reorder_init(DnnlReorder *r, DnnlCtx *ctx, const dnnl_memory_desc_t *src_md,
-                       const dnnl_memory_desc_t *dst_md);
+void dnnl_reorder_init(DnnlReorder *r, DnnlCtx *ctx, DnnlMd src_md, DnnlMd dst_md);
 int dnnl_reorder_needed(const DnnlReorder *r);
 void dnnl_reorder_run(DnnlReorder *r, DnnlCtx *ctx, const void *src, void *dst);
 void dnnl_reorder_destroy(DnnlReorder *r);
@@ -138,12 +121,11 @@ typedef struct {
   size_t slot_bytes;  // one copy's
 } DnnlCopy;
 // `category` and `comp` tag the buffer for the ledger (MEM_ACT when the copy is kept for backward).
-void dnnl_copy_init(DnnlCopy *c, DnnlCtx *ctx, const dnnl_memory_desc_t *src_md,
-                    const dnnl_memory_desc_t *dst_md, MemCategory category, MemComponent comp);
+void dnnl_copy_init(DnnlCopy *c, DnnlCtx *ctx, DnnlMd src_md, DnnlMd dst_md, MemCategory category,
+                    MemComponent comp);
 // The same with `slots` copies, one per forward call an op keeps (ops/builder.h).
-void dnnl_copy_init_slots(DnnlCopy *c, DnnlCtx *ctx, const dnnl_memory_desc_t *src_md,
-                          const dnnl_memory_desc_t *dst_md, MemCategory category, MemComponent comp,
-                          int slots);
+void dnnl_copy_init_slots(DnnlCopy *c, DnnlCtx *ctx, DnnlMd src_md, DnnlMd dst_md,
+                          MemCategory category, MemComponent comp, int slots);
 // Converts `src` when needed; returns what the primitive should read.
 const void *dnnl_copy_run(DnnlCopy *c, DnnlCtx *ctx, const void *src);
 const void *dnnl_copy_run_at(DnnlCopy *c, DnnlCtx *ctx, const void *src, int slot);

@@ -7,33 +7,13 @@ int dino_loss_pairs(int global, int views) {
   return global * views - (views < global ? views : global);
 }
 
-static dnnl_primitive_t rows_softmax(DnnlCtx *ctx, int rows, int K, dnnl_alg_kind_t alg,
-                                     dnnl_primitive_desc_t *pd, dnnl_memory_t *mem) {
-  dnnl_memory_desc_t md;
-  dnnl_dims_t dims = {rows, K};
-  DNNL_CHECK(dnnl_memory_desc_init_by_tag(&md, 2, dims, dnnl_f32, dnnl_ab));
-  dnnl_softmax_v2_desc_t desc;
-  DNNL_CHECK(dnnl_softmax_v2_forward_desc_init(&desc, dnnl_forward_inference, alg, &md, &md, 1));
-  *mem = dnnl_mem_new(ctx, &md);
-  return dnnl_ctx_make(ctx, &desc, NULL, pd);
-}
-
 void dino_loss_init(DinoLoss *l, DnnlCtx *ctx, int b, int global, int views, int K) {
   memset(l, 0, sizeof *l);
   l->b = b, l->global = global, l->views = views, l->K = K;
   l->q = tl_alloc(sizeof(float) * (size_t)global * b * K, MEM_WORKSPACE, COMP_LOSS);
   l->logp = tl_alloc(sizeof(float) * (size_t)views * b * K, MEM_ACT, COMP_LOSS);
-  l->teacher_softmax =
-      rows_softmax(ctx, global * b, K, dnnl_softmax_accurate, &l->teacher_pd, &l->q_mem);
-  l->student_log_softmax =
-      rows_softmax(ctx, views * b, K, dnnl_softmax_log, &l->student_pd, &l->logp_mem);
-}
-
-static void run_in_place(DnnlCtx *ctx, dnnl_primitive_t prim, dnnl_primitive_desc_t pd,
-                         dnnl_memory_t mem, float *rows) {
-  dnnl_mem_bind(mem, rows);
-  dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, mem}, {DNNL_ARG_DST, mem}};
-  dnnl_ctx_exec(ctx, prim, pd, 2, args);
+  row_softmax_init(&l->teacher_softmax, ctx, global * b, K, SOFTMAX_PROBS);
+  row_softmax_init(&l->student_log_softmax, ctx, views * b, K, SOFTMAX_LOG_PROBS);
 }
 
 double dino_loss_forward_backward(DinoLoss *l, DnnlCtx *ctx, const float *student,
@@ -47,8 +27,8 @@ double dino_loss_forward_backward(DinoLoss *l, DnnlCtx *ctx, const float *studen
       for (int k = 0; k < K; k++) l->q[r * K + k] = (teacher[r * K + k] - center[k]) / teacher_temp;
     for (size_t i = 0; i < s_n; i++) l->logp[i] = student[i] / student_temp;
   }
-  run_in_place(ctx, l->teacher_softmax, l->teacher_pd, l->q_mem, l->q);
-  run_in_place(ctx, l->student_log_softmax, l->student_pd, l->logp_mem, l->logp);
+  row_softmax_run(&l->teacher_softmax, ctx, l->q);
+  row_softmax_run(&l->student_log_softmax, ctx, l->logp);
   double loss_sum = 0;
   if (!ctx->dry_run) {
     // d(mean loss)/d s[v, i, k] = (m_v p[v, i, k] - sum_{g != v} q[g, i, k]) / (pairs tau_s
@@ -83,14 +63,8 @@ double dino_loss_forward_backward(DinoLoss *l, DnnlCtx *ctx, const float *studen
 }
 
 void dino_loss_destroy(DinoLoss *l) {
-  dnnl_primitive_t prims[] = {l->teacher_softmax, l->student_log_softmax};
-  dnnl_primitive_desc_t pds[] = {l->teacher_pd, l->student_pd};
-  dnnl_memory_t mems[] = {l->q_mem, l->logp_mem};
-  for (int i = 0; i < 2; i++) {
-    if (prims[i]) dnnl_primitive_destroy(prims[i]);
-    if (pds[i]) dnnl_primitive_desc_destroy(pds[i]);
-    if (mems[i]) dnnl_memory_destroy(mems[i]);
-  }
+  row_softmax_destroy(&l->teacher_softmax);
+  row_softmax_destroy(&l->student_log_softmax);
   tl_free(l->q);
   tl_free(l->logp);
 }

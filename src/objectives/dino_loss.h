@@ -7,15 +7,14 @@
 // Rows are crop-major: student row v * b + i is crop v of sample i (v < V), teacher row
 // g * b + i is global crop g (g < G).
 #pragma once
-#include "core/dnnl_ctx.h"
+#include "ops/softmax.h"
 
 typedef struct {
-  int b, global, views, K;  // samples, teacher (global) crops, student crops, outputs
-  float *q;                 // (G b, K) the teacher's targets, MEM_WORKSPACE loss
-  float *logp;              // (V b, K) the student's log-probabilities, MEM_ACT loss
-  dnnl_primitive_desc_t teacher_pd, student_pd;
-  dnnl_primitive_t teacher_softmax, student_log_softmax;  // oneDNN, rows in place
-  dnnl_memory_t q_mem, logp_mem;
+  int b, global, views, K;         // samples, teacher (global) crops, student crops, outputs
+  float *q;                        // (G b, K) the teacher's targets, MEM_WORKSPACE loss
+  float *logp;                     // (V b, K) the student's log-probabilities, MEM_ACT loss
+  RowSoftmax teacher_softmax;      // rows of q in place
+  RowSoftmax student_log_softmax;  // rows of logp in place
 } DinoLoss;
 
 void dino_loss_init(DinoLoss *l, DnnlCtx *ctx, int b, int global, int views, int K);

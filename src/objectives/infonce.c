@@ -12,13 +12,7 @@ void infonce_init(InfoNce *l, DnnlCtx *ctx, int n, int K, int d, float temperatu
   const int row = K + 1;
   matmul_init_ld(&l->neg, ctx, n, d, K, 0, 1, 0, row, COMP_LOSS, 0);
   matmul_init_ld(&l->grad, ctx, n, K, d, 0, 0, row, 0, COMP_LOSS, 1);
-  dnnl_memory_desc_t md;
-  dnnl_dims_t dims = {n, row};
-  DNNL_CHECK(dnnl_memory_desc_init_by_tag(&md, 2, dims, dnnl_f32, dnnl_ab));
-  dnnl_softmax_desc_t sm;
-  DNNL_CHECK(dnnl_softmax_forward_desc_init(&sm, dnnl_forward_inference, &md, 1));
-  l->softmax = dnnl_ctx_make(ctx, &sm, NULL, &l->softmax_pd);
-  l->logits_mem = dnnl_mem_new(ctx, &md);
+  row_softmax_init(&l->softmax, ctx, n, row, SOFTMAX_PROBS);
   l->logits = tl_alloc(sizeof(float) * (size_t)n * row, MEM_ACT, COMP_LOSS);
   l->q_scaled = tl_alloc(sizeof(float) * (size_t)n * d, MEM_ACT, COMP_LOSS);
 }
@@ -67,9 +61,7 @@ double infonce_forward_backward(InfoNce *l, DnnlCtx *ctx, const float *q, const 
     }
   }
   // Rows of probabilities in place (exp(-inf) is 0); the loss is minus the positive's log.
-  dnnl_mem_bind(l->logits_mem, l->logits);
-  dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, l->logits_mem}, {DNNL_ARG_DST, l->logits_mem}};
-  dnnl_ctx_exec(ctx, l->softmax, l->softmax_pd, 2, args);
+  row_softmax_run(&l->softmax, ctx, l->logits);
   for (int i = 0; i < n && !ctx->dry_run; i++) {
     float *p = l->logits + (size_t)i * row;
     loss_sum +=
@@ -94,9 +86,7 @@ double infonce_forward_backward(InfoNce *l, DnnlCtx *ctx, const float *q, const 
 void infonce_destroy(InfoNce *l) {
   matmul_destroy(&l->neg);
   matmul_destroy(&l->grad);
-  if (l->softmax) dnnl_primitive_destroy(l->softmax);
-  if (l->softmax_pd) dnnl_primitive_desc_destroy(l->softmax_pd);
-  if (l->logits_mem) dnnl_memory_destroy(l->logits_mem);
+  row_softmax_destroy(&l->softmax);
   tl_free(l->logits);
   tl_free(l->q_scaled);
 }

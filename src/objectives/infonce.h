@@ -3,6 +3,7 @@
 // last column. Negatives that are not usable (too old) are left out of the softmax.
 #pragma once
 #include "ops/matmul.h"
+#include "ops/softmax.h"
 
 typedef struct {
   int n, K, d;
@@ -11,9 +12,7 @@ typedef struct {
   Matmul grad;         // the first K columns of `logits` (n, K) x (K, d) -> (n, d)
   float *logits;       // (n, K + 1) logits, then probabilities; MEM_ACT loss
   float *q_scaled;     // (n, d) q / t
-  dnnl_primitive_desc_t softmax_pd;
-  dnnl_primitive_t softmax;  // oneDNN, rows in place over `logits`
-  dnnl_memory_t logits_mem;
+  RowSoftmax softmax;  // rows of `logits` in place
 } InfoNce;
 
 // Below this positive probability a query's loss is recomputed in double: -log of a float

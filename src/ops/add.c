@@ -24,13 +24,13 @@ void add_init(Add *l, Builder *b, size_t n, MemCategory cat, int is_backward) {
   if (!p) TL_DIE("out of memory");
   l->priv = p;
   dnnl_dims_t dims = {(dnnl_dim_t)n};
-  dnnl_memory_desc_t md = dnnl_md_plain(1, dims, dnnl_a);
-  dnnl_binary_desc_t desc;
-  DNNL_CHECK(dnnl_binary_desc_init(&desc, dnnl_binary_add, &md, &md, &md));
-  p->prim = dnnl_ctx_make(ctx, &desc, NULL, &p->pd);
-  p->a = dnnl_mem_new(ctx, &md);
-  p->b = dnnl_mem_new(ctx, &md);
-  p->out = dnnl_mem_new(ctx, &md);
+  DnnlMd md = dnnl_md_plain(1, dims, dnnl_a);
+  p->pd = dnnl_pd_binary(ctx, dnnl_binary_add, md, md, md);
+  p->prim = dnnl_ctx_adopt(ctx, p->pd);
+  p->a = dnnl_mem_new(ctx, md);
+  p->b = dnnl_mem_new(ctx, md);
+  p->out = dnnl_mem_new(ctx, md);
+  dnnl_md_destroy(md);
   if (is_backward && cat == MEM_ACT_GRAD)
     op_din_alloc(b, &l->calls, &l->out_slots, n * sizeof(float), l->comp);
   else if (!is_backward && cat == builder_out_category(b))

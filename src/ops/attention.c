@@ -60,28 +60,17 @@ double attention_flops_backward(int N, int T, int D, int heads) {
 }
 
 // A (N, H, rows, cols) view with explicit strides (in floats).
-static dnnl_memory_desc_t head_view(int N, int H, int rows, int cols, dnnl_dim_t batch_stride,
-                                    dnnl_dim_t head_stride, dnnl_dim_t row_stride,
-                                    dnnl_dim_t col_stride) {
-  dnnl_memory_desc_t md;
+static DnnlMd head_view(int N, int H, int rows, int cols, dnnl_dim_t batch_stride,
+                        dnnl_dim_t head_stride, dnnl_dim_t row_stride, dnnl_dim_t col_stride) {
   dnnl_dims_t dims = {N, H, rows, cols};
   dnnl_dims_t strides = {batch_stride, head_stride, row_stride, col_stride};
-  DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md, 4, dims, dnnl_f32, strides));
-  return md;
+  return dnnl_md_strided(4, dims, strides);
 }
 
-static void head_matmul_init(HeadMatmul *m, DnnlCtx *ctx, const dnnl_memory_desc_t *src,
-                             const dnnl_memory_desc_t *weights, const dnnl_memory_desc_t *dst,
+static void head_matmul_init(HeadMatmul *m, DnnlCtx *ctx, DnnlMd src, DnnlMd weights, DnnlMd dst,
                              float scale) {
-  dnnl_primitive_attr_t attr;
-  DNNL_CHECK(dnnl_primitive_attr_clone(&attr, dnnl_ctx_attr()));
-  if (scale != 1.0f) DNNL_CHECK(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &scale));
-  dnnl_matmul_desc_t desc;
-  DNNL_CHECK(dnnl_matmul_desc_init(&desc, src, weights, NULL, dst));
-  DNNL_CHECK(dnnl_primitive_desc_create(&m->pd, &desc, attr, ctx->engine, NULL));
-  DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
-  DNNL_CHECK(dnnl_primitive_create(&m->prim, m->pd));
-  dnnl_ctx_reserve_scratchpad(ctx, m->pd);
+  m->pd = dnnl_pd_matmul(ctx, src, weights, dst, scale);
+  m->prim = dnnl_ctx_adopt(ctx, m->pd);
   m->src = dnnl_mem_new(ctx, src);
   m->weights = dnnl_mem_new(ctx, weights);
   m->dst = dnnl_mem_new(ctx, dst);
@@ -129,44 +118,44 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   // Q, K, V (and dQ, dK, dV) heads as (T, Dh) matrices, either rows of qkv or dense; K^T and V^T
   // read the same memory with the last two strides swapped.
   p->dense_heads = T < DENSE_HEADS_MAX_T;
-  dnnl_memory_desc_t qkv_head, qkv_head_t;
+  DnnlMd qkv_head, qkv_head_t;
   if (p->dense_heads) {
     dnnl_dim_t head = (dnnl_dim_t)T * Dh;
     qkv_head = head_view(N, H, T, Dh, H * head, head, Dh, 1);
     qkv_head_t = head_view(N, H, Dh, T, H * head, head, 1, Dh);
     p->part_offset = (dnnl_dim_t)N * out_image;
-    dnnl_memory_desc_t fused, split;
     dnnl_dims_t dims = {3, N, H, T, Dh}, fused_strides = {D, qkv_image, Dh, qkv_row, 1};
-    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&fused, 5, dims, dnnl_f32, fused_strides));
-    DNNL_CHECK(dnnl_memory_desc_init_by_tag(&split, 5, dims, dnnl_f32, dnnl_abcde));
-    dnnl_reorder_init(&p->to_heads, ctx, &fused, &split);
+    DnnlMd fused = dnnl_md_strided(5, dims, fused_strides);
+    DnnlMd split = dnnl_md_plain(5, dims, dnnl_abcde);
+    dnnl_reorder_init(&p->to_heads, ctx, fused, split);
     if (train)
       p->heads = op_calls_alloc(&a->calls, qkv_count * sizeof(float), MEM_ACT, a->comp);
     else
       p->heads_pooled = op_inner_alloc(b, PASS_FORWARD, &p->heads, qkv_count * sizeof(float),
                                        MEM_WORKSPACE, a->comp);
     if (train) {
-      dnnl_reorder_init(&p->from_heads, ctx, &split, &fused);
+      dnnl_reorder_init(&p->from_heads, ctx, split, fused);
       p->dheads_pooled = op_inner_alloc(b, PASS_BACKWARD, &p->dheads, qkv_count * sizeof(float),
                                         MEM_ACT_GRAD, a->comp);
     }
+    dnnl_md_destroy(fused);
+    dnnl_md_destroy(split);
   } else {
     qkv_head = head_view(N, H, T, Dh, qkv_image, Dh, qkv_row, 1);
     qkv_head_t = head_view(N, H, Dh, T, qkv_image, Dh, 1, qkv_row);
     p->part_offset = D;
   }
-  dnnl_memory_desc_t out_head = head_view(N, H, T, Dh, out_image, Dh, D, 1);
-  dnnl_memory_desc_t probs = head_view(N, H, T, T, probs_image, probs_head, T, 1);
-  dnnl_memory_desc_t probs_t = head_view(N, H, T, T, probs_image, probs_head, 1, T);
+  DnnlMd out_head = head_view(N, H, T, Dh, out_image, Dh, D, 1);
+  DnnlMd probs = head_view(N, H, T, T, probs_image, probs_head, T, 1);
+  DnnlMd probs_t = head_view(N, H, T, T, probs_image, probs_head, 1, T);
   float scale = 1.0f / sqrtf((float)Dh);
 
-  head_matmul_init(&p->scores, ctx, &qkv_head, &qkv_head_t, &probs, scale);
-  head_matmul_init(&p->context, ctx, &probs, &qkv_head, &out_head, 1.0f);
-  dnnl_softmax_desc_t softmax_fwd_desc;
-  DNNL_CHECK(dnnl_softmax_forward_desc_init(
-      &softmax_fwd_desc, train ? dnnl_forward_training : dnnl_forward_inference, &probs, 3));
-  p->softmax_fwd = dnnl_ctx_make(ctx, &softmax_fwd_desc, NULL, &p->softmax_fwd_pd);
-  p->probs_mem = dnnl_mem_new(ctx, &probs);
+  head_matmul_init(&p->scores, ctx, qkv_head, qkv_head_t, probs, scale);
+  head_matmul_init(&p->context, ctx, probs, qkv_head, out_head, 1.0f);
+  p->softmax_fwd_pd = dnnl_pd_softmax_forward(
+      ctx, train ? dnnl_forward_training : dnnl_forward_inference, dnnl_softmax_accurate, probs, 3);
+  p->softmax_fwd = dnnl_ctx_adopt(ctx, p->softmax_fwd_pd);
+  p->probs_mem = dnnl_mem_new(ctx, probs);
   size_t probs_count = (size_t)N * (size_t)probs_image;
   if (train)
     p->probs = op_calls_alloc(&a->calls, probs_count * sizeof(float), MEM_ACT, a->comp);
@@ -175,19 +164,21 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
                                      MEM_WORKSPACE, a->comp);
   op_out_alloc(b, &a->calls, &a->out_slots, (size_t)N * (size_t)out_image * sizeof(float), a->comp);
   a->out = a->out_slots;
-  if (!train) return;
-
-  head_matmul_init(&p->dprobs, ctx, &out_head, &qkv_head_t, &probs, 1.0f);
-  head_matmul_init(&p->dvalue, ctx, &probs_t, &out_head, &qkv_head, 1.0f);
-  head_matmul_init(&p->dquery, ctx, &probs, &qkv_head, &qkv_head, scale);
-  head_matmul_init(&p->dkey, ctx, &probs_t, &qkv_head, &qkv_head, scale);
-  dnnl_softmax_desc_t softmax_bwd_desc;
-  DNNL_CHECK(dnnl_softmax_backward_desc_init(&softmax_bwd_desc, &probs, &probs, 3));
-  p->softmax_bwd = dnnl_ctx_make(ctx, &softmax_bwd_desc, p->softmax_fwd_pd, &p->softmax_bwd_pd);
-  p->dprobs_mem = dnnl_mem_new(ctx, &probs);
-  p->dprobs_pooled = op_inner_alloc(b, PASS_BACKWARD, &p->dprobs_buf, probs_count * sizeof(float),
-                                    MEM_ACT_GRAD, a->comp);
-  op_din_alloc(b, &a->calls, &a->din, qkv_count * sizeof(float), a->comp);
+  if (train) {
+    head_matmul_init(&p->dprobs, ctx, out_head, qkv_head_t, probs, 1.0f);
+    head_matmul_init(&p->dvalue, ctx, probs_t, out_head, qkv_head, 1.0f);
+    head_matmul_init(&p->dquery, ctx, probs, qkv_head, qkv_head, scale);
+    head_matmul_init(&p->dkey, ctx, probs_t, qkv_head, qkv_head, scale);
+    p->softmax_bwd_pd =
+        dnnl_pd_softmax_backward(ctx, dnnl_softmax_accurate, probs, 3, p->softmax_fwd_pd);
+    p->softmax_bwd = dnnl_ctx_adopt(ctx, p->softmax_bwd_pd);
+    p->dprobs_mem = dnnl_mem_new(ctx, probs);
+    p->dprobs_pooled = op_inner_alloc(b, PASS_BACKWARD, &p->dprobs_buf, probs_count * sizeof(float),
+                                      MEM_ACT_GRAD, a->comp);
+    op_din_alloc(b, &a->calls, &a->din, qkv_count * sizeof(float), a->comp);
+  }
+  DnnlMd mds[] = {qkv_head, qkv_head_t, out_head, probs, probs_t};
+  for (size_t i = 0; i < sizeof mds / sizeof mds[0]; i++) dnnl_md_destroy(mds[i]);
 }
 
 // One call's saved tensors: its output, softmax output and (dense) heads.

@@ -64,8 +64,7 @@ static void bn_take_params(BatchNorm *l, Builder *b, const char *name) {
 
 // What forward keeps when it trains (or updates running statistics): the batch statistics and
 // the ReLU mask per call, the primitive that normalizes with given statistics, sync_bn's buffers.
-static void bn_keep_statistics(BatchNorm *l, Builder *b, const dnnl_memory_desc_t *data_md,
-                               unsigned flags) {
+static void bn_keep_statistics(BatchNorm *l, Builder *b, DnnlMd data_md, unsigned flags) {
   DnnlCtx *ctx = b->ctx;
   struct BatchNormPrivate *p = l->priv;
   const int C = l->C, fuse_relu = l->fuse_relu;
@@ -76,18 +75,18 @@ static void bn_keep_statistics(BatchNorm *l, Builder *b, const dnnl_memory_desc_
   p->batch_mean = p->mean_slots = op_calls_alloc(&l->calls, G * C * sizeof(float), kept, l->comp);
   p->batch_var = p->var_slots = op_calls_alloc(&l->calls, G * C * sizeof(float), kept, l->comp);
   if (fuse_relu) {
-    dnnl_memory_desc_t ws_md = dnnl_pd_md(p->fwd_pd, dnnl_query_workspace_md, 0);
-    p->ws = dnnl_mem_new(ctx, &ws_md);
-    p->relu_ws_bytes = dnnl_md_bytes(&ws_md);
+    DnnlMd ws_md = dnnl_pd_md(p->fwd_pd, dnnl_query_workspace_md, 0);
+    p->ws = dnnl_mem_new(ctx, ws_md);
+    p->relu_ws_bytes = dnnl_md_bytes(ws_md);
+    dnnl_md_destroy(ws_md);
     p->relu_ws = p->relu_ws_slots = op_calls_alloc(&l->calls, G * p->relu_ws_bytes, kept, l->comp);
   }
   if (l->sync || (b->mode == OP_TRAIN && builder_may_recompute(b))) {
     // Normalizing with given statistics: sync_bn's second pass, and batchnorm_recompute's (for
     // an output written again before its backward, ops/builder.h).
-    dnnl_batch_normalization_desc_t desc;
-    DNNL_CHECK(dnnl_batch_normalization_forward_desc_init(&desc, dnnl_forward_training, data_md,
-                                                          l->eps, flags | dnnl_use_global_stats));
-    p->fwd_global = dnnl_ctx_make(ctx, &desc, NULL, &p->fwd_global_pd);
+    p->fwd_global_pd = dnnl_pd_batch_norm_forward(ctx, dnnl_forward_training, data_md, l->eps,
+                                                  flags | dnnl_use_global_stats);
+    p->fwd_global = dnnl_ctx_adopt(ctx, p->fwd_global_pd);
   }
   if (l->sync) {
     p->sync_buf = tl_alloc(2 * (size_t)C * sizeof(float), MEM_WORKSPACE, l->comp);
@@ -97,27 +96,24 @@ static void bn_keep_statistics(BatchNorm *l, Builder *b, const dnnl_memory_desc_
 
 // Backward (and sync_bn's backward with given statistics), its gradient memories, and where
 // its input gradient goes.
-static void bn_make_backward(BatchNorm *l, Builder *b, const dnnl_memory_desc_t *data_md,
-                             const dnnl_memory_desc_t *c_md, unsigned flags) {
+static void bn_make_backward(BatchNorm *l, Builder *b, DnnlMd data_md, DnnlMd c_md,
+                             unsigned flags) {
   DnnlCtx *ctx = b->ctx;
   struct BatchNormPrivate *p = l->priv;
   const int C = l->C;
   const size_t G = (size_t)l->splits;
   if (l->sync) {
-    dnnl_batch_normalization_desc_t desc;
-    DNNL_CHECK(dnnl_batch_normalization_backward_desc_init(&desc, dnnl_backward, data_md, data_md,
-                                                           l->eps, flags | dnnl_use_global_stats));
-    p->bwd_global = dnnl_ctx_make(ctx, &desc, p->fwd_global_pd, &p->bwd_global_pd);
+    p->bwd_global_pd = dnnl_pd_batch_norm_backward(ctx, data_md, l->eps,
+                                                   flags | dnnl_use_global_stats, p->fwd_global_pd);
+    p->bwd_global = dnnl_ctx_adopt(ctx, p->bwd_global_pd);
   }
   if (G > 1) {
     p->dgamma_split = tl_alloc(G * C * sizeof(float), MEM_WORKSPACE, l->comp);
     p->dbeta_split = tl_alloc(G * C * sizeof(float), MEM_WORKSPACE, l->comp);
   }
 
-  dnnl_batch_normalization_desc_t bwd_desc;
-  DNNL_CHECK(dnnl_batch_normalization_backward_desc_init(&bwd_desc, dnnl_backward, data_md, data_md,
-                                                         l->eps, flags));
-  p->bwd = dnnl_ctx_make(ctx, &bwd_desc, p->fwd_pd, &p->bwd_pd);
+  p->bwd_pd = dnnl_pd_batch_norm_backward(ctx, data_md, l->eps, flags, p->fwd_pd);
+  p->bwd = dnnl_ctx_adopt(ctx, p->bwd_pd);
   p->diff_src = dnnl_mem_new(ctx, data_md);
   p->dscale = dnnl_mem_new(ctx, c_md);
   p->dshift = dnnl_mem_new(ctx, c_md);
@@ -167,30 +163,30 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
 
   // The primitives see one group; forward and backward run once per group.
   dnnl_dims_t data_dims = {N / l->splits, C, H, W}, c_dims = {C};
-  dnnl_memory_desc_t data_md = dnnl_md_plain(4, data_dims, builder_layout(b));
-  dnnl_memory_desc_t c_md = dnnl_md_plain(1, c_dims, dnnl_a);
+  DnnlMd data_md = dnnl_md_plain(4, data_dims, builder_layout(b));
+  DnnlMd c_md = dnnl_md_plain(1, c_dims, dnnl_a);
   unsigned flags = dnnl_use_scale | dnnl_use_shift | (fuse_relu ? dnnl_fuse_norm_relu : 0u);
 
   int infer = b->mode == OP_INFER;
-  dnnl_batch_normalization_desc_t fwd_desc;
-  DNNL_CHECK(dnnl_batch_normalization_forward_desc_init(
-      &fwd_desc, infer ? dnnl_forward_inference : dnnl_forward_training, &data_md, l->eps,
-      flags | (infer ? dnnl_use_global_stats : 0u)));
-  p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
-  p->src = dnnl_mem_new(ctx, &data_md);
-  p->dst = dnnl_mem_new(ctx, &data_md);
-  p->scale = dnnl_mem_new(ctx, &c_md);
-  p->shift = dnnl_mem_new(ctx, &c_md);
-  p->mean = dnnl_mem_new(ctx, &c_md);
-  p->var = dnnl_mem_new(ctx, &c_md);
+  p->fwd_pd =
+      dnnl_pd_batch_norm_forward(ctx, infer ? dnnl_forward_inference : dnnl_forward_training,
+                                 data_md, l->eps, flags | (infer ? dnnl_use_global_stats : 0u));
+  p->fwd = dnnl_ctx_adopt(ctx, p->fwd_pd);
+  p->src = dnnl_mem_new(ctx, data_md);
+  p->dst = dnnl_mem_new(ctx, data_md);
+  p->scale = dnnl_mem_new(ctx, c_md);
+  p->shift = dnnl_mem_new(ctx, c_md);
+  p->mean = dnnl_mem_new(ctx, c_md);
+  p->var = dnnl_mem_new(ctx, c_md);
   op_out_alloc(b, &l->calls, &l->out_slots, bn_elems(l) * sizeof(float), l->comp);
   l->out = l->out_slots;
-  if (infer) return;
-
-  bn_keep_statistics(l, b, &data_md, flags);
-  if (b->mode != OP_TRAIN) return;
-  op_grads_expect(b, &l->calls, l->dgamma, (size_t)C, l->dbeta, (size_t)C);
-  bn_make_backward(l, b, &data_md, &c_md, flags);
+  if (!infer) bn_keep_statistics(l, b, data_md, flags);
+  if (b->mode == OP_TRAIN) {
+    op_grads_expect(b, &l->calls, l->dgamma, (size_t)C, l->dbeta, (size_t)C);
+    bn_make_backward(l, b, data_md, c_md, flags);
+  }
+  dnnl_md_destroy(data_md);
+  dnnl_md_destroy(c_md);
 }
 
 // The values per channel the statistics were taken over: one group's, or the global batch's.
@@ -387,13 +383,13 @@ void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout) {
     dnnl_mem_bind(p->var, p->batch_var + g * l->C);
     dnnl_mem_bind(p->dscale, G > 1 ? p->dgamma_split + g * l->C : dgamma);
     dnnl_mem_bind(p->dshift, G > 1 ? p->dbeta_split + g * l->C : dbeta);
-    // oneDNN 2.6 requires the shift as an input of backward though dbeta does not depend on it.
     dnnl_exec_arg_t args[10] = {{DNNL_ARG_SRC, p->src},           {DNNL_ARG_DIFF_DST, p->dst},
                                 {DNNL_ARG_DIFF_SRC, p->diff_src}, {DNNL_ARG_SCALE, p->scale},
-                                {DNNL_ARG_SHIFT, p->shift},       {DNNL_ARG_MEAN, p->mean},
-                                {DNNL_ARG_VARIANCE, p->var},      {DNNL_ARG_DIFF_SCALE, p->dscale},
-                                {DNNL_ARG_DIFF_SHIFT, p->dshift}};
-    int nargs = 9;
+                                {DNNL_ARG_MEAN, p->mean},         {DNNL_ARG_VARIANCE, p->var},
+                                {DNNL_ARG_DIFF_SCALE, p->dscale}, {DNNL_ARG_DIFF_SHIFT, p->dshift}};
+    int nargs = 8;
+    if (dnnl_batch_norm_backward_reads_shift())
+      args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SHIFT, p->shift};
     if (p->ws) {
       dnnl_mem_bind(p->ws, (char *)p->relu_ws + g * p->relu_ws_bytes);
       args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WORKSPACE, p->ws};

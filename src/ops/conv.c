@@ -87,11 +87,11 @@ static size_t conv_out_bytes(const Conv2d *l) {
   return (size_t)l->N * l->OH * l->OW * l->OC * sizeof(float);
 }
 
-// A layer's memory descriptors, shared by the primitives conv2d_init creates. oneDNN describes
-// tensors in NCHW dimension order; the tags give the actual layouts.
+// A layer's memory descriptors, shared by the primitives conv2d_init creates and destroyed once
+// they are. oneDNN describes tensors in NCHW dimension order; the tags give the actual layouts.
 typedef struct {
-  dnnl_memory_desc_t src_f32, src_md, dst_md, diff_dst_md, w_plain, w_any, dw_any, b_md, w_fwd_md;
-  const dnnl_memory_desc_t *b_md_or_null;
+  DnnlMd src_f32, src_md, dst_md, diff_dst_md, w_plain, w_any, dw_any, b_md, w_fwd_md;
+  DnnlMd b_md_or_null;  // b_md, or NULL without a bias
   dnnl_dims_t strides, padding;
   dnnl_alg_kind_t alg;  // the forward's algorithm, after any fallback to direct
 } ConvDescs;
@@ -134,7 +134,8 @@ static void conv_describe(const Conv2d *l, Builder *b, ConvDescs *d) {
   d->w_any = dnnl_md_typed(4, w_dims, type, dnnl_format_tag_any);
   d->dw_any = dnnl_md_plain(4, w_dims, dnnl_format_tag_any);
   d->b_md = dnnl_md_plain(1, b_dims, dnnl_a);
-  d->b_md_or_null = l->has_bias ? &d->b_md : NULL;
+  d->b_md_or_null = l->has_bias ? d->b_md : NULL;
+  d->w_fwd_md = NULL;  // the forward primitive's choice, once it is made
   d->alg =
       conv_winograd_wanted(l, b->ctx, act) ? dnnl_convolution_winograd : dnnl_convolution_direct;
 }
@@ -146,52 +147,47 @@ static void conv_make_forward(Conv2d *l, Builder *b, ConvDescs *d) {
   struct ConvPrivate *p = l->priv;
   const dnnl_prop_kind_t prop =
       b->mode == OP_TRAIN ? dnnl_forward_training : dnnl_forward_inference;
-  dnnl_convolution_desc_t fwd_desc;
-  DNNL_CHECK(dnnl_convolution_forward_desc_init(&fwd_desc, prop, d->alg, &d->src_md, &d->w_any,
-                                                d->b_md_or_null, &d->dst_md, d->strides, d->padding,
-                                                d->padding));
-  if (d->alg == dnnl_convolution_winograd &&
-      !(p->fwd = dnnl_ctx_try_make(ctx, &fwd_desc, NULL, &p->fwd_pd))) {
+  p->fwd_pd = dnnl_pd_conv_forward(ctx, prop, d->alg, d->src_md, d->w_any, d->b_md_or_null,
+                                   d->dst_md, d->strides, d->padding);
+  if (!p->fwd_pd && d->alg == dnnl_convolution_winograd) {
     // This library or CPU has no Winograd kernel (oneDNN 3.2 removed them): direct, as asked
     // for where Winograd is not.
     d->alg = dnnl_convolution_direct;
-    DNNL_CHECK(dnnl_convolution_forward_desc_init(&fwd_desc, prop, d->alg, &d->src_md, &d->w_any,
-                                                  d->b_md_or_null, &d->dst_md, d->strides,
-                                                  d->padding, d->padding));
+    p->fwd_pd = dnnl_pd_conv_forward(ctx, prop, d->alg, d->src_md, d->w_any, d->b_md_or_null,
+                                     d->dst_md, d->strides, d->padding);
   }
   l->winograd = p->winograd[CONV_FWD] = d->alg == dnnl_convolution_winograd;
-  if (!p->fwd) p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
+  p->fwd = dnnl_ctx_adopt(ctx, p->fwd_pd);
   d->w_fwd_md = dnnl_pd_md(p->fwd_pd, dnnl_query_weights_md, 0);
-  dnnl_copy_init(&p->fwd_w, ctx, &d->w_plain, &d->w_fwd_md, MEM_WORKSPACE, l->comp);
+  dnnl_copy_init(&p->fwd_w, ctx, d->w_plain, d->w_fwd_md, MEM_WORKSPACE, l->comp);
   p->bwd_weights_f32 = dnnl_ctx_compute_type(ctx) != dnnl_f32 && l->stride > 1;
   MemCategory in_category = b->mode == OP_TRAIN && !p->bwd_weights_f32 ? MEM_ACT : MEM_WORKSPACE;
-  dnnl_copy_init_slots(&p->in, ctx, &d->src_f32, &d->src_md, in_category, l->comp, l->calls.count);
+  dnnl_copy_init_slots(&p->in, ctx, d->src_f32, d->src_md, in_category, l->comp, l->calls.count);
   TL_ASSERT(conv2d_backward_reads_input(l) == conv2d_will_read_input(b, l->IC, l->stride));
-  p->src = dnnl_mem_new(ctx, &d->src_md);
-  p->dst = dnnl_mem_new(ctx, &d->dst_md);
-  p->wei_fwd = dnnl_mem_new(ctx, &d->w_fwd_md);
-  if (l->has_bias) p->bias = dnnl_mem_new(ctx, &d->b_md);
+  p->src = dnnl_mem_new(ctx, d->src_md);
+  p->dst = dnnl_mem_new(ctx, d->dst_md);
+  p->wei_fwd = dnnl_mem_new(ctx, d->w_fwd_md);
+  if (l->has_bias) p->bias = dnnl_mem_new(ctx, d->b_md);
 }
 
 // Backward data, in the forward's algorithm when the library has it, else direct.
 static void conv_make_backward_data(Conv2d *l, Builder *b, const ConvDescs *d) {
   DnnlCtx *ctx = b->ctx;
   struct ConvPrivate *p = l->priv;
-  for (dnnl_alg_kind_t a = d->alg; !p->bwd_data; a = dnnl_convolution_direct) {
-    dnnl_convolution_desc_t bd_desc;
-    DNNL_CHECK(dnnl_convolution_backward_data_desc_init(
-        &bd_desc, a, &d->src_f32, &d->w_any, &d->diff_dst_md, d->strides, d->padding, d->padding));
-    p->bwd_data = a == dnnl_convolution_direct
-                      ? dnnl_ctx_make(ctx, &bd_desc, p->fwd_pd, &p->bwd_data_pd)
-                      : dnnl_ctx_try_make(ctx, &bd_desc, p->fwd_pd, &p->bwd_data_pd);
-    p->winograd[CONV_BWD_DATA] = p->bwd_data && a == dnnl_convolution_winograd;
-  }
-  dnnl_memory_desc_t w_bd_md = dnnl_pd_md(p->bwd_data_pd, dnnl_query_weights_md, 0);
-  p->bwd_data_shares_fwd_w = dnnl_md_equal(&w_bd_md, &d->w_fwd_md);
+  p->bwd_data_pd = dnnl_pd_conv_backward_data(ctx, d->alg, d->src_f32, d->w_any, d->diff_dst_md,
+                                              d->strides, d->padding, p->fwd_pd);
+  p->winograd[CONV_BWD_DATA] = p->bwd_data_pd && d->alg == dnnl_convolution_winograd;
+  if (!p->bwd_data_pd && d->alg != dnnl_convolution_direct)
+    p->bwd_data_pd = dnnl_pd_conv_backward_data(ctx, dnnl_convolution_direct, d->src_f32, d->w_any,
+                                                d->diff_dst_md, d->strides, d->padding, p->fwd_pd);
+  p->bwd_data = dnnl_ctx_adopt(ctx, p->bwd_data_pd);
+  DnnlMd w_bd_md = dnnl_pd_md(p->bwd_data_pd, dnnl_query_weights_md, 0);
+  p->bwd_data_shares_fwd_w = dnnl_md_equal(w_bd_md, d->w_fwd_md);
   if (!p->bwd_data_shares_fwd_w)
-    dnnl_copy_init(&p->bwd_data_w, ctx, &d->w_plain, &w_bd_md, MEM_WORKSPACE, l->comp);
-  p->wei_bwd_data = dnnl_mem_new(ctx, &w_bd_md);
-  p->diff_src = dnnl_mem_new(ctx, &d->src_f32);
+    dnnl_copy_init(&p->bwd_data_w, ctx, d->w_plain, w_bd_md, MEM_WORKSPACE, l->comp);
+  p->wei_bwd_data = dnnl_mem_new(ctx, w_bd_md);
+  dnnl_md_destroy(w_bd_md);
+  p->diff_src = dnnl_mem_new(ctx, d->src_f32);
   op_din_alloc(b, &l->calls, &l->din, (size_t)l->N * l->IH * l->IW * l->IC * sizeof(float),
                l->comp);
 }
@@ -201,23 +197,23 @@ static void conv_make_backward_data(Conv2d *l, Builder *b, const ConvDescs *d) {
 static void conv_make_backward_weights(Conv2d *l, Builder *b, const ConvDescs *d) {
   DnnlCtx *ctx = b->ctx;
   struct ConvPrivate *p = l->priv;
-  const dnnl_memory_desc_t *bw_src_md = p->bwd_weights_f32 ? &d->src_f32 : &d->src_md;
-  const dnnl_memory_desc_t *bw_diff_dst_md = p->bwd_weights_f32 ? &d->dst_md : &d->diff_dst_md;
-  for (dnnl_alg_kind_t a = d->alg; !p->bwd_weights; a = dnnl_convolution_direct) {
-    dnnl_convolution_desc_t bw_desc;
-    DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&bw_desc, a, bw_src_md, &d->dw_any,
-                                                           d->b_md_or_null, bw_diff_dst_md,
-                                                           d->strides, d->padding, d->padding));
-    p->bwd_weights = a == dnnl_convolution_direct
-                         ? dnnl_ctx_make(ctx, &bw_desc, p->fwd_pd, &p->bwd_weights_pd)
-                         : dnnl_ctx_try_make(ctx, &bw_desc, p->fwd_pd, &p->bwd_weights_pd);
-    p->winograd[CONV_BWD_WEIGHTS] = p->bwd_weights && a == dnnl_convolution_winograd;
-  }
-  dnnl_memory_desc_t dw_md = dnnl_pd_md(p->bwd_weights_pd, dnnl_query_diff_weights_md, 0);
-  dnnl_reorder_init(&p->dw_to_plain, ctx, &dw_md, &d->w_plain);
+  DnnlMd bw_src_md = p->bwd_weights_f32 ? d->src_f32 : d->src_md;
+  DnnlMd bw_diff_dst_md = p->bwd_weights_f32 ? d->dst_md : d->diff_dst_md;
+  p->bwd_weights_pd =
+      dnnl_pd_conv_backward_weights(ctx, d->alg, bw_src_md, d->dw_any, d->b_md_or_null,
+                                    bw_diff_dst_md, d->strides, d->padding, p->fwd_pd);
+  p->winograd[CONV_BWD_WEIGHTS] = p->bwd_weights_pd && d->alg == dnnl_convolution_winograd;
+  if (!p->bwd_weights_pd && d->alg != dnnl_convolution_direct)
+    p->bwd_weights_pd = dnnl_pd_conv_backward_weights(ctx, dnnl_convolution_direct, bw_src_md,
+                                                      d->dw_any, d->b_md_or_null, bw_diff_dst_md,
+                                                      d->strides, d->padding, p->fwd_pd);
+  p->bwd_weights = dnnl_ctx_adopt(ctx, p->bwd_weights_pd);
+  DnnlMd dw_md = dnnl_pd_md(p->bwd_weights_pd, dnnl_query_diff_weights_md, 0);
+  dnnl_reorder_init(&p->dw_to_plain, ctx, dw_md, d->w_plain);
   if (dnnl_reorder_needed(&p->dw_to_plain))
-    p->dw_buf = tl_alloc(dnnl_md_bytes(&dw_md), MEM_WORKSPACE, l->comp);
-  p->dwei = dnnl_mem_new(ctx, &dw_md);
+    p->dw_buf = tl_alloc(dnnl_md_bytes(dw_md), MEM_WORKSPACE, l->comp);
+  p->dwei = dnnl_mem_new(ctx, dw_md);
+  dnnl_md_destroy(dw_md);
   p->bw_src = dnnl_mem_new(ctx, bw_src_md);
   p->bw_diff_dst = dnnl_mem_new(ctx, bw_diff_dst_md);
 }
@@ -251,16 +247,19 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
 
   op_out_alloc(b, &l->calls, &l->out_slots, conv_out_bytes(l), l->comp);
   l->out = l->out_slots;
-  if (b->mode != OP_TRAIN) return;
-  op_grads_expect(b, &l->calls, l->dweight, (size_t)OC * IC * K * K, has_bias ? l->dbias : NULL,
-                  (size_t)OC);
-
-  // Read in its own type only by backward data, or by a bf16 backward weights.
-  if (l->need_din || !p->bwd_weights_f32)
-    dnnl_copy_init(&p->dout, ctx, &d.dst_md, &d.diff_dst_md, MEM_ACT_GRAD, l->comp);
-  p->diff_dst = dnnl_mem_new(ctx, &d.diff_dst_md);
-  if (l->need_din) conv_make_backward_data(l, b, &d);
-  conv_make_backward_weights(l, b, &d);
+  if (b->mode == OP_TRAIN) {
+    op_grads_expect(b, &l->calls, l->dweight, (size_t)OC * IC * K * K, has_bias ? l->dbias : NULL,
+                    (size_t)OC);
+    // Read in its own type only by backward data, or by a bf16 backward weights.
+    if (l->need_din || !p->bwd_weights_f32)
+      dnnl_copy_init(&p->dout, ctx, d.dst_md, d.diff_dst_md, MEM_ACT_GRAD, l->comp);
+    p->diff_dst = dnnl_mem_new(ctx, d.diff_dst_md);
+    if (l->need_din) conv_make_backward_data(l, b, &d);
+    conv_make_backward_weights(l, b, &d);
+  }
+  DnnlMd mds[] = {d.src_f32, d.src_md, d.dst_md, d.diff_dst_md, d.w_plain,
+                  d.w_any,   d.dw_any, d.b_md,   d.w_fwd_md};
+  for (size_t i = 0; i < sizeof mds / sizeof mds[0]; i++) dnnl_md_destroy(mds[i]);
 }
 
 void conv2d_forward(Conv2d *l, DnnlCtx *ctx, const float *in) {

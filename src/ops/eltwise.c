@@ -37,23 +37,22 @@ void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_d
   dnnl_alg_kind_t alg =
       kind == ELTWISE_RELU ? dnnl_eltwise_relu_use_dst_for_bwd : dnnl_eltwise_gelu_erf;
   dnnl_dims_t dims = {(dnnl_dim_t)n};
-  dnnl_memory_desc_t md = dnnl_md_plain(1, dims, dnnl_a);
-  dnnl_eltwise_desc_t fwd_desc;
-  DNNL_CHECK(dnnl_eltwise_forward_desc_init(
-      &fwd_desc, l->need_din ? dnnl_forward_training : dnnl_forward_inference, alg, &md, 0.f, 0.f));
-  p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
-  p->src = dnnl_mem_new(ctx, &md);
-  p->dst = dnnl_mem_new(ctx, &md);
+  DnnlMd md = dnnl_md_plain(1, dims, dnnl_a);
+  p->fwd_pd = dnnl_pd_eltwise_forward(
+      ctx, l->need_din ? dnnl_forward_training : dnnl_forward_inference, alg, md);
+  p->fwd = dnnl_ctx_adopt(ctx, p->fwd_pd);
+  p->src = dnnl_mem_new(ctx, md);
+  p->dst = dnnl_mem_new(ctx, md);
   op_out_alloc(b, &l->calls, &l->out_slots, n * sizeof(float), l->comp);
   l->out = l->out_slots;
-  if (!l->need_din) return;
-
-  dnnl_eltwise_desc_t bwd_desc;
-  DNNL_CHECK(dnnl_eltwise_backward_desc_init(&bwd_desc, alg, &md, &md, 0.f, 0.f));
-  p->bwd = dnnl_ctx_make(ctx, &bwd_desc, p->fwd_pd, &p->bwd_pd);
-  p->diff_dst = dnnl_mem_new(ctx, &md);
-  p->diff_src = dnnl_mem_new(ctx, &md);
-  op_din_alloc(b, &l->calls, &l->din, n * sizeof(float), l->comp);
+  if (l->need_din) {
+    p->bwd_pd = dnnl_pd_eltwise_backward(ctx, alg, md, p->fwd_pd);
+    p->bwd = dnnl_ctx_adopt(ctx, p->bwd_pd);
+    p->diff_dst = dnnl_mem_new(ctx, md);
+    p->diff_src = dnnl_mem_new(ctx, md);
+    op_din_alloc(b, &l->calls, &l->din, n * sizeof(float), l->comp);
+  }
+  dnnl_md_destroy(md);
 }
 
 static void eltwise_run_forward(Eltwise *l, DnnlCtx *ctx, int call) {

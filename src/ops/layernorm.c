@@ -24,6 +24,25 @@ double layernorm_flops_backward(int M, int D) { return LN_BWD_FLOPS_PER_ELEM * (
 static size_t ln_data_bytes(const LayerNorm *l) { return (size_t)l->M * l->D * sizeof(float); }
 static size_t ln_stat_bytes(const LayerNorm *l) { return (size_t)l->M * sizeof(float); }
 
+// What training adds: the statistics kept per call, backward and its gradient memories.
+static void layernorm_make_backward(LayerNorm *l, Builder *b, DnnlMd data_md, DnnlMd param_md,
+                                    DnnlMd stat_md, unsigned flags) {
+  DnnlCtx *ctx = b->ctx;
+  struct LayerNormPrivate *p = l->priv;
+  op_grads_expect(b, &l->calls, l->dgamma, (size_t)l->D, l->dbeta, (size_t)l->D);
+  p->mean = dnnl_mem_new(ctx, stat_md);
+  p->variance = dnnl_mem_new(ctx, stat_md);
+  p->mean_buf = op_calls_alloc(&l->calls, ln_stat_bytes(l), MEM_ACT, l->comp);
+  p->variance_buf = op_calls_alloc(&l->calls, ln_stat_bytes(l), MEM_ACT, l->comp);
+  p->bwd_pd = dnnl_pd_layer_norm_backward(ctx, data_md, stat_md, l->eps, flags, p->fwd_pd);
+  p->bwd = dnnl_ctx_adopt(ctx, p->bwd_pd);
+  p->diff_dst = dnnl_mem_new(ctx, data_md);
+  p->diff_src = dnnl_mem_new(ctx, data_md);
+  p->diff_scale = dnnl_mem_new(ctx, param_md);
+  p->diff_shift = dnnl_mem_new(ctx, param_md);
+  op_din_alloc(b, &l->calls, &l->din, ln_data_bytes(l), l->comp);
+}
+
 void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   if (M <= 0 || D <= 0) TL_DIE("layernorm %s: bad shape (%d, %d)", name, M, D);
   DnnlCtx *ctx = b->ctx;
@@ -42,41 +61,27 @@ void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   l->priv = p;
   p->params = b->params;
   dnnl_dims_t data_dims = {M, D}, param_dims = {D}, stat_dims = {M};
-  dnnl_memory_desc_t data_md = dnnl_md_plain(2, data_dims, dnnl_ab);
-  dnnl_memory_desc_t param_md = dnnl_md_plain(1, param_dims, dnnl_a);
-  dnnl_memory_desc_t stat_md = dnnl_md_plain(1, stat_dims, dnnl_a);
+  DnnlMd data_md = dnnl_md_plain(2, data_dims, dnnl_ab);
+  DnnlMd param_md = dnnl_md_plain(1, param_dims, dnnl_a);
+  DnnlMd stat_md = dnnl_md_plain(1, stat_dims, dnnl_a);
   // Separate scale and shift (not the older packed dnnl_use_scaleshift), so gamma and beta are
   // two independent slices of the parameter block.
   unsigned flags = dnnl_use_scale | dnnl_use_shift;
   int train = b->mode == OP_TRAIN;
 
-  dnnl_layer_normalization_desc_t fwd_desc;
-  DNNL_CHECK(dnnl_layer_normalization_forward_desc_init(
-      &fwd_desc, train ? dnnl_forward_training : dnnl_forward_inference, &data_md, &stat_md, l->eps,
-      flags));
-  p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
-  p->src = dnnl_mem_new(ctx, &data_md);
-  p->dst = dnnl_mem_new(ctx, &data_md);
-  p->scale = dnnl_mem_new(ctx, &param_md);
-  p->shift = dnnl_mem_new(ctx, &param_md);
+  p->fwd_pd = dnnl_pd_layer_norm_forward(
+      ctx, train ? dnnl_forward_training : dnnl_forward_inference, data_md, stat_md, l->eps, flags);
+  p->fwd = dnnl_ctx_adopt(ctx, p->fwd_pd);
+  p->src = dnnl_mem_new(ctx, data_md);
+  p->dst = dnnl_mem_new(ctx, data_md);
+  p->scale = dnnl_mem_new(ctx, param_md);
+  p->shift = dnnl_mem_new(ctx, param_md);
   op_out_alloc(b, &l->calls, &l->out_slots, ln_data_bytes(l), l->comp);
   l->out = l->out_slots;
-  if (!train) return;
-  op_grads_expect(b, &l->calls, l->dgamma, (size_t)D, l->dbeta, (size_t)D);
-
-  p->mean = dnnl_mem_new(ctx, &stat_md);
-  p->variance = dnnl_mem_new(ctx, &stat_md);
-  p->mean_buf = op_calls_alloc(&l->calls, ln_stat_bytes(l), MEM_ACT, l->comp);
-  p->variance_buf = op_calls_alloc(&l->calls, ln_stat_bytes(l), MEM_ACT, l->comp);
-  dnnl_layer_normalization_desc_t bwd_desc;
-  DNNL_CHECK(dnnl_layer_normalization_backward_desc_init(&bwd_desc, dnnl_backward, &data_md,
-                                                         &data_md, &stat_md, l->eps, flags));
-  p->bwd = dnnl_ctx_make(ctx, &bwd_desc, p->fwd_pd, &p->bwd_pd);
-  p->diff_dst = dnnl_mem_new(ctx, &data_md);
-  p->diff_src = dnnl_mem_new(ctx, &data_md);
-  p->diff_scale = dnnl_mem_new(ctx, &param_md);
-  p->diff_shift = dnnl_mem_new(ctx, &param_md);
-  op_din_alloc(b, &l->calls, &l->din, (size_t)M * D * sizeof(float), l->comp);
+  if (train) layernorm_make_backward(l, b, data_md, param_md, stat_md, flags);
+  dnnl_md_destroy(data_md);
+  dnnl_md_destroy(param_md);
+  dnnl_md_destroy(stat_md);
 }
 
 static void layernorm_run_forward(LayerNorm *l, DnnlCtx *ctx, int call) {

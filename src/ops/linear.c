@@ -46,6 +46,70 @@ static int linear_grad_blocked_wanted(int IC, int OC) {
 
 static size_t linear_out_bytes(const Linear *l) { return (size_t)l->M * l->OC * sizeof(float); }
 
+// A layer's memory descriptors, shared by the primitives linear_init creates and destroyed once
+// they are.
+typedef struct {
+  DnnlMd src_f32, src_md;  // (M, IC) f32, compute type
+  DnnlMd weight_md, weight_typed_md, any_weight_md, any_diff_weight_md;  // (OC, IC)
+  DnnlMd bias_md, bias_or_none;  // (OC); NULL without a bias
+  DnnlMd dst_md, diff_dst_md;    // (M, OC) f32, compute type
+} LinearDescs;
+
+static void linear_describe(const Linear *l, const DnnlCtx *ctx, LinearDescs *d) {
+  dnnl_data_type_t type = dnnl_ctx_compute_type(ctx);
+  dnnl_dims_t src_dims = {l->M, l->IC}, weight_dims = {l->OC, l->IC}, bias_dims = {l->OC},
+              dst_dims = {l->M, l->OC};
+  d->src_f32 = dnnl_md_plain(2, src_dims, dnnl_ab);
+  d->src_md = dnnl_md_typed(2, src_dims, type, dnnl_ab);
+  d->weight_md = dnnl_md_plain(2, weight_dims, dnnl_oi);
+  d->weight_typed_md = dnnl_md_typed(2, weight_dims, type, dnnl_oi);
+  d->any_weight_md = dnnl_md_typed(2, weight_dims, type, dnnl_format_tag_any);
+  d->any_diff_weight_md = dnnl_md_plain(2, weight_dims, dnnl_format_tag_any);
+  d->bias_md = dnnl_md_plain(1, bias_dims, dnnl_a);
+  d->bias_or_none = l->has_bias ? d->bias_md : NULL;
+  d->dst_md = dnnl_md_plain(2, dst_dims, dnnl_ab);
+  d->diff_dst_md = dnnl_md_typed(2, dst_dims, type, dnnl_ab);
+}
+
+static void linear_descs_destroy(LinearDescs *d) {
+  DnnlMd mds[] = {d->src_f32,         d->src_md,        d->weight_md,
+                  d->weight_typed_md, d->any_weight_md, d->any_diff_weight_md,
+                  d->bias_md,         d->dst_md,        d->diff_dst_md};
+  for (size_t i = 0; i < sizeof mds / sizeof mds[0]; i++) dnnl_md_destroy(mds[i]);
+}
+
+// Backward weights, the reorder of its gradient into the plain one, the output gradient's copy.
+static void linear_make_backward_weights(Linear *l, DnnlCtx *ctx, const LinearDescs *d) {
+  struct LinearPrivate *p = l->priv;
+  p->bwd_weights_pd = dnnl_pd_inner_product_backward_weights(
+      ctx, d->src_md,
+      linear_grad_blocked_wanted(l->IC, l->OC) ? d->any_diff_weight_md : d->weight_md,
+      d->bias_or_none, d->diff_dst_md, p->fwd_pd);
+  p->bwd_weights = dnnl_ctx_adopt(ctx, p->bwd_weights_pd);
+  DnnlMd dw_md = dnnl_pd_md(p->bwd_weights_pd, dnnl_query_diff_weights_md, 0);
+  dnnl_reorder_init(&p->dw_to_plain, ctx, dw_md, d->weight_md);
+  if (dnnl_reorder_needed(&p->dw_to_plain))
+    p->dw_buf = tl_alloc(dnnl_md_bytes(dw_md), MEM_WORKSPACE, l->comp);
+  dnnl_copy_init(&p->dout, ctx, d->dst_md, d->diff_dst_md, MEM_ACT_GRAD, l->comp);
+  p->diff_dst = dnnl_mem_new(ctx, d->diff_dst_md);
+  p->diff_weight = dnnl_mem_new(ctx, dw_md);
+  dnnl_md_destroy(dw_md);
+  if (l->has_bias) p->diff_bias = dnnl_mem_new(ctx, d->bias_md);
+}
+
+// Backward data on the plain weights (in the compute type) and its input gradient.
+static void linear_make_backward_data(Linear *l, Builder *b, const LinearDescs *d) {
+  DnnlCtx *ctx = b->ctx;
+  struct LinearPrivate *p = l->priv;
+  p->bwd_data_pd = dnnl_pd_inner_product_backward_data(ctx, d->src_f32, d->weight_typed_md,
+                                                       d->diff_dst_md, p->fwd_pd);
+  p->bwd_data = dnnl_ctx_adopt(ctx, p->bwd_data_pd);
+  dnnl_copy_init(&p->bwd_data_w, ctx, d->weight_md, d->weight_typed_md, MEM_WORKSPACE, l->comp);
+  p->weight = dnnl_mem_new(ctx, d->weight_typed_md);
+  p->diff_src = dnnl_mem_new(ctx, d->src_f32);
+  op_din_alloc(b, &l->calls, &l->din, (size_t)l->M * l->IC * sizeof(float), l->comp);
+}
+
 void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC, int has_bias,
                  int need_din, float init_std) {
   if (M <= 0 || IC <= 0 || OC <= 0) TL_DIE("linear %s: bad shape (%d, %d) -> %d", name, M, IC, OC);
@@ -79,62 +143,30 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   if (!p) TL_DIE("out of memory");
   l->priv = p;
   p->params = b->params;
-  dnnl_data_type_t type = dnnl_ctx_compute_type(ctx);
-  dnnl_dims_t src_dims = {M, IC}, weight_dims = {OC, IC}, bias_dims = {OC}, dst_dims = {M, OC};
-  dnnl_memory_desc_t src_f32 = dnnl_md_plain(2, src_dims, dnnl_ab);
-  dnnl_memory_desc_t src_md = dnnl_md_typed(2, src_dims, type, dnnl_ab);
-  dnnl_memory_desc_t weight_md = dnnl_md_plain(2, weight_dims, dnnl_oi);
-  dnnl_memory_desc_t weight_typed_md = dnnl_md_typed(2, weight_dims, type, dnnl_oi);
-  dnnl_memory_desc_t any_weight_md = dnnl_md_typed(2, weight_dims, type, dnnl_format_tag_any);
-  dnnl_memory_desc_t bias_md = dnnl_md_plain(1, bias_dims, dnnl_a);
-  dnnl_memory_desc_t dst_md = dnnl_md_plain(2, dst_dims, dnnl_ab);
-  dnnl_memory_desc_t diff_dst_md = dnnl_md_typed(2, dst_dims, type, dnnl_ab);
-  const dnnl_memory_desc_t *bias_or_none = has_bias ? &bias_md : NULL;
-
-  dnnl_inner_product_desc_t fwd_desc;
-  DNNL_CHECK(dnnl_inner_product_forward_desc_init(
-      &fwd_desc, b->mode == OP_TRAIN ? dnnl_forward_training : dnnl_forward_inference, &src_md,
-      &any_weight_md, bias_or_none, &dst_md));
-  p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
-  dnnl_memory_desc_t fwd_weight_md = dnnl_pd_md(p->fwd_pd, dnnl_query_weights_md, 0);
-  dnnl_copy_init(&p->fwd_w, ctx, &weight_md, &fwd_weight_md, MEM_WORKSPACE, l->comp);
-  dnnl_copy_init_slots(&p->in, ctx, &src_f32, &src_md, builder_out_category(b), l->comp,
+  LinearDescs d;
+  linear_describe(l, ctx, &d);
+  p->fwd_pd = dnnl_pd_inner_product_forward(
+      ctx, b->mode == OP_TRAIN ? dnnl_forward_training : dnnl_forward_inference, d.src_md,
+      d.any_weight_md, d.bias_or_none, d.dst_md);
+  p->fwd = dnnl_ctx_adopt(ctx, p->fwd_pd);
+  DnnlMd fwd_weight_md = dnnl_pd_md(p->fwd_pd, dnnl_query_weights_md, 0);
+  dnnl_copy_init(&p->fwd_w, ctx, d.weight_md, fwd_weight_md, MEM_WORKSPACE, l->comp);
+  dnnl_copy_init_slots(&p->in, ctx, d.src_f32, d.src_md, builder_out_category(b), l->comp,
                        l->calls.count);
-  p->src = dnnl_mem_new(ctx, &src_md);
-  p->fwd_weight = dnnl_mem_new(ctx, &fwd_weight_md);
-  if (has_bias) p->bias = dnnl_mem_new(ctx, &bias_md);
-  p->dst = dnnl_mem_new(ctx, &dst_md);
+  p->src = dnnl_mem_new(ctx, d.src_md);
+  p->fwd_weight = dnnl_mem_new(ctx, fwd_weight_md);
+  dnnl_md_destroy(fwd_weight_md);
+  if (has_bias) p->bias = dnnl_mem_new(ctx, d.bias_md);
+  p->dst = dnnl_mem_new(ctx, d.dst_md);
   op_out_alloc(b, &l->calls, &l->out_slots, linear_out_bytes(l), l->comp);
   l->out = l->out_slots;
-  if (b->mode != OP_TRAIN) return;
-  op_grads_expect(b, &l->calls, l->dweight, (size_t)OC * IC, l->has_bias ? l->dbias : NULL,
-                  (size_t)OC);
-
-  dnnl_memory_desc_t any_diff_weight_md = dnnl_md_plain(2, weight_dims, dnnl_format_tag_any);
-  dnnl_inner_product_desc_t bwd_weights_desc;
-  DNNL_CHECK(dnnl_inner_product_backward_weights_desc_init(
-      &bwd_weights_desc, &src_md,
-      linear_grad_blocked_wanted(IC, OC) ? &any_diff_weight_md : &weight_md, bias_or_none,
-      &diff_dst_md));
-  p->bwd_weights = dnnl_ctx_make(ctx, &bwd_weights_desc, p->fwd_pd, &p->bwd_weights_pd);
-  dnnl_memory_desc_t dw_md = dnnl_pd_md(p->bwd_weights_pd, dnnl_query_diff_weights_md, 0);
-  dnnl_reorder_init(&p->dw_to_plain, ctx, &dw_md, &weight_md);
-  if (dnnl_reorder_needed(&p->dw_to_plain))
-    p->dw_buf = tl_alloc(dnnl_md_bytes(&dw_md), MEM_WORKSPACE, l->comp);
-  dnnl_copy_init(&p->dout, ctx, &dst_md, &diff_dst_md, MEM_ACT_GRAD, l->comp);
-  p->diff_dst = dnnl_mem_new(ctx, &diff_dst_md);
-  p->diff_weight = dnnl_mem_new(ctx, &dw_md);
-  if (has_bias) p->diff_bias = dnnl_mem_new(ctx, &bias_md);
-  if (!l->need_din) return;
-
-  dnnl_inner_product_desc_t bwd_data_desc;
-  DNNL_CHECK(dnnl_inner_product_backward_data_desc_init(&bwd_data_desc, &src_f32, &weight_typed_md,
-                                                        &diff_dst_md));
-  p->bwd_data = dnnl_ctx_make(ctx, &bwd_data_desc, p->fwd_pd, &p->bwd_data_pd);
-  dnnl_copy_init(&p->bwd_data_w, ctx, &weight_md, &weight_typed_md, MEM_WORKSPACE, l->comp);
-  p->weight = dnnl_mem_new(ctx, &weight_typed_md);
-  p->diff_src = dnnl_mem_new(ctx, &src_f32);
-  op_din_alloc(b, &l->calls, &l->din, (size_t)M * IC * sizeof(float), l->comp);
+  if (b->mode == OP_TRAIN) {
+    op_grads_expect(b, &l->calls, l->dweight, (size_t)OC * IC, l->has_bias ? l->dbias : NULL,
+                    (size_t)OC);
+    linear_make_backward_weights(l, ctx, &d);
+    if (l->need_din) linear_make_backward_data(l, b, &d);
+  }
+  linear_descs_destroy(&d);
 }
 
 static double linear_flops(const Linear *l) { return 2.0 * l->M * (double)l->IC * l->OC; }

@@ -4,16 +4,14 @@
 
 // Row-major (rows, cols) descriptor with `ld` floats from one row to the next (0: cols), or the
 // transpose view of a row-major (cols, rows) buffer (ld 0: rows).
-static dnnl_memory_desc_t md_2d(int rows, int cols, int transposed, int ld) {
-  dnnl_memory_desc_t md;
+static DnnlMd md_2d(int rows, int cols, int transposed, int ld) {
   dnnl_dims_t dims = {rows, cols};
   dnnl_dims_t strides = {ld ? ld : cols, 1};
   if (transposed) {
     strides[0] = 1;
     strides[1] = ld ? ld : rows;
   }
-  DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md, 2, dims, dnnl_f32, strides));
-  return md;
+  return dnnl_md_strided(2, dims, strides);
 }
 
 void matmul_init(Matmul *m, DnnlCtx *ctx, int M, int K, int N, int trans_a, int trans_b,
@@ -21,8 +19,8 @@ void matmul_init(Matmul *m, DnnlCtx *ctx, int M, int K, int N, int trans_a, int 
   matmul_init_ld(m, ctx, M, K, N, trans_a, trans_b, 0, 0, comp, is_backward);
 }
 
-void matmul_init_ld(Matmul *m, DnnlCtx *ctx, int M, int K, int N, int trans_a, int trans_b,
-                    int lda, int ldc, MemComponent comp, int is_backward) {
+void matmul_init_ld(Matmul *m, DnnlCtx *ctx, int M, int K, int N, int trans_a, int trans_b, int lda,
+                    int ldc, MemComponent comp, int is_backward) {
   memset(m, 0, sizeof *m);
   *m = (Matmul){.M = M,
                 .K = K,
@@ -31,14 +29,15 @@ void matmul_init_ld(Matmul *m, DnnlCtx *ctx, int M, int K, int N, int trans_a, i
                 .trans_b = trans_b,
                 .comp = comp,
                 .is_backward = is_backward};
-  dnnl_memory_desc_t a = md_2d(M, K, trans_a, lda), b = md_2d(K, N, trans_b, 0),
-                     c = md_2d(M, N, 0, ldc);
-  dnnl_matmul_desc_t desc;
-  DNNL_CHECK(dnnl_matmul_desc_init(&desc, &a, &b, NULL, &c));
-  m->prim = dnnl_ctx_make(ctx, &desc, NULL, &m->pd);
-  m->a = dnnl_mem_new(ctx, &a);
-  m->b = dnnl_mem_new(ctx, &b);
-  m->c = dnnl_mem_new(ctx, &c);
+  DnnlMd a = md_2d(M, K, trans_a, lda), b = md_2d(K, N, trans_b, 0), c = md_2d(M, N, 0, ldc);
+  m->pd = dnnl_pd_matmul(ctx, a, b, c, 1.0f);
+  m->prim = dnnl_ctx_adopt(ctx, m->pd);
+  m->a = dnnl_mem_new(ctx, a);
+  m->b = dnnl_mem_new(ctx, b);
+  m->c = dnnl_mem_new(ctx, c);
+  dnnl_md_destroy(a);
+  dnnl_md_destroy(b);
+  dnnl_md_destroy(c);
 }
 
 void matmul_run(Matmul *m, DnnlCtx *ctx, const float *a, const float *b, float *c) {

@@ -18,7 +18,7 @@ void matmul_init(Matmul *m, DnnlCtx *ctx, int M, int K, int N, int trans_a, int 
                  MemComponent comp, int is_backward);
 // The same with A's and C's rows `lda` and `ldc` floats apart (0: packed), e.g. C written into
 // columns of a wider matrix.
-void matmul_init_ld(Matmul *m, DnnlCtx *ctx, int M, int K, int N, int trans_a, int trans_b,
-                    int lda, int ldc, MemComponent comp, int is_backward);
+void matmul_init_ld(Matmul *m, DnnlCtx *ctx, int M, int K, int N, int trans_a, int trans_b, int lda,
+                    int ldc, MemComponent comp, int is_backward);
 void matmul_run(Matmul *m, DnnlCtx *ctx, const float *a, const float *b, float *c);
 void matmul_destroy(Matmul *m);

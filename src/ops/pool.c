@@ -32,24 +32,24 @@ void gap_init(GlobalAvgPool *l, Builder *b, int N, int H, int W, int C, int need
   if (builder_layout(b) != dnnl_nhwc && C % 16 != 0) TL_DIE("pool: %d channels, blocked", C);
   dnnl_dims_t src_dims = {N, C, H, W}, dst_dims = {N, C, 1, 1};
   dnnl_dims_t kernel = {H, W}, strides = {1, 1}, padding = {0, 0};
-  dnnl_memory_desc_t src_md = dnnl_md_plain(4, src_dims, builder_layout(b));
-  dnnl_memory_desc_t dst_md = dnnl_md_plain(4, dst_dims, builder_layout(b));
-  dnnl_pooling_desc_t fwd_desc;
-  DNNL_CHECK(dnnl_pooling_forward_desc_init(
-      &fwd_desc, l->need_din ? dnnl_forward_training : dnnl_forward_inference,
-      dnnl_pooling_avg_exclude_padding, &src_md, &dst_md, strides, kernel, padding, padding));
-  p->fwd = dnnl_ctx_make(ctx, &fwd_desc, NULL, &p->fwd_pd);
-  p->src = dnnl_mem_new(ctx, &src_md);
-  p->dst = dnnl_mem_new(ctx, &dst_md);
+  DnnlMd src_md = dnnl_md_plain(4, src_dims, builder_layout(b));
+  DnnlMd dst_md = dnnl_md_plain(4, dst_dims, builder_layout(b));
+  p->fwd_pd = dnnl_pd_pooling_forward(
+      ctx, l->need_din ? dnnl_forward_training : dnnl_forward_inference,
+      dnnl_pooling_avg_exclude_padding, src_md, dst_md, strides, kernel, padding);
+  p->fwd = dnnl_ctx_adopt(ctx, p->fwd_pd);
+  p->src = dnnl_mem_new(ctx, src_md);
+  p->dst = dnnl_mem_new(ctx, dst_md);
   op_out_alloc(b, &l->calls, &l->out_slots, (size_t)N * C * sizeof(float), l->comp);
   l->out = l->out_slots;
-  if (!l->need_din) return;
-
-  dnnl_pooling_desc_t bwd_desc;
-  DNNL_CHECK(dnnl_pooling_backward_desc_init(&bwd_desc, dnnl_pooling_avg_exclude_padding, &src_md,
-                                             &dst_md, strides, kernel, padding, padding));
-  p->bwd = dnnl_ctx_make(ctx, &bwd_desc, p->fwd_pd, &p->bwd_pd);
-  op_din_alloc(b, &l->calls, &l->din, (size_t)N * H * W * C * sizeof(float), l->comp);
+  if (l->need_din) {
+    p->bwd_pd = dnnl_pd_pooling_backward(ctx, dnnl_pooling_avg_exclude_padding, src_md, dst_md,
+                                         strides, kernel, padding, p->fwd_pd);
+    p->bwd = dnnl_ctx_adopt(ctx, p->bwd_pd);
+    op_din_alloc(b, &l->calls, &l->din, (size_t)N * H * W * C * sizeof(float), l->comp);
+  }
+  dnnl_md_destroy(src_md);
+  dnnl_md_destroy(dst_md);
 }
 
 void gap_forward(GlobalAvgPool *l, DnnlCtx *ctx, const float *in) {

@@ -25,6 +25,18 @@ static void on_stop_signal(int sig) {
   run_stop_signal = sig;
 }
 
+// Whether SIGHUP was ignored when the process started (nohup), read before any shared library's
+// constructor runs: the executable's preinit functions run first. With Open MPI 5 (Debian 13)
+// libmpi loads UCX, whose libucs installs a SIGHUP handler of its own in its constructor, so by
+// main() the ignored disposition nohup set is gone.
+static int hup_ignored_at_start;
+static void read_hup_at_start(void) {
+  struct sigaction hup;
+  hup_ignored_at_start = sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler == SIG_IGN;
+}
+__attribute__((used, section(".preinit_array"))) static void (*const read_hup_early)(void) =
+    read_hup_at_start;
+
 // A closed terminal or ssh session (SIGHUP) stops the run as SIGTERM does, unless the run was
 // started to outlive it (nohup). (A closed pipe on
 // stdout loses the progress lines, not the run: `tally train` ignores SIGPIPE from its start.)
@@ -36,9 +48,15 @@ void run_install_stop_handlers(void) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
-  // Under nohup SIGHUP is ignored on purpose: the run must outlive the terminal.
-  struct sigaction hup;
-  if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler != SIG_IGN) sigaction(SIGHUP, &sa, NULL);
+  // Under nohup SIGHUP is ignored on purpose: the run must outlive the terminal, and stays
+  // ignored whatever a library installed since.
+  if (hup_ignored_at_start) {
+    signal(SIGHUP, SIG_IGN);
+  } else {
+    struct sigaction hup;
+    if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler != SIG_IGN)
+      sigaction(SIGHUP, &sa, NULL);
+  }
 }
 
 // Rank 0's view of the stop signal, shared with every replica so all stop after the same step.
