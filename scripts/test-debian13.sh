@@ -61,10 +61,11 @@ done
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 
 # The tracked files as they are in the work tree (not the host's build/); the root's own build/
-# is kept between runs.
+# is kept between runs. Extracted with the time of extraction (-m), not the work tree's: a file
+# older than an object the root built from another checkout would otherwise not be rebuilt.
 mkdir -p "$root$copy"
 find "$root$copy" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
-git ls-files -z | tar --null --ignore-failed-read -T - -cf - | tar -C "$root$copy" -xf -
+git ls-files -z | tar --null --ignore-failed-read -T - -cf - | tar -C "$root$copy" -m -xf -
 
 in_root() {
   chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" \
