@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 packages=(build-essential cmake pkg-config libdnnl-dev libstb-dev libcmocka-dev libinih-dev
           zlib1g-dev libjpeg62-turbo-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist)
 test_packages=(chromium python3-torch python3-numpy python3-pil python3-torchvision python3-venv
-               valgrind iproute2)
+               python3-setuptools valgrind iproute2)
 for arg in "$@"; do
   case "$arg" in
     --for-tests) packages+=("${test_packages[@]}") ;;
