@@ -642,7 +642,7 @@ static void usage_export(FILE *f) {
           "Writes the trained encoder as safetensors with PyTorch's names and layouts\n"
           "(Conv2d weights (O, I, kh, kw), BatchNorm running_mean/running_var/\n"
           "num_batches_tracked, ...), loadable with load_state_dict(strict=True) into the\n"
-          "module tree the README shows. The metadata carries the configuration and the\n"
+          "module tree docs/reference.md shows. The metadata carries the configuration and the\n"
           "input normalization (input_mean, input_std).\n"
           "\n"
           "  --out FILE    default RUN_DIR/encoder.safetensors\n"

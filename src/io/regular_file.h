@@ -6,8 +6,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-// The files of a run folder that belong to its run (README, "Using it"): written only by the run,
-// and eval.jsonl also by `tally eval RUN` under the folder's lock.
+// The files of a run folder that belong to its run (docs/reference.md, "Commands and run folders"):
+// written only by the run, and eval.jsonl also by `tally eval RUN` under the folder's lock.
 extern const char *const RUN_STATE_FILES[];
 
 // Opens `path` for reading (or, with `append`, for appending, created when missing) if it is a

@@ -1,7 +1,8 @@
 // Encoders that leave: Tally's parameters under PyTorch's names and layouts, so
-// `torch.nn.Module.load_state_dict(strict=True)` takes them (the module tree is in the README).
-// Tally's own names already follow torch.nn's (stem.conv.weight, blocks.0.attn.qkv.weight, ...);
-// what differs is mapped here, in one place, both ways (export, and --init from an export):
+// `torch.nn.Module.load_state_dict(strict=True)` takes them (the module tree is in
+// docs/reference.md, "Encoders that leave"). Tally's own names already follow torch.nn's
+// (stem.conv.weight, blocks.0.attn.qkv.weight, ...); what differs is mapped here, in one place,
+// both ways (export, and --init from an export):
 //   normalization gamma/beta      -> weight/bias
 //   BatchNorm                     -> plus num_batches_tracked (I64 scalar: the steps trained)
 //   ViT patch_embed (D, P*P*C)    -> patch_embed.proj, a Conv2d weight (D, C, P, P)
