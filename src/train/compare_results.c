@@ -497,7 +497,7 @@ static void label_of(const CompareSpec *spec, const CompareCell *cells, int m, c
   for (int i = 0; m == M_KNN && i < spec->n_objectives * spec->n_budgets; i++) {
     const SeedStats *s = &cells[i].m[M_KNN_K];
     if (s->n == 0) continue;
-    if (isfinite(k) && (s->mean != k || s->lo != s->hi)) same = 0;
+    if ((isfinite(k) && s->mean != k) || (s->n >= 2 && s->lo != s->hi)) same = 0;
     k = s->mean;
   }
   if (m == M_KNN && isfinite(k) && same)
