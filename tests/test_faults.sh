@@ -1083,8 +1083,11 @@ ckpt_step "$run"
 finish "$name"
 
 name="10f resuming over changed training data: refused, naming the data"
-mkdir -p "$TMP/photos/a" "$TMP/photos/b"
-python3 - "$TMP/photos" <<'PY'
+# png_classes ROOT [SPARE]: 8x8 gray PNGs, 8 in each of ROOT/a and ROOT/b (distinct patterns); with
+# SPARE, one more of the same size, SPARE/other.png, that is none of them.
+png_classes() {
+  mkdir -p "$1/a" "$1/b" ${2:+"$2"}
+  python3 - "$1" "${2:-}" <<'PY'
 import struct, sys, zlib
 def png(path, value):
     raw = b"".join(b"\0" + bytes([(value + 7 * x + 13 * y) % 256 for x in range(8)]) for y in range(8))
@@ -1094,7 +1097,11 @@ def png(path, value):
 for c in "ab":
     for i in range(8):
         png(f"{sys.argv[1]}/{c}/{i}.png", ord(c) * 10 + i)
+if sys.argv[2]:
+    png(f"{sys.argv[2]}/other.png", 77)
 PY
+}
+png_classes "$TMP/photos"
 run=$TMP/photo-run
 t photo train --data "$TMP/photos" --set data.image_size=8 --batch-size 4 --steps 2 --no-knn \
   --quiet --out "$run"
@@ -1208,19 +1215,7 @@ finish "$name"
 # ---------------------------------------------------------------------------------------------
 # 17. A streamed image replaced under a run by another valid image of the same size.
 name="17a a streamed image replaced by another of the same size during the run: exit 1, naming it"
-mkdir -p "$TMP/same-size/a" "$TMP/same-size/b" "$TMP/same-size-spare"
-python3 - "$TMP/same-size" "$TMP/same-size-spare" <<'PY'
-import struct, sys, zlib
-def png(path, value):
-    raw = b"".join(b"\0" + bytes([(value + 7 * x + 13 * y) % 256 for x in range(8)]) for y in range(8))
-    chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
-    open(path, "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 8, 8, 8, 0, 0, 0, 0))
-                           + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
-for c in "ab":
-    for i in range(8):
-        png(f"{sys.argv[1]}/{c}/{i}.png", ord(c) * 10 + i)
-png(f"{sys.argv[2]}/other.png", 77)
-PY
+png_classes "$TMP/same-size" "$TMP/same-size-spare"
 run=$TMP/same-size-run
 start same-size train --data "$TMP/same-size" --set data.image_size=8 --batch-size 4 --steps 400 \
   --no-knn --quiet --out "$run"
