@@ -627,6 +627,7 @@ static const char *const every_key[][2] = {
     {"dino.momentum_schedule", "constant"},
     {"dino.head_bn", "1"},
     {"dino.head_layers", "3"},
+    {"barlow.lambda", "0.02"},
     {"parallel.backend", "mpi"},
     {"parallel.replicas", "2"},
     {"parallel.checksum_every", "10"},

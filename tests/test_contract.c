@@ -27,8 +27,11 @@
 // flatter or larger, its own numbers: byol's and dino's losses (near 4, noise ~1e-6) take a step
 // of 1e-2, at which a 10% error fails half the entries (at 1e-3 the quotients are noise at the
 // 2e-4 level); vicreg's loss is ~30, whose float32 rounding puts ~1e-3 of noise in a quotient,
-// and its expander's ReLU makes kinks: an absolute scale of 5e-2. Dino's local crops reach the
-// loss only through their second instance of the backbone over the same weights: were its
+// and its expander's ReLU makes kinks: an absolute scale of 5e-2. Barlow's loss (~10 here) has
+// the same noise, and its standardization over 4 samples behind a projector with two ReLUs puts a
+// kink within 1e-3 of a patch-embedding weight, which quotients at 2e-3 and 1e-3 both straddle
+// and agree on (-0.905 against -0.975; at 1.6e-4, -0.966): a step of 1e-3. Dino's local crops reach
+// the loss only through their second instance of the backbone over the same weights: were its
 // gradient lost or overwritten, the backbone's entries would fail. On the ViT only: a ResNet's
 // BatchNorm and ReLU under dino's sharp softmax put 4 of 75 entries 10-30% off at eps 1e-2, so
 // they would test the quotients, not the step; ResNet's wiring is test_objectives'.
@@ -40,6 +43,7 @@ static const struct {
     {"byol", {.eps = 1e-2f, .kink_atol = 2e-4, .grad_scale = 1e-2}},
     {"dino", {.eps = 1e-2f, .kink_atol = 2e-4, .grad_scale = 1e-2}},
     {"vicreg", {.eps = 2e-3f, .kink_atol = 2e-3, .grad_scale = 5e-2}},
+    {"barlow", {.eps = 1e-3f, .kink_atol = 2e-3, .grad_scale = 5e-2}},
 };
 
 static void test_step_gradient_matches_finite_differences(void **state) {

@@ -67,7 +67,8 @@ name="1 tally plan of every photo recipe; too few photos for a batch named; --ti
 run plan-small plan --objective=moco --config configs/photos/moco.ini --data "$PHOTOS"
 [[ $rc == 1 ]] && grep -q "fewer than one batch of 64 (give a smaller batch" "$TMP/plan-small.err" ||
   bad "38 photos and a batch of 64: exit $rc, $(firstline "$TMP/plan-small.err")"
-for o in inbatch moco mae byol vicreg dino; do
+for recipe in configs/photos/*.ini; do
+  o=$(basename "$recipe" .ini)
   run plan-$o plan --objective=$o --config configs/photos/$o.ini --data "$PHOTOS" --batch-size 16
   [[ $rc == 0 ]] || bad "plan $o exited $rc: $(firstline "$TMP/plan-$o.err")"
 done

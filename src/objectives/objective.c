@@ -14,10 +14,11 @@ extern const ObjectiveDef objective_mae;
 extern const ObjectiveDef objective_byol;
 extern const ObjectiveDef objective_vicreg;
 extern const ObjectiveDef objective_dino;
+extern const ObjectiveDef objective_barlow;
 
-static const ObjectiveDef *const objective_table[] = {&objective_inbatch, &objective_moco,
-                                                      &objective_mae,     &objective_byol,
-                                                      &objective_vicreg,  &objective_dino};
+static const ObjectiveDef *const objective_table[] = {
+    &objective_inbatch, &objective_moco, &objective_mae,   &objective_byol,
+    &objective_vicreg,  &objective_dino, &objective_barlow};
 enum { N_OBJECTIVES = sizeof objective_table / sizeof objective_table[0] };
 
 const ObjectiveDef *objective_find(const char *name) {
