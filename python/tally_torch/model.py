@@ -297,12 +297,18 @@ class Attention(nn.Module):
         self.scale = (dim // heads) ** -0.5
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
+        # PyTorch 2's fused F.scaled_dot_product_attention (the same scale) instead of the three
+        # ops below: what a PyTorch 2 user writes; scripts/bench_torch.py turns it on.
+        self.sdpa = False
 
     def forward(self, x):
         N, T, D = x.shape
         q, k, v = self.qkv(x).reshape(N, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
-        attn = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
-        return self.proj((attn @ v).transpose(1, 2).reshape(N, T, D))
+        if self.sdpa:
+            out = F.scaled_dot_product_attention(q, k, v)
+        else:
+            out = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1) @ v
+        return self.proj(out.transpose(1, 2).reshape(N, T, D))
 
 
 class Mlp(nn.Module):
