@@ -764,8 +764,8 @@ def setting_lines(row):
              "| --- | --- | --- | --- | --- | --- |"]
     for run, s in row["settings"].items():
         side, setting = run.split(":", 1)
-        label = {"tally": "Tally", "torch": f"PyTorch {s.get('torch', '')}".strip(),
-                 "torch113": f"PyTorch {s.get('torch', '1.13')}"}[side] + f" {setting}"
+        label = {"tally": "Tally", "torch": "PyTorch", "torch113": "PyTorch 1.13"}[side]
+        label += f" {setting}"
         notes = []
         if "unavailable" in s:
             notes.append(s["unavailable"])

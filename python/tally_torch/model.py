@@ -408,10 +408,11 @@ class MaeDecoder(nn.Module):
         emb = self.embed(tokens)
         first = 1 if self.has_cls else 0
         x = self.mask_token.expand(N, P, -1).clone()
-        x.scatter_(1, keep.unsqueeze(-1).expand(-1, -1, x.shape[2]), emb[:, first:])
+        # .to: under autocast the embedding is bf16 and the mask token stays fp32
+        x.scatter_(1, keep.unsqueeze(-1).expand(-1, -1, x.shape[2]), emb[:, first:].to(x.dtype))
         x = x + self.pos_embed
         if self.has_cls:
-            x = torch.cat([emb[:, :1], x], dim=1)
+            x = torch.cat([emb[:, :1].to(x.dtype), x], dim=1)
         for block in self.blocks:
             x = block(x)
         return self.pred(self.norm(x))[:, first:]
