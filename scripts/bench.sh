@@ -415,7 +415,8 @@ row_setup() {
 }
 
 # tally_onednn PROGRAM...: the oneDNN version a Tally binary runs on, from DNNL_VERBOSE's first
-# lines during a plan (which creates the primitives of a step without running them).
+# lines during a plan (which creates the primitives of a step without running them). A PROGRAM
+# that clears the environment (the root's) sets DNNL_VERBOSE=1 itself.
 tally_onednn() {
   DNNL_VERBOSE=1 "$@" plan --objective=mae --config configs/mae.ini 2>&1 |
     sed -n 's/.*info,oneDNN v\([0-9][0-9.]*\).*/\1/p' | head -n 1
@@ -497,8 +498,8 @@ sys.exit(0 if v and v >= [int(x) for x in sys.argv[2].split(".")] else 1)' "$1" 
 # torch_sides: where PyTorch 2.6 runs (natively when the host's torch is 2.6 or later, else in the
 # Debian 13 root, with OpenBLAS installed there when missing) and, with --with-pytorch113, the
 # host's 1.13. Sets TORCH_CMD (and TORCH113_CMD): the command line that starts bench_torch.py
-# with the fairness environment, and XCHG_IN / XCHG_HOST: the folder for its files as it and as
-# the host see it.
+# with the fairness environment, and XCHG_IN / XCHG_HOST: the folder whose $STAMP/ROW holds its
+# files, as it and as the host see it.
 torch_sides() {
   local host_torch env_=(GLIBC_TUNABLES="$TUNABLES" OMP_NUM_THREADS=2)
   host_torch=$("$PY" -c 'import torch; print(torch.__version__)' 2> /dev/null) || host_torch=""
@@ -507,7 +508,7 @@ torch_sides() {
     [ "$WITH_113" -eq 0 ] || die "--with-pytorch113: this host's PyTorch is $host_torch, not 1.13"
     ensure_openblas
     TORCH_CMD=(env "${env_[@]}" "LD_LIBRARY_PATH=$OPENBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$PY" scripts/bench_torch.py)
-    XCHG_IN=$OUT XCHG_HOST=$OUT
+    XCHG_IN=bench-results XCHG_HOST=bench-results
   else
     TORCH_WHERE="Debian 13 root"
     echo "bench: this host's PyTorch is ${host_torch:-missing}: PyTorch 2.6 runs in the Debian 13 root"
@@ -520,7 +521,7 @@ torch_sides() {
         die "could not install libopenblas0-openmp in the Debian 13 root; --any-blas to measure PyTorch on the BLAS it finds"
     fi
     TORCH_CMD=("${DEBIAN13_CHROOT[@]}" "${env_[@]}" "LD_LIBRARY_PATH=$OPENBLAS_DIR" /usr/bin/python3 "$BENCH_DIR/scripts/bench_torch.py")
-    XCHG_IN=$BENCH_DIR/bench-results/$STAMP XCHG_HOST=$DEBIAN13_ROOT$BENCH_DIR/bench-results/$STAMP
+    XCHG_IN=$BENCH_DIR/bench-results XCHG_HOST=$DEBIAN13_ROOT$BENCH_DIR/bench-results
   fi
   if [ "$WITH_113" -eq 1 ]; then
     [ -n "$host_torch" ] || die "--with-pytorch113: $PY cannot import torch: apt-get install python3-torch"
@@ -532,7 +533,7 @@ torch_sides() {
 # run_torch SIDE SETTING NAME: one measured PyTorch run of the current row (SIDE torch: 2.6,
 # torch113: the host's 1.13) into $dir/NAME.json; a setting that cannot run gets its reason there.
 run_torch() {
-  local side=$1 setting=$2 name=$3 cmd=("${TORCH_CMD[@]}") in=$XCHG_IN/$slug host=$XCHG_HOST/$slug
+  local side=$1 setting=$2 name=$3 cmd=("${TORCH_CMD[@]}") in=$XCHG_IN/$STAMP/$slug host=$XCHG_HOST/$STAMP/$slug
   [ "$side" = torch113 ] && cmd=("${TORCH113_CMD[@]}") in=$dir host=$dir
   [ -f "$dir/tally-fp32-rep1/config.ini" ] || {
     echo "bench: no Tally config for $slug (its first run failed): PyTorch skipped" >&2
@@ -585,10 +586,10 @@ row_runs() {
 vs_pytorch() {
   parse_common --vs-pytorch "$@"
   [ -x "$TALLY_HOST" ] || scripts/setup.sh
-  wait_for_quiet
-  results_dir vs-pytorch
   trap bench_cleanup EXIT
   torch_sides
+  wait_for_quiet
+  results_dir vs-pytorch
   TALLY_ONEDNN=$(tally_onednn "$TALLY_HOST")
   PEAK_ONEDNN="" PEAK_F32="" PEAK_F32_IMPL="" PEAK_BF16="" PEAK_BF16_IMPL="" PEAK_DIR=""
   [ "$PEAK" -eq 0 ] || measure_peak "$OUT" "$PEAK_N" start
@@ -631,13 +632,13 @@ stacks() {
   trap bench_cleanup EXIT
   root_for --stacks
   echo "bench: building Tally in the Debian 13 root ($BENCH_DIR)"
-  debian13_run "$BENCH_DIR" 'cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > /dev/null && cmake --build build -j2 > /dev/null' ||
+  debian13_run "$BENCH_DIR" 'cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > /dev/null && cmake --build build -j2 --target tally > /dev/null' ||
     die "the build in the Debian 13 root failed (scripts/test-debian13.sh installs what it needs)"
   wait_for_quiet
   results_dir stacks
   local host_onednn root_onednn row r run runs p
   host_onednn=$(tally_onednn "$TALLY_HOST")
-  root_onednn=$(tally_onednn "${DEBIAN13_CHROOT[@]}" /bin/bash -c 'cd "$1" && shift && exec "$@"' bash "$BENCH_DIR" build/tally)
+  root_onednn=$(tally_onednn "${DEBIAN13_CHROOT[@]}" DNNL_VERBOSE=1 /bin/bash -c 'cd "$1" && shift && exec "$@"' bash "$BENCH_DIR" build/tally)
   for row in "${ROWS[@]}"; do
     row_setup "$row"
     [ "$model" != resnet18-small-images ] || make_photos "$DEBIAN13_ROOT$BENCH_DIR/bench-results/photos-64" 512 64
