@@ -1,16 +1,22 @@
 #!/usr/bin/python3
 """The PyTorch side of `scripts/bench.sh --vs-pytorch`, and the measuring around both sides.
 
-    bench_torch.py run --config RUN/config.ini --objective OBJ [--warmup 5] [--steps 20]
-                       [--expect-params N] [--json OUT.json]
+    bench_torch.py run --config RUN/config.ini --objective OBJ [--setting fp32] [--warmup 5]
+                       [--steps 20] [--expect-params N] [--json OUT.json]
         Trains Tally's network for that run (the resolved config.ini every Tally run folder
         holds: model file, batch, optimizer, objective settings) in PyTorch for warmup + steps
         steps on random inputs and writes per-step times, peak RSS and the BLAS library it used.
+        --setting is how PyTorch runs: fp32 or bf16 (torch.autocast on the CPU), then -cl
+        (channels_last, ResNets) or -sdpa (F.scaled_dot_product_attention, ViTs), then -compile
+        (torch.compile of the whole step); a setting that cannot run here writes its reason
+        ("unavailable") instead of times, e.g. "does not compile: ...".
     bench_torch.py exec --json OUT.json -- COMMAND...
         Runs COMMAND and records its wall time, CPU time, peak RSS (wait4) and how busy the
         machine's other processes kept the CPUs meanwhile (/proc/stat minus COMMAND's CPU time).
     bench_torch.py summarize DIR
-        The tables of a `bench.sh --vs-pytorch` results folder (DIR/summary.md is the Markdown one).
+        The tables of a `bench.sh --vs-pytorch` results folder: DIR/summary.md and summary.json.
+    bench_torch.py summarize-stacks DIR
+        The table of a `bench.sh --stacks` results folder, the same two files.
 
 What the PyTorch side runs for each objective (one training step = everything timed):
 
@@ -123,7 +129,7 @@ def parse_setting(name):
     compiled = parts[-1] == "compile"
     if compiled:
         parts = parts[:-1]
-    if parts[0] not in ("fp32", "bf16") or len(parts) > 2 or parts[1:] not in ([], ["cl"], ["sdpa"]):
+    if parts[0] not in ("fp32", "bf16") or parts[1:] not in ([], ["cl"], ["sdpa"]):
         raise argparse.ArgumentTypeError(f"unknown setting {name!r} (e.g. fp32, bf16-cl, "
                                          f"fp32-sdpa-compile)")
     return parts[0], (parts[1] if len(parts) > 1 else None), compiled
@@ -731,11 +737,13 @@ def vs_row(out, meta, slug, objective, model, config, runs):
             s["gflop_per_s"] = gflop * s["images_per_s"] / s["batch_size"]
         if run.startswith("torch:") and "loss_first" in s and reference is not None:
             tol = LOSS_AGREES[precision_of(run)]
-            s["loss_first_agrees_with_fp32"] = abs(s["loss_first"] - reference) <= tol * abs(reference)
+            agrees = abs(s["loss_first"] - reference) <= tol * abs(reference)
+            s["loss_first_agrees_with_fp32"] = agrees
     best, ratios = {}, {}
     for p in ("fp32", "bf16", "overall"):
-        torch_runs = [r for r in runs if r.startswith("torch:") and p in ("overall", precision_of(r))]
-        tally_runs = [r for r in runs if r.startswith("tally:") and p in ("overall", precision_of(r))]
+        of_p = [r for r in runs if p in ("overall", precision_of(r))]
+        torch_runs = [r for r in of_p if r.startswith("torch:")]
+        tally_runs = [r for r in of_p if r.startswith("tally:")]
         best[p] = {"pytorch": best_of(settings, torch_runs), "tally": best_of(settings, tally_runs)}
         t, q = best[p]["tally"], best[p]["pytorch"]
         ratios[p] = settings[t]["images_per_s"] / settings[q]["images_per_s"] if t and q else None
@@ -756,8 +764,15 @@ def best_cell(row, p, side):
     return f"{row['settings'][run]['images_per_s']:.0f} ({run.split(':', 1)[1]})" if run else "—"
 
 
-def setting_lines(row):
-    """The Markdown table of one row's settings."""
+def gflops_cell(s, peak, precision):
+    """GFLOP/s, with its fraction of the measured matmul peak of its precision when there is one."""
+    rate = s.get("gflop_per_s", float("nan"))
+    top = peak.get("f32" if precision == "fp32" else "bf16")
+    return fmt(rate, ".0f") + (f" ({100 * rate / top:.0f}% of peak)" if top and rate == rate else "")
+
+
+def setting_lines(row, peak):
+    """The Markdown table of one row's settings (peak: meta.json's measured matmul peak)."""
     lines = [f"**{row['objective']}/{row['backbone']}** ({row['config']}, "
              f"{fmt(row['gflop_per_step'] or float('nan'), '.1f')} GFLOP/step)", "",
              "| setting | images/s (p90–p10 step) | peak RSS | GFLOP/s | other load | note |",
@@ -780,7 +795,7 @@ def setting_lines(row):
         other = s.get("other_load_max")
         busy = fmt(other if other is not None else float("nan"), ".2f")
         lines.append(f"| {label} | {rate_cell(s)} | {gib(s.get('peak_rss_bytes', 0))} "
-                     f"| {fmt(s.get('gflop_per_s', float('nan')), '.0f')} "
+                     f"| {gflops_cell(s, peak, setting.split('-')[0])} "
                      f"| {f'**{busy}**' if other is not None and other > BUSY else busy} "
                      f"| {'; '.join(notes)} |")
     return lines
@@ -789,9 +804,9 @@ def setting_lines(row):
 def machine_lines(meta):
     """What a reader needs to place the numbers: CPU, date, run shape, load."""
     lines = [f"CPU {meta.get('cpu', '?')} ({meta.get('cpus', '?')} CPUs), {meta.get('date', '?')}; "
-             f"batch {meta.get('batch', '?')} (photo rows {meta.get('photo_batch', '?')}), 2 threads "
-             f"each, median step of {meta.get('steps', '?')} after {meta.get('warmup', '?')} "
-             f"warm-up, {meta.get('repeats', '?')} alternating repeats (steps pooled). "
+             f"batch {meta.get('batch', '?')} (photo rows {meta.get('photo_batch', '?')}), "
+             f"2 threads each, median step of {meta.get('steps', '?')} after "
+             f"{meta.get('warmup', '?')} warm-up, {meta.get('repeats', '?')} alternating repeats (steps pooled). "
              f"`scripts/bench.sh {meta.get('flags', '')}`."]
     if meta.get("quick"):
         lines.append("**--quick: a check that the path runs end to end, not a measurement.**")
@@ -814,9 +829,10 @@ def peak_lines(meta):
     f32, bf16 = peak.get("f32"), peak.get("bf16")
     if not f32:
         return ["Peak not measured (--no-peak, --quick, or the peak program failed: see peak.txt)."]
+    reps = peak.get("reps", "?")
     return [f"Measured peak (oneDNN {peak.get('onednn', '?')} matmul {peak.get('n', '?')}³, best "
-            f"of {peak.get('reps', '?')} before and of {peak.get('reps', '?')} after the rows): f32 "
-            f"{f32:.0f} GFLOP/s ({peak.get('f32_impl', '?')}), bf16 "
+            f"of {reps} before and of {reps} after the rows): f32 {f32:.0f} GFLOP/s "
+            f"({peak.get('f32_impl', '?')}), bf16 "
             + (f"{bf16:.0f} GFLOP/s ({peak.get('bf16_impl', '?')})" if bf16 else "not available")
             + "."]
 
@@ -855,7 +871,7 @@ def cmd_summarize(args):
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     for row in rows:
-        lines += setting_lines(row) + [""]
+        lines += setting_lines(row, meta.get("peak", {})) + [""]
     lines += peak_lines(meta) + load_lines(meta, rows)
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out, "summary.md"), "w") as f:
@@ -895,6 +911,7 @@ def cmd_summarize_stacks(args):
             ratio = (d["images_per_s"] / h["images_per_s"]
                      if "images_per_s" in h and "images_per_s" in d else float("nan"))
             other = [s["other_load_max"] for s in (h, d) if s.get("other_load_max") is not None]
+            other_text = fmt(max(other) if other else float("nan"), ".2f")
             why = "; ".join(f"{k}: {s['unavailable']}" for k, s in (("host", h), ("Debian 13", d))
                             if "unavailable" in s)
             lines.append(
@@ -902,7 +919,7 @@ def cmd_summarize_stacks(args):
                 f"| {fmt(ratio, '.2f', '×')} | {fmt(h.get('gflop_per_s', float('nan')), '.0f')} "
                 f"| {fmt(d.get('gflop_per_s', float('nan')), '.0f')} "
                 f"| {gib(h.get('peak_rss_bytes', 0))} | {gib(d.get('peak_rss_bytes', 0))} "
-                f"| {fmt(max(other) if other else float('nan'), '.2f')}{' — ' + why if why else ''} |")
+                f"| {other_text}{' — ' + why if why else ''} |")
     lines.append("")
     lines += load_lines(meta, rows)
     text = "\n".join(lines) + "\n"
