@@ -43,6 +43,7 @@
 # the same precision and overall; with the CPU model, the date, the oneDNN of each side (Tally's
 # from DNNL_VERBOSE, PyTorch's from torch.__config__), PyTorch's version and the flags.
 # summary.json holds the same.
+# TALLY_BENCH_BIN names the host's Tally (default build/tally; the test runs the one it built).
 # --quick: 1 warm-up + 2 measured steps, one repeat, batch 32 (16 on the photo rows), no peak,
 # compile capped at 600 s: a check that the whole path runs (tests/test_bench_quick.sh), not a
 # measurement. Later options override its values.
