@@ -14,12 +14,16 @@
 #   debian13_copy_tree DIR      the tracked files as they are in the work tree into ROOT/DIR
 #                               (its build/ is kept: the next build there is incremental)
 #   debian13_run DIR CMD ARGS   runs the bash command CMD (with ARGS as $1...) in the root, in DIR,
-#                               with a clean environment (DEBIAN13_ENV adds VAR=value entries)
+#                               with a clean environment
+#   "${DEBIAN13_CHROOT[@]}" [VAR=value...] COMMAND...
+#                               the same clean environment as a command line, for a program that
+#                               runs a command itself (the benchmark's measuring wrapper)
 
 DEBIAN13_ROOT=${TALLY_DEBIAN13_ROOT:-$HOME/.cache/tally/debian13}
 DEBIAN13_MIRROR=${TALLY_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 DEBIAN13_MOUNTED_HERE=0
-DEBIAN13_ENV=()
+DEBIAN13_CHROOT=(chroot "$DEBIAN13_ROOT" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}"
+  PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin ${CI+CI="$CI"})
 
 debian13_make_root() {
   [ -d "$DEBIAN13_ROOT" ] && return 0
@@ -76,7 +80,5 @@ debian13_copy_tree() {
 debian13_run() {
   local dir=$1 cmd=$2
   shift 2
-  chroot "$DEBIAN13_ROOT" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" \
-    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin ${CI+CI="$CI"} \
-    "${DEBIAN13_ENV[@]}" /bin/bash -c "cd $dir && $cmd" bash "$@"
+  "${DEBIAN13_CHROOT[@]}" /bin/bash -c "cd $dir && $cmd" bash "$@"
 }
