@@ -5,27 +5,60 @@
 #   scripts/bench.sh [STEPS] [RECIPE...]     e.g. scripts/bench.sh 25 inbatch moco mae
 # Extra settings go through TALLY_BENCH_SET, e.g. TALLY_BENCH_SET="parallel.replicas=2".
 #
-# Tally against PyTorch on the same networks, both measured in one run, alternately:
-#   scripts/bench.sh --vs-pytorch [--warmup W] [--steps N] [--repeats R] [--no-peak]
-#                    [--peak-size N] [--any-blas] [--wait-quiet SECONDS] [--require-quiet]
-#                    [OBJECTIVE/MODEL...]
+# Tally against PyTorch 2.6 on the same networks, in the settings PyTorch's users choose, all
+# measured in one run, alternately:
+#   scripts/bench.sh --vs-pytorch [--quick] [--warmup W] [--steps N] [--repeats R] [--no-peak]
+#                    [--peak-size N] [--any-blas] [--with-pytorch113] [--compile-timeout S]
+#                    [--wait-quiet SECONDS] [--require-quiet] [OBJECTIVE/MODEL...]
 # Rows (default): inbatch/resnet-small-32 moco/resnet-small-32 mae/vit-tiny inbatch/vit-tiny
 # moco/vit-tiny inbatch/resnet18-small-images moco/resnet18-small-images; MODEL is a file in
 # models/, the recipe configs/OBJECTIVE.ini (configs/OBJECTIVE-vit.ini for a vit model, except
 # mae). The resnet18-small-images rows train on photo-sized input: 64x64 RGB at batch 64
 # (TALLY_BENCH_PHOTO_BATCH), from a folder of 512 synthetic RGB images the benchmark writes once
-# (bench-results/photos-64); PyTorch's side, as on every row, trains on random tensors. Each row
-# runs R (default 2) pairs, Tally then PyTorch, then PyTorch then Tally, ..., each W (5) warm-up
-# + N (20) measured steps;
+# (bench-results/photos-64); PyTorch's side, as on every row, trains on random tensors.
+# Each row measures, in R (default 2) repeats of W (5) warm-up + N (20) measured steps each:
+# - Tally in fp32 and in bf16 (train.precision = bf16);
+# - PyTorch 2.6 in fp32 and in bf16 (torch.autocast("cpu", dtype=torch.bfloat16)), each eager,
+#   eager with its fast path (channels_last for a ResNet: "cl"; F.scaled_dot_product_attention
+#   for a ViT: "sdpa"), and compiled (torch.compile of the whole training step, fast path on;
+#   at least 3 warm-up steps, the first two compile). A compile that fails, needs a compiler or
+#   headers that are missing, or takes longer than S seconds (--compile-timeout, 900) is
+#   recorded as "does not compile: REASON", and the benchmark goes on;
+# - with --with-pytorch113, the host's PyTorch 1.13 in fp32 as well (the earlier reference).
+# A repeat runs Tally fp32, then the fp32 PyTorch settings, then Tally bf16 and the bf16 ones;
+# the next repeat runs the same in reverse. Every PyTorch setting trains from the same seed on
+# the same inputs, so its first loss must agree with fp32's (the summary flags one that does not).
+# Where PyTorch runs: natively when /usr/bin/python3's torch is 2.6 or later; otherwise (Debian
+# 12's is 1.13) in the Debian 13 root of scripts/test-debian13.sh (TALLY_DEBIAN13_ROOT, by
+# default ~/.cache/tally/debian13; run that script first to make it), which needs root. The
+# root is mounted as scripts/lib-debian13.sh does it (used as it is if already mounted, and then
+# left mounted), the checkout copied to TALLY_BENCH_ROOT_DIR (/opt/tally-bench) there, and the
+# PyTorch side reads Tally's config from and writes its results to that folder.
 # scripts/bench_torch.py is the PyTorch side (and measures both sides' processes). Before the
 # rows and again after them, a oneDNN matmul of N×N×N (4096) in fp32 and, when the CPU has
 # avx512_bf16, bf16 measures the peak (the best reading) the achieved GFLOP/s are a fraction
 # of. Results, logs and every run folder go under bench-results/<timestamp>-vs-pytorch/;
-# summary.md there is the Markdown table printed last.
+# summary.md there (printed last) has per row each setting's images/s, peak RSS and GFLOP/s,
+# PyTorch's best setting in each precision and overall, and Tally's best over PyTorch's best in
+# the same precision and overall; with the CPU model, the date, the oneDNN of each side (Tally's
+# from DNNL_VERBOSE, PyTorch's from torch.__config__), PyTorch's version and the flags.
+# summary.json holds the same.
+# TALLY_BENCH_BIN names the host's Tally (default build/tally; the test runs the one it built).
+# --quick: 1 warm-up + 2 measured steps, one repeat, batch 32 (16 on the photo rows), no peak,
+# compile capped at 600 s: a check that the whole path runs (tests/test_bench_quick.sh), not a
+# measurement. Later options override its values.
 # Final numbers need a quiet machine: the summary flags a run that started with a load average
-# of 1.5 or more or during which other processes kept half a core busy (--wait-quiet S waits up
-# to S seconds for the load to drop first; --require-quiet exits with 3 instead of measuring
-# if it has not).
+# of 1.5 or more or during which other processes kept a quarter of a core busy (--wait-quiet S
+# waits up to S seconds for the load to drop first; --require-quiet exits with 3 instead of
+# measuring if it has not).
+#
+# Tally on both stacks: built on the host (Debian 12: oneDNN 2.6, gcc 12) and in the Debian 13
+# root (oneDNN 3.7, gcc 14; built in TALLY_BENCH_ROOT_DIR there), the same rows alternately:
+#   scripts/bench.sh --stacks [--quick] [--precisions fp32,bf16] [--warmup W] [--steps N]
+#                    [--repeats R] [--wait-quiet S] [--require-quiet] [OBJECTIVE/MODEL...]
+# Each repeat runs, per precision, the host's build then the root's (reversed in the next one);
+# summary.md in bench-results/<timestamp>-stacks/ has images/s, GFLOP/s and peak RSS side by
+# side. Needs root and the Debian 13 root, as above.
 #
 # The time `tally plan --time` predicts against the run's measured time, recipe by recipe:
 #   scripts/bench.sh --plan-time [STEPS=40] [RECIPE...]    e.g. --plan-time 40 moco photos/moco
@@ -34,15 +67,17 @@
 # the reduction a view allows, over the first N images of a folder:
 #   scripts/bench.sh --decode DIR [N=500] [VIEW_SIZE=64] [CHANNELS=3] [REPEATS=3]
 #
-# How PyTorch is made fair (the conditions under which the reference numbers were measured):
+# How PyTorch is made fair (the conditions under which the reference numbers were measured),
+# the same on the host and in the Debian 13 root:
 # - Debian's python3-torch, run with /usr/bin/python3 (a python3 earlier on PATH may lack torch).
 # - BLAS: Debian's torch calls whatever libblas.so.3 resolves to, the reference BLAS by default,
 #   which makes every Linear and attention matmul many times slower. libopenblas0-openmp is
-#   installed when missing (apt-get, which also makes it the system's libblas.so.3 alternative)
-#   and its directory is put first on the PyTorch process's LD_LIBRARY_PATH whatever the
-#   alternative says; the PyTorch process reports the BLAS it actually mapped, and the benchmark
-#   stops if that is not OpenBLAS (--any-blas to go on anyway). Convolutions go through oneDNN
-#   (the same libdnnl 2.6 Tally links) in both.
+#   installed when missing (apt-get, in the root through chroot; it also becomes the system's
+#   libblas.so.3 alternative) and its directory is put first on the PyTorch process's
+#   LD_LIBRARY_PATH whatever the alternative says; the PyTorch process reports the BLAS it
+#   actually mapped, and the benchmark stops if that is not OpenBLAS (--any-blas to go on
+#   anyway). Convolutions go through oneDNN in both: the libdnnl Tally links, and the oneDNN
+#   built into PyTorch (3.7 in Debian 13's; the summary names both).
 # - GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=... for PyTorch only: with
 #   default malloc every large tensor is a fresh mmap, and freed heap is handed back, so its page
 #   faults make PyTorch's batch-256 steps several times slower here (it trades memory for speed:
@@ -280,152 +315,356 @@ PYEOF
   touch "$1/done"
 }
 
-vs_pytorch() {
-  local warmup=5 steps=20 repeats=2 peak=1 peak_n=4096 any_blas=0 wait_quiet=0 require_quiet=0
-  local rows=()
+# --- What --vs-pytorch and --stacks share: the rows, the options, the measured Tally run.
+
+DEFAULT_ROWS=(inbatch/resnet-small-32 moco/resnet-small-32 mae/vit-tiny inbatch/vit-tiny moco/vit-tiny
+  inbatch/resnet18-small-images moco/resnet18-small-images)
+# The folder of the root that holds the checkout's copy, its build (--stacks) and the PyTorch side's
+# exchange files (never /opt/tally, which scripts/test-debian13.sh owns).
+BENCH_DIR=${TALLY_BENCH_ROOT_DIR:-/opt/tally-bench}
+# The host's Tally (the root's is always its own build/tally).
+TALLY_HOST=${TALLY_BENCH_BIN:-build/tally}
+
+# parse_common MODE ARGS...: the options of both modes (and MODE's own) into globals; the rest are
+# rows. --quick first sets short values that later options may override.
+parse_common() {
+  local mode=$1
+  shift
+  WARMUP=5 STEPS=20 REPEATS=2 BATCH=${TALLY_BENCH_BATCH:-256} PHOTO_BATCH=${TALLY_BENCH_PHOTO_BATCH:-64}
+  PEAK=1 PEAK_N=4096 ANY_BLAS=0 WAIT_QUIET=0 REQUIRE_QUIET=0 WITH_113=0 COMPILE_TIMEOUT=900
+  PRECISIONS="fp32 bf16" QUICK=0 ROWS=()
   PEAK_REPS=8
+  FLAGS="$mode $*"
   while [ $# -gt 0 ]; do
-    case $1 in
-      --warmup) warmup=${2:-}; shift 2 ;;
-      --warmup=*) warmup=${1#*=}; shift ;;
-      --steps) steps=${2:-}; shift 2 ;;
-      --steps=*) steps=${1#*=}; shift ;;
-      --repeats) repeats=${2:-}; shift 2 ;;
-      --repeats=*) repeats=${1#*=}; shift ;;
-      --no-peak) peak=0; shift ;;
-      --peak-size) peak_n=${2:-}; shift 2 ;;
-      --peak-size=*) peak_n=${1#*=}; shift ;;
-      --any-blas) any_blas=1; shift ;;
-      --wait-quiet) wait_quiet=${2:-}; shift 2 ;;
-      --wait-quiet=*) wait_quiet=${1#*=}; shift ;;
-      --require-quiet) require_quiet=1; shift ;;
-      -h | --help) sed -n '8,28p' "$0" | sed 's/^# \{0,1\}//'; return 0 ;;
-      */*) rows+=("$1"); shift ;;
-      *) die "unknown argument '$1' (rows are OBJECTIVE/MODEL, e.g. moco/vit-tiny)" ;;
+    case $mode:$1 in
+      *:--quick) QUICK=1 WARMUP=1 STEPS=2 REPEATS=1 BATCH=32 PHOTO_BATCH=16 PEAK=0 COMPILE_TIMEOUT=600; shift ;;
+      *:--warmup) WARMUP=${2:-}; shift 2 ;;
+      *:--steps) STEPS=${2:-}; shift 2 ;;
+      *:--repeats) REPEATS=${2:-}; shift 2 ;;
+      *:--wait-quiet) WAIT_QUIET=${2:-}; shift 2 ;;
+      *:--require-quiet) REQUIRE_QUIET=1; shift ;;
+      --vs-pytorch:--no-peak) PEAK=0; shift ;;
+      --vs-pytorch:--peak-size) PEAK_N=${2:-}; shift 2 ;;
+      --vs-pytorch:--any-blas) ANY_BLAS=1; shift ;;
+      --vs-pytorch:--with-pytorch113) WITH_113=1; shift ;;
+      --vs-pytorch:--compile-timeout) COMPILE_TIMEOUT=${2:-}; shift 2 ;;
+      --stacks:--precisions) PRECISIONS=${2//,/ }; shift 2 ;;
+      *:-h | *:--help) sed -n '/^# Tally against PyTorch 2.6/,/^# The time/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+      *:--*=*) set -- "${1%%=*}" "${1#*=}" "${@:2}" ;;
+      */*) ROWS+=("${1#*:}"); shift ;;
+      *) die "unknown argument '${1#*:}' for $mode (rows are OBJECTIVE/MODEL, e.g. moco/vit-tiny)" ;;
     esac
   done
-  for v in "$warmup" "$steps" "$repeats" "$peak_n" "$wait_quiet"; do
+  local v
+  for v in "$WARMUP" "$STEPS" "$REPEATS" "$PEAK_N" "$WAIT_QUIET" "$COMPILE_TIMEOUT"; do
     [[ $v =~ ^[0-9]+$ ]] || die "expected a number, got '$v'"
   done
-  if [ "$steps" -lt 1 ] || [ "$repeats" -lt 1 ]; then die "need --steps >= 1 and --repeats >= 1"; fi
-  [ ${#rows[@]} -gt 0 ] ||
-    rows=(inbatch/resnet-small-32 moco/resnet-small-32 mae/vit-tiny inbatch/vit-tiny moco/vit-tiny
-      inbatch/resnet18-small-images moco/resnet18-small-images)
+  if [ "$STEPS" -lt 1 ] || [ "$REPEATS" -lt 1 ]; then die "need --steps >= 1 and --repeats >= 1"; fi
+  for v in $PRECISIONS; do [[ $v == fp32 || $v == bf16 ]] || die "--precisions: fp32 or bf16, not '$v'"; done
+  [ ${#ROWS[@]} -gt 0 ] || ROWS=("${DEFAULT_ROWS[@]}")
+}
 
-  [ -x build/tally ] || scripts/setup.sh
-  if ! "$PY" -c 'import torch' 2> /dev/null; then
-    die "$PY cannot import torch: apt-get install python3-torch"
-  fi
-  ensure_openblas
-
-  local batch=${TALLY_BENCH_BATCH:-256}
-  local extra=(--set "train.batch_size=$batch")
-  for kv in ${TALLY_BENCH_SET:-}; do extra+=(--set "$kv"); done
-  local torch_env=(env "GLIBC_TUNABLES=$TUNABLES" OMP_NUM_THREADS=2
-    "LD_LIBRARY_PATH=$OPENBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
-
-  # --wait-quiet S: wait up to S seconds for the 1-minute load average to fall below 1.5.
+# wait_for_quiet: --wait-quiet S waits up to S seconds for the 1-minute load average to fall below
+# 1.5; --require-quiet then exits with 3 if it has not.
+wait_for_quiet() {
   local waited=0
-  while [ "$waited" -lt "$wait_quiet" ] && awk -v l="$(loadavg)" 'BEGIN { exit !(l >= 1.5) }'; do
-    [ "$waited" -eq 0 ] && echo "bench: load average $(loadavg); waiting up to ${wait_quiet}s for it to fall below 1.5"
+  while [ "$waited" -lt "$WAIT_QUIET" ] && awk -v l="$(loadavg)" 'BEGIN { exit !(l >= 1.5) }'; do
+    [ "$waited" -eq 0 ] && echo "bench: load average $(loadavg); waiting up to ${WAIT_QUIET}s for it to fall below 1.5"
     sleep 15
     waited=$((waited + 15))
   done
-  if [ "$require_quiet" -eq 1 ] && awk -v l="$(loadavg)" 'BEGIN { exit !(l >= 1.5) }'; then
+  if [ "$REQUIRE_QUIET" -eq 1 ] && awk -v l="$(loadavg)" 'BEGIN { exit !(l >= 1.5) }'; then
     echo "bench: load average $(loadavg) is still 1.5 or more: not measuring (--require-quiet)" >&2
     exit 3
   fi
+}
 
-  local out
-  out=bench-results/$(date +%Y%m%d-%H%M%S)-vs-pytorch
-  mkdir -p "$out"
-  local load_start
-  load_start=$(loadavg)
-  echo "bench: results in $out; load average $load_start$(awk -v l="$load_start" \
+# results_dir SUFFIX: makes bench-results/<timestamp>-SUFFIX, sets OUT, STAMP and LOAD_START.
+results_dir() {
+  STAMP=$(date +%Y%m%d-%H%M%S)-$1
+  OUT=bench-results/$STAMP
+  mkdir -p "$OUT"
+  LOAD_START=$(loadavg)
+  echo "bench: results in $OUT; load average $LOAD_START$(awk -v l="$LOAD_START" \
     'BEGIN { if (l >= 1.5) print " (loaded: numbers from this run are not final)" }')"
+  : > "$OUT/rows.tsv"
+}
 
-  PEAK_ONEDNN="" PEAK_F32="" PEAK_F32_IMPL="" PEAK_BF16="" PEAK_BF16_IMPL=""
-  PEAK_DIR=""
-  trap '[ -n "${PEAK_DIR:-}" ] && rm -rf "$PEAK_DIR"' EXIT
-  [ "$peak" -eq 0 ] || measure_peak "$out" "$peak_n" start
+# row_setup ROW: sets objective, model, config, slug, fast (the PyTorch fast path of the backbone:
+# cl for a ResNet, sdpa for a ViT) and row_set, the --set arguments of the row's Tally runs (paths
+# relative to the checkout: the same on the host and in the root).
+row_setup() {
+  objective=${1%%/*}
+  model=${1#*/}
+  [ -f "models/$model.ini" ] || die "no model file models/$model.ini (row $1)"
+  if [[ $model == vit* && $objective != mae ]]; then config=configs/$objective-vit.ini; else config=configs/$objective.ini; fi
+  [ -f "$config" ] || die "no recipe $config (row $1)"
+  slug=$objective-$model
+  fast=cl
+  grep -Eq '^[[:space:]]*type[[:space:]]*=[[:space:]]*vit' "models/$model.ini" && fast=sdpa
+  row_set=(--set "model.file=models/$model.ini" --set "train.batch_size=$BATCH")
+  local kv
+  for kv in ${TALLY_BENCH_SET:-}; do row_set+=(--set "$kv"); done
+  [ "$objective" = mae ] && row_set+=(--set mae.png_every=0)  # output, not training
+  if [ "$model" = resnet18-small-images ]; then
+    make_photos bench-results/photos-64 512 64
+    row_set+=(--set data.format=imagefolder --set data.labels=none --set data.train=bench-results/photos-64
+      --set data.test=bench-results/photos-64 --set data.image_size=64 --set data.channels=3
+      --set "train.batch_size=$PHOTO_BATCH")
+  fi
+  return 0
+}
 
-  : > "$out/rows.tsv"
-  local row objective model config slug dir params r side torch_version="" blas=""
-  for row in "${rows[@]}"; do
-    objective=${row%%/*}
-    model=${row#*/}
-    [ -f "models/$model.ini" ] || die "no model file models/$model.ini (row $row)"
-    if [[ $model == vit* && $objective != mae ]]; then config=configs/$objective-vit.ini; else config=configs/$objective.ini; fi
-    [ -f "$config" ] || die "no recipe $config (row $row)"
-    slug=$objective-$model
-    dir=$out/$slug
-    mkdir -p "$dir"
-    printf '%s\t%s\t%s\t%s\n' "$slug" "$objective" "models/$model.ini" "$config" >> "$out/rows.tsv"
-    local set=(--set "model.file=models/$model.ini" "${extra[@]}")
-    [ "$objective" = mae ] && set+=(--set mae.png_every=0)  # output, not training
-    if [ "$model" = resnet18-small-images ]; then
-      make_photos bench-results/photos-64 512 64
-      set+=(--set data.format=imagefolder --set data.labels=none --set data.train=bench-results/photos-64
-        --set data.test=bench-results/photos-64 --set data.image_size=64 --set data.channels=3
-        --set "train.batch_size=${TALLY_BENCH_PHOTO_BATCH:-64}")
+# tally_onednn PROGRAM...: the oneDNN version a Tally binary runs on, from DNNL_VERBOSE's first
+# lines during a plan (which creates the primitives of a step without running them). A PROGRAM
+# that clears the environment (the root's) sets DNNL_VERBOSE=1 itself.
+tally_onednn() {
+  DNNL_VERBOSE=1 "$@" plan --objective=mae --config configs/mae.ini 2>&1 |
+    sed -n 's/.*info,oneDNN v\([0-9][0-9.]*\).*/\1/p' | head -n 1
+}
+
+# run_tally NAME PRECISION [root]: one measured Tally run of the current row into $dir/NAME, built
+# on the host or (root) in the Debian 13 root, whose run folder is then moved out beside the rest.
+run_tally() {
+  local name=$1 precision=$2 where=${3:-host}
+  local args=(train --objective="$objective" --config "$config" --steps $((WARMUP + STEPS)) --no-knn
+    --quiet "${row_set[@]}" --set "train.precision=$precision")
+  echo "bench: $slug: Tally $name"
+  if [ "$where" = root ]; then
+    local inside=bench-results/$STAMP/$slug
+    mkdir -p "$DEBIAN13_ROOT$BENCH_DIR/$inside"
+    "$PY" scripts/bench_torch.py exec --json "$dir/$name.exec.json" --log "$dir/$name.log" -- \
+      "${DEBIAN13_CHROOT[@]}" /bin/bash -c 'cd "$1" && shift && exec "$@"' bash "$BENCH_DIR" \
+      build/tally "${args[@]}" --out "$inside/$name" || echo "bench: Tally failed on $slug, see $dir/$name.log" >&2
+    [ ! -d "$DEBIAN13_ROOT$BENCH_DIR/$inside/$name" ] || mv "$DEBIAN13_ROOT$BENCH_DIR/$inside/$name" "$dir/$name"
+  else
+    "$PY" scripts/bench_torch.py exec --json "$dir/$name.exec.json" --log "$dir/$name.log" -- \
+      env -u GLIBC_TUNABLES "$TALLY_HOST" "${args[@]}" --out "$dir/$name" ||
+      echo "bench: Tally failed on $slug, see $dir/$name.log" >&2
+  fi
+}
+
+# root_for MODE: the Debian 13 root mounted (or used as it is) and the checkout copied into
+# $BENCH_DIR there; released on exit.
+root_for() {
+  [ "$(id -u)" -eq 0 ] || die "$1 runs in the Debian 13 root, which needs root (chroot): sudo $0 $1 ..."
+  # shellcheck source=scripts/lib-debian13.sh
+  . scripts/lib-debian13.sh
+  [ -d "$DEBIAN13_ROOT" ] ||
+    die "no Debian 13 root at $DEBIAN13_ROOT: run scripts/test-debian13.sh first (it makes one with python3-torch 2.6 and Tally's build dependencies; TALLY_DEBIAN13_ROOT to use another)"
+  debian13_mount
+  debian13_copy_tree "$BENCH_DIR"
+}
+
+bench_cleanup() {
+  [ -z "${PEAK_DIR:-}" ] || rm -rf "$PEAK_DIR"
+  if declare -F debian13_release > /dev/null; then debian13_release; fi
+}
+
+# write_meta KEY=VALUE...: meta.json of the results folder, from the run's settings and these.
+write_meta() {
+  "$PY" - "$OUT/meta.json" "$@" <<'PYEOF'
+import datetime, json, os, sys
+e = os.environ
+num = lambda k: float(e[k]) if e.get(k) else None
+cpu = "?"
+with open("/proc/cpuinfo") as f:
+    for line in f:
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+meta = {"warmup": int(e["WARMUP"]), "steps": int(e["STEPS"]), "repeats": int(e["REPEATS"]),
+        "batch": int(e["BATCH"]), "photo_batch": int(e["PHOTO_BATCH"]), "quick": e["QUICK"] == "1",
+        "flags": e["FLAGS"], "cpu": cpu, "cpus": os.cpu_count(),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "tunables": e["TUNABLES"], "loadavg_start": num("LOAD_START"), "loadavg_end": num("LOAD_END"),
+        "peak": {"n": int(e["PEAK_N"]), "reps": int(e["PEAK_REPS"]), "onednn": e.get("PEAK_ONEDNN", ""),
+                 "f32": num("PEAK_F32"), "f32_impl": e.get("PEAK_F32_IMPL", ""),
+                 "bf16": num("PEAK_BF16"), "bf16_impl": e.get("PEAK_BF16_IMPL", "")}}
+for kv in sys.argv[2:]:
+    k, v = kv.split("=", 1)
+    meta[k] = v
+json.dump(meta, open(sys.argv[1], "w"), indent=1)
+PYEOF
+}
+
+# --- --vs-pytorch
+
+version_at_least() {  # VERSION MIN: is VERSION (e.g. 2.6.0+debian) MIN or later?
+  "$PY" -c 'import re, sys
+v = [int(x) for x in re.findall(r"\d+", sys.argv[1])[:2]]
+sys.exit(0 if v and v >= [int(x) for x in sys.argv[2].split(".")] else 1)' "$1" "$2"
+}
+
+# torch_sides: where PyTorch 2.6 runs (natively when the host's torch is 2.6 or later, else in the
+# Debian 13 root, with OpenBLAS installed there when missing) and, with --with-pytorch113, the
+# host's 1.13. Sets TORCH_CMD (and TORCH113_CMD): the command line that starts bench_torch.py
+# with the fairness environment, and XCHG_IN / XCHG_HOST: the folder whose $STAMP/ROW holds its
+# files, as it and as the host see it.
+torch_sides() {
+  local host_torch env_=(GLIBC_TUNABLES="$TUNABLES" OMP_NUM_THREADS=2)
+  host_torch=$("$PY" -c 'import torch; print(torch.__version__)' 2> /dev/null) || host_torch=""
+  if [ -n "$host_torch" ] && version_at_least "$host_torch" 2.6; then
+    TORCH_WHERE=host
+    [ "$WITH_113" -eq 0 ] || die "--with-pytorch113: this host's PyTorch is $host_torch, not 1.13"
+    ensure_openblas
+    TORCH_CMD=(env "${env_[@]}" "LD_LIBRARY_PATH=$OPENBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$PY" scripts/bench_torch.py)
+    XCHG_IN=bench-results XCHG_HOST=bench-results
+  else
+    TORCH_WHERE="Debian 13 root"
+    echo "bench: this host's PyTorch is ${host_torch:-missing}: PyTorch 2.6 runs in the Debian 13 root"
+    root_for --vs-pytorch
+    debian13_run / '/usr/bin/python3 -c "import torch"' ||
+      die "the Debian 13 root's python3 cannot import torch: scripts/test-debian13.sh installs python3-torch there"
+    if ! debian13_run / "dpkg-query -W -f='\${Status}' libopenblas0-openmp 2> /dev/null | grep -q 'install ok installed'"; then
+      echo "bench: installing libopenblas0-openmp in the Debian 13 root (PyTorch's BLAS for the comparison)"
+      debian13_run / 'DEBIAN_FRONTEND=noninteractive apt-get install -y -o DPkg::Lock::Timeout=600 libopenblas0-openmp > /dev/null' ||
+        die "could not install libopenblas0-openmp in the Debian 13 root; --any-blas to measure PyTorch on the BLAS it finds"
     fi
-    params=$(build/tally plan --objective="$objective" --config "$config" "${set[@]}" 2> "$dir/plan.log" |
+    TORCH_CMD=("${DEBIAN13_CHROOT[@]}" "${env_[@]}" "LD_LIBRARY_PATH=$OPENBLAS_DIR" /usr/bin/python3 "$BENCH_DIR/scripts/bench_torch.py")
+    XCHG_IN=$BENCH_DIR/bench-results XCHG_HOST=$DEBIAN13_ROOT$BENCH_DIR/bench-results
+  fi
+  if [ "$WITH_113" -eq 1 ]; then
+    [ -n "$host_torch" ] || die "--with-pytorch113: $PY cannot import torch: apt-get install python3-torch"
+    ensure_openblas
+    TORCH113_CMD=(env "${env_[@]}" "LD_LIBRARY_PATH=$OPENBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$PY" scripts/bench_torch.py)
+  fi
+}
+
+# run_torch SIDE SETTING NAME: one measured PyTorch run of the current row (SIDE torch: 2.6,
+# torch113: the host's 1.13) into $dir/NAME.json; a setting that cannot run gets its reason there.
+run_torch() {
+  local side=$1 setting=$2 name=$3 cmd=("${TORCH_CMD[@]}") in=$XCHG_IN/$STAMP/$slug host=$XCHG_HOST/$STAMP/$slug
+  [ "$side" = torch113 ] && cmd=("${TORCH113_CMD[@]}") in=$dir host=$dir
+  [ -f "$dir/tally-fp32-rep1/config.ini" ] || {
+    echo "bench: no Tally config for $slug (its first run failed): PyTorch skipped" >&2
+    return 0
+  }
+  mkdir -p "$host"
+  cp "$dir/tally-fp32-rep1/config.ini" "$host/config.ini"
+  local limit=() rc=0 why
+  [[ $setting == *-compile ]] && limit=(timeout --kill-after=30 "$COMPILE_TIMEOUT")
+  echo "bench: $slug: PyTorch $name"
+  "$PY" scripts/bench_torch.py exec --json "$dir/$name.exec.json" --log "$dir/$name.log" -- \
+    "${limit[@]}" "${cmd[@]}" run --config "$in/config.ini" --objective "$objective" --setting "$setting" \
+    --warmup "$WARMUP" --steps "$STEPS" --expect-params "$params" --json "$in/$name.json" || rc=$?
+  [ "$host" = "$dir" ] || [ ! -f "$host/$name.json" ] || mv -f "$host/$name.json" "$dir/$name.json"
+  if [ ! -s "$dir/$name.json" ]; then
+    why="failed (exit $rc): $(tail -n 1 "$dir/$name.log")"
+    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && why="not done within ${COMPILE_TIMEOUT} s (--compile-timeout)"
+    [[ $setting == *-compile ]] && why="does not compile: $why"
+    echo "bench: PyTorch $setting on $slug: $why" >&2
+    "$PY" -c 'import json, sys; json.dump({"setting": sys.argv[2], "unavailable": sys.argv[3]}, open(sys.argv[1], "w"))' \
+      "$dir/$name.json" "$setting" "$why"
+  fi
+  check_blas "$side" "$dir/$name.json"
+}
+
+# check_blas SIDE JSON: the first result of each PyTorch names the BLAS it mapped; not OpenBLAS
+# stops the benchmark (its numbers would not be fair) unless --any-blas.
+check_blas() {
+  local seen=BLAS_SEEN_$1 blas
+  [ -z "${!seen:-}" ] || return 0
+  blas=$("$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); print(",".join(d["blas"]) if "blas" in d else "-")' "$2")
+  [ "$blas" != - ] || return 0
+  printf -v "$seen" %s "$blas"
+  echo "bench: PyTorch ($1) uses BLAS ${blas:-(none mapped)}"
+  if [[ $blas != *openblas* ]] && [ "$ANY_BLAS" -eq 0 ]; then
+    die "PyTorch did not map OpenBLAS (got '${blas:-nothing}'): its numbers would not be fair; --any-blas to go on"
+  fi
+}
+
+# The runs of one row, in the order of a repeat: Tally and PyTorch alternate, each precision's
+# PyTorch settings after Tally's run in it.
+row_runs() {
+  local p
+  for p in fp32 bf16; do
+    echo "tally:$p torch:$p torch:$p-$fast torch:$p-$fast-compile"
+  done
+  [ "$WITH_113" -eq 0 ] || echo "torch113:fp32"
+}
+
+vs_pytorch() {
+  parse_common --vs-pytorch "$@"
+  [ -x "$TALLY_HOST" ] || scripts/setup.sh
+  trap bench_cleanup EXIT
+  torch_sides
+  wait_for_quiet
+  results_dir vs-pytorch
+  TALLY_ONEDNN=$(tally_onednn "$TALLY_HOST")
+  PEAK_ONEDNN="" PEAK_F32="" PEAK_F32_IMPL="" PEAK_BF16="" PEAK_BF16_IMPL="" PEAK_DIR=""
+  [ "$PEAK" -eq 0 ] || measure_peak "$OUT" "$PEAK_N" start
+
+  local row r run runs
+  for row in "${ROWS[@]}"; do
+    row_setup "$row"
+    dir=$OUT/$slug
+    mkdir -p "$dir"
+    # shellcheck disable=SC2207  # run names have no spaces
+    runs=($(row_runs))
+    printf '%s\t%s\t%s\t%s\t%s\n' "$slug" "$objective" "models/$model.ini" "$config" "${runs[*]}" >> "$OUT/rows.tsv"
+    params=$("$TALLY_HOST" plan --objective="$objective" --config "$config" "${row_set[@]}" 2> "$dir/plan.log" |
       awk '$1 == "parameters" { print $2 }') || true
     [ -n "$params" ] || { echo "bench: tally plan failed for $row, see $dir/plan.log" >&2; continue; }
-    for ((r = 1; r <= repeats; r++)); do
-      local order=(tally torch)
-      [ $((r % 2)) -eq 0 ] && order=(torch tally)
-      for side in "${order[@]}"; do
-        if [ "$side" = tally ]; then
-          echo "bench: $row repeat $r: Tally"
-          "$PY" scripts/bench_torch.py exec --json "$dir/tally-rep$r.exec.json" --log "$dir/tally-rep$r.log" -- \
-            env -u GLIBC_TUNABLES build/tally train --objective="$objective" --config "$config" --steps $((warmup + steps)) \
-            --no-knn --quiet --out "$dir/tally-rep$r" "${set[@]}" ||
-            echo "bench: Tally failed on $row, see $dir/tally-rep$r.log" >&2
-        else
-          if [ ! -f "$dir/tally-rep1/config.ini" ]; then
-            echo "bench: no Tally config for $row (its first run failed): PyTorch skipped" >&2
-            continue
-          fi
-          echo "bench: $row repeat $r: PyTorch"
-          "$PY" scripts/bench_torch.py exec --json "$dir/torch-rep$r.exec.json" --log "$dir/torch-rep$r.log" -- \
-            "${torch_env[@]}" "$PY" scripts/bench_torch.py run --config "$dir/tally-rep1/config.ini" \
-            --objective "$objective" --warmup "$warmup" --steps "$steps" --expect-params "$params" \
-            --json "$dir/torch-rep$r.json" || {
-            echo "bench: PyTorch failed on $row, see $dir/torch-rep$r.log" >&2
-            continue
-          }
-          if [ -z "$blas" ]; then
-            blas=$("$PY" -c 'import json, sys; print(",".join(json.load(open(sys.argv[1]))["blas"]))' "$dir/torch-rep$r.json")
-            torch_version=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["torch"])' "$dir/torch-rep$r.json")
-            echo "bench: PyTorch $torch_version uses BLAS ${blas:-(none mapped)}"
-            if [[ $blas != *openblas* ]] && [ "$any_blas" -eq 0 ]; then
-              die "PyTorch did not map OpenBLAS (got '${blas:-nothing}'): its numbers would not be fair; --any-blas to go on"
-            fi
-          fi
-        fi
+    for ((r = 1; r <= REPEATS; r++)); do
+      local order=("${runs[@]}")
+      [ $((r % 2)) -eq 0 ] && mapfile -t order < <(printf '%s\n' "${runs[@]}" | tac)
+      for run in "${order[@]}"; do
+        case $run in
+          tally:*) run_tally "tally-${run#*:}-rep$r" "${run#*:}" ;;
+          *) run_torch "${run%%:*}" "${run#*:}" "${run%%:*}-${run#*:}-rep$r" ;;
+        esac
       done
     done
   done
 
-  [ "$peak" -eq 0 ] || measure_peak "$out" "$peak_n" end
-  WARMUP=$warmup STEPS=$steps REPEATS=$repeats BATCH=$batch TORCH=$torch_version BLAS=$blas \
-    LOAD_START=$load_start LOAD_END=$(loadavg) PEAK_N=$peak_n \
-    "$PY" -c '
-import json, os, sys
-e = os.environ
-num = lambda k: float(e[k]) if e.get(k) else None
-meta = {"warmup": int(e["WARMUP"]), "steps": int(e["STEPS"]), "repeats": int(e["REPEATS"]),
-        "batch": int(e["BATCH"]), "torch": e["TORCH"], "blas": e["BLAS"], "tunables": e["TUNABLES"],
-        "loadavg_start": num("LOAD_START"), "loadavg_end": num("LOAD_END"),
-        "peak": {"n": int(e["PEAK_N"]), "reps": int(e["PEAK_REPS"]), "onednn": e["PEAK_ONEDNN"],
-                 "f32": num("PEAK_F32"), "f32_impl": e["PEAK_F32_IMPL"],
-                 "bf16": num("PEAK_BF16"), "bf16_impl": e["PEAK_BF16_IMPL"]}}
-json.dump(meta, open(sys.argv[1], "w"), indent=1)
-' "$out/meta.json"
+  [ "$PEAK" -eq 0 ] || measure_peak "$OUT" "$PEAK_N" end
+  LOAD_END=$(loadavg) write_meta mode=vs-pytorch "torch_where=$TORCH_WHERE" "tally_onednn=$TALLY_ONEDNN" \
+    "compile_timeout=$COMPILE_TIMEOUT"
   echo
-  "$PY" scripts/bench_torch.py summarize "$out"
-  echo "runs, logs and summary.md: $out"
+  "$PY" scripts/bench_torch.py summarize "$OUT"
+  echo "runs, logs, summary.md and summary.json: $OUT"
+}
+
+# --- --stacks: Tally built on the host and in the Debian 13 root, alternately.
+stacks() {
+  parse_common --stacks "$@"
+  [ -x "$TALLY_HOST" ] || scripts/setup.sh
+  trap bench_cleanup EXIT
+  root_for --stacks
+  echo "bench: building Tally in the Debian 13 root ($BENCH_DIR)"
+  debian13_run "$BENCH_DIR" 'cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > /dev/null && cmake --build build -j2 --target tally > /dev/null' ||
+    die "the build in the Debian 13 root failed (scripts/test-debian13.sh installs what it needs)"
+  wait_for_quiet
+  results_dir stacks
+  local host_onednn root_onednn row r run runs p
+  host_onednn=$(tally_onednn "$TALLY_HOST")
+  root_onednn=$(tally_onednn "${DEBIAN13_CHROOT[@]}" DNNL_VERBOSE=1 /bin/bash -c 'cd "$1" && shift && exec "$@"' bash "$BENCH_DIR" build/tally)
+  for row in "${ROWS[@]}"; do
+    row_setup "$row"
+    [ "$model" != resnet18-small-images ] || make_photos "$DEBIAN13_ROOT$BENCH_DIR/bench-results/photos-64" 512 64
+    dir=$OUT/$slug
+    mkdir -p "$dir"
+    runs=()
+    for p in $PRECISIONS; do runs+=("host:$p" "debian13:$p"); done
+    printf '%s\t%s\t%s\t%s\t%s\n' "$slug" "$objective" "models/$model.ini" "$config" "${runs[*]}" >> "$OUT/rows.tsv"
+    for ((r = 1; r <= REPEATS; r++)); do
+      local order=("${runs[@]}")
+      [ $((r % 2)) -eq 0 ] && mapfile -t order < <(printf '%s\n' "${runs[@]}" | tac)
+      for run in "${order[@]}"; do
+        if [ "${run%%:*}" = host ]; then
+          run_tally "host-${run#*:}-rep$r" "${run#*:}"
+        else
+          run_tally "debian13-${run#*:}-rep$r" "${run#*:}" root
+        fi
+      done
+    done
+  done
+  PEAK_N=0 PEAK_ONEDNN="" LOAD_END=$(loadavg) write_meta mode=stacks "host_onednn=$host_onednn" \
+    "root_onednn=$root_onednn" "precisions=$PRECISIONS"
+  echo
+  "$PY" scripts/bench_torch.py summarize-stacks "$OUT"
+  echo "runs, logs, summary.md and summary.json: $OUT"
 }
 
 if [ "${1:-}" = --decode ]; then
@@ -481,10 +720,12 @@ if [ "${1:-}" = --plan-time ]; then
   exit
 fi
 
-if [ "${1:-}" = --vs-pytorch ]; then
+if [ "${1:-}" = --vs-pytorch ] || [ "${1:-}" = --stacks ]; then
+  mode=$1
   shift
-  export TUNABLES PEAK_REPS PEAK_ONEDNN PEAK_F32 PEAK_F32_IMPL PEAK_BF16 PEAK_BF16_IMPL
-  vs_pytorch "$@"
+  export TUNABLES PEAK_REPS PEAK_N PEAK_ONEDNN PEAK_F32 PEAK_F32_IMPL PEAK_BF16 PEAK_BF16_IMPL WARMUP \
+    STEPS REPEATS BATCH PHOTO_BATCH QUICK FLAGS LOAD_START LOAD_END
+  if [ "$mode" = --vs-pytorch ]; then vs_pytorch "$@"; else stacks "$@"; fi
   exit
 fi
 

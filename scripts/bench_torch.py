@@ -1,16 +1,22 @@
 #!/usr/bin/python3
 """The PyTorch side of `scripts/bench.sh --vs-pytorch`, and the measuring around both sides.
 
-    bench_torch.py run --config RUN/config.ini --objective OBJ [--warmup 5] [--steps 20]
-                       [--expect-params N] [--json OUT.json]
+    bench_torch.py run --config RUN/config.ini --objective OBJ [--setting fp32] [--warmup 5]
+                       [--steps 20] [--expect-params N] [--json OUT.json]
         Trains Tally's network for that run (the resolved config.ini every Tally run folder
         holds: model file, batch, optimizer, objective settings) in PyTorch for warmup + steps
         steps on random inputs and writes per-step times, peak RSS and the BLAS library it used.
+        --setting is how PyTorch runs: fp32 or bf16 (torch.autocast on the CPU), then -cl
+        (channels_last, ResNets) or -sdpa (F.scaled_dot_product_attention, ViTs), then -compile
+        (torch.compile of the whole step); a setting that cannot run here writes its reason
+        ("unavailable") instead of times, e.g. "does not compile: ...".
     bench_torch.py exec --json OUT.json -- COMMAND...
         Runs COMMAND and records its wall time, CPU time, peak RSS (wait4) and how busy the
         machine's other processes kept the CPUs meanwhile (/proc/stat minus COMMAND's CPU time).
     bench_torch.py summarize DIR
-        The tables of a `bench.sh --vs-pytorch` results folder (DIR/summary.md is the Markdown one).
+        The tables of a `bench.sh --vs-pytorch` results folder: DIR/summary.md and summary.json.
+    bench_torch.py summarize-stacks DIR
+        The table of a `bench.sh --stacks` results folder, the same two files.
 
 What the PyTorch side runs for each objective (one training step = everything timed):
 
@@ -115,10 +121,265 @@ def build_spec(config_path, cfg, tally_torch):
     return tally_torch.Spec(metadata), model_file
 
 
+def parse_setting(name):
+    """A PyTorch setting's name -> (precision, fast path, compiled): fp32 or bf16 (autocast), then
+    -cl (channels_last, ResNets) or -sdpa (F.scaled_dot_product_attention, ViTs), then -compile
+    (torch.compile of the whole step), e.g. fp32, bf16-cl, bf16-sdpa-compile."""
+    parts = name.split("-")
+    compiled = parts[-1] == "compile"
+    if compiled:
+        parts = parts[:-1]
+    if parts[0] not in ("fp32", "bf16") or parts[1:] not in ([], ["cl"], ["sdpa"]):
+        raise argparse.ArgumentTypeError(f"unknown setting {name!r} (e.g. fp32, bf16-cl, "
+                                         f"fp32-sdpa-compile)")
+    return parts[0], (parts[1] if len(parts) > 1 else None), compiled
+
+
+def setting_name(name):
+    parse_setting(name)
+    return name
+
+
+def torch_onednn_version(torch):
+    """The oneDNN PyTorch was built with, from torch.__config__.show() ("MKL-DNN v3.7.2")."""
+    import re
+
+    found = re.search(r"MKL-DNN v([0-9][0-9.]*)", torch.__config__.show())
+    return found.group(1) if found else None
+
+
+def compile_missing(torch):
+    """Why torch.compile cannot work here before trying it (inductor builds C++ on the CPU), or
+    None."""
+    import shutil
+    import sysconfig
+
+    if not hasattr(torch, "compile"):
+        return f"torch {torch.__version__} has no torch.compile"
+    cxx = os.environ.get("CXX", "g++")
+    if not shutil.which(cxx):
+        return f"no C++ compiler ({cxx}) on PATH: inductor needs one (g++)"
+    include = sysconfig.get_paths().get("include") or "?"
+    if not os.path.exists(os.path.join(include, "Python.h")):
+        return f"no Python headers ({include}/Python.h): inductor needs python3-dev"
+    return None
+
+
+def build_networks(cfg, spec, objective, tally_torch):
+    """The trainable encoder and head, built as Tally builds them for this objective."""
+    if spec.backbone == "resnet":
+        encoder = tally_torch.ResNet(spec)
+    elif spec.backbone == "vit":
+        encoder = tally_torch.ViT(spec)
+    else:
+        sys.exit(f"bench_torch: unknown backbone {spec.backbone!r}")
+    if objective in ("inbatch", "moco"):
+        head = tally_torch.ProjectionHead(encoder.feature_dim, spec.head_hidden_dim,
+                                          spec.head_out_dim)
+    elif objective == "mae":
+        if spec.backbone != "vit":
+            sys.exit("bench_torch: mae needs a vit backbone")
+        head = tally_torch.MaeDecoder(spec)
+    else:
+        sys.exit(f"bench_torch: objective {objective!r} has no PyTorch mirror here")
+    return encoder, head
+
+
+def make_optimizer(cfg, params, torch):
+    """SGD or AdamW as the config says, PyTorch's default implementations; the learning-rate
+    schedule is left out (a constant lr costs the same)."""
+    name = cfg.get("optim", "name")
+    lr = cfg.getfloat("optim", "lr")
+    wd = cfg.getfloat("optim", "weight_decay")
+    if name == "sgd":
+        return name, torch.optim.SGD(params, lr=lr, momentum=cfg.getfloat("optim", "momentum"),
+                                     weight_decay=wd)
+    if name == "adamw":
+        return name, torch.optim.AdamW(params, lr=lr, betas=(cfg.getfloat("optim", "beta1"),
+                                                             cfg.getfloat("optim", "beta2")),
+                                       eps=cfg.getfloat("optim", "eps"), weight_decay=wd)
+    sys.exit(f"bench_torch: optimizer {name!r} has no PyTorch mirror here")
+
+
+class Step:
+    """What every objective's step needs: the networks, the optimizer, the batch's shape, the
+    precision context (autocast in bf16) and the input layout (channels_last or not)."""
+
+    def __init__(self, torch, cfg, spec, online, optimizer, amp, layout):
+        self.torch, self.cfg, self.spec = torch, cfg, spec
+        self.online, self.encoder, self.head = online, online["encoder"], online["head"]
+        self.optimizer, self.amp, self.layout = optimizer, amp, layout
+        self.B = cfg.getint("train", "batch_size")
+        self.C, self.S = spec.channels, spec.image_size
+
+    def images(self, x):
+        return x.contiguous(memory_format=self.layout)
+
+    def update(self, loss):
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+
+
+def inbatch_step(s):
+    """SimCLR NT-Xent over the 2B views; 2 views an image."""
+    import torch.nn.functional as F
+
+    torch, B = s.torch, s.B
+    T = s.cfg.getfloat("inbatch", "temperature")
+    eye = torch.eye(2 * B, dtype=torch.bool)
+    labels = torch.cat([torch.arange(B) + B, torch.arange(B)])
+
+    def step(views):
+        with s.amp():
+            z = F.normalize(s.head(s.encoder(s.images(views.reshape(2 * B, s.C, s.S, s.S)))), dim=1)
+            logits = (z @ z.t() / T).masked_fill(eye, float("-inf"))
+            loss = F.cross_entropy(logits.float(), labels)
+        s.update(loss)
+        return loss
+
+    return step, 2
+
+
+def moco_step(s):
+    """MoCo v2: queries with backward, keys through the momentum copy, a (K x d) FIFO queue."""
+    import copy
+
+    import torch.nn.functional as F
+
+    torch, cfg, B = s.torch, s.cfg, s.B
+    T = cfg.getfloat("moco", "temperature")
+    K = cfg.getint("moco", "queue_size")
+    m = cfg.getfloat("moco", "momentum")
+    if cfg.getint("moco", "symmetric", fallback=0):
+        sys.exit("bench_torch: moco.symmetric = 1 is not mirrored here")
+    key_net = copy.deepcopy(s.online)
+    key_net.train()  # batch statistics, as Tally's key encoder
+    for p in key_net.parameters():
+        p.requires_grad_(False)
+    key_params = list(key_net.parameters())
+    online_params = list(s.online.parameters())
+    queue = F.normalize(torch.randn(K, s.spec.head_out_dim), dim=1)
+    zeros = torch.zeros(B, dtype=torch.long)
+    ptr = torch.zeros((), dtype=torch.long)  # a tensor, so that a compiled step does not recompile
+
+    def step(views):
+        with s.amp():
+            with torch.no_grad():
+                k = F.normalize(key_net["head"](key_net["encoder"](s.images(views[1]))), dim=1)
+            q = F.normalize(s.head(s.encoder(s.images(views[0]))), dim=1)
+            l_pos = (q * k).sum(dim=1, keepdim=True)
+            l_neg = q @ queue.t().to(q.dtype)
+            loss = F.cross_entropy(torch.cat([l_pos, l_neg], dim=1).float() / T, zeros)
+        s.update(loss)
+        with torch.no_grad():
+            for pk, pq in zip(key_params, online_params):
+                pk.mul_(m).add_(pq.detach(), alpha=1.0 - m)
+            # FIFO: the B new keys replace the oldest (K need not be a multiple of B).
+            idx = (torch.arange(B) + ptr) % K
+            queue[idx] = k.float()
+            ptr.copy_((ptr + B) % K)
+        return loss
+
+    return step, 2
+
+
+def mae_step(s):
+    """MAE: random masking, the encoder on the visible patches, the decoder on all positions."""
+    from tally_torch.model import frame
+
+    torch, cfg, spec, encoder = s.torch, s.cfg, s.spec, s.encoder
+    r = cfg.getfloat("mae", "mask_ratio")
+    norm_pix = cfg.getint("mae", "norm_pix_loss")
+    Pp, C = spec.patch_size, s.C
+    G = spec.pad_to // Pp
+    L = G * G
+    n_keep = max(1, int(L * (1.0 - r)))
+    D = spec.dim
+
+    def patchify(x):  # (N, C, H, W) -> (N, L, P*P*C), each patch (py, px, c), as vit_patchify
+        N = x.shape[0]
+        x = x.reshape(N, C, G, Pp, G, Pp).permute(0, 2, 4, 3, 5, 1)
+        return x.reshape(N, L, Pp * Pp * C)
+
+    def step(views):
+        imgs = frame(views[0], encoder.pad_value, spec)
+        N = imgs.shape[0]
+        noise = torch.rand(N, L)
+        keep = torch.argsort(noise, dim=1)[:, :n_keep]
+        with s.amp():
+            x = encoder.patch_embed(imgs) + encoder.pos_embed
+            x = torch.gather(x, 1, keep.unsqueeze(-1).expand(-1, -1, D))
+            if spec.pool == "cls":
+                x = torch.cat([encoder.cls_token.expand(N, -1, -1).to(x.dtype), x], dim=1)
+            for block in encoder.blocks:
+                x = block(x)
+            pred = s.head(encoder.norm(x), keep).float()  # (N, L, P*P*C)
+        target = patchify(imgs)
+        if norm_pix:
+            mean = target.mean(dim=-1, keepdim=True)
+            var = target.var(dim=-1, keepdim=True)
+            target = (target - mean) / (var + 1e-6) ** 0.5
+        mask = torch.ones(N, L)
+        mask.scatter_(1, keep, 0.0)
+        loss = (((pred - target) ** 2).mean(dim=-1) * mask).sum() / mask.sum()
+        s.update(loss)
+        return loss
+
+    return step, 1
+
+
+STEPS = {"inbatch": inbatch_step, "moco": moco_step, "mae": mae_step}
+
+
+def write_result(args, result):
+    text = json.dumps(result)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+
+
+def unavailable(args, torch, reason):
+    """The setting cannot run here: its reason is its result (the summary shows it)."""
+    print(f"bench_torch: {args.setting}: {reason}", file=sys.stderr)
+    write_result(args, {"side": "pytorch", "setting": args.setting, "unavailable": reason,
+                        "torch": torch.__version__, "onednn_version": torch_onednn_version(torch)})
+    return 0
+
+
+def setup_setting(args, torch, encoder, spec):
+    """Applies the setting to the built encoder: (autocast context, input layout), or a reason
+    it cannot run."""
+    import contextlib
+
+    precision, fast, compiled = parse_setting(args.setting)
+    layout = torch.contiguous_format
+    if fast == "cl":
+        if spec.backbone != "resnet":
+            return None, None, "channels_last is the ResNets' setting"
+        layout = torch.channels_last
+        encoder.to(memory_format=layout)
+    elif fast == "sdpa":
+        import torch.nn.functional as F
+
+        if spec.backbone != "vit":
+            return None, None, "scaled_dot_product_attention is the ViTs' setting"
+        if not hasattr(F, "scaled_dot_product_attention"):
+            return None, None, f"torch {torch.__version__} has no scaled_dot_product_attention"
+    if compiled:
+        missing = compile_missing(torch)
+        if missing:
+            return None, None, f"does not compile: {missing}"
+    if precision == "bf16":
+        return (lambda: torch.autocast("cpu", dtype=torch.bfloat16)), layout, None
+    return contextlib.nullcontext, layout, None
+
+
 def cmd_run(args):
     rss_before_import = proc_status_bytes("VmRSS")
     import torch
-    import torch.nn.functional as F
 
     sys.path.insert(0, os.path.join(ROOT, "python"))
     import tally_torch.model as tally_torch  # the networks: ResNet, ViT, the heads, frame
@@ -135,26 +396,7 @@ def cmd_run(args):
     spec, model_file = build_spec(args.config, cfg, tally_torch)
     if cfg.getint("model", "bn_splits", fallback=1) != 1:
         sys.exit("bench_torch: model.bn_splits != 1 (BatchNorm over groups) is not mirrored here")
-    objective = args.objective
-    B = cfg.getint("train", "batch_size")
-    S, C = spec.image_size, spec.channels
-
-    # The trainable network, built as Tally builds it for this objective.
-    if spec.backbone == "resnet":
-        encoder = tally_torch.ResNet(spec)
-    elif spec.backbone == "vit":
-        encoder = tally_torch.ViT(spec)
-    else:
-        sys.exit(f"bench_torch: unknown backbone {spec.backbone!r}")
-    if objective in ("inbatch", "moco"):
-        head = tally_torch.ProjectionHead(encoder.feature_dim, spec.head_hidden_dim,
-                                          spec.head_out_dim)
-    elif objective == "mae":
-        if spec.backbone != "vit":
-            sys.exit("bench_torch: mae needs a vit backbone")
-        head = tally_torch.MaeDecoder(spec)
-    else:
-        sys.exit(f"bench_torch: objective {objective!r} has no PyTorch mirror here")
+    encoder, head = build_networks(cfg, spec, args.objective, tally_torch)
     online = torch.nn.ModuleDict({"encoder": encoder, "head": head})
     online.train()
     params = [p for p in online.parameters() if p.requires_grad]
@@ -169,145 +411,43 @@ def cmd_run(args):
     if args.params_only:
         print(n_params)
         return 0
-
-    opt_name = cfg.get("optim", "name")
-    lr = cfg.getfloat("optim", "lr")
-    wd = cfg.getfloat("optim", "weight_decay")
-    if opt_name == "sgd":
-        optimizer = torch.optim.SGD(params, lr=lr, momentum=cfg.getfloat("optim", "momentum"),
-                                    weight_decay=wd)
-    elif opt_name == "adamw":
-        optimizer = torch.optim.AdamW(params, lr=lr, betas=(cfg.getfloat("optim", "beta1"),
-                                                            cfg.getfloat("optim", "beta2")),
-                                      eps=cfg.getfloat("optim", "eps"), weight_decay=wd)
-    else:
-        sys.exit(f"bench_torch: optimizer {opt_name!r} has no PyTorch mirror here")
-
-    n_views = 1 if objective == "mae" else 2
-
-    if objective == "inbatch":
-        T = cfg.getfloat("inbatch", "temperature")
-        eye = torch.eye(2 * B, dtype=torch.bool)
-        labels = torch.cat([torch.arange(B) + B, torch.arange(B)])
-
-        def step(views):
-            z = F.normalize(head(encoder(views.reshape(2 * B, C, S, S))), dim=1)
-            logits = (z @ z.t() / T).masked_fill(eye, float("-inf"))
-            loss = F.cross_entropy(logits, labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            return loss
-
-    elif objective == "moco":
-        import copy
-
-        T = cfg.getfloat("moco", "temperature")
-        K = cfg.getint("moco", "queue_size")
-        m = cfg.getfloat("moco", "momentum")
-        if cfg.getint("moco", "symmetric", fallback=0):
-            sys.exit("bench_torch: moco.symmetric = 1 is not mirrored here")
-        key_net = copy.deepcopy(online)
-        key_net.train()  # batch statistics, as Tally's key encoder
-        for p in key_net.parameters():
-            p.requires_grad_(False)
-        key_params = list(key_net.parameters())
-        online_params = list(online.parameters())
-        queue = F.normalize(torch.randn(K, spec.head_out_dim), dim=1)
-        zeros = torch.zeros(B, dtype=torch.long)
-        ptr = [0]
-
-        def step(views):
-            with torch.no_grad():
-                k = F.normalize(key_net["head"](key_net["encoder"](views[1])), dim=1)
-            q = F.normalize(head(encoder(views[0])), dim=1)
-            l_pos = (q * k).sum(dim=1, keepdim=True)
-            l_neg = q @ queue.t()
-            loss = F.cross_entropy(torch.cat([l_pos, l_neg], dim=1) / T, zeros)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            with torch.no_grad():
-                for pk, pq in zip(key_params, online_params):
-                    pk.mul_(m).add_(pq.detach(), alpha=1.0 - m)
-                # FIFO: the B new keys replace the oldest (K need not be a multiple of B).
-                idx = (torch.arange(B) + ptr[0]) % K
-                queue[idx] = k
-                ptr[0] = (ptr[0] + B) % K
-            return loss
-
-    else:  # mae
-        r = cfg.getfloat("mae", "mask_ratio")
-        norm_pix = cfg.getint("mae", "norm_pix_loss")
-        Pp = spec.patch_size
-        G = spec.pad_to // Pp
-        L = G * G
-        n_keep = max(1, int(L * (1.0 - r)))
-        D = spec.dim
-
-        def patchify(x):  # (N, C, H, W) -> (N, L, P*P*C), each patch (py, px, c), as vit_patchify
-            N = x.shape[0]
-            x = x.reshape(N, C, G, Pp, G, Pp).permute(0, 2, 4, 3, 5, 1)
-            return x.reshape(N, L, Pp * Pp * C)
-
-        def step(views):
-            imgs = tally_torch.frame(views[0], encoder.pad_value, spec)
-            N = imgs.shape[0]
-            noise = torch.rand(N, L)
-            keep = torch.argsort(noise, dim=1)[:, :n_keep]
-            x = encoder.patch_embed(imgs) + encoder.pos_embed
-            x = torch.gather(x, 1, keep.unsqueeze(-1).expand(-1, -1, D))
-            if spec.pool == "cls":
-                x = torch.cat([encoder.cls_token.expand(N, -1, -1), x], dim=1)
-            for block in encoder.blocks:
-                x = block(x)
-            pred = head(encoder.norm(x), keep)  # (N, L, P*P*C)
-            target = patchify(imgs)
-            if norm_pix:
-                mean = target.mean(dim=-1, keepdim=True)
-                var = target.var(dim=-1, keepdim=True)
-                target = (target - mean) / (var + 1e-6) ** 0.5
-            mask = torch.ones(N, L)
-            mask.scatter_(1, keep, 0.0)
-            loss = (((pred - target) ** 2).mean(dim=-1) * mask).sum() / mask.sum()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            return loss
-
-    step_ms, losses = [], []
-    total = args.warmup + args.steps
-    faults_measured = 0  # minor page faults inside the measured steps' timers
-    for i in range(total):
-        views = torch.randn(n_views, B, C, S, S)
-        faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        t0 = time.perf_counter()
-        loss = step(views)
-        step_ms.append((time.perf_counter() - t0) * 1e3)
-        if i >= args.warmup:
-            faults_measured += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
-        losses.append(float(loss))
-        if i == 0:
-            blas = loaded_libraries("blas")  # mapped by now: the first step ran matmuls
-    if args.profile:  # where PyTorch's step goes, op by op (a few more steps, not in the result)
-        with torch.autograd.profiler.profile() as prof:
-            for _ in range(args.profile):
-                step(torch.randn(n_views, B, C, S, S))
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25),
-              file=sys.stderr)
+    amp, layout, reason = setup_setting(args, torch, encoder, spec)
+    if reason:
+        return unavailable(args, torch, reason)
+    for module in online.modules():
+        if isinstance(module, tally_torch.Attention):
+            module.sdpa = "sdpa" in args.setting.split("-")
+    opt_name, optimizer = make_optimizer(cfg, params, torch)
+    step, n_views = STEPS[args.objective](Step(torch, cfg, spec, online, optimizer, amp, layout))
+    warmup = args.warmup
+    if parse_setting(args.setting)[2]:
+        # Random ops in the compiled graph draw from PyTorch's generator as eager code does, so
+        # every setting trains on the same masks; the first two calls compile (the second again,
+        # once the optimizer has state): measured after at least three.
+        torch._inductor.config.fallback_random = True
+        step = torch.compile(step)
+        warmup = max(warmup, 3)
+    measured = measure(args, torch, step, n_views, spec, cfg.getint("train", "batch_size"),
+                       warmup)
+    if isinstance(measured, str):
+        return unavailable(args, torch, measured)
+    step_ms, losses, faults_measured, blas = measured
     usage = resource.getrusage(resource.RUSAGE_SELF)
+    B = cfg.getint("train", "batch_size")
     result = {
         "side": "pytorch",
-        "objective": objective,
+        "setting": args.setting,
+        "objective": args.objective,
         "model_file": os.path.relpath(model_file, ROOT),
         "backbone": spec.backbone,
         "batch_size": B,
-        "input": f"{S}x{S}x{C} padded to {spec.pad_to}",
+        "input": f"{spec.image_size}x{spec.image_size}x{spec.channels} padded to {spec.pad_to}",
         "parameters": n_params,
         "optimizer": opt_name,
-        "warmup": args.warmup,
+        "warmup": warmup,
         "steps": args.steps,
         "step_ms": step_ms,
+        "first_step_seconds": step_ms[0] / 1e3,  # with torch.compile: compiling it
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "peak_rss_bytes": usage.ru_maxrss * 1024,
@@ -319,6 +459,7 @@ def cmd_run(args):
         # the tunables did not take
         "minor_faults_per_step": faults_measured / max(args.steps, 1),
         "torch": torch.__version__,
+        "onednn_version": torch_onednn_version(torch),
         "threads": torch.get_num_threads(),
         "blas": blas,
         "onednn": loaded_libraries("dnnl", "mkldnn"),
@@ -326,18 +467,46 @@ def cmd_run(args):
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
     }
-    text = json.dumps(result)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
-    else:
-        print(text)
-    med = statistics.median(step_ms[args.warmup:]) if args.steps else float("nan")
-    print(f"bench_torch: {objective} {os.path.basename(model_file)}: median {med:.1f} ms/step, "
-          f"{B * 1000 / med:.1f} images/s, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB, "
-          f"blas {','.join(blas) or 'none mapped'}", file=sys.stderr)
+    write_result(args, result)
+    med = statistics.median(step_ms[warmup:]) if args.steps else float("nan")
+    print(f"bench_torch: {args.objective} {os.path.basename(model_file)} {args.setting}: median "
+          f"{med:.1f} ms/step, {B * 1000 / med:.1f} images/s, peak RSS "
+          f"{result['peak_rss_bytes'] / 2**20:.0f} MiB, blas {','.join(blas) or 'none mapped'}",
+          file=sys.stderr)
     return 0
 
+
+def measure(args, torch, step, n_views, spec, B, warmup):
+    """Runs warmup + steps steps on random inputs made outside the timer: (step times, losses,
+    minor page faults in the measured steps, the BLAS mapped), or why the step failed when it was
+    compiled (an eager failure is a bug and raises)."""
+    step_ms, losses, blas = [], [], []
+    faults_measured = 0  # minor page faults inside the measured steps' timers
+    compiled = parse_setting(args.setting)[2]
+    for i in range(warmup + args.steps):
+        views = torch.randn(n_views, B, spec.channels, spec.image_size, spec.image_size)
+        faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        t0 = time.perf_counter()
+        try:
+            loss = step(views)
+        except Exception as e:  # noqa: BLE001 - inductor raises many kinds
+            if not compiled:
+                raise
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            return f"does not compile: {type(e).__name__}: {first}"
+        step_ms.append((time.perf_counter() - t0) * 1e3)
+        if i >= warmup:
+            faults_measured += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
+        losses.append(float(loss))
+        if i == 0:
+            blas = loaded_libraries("blas")  # mapped by now: the first step ran matmuls
+    if args.profile:  # where PyTorch's step goes, op by op (a few more steps, not in the result)
+        with torch.autograd.profiler.profile() as prof:
+            for _ in range(args.profile):
+                step(torch.randn(n_views, B, spec.channels, spec.image_size, spec.image_size))
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25),
+              file=sys.stderr)
+    return step_ms, losses, faults_measured, blas
 
 # ---------------------------------------------------------------------------------------------
 # exec: one measured command
@@ -451,12 +620,6 @@ BUSY = 0.25  # cores of other load above which a run counts as disturbed
 FAULTS_WARN = 20000  # PyTorch minor page faults a step (80 MB faulted in) that mean malloc returns memory
 
 
-def per_repeat(medians, batch):
-    """Each repeat's median images/s with the other load during it."""
-    return ", ".join(f"{batch * 1000 / m:.0f}" + (f" (other load {o:.2f})" if o is not None else "")
-                     for m, o in medians)
-
-
 def spread(median, low, high):
     return f"{median:.0f} ({low:.0f}–{high:.0f})" if median == median else "—"
 
@@ -465,151 +628,305 @@ def gib(n):
     return f"{n / 2**30:.2f} GiB" if n else "—"
 
 
-def fmt_rate(v):
-    return f"{v:.0f}" if v == v else "—"
-
-
 def fmt(v, spec, suffix=""):
     return f"{v:{spec}}{suffix}" if v == v else "—"
+
+
+def read_rows(out):
+    """rows.tsv: (slug, objective, model file, config, [run ids "SIDE:SETTING" ...])."""
+    rows = []
+    with open(os.path.join(out, "rows.tsv")) as f:
+        for line in f:
+            slug, objective, model, config, runs = line.rstrip("\n").split("\t")
+            rows.append((slug, objective, model, config, runs.split()))
+    return rows
+
+
+def rate_stats(steps_ms, batch):
+    """images/s at the median step, and at the p90 and p10 step times (slow and fast end)."""
+    return {"images_per_s": batch * 1000 / statistics.median(steps_ms),
+            "images_per_s_p90_step": batch * 1000 / percentile(steps_ms, 0.9),
+            "images_per_s_p10_step": batch * 1000 / percentile(steps_ms, 0.1),
+            "measured_steps": len(steps_ms)}
+
+
+def tally_setting(folder, name, reps, warmup):
+    """One Tally setting of a row over its repeats: rates, GFLOP/step, peak RSS, other load."""
+    steps, data, rss, other, gflop, batch, failed = [], [], [], [], None, None, []
+    for rep in reps:
+        t = tally_run(os.path.join(folder, f"{name}-rep{rep}"), warmup)
+        te = read_json(os.path.join(folder, f"{name}-rep{rep}.exec.json")) or {}
+        if not t or te.get("exit_code", 1) != 0:
+            failed.append(f"repeat {rep} failed: see {name}-rep{rep}.log")
+            continue
+        steps += t["step_ms"]
+        data += t["data_ms"]
+        rss.append(t["peak_rss_bytes"])
+        gflop, batch = t["gflop"], t["batch_size"]
+        if te.get("other_load_cores") is not None:
+            other.append(te["other_load_cores"])
+    if not steps:
+        return {"unavailable": "; ".join(failed) or "not run"}
+    result = rate_stats(steps, batch)
+    result.update({"gflop_per_step": gflop, "gflop_per_s": gflop * result["images_per_s"] / batch,
+                   "peak_rss_bytes": max(rss), "other_load_max": max(other) if other else None,
+                   "batch_size": batch, "data_wait_ms_median": statistics.median(data)})
+    return result
+
+
+def torch_setting(folder, name, reps):
+    """One PyTorch setting of a row over its repeats, or the reason it could not run."""
+    steps, rss, other, firsts, info, batch, reason = [], [], [], [], {}, None, None
+    for rep in reps:
+        p = read_json(os.path.join(folder, f"{name}-rep{rep}.json"))
+        pe = read_json(os.path.join(folder, f"{name}-rep{rep}.exec.json")) or {}
+        if not p:
+            reason = reason or f"no result: see {name}-rep{rep}.log"
+            continue
+        if "unavailable" in p:
+            reason = reason or p["unavailable"]
+            continue
+        steps += p["step_ms"][p["warmup"]:]
+        rss.append(p["peak_rss_bytes"])
+        firsts.append(p["first_step_seconds"])
+        batch = p["batch_size"]
+        info = p
+        if pe.get("other_load_cores") is not None:
+            other.append(pe["other_load_cores"])
+    if not steps:
+        return {"unavailable": reason or "not run"}
+    result = rate_stats(steps, batch)
+    result.update({"peak_rss_bytes": max(rss), "other_load_max": max(other) if other else None,
+                   "batch_size": batch, "loss_first": info["loss_first"],
+                   "first_step_seconds": max(firsts), "torch": info["torch"],
+                   "onednn_version": info.get("onednn_version"), "blas": info.get("blas", []),
+                   "minor_faults_per_step": info.get("minor_faults_per_step"),
+                   "parameters": info.get("parameters")})
+    return result
+
+
+# Same seed, same inputs: a setting's first loss is fp32's up to its arithmetic (relative).
+LOSS_AGREES = {"fp32": 1e-3, "bf16": 5e-2}
+
+
+def precision_of(run):
+    return run.split(":", 1)[1].split("-")[0]
+
+
+def best_of(settings, runs):
+    """The run id with the most images/s among runs, or None."""
+    ok = [r for r in runs if "images_per_s" in settings.get(r, {})]
+    return max(ok, key=lambda r: settings[r]["images_per_s"]) if ok else None
+
+
+def vs_row(out, meta, slug, objective, model, config, runs):
+    """One --vs-pytorch row: every setting's numbers, the bests and the ratios."""
+    folder = os.path.join(out, slug)
+    reps = range(1, int(meta.get("repeats", 1)) + 1)
+    warmup = int(meta.get("warmup", 5))
+    settings = {}
+    for run in runs:
+        side, setting = run.split(":", 1)
+        name = f"{side}-{setting}"
+        settings[run] = (tally_setting(folder, name, reps, warmup) if side == "tally"
+                         else torch_setting(folder, name, reps))
+    gflop = next((s["gflop_per_step"] for s in settings.values() if s.get("gflop_per_step")), None)
+    reference = settings.get("torch:fp32", {}).get("loss_first")
+    for run, s in settings.items():
+        if gflop and "images_per_s" in s:
+            s["gflop_per_s"] = gflop * s["images_per_s"] / s["batch_size"]
+        if run.startswith("torch:") and "loss_first" in s and reference is not None:
+            tol = LOSS_AGREES[precision_of(run)]
+            agrees = abs(s["loss_first"] - reference) <= tol * abs(reference)
+            s["loss_first_agrees_with_fp32"] = agrees
+    best, ratios = {}, {}
+    for p in ("fp32", "bf16", "overall"):
+        of_p = [r for r in runs if p in ("overall", precision_of(r))]
+        torch_runs = [r for r in of_p if r.startswith("torch:")]
+        tally_runs = [r for r in of_p if r.startswith("tally:")]
+        best[p] = {"pytorch": best_of(settings, torch_runs), "tally": best_of(settings, tally_runs)}
+        t, q = best[p]["tally"], best[p]["pytorch"]
+        ratios[p] = settings[t]["images_per_s"] / settings[q]["images_per_s"] if t and q else None
+    return {"slug": slug, "objective": objective,
+            "backbone": os.path.splitext(os.path.basename(model))[0], "config": config,
+            "gflop_per_step": gflop, "settings": settings, "best": best,
+            "tally_over_pytorch": ratios}
+
+
+def rate_cell(s):
+    if "images_per_s" not in s:
+        return "—"
+    return spread(s["images_per_s"], s["images_per_s_p90_step"], s["images_per_s_p10_step"])
+
+
+def best_cell(row, p, side):
+    run = row["best"][p][side]
+    return f"{row['settings'][run]['images_per_s']:.0f} ({run.split(':', 1)[1]})" if run else "—"
+
+
+def gflops_cell(s, peak, precision):
+    """GFLOP/s, with its fraction of the measured matmul peak of its precision when there is one."""
+    rate = s.get("gflop_per_s", float("nan"))
+    top = peak.get("f32" if precision == "fp32" else "bf16")
+    return fmt(rate, ".0f") + (f" ({100 * rate / top:.0f}% of peak)" if top and rate == rate else "")
+
+
+def setting_lines(row, peak):
+    """The Markdown table of one row's settings (peak: meta.json's measured matmul peak)."""
+    lines = [f"**{row['objective']}/{row['backbone']}** ({row['config']}, "
+             f"{fmt(row['gflop_per_step'] or float('nan'), '.1f')} GFLOP/step)", "",
+             "| setting | images/s (p90–p10 step) | peak RSS | GFLOP/s | other load | note |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for run, s in row["settings"].items():
+        side, setting = run.split(":", 1)
+        label = {"tally": "Tally", "torch": "PyTorch", "torch113": "PyTorch 1.13"}[side]
+        label += f" {setting}"
+        notes = []
+        if "unavailable" in s:
+            notes.append(s["unavailable"])
+        if "loss_first" in s:
+            notes.append(f"first loss {s['loss_first']:.4f}")
+            if s.get("loss_first_agrees_with_fp32") is False:
+                notes.append("**differs from fp32's: not the same training**")
+        if setting.endswith("compile") and "first_step_seconds" in s:
+            notes.append(f"first step (compiling) {s['first_step_seconds']:.0f} s")
+        if (s.get("minor_faults_per_step") or 0) > FAULTS_WARN:
+            notes.append("the allocator tunables did not take")
+        other = s.get("other_load_max")
+        busy = fmt(other if other is not None else float("nan"), ".2f")
+        lines.append(f"| {label} | {rate_cell(s)} | {gib(s.get('peak_rss_bytes', 0))} "
+                     f"| {gflops_cell(s, peak, setting.split('-')[0])} "
+                     f"| {f'**{busy}**' if other is not None and other > BUSY else busy} "
+                     f"| {'; '.join(notes)} |")
+    return lines
+
+
+def machine_lines(meta):
+    """What a reader needs to place the numbers: CPU, date, run shape, load."""
+    lines = [f"CPU {meta.get('cpu', '?')} ({meta.get('cpus', '?')} CPUs), {meta.get('date', '?')}; "
+             f"batch {meta.get('batch', '?')} (photo rows {meta.get('photo_batch', '?')}), "
+             f"2 threads each, median step of {meta.get('steps', '?')} after "
+             f"{meta.get('warmup', '?')} warm-up, {meta.get('repeats', '?')} alternating repeats (steps pooled). "
+             f"`scripts/bench.sh {meta.get('flags', '')}`."]
+    if meta.get("quick"):
+        lines.append("**--quick: a check that the path runs end to end, not a measurement.**")
+    return lines
+
+
+def load_lines(meta, rows):
+    other = [s["other_load_max"] for row in rows for s in row["settings"].values()
+             if s.get("other_load_max") is not None]
+    load0 = meta.get("loadavg_start")
+    loaded = (load0 is not None and load0 >= 1.5) or any(o > BUSY for o in other)
+    return [f"Load average (1 min) {load0} at the start, {meta.get('loadavg_end')} at the end "
+            f"(this benchmark itself adds about 2). Other load: the most cores other processes "
+            f"kept busy during one of the setting's runs; above {BUSY} (bold) it is disturbed."
+            + (" **The machine was loaded: these numbers are not final.**" if loaded else "")]
+
+
+def peak_lines(meta):
+    peak = meta.get("peak", {})
+    f32, bf16 = peak.get("f32"), peak.get("bf16")
+    if not f32:
+        return ["Peak not measured (--no-peak, --quick, or the peak program failed: see peak.txt)."]
+    reps = peak.get("reps", "?")
+    return [f"Measured peak (oneDNN {peak.get('onednn', '?')} matmul {peak.get('n', '?')}³, best "
+            f"of {reps} before and of {reps} after the rows): f32 {f32:.0f} GFLOP/s "
+            f"({peak.get('f32_impl', '?')}), bf16 "
+            + (f"{bf16:.0f} GFLOP/s ({peak.get('bf16_impl', '?')})" if bf16 else "not available")
+            + "."]
 
 
 def cmd_summarize(args):
     out = args.dir
     meta = read_json(os.path.join(out, "meta.json")) or {}
-    warmup = int(meta.get("warmup", 5))
-    peak = meta.get("peak", {})
-    f32, bf16 = peak.get("f32"), peak.get("bf16")
-    rows = []
-    with open(os.path.join(out, "rows.tsv")) as f:
-        for line in f:
-            slug, objective, model, config = line.rstrip("\n").split("\t")
-            rows.append((slug, objective, model, config))
-
-    detail, table, all_other = [], [], []
-    for slug, objective, model, config in rows:
-        folder = os.path.join(out, slug)
-        reps = range(1, int(meta.get("repeats", 1)) + 1)
-        t_steps, t_data, t_rss, t_med, t_other, gflop, batch = [], [], [], [], [], None, 256
-        p_steps, p_rss, p_med, p_other, p_base, p_blas, p_params = [], [], [], [], [], set(), None
-        p_faults = []
-        for rep in reps:
-            t = tally_run(os.path.join(folder, f"tally-rep{rep}"), warmup)
-            te = read_json(os.path.join(folder, f"tally-rep{rep}.exec.json")) or {}
-            if t and te.get("exit_code", 1) == 0:
-                t_steps += t["step_ms"]
-                t_data += t["data_ms"]
-                t_rss.append(t["peak_rss_bytes"])
-                gflop, batch = t["gflop"], t["batch_size"] or batch
-                t_med.append((statistics.median(t["step_ms"]), te.get("other_load_cores")))
-                if te.get("other_load_cores") is not None:
-                    t_other.append(te["other_load_cores"])
-            p = read_json(os.path.join(folder, f"torch-rep{rep}.json"))
-            pe = read_json(os.path.join(folder, f"torch-rep{rep}.exec.json")) or {}
-            if p and pe.get("exit_code", 1) == 0:
-                ms = p["step_ms"][p["warmup"]:]
-                p_steps += ms
-                p_rss.append(p["peak_rss_bytes"])
-                p_base.append(p.get("rss_after_import_bytes") or 0)
-                p_med.append((statistics.median(ms), pe.get("other_load_cores")))
-                p_blas.update(p.get("blas", []))
-                p_params = p.get("parameters")
-                if p.get("minor_faults_per_step") is not None:
-                    p_faults.append(p["minor_faults_per_step"])
-                if pe.get("other_load_cores") is not None:
-                    p_other.append(pe["other_load_cores"])
-
-        def rates(steps):
-            if not steps:
-                return float("nan"), float("nan"), float("nan"), float("nan"), float("nan")
-            med = statistics.median(steps)
-            return (batch * 1000 / med, batch * 1000 / percentile(steps, 0.9),
-                    batch * 1000 / percentile(steps, 0.1), batch * 1000 / max(steps),
-                    batch * 1000 / min(steps))
-
-        t_rate, t_p90, t_p10, t_min, t_max = rates(t_steps)
-        p_rate, p_p90, p_p10, p_min, p_max = rates(p_steps)
-        t_gfs = gflop * t_rate / batch if gflop and t_steps else float("nan")
-        p_gfs = gflop * p_rate / batch if gflop and p_steps else float("nan")
-        other = t_other + p_other
-        backbone = os.path.splitext(os.path.basename(model))[0]
-        ratio = t_rate / p_rate if p_steps and t_steps else float("nan")
-        rss_ratio = max(t_rss) / max(p_rss) if t_rss and p_rss else float("nan")
-        detail.append(
-            f"{objective}/{backbone} ({config}, {len(reps)} repeats, {len(t_steps)} + "
-            f"{len(p_steps)} measured steps)\n"
-            f"  Tally   : {fmt_rate(t_rate)} images/s median, p10-p90 {fmt_rate(t_p90)}-"
-            f"{fmt_rate(t_p10)}, min-max {fmt_rate(t_min)}-{fmt_rate(t_max)}; per repeat "
-            f"{per_repeat(t_med, batch)}; data wait median "
-            f"{statistics.median(t_data) if t_data else float('nan'):.1f} ms; peak RSS "
-            f"{', '.join(gib(r) for r in t_rss)}\n"
-            f"  PyTorch : {fmt_rate(p_rate)} images/s median, p10-p90 {fmt_rate(p_p90)}-"
-            f"{fmt_rate(p_p10)}, min-max {fmt_rate(p_min)}-{fmt_rate(p_max)}; per repeat "
-            f"{per_repeat(p_med, batch)}; peak RSS "
-            f"{', '.join(gib(r) for r in p_rss)} (after import torch: "
-            f"{gib(max(p_base) if p_base else 0)}); {p_params} parameters; "
-            f"BLAS {', '.join(sorted(p_blas)) or '?'}; minor page faults a measured step "
-            f"{', '.join(f'{f:.0f}' for f in p_faults) or '?'}"
-            f"{' (the allocator tunables did not take: PyTorch is slowed)' if p_faults and max(p_faults) > FAULTS_WARN else ''}\n"
-            f"  GFLOP/step {gflop or float('nan'):.1f}: Tally {t_gfs:.0f} GFLOP/s, PyTorch "
-            f"{p_gfs:.0f} GFLOP/s; other processes kept "
-            f"{max(other) if other else float('nan'):.2f} cores busy at most (mean "
-            f"{statistics.mean(other) if other else float('nan'):.2f})")
-        frac = ((f"{100 * t_gfs / f32:.0f}%" if f32 else "—") + " / " +
-                (f"{100 * t_gfs / bf16:.0f}%" if bf16 else "—"))
-        all_other += other
-        busy = fmt(max(other) if other else float("nan"), ".2f")
-        if other and max(other) > BUSY:
-            busy = f"**{busy}**"
-        table.append(
-            f"| {objective} | {backbone} | {spread(t_rate, t_p90, t_p10)} "
-            f"| {spread(p_rate, p_p90, p_p10)} | {fmt(ratio, '.2f', '×')} "
-            f"| {gib(max(t_rss) if t_rss else 0)} | {gib(max(p_rss) if p_rss else 0)} "
-            f"| {fmt(rss_ratio, '.2f', '×')} | {fmt(gflop or float('nan'), '.1f')} "
-            f"| {fmt(t_gfs, '.0f')} | {frac} "
-            f"| {busy} |")
-
-    lines = []
-    lines.append("\n".join(detail))
+    rows = [vs_row(out, meta, *r) for r in read_rows(out)]
+    torch_info = next((s for row in rows for run, s in row["settings"].items()
+                       if run.startswith("torch:") and "torch" in s), {})
+    old_info = next((s for row in rows for run, s in row["settings"].items()
+                     if run.startswith("torch113:") and "torch" in s), None)
+    blas = sorted({os.path.basename(b) for b in torch_info.get("blas", [])})
+    lines = machine_lines(meta)
+    lines.append(
+        f"Tally as built (oneDNN {meta.get('tally_onednn') or '?'}, default malloc) in fp32 and "
+        f"`train.precision = bf16`; PyTorch {torch_info.get('torch', '?')} (oneDNN "
+        f"{torch_info.get('onednn_version') or '?'}, {meta.get('torch_where', '?')}, BLAS "
+        f"{', '.join(blas) or '?'}, GLIBC_TUNABLES={meta.get('tunables', '?')}) in fp32 and bf16 "
+        f"autocast, each eager, with its fast path (cl: channels_last; sdpa: "
+        f"F.scaled_dot_product_attention) and compiled (torch.compile of the whole step, fast path "
+        f"on)" + (f"; PyTorch {old_info['torch']} fp32 for reference" if old_info else "") + ".")
+    lines += ["", "| objective | backbone | Tally fp32 | Tally bf16 | PyTorch best fp32 "
+              "| PyTorch best bf16 | Tally/PyTorch fp32 | Tally/PyTorch bf16 "
+              "| best Tally/best PyTorch |" + (" PyTorch 1.13 fp32 |" if old_info else ""),
+              "| --- " * (9 + (1 if old_info else 0)) + "|"]
+    for row in rows:
+        s, ratio = row["settings"], row["tally_over_pytorch"]
+        cells = [row["objective"], row["backbone"], rate_cell(s.get("tally:fp32", {})),
+                 rate_cell(s.get("tally:bf16", {})), best_cell(row, "fp32", "pytorch"),
+                 best_cell(row, "bf16", "pytorch")]
+        cells += [fmt(ratio[p] if ratio[p] else float("nan"), ".2f", "×")
+                  for p in ("fp32", "bf16", "overall")]
+        if old_info:
+            cells.append(rate_cell(s.get("torch113:fp32", {})))
+        lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    blas = [b for b in meta.get("blas", "").split(",") if b]
-    shown = [b for b in blas if "openblas" in os.path.basename(b)] or blas
-    blas_text = ", ".join(os.path.basename(os.path.dirname(b)) + "/" + os.path.basename(b)
-                          for b in shown[-1:]) or "?"
-    head = (f"Batch {meta.get('batch', 256)}, 2 threads each, median step of "
-            f"{meta.get('steps', '?')} after {warmup} warm-up, {meta.get('repeats', '?')} "
-            f"alternating Tally/PyTorch pairs per row (steps pooled; brackets: images/s at the "
-            f"p90–p10 step time). PyTorch {meta.get('torch', '?')} with BLAS "
-            f"`{blas_text}`, GLIBC_TUNABLES={meta.get('tunables', '?')}; Tally as "
-            f"built, default malloc.")
-    lines.append(head)
-    lines.append("")
-    lines.append("| objective | backbone | Tally images/s | PyTorch images/s | Tally/PyTorch "
-                 "| Tally peak RSS | PyTorch peak RSS | RSS Tally/PyTorch | GFLOP/step "
-                 "| Tally GFLOP/s | of f32 / bf16 peak | other load (cores, max) |")
-    lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    lines += table
-    lines.append("")
-    if f32:
-        lines.append(f"Measured peak (oneDNN {peak.get('onednn', '?')} matmul "
-                     f"{peak.get('n', '?')}³, best of {peak.get('reps', '?')} before and of "
-                     f"{peak.get('reps', '?')} after the rows): f32 {f32:.0f} GFLOP/s"
-                     f" ({peak.get('f32_impl', '?')}), bf16 "
-                     + (f"{bf16:.0f} GFLOP/s ({peak.get('bf16_impl', '?')})" if bf16 else
-                        "not available") + ".")
-    else:
-        lines.append("Peak not measured (--no-peak, or the peak program failed: see peak.txt).")
-    load0, load1 = meta.get("loadavg_start"), meta.get("loadavg_end")
-    # Loaded: a busy machine at the start, or other processes busy during any run.
-    loaded = (load0 is not None and load0 >= 1.5) or any(o > BUSY for o in all_other)
-    lines.append(f"Load average (1 min) {load0} at the start, {load1} at the end (this benchmark "
-                 f"itself adds about 2). Other load: the most cores other processes kept busy "
-                 f"during one of the row's runs (/proc/stat less the run's own CPU time); above "
-                 f"{BUSY} (bold) that row's numbers are disturbed, PyTorch's far more than "
-                 f"Tally's." + (" **The machine was loaded: these numbers are not final.**"
-                                if loaded else ""))
+    for row in rows:
+        lines += setting_lines(row, meta.get("peak", {})) + [""]
+    lines += peak_lines(meta) + load_lines(meta, rows)
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(text)
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump({"meta": meta, "pytorch": {k: torch_info.get(k) for k in
+                                             ("torch", "onednn_version", "blas")},
+                   "rows": rows}, f, indent=1)
+    print(text, end="")
+    return 0
+
+
+def cmd_summarize_stacks(args):
+    """The table of a `bench.sh --stacks` results folder: Tally on the host's oneDNN and on the
+    Debian 13 root's, side by side."""
+    out = args.dir
+    meta = read_json(os.path.join(out, "meta.json")) or {}
+    reps = range(1, int(meta.get("repeats", 1)) + 1)
+    warmup = int(meta.get("warmup", 5))
+    host, root = meta.get("host_onednn") or "?", meta.get("root_onednn") or "?"
+    lines = machine_lines(meta)
+    lines.append(f"Tally built on the host (oneDNN {host}) and in the Debian 13 root (oneDNN "
+                 f"{root}, gcc 14), from the same sources, alternately; default malloc.")
+    lines += ["", f"| objective | backbone | precision | images/s, oneDNN {host} "
+              f"| images/s, oneDNN {root} | {root} / {host} | GFLOP/s {host} | GFLOP/s {root} "
+              f"| peak RSS {host} | peak RSS {root} | other load (max) |",
+              "| --- " * 11 + "|"]
+    rows = []
+    for slug, objective, model, config, runs in read_rows(out):
+        folder = os.path.join(out, slug)
+        settings = {run: tally_setting(folder, run.replace(":", "-"), reps, warmup) for run in runs}
+        backbone = os.path.splitext(os.path.basename(model))[0]
+        rows.append({"slug": slug, "objective": objective, "backbone": backbone,
+                     "config": config, "settings": settings})
+        for p in sorted({precision_of(r) for r in runs}, key=["fp32", "bf16"].index):
+            h, d = settings.get(f"host:{p}", {}), settings.get(f"debian13:{p}", {})
+            ratio = (d["images_per_s"] / h["images_per_s"]
+                     if "images_per_s" in h and "images_per_s" in d else float("nan"))
+            other = [s["other_load_max"] for s in (h, d) if s.get("other_load_max") is not None]
+            other_text = fmt(max(other) if other else float("nan"), ".2f")
+            why = "; ".join(f"{k}: {s['unavailable']}" for k, s in (("host", h), ("Debian 13", d))
+                            if "unavailable" in s)
+            lines.append(
+                f"| {objective} | {backbone} | {p} | {rate_cell(h)} | {rate_cell(d)} "
+                f"| {fmt(ratio, '.2f', '×')} | {fmt(h.get('gflop_per_s', float('nan')), '.0f')} "
+                f"| {fmt(d.get('gflop_per_s', float('nan')), '.0f')} "
+                f"| {gib(h.get('peak_rss_bytes', 0))} | {gib(d.get('peak_rss_bytes', 0))} "
+                f"| {other_text}{' — ' + why if why else ''} |")
+    lines.append("")
+    lines += load_lines(meta, rows)
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print(text, end="")
     return 0
 
@@ -622,6 +939,9 @@ def main():
     run.add_argument("--objective", required=True, choices=["inbatch", "moco", "mae"])
     run.add_argument("--warmup", type=int, default=5)
     run.add_argument("--steps", type=int, default=20, help="measured steps after the warm-up")
+    run.add_argument("--setting", default="fp32", type=setting_name,
+                     help="fp32 or bf16 (autocast), then -cl (ResNets: channels_last) or -sdpa "
+                          "(ViTs: scaled_dot_product_attention), then -compile (torch.compile)")
     run.add_argument("--threads", type=int, default=2)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--expect-params", type=int, default=0)
@@ -635,8 +955,11 @@ def main():
     ex.add_argument("command", nargs=argparse.REMAINDER)
     sm = sub.add_parser("summarize", help="the tables of a --vs-pytorch results folder")
     sm.add_argument("dir")
+    ss = sub.add_parser("summarize-stacks", help="the table of a --stacks results folder")
+    ss.add_argument("dir")
     args = parser.parse_args()
-    return {"run": cmd_run, "exec": cmd_exec, "summarize": cmd_summarize}[args.cmd](args)
+    return {"run": cmd_run, "exec": cmd_exec, "summarize": cmd_summarize,
+            "summarize-stacks": cmd_summarize_stacks}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -297,12 +297,18 @@ class Attention(nn.Module):
         self.scale = (dim // heads) ** -0.5
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
+        # PyTorch 2's fused F.scaled_dot_product_attention (the same scale) instead of the three
+        # ops below: what a PyTorch 2 user writes; scripts/bench_torch.py turns it on.
+        self.sdpa = False
 
     def forward(self, x):
         N, T, D = x.shape
         q, k, v = self.qkv(x).reshape(N, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
-        attn = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
-        return self.proj((attn @ v).transpose(1, 2).reshape(N, T, D))
+        if self.sdpa:
+            out = F.scaled_dot_product_attention(q, k, v)
+        else:
+            out = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1) @ v
+        return self.proj(out.transpose(1, 2).reshape(N, T, D))
 
 
 class Mlp(nn.Module):
@@ -402,10 +408,11 @@ class MaeDecoder(nn.Module):
         emb = self.embed(tokens)
         first = 1 if self.has_cls else 0
         x = self.mask_token.expand(N, P, -1).clone()
-        x.scatter_(1, keep.unsqueeze(-1).expand(-1, -1, x.shape[2]), emb[:, first:])
+        # .to: under autocast the embedding is bf16 and the mask token stays fp32
+        x.scatter_(1, keep.unsqueeze(-1).expand(-1, -1, x.shape[2]), emb[:, first:].to(x.dtype))
         x = x + self.pos_embed
         if self.has_cls:
-            x = torch.cat([emb[:, :1], x], dim=1)
+            x = torch.cat([emb[:, :1].to(x.dtype), x], dim=1)
         for block in self.blocks:
             x = block(x)
         return self.pred(self.norm(x))[:, first:]
