@@ -9,6 +9,7 @@
 # measured in one run, alternately:
 #   scripts/bench.sh --vs-pytorch [--quick] [--warmup W] [--steps N] [--repeats R] [--no-peak]
 #                    [--peak-size N] [--any-blas] [--with-pytorch113] [--compile-timeout S]
+#                    [--no-compile]
 #                    [--wait-quiet SECONDS] [--require-quiet] [OBJECTIVE/MODEL...]
 # Rows (default): inbatch/resnet-small-32 moco/resnet-small-32 mae/vit-tiny inbatch/vit-tiny
 # moco/vit-tiny inbatch/resnet18-small-images moco/resnet18-small-images; MODEL is a file in
@@ -23,7 +24,8 @@
 #   for a ViT: "sdpa"), and compiled (torch.compile of the whole training step, fast path on;
 #   at least 3 warm-up steps, the first two compile). A compile that fails, needs a compiler or
 #   headers that are missing, or takes longer than S seconds (--compile-timeout, 900) is
-#   recorded as "does not compile: REASON", and the benchmark goes on;
+#   recorded as "does not compile: REASON", and the benchmark goes on (--no-compile leaves the
+#   compiled settings out, and the summary's flags say so);
 # - with --with-pytorch113, the host's PyTorch 1.13 in fp32 as well (the earlier reference).
 # A repeat runs Tally fp32, then the fp32 PyTorch settings, then Tally bf16 and the bf16 ones;
 # the next repeat runs the same in reverse. Every PyTorch setting trains from the same seed on
@@ -331,7 +333,7 @@ parse_common() {
   local mode=$1
   shift
   WARMUP=5 STEPS=20 REPEATS=2 BATCH=${TALLY_BENCH_BATCH:-256} PHOTO_BATCH=${TALLY_BENCH_PHOTO_BATCH:-64}
-  PEAK=1 PEAK_N=4096 ANY_BLAS=0 WAIT_QUIET=0 REQUIRE_QUIET=0 WITH_113=0 COMPILE_TIMEOUT=900
+  PEAK=1 PEAK_N=4096 ANY_BLAS=0 WAIT_QUIET=0 REQUIRE_QUIET=0 WITH_113=0 COMPILE_TIMEOUT=900 NO_COMPILE=0
   PRECISIONS="fp32 bf16" QUICK=0 ROWS=()
   PEAK_REPS=8
   FLAGS="$mode $*"
@@ -348,6 +350,7 @@ parse_common() {
       --vs-pytorch:--any-blas) ANY_BLAS=1; shift ;;
       --vs-pytorch:--with-pytorch113) WITH_113=1; shift ;;
       --vs-pytorch:--compile-timeout) COMPILE_TIMEOUT=${2:-}; shift 2 ;;
+      --vs-pytorch:--no-compile) NO_COMPILE=1; shift ;;
       --stacks:--precisions) PRECISIONS=${2//,/ }; shift 2 ;;
       *:-h | *:--help) sed -n '/^# Tally against PyTorch 2.6/,/^# The time/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
       *:--*=*) set -- "${1%%=*}" "${1#*=}" "${@:2}" ;;
@@ -579,7 +582,11 @@ check_blas() {
 row_runs() {
   local p
   for p in fp32 bf16; do
-    echo "tally:$p torch:$p torch:$p-$fast torch:$p-$fast-compile"
+    if [ "$NO_COMPILE" -eq 1 ]; then
+      echo "tally:$p torch:$p torch:$p-$fast"
+    else
+      echo "tally:$p torch:$p torch:$p-$fast torch:$p-$fast-compile"
+    fi
   done
   [ "$WITH_113" -eq 0 ] || echo "torch113:fp32"
 }
@@ -620,7 +627,7 @@ vs_pytorch() {
 
   [ "$PEAK" -eq 0 ] || measure_peak "$OUT" "$PEAK_N" end
   LOAD_END=$(loadavg) write_meta mode=vs-pytorch "torch_where=$TORCH_WHERE" "tally_onednn=$TALLY_ONEDNN" \
-    "compile_timeout=$COMPILE_TIMEOUT"
+    "compile_timeout=$COMPILE_TIMEOUT" "compiled_settings=$([ "$NO_COMPILE" -eq 1 ] && echo "left out (--no-compile)" || echo measured)"
   echo
   "$PY" scripts/bench_torch.py summarize "$OUT"
   echo "runs, logs, summary.md and summary.json: $OUT"
