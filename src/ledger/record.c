@@ -505,9 +505,7 @@ static int keep_eval(const char *line, long limit) {
   return step >= 0 && step <= limit && !strstr(line, "\"what\":\"raw_pixels\"");
 }
 
-// 0 when ledger.jsonl is missing or its whole line of `step` has CRC-32 `crc` (the last such
-// line: a resumed run's records follow the ones it dropped).
-static int check_own_ledger(const char *path, long step, unsigned long crc) {
+int ledger_check_own(const char *path, long step, unsigned long crc) {
   FILE *in = regular_fopen(path, "r");
   if (!in) return errno == ENOENT ? 0 : -1;
   char *line = NULL;
@@ -535,7 +533,7 @@ int ledger_truncate_for_resume(const char *run_dir, long steps_done, long last_s
                                unsigned long last_crc) {
   char path[4200];
   snprintf(path, sizeof path, "%s/ledger.jsonl", run_dir);
-  if (last_step >= 0 && check_own_ledger(path, last_step, last_crc) != 0) return -1;
+  if (last_step >= 0 && ledger_check_own(path, last_step, last_crc) != 0) return -1;
   if (rewrite_lines(path, 0, keep_record, steps_done) != 0) return -1;
   snprintf(path, sizeof path, "%s/ledger.csv", run_dir);
   if (rewrite_lines(path, 1, keep_csv_row, steps_done) != 0) return -1;

@@ -176,3 +176,7 @@ void ledger_write_csv(FILE *f, const LedgerRecord *r);
 // run would mix two runs' records).
 int ledger_truncate_for_resume(const char *run_dir, long steps_done, long last_step,
                                unsigned long last_crc);
+// 0 when the ledger.jsonl at `path` is missing or its whole line of `step` has CRC-32 `crc` (the
+// last such line: a resumed run's records follow the ones it dropped); -1 with tl_last_error()
+// saying it is not the ledger of the checkpoint that recorded them.
+int ledger_check_own(const char *path, long step, unsigned long crc);

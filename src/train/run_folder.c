@@ -1,6 +1,5 @@
 #include "train/run_state.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -50,29 +49,11 @@ int run_folder_has(const char *dir, const char *name) {
   return access(path, F_OK) == 0;
 }
 
-// The temporary files a killed writer left of the run's state files (atomic_file.h names them
-// FILE.tmp.PID.N): with the folder's lock held, no live writer owns one.
-static void remove_stale_temporaries(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) return;
-  for (struct dirent *e; (e = readdir(d));)
-    for (int i = 0; RUN_STATE_FILES[i]; i++) {
-      size_t n = strlen(RUN_STATE_FILES[i]);
-      if (strncmp(e->d_name, RUN_STATE_FILES[i], n) == 0 &&
-          strncmp(e->d_name + n, ".tmp.", 5) == 0) {
-        char path[4400];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);
-      }
-    }
-  closedir(d);
-}
-
 // Creates and locks the run folder. A folder that holds a run is refused unless the run is
 // being resumed or --overwrite says to replace it.
 int run_make_folder(const char *dir, Run *run) {
   if (make_dirs(dir) != 0 || dir_lock(dir, ".lock", "run") != 0) return -1;
-  remove_stale_temporaries(dir);
+  atomic_remove_stale(dir, RUN_STATE_FILES);
   int resuming = run->opt->resume_path != NULL;
   if (!resuming && !run->opt->overwrite &&
       (run_folder_has(dir, CHECKPOINT_FILE) || run_folder_has(dir, "ledger.jsonl") ||
