@@ -9,9 +9,10 @@
 
 #include "core/error.h"
 
-const char *const RUN_STATE_FILES[] = {".lock",        "config.ini",   "checkpoint.safetensors",
-                                       "ledger.jsonl", "ledger.csv",   "eval.jsonl",
-                                       "summary.json", "compare-eval.json", NULL};
+const char *const RUN_STATE_FILES[] = {
+    ".lock",        "config.ini",        "checkpoint.safetensors",
+    "ledger.jsonl", "ledger.csv",        "eval.jsonl",
+    "summary.json", "compare-eval.json", NULL};
 
 const char *const COMPARE_STATE_FILES[] = {".compare.lock", "compare.settings", "compare.json",
                                            "compare.html", NULL};
@@ -43,9 +44,10 @@ int regular_open(const char *path, int append, int64_t *bytes) {
     if (err == ENOENT)
       tl_fail("%s: no such file", path);
     else if (err == ELOOP && run_file)
-      tl_fail("%s: is a symbolic link; a run folder's or a compare folder's own files are never "
-              "followed",
-              path);
+      tl_fail(
+          "%s: is a symbolic link; a run folder's or a compare folder's own files are never "
+          "followed",
+          path);
     else
       tl_fail("%s: cannot open: %s", path, strerror(err));
     errno = err;
@@ -105,7 +107,8 @@ static int holds(const char *dir, int compare) {
   char path[4200];
   snprintf(path, sizeof path, "%s/%s", dir, compare ? ".compare.lock" : ".lock");
   if (access(path, F_OK) == 0) return 1;
-  snprintf(path, sizeof path, "%s/%s", dir, compare ? "compare.settings" : "checkpoint.safetensors");
+  snprintf(path, sizeof path, "%s/%s", dir,
+           compare ? "compare.settings" : "checkpoint.safetensors");
   return access(path, F_OK) == 0;
 }
 

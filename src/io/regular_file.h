@@ -29,6 +29,6 @@ FILE *regular_fopen(const char *path, const char *mode);
 int regular_read_text(const char *path, char **text, size_t *len);
 
 // A path a command may write its output to (atomically, by rename): a new path, or an existing
-// regular file that is not one of a run folder's (or a compare folder's) own state files. -1 with tl_last_error()
-// saying why not.
+// regular file that is not one of a run folder's (or a compare folder's) own state files. -1 with
+// tl_last_error() saying why not.
 int output_path_check(const char *path);

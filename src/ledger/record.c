@@ -464,9 +464,12 @@ static long json_long_field(const char *line, const char *key) {
 }
 
 // Keeps the whole lines (ending in a newline) of `path` that `keep` accepts; the first line is
-// kept as is when `header` is set.
+// kept as is when `header` is set. *crc (may be NULL) receives the CRC-32 of what is kept; with
+// `want_crc` >= 0, a file whose kept bytes have another is refused and left as it was.
 static int rewrite_lines(const char *path, int header, int (*keep)(const char *line, long limit),
-                         long limit) {
+                         long limit, long long want_crc, unsigned long *crc) {
+  unsigned long kept = crc32(0L, Z_NULL, 0);
+  if (crc) *crc = kept;
   FILE *in = regular_fopen(path, "r");
   if (!in) return errno == ENOENT ? 0 : -1;
   AtomicFile out;
@@ -478,14 +481,24 @@ static int rewrite_lines(const char *path, int header, int (*keep)(const char *l
   size_t cap = 0;
   ssize_t n;
   for (int i = 0; (n = getline(&line, &cap, in)) > 0; i++)
-    if (line[n - 1] == '\n' && ((header && i == 0) || keep(line, limit))) fputs(line, out.f);
+    if (line[n - 1] == '\n' && ((header && i == 0) || keep(line, limit))) {
+      fputs(line, out.f);
+      kept = crc32(kept, (const Bytef *)line, (uInt)n);
+    }
   free(line);
   int read_failed = ferror(in);
   fclose(in);
-  if (read_failed) {
+  if (read_failed || (want_crc >= 0 && kept != (unsigned long)want_crc)) {
     atomic_abort(&out);
-    return tl_fail("%s: read error", path);
+    return read_failed ? tl_fail("%s: read error", path)
+                       : tl_fail(
+                             "%s: is not the ledger of this checkpoint's run (its rows up to "
+                             "the checkpoint differ from the ones the run wrote); a checkpoint "
+                             "from another run? Move the ledger files away to resume without "
+                             "them",
+                             path);
   }
+  if (crc) *crc = kept;
   return atomic_commit(&out);
 }
 
@@ -503,6 +516,13 @@ static int keep_csv_row(const char *line, long limit) {
 static int keep_eval(const char *line, long limit) {
   long step = json_long_field(line, "step");
   return step >= 0 && step <= limit && !strstr(line, "\"what\":\"raw_pixels\"");
+}
+
+// The same, except the monitor's record of step `limit`, which it takes again (a record of
+// `tally eval`, which names itself as its source, stays).
+static int keep_eval_but_last(const char *line, long limit) {
+  return keep_eval(line, limit) &&
+         (json_long_field(line, "step") < limit || strstr(line, "\"source\":") != NULL);
 }
 
 int ledger_check_own(const char *path, long step, unsigned long crc) {
@@ -529,14 +549,17 @@ int ledger_check_own(const char *path, long step, unsigned long crc) {
       path, step, found ? "differs from the one the checkpoint saw" : "is missing");
 }
 
-int ledger_truncate_for_resume(const char *run_dir, long steps_done, long last_step,
-                               unsigned long last_crc) {
+int ledger_truncate_for_resume(const char *run_dir, const LedgerResume *how,
+                               unsigned long *csv_crc) {
   char path[4200];
   snprintf(path, sizeof path, "%s/ledger.jsonl", run_dir);
-  if (last_step >= 0 && ledger_check_own(path, last_step, last_crc) != 0) return -1;
-  if (rewrite_lines(path, 0, keep_record, steps_done) != 0) return -1;
+  if (how->last_step >= 0 && ledger_check_own(path, how->last_step, how->last_crc) != 0) return -1;
+  // The CSV first: refused, it leaves every file as it was.
   snprintf(path, sizeof path, "%s/ledger.csv", run_dir);
-  if (rewrite_lines(path, 1, keep_csv_row, steps_done) != 0) return -1;
+  if (rewrite_lines(path, 1, keep_csv_row, how->steps_done, how->csv_crc, csv_crc) != 0) return -1;
+  snprintf(path, sizeof path, "%s/ledger.jsonl", run_dir);
+  if (rewrite_lines(path, 0, keep_record, how->steps_done, -1, NULL) != 0) return -1;
   snprintf(path, sizeof path, "%s/eval.jsonl", run_dir);
-  return rewrite_lines(path, 0, keep_eval, steps_done);
+  return rewrite_lines(path, 0, how->evaluate_again ? keep_eval_but_last : keep_eval,
+                       how->steps_done, -1, NULL);
 }

@@ -166,16 +166,31 @@ int ledger_read_json(const char *line, LedgerRecord *r, LedgerOwnLookup lookup);
 void ledger_write_csv_header(FILE *f, const LedgerOwnFields *own);
 void ledger_write_csv(FILE *f, const LedgerRecord *r);
 
+// What ties a run folder's ledger to the checkpoint a run resumes from (its metadata keeps it).
+typedef struct {
+  long steps_done;  // the checkpoint's step: records of later steps are dropped
+  // The last record written before the checkpoint (-1: none, or a checkpoint from before this
+  // was kept) and the CRC-32 of its ledger.jsonl line.
+  long last_step;
+  unsigned long last_crc;
+  // The CRC-32 of ledger.csv's bytes through that record, its header included (-1: not kept).
+  long long csv_crc;
+  // The monitor evaluates step `steps_done` again (a run resumed at its last step without its
+  // summary): its record of that step is dropped, a `tally eval` record is kept.
+  int evaluate_again;
+} LedgerResume;
+
 // Resuming at `steps_done`: rewrites a run's ledger.jsonl and ledger.csv (atomically) keeping
 // the records of steps before it — the steps the checkpoint holds — and dropping later ones and
 // a last line cut off by a kill. eval.jsonl keeps evaluations up to and including it, except
 // the raw-pixel baseline, which the resumed run reports again. Missing files are fine.
-// The ledger must be the checkpoint's own: when `last_step` >= 0 (the last record written before
-// the checkpoint, and `last_crc` the CRC-32 of its ledger.jsonl line), a ledger.jsonl whose line
-// of that step is missing or differs is refused, untouched (a checkpoint copied from another
-// run would mix two runs' records).
-int ledger_truncate_for_resume(const char *run_dir, long steps_done, long last_step,
-                               unsigned long last_crc);
+// The ledger must be the checkpoint's own: a ledger.jsonl whose line of `last_step` is missing or
+// differs, or a ledger.csv whose kept bytes differ from what the checkpoint saw written, is
+// refused, untouched (a checkpoint copied from another run would mix two runs' records; another
+// CSV's first line would become the header). *csv_crc receives the CRC-32 of the ledger.csv
+// kept, which the resumed run goes on from.
+int ledger_truncate_for_resume(const char *run_dir, const LedgerResume *how,
+                               unsigned long *csv_crc);
 // 0 when the ledger.jsonl at `path` is missing or its whole line of `step` has CRC-32 `crc` (the
 // last such line: a resumed run's records follow the ones it dropped); -1 with tl_last_error()
 // saying it is not the ledger of the checkpoint that recorded them.

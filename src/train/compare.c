@@ -145,9 +145,10 @@ static int settings_well_formed(const char *path, const char *text) {
     char *after = NULL;
     if (kind == 2 && (strtol(p + 6, &after, 10) < 1 || after != end)) kind = -1;
     if (!end || kind < 0 || end == p + strlen(kinds[kind]))
-      return tl_fail("%s: line %d is not a compare's setting (a cut-off file, or another in its "
-                     "place?); move it away to start this compare anew",
-                     path, line);
+      return tl_fail(
+          "%s: line %d is not a compare's setting (a cut-off file, or another in its "
+          "place?); move it away to start this compare anew",
+          path, line);
     seen[kind]++;
     p = end + 1;
   }

@@ -146,17 +146,22 @@ static int read_whole(const char *dir, const char *name, const JsonMember *membe
   return rc;
 }
 
-static const JsonMember eval_members[] = {
-    {"source", JSON_STRING},         {"step", JSON_NUMBER},
-    {"source_crc32", JSON_STRING},   {"n_train", JSON_NUMBER},
-    {"knn_top1", JSON_NUMBER_OR_NULL}, {"knn_top1_k20", JSON_NUMBER_OR_NULL},
-    {"knn_top1_raw_pixels", JSON_NUMBER_OR_NULL}, {"knn_top1_k20_raw_pixels", JSON_NUMBER_OR_NULL},
-    {"linear_top1", JSON_NUMBER_OR_NULL}, {"linear_top1_raw_pixels", JSON_NUMBER_OR_NULL},
-    {"rankme", JSON_NUMBER_OR_NULL}, {"embedding_std", JSON_NUMBER_OR_NULL},
-    {"collapsed", JSON_BOOL},        {"seconds", JSON_NUMBER}};
-static const JsonMember summary_members[] = {{"steps", JSON_NUMBER},
-                                             {"train_seconds", JSON_NUMBER},
-                                             {"peak_rss_bytes", JSON_NUMBER}};
+static const JsonMember eval_members[] = {{"source", JSON_STRING},
+                                          {"step", JSON_NUMBER},
+                                          {"source_crc32", JSON_STRING},
+                                          {"n_train", JSON_NUMBER},
+                                          {"knn_top1", JSON_NUMBER_OR_NULL},
+                                          {"knn_top1_k20", JSON_NUMBER_OR_NULL},
+                                          {"knn_top1_raw_pixels", JSON_NUMBER_OR_NULL},
+                                          {"knn_top1_k20_raw_pixels", JSON_NUMBER_OR_NULL},
+                                          {"linear_top1", JSON_NUMBER_OR_NULL},
+                                          {"linear_top1_raw_pixels", JSON_NUMBER_OR_NULL},
+                                          {"rankme", JSON_NUMBER_OR_NULL},
+                                          {"embedding_std", JSON_NUMBER_OR_NULL},
+                                          {"collapsed", JSON_BOOL},
+                                          {"seconds", JSON_NUMBER}};
+static const JsonMember summary_members[] = {
+    {"steps", JSON_NUMBER}, {"train_seconds", JSON_NUMBER}, {"peak_rss_bytes", JSON_NUMBER}};
 
 // The checkpoint's own word on what it is: its step, its CRC-32, and the ledger line it saw.
 typedef struct {

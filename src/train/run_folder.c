@@ -74,9 +74,13 @@ int run_make_folder(const char *dir, Run *run) {
   for (int i = 0; i < (resuming ? 1 : 5); i++)
     if (unlink(remove_fresh[i]) != 0 && errno != ENOENT)
       return tl_fail("%s: cannot remove: %s", remove_fresh[i], strerror(errno));
-  if (resuming && ledger_truncate_for_resume(dir, run->start_step, run->ledger_last_step,
-                                             run->ledger_last_crc) != 0)
-    return -1;
+  // A run resumed at its last step without its summary evaluates that step again (trainer.c).
+  const LedgerResume how = {.steps_done = run->start_step,
+                            .last_step = run->ledger_last_step,
+                            .last_crc = run->ledger_last_crc,
+                            .csv_crc = run->opt->ledger_csv_crc,
+                            .evaluate_again = run->finishing && !run->opt->no_knn};
+  if (resuming && ledger_truncate_for_resume(dir, &how, &run->ledger_csv_crc) != 0) return -1;
   char path[4200];
   snprintf(path, sizeof path, "%s/config.ini", dir);
   AtomicFile a;

@@ -47,6 +47,7 @@ typedef struct {
   double flops_total;     // training FLOPs so far over every replica (rank 0's count, scaled)
   long ledger_last_step;  // the last record in ledger.jsonl (-1: none yet)
   unsigned long ledger_last_crc;  // the CRC-32 of its line, kept in checkpoints
+  unsigned long ledger_csv_crc;   // the CRC-32 of ledger.csv so far, header included, kept too
   int started;    // the replicas were started (failures after it stop them through Comm)
   int finishing;  // resumed at its last step without a summary: evaluate and summarize
   KnnResult last_eval, knn_start, knn_raw;
