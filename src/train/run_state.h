@@ -64,7 +64,8 @@ typedef struct {
 // that slows down after a time budget's steps were timed).
 // TALLY_INJECT_COLLAPSE_AT_STEP=S: the backbone's parameters and statistics become 0 after step
 // S's update, so every image has the same embedding (give the last step: training on it would
-// not stay finite).
+// not stay finite). TALLY_INJECT_SLOW_EVAL=MS: rank 0's evaluations by the monitor take MS
+// milliseconds longer (a large labeled folder).
 typedef struct {
   long nan_step;
   long nan_param_step;  // TALLY_INJECT_NAN_PARAM_AT_STEP=S: a weight becomes NaN after step S's
@@ -74,6 +75,7 @@ typedef struct {
   long fail_step;
   long kill_in_checkpoint;
   long slow_from_step, slow_ms;
+  long slow_eval_ms;
 } Faults;
 
 // One replica's training state.
