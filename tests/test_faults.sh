@@ -27,11 +27,18 @@
 #  17 a streamed image replaced during the run by another of the same size
 #  18 a run resumed on another core count: the thread count recorded, a note
 #  19 tally eval RUN that cannot write its record
+#  20 tally compare's files read back: a cut-off, foreign or linked compare-eval.json, a cut-off
+#     compare.settings, report/export/embed --out over a compare's files, a killed compare's
+#     temporaries
+#  21 a resume over another run's ledger.csv; a resume after the summary was lost (one record of
+#     the last evaluation)
+#  22 MPI: rank 0's evaluation longer than parallel.timeout; rank 0 stopped during it
+#  23 a data path of 600 characters
 #
 # Prints `ok - NAME` or `not ok - NAME: why` per case, `SKIP: ...` for a case this machine cannot
 # run, then `N passed, M failed`; exits 1 if any case failed. Needs root for the tmpfs mounts
 # (without it the full-disk case falls back to RLIMIT_FSIZE). Run from anywhere; TALLY_BIN
-# defaults to build/tally.
+# defaults to build/tally. TALLY_FAULTS_SECTIONS="6 20" runs only those sections.
 set -u
 
 # shellcheck source=lib.sh source-path=SCRIPTDIR
@@ -1457,6 +1464,72 @@ expect_rc 0 "train --resume"
 has_summary "$run"
 n=$(grep -c '"step":2,"what":"encoder"' "$run/eval.jsonl")
 [[ $n == 1 ]] || bad "eval.jsonl holds $n records of the evaluation after step 2"
+finish "$name"
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 22. MPI: rank 0 evaluates alone for longer than parallel.timeout (a large labeled folder).
+if want 22; then
+if command -v "$MPIRUN" >/dev/null 2>&1; then
+  SOLO=(train --set parallel.backend=mpi --set data.limit=256 --set train.batch_size=32
+    --set data.test_limit=100 --steps 3 --set parallel.timeout=2 --quiet)
+  name="22a mpi: rank 0's evaluation outlasts parallel.timeout (2 s): the run goes on"
+  run=$TMP/mpi-solo
+  mpi mpi-solo 2 -x TALLY_INJECT_SLOW_EVAL=6000 "$TALLY_BIN" "${SOLO[@]}" --out "$run"
+  expect_rc 0 "mpirun"
+  has_summary "$run"
+  grep -q '"step":3,"what":"encoder"' "$run/eval.jsonl" 2>/dev/null || bad "no evaluation recorded"
+  finish "$name"
+
+  name="22b mpi: rank 0 stopped (SIGSTOP) in its evaluation: rank 1 names rank 0 and the phase"
+  run=$TMP/mpi-solo-stop
+  timeout "$LIMIT" "$MPIRUN" --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 \
+    -x TALLY_INJECT_SLOW_EVAL=60000 "$TALLY_BIN" "${SOLO[@]}" --set parallel.timeout=3 \
+    --out "$run" >"$TMP/mpi-solo-stop.out" 2>"$TMP/mpi-solo-stop.err" &
+  tpid=$!
+  BG_PIDS+=("$tpid")
+  last=$TMP/mpi-solo-stop
+  # The 3 steps are logged, then rank 0 checkpoints and evaluates (60 s, stretched).
+  if wait_lines "$run/ledger.jsonl" 3 "$tpid"; then
+    sleep 1
+    root=""
+    for p in $(pgrep -f "tally train.*mpi-solo-stop"); do
+      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=0' && root=$p
+    done
+    [[ -n $root ]] && kill -STOP "$root"
+    t0=$(date +%s%N)
+    finish_bg
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    [[ -n $root ]] && kill -KILL "$root" 2>/dev/null
+    [[ -n $root ]] || bad "rank 0's process was not found"
+    expect_nonzero "mpirun"
+    said "$last.err" "rank 1: no word from rank 0 for [0-9]+ s while it was in its checkpoint and \
+the monitor's evaluation after step 3" "the watchdog's message"
+    ((ms < 40000)) || bad "took ${ms} ms after the stop"
+  else
+    finish_bg
+    bad "the run ended (exit $rc) before 3 steps were logged: $(firstline "$last.err")"
+  fi
+  finish "$name"
+else
+  skip "22a/22b mpi: $MPIRUN is missing"
+fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 23. A data path of any length a file name may have: read back from config.ini and checkpoints.
+if want 23; then
+name="23a a data path of 600 characters: trained and resumed"
+long=$TMP/long/$(printf 'd%.0s' {1..190})/$(printf 'e%.0s' {1..190})/$(printf 'f%.0s' {1..190})
+png_classes "$long"
+run=$TMP/long-run
+t long train --data "$long" --set data.image_size=8 --batch-size 4 --steps 4 --stop-at 2 --no-knn \
+  --quiet --out "$run"
+expect_rc 0 "train --data (a path of ${#long} characters)"
+grep -qF "train = $long" "$run/config.ini" 2>/dev/null || bad "config.ini does not hold the whole path"
+t long-resume train --resume "$run" --quiet
+expect_rc 0 "train --resume"
+ledger_is "$run" 4
 finish "$name"
 fi
 
