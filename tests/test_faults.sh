@@ -30,8 +30,8 @@
 #  20 tally compare's files read back: a cut-off, foreign or linked compare-eval.json, a cut-off
 #     compare.settings, report/export/embed --out over a compare's files, a killed compare's
 #     temporaries
-#  21 a resume over another run's ledger.csv; a resume after the summary was lost (one record of
-#     the last evaluation)
+#  21 a resume over another run's ledger.csv or eval.jsonl; a resume after the summary was lost
+#     (one record of the last evaluation)
 #  22 MPI: rank 0's evaluation longer than parallel.timeout; rank 0 stopped during it
 #  23 a data path of 600 characters
 #
@@ -1464,6 +1464,28 @@ expect_rc 0 "train --resume"
 has_summary "$run"
 n=$(grep -c '"step":2,"what":"encoder"' "$run/eval.jsonl")
 [[ $n == 1 ]] || bad "eval.jsonl holds $n records of the evaluation after step 2"
+finish "$name"
+
+name="21c --resume over another run's eval.jsonl: exit 1 naming it, untouched; tally eval's kept"
+EVAL_RUN=(--set data.limit=256 --set train.batch_size=32 --set data.test_limit=100
+  --set eval.every_steps=2 --quiet)
+run=$TMP/evals-a
+t evals-a train "${EVAL_RUN[@]}" --steps 6 --stop-at 2 --out "$run"
+expect_rc 0 "train --stop-at 2"
+t evals-b train "${EVAL_RUN[@]}" --steps 6 --stop-at 2 --set train.seed=3 --out "$TMP/evals-b"
+expect_rc 0 "the other run"
+t evals-eval eval "$run" --knn --no-baseline --set data.limit=256 --set data.test_limit=100
+expect_rc 0 "tally eval of the run"
+cp "$run/eval.jsonl" "$TMP/evals-a-own.jsonl"
+cp "$TMP/evals-b/eval.jsonl" "$run/eval.jsonl"
+t evals-resume train --resume "$run" --quiet
+expect_rc 1 "train --resume over another eval.jsonl"
+one_line_error "$last.err" "$run/eval.jsonl: is not the record of this checkpoint's run" "the refusal"
+cmp -s "$run/eval.jsonl" "$TMP/evals-b/eval.jsonl" || bad "eval.jsonl was changed"
+cp "$TMP/evals-a-own.jsonl" "$run/eval.jsonl"
+t evals-resume-own train --resume "$run" --quiet
+expect_rc 0 "train --resume over its own eval.jsonl (and tally eval's record)"
+grep -q '"source":"tally eval"' "$run/eval.jsonl" || bad "tally eval's record was dropped"
 finish "$name"
 fi
 

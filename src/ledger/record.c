@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "core/error.h"
@@ -549,17 +550,55 @@ int ledger_check_own(const char *path, long step, unsigned long crc) {
       path, step, found ? "differs from the one the checkpoint saw" : "is missing");
 }
 
-int ledger_truncate_for_resume(const char *run_dir, const LedgerResume *how,
-                               unsigned long *csv_crc) {
+// The CRC-32 of the first `n` bytes of `path` (n < 0: all of it) into *crc, and how many there
+// were into *got: 0, or -1 with the error set (a missing file has none).
+static int prefix_crc(const char *path, long long n, unsigned long *crc, long long *got) {
+  *crc = crc32(0L, Z_NULL, 0);
+  *got = 0;
+  FILE *in = regular_fopen(path, "r");
+  if (!in) return errno == ENOENT ? 0 : -1;
+  unsigned char buf[65536];
+  size_t r;
+  while ((n < 0 || *got < n) &&
+         (r = fread(buf, 1,
+                    n < 0 || n - *got > (long long)sizeof buf ? sizeof buf : (size_t)(n - *got),
+                    in)) > 0) {
+    *crc = crc32(*crc, buf, (uInt)r);
+    *got += (long long)r;
+  }
+  int failed = ferror(in);
+  fclose(in);
+  return failed ? tl_fail("%s: read error", path) : 0;
+}
+
+// eval.jsonl must begin with what the run wrote before its checkpoint (a missing one is fine).
+static int check_own_evals(const char *path, long long bytes, unsigned long crc) {
+  unsigned long seen;
+  long long got;
+  if (bytes < 0 || access(path, F_OK) != 0) return 0;
+  if (prefix_crc(path, bytes, &seen, &got) != 0) return -1;
+  if (got == bytes && seen == crc) return 0;
+  return tl_fail(
+      "%s: is not the record of this checkpoint's run (its first %lld bytes differ from the ones "
+      "the run wrote); a checkpoint from another run? Move it away to resume without it",
+      path, bytes);
+}
+
+int ledger_truncate_for_resume(const char *run_dir, const LedgerResume *how, LedgerKept *kept) {
   char path[4200];
   snprintf(path, sizeof path, "%s/ledger.jsonl", run_dir);
   if (how->last_step >= 0 && ledger_check_own(path, how->last_step, how->last_crc) != 0) return -1;
+  snprintf(path, sizeof path, "%s/eval.jsonl", run_dir);
+  if (check_own_evals(path, how->eval_bytes, how->eval_crc) != 0) return -1;
   // The CSV first: refused, it leaves every file as it was.
   snprintf(path, sizeof path, "%s/ledger.csv", run_dir);
-  if (rewrite_lines(path, 1, keep_csv_row, how->steps_done, how->csv_crc, csv_crc) != 0) return -1;
+  if (rewrite_lines(path, 1, keep_csv_row, how->steps_done, how->csv_crc, &kept->csv_crc) != 0)
+    return -1;
   snprintf(path, sizeof path, "%s/ledger.jsonl", run_dir);
   if (rewrite_lines(path, 0, keep_record, how->steps_done, -1, NULL) != 0) return -1;
   snprintf(path, sizeof path, "%s/eval.jsonl", run_dir);
-  return rewrite_lines(path, 0, how->evaluate_again ? keep_eval_but_last : keep_eval,
-                       how->steps_done, -1, NULL);
+  if (rewrite_lines(path, 0, how->evaluate_again ? keep_eval_but_last : keep_eval, how->steps_done,
+                    -1, NULL) != 0)
+    return -1;
+  return prefix_crc(path, -1, &kept->eval_crc, &kept->eval_bytes);
 }

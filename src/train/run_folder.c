@@ -79,8 +79,14 @@ int run_make_folder(const char *dir, Run *run) {
                             .last_step = run->ledger_last_step,
                             .last_crc = run->ledger_last_crc,
                             .csv_crc = run->opt->ledger_csv_crc,
+                            .eval_bytes = run->opt->eval_bytes,
+                            .eval_crc = run->opt->eval_crc,
                             .evaluate_again = run->finishing && !run->opt->no_knn};
-  if (resuming && ledger_truncate_for_resume(dir, &how, &run->ledger_csv_crc) != 0) return -1;
+  LedgerKept kept = {0};
+  if (resuming && ledger_truncate_for_resume(dir, &how, &kept) != 0) return -1;
+  run->ledger_csv_crc = kept.csv_crc;
+  run->eval_bytes = kept.eval_bytes;
+  run->eval_crc = kept.eval_crc;
   char path[4200];
   snprintf(path, sizeof path, "%s/config.ini", dir);
   AtomicFile a;

@@ -48,6 +48,8 @@ typedef struct {
   long ledger_last_step;  // the last record in ledger.jsonl (-1: none yet)
   unsigned long ledger_last_crc;  // the CRC-32 of its line, kept in checkpoints
   unsigned long ledger_csv_crc;   // the CRC-32 of ledger.csv so far, header included, kept too
+  long long eval_bytes;           // eval.jsonl's size as this run knows it, and the CRC-32 of
+  unsigned long eval_crc;         // those bytes, kept in checkpoints too
   int started;    // the replicas were started (failures after it stop them through Comm)
   int finishing;  // resumed at its last step without a summary: evaluate and summarize
   KnnResult last_eval, knn_start, knn_raw;
