@@ -484,6 +484,16 @@ static int is_choice(const char *choices, const char *text) {
   return 0;
 }
 
+int config_ini_max_line(void) {
+  // Debian's inih reads lines of at most INI_MAX_LINE (200) bytes into a buffer on the stack,
+  // unless told at run time to take one from the heap, of ini_initial_alloc bytes (which it
+  // hands the reader): room for a key and a path of PATH_MAX.
+  ini_use_stack = false;
+  ini_allow_realloc = false;
+  ini_initial_alloc = ini_max_line = CONFIG_PATH_MAX + 64;
+  return ini_max_line;
+}
+
 static int set_string(const KeySpec *k, void *base, const char *where, const char *text) {
   // A path (every path key holds CONFIG_PATH_MAX) starting with ~/ is the home folder's, as a
   // shell would read it: in `--set data.train=~/photos` the shell leaves the ~ alone.
@@ -500,9 +510,9 @@ static int set_string(const KeySpec *k, void *base, const char *where, const cha
     return tl_fail("%s: [%s] %s = '%s' is not one of %s", where, k->section, k->key, text,
                    k->choices);
   // config_write must be able to write it back on one line that inih reads whole (it keeps
-  // INI_MAX_LINE - 3 characters, strips the ends and cuts at ';' comments).
+  // config_ini_max_line() - 3 characters, strips the ends and cuts at ';' comments).
   size_t limit = k->size - 1;
-  size_t line_limit = INI_MAX_LINE - 3 - strlen(k->key) - strlen(" = ");
+  size_t line_limit = (size_t)config_ini_max_line() - 3 - strlen(k->key) - strlen(" = ");
   if (line_limit < limit) limit = line_limit;
   if (strlen(text) > limit)
     return tl_fail("%s: [%s] %s is longer than %zu characters", where, k->section, k->key, limit);
@@ -776,6 +786,7 @@ static int handle_pair(void *user, const char *section, const char *name, const 
 // `path` names the input in messages; `file` is read to its end.
 static int parse_stream(const Schema *schema, void *base, const char *path, FILE *file) {
   IniParse p = {.schema = schema, .base = base, .path = path, .file = file};
+  config_ini_max_line();
   int first_error = ini_parse_stream(read_line, &p, handle_pair, &p);
   int read_failed = ferror(p.file);
   if (read_failed) return tl_fail("%s: read error", path);

@@ -3,12 +3,13 @@
 // --set section.key=value under the same rules. What each key means, with its range and default,
 // is its row in the key tables (config.c, and each objective's file): `tally keys` prints them.
 #pragma once
+#include <limits.h>
 #include <stdio.h>
 
 #include "config_keys.h"
 #include "nn/model_spec.h"
 
-#define CONFIG_PATH_MAX 512
+#define CONFIG_PATH_MAX PATH_MAX
 #define CONFIG_MAX_REPLICAS 64  // local replicas (threads) in one process
 #define CONFIG_MAX_OBJECTIVES 8
 
@@ -128,6 +129,10 @@ int config_objectives_set(const Config *cfg, const char **names, int cap);
 // returns -1 with tl_last_error() = "FILE:LINE: message" (with the closest known key when the
 // key is unknown).
 int config_load(Config *cfg, const char *path);
+// Sets up inih to read lines long enough for any value a Config holds (a path of PATH_MAX - 1
+// characters and its key) and returns that length; every reader of a recipe or a config.ini
+// calls it first (config_load and config_load_text do).
+int config_ini_max_line(void);
 
 // Reads a configuration from texts written by config_write and config_write_model (a
 // checkpoint's own copy): the model comes from `model`, not from the file [model] names. `name`

@@ -402,8 +402,9 @@ static void lines_inih_cannot_parse(void **state) {
   expect_load_error("[optim]\nlr = 0.1\nname = sgd\nlr = 0.2\n",
                     ":4: [optim] lr is set twice (first on line 2)");
   // inih keeps only the first part of an over-long line and then miscounts lines.
-  char long_text[400];
-  snprintf(long_text, sizeof long_text, "[data]\ntrain = %0300d\n", 0);
+  // (Lines hold a path of PATH_MAX and its key: config_ini_max_line.)
+  char long_text[CONFIG_PATH_MAX + 400];
+  snprintf(long_text, sizeof long_text, "[data]\ntrain = %0*d\n", CONFIG_PATH_MAX + 100, 0);
   expect_load_error_part(long_text, 2, "line is longer than");
   // Lines inih would not take as written are refused with their line, not dropped: CR-only line
   // ends (the whole file one line, or one comment), a key on its section's line, a NUL byte.

@@ -27,11 +27,18 @@
 #  17 a streamed image replaced during the run by another of the same size
 #  18 a run resumed on another core count: the thread count recorded, a note
 #  19 tally eval RUN that cannot write its record
+#  20 tally compare's files read back: a cut-off, foreign or linked compare-eval.json, a cut-off
+#     compare.settings, report/export/embed --out over a compare's files, a killed compare's
+#     temporaries
+#  21 a resume over another run's ledger.csv or eval.jsonl; a resume after the summary was lost
+#     (one record of the last evaluation)
+#  22 MPI: rank 0's evaluation longer than parallel.timeout; rank 0 stopped during it
+#  23 a data path of 600 characters
 #
 # Prints `ok - NAME` or `not ok - NAME: why` per case, `SKIP: ...` for a case this machine cannot
 # run, then `N passed, M failed`; exits 1 if any case failed. Needs root for the tmpfs mounts
 # (without it the full-disk case falls back to RLIMIT_FSIZE). Run from anywhere; TALLY_BIN
-# defaults to build/tally.
+# defaults to build/tally. TALLY_FAULTS_SECTIONS="6 20" runs only those sections.
 set -u
 
 # shellcheck source=lib.sh source-path=SCRIPTDIR
@@ -211,8 +218,9 @@ finish_bg() {
   { wait "$tpid"; rc=$?; } 2>/dev/null
 }
 
-# ---------------------------------------------------------------------------------------------
-# 1. Full disk.
+# want N: section N runs (TALLY_FAULTS_SECTIONS="6 20" runs only those; unset, all of them).
+want() { [[ -z ${TALLY_FAULTS_SECTIONS:-} || " ${TALLY_FAULTS_SECTIONS//,/ } " == *" $1 "* ]]; }
+
 # TALLY_FAULTS_NO_MOUNT=1 takes the path of a machine where mount is refused.
 can_mount=0
 mkdir -p "$TMP/probe-mount"
@@ -227,6 +235,71 @@ mount_tmpfs() {
   mkdir -p "$1" && mount -t tmpfs -o "$2" tmpfs "$1" && MOUNTS+=("$1")
 }
 
+# mpi LABEL NP ARGS...: tally under mpirun, one thread per rank; sets rc.
+mpi() {
+  local label=$1 np=$2
+  shift 2
+  timeout "$LIMIT" "$MPIRUN" --allow-run-as-root --oversubscribe -np "$np" -x OMP_NUM_THREADS=1 \
+    "$@" >"$TMP/$label.out" 2>"$TMP/$label.err"
+  rc=$?
+  last=$TMP/$label
+}
+
+# st_edit FILE MODE: rewrites a safetensors file with valid checksums for what MODE changes:
+#   nan      the first float of the first params.* tensor becomes NaN (its data CRC redone)
+#   lr       the stored configuration's optim.lr is edited (checksums left as they were)
+#   swap     two tensors of one shape trade names (checksums left as they were)
+#   nometa   the metadata checksum is dropped
+st_edit() {
+  python3 - "$1" "$2" <<'PY'
+import json, struct, sys, zlib
+path, mode = sys.argv[1], sys.argv[2]
+raw = open(path, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+data = bytearray(raw[8 + n:])
+meta = header.pop("__metadata__")
+if mode == "nan":
+    name = next(k for k in header if k.startswith("params.") and header[k]["dtype"] == "F32")
+    begin = header[name]["data_offsets"][0]
+    data[begin:begin + 4] = struct.pack("<f", float("nan"))
+    meta["crc32"] = "%08x" % zlib.crc32(bytes(data))
+elif mode == "lr":
+    meta["config"] = meta["config"].replace("\nlr = ", "\nlr = 9", 1)
+elif mode == "swap":
+    a = next(k for k in header if k.endswith(".gamma"))
+    b = a[: -len("gamma")] + "beta"
+    header = {(b if k == a else a if k == b else k): v for k, v in header.items()}
+elif mode == "nometa":
+    del meta["crc32_metadata"]
+text = json.dumps(dict([("__metadata__", meta)] + list(header.items())), separators=(",", ":"))
+text += " " * ((8 - (len(text) + 8) % 8) % 8)
+open(path, "wb").write(struct.pack("<Q", len(text)) + text.encode() + bytes(data))
+PY
+}
+
+# png_classes ROOT [SPARE]: 8x8 gray PNGs, 8 in each of ROOT/a and ROOT/b (distinct patterns); with
+# SPARE, one more of the same size, SPARE/other.png, that is none of them.
+png_classes() {
+  mkdir -p "$1/a" "$1/b" ${2:+"$2"}
+  python3 - "$1" "${2:-}" <<'PY'
+import struct, sys, zlib
+def png(path, value):
+    raw = b"".join(b"\0" + bytes([(value + 7 * x + 13 * y) % 256 for x in range(8)]) for y in range(8))
+    chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    open(path, "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 8, 8, 8, 0, 0, 0, 0))
+                           + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+for c in "ab":
+    for i in range(8):
+        png(f"{sys.argv[1]}/{c}/{i}.png", ord(c) * 10 + i)
+if sys.argv[2]:
+    png(f"{sys.argv[2]}/other.png", 77)
+PY
+}
+
+# ---------------------------------------------------------------------------------------------
+if want 1; then
+# 1. Full disk.
 name="1a full disk: 64 KiB for --out"
 run=$TMP/disk64/run
 if ((can_mount)); then
@@ -267,7 +340,10 @@ else
   skip "$name: tmpfs cannot be mounted here (RLIMIT_FSIZE cannot fill a disk part way)"
 fi
 
+fi
+
 # ---------------------------------------------------------------------------------------------
+if want 2; then
 # 2. Unwritable folder. Root ignores permission bits: a read-only tmpfs, and uid 65534.
 if ((can_mount)); then
   mount_tmpfs "$TMP/ro" ro,size=64k
@@ -307,7 +383,10 @@ else
   skip "$name: needs root and setpriv"
 fi
 
+fi
+
 # ---------------------------------------------------------------------------------------------
+if want 3; then
 # 3. Two runs on one folder.
 name="3a two runs on one --out at once: one trains, one is refused"
 run=$TMP/shared
@@ -360,7 +439,10 @@ ledger_is "$run" 3
 no_stray "$run"
 finish "$name"
 
+fi
+
 # ---------------------------------------------------------------------------------------------
+if want 4; then
 # 4. SIGINT / SIGTERM during training, then --resume.
 signal_case() {  # signal_case SIG CODE
   local sig=$1 code=$2 run=$TMP/sig-$1 child at
@@ -497,7 +579,10 @@ else
 fi
 finish "$name"
 
+fi
+
 # ---------------------------------------------------------------------------------------------
+if want 5; then
 # 5. kill -9, then --resume.
 name="5a kill -9 during training, then --resume"
 run=$TMP/kill9
@@ -539,18 +624,11 @@ ledger_is "$run" 6
 no_stray "$run"  # the killed write's temporary file is gone
 finish "$name"
 
+fi
+
 # ---------------------------------------------------------------------------------------------
 # 6. MPI.
-# mpi LABEL NP ARGS...: tally under mpirun, one thread per rank; sets rc.
-mpi() {
-  local label=$1 np=$2
-  shift 2
-  timeout "$LIMIT" "$MPIRUN" --allow-run-as-root --oversubscribe -np "$np" -x OMP_NUM_THREADS=1 \
-    "$@" >"$TMP/$label.out" 2>"$TMP/$label.err"
-  rc=$?
-  last=$TMP/$label
-}
-
+if want 6; then
 if command -v "$MPIRUN" >/dev/null 2>&1; then
   name="6a mpi: rank 0 cannot create its folder"
   mpi mpi-nofolder 2 "$TALLY_BIN" train --set parallel.backend=mpi "${SMALL[@]}" --steps 2 \
@@ -672,7 +750,10 @@ said "$last.err" "batchnorm" "no BatchNorm message"
 no_summary "$TMP/local-moco1"
 finish "$name"
 
+fi
+
 # ---------------------------------------------------------------------------------------------
+if want 7; then
 # 7. The loss becomes NaN (ledger steps count from 0: step 2 is the third; 2 steps are done).
 name="7 the loss becomes NaN at step 2"
 run=$TMP/nan
@@ -687,7 +768,10 @@ ckpt_step "$run"
 [[ -z $step || $step == 2 ]] || bad "the checkpoint kept is of step $step, expected 2 (before the NaN)"
 finish "$name"
 
+fi
+
 # ---------------------------------------------------------------------------------------------
+if want 8; then
 # 8. Corrupt and truncated checkpoints: --resume refuses them with one line, and leaves them.
 run=$TMP/damaged
 t damaged train "${SMALL[@]}" --steps 4 --stop-at 2 --out "$run"
@@ -725,7 +809,10 @@ else
   finish "8b truncated checkpoint"
 fi
 
+fi
+
 # ---------------------------------------------------------------------------------------------
+if want 9; then
 # 9. Step counts. 1000000 epochs of the full training set (60000 images) in batches of 16 are
 # 3.75e9 steps, more than an int holds: train must refuse (exit 1) rather than wrap to 0 steps,
 # and plan must agree (refuse too, or give the count train would run).
@@ -769,7 +856,10 @@ else
 fi
 finish "$name"
 
+fi
+
 # ---------------------------------------------------------------------------------------------
+if want 11; then
 # 11. Files in a run folder are read as files, and outputs never replace a device or a run's state.
 TRAIN_IDX=$(sed -n 's/^train = //p' "$(dirname "$0")/../data/fashion-mnist.ini")
 run=$TMP/files
@@ -852,7 +942,10 @@ else
   finish "11 run-folder files"
 fi
 
+fi
+
 # ---------------------------------------------------------------------------------------------
+if want 12; then
 # 12. Budgets: each fixes a length of at least one step Tally can count, or is refused before
 # anything is written. A step of SMALL is about 1.4e10 FLOP.
 PLAN_SMALL=(--set data.limit=256 --set train.batch_size=32 --no-knn)
@@ -877,7 +970,10 @@ expect_rc 0 "train"
   bad "plan counts ${planned:-no} steps, train took $(summary_steps "$TMP/budget-run"), expected 3"
 finish "$name"
 
+fi
+
 # ---------------------------------------------------------------------------------------------
+if want 13; then
 # 13. A finished run's record stays; a run whose end was cut short gets its summary.
 run=$TMP/budget-run
 name="13a --resume of a finished run: exit 0, nothing changed"
@@ -900,7 +996,10 @@ else
 fi
 finish "$name"
 
+fi
+
 # ---------------------------------------------------------------------------------------------
+if want 14; then
 # 14. Degenerate and installed use.
 name="14a inbatch at a global batch of 1 (no negatives, a loss of 0): refused, by plan too"
 t deg-inbatch train --set data.limit=64 --set train.batch_size=1 --steps 2 --no-knn --quiet \
@@ -968,42 +1067,12 @@ python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$last.out" 2>/dev/nu
   bad "not valid JSON: $(firstline "$last.out")"
 finish "$name"
 
+fi
+
 # ---------------------------------------------------------------------------------------------
 # 10. Poisoned state: non-finite values are refused wherever they are read or produced, and a
 # checkpoint's metadata is checked as its tensors are.
-# st_edit FILE MODE: rewrites a safetensors file with valid checksums for what MODE changes:
-#   nan      the first float of the first params.* tensor becomes NaN (its data CRC redone)
-#   lr       the stored configuration's optim.lr is edited (checksums left as they were)
-#   swap     two tensors of one shape trade names (checksums left as they were)
-#   nometa   the metadata checksum is dropped
-st_edit() {
-  python3 - "$1" "$2" <<'PY'
-import json, struct, sys, zlib
-path, mode = sys.argv[1], sys.argv[2]
-raw = open(path, "rb").read()
-n = struct.unpack("<Q", raw[:8])[0]
-header = json.loads(raw[8:8 + n])
-data = bytearray(raw[8 + n:])
-meta = header.pop("__metadata__")
-if mode == "nan":
-    name = next(k for k in header if k.startswith("params.") and header[k]["dtype"] == "F32")
-    begin = header[name]["data_offsets"][0]
-    data[begin:begin + 4] = struct.pack("<f", float("nan"))
-    meta["crc32"] = "%08x" % zlib.crc32(bytes(data))
-elif mode == "lr":
-    meta["config"] = meta["config"].replace("\nlr = ", "\nlr = 9", 1)
-elif mode == "swap":
-    a = next(k for k in header if k.endswith(".gamma"))
-    b = a[: -len("gamma")] + "beta"
-    header = {(b if k == a else a if k == b else k): v for k, v in header.items()}
-elif mode == "nometa":
-    del meta["crc32_metadata"]
-text = json.dumps(dict([("__metadata__", meta)] + list(header.items())), separators=(",", ":"))
-text += " " * ((8 - (len(text) + 8) % 8) % 8)
-open(path, "wb").write(struct.pack("<Q", len(text)) + text.encode() + bytes(data))
-PY
-}
-
+if want 10; then
 run=$TMP/poison
 t poison train "${SMALL[@]}" --steps 3 --out "$run"
 if [[ $rc == 0 && -s $run/checkpoint.safetensors ]]; then
@@ -1083,24 +1152,6 @@ ckpt_step "$run"
 finish "$name"
 
 name="10f resuming over changed training data: refused, naming the data"
-# png_classes ROOT [SPARE]: 8x8 gray PNGs, 8 in each of ROOT/a and ROOT/b (distinct patterns); with
-# SPARE, one more of the same size, SPARE/other.png, that is none of them.
-png_classes() {
-  mkdir -p "$1/a" "$1/b" ${2:+"$2"}
-  python3 - "$1" "${2:-}" <<'PY'
-import struct, sys, zlib
-def png(path, value):
-    raw = b"".join(b"\0" + bytes([(value + 7 * x + 13 * y) % 256 for x in range(8)]) for y in range(8))
-    chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
-    open(path, "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 8, 8, 8, 0, 0, 0, 0))
-                           + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
-for c in "ab":
-    for i in range(8):
-        png(f"{sys.argv[1]}/{c}/{i}.png", ord(c) * 10 + i)
-if sys.argv[2]:
-    png(f"{sys.argv[2]}/other.png", 77)
-PY
-}
 png_classes "$TMP/photos"
 run=$TMP/photo-run
 t photo train --data "$TMP/photos" --set data.image_size=8 --batch-size 4 --steps 2 --no-knn \
@@ -1132,7 +1183,10 @@ one_line_error "$last.err" "kNN monitor: .*tests/b/3.png" "the error"
 finish "$name"
 
 
+fi
+
 # ---------------------------------------------------------------------------------------------
+if want 15; then
 # 15. The run folder is locked as a folder, and its own files are never followed as links.
 name="15a rm R/.lock while a run trains: a --resume of R is still refused, the run ends whole"
 run=$TMP/lock-rm
@@ -1196,7 +1250,10 @@ fi
 finish "$name"
 
 
+fi
+
 # ---------------------------------------------------------------------------------------------
+if want 16; then
 # 16. Recipe text Tally would not read as written is refused with its file and line.
 name="16a a recipe with CR-only line ends, a key on its section's line, a hex number: refused"
 printf '; saved on an old Mac\r[optim]\rlr = 0.36\r' >"$TMP/cr-only.ini"
@@ -1212,7 +1269,10 @@ done
 finish "$name"
 
 
+fi
+
 # ---------------------------------------------------------------------------------------------
+if want 17; then
 # 17. A streamed image replaced under a run by another valid image of the same size.
 name="17a a streamed image replaced by another of the same size during the run: exit 1, naming it"
 png_classes "$TMP/same-size" "$TMP/same-size-spare"
@@ -1232,7 +1292,10 @@ fi
 finish "$name"
 
 
+fi
+
 # ---------------------------------------------------------------------------------------------
+if want 18; then
 # 18. Results depend on the core count (oneDNN splits its reductions by thread): the count is
 # recorded, and a resume on another count says so.
 name="18a a run on 1 core resumed on 2: threads_per_replica recorded, a note on the resume"
@@ -1265,7 +1328,10 @@ fi
 finish "$name"
 
 
+fi
+
 # ---------------------------------------------------------------------------------------------
+if want 19; then
 # 19. tally eval RUN whose record cannot be written.
 name="19a tally eval of a run on a read-only filesystem: exit 1, the record not written said"
 if [[ ${TALLY_FAULTS_NO_MOUNT:-0} != 1 ]] && mount_tmpfs "$TMP/eval-ro" size=16m 2>/dev/null; then
@@ -1280,5 +1346,214 @@ else
   skip "$name: tmpfs cannot be mounted here"
 fi
 finish "$name"
+
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 20. The files `tally compare` reads back are whole and its runs' own, and its own files are
+# outputs no command overwrites.
+if want 20; then
+CMP_ARGS=(--objectives inbatch --budget 1epochs --seeds 2 --set data.dataset=stripes
+  --set train.batch_size=8 --set eval.knn_k=4 --set eval.batch_size=8 --quiet)
+# cmp_case LABEL DIR: tally compare of the two-seed compare above into DIR.
+cmp_case() { t "$1" compare "${CMP_ARGS[@]}" --out "$2"; }
+cdir=$TMP/cmp
+cmp_case cmp-setup "$cdir"
+if expect_rc 0 "the compare"; then
+  name="20a compare-eval.json cut off, an HTML page, another seed's: exit 1, naming it"
+  seed1=inbatch-1epochs-seed1
+  for how in cut html other; do
+    rm -rf "$cdir-$how" && cp -a "$cdir" "$cdir-$how"
+    f=$cdir-$how/$seed1/compare-eval.json
+    case $how in
+      cut) head -c 120 "$cdir/$seed1/compare-eval.json" >"$f" ;;
+      html) printf '<!DOCTYPE html>\n<html><body>502 Bad Gateway</body></html>\n' >"$f" ;;
+      other) cp "$cdir/inbatch-1epochs-seed0/compare-eval.json" "$f" ;;
+    esac
+    cp "$f" "$TMP/cmp-eval-$how"
+    cmp_case "cmp-$how" "$cdir-$how"
+    expect_rc 1 "compare over a compare-eval.json ($how)"
+    one_line_error "$last.err" "$seed1/compare-eval.json: " "the refusal ($how)"
+    cmp -s "$f" "$TMP/cmp-eval-$how" || bad "the $how compare-eval.json was changed"
+  done
+  finish "$name"
+
+  name="20b compare.settings cut off: exit 1, naming it, not \"other settings\" (2)"
+  rm -rf "$cdir-set" && cp -a "$cdir" "$cdir-set"
+  head -c 20 "$cdir/compare.settings" >"$cdir-set/compare.settings"
+  cmp_case cmp-set "$cdir-set"
+  expect_rc 1 "compare over a cut-off compare.settings"
+  one_line_error "$last.err" "compare.settings: line 1 " "the refusal"
+  finish "$name"
+
+  name="20c report, export and embed --out over a compare's own files: refused, files unchanged"
+  cp "$cdir/compare.settings" "$TMP/cmp-settings" && cp "$cdir/compare.json" "$TMP/cmp-json"
+  cp "$cdir/$seed1/compare-eval.json" "$TMP/cmp-eval"
+  t cmp-report report "$cdir/$seed1" --out "$cdir/$seed1/compare-eval.json"
+  expect_rc 1 "report --out RUN/compare-eval.json"
+  said "$last.err" "compare-eval.json: is the run's own" "the report's refusal"
+  t cmp-export export "$cdir/$seed1" --out "$cdir/compare.settings"
+  expect_rc 1 "export --out CMP/compare.settings"
+  said "$last.err" "compare.settings: is the compare's own" "the export's refusal"
+  t cmp-embed embed "$cdir/$seed1" --data "$ROOT/data/samples" --out "$cdir/compare.json"
+  expect_nonzero "embed --out CMP/compare.json"
+  said "$last.err" "compare.json: is the compare's own" "embed's refusal"
+  cmp -s "$cdir/compare.settings" "$TMP/cmp-settings" || bad "compare.settings was changed"
+  cmp -s "$cdir/compare.json" "$TMP/cmp-json" || bad "compare.json was changed"
+  cmp -s "$cdir/$seed1/compare-eval.json" "$TMP/cmp-eval" || bad "compare-eval.json was changed"
+  cmp_case cmp-after "$cdir"
+  expect_rc 0 "the compare again"
+  finish "$name"
+
+  name="20d a killed compare's temporaries: removed by the next compare of the folder"
+  touch "$cdir/compare.json.tmp.999999.0" "$cdir/$seed1/compare-eval.json.tmp.999999.1"
+  cmp_case cmp-stale "$cdir"
+  expect_rc 0 "the compare again"
+  for f in "$cdir/compare.json.tmp.999999.0" "$cdir/$seed1/compare-eval.json.tmp.999999.1"; do
+    [[ ! -e $f ]] || bad "${f#"$cdir"/} is left"
+  done
+  finish "$name"
+
+  name="20e compare-eval.json as a symbolic link: not followed"
+  rm -rf "$cdir-link" && cp -a "$cdir" "$cdir-link"
+  mv "$cdir-link/$seed1/compare-eval.json" "$TMP/cmp-link-target.json"
+  ln -s "$TMP/cmp-link-target.json" "$cdir-link/$seed1/compare-eval.json"
+  cmp_case cmp-link "$cdir-link"
+  expect_rc 1 "compare over a linked compare-eval.json"
+  one_line_error "$last.err" "compare-eval.json: is a symbolic link" "the refusal"
+  finish "$name"
+else
+  finish "20 compare's files: the compare to start from failed"
+fi
+
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 21. A resumed run's ledger.csv is its checkpoint's; its last evaluation is recorded once.
+if want 21; then
+name="21a --resume over another run's ledger.csv: exit 1 naming it, every ledger file untouched"
+run=$TMP/csv-a
+t csv-a train "${SMALL512[@]}" --steps 4 --stop-at 2 --out "$run"
+expect_rc 0 "train --stop-at 2"
+t csv-b train "${SMALL512[@]}" --steps 3 --set train.seed=5 --out "$TMP/csv-b"
+expect_rc 0 "the other run"
+cp "$run/ledger.csv" "$TMP/csv-a-own.csv"
+cp "$TMP/csv-b/ledger.csv" "$run/ledger.csv"
+cp "$run/ledger.jsonl" "$TMP/csv-a-own.jsonl"
+t csv-resume train --resume "$run" --no-knn --quiet
+expect_rc 1 "train --resume over another ledger.csv"
+one_line_error "$last.err" "$run/ledger.csv: is not the ledger of this checkpoint's run" "the refusal"
+cmp -s "$run/ledger.csv" "$TMP/csv-b/ledger.csv" || bad "ledger.csv was changed"
+cmp -s "$run/ledger.jsonl" "$TMP/csv-a-own.jsonl" || bad "ledger.jsonl was changed"
+cp "$TMP/csv-a-own.csv" "$run/ledger.csv"
+t csv-resume-own train --resume "$run" --no-knn --quiet
+expect_rc 0 "train --resume over its own ledger.csv"
+# The header and one row per step, 0..3, each once.
+[[ $(cut -d, -f1 "$run/ledger.csv" | tr '\n' ' ') == "step 0 1 2 3 " ]] ||
+  bad "ledger.csv's first column is [$(cut -d, -f1 "$run/ledger.csv" | tr '\n' ' ')]"
+finish "$name"
+
+name="21b a finished run whose summary was lost, resumed: its last evaluation recorded once"
+run=$TMP/final-eval
+t final-eval train --set data.limit=256 --set train.batch_size=32 --set data.test_limit=100 \
+  --steps 2 --quiet --out "$run"
+expect_rc 0 "train"
+rm -f "$run/summary.json"  # as a full disk at the summary leaves it
+t final-eval-resume train --resume "$run" --quiet
+expect_rc 0 "train --resume"
+has_summary "$run"
+n=$(grep -c '"step":2,"what":"encoder"' "$run/eval.jsonl")
+[[ $n == 1 ]] || bad "eval.jsonl holds $n records of the evaluation after step 2"
+finish "$name"
+
+name="21c --resume over another run's eval.jsonl: exit 1 naming it, untouched; tally eval's kept"
+EVAL_RUN=(--set data.limit=256 --set train.batch_size=32 --set data.test_limit=100
+  --set eval.every_steps=2 --quiet)
+run=$TMP/evals-a
+t evals-a train "${EVAL_RUN[@]}" --steps 6 --stop-at 2 --out "$run"
+expect_rc 0 "train --stop-at 2"
+# (another test set: its raw-pixel baseline, its first line, cannot equal this run's 74/100)
+t evals-b train "${EVAL_RUN[@]}" --steps 6 --stop-at 2 --set data.test_limit=70 --out "$TMP/evals-b"
+expect_rc 0 "the other run"
+t evals-eval eval "$run" --knn --no-baseline --set data.limit=256 --set data.test_limit=100
+expect_rc 0 "tally eval of the run"
+cp "$run/eval.jsonl" "$TMP/evals-a-own.jsonl"
+cp "$TMP/evals-b/eval.jsonl" "$run/eval.jsonl"
+t evals-resume train --resume "$run" --quiet
+expect_rc 1 "train --resume over another eval.jsonl"
+one_line_error "$last.err" "$run/eval.jsonl: is not the record of this checkpoint's run" "the refusal"
+cmp -s "$run/eval.jsonl" "$TMP/evals-b/eval.jsonl" || bad "eval.jsonl was changed"
+cp "$TMP/evals-a-own.jsonl" "$run/eval.jsonl"
+t evals-resume-own train --resume "$run" --quiet
+expect_rc 0 "train --resume over its own eval.jsonl (and tally eval's record)"
+grep -q '"source":"tally eval"' "$run/eval.jsonl" || bad "tally eval's record was dropped"
+finish "$name"
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 22. MPI: rank 0 evaluates alone for longer than parallel.timeout (a large labeled folder).
+if want 22; then
+if command -v "$MPIRUN" >/dev/null 2>&1; then
+  SOLO=(train --set parallel.backend=mpi --set data.limit=256 --set train.batch_size=32
+    --set data.test_limit=100 --steps 3 --set parallel.timeout=2 --quiet)
+  name="22a mpi: rank 0's evaluation outlasts parallel.timeout (2 s): the run goes on"
+  run=$TMP/mpi-solo
+  mpi mpi-solo 2 -x TALLY_INJECT_SLOW_EVAL=6000 "$TALLY_BIN" "${SOLO[@]}" --out "$run"
+  expect_rc 0 "mpirun"
+  has_summary "$run"
+  grep -q '"step":3,"what":"encoder"' "$run/eval.jsonl" 2>/dev/null || bad "no evaluation recorded"
+  finish "$name"
+
+  name="22b mpi: rank 0 stopped (SIGSTOP) in its evaluation: rank 1 names rank 0 and the phase"
+  run=$TMP/mpi-solo-stop
+  timeout "$LIMIT" "$MPIRUN" --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 \
+    -x TALLY_INJECT_SLOW_EVAL=60000 "$TALLY_BIN" "${SOLO[@]}" --set parallel.timeout=3 \
+    --out "$run" >"$TMP/mpi-solo-stop.out" 2>"$TMP/mpi-solo-stop.err" &
+  tpid=$!
+  BG_PIDS+=("$tpid")
+  last=$TMP/mpi-solo-stop
+  # The 3 steps are logged, then rank 0 checkpoints and evaluates (60 s, stretched).
+  if wait_lines "$run/ledger.jsonl" 3 "$tpid"; then
+    sleep 1
+    root=""
+    for p in $(pgrep -f "tally train.*mpi-solo-stop"); do
+      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=0' && root=$p
+    done
+    [[ -n $root ]] && kill -STOP "$root"
+    t0=$(date +%s%N)
+    finish_bg
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    [[ -n $root ]] && kill -KILL "$root" 2>/dev/null
+    [[ -n $root ]] || bad "rank 0's process was not found"
+    expect_nonzero "mpirun"
+    said "$last.err" "rank 1: no word from rank 0 for [0-9]+ s while it was in its checkpoint and \
+the monitor's evaluation after step 3" "the watchdog's message"
+    ((ms < 40000)) || bad "took ${ms} ms after the stop"
+  else
+    finish_bg
+    bad "the run ended (exit $rc) before 3 steps were logged: $(firstline "$last.err")"
+  fi
+  finish "$name"
+else
+  skip "22a/22b mpi: $MPIRUN is missing"
+fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 23. A data path of any length a file name may have: read back from config.ini and checkpoints.
+if want 23; then
+name="23a a data path of 600 characters: trained and resumed"
+long=$TMP/long/$(printf 'd%.0s' {1..190})/$(printf 'e%.0s' {1..190})/$(printf 'f%.0s' {1..190})
+png_classes "$long"
+run=$TMP/long-run
+t long train --data "$long" --set data.image_size=8 --batch-size 4 --steps 4 --stop-at 2 --no-knn \
+  --quiet --out "$run"
+expect_rc 0 "train --data (a path of ${#long} characters)"
+grep -qF "train = $long" "$run/config.ini" 2>/dev/null || bad "config.ini does not hold the whole path"
+t long-resume train --resume "$run" --quiet
+expect_rc 0 "train --resume"
+ledger_is "$run" 4
+finish "$name"
+fi
 
 totals

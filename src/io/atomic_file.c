@@ -1,5 +1,6 @@
 #include "io/atomic_file.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -79,4 +80,19 @@ void atomic_abort(AtomicFile *a) {
   if (a->f) fclose(a->f);
   a->f = NULL;
   unlink(a->tmp);
+}
+
+void atomic_remove_stale(const char *dir, const char *const *names) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  for (struct dirent *e; (e = readdir(d));)
+    for (int i = 0; names[i]; i++) {
+      size_t n = strlen(names[i]);
+      if (strncmp(e->d_name, names[i], n) == 0 && strncmp(e->d_name + n, ".tmp.", 5) == 0) {
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+      }
+    }
+  closedir(d);
 }

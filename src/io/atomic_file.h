@@ -22,3 +22,8 @@ void atomic_abort(AtomicFile *a);
 
 // fsync of the folder holding `path`, so a rename into it survives a power cut.
 int fsync_parent_dir(const char *path);
+
+// Removes the temporary files a killed writer left of `names` (NULL-terminated) in `dir`:
+// NAME.tmp.PID.N. Only for a folder whose lock the caller holds (dir_lock.h), so that no live
+// writer owns one.
+void atomic_remove_stale(const char *dir, const char *const *names);

@@ -9,17 +9,25 @@
 
 #include "core/error.h"
 
-const char *const RUN_STATE_FILES[] = {".lock",        "config.ini", "checkpoint.safetensors",
-                                       "ledger.jsonl", "ledger.csv", "eval.jsonl",
-                                       "summary.json", NULL};
+const char *const RUN_STATE_FILES[] = {
+    ".lock",        "config.ini",        "checkpoint.safetensors",
+    "ledger.jsonl", "ledger.csv",        "eval.jsonl",
+    "summary.json", "compare-eval.json", NULL};
 
-// 1 when `path` names one of a run folder's own files (RUN_STATE_FILES).
+const char *const COMPARE_STATE_FILES[] = {".compare.lock", "compare.settings", "compare.json",
+                                           "compare.html", NULL};
+
+static int listed(const char *name, const char *const *names) {
+  for (int i = 0; names[i]; i++)
+    if (strcmp(name, names[i]) == 0) return 1;
+  return 0;
+}
+
+// 1 when `path` names one of a run folder's or a compare folder's own files.
 static int is_run_state_name(const char *path) {
   const char *slash = strrchr(path, '/');
   const char *name = slash ? slash + 1 : path;
-  for (int i = 0; RUN_STATE_FILES[i]; i++)
-    if (strcmp(name, RUN_STATE_FILES[i]) == 0) return 1;
-  return 0;
+  return listed(name, RUN_STATE_FILES) || listed(name, COMPARE_STATE_FILES);
 }
 
 int regular_open(const char *path, int append, int64_t *bytes) {
@@ -36,7 +44,10 @@ int regular_open(const char *path, int append, int64_t *bytes) {
     if (err == ENOENT)
       tl_fail("%s: no such file", path);
     else if (err == ELOOP && run_file)
-      tl_fail("%s: is a symbolic link; a run folder's own files are never followed", path);
+      tl_fail(
+          "%s: is a symbolic link; a run folder's or a compare folder's own files are never "
+          "followed",
+          path);
     else
       tl_fail("%s: cannot open: %s", path, strerror(err));
     errno = err;
@@ -90,12 +101,14 @@ int regular_read_text(const char *path, char **text, size_t *len_out) {
   return 0;
 }
 
-// 1 when `dir` holds a run: its lock or its checkpoint.
-static int is_run_folder(const char *dir) {
+// 1 when `dir` holds a run (its lock or its checkpoint) or, with `compare`, a compare (its lock
+// or its settings).
+static int holds(const char *dir, int compare) {
   char path[4200];
-  snprintf(path, sizeof path, "%s/.lock", dir);
+  snprintf(path, sizeof path, "%s/%s", dir, compare ? ".compare.lock" : ".lock");
   if (access(path, F_OK) == 0) return 1;
-  snprintf(path, sizeof path, "%s/checkpoint.safetensors", dir);
+  snprintf(path, sizeof path, "%s/%s", dir,
+           compare ? "compare.settings" : "checkpoint.safetensors");
   return access(path, F_OK) == 0;
 }
 
@@ -118,8 +131,9 @@ int output_path_check(const char *path) {
     slash == dir ? (void)(dir[1] = 0) : (void)(*slash = 0);
   else
     snprintf(dir, sizeof dir, ".");
-  for (int i = 0; RUN_STATE_FILES[i]; i++)
-    if (strcmp(name, RUN_STATE_FILES[i]) == 0 && is_run_folder(dir))
-      return tl_fail("%s: is the run's own %s; write the output elsewhere", path, name);
+  if (listed(name, RUN_STATE_FILES) && holds(dir, 0))
+    return tl_fail("%s: is the run's own %s; write the output elsewhere", path, name);
+  if (listed(name, COMPARE_STATE_FILES) && holds(dir, 1))
+    return tl_fail("%s: is the compare's own %s; write the output elsewhere", path, name);
   return 0;
 }

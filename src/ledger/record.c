@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "core/error.h"
@@ -464,9 +465,12 @@ static long json_long_field(const char *line, const char *key) {
 }
 
 // Keeps the whole lines (ending in a newline) of `path` that `keep` accepts; the first line is
-// kept as is when `header` is set.
+// kept as is when `header` is set. *crc (may be NULL) receives the CRC-32 of what is kept; with
+// `want_crc` >= 0, a file whose kept bytes have another is refused and left as it was.
 static int rewrite_lines(const char *path, int header, int (*keep)(const char *line, long limit),
-                         long limit) {
+                         long limit, long long want_crc, unsigned long *crc) {
+  unsigned long kept = crc32(0L, Z_NULL, 0);
+  if (crc) *crc = kept;
   FILE *in = regular_fopen(path, "r");
   if (!in) return errno == ENOENT ? 0 : -1;
   AtomicFile out;
@@ -478,14 +482,24 @@ static int rewrite_lines(const char *path, int header, int (*keep)(const char *l
   size_t cap = 0;
   ssize_t n;
   for (int i = 0; (n = getline(&line, &cap, in)) > 0; i++)
-    if (line[n - 1] == '\n' && ((header && i == 0) || keep(line, limit))) fputs(line, out.f);
+    if (line[n - 1] == '\n' && ((header && i == 0) || keep(line, limit))) {
+      fputs(line, out.f);
+      kept = crc32(kept, (const Bytef *)line, (uInt)n);
+    }
   free(line);
   int read_failed = ferror(in);
   fclose(in);
-  if (read_failed) {
+  if (read_failed || (want_crc >= 0 && kept != (unsigned long)want_crc)) {
     atomic_abort(&out);
-    return tl_fail("%s: read error", path);
+    return read_failed ? tl_fail("%s: read error", path)
+                       : tl_fail(
+                             "%s: is not the ledger of this checkpoint's run (its rows up to "
+                             "the checkpoint differ from the ones the run wrote); a checkpoint "
+                             "from another run? Move the ledger files away to resume without "
+                             "them",
+                             path);
   }
+  if (crc) *crc = kept;
   return atomic_commit(&out);
 }
 
@@ -505,9 +519,14 @@ static int keep_eval(const char *line, long limit) {
   return step >= 0 && step <= limit && !strstr(line, "\"what\":\"raw_pixels\"");
 }
 
-// 0 when ledger.jsonl is missing or its whole line of `step` has CRC-32 `crc` (the last such
-// line: a resumed run's records follow the ones it dropped).
-static int check_own_ledger(const char *path, long step, unsigned long crc) {
+// The same, except the monitor's record of step `limit`, which it takes again (a record of
+// `tally eval`, which names itself as its source, stays).
+static int keep_eval_but_last(const char *line, long limit) {
+  return keep_eval(line, limit) &&
+         (json_long_field(line, "step") < limit || strstr(line, "\"source\":") != NULL);
+}
+
+int ledger_check_own(const char *path, long step, unsigned long crc) {
   FILE *in = regular_fopen(path, "r");
   if (!in) return errno == ENOENT ? 0 : -1;
   char *line = NULL;
@@ -531,14 +550,55 @@ static int check_own_ledger(const char *path, long step, unsigned long crc) {
       path, step, found ? "differs from the one the checkpoint saw" : "is missing");
 }
 
-int ledger_truncate_for_resume(const char *run_dir, long steps_done, long last_step,
-                               unsigned long last_crc) {
+// The CRC-32 of the first `n` bytes of `path` (n < 0: all of it) into *crc, and how many there
+// were into *got: 0, or -1 with the error set (a missing file has none).
+static int prefix_crc(const char *path, long long n, unsigned long *crc, long long *got) {
+  *crc = crc32(0L, Z_NULL, 0);
+  *got = 0;
+  FILE *in = regular_fopen(path, "r");
+  if (!in) return errno == ENOENT ? 0 : -1;
+  unsigned char buf[65536];
+  size_t r;
+  while ((n < 0 || *got < n) &&
+         (r = fread(buf, 1,
+                    n < 0 || n - *got > (long long)sizeof buf ? sizeof buf : (size_t)(n - *got),
+                    in)) > 0) {
+    *crc = crc32(*crc, buf, (uInt)r);
+    *got += (long long)r;
+  }
+  int failed = ferror(in);
+  fclose(in);
+  return failed ? tl_fail("%s: read error", path) : 0;
+}
+
+// eval.jsonl must begin with what the run wrote before its checkpoint (a missing one is fine).
+static int check_own_evals(const char *path, long long bytes, unsigned long crc) {
+  unsigned long seen;
+  long long got;
+  if (bytes < 0 || access(path, F_OK) != 0) return 0;
+  if (prefix_crc(path, bytes, &seen, &got) != 0) return -1;
+  if (got == bytes && seen == crc) return 0;
+  return tl_fail(
+      "%s: is not the record of this checkpoint's run (its first %lld bytes differ from the ones "
+      "the run wrote); a checkpoint from another run? Move it away to resume without it",
+      path, bytes);
+}
+
+int ledger_truncate_for_resume(const char *run_dir, const LedgerResume *how, LedgerKept *kept) {
   char path[4200];
   snprintf(path, sizeof path, "%s/ledger.jsonl", run_dir);
-  if (last_step >= 0 && check_own_ledger(path, last_step, last_crc) != 0) return -1;
-  if (rewrite_lines(path, 0, keep_record, steps_done) != 0) return -1;
-  snprintf(path, sizeof path, "%s/ledger.csv", run_dir);
-  if (rewrite_lines(path, 1, keep_csv_row, steps_done) != 0) return -1;
+  if (how->last_step >= 0 && ledger_check_own(path, how->last_step, how->last_crc) != 0) return -1;
   snprintf(path, sizeof path, "%s/eval.jsonl", run_dir);
-  return rewrite_lines(path, 0, keep_eval, steps_done);
+  if (check_own_evals(path, how->eval_bytes, how->eval_crc) != 0) return -1;
+  // The CSV first: refused, it leaves every file as it was.
+  snprintf(path, sizeof path, "%s/ledger.csv", run_dir);
+  if (rewrite_lines(path, 1, keep_csv_row, how->steps_done, how->csv_crc, &kept->csv_crc) != 0)
+    return -1;
+  snprintf(path, sizeof path, "%s/ledger.jsonl", run_dir);
+  if (rewrite_lines(path, 0, keep_record, how->steps_done, -1, NULL) != 0) return -1;
+  snprintf(path, sizeof path, "%s/eval.jsonl", run_dir);
+  if (rewrite_lines(path, 0, how->evaluate_again ? keep_eval_but_last : keep_eval, how->steps_done,
+                    -1, NULL) != 0)
+    return -1;
+  return prefix_crc(path, -1, &kept->eval_crc, &kept->eval_bytes);
 }

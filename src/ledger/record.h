@@ -166,13 +166,40 @@ int ledger_read_json(const char *line, LedgerRecord *r, LedgerOwnLookup lookup);
 void ledger_write_csv_header(FILE *f, const LedgerOwnFields *own);
 void ledger_write_csv(FILE *f, const LedgerRecord *r);
 
+// What ties a run folder's ledger to the checkpoint a run resumes from (its metadata keeps it).
+typedef struct {
+  long steps_done;  // the checkpoint's step: records of later steps are dropped
+  // The last record written before the checkpoint (-1: none, or a checkpoint from before this
+  // was kept) and the CRC-32 of its ledger.jsonl line.
+  long last_step;
+  unsigned long last_crc;
+  // The CRC-32 of ledger.csv's bytes through that record, its header included (-1: not kept).
+  long long csv_crc;
+  // eval.jsonl as the run had written it at the checkpoint: its first `eval_bytes` bytes (-1:
+  // not kept) and their CRC-32. `tally eval RUN` appends after them.
+  long long eval_bytes;
+  unsigned long eval_crc;
+  // The monitor evaluates step `steps_done` again (a run resumed at its last step without its
+  // summary): its record of that step is dropped, a `tally eval` record is kept.
+  int evaluate_again;
+} LedgerResume;
+
 // Resuming at `steps_done`: rewrites a run's ledger.jsonl and ledger.csv (atomically) keeping
 // the records of steps before it — the steps the checkpoint holds — and dropping later ones and
 // a last line cut off by a kill. eval.jsonl keeps evaluations up to and including it, except
 // the raw-pixel baseline, which the resumed run reports again. Missing files are fine.
-// The ledger must be the checkpoint's own: when `last_step` >= 0 (the last record written before
-// the checkpoint, and `last_crc` the CRC-32 of its ledger.jsonl line), a ledger.jsonl whose line
-// of that step is missing or differs is refused, untouched (a checkpoint copied from another
-// run would mix two runs' records).
-int ledger_truncate_for_resume(const char *run_dir, long steps_done, long last_step,
-                               unsigned long last_crc);
+// The ledger must be the checkpoint's own: a ledger.jsonl whose line of `last_step` is missing or
+// differs, or a ledger.csv whose kept bytes differ from what the checkpoint saw written, is
+// refused, untouched (a checkpoint copied from another run would mix two runs' records; another
+// CSV's first line would become the header), and so is an eval.jsonl that does not begin with
+// the bytes the run had written. The resumed run goes on from what is kept: *kept receives
+// ledger.csv's CRC-32 and eval.jsonl's size and CRC-32.
+typedef struct {
+  unsigned long csv_crc, eval_crc;
+  long long eval_bytes;
+} LedgerKept;
+int ledger_truncate_for_resume(const char *run_dir, const LedgerResume *how, LedgerKept *kept);
+// 0 when the ledger.jsonl at `path` is missing or its whole line of `step` has CRC-32 `crc` (the
+// last such line: a resumed run's records follow the ones it dropped); -1 with tl_last_error()
+// saying it is not the ledger of the checkpoint that recorded them.
+int ledger_check_own(const char *path, long step, unsigned long crc);

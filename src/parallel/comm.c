@@ -145,6 +145,14 @@ void comm_set_timeout(Comm *c, double seconds) {
   if (c->backend->set_timeout) c->backend->set_timeout(c, seconds);
 }
 
+void comm_solo_begin(Comm *c, int root, const char *phase) {
+  if (!comm_failed(c) && c->backend->solo_begin) c->backend->solo_begin(c, root, phase);
+}
+
+void comm_solo_end(Comm *c, int root) {
+  if (!comm_failed(c) && c->backend->solo_end) c->backend->solo_end(c, root);
+}
+
 int comm_failed(const Comm *c) { return c->backend->failure(c) != NULL; }
 
 const char *comm_failure(const Comm *c) {

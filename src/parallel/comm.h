@@ -76,6 +76,15 @@ void comm_wait_all(Comm *c);
 // mpirun then ends every rank's. Backends whose ranks cannot be lost ignore it.
 void comm_set_timeout(Comm *c, double seconds);
 
+// A phase rank `root` does alone while the others wait for it (rank 0's checkpoint and
+// evaluation): every rank calls both, in the same order, and the others return from
+// comm_solo_end when the root has called it. In between the root tells the others, a few times
+// within the timeout, that it is still at work, so a phase longer than the timeout is not taken
+// for a lost rank; a root that stops answering is named with `phase` ("rank 0's kNN
+// evaluation after step 40").
+void comm_solo_begin(Comm *c, int root, const char *phase);
+void comm_solo_end(Comm *c, int root);
+
 // Stops every rank: any rank may call it; the others return from their next collective with
 // a nonzero comm_failed(). Used so that one replica's error never leaves the others hanging.
 void comm_abort(Comm *c, const char *why);

@@ -28,6 +28,9 @@ typedef struct {
   // How long a rank may wait inside one collective for the others; NULL: the backend's ranks
   // cannot be lost (threads of one process).
   void (*set_timeout)(Comm *c, double seconds);
+  // comm_solo_begin / comm_solo_end; NULL: the others simply wait at the next collective.
+  void (*solo_begin)(Comm *c, int root, const char *phase);
+  int (*solo_end)(Comm *c, int root);
 } CommBackend;
 
 // Every backend's handle embeds this as its first member, so a Comm * is also a pointer to the

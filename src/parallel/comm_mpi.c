@@ -53,7 +53,17 @@ typedef struct {
   pthread_t watchdog;
   pthread_mutex_t watchdog_lock;
   pthread_cond_t watchdog_wake;
+  // A phase one rank computes alone (comm_solo_begin): the rank the wait is for (-1: all) and
+  // what it is doing, for the watchdog's message; on that rank a thread that tells the others
+  // it is alive (has_beats; beats_stop under watchdog_lock), on a communicator of its own.
+  _Atomic int waiting_for;
+  char solo_phase[160];
+  MPI_Comm beats;
+  int has_beats, beats_stop;
+  pthread_t beater;
 } MpiComm;
+
+enum { TAG_BEAT = 1, TAG_SOLO_END = 2 };
 
 // 1 ms: a 100 Mbit/s link moves 12.5 kB in it, a 10 Gbit/s one 1.25 MB, both within what the
 // kernel's socket buffers hold, so the link does not idle between polls.
@@ -99,10 +109,17 @@ static void *watchdog_main(void *arg) {
     if (m->watchdog_stop || since == 0) continue;
     const double waited_s = (monotonic_ns() - since) / 1e9;
     if (waited_s <= m->timeout_s) continue;
-    fprintf(stderr,
-            "tally: rank %d: no answer from the other ranks for %.0f s in %s (parallel.timeout "
-            "= %g s); stopping\n",
-            m->base.rank, waited_s, atomic_load(&m->waiting_in), m->timeout_s);
+    const int peer = atomic_load(&m->waiting_for);
+    if (peer >= 0)
+      fprintf(stderr,
+              "tally: rank %d: no word from rank %d for %.0f s while it was in %s, which it "
+              "does alone (parallel.timeout = %g s); stopping\n",
+              m->base.rank, peer, waited_s, m->solo_phase, m->timeout_s);
+    else
+      fprintf(stderr,
+              "tally: rank %d: no answer from the other ranks for %.0f s in %s (parallel.timeout "
+              "= %g s); stopping\n",
+              m->base.rank, waited_s, atomic_load(&m->waiting_in), m->timeout_s);
     fflush(stderr);
     _exit(1);
   }
@@ -327,6 +344,82 @@ static const char *mpi_failure(const Comm *c) {
   return m->failure[0] ? m->failure : NULL;
 }
 
+// ---- a phase one rank computes alone ----
+
+// The rank computing alone: a message to every other rank, a few times within the timeout, so
+// that their watchdogs hear from it for as long as it works (its evaluation of a large labeled
+// folder can outlast parallel.timeout).
+static void send_all(MpiComm *m, int tag) {
+  const int one = 1;
+  lock(m);
+  for (int r = 0; r < m->base.world; r++)
+    if (r != m->base.rank) MPI_Send(&one, 1, MPI_INT, r, tag, m->beats);
+  unlock(m);
+}
+
+static void *beater_main(void *arg) {
+  MpiComm *m = arg;
+  double period_s = m->timeout_s / 4;
+  if (period_s > 5) period_s = 5;
+  if (period_s < 0.05) period_s = 0.05;
+  pthread_mutex_lock(&m->watchdog_lock);
+  while (!m->beats_stop) {
+    pthread_mutex_unlock(&m->watchdog_lock);
+    send_all(m, TAG_BEAT);
+    pthread_mutex_lock(&m->watchdog_lock);
+    struct timespec next;
+    clock_gettime(CLOCK_REALTIME, &next);
+    long long ns = next.tv_nsec + (long long)(period_s * 1e9);
+    next.tv_sec += ns / 1000000000LL;
+    next.tv_nsec = ns % 1000000000LL;
+    while (!m->beats_stop &&
+           pthread_cond_timedwait(&m->watchdog_wake, &m->watchdog_lock, &next) == 0) {
+    }
+  }
+  pthread_mutex_unlock(&m->watchdog_lock);
+  return NULL;
+}
+
+static void mpi_solo_begin(Comm *c, int root, const char *phase) {
+  MpiComm *m = mpi_of(c);
+  snprintf(m->solo_phase, sizeof m->solo_phase, "%s", phase);
+  // Heartbeats need a second thread in MPI: MPI_THREAD_SERIALIZED (has_progress says so).
+  if (c->rank != root || !m->has_progress || m->timeout_s <= 0) return;
+  m->beats_stop = 0;
+  m->has_beats = pthread_create(&m->beater, NULL, beater_main, m) == 0;
+}
+
+// The others wait here for the end of the phase, each heartbeat restarting their watchdog's
+// count; messages between two ranks on one communicator arrive in order, so none is left after
+// the end.
+static int mpi_solo_end(Comm *c, int root) {
+  MpiComm *m = mpi_of(c);
+  if (c->rank == root) {
+    if (m->has_beats) {
+      pthread_mutex_lock(&m->watchdog_lock);
+      m->beats_stop = 1;
+      pthread_cond_broadcast(&m->watchdog_wake);
+      pthread_mutex_unlock(&m->watchdog_lock);
+      pthread_join(m->beater, NULL);
+      m->has_beats = 0;
+    }
+    send_all(m, TAG_SOLO_END);
+    return 0;
+  }
+  atomic_store(&m->waiting_for, root);
+  int rc = MPI_SUCCESS;
+  for (MPI_Status st = {.MPI_TAG = TAG_BEAT}; rc == MPI_SUCCESS && st.MPI_TAG == TAG_BEAT;) {
+    int beat;
+    waiting(m, m->solo_phase);
+    lock(m);
+    rc = MPI_Recv(&beat, 1, MPI_INT, root, MPI_ANY_TAG, m->beats, &st);
+    unlock(m);
+    done_waiting(m);
+  }
+  atomic_store(&m->waiting_for, -1);
+  return check(c, rc, "the end of a phase one rank does alone: MPI_Recv");
+}
+
 static void mpi_destroy(Comm *c) {
   MpiComm *m = mpi_of(c);
   // MPI_Finalize must not find a request still pending (waiting for none returns at once; the
@@ -351,6 +444,7 @@ static void mpi_destroy(Comm *c) {
   pthread_cond_destroy(&m->wake);
   pthread_mutex_destroy(&m->lock);
   MPI_Comm_free(&m->comm);
+  MPI_Comm_free(&m->beats);
   free(m->gathered_counts);
   free(m->recv_counts);
   free(m->displs);
@@ -375,6 +469,8 @@ static const CommBackend mpi_backend = {
     .test_all = mpi_test_all,
     .wait_all = mpi_wait_all,
     .set_timeout = mpi_set_timeout,
+    .solo_begin = mpi_solo_begin,
+    .solo_end = mpi_solo_end,
 };
 
 Comm *comm_mpi_create(int *argc, char ***argv) {
@@ -400,13 +496,15 @@ Comm *comm_mpi_create(int *argc, char ***argv) {
     tl_fail("comm mpi: the MPI library does not support MPI_THREAD_FUNNELED");
     return NULL;
   }
-  MPI_Comm comm;
-  if (MPI_Comm_dup(MPI_COMM_WORLD, &comm) != MPI_SUCCESS) {
+  MPI_Comm comm, beats;
+  if (MPI_Comm_dup(MPI_COMM_WORLD, &comm) != MPI_SUCCESS ||
+      MPI_Comm_dup(MPI_COMM_WORLD, &beats) != MPI_SUCCESS) {
     release_mpi();
     tl_fail("comm mpi: MPI_Comm_dup of MPI_COMM_WORLD failed");
     return NULL;
   }
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(beats, MPI_ERRORS_RETURN);
   int rank = 0, world = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
@@ -419,6 +517,8 @@ Comm *comm_mpi_create(int *argc, char ***argv) {
     TL_DIE("out of memory for an MPI comm handle of %d ranks", world);
   m->base = (Comm){.backend = &mpi_backend, .rank = rank, .world = world};
   m->comm = comm;
+  m->beats = beats;
+  m->waiting_for = -1;
   m->gathered_counts = gathered_counts;
   m->recv_counts = recv_counts;
   m->displs = displs;

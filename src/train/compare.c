@@ -132,6 +132,32 @@ static void drop_seeds_line(char *text) {
     *line = 0;
 }
 
+// compare.settings as settings_text writes it, or -1 (error set) naming its first line that is
+// not: a cut-off file or another one in its place is never taken for "other settings".
+static int settings_well_formed(const char *path, const char *text) {
+  static const char *const kinds[] = {"objective ", "budget ", "seeds ", "option "};
+  int seen[4] = {0}, line = 1;
+  for (const char *p = text; *p; line++) {
+    const char *end = strchr(p, '\n');
+    int kind = -1;
+    for (int k = 0; k < 4 && kind < 0; k++)
+      if (strncmp(p, kinds[k], strlen(kinds[k])) == 0) kind = k;
+    char *after = NULL;
+    if (kind == 2 && (strtol(p + 6, &after, 10) < 1 || after != end)) kind = -1;
+    if (!end || kind < 0 || end == p + strlen(kinds[kind]))
+      return tl_fail(
+          "%s: line %d is not a compare's setting (a cut-off file, or another in its "
+          "place?); move it away to start this compare anew",
+          path, line);
+    seen[kind]++;
+    p = end + 1;
+  }
+  if (!seen[0] || !seen[1])
+    return tl_fail("%s: names no %s; move it away to start this compare anew", path,
+                   seen[0] ? "budget" : "objective");
+  return 0;
+}
+
 // A folder holds the runs of one compare: the first invocation writes its settings
 // (compare.settings); a later one with other settings is refused (2), since its runs would be
 // mixed with the first's. Only the number of seeds may change: seed s's run is the same run in
@@ -141,6 +167,7 @@ static int check_settings(const CompareSpec *spec) {
   char path[4200], *mine = settings_text(spec, true), *theirs = NULL;
   snprintf(path, sizeof path, "%s/compare.settings", spec->out_dir);
   int rc = regular_read_text(path, &theirs, NULL);
+  if (rc == 0 && settings_well_formed(path, theirs) != 0) rc = -1;
   if (rc == 0 && strcmp(mine, theirs) != 0) {
     char *mine_unseeded = settings_text(spec, false);
     drop_seeds_line(theirs);
@@ -513,12 +540,40 @@ static int child_failed(const char *what, const char *dir, int rc) {
   return rc;
 }
 
+// What a killed compare was writing (atomic_file.h) is no one's once this one holds the lock:
+// its own files' temporaries, and its evaluations' in the runs' folders.
+static void remove_stale_temporaries(const CompareSpec *spec) {
+  atomic_remove_stale(spec->out_dir, COMPARE_STATE_FILES);
+  static const char *const run_files[] = {COMPARE_EVAL_FILE, NULL};
+  for (int o = 0; o < spec->n_objectives; o++)
+    for (int b = 0; b < spec->n_budgets; b++)
+      for (int s = 0; s < spec->n_seeds; s++) {
+        char dir[4096];
+        compare_run_dir(spec, o, b, s, dir, sizeof dir);
+        atomic_remove_stale(dir, run_files);
+      }
+}
+
+// A run scored by an earlier invocation: its files are read back whole and as this run's, or
+// the compare stops naming the one that is not.
+static int scored_run_is_whole(const char *dir) {
+  char *eval, *summary;
+  if (compare_read_run(dir, &eval, &summary, NULL) != 0) {
+    fprintf(stderr, "tally compare: %s\n", tl_last_error());
+    return 0;
+  }
+  free(eval);
+  free(summary);
+  return 1;
+}
+
 int compare_run(const CompareSpec *spec) {
   install_stop_handlers();
   if (make_dir(spec->out_dir) != 0 || dir_lock(spec->out_dir, ".compare.lock", "compare") != 0) {
     fprintf(stderr, "tally compare: %s\n", tl_last_error());
     return 1;
   }
+  remove_stale_temporaries(spec);
   int rc = check_settings(spec);
   if (rc) return rc;
   static CellPlan plans[COMPARE_MAX_OBJECTIVES][COMPARE_MAX_BUDGETS];
@@ -539,6 +594,7 @@ int compare_run(const CompareSpec *spec) {
         done++;
         if (stop_signal) return child_failed("the compare", spec->out_dir, 128 + stop_signal);
         if (st == RUN_SCORED) {
+          if (!scored_run_is_whole(dir)) return 1;
           printf("[%d/%d] %s: trained and scored already\n", done, total, dir);
           continue;
         }

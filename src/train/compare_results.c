@@ -15,6 +15,7 @@
 #include "ledger/chart.h"
 #include "ledger/record.h"
 #include "objectives/objective.h"
+#include "train/checkpoint.h"
 
 typedef enum { FROM_EVAL, FROM_SUMMARY, FROM_LEDGER } Source;
 // SHOW_COUNT: how many seeds of n had it ("1 of 3"), for a 0/1 measure.
@@ -132,11 +133,90 @@ static int last_ledger_record(const char *dir, LedgerRecord *r) {
   return found ? 0 : tl_fail("%s: no ledger record", path);
 }
 
-static int read_json_file(const char *dir, const char *name, char **text) {
+// A file of the run folder `dir`, whole: 0, or -1 with tl_last_error() naming it (missing, cut
+// off, another kind of file, a member missing).
+static int read_whole(const char *dir, const char *name, const JsonMember *members, int n,
+                      char **text) {
   char path[4200];
   snprintf(path, sizeof path, "%s/%s", dir, name);
   int rc = regular_read_text(path, text, NULL);
   if (rc > 0) return tl_fail("%s: missing", path);
+  if (rc == 0 && json_flat_require(*text, path, members, n) != 0) rc = -1;
+  if (rc != 0) free(*text), *text = NULL;
+  return rc;
+}
+
+static const JsonMember eval_members[] = {{"source", JSON_STRING},
+                                          {"step", JSON_NUMBER},
+                                          {"source_crc32", JSON_STRING},
+                                          {"n_train", JSON_NUMBER},
+                                          {"knn_top1", JSON_NUMBER_OR_NULL},
+                                          {"knn_top1_k20", JSON_NUMBER_OR_NULL},
+                                          {"knn_top1_raw_pixels", JSON_NUMBER_OR_NULL},
+                                          {"knn_top1_k20_raw_pixels", JSON_NUMBER_OR_NULL},
+                                          {"linear_top1", JSON_NUMBER_OR_NULL},
+                                          {"linear_top1_raw_pixels", JSON_NUMBER_OR_NULL},
+                                          {"rankme", JSON_NUMBER_OR_NULL},
+                                          {"embedding_std", JSON_NUMBER_OR_NULL},
+                                          {"collapsed", JSON_BOOL},
+                                          {"seconds", JSON_NUMBER}};
+static const JsonMember summary_members[] = {
+    {"steps", JSON_NUMBER}, {"train_seconds", JSON_NUMBER}, {"peak_rss_bytes", JSON_NUMBER}};
+
+// The checkpoint's own word on what it is: its step, its CRC-32, and the ledger line it saw.
+typedef struct {
+  long step, ledger_step;
+  unsigned long ledger_crc;
+  char crc32[16];
+} CheckpointId;
+
+static int checkpoint_id(const char *dir, CheckpointId *id) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", dir, CHECKPOINT_FILE);
+  StFile f;
+  if (checkpoint_read(&f, path) != 0) return -1;
+  const char *crc = st_get_meta(&f, "crc32"), *ledger_step = st_get_meta(&f, "ledger_last_step"),
+             *ledger_crc = st_get_meta(&f, "ledger_last_crc");
+  id->step = checkpoint_step(&f);
+  snprintf(id->crc32, sizeof id->crc32, "%s", crc ? crc : "");
+  id->ledger_step = ledger_step && ledger_crc ? strtol(ledger_step, NULL, 10) : -1;
+  id->ledger_crc = ledger_crc ? strtoul(ledger_crc, NULL, 10) : 0;
+  st_free(&f);
+  return 0;
+}
+
+int compare_read_run(const char *dir, char **eval, char **summary, LedgerRecord *last) {
+  *eval = *summary = NULL;
+  CheckpointId id;
+  char path[4200], crc[16];
+  if (checkpoint_id(dir, &id) != 0 ||
+      read_whole(dir, COMPARE_EVAL_FILE, eval_members,
+                 (int)(sizeof eval_members / sizeof *eval_members), eval) != 0)
+    return -1;
+  json_flat_string(*eval, "source_crc32", crc, sizeof crc);
+  const double step = json_flat_number(*eval, "step");
+  snprintf(path, sizeof path, "%s/%s", dir, COMPARE_EVAL_FILE);
+  int rc = 0;
+  if (step != id.step || strcmp(crc, id.crc32) != 0)
+    rc = tl_fail(
+        "%s: is not the evaluation of this run's checkpoint (step %.0f, CRC-32 %s; the "
+        "checkpoint's: step %ld, CRC-32 %s); remove it, and the compare evaluates the run anew",
+        path, step, crc[0] ? crc : "none", id.step, id.crc32[0] ? id.crc32 : "none");
+  if (rc == 0)
+    rc = read_whole(dir, "summary.json", summary_members,
+                    (int)(sizeof summary_members / sizeof *summary_members), summary);
+  snprintf(path, sizeof path, "%s/summary.json", dir);
+  if (rc == 0 && json_flat_number(*summary, "steps") != id.step)
+    rc = tl_fail("%s: is the summary of %.0f steps, the checkpoint holds %ld", path,
+                 json_flat_number(*summary, "steps"), id.step);
+  snprintf(path, sizeof path, "%s/ledger.jsonl", dir);
+  if (rc == 0 && id.ledger_step >= 0) rc = ledger_check_own(path, id.ledger_step, id.ledger_crc);
+  if (rc == 0 && last) rc = last_ledger_record(dir, last);
+  if (rc != 0) {
+    free(*eval);
+    free(*summary);
+    *eval = *summary = NULL;
+  }
   return rc;
 }
 
@@ -151,13 +231,7 @@ int compare_collect(const CompareSpec *spec, CompareCell *cells) {
         char dir[4096], *eval = NULL, *summary = NULL;
         LedgerRecord rec;
         compare_run_dir(spec, o, b, s, dir, sizeof dir);
-        if (read_json_file(dir, COMPARE_EVAL_FILE, &eval) != 0 ||
-            read_json_file(dir, "summary.json", &summary) != 0 ||
-            last_ledger_record(dir, &rec) != 0) {
-          free(eval);
-          free(summary);
-          return -1;
-        }
+        if (compare_read_run(dir, &eval, &summary, &rec) != 0) return -1;
         for (int m = 0; m < N_MEASURES; m++) {
           SeedStats *st = &c->m[m];
           if (measures[m].first_seed_only && s > 0) continue;

@@ -4,6 +4,7 @@
 #pragma once
 #include <stdio.h>
 
+#include "ledger/record.h"
 #include "train/compare_spec.h"
 
 // The measures, one table for compare.json, compare.html and the verdict.
@@ -60,6 +61,14 @@ enum { COMPARE_VERDICT_MAX = 4096 };
 // Gathers every run's outputs: cells[o * n_budgets + b]. -1 with tl_last_error() naming the file
 // when one is missing or unreadable.
 int compare_collect(const CompareSpec *spec, CompareCell *cells);
+
+// What the compare reads of the scored run in `dir`, each file whole and tied to the run's
+// checkpoint: compare-eval.json (`tally eval --json` of that checkpoint: its step and CRC-32),
+// summary.json (of as many steps) and ledger.jsonl (the ledger the checkpoint saw; its last
+// record into *last, which may be NULL). *eval and *summary are malloc'ed texts. -1 with
+// tl_last_error() naming the file that is missing, cut off, another kind of file or another
+// run's; nothing is read as "not measured".
+int compare_read_run(const char *dir, char **eval, char **summary, LedgerRecord *last);
 // The verdict of budget b, one paragraph of plain text.
 void compare_verdict(const CompareSpec *spec, const CompareCell *cells, int b, char *out, size_t n);
 // compare.json and compare.html in the compare's folder (written atomically).

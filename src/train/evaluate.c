@@ -239,7 +239,9 @@ void evaluate_print(FILE *f, const FeatureEncoder *enc, const EvalResult *r, int
     json_put_string(f, enc->source);
     fprintf(f, ", \"objective\": ");
     json_put_string(f, enc->objective);
-    fprintf(f, ", \"step\": %ld, ", enc->step);
+    fprintf(f, ", \"step\": %ld, \"source_crc32\": ", enc->step);
+    json_put_string(f, enc->crc32);
+    fprintf(f, ", ");
     fprintf(f, "\"n_train\": %d, \"n_test\": %d, \"n_classes\": %d, \"feature_dim\": %d, ",
             r->n_train, r->n_test, r->n_classes, r->feature_dim);
     fprintf(f, "\"knn_k\": %d, ", r->encoder.knn_k);

@@ -48,6 +48,8 @@ int feature_encoder_open(FeatureEncoder *e, const char *src, const char *const *
   snprintf(e->objective, sizeof e->objective, "%s", objective ? objective : "");
   const char *step = st_get_meta(&f, "step");
   e->step = step ? strtol(step, NULL, 10) : -1;
+  const char *crc = st_get_meta(&f, "crc32");
+  snprintf(e->crc32, sizeof e->crc32, "%s", crc ? crc : "");
   const Config *cfg = &e->cfg;
   const int S = cfg->data.image_size, C = cfg->data.channels;
   e->norm.out_size = S;

@@ -12,6 +12,7 @@ typedef struct {
   char source[4200];   // the file read
   char objective[32];  // "" when the file does not say
   long step;           // steps trained, -1 when unknown
+  char crc32[16];      // the file's own CRC-32 (its "crc32" metadata), "" when it has none
   AugmentParams norm;  // the evaluation transform: resize and the training normalization
   DnnlCtx ctx;
   ParamSet ps;        // the backbone's parameters and running statistics

@@ -53,6 +53,12 @@ int run_save_checkpoint(ReplicaState *r, long steps_done) {
   st_set_meta(&s, "ledger_last_step", text);
   snprintf(text, sizeof text, "%lu", run->ledger_last_crc);
   st_set_meta(&s, "ledger_last_crc", text);
+  snprintf(text, sizeof text, "%lu", run->ledger_csv_crc);
+  st_set_meta(&s, "ledger_csv_crc", text);
+  snprintf(text, sizeof text, "%lld", run->eval_bytes);
+  st_set_meta(&s, "eval_bytes", text);
+  snprintf(text, sizeof text, "%lu", run->eval_crc);
+  st_set_meta(&s, "eval_crc", text);
   if (steps_done == r->faults.kill_in_checkpoint) {
     AtomicFile a;
     if (atomic_open(&a, run->path_ckpt) == 0) fwrite(run->config_text, 1, 100, a.f), fflush(a.f);

@@ -99,6 +99,11 @@ int run_config_resume(const char *dir, const ConfigArgs *ca, Config *cfg, char *
   const char *ledger_crc = st_get_meta(&f, "ledger_last_crc");
   opt->ledger_last_step = ledger_step && ledger_crc ? strtol(ledger_step, NULL, 10) : -1;
   opt->ledger_last_crc = ledger_crc ? strtoul(ledger_crc, NULL, 10) : 0;
+  const char *csv_crc = st_get_meta(&f, "ledger_csv_crc");
+  opt->ledger_csv_crc = csv_crc ? (long long)strtoul(csv_crc, NULL, 10) : -1;
+  const char *eval_bytes = st_get_meta(&f, "eval_bytes"), *eval_crc = st_get_meta(&f, "eval_crc");
+  opt->eval_bytes = eval_bytes && eval_crc ? strtoll(eval_bytes, NULL, 10) : -1;
+  opt->eval_crc = eval_crc ? strtoul(eval_crc, NULL, 10) : 0;
   const char *threads = st_get_meta(&f, "threads_per_replica");
   opt->checkpoint_threads = threads ? atoi(threads) : 0;
   const char *loss = st_get_meta(&f, "loss");

@@ -1,6 +1,5 @@
 #include "train/run_state.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -50,29 +49,11 @@ int run_folder_has(const char *dir, const char *name) {
   return access(path, F_OK) == 0;
 }
 
-// The temporary files a killed writer left of the run's state files (atomic_file.h names them
-// FILE.tmp.PID.N): with the folder's lock held, no live writer owns one.
-static void remove_stale_temporaries(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) return;
-  for (struct dirent *e; (e = readdir(d));)
-    for (int i = 0; RUN_STATE_FILES[i]; i++) {
-      size_t n = strlen(RUN_STATE_FILES[i]);
-      if (strncmp(e->d_name, RUN_STATE_FILES[i], n) == 0 &&
-          strncmp(e->d_name + n, ".tmp.", 5) == 0) {
-        char path[4400];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);
-      }
-    }
-  closedir(d);
-}
-
 // Creates and locks the run folder. A folder that holds a run is refused unless the run is
 // being resumed or --overwrite says to replace it.
 int run_make_folder(const char *dir, Run *run) {
   if (make_dirs(dir) != 0 || dir_lock(dir, ".lock", "run") != 0) return -1;
-  remove_stale_temporaries(dir);
+  atomic_remove_stale(dir, RUN_STATE_FILES);
   int resuming = run->opt->resume_path != NULL;
   if (!resuming && !run->opt->overwrite &&
       (run_folder_has(dir, CHECKPOINT_FILE) || run_folder_has(dir, "ledger.jsonl") ||
@@ -93,9 +74,19 @@ int run_make_folder(const char *dir, Run *run) {
   for (int i = 0; i < (resuming ? 1 : 5); i++)
     if (unlink(remove_fresh[i]) != 0 && errno != ENOENT)
       return tl_fail("%s: cannot remove: %s", remove_fresh[i], strerror(errno));
-  if (resuming && ledger_truncate_for_resume(dir, run->start_step, run->ledger_last_step,
-                                             run->ledger_last_crc) != 0)
-    return -1;
+  // A run resumed at its last step without its summary evaluates that step again (trainer.c).
+  const LedgerResume how = {.steps_done = run->start_step,
+                            .last_step = run->ledger_last_step,
+                            .last_crc = run->ledger_last_crc,
+                            .csv_crc = run->opt->ledger_csv_crc,
+                            .eval_bytes = run->opt->eval_bytes,
+                            .eval_crc = run->opt->eval_crc,
+                            .evaluate_again = run->finishing && !run->opt->no_knn};
+  LedgerKept kept = {0};
+  if (resuming && ledger_truncate_for_resume(dir, &how, &kept) != 0) return -1;
+  run->ledger_csv_crc = kept.csv_crc;
+  run->eval_bytes = kept.eval_bytes;
+  run->eval_crc = kept.eval_crc;
   char path[4200];
   snprintf(path, sizeof path, "%s/config.ini", dir);
   AtomicFile a;

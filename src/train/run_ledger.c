@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include "core/timer.h"
@@ -37,7 +38,18 @@ int run_open_ledger(ReplicaState *r) {
   r->jsonl = regular_fopen(run->path_jsonl, "a");
   r->csv = regular_fopen(run->path_csv, "a");
   if (!r->jsonl || !r->csv) return -1;
-  if (run->start_step == 0) ledger_write_csv_header(r->csv, run->layout.def->ledger_fields);
+  // A new CSV (also one a resumed run found missing) starts with its header.
+  struct stat st;
+  if (fstat(fileno(r->csv), &st) != 0 || st.st_size > 0) return 0;
+  char *text = NULL;
+  size_t len = 0;
+  FILE *m = open_memstream(&text, &len);
+  if (!m) TL_DIE("out of memory");
+  ledger_write_csv_header(m, run->layout.def->ledger_fields);
+  fclose(m);
+  fwrite(text, 1, len, r->csv);
+  run->ledger_csv_crc = crc32(crc32(0L, Z_NULL, 0), (const Bytef *)text, (uInt)len);
+  free(text);
   return 0;
 }
 
@@ -79,7 +91,14 @@ void run_account_step(ReplicaState *r, int step, float lr, double loss, const Ba
     run->ledger_last_step = step;
     run->ledger_last_crc = crc32(0L, (const Bytef *)line, (uInt)len);
     free(line);
-    ledger_write_csv(r->csv, rec);
+    // The CSV row too: its running CRC ties ledger.csv to the next checkpoint as well.
+    m = open_memstream(&line, &len);
+    if (!m) TL_DIE("out of memory");
+    ledger_write_csv(m, rec);
+    fclose(m);
+    fwrite(line, 1, len, r->csv);
+    run->ledger_csv_crc = crc32(run->ledger_csv_crc, (const Bytef *)line, (uInt)len);
+    free(line);
     if (fflush(r->jsonl) != 0 || fflush(r->csv) != 0 || ferror(r->jsonl) || ferror(r->csv)) {
       char why[4400];
       snprintf(why, sizeof why, "%s: ledger record of step %d not written: %s", run->path_jsonl,

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "io/regular_file.h"
 #include "train/features.h"
@@ -22,12 +23,22 @@ static void print_eval(const char *what, KnnResult r) {
   fflush(stdout);
 }
 
-// Appends one evaluation to eval.jsonl (knn_result_write_line). Returns -1 with
-// tl_last_error() when the line could not be written whole.
-static int record_eval(const Run *run, const char *what, long step, KnnResult r) {
+// Appends one evaluation to eval.jsonl (knn_result_write_line), its bytes counted into the
+// CRC-32 the next checkpoint keeps. Returns -1 with tl_last_error() when the line could not be
+// written whole.
+static int record_eval(Run *run, const char *what, long step, KnnResult r) {
   FILE *f = regular_fopen(run->path_eval, "a");
   if (!f) return -1;
-  knn_result_write_line(f, step, what, NULL, &r);
+  char *line = NULL;
+  size_t len = 0;
+  FILE *m = open_memstream(&line, &len);
+  if (!m) TL_DIE("out of memory");
+  knn_result_write_line(m, step, what, NULL, &r);
+  fclose(m);
+  fwrite(line, 1, len, f);
+  run->eval_bytes += (long long)len;
+  run->eval_crc = crc32(run->eval_crc, (const Bytef *)line, (uInt)len);
+  free(line);
   int ok = fflush(f) == 0 && !ferror(f);
   int err = errno;
   if (fclose(f) != 0) ok = 0;

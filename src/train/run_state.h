@@ -47,6 +47,9 @@ typedef struct {
   double flops_total;     // training FLOPs so far over every replica (rank 0's count, scaled)
   long ledger_last_step;  // the last record in ledger.jsonl (-1: none yet)
   unsigned long ledger_last_crc;  // the CRC-32 of its line, kept in checkpoints
+  unsigned long ledger_csv_crc;   // the CRC-32 of ledger.csv so far, header included, kept too
+  long long eval_bytes;           // eval.jsonl's size as this run knows it, and the CRC-32 of
+  unsigned long eval_crc;         // those bytes, kept in checkpoints too
   int started;    // the replicas were started (failures after it stop them through Comm)
   int finishing;  // resumed at its last step without a summary: evaluate and summarize
   KnnResult last_eval, knn_start, knn_raw;
@@ -63,7 +66,8 @@ typedef struct {
 // that slows down after a time budget's steps were timed).
 // TALLY_INJECT_COLLAPSE_AT_STEP=S: the backbone's parameters and statistics become 0 after step
 // S's update, so every image has the same embedding (give the last step: training on it would
-// not stay finite).
+// not stay finite). TALLY_INJECT_SLOW_EVAL=MS: rank 0's evaluations by the monitor take MS
+// milliseconds longer (a large labeled folder).
 typedef struct {
   long nan_step;
   long nan_param_step;  // TALLY_INJECT_NAN_PARAM_AT_STEP=S: a weight becomes NaN after step S's
@@ -73,6 +77,7 @@ typedef struct {
   long fail_step;
   long kill_in_checkpoint;
   long slow_from_step, slow_ms;
+  long slow_eval_ms;
 } Faults;
 
 // One replica's training state.

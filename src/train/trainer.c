@@ -14,7 +14,9 @@
 
 // The faults the TALLY_INJECT_* variables ask for (Faults, run_state.h); -1: none.
 static Faults faults_from_env(void) {
-  Faults f = {-1, -1, -1, -1, -1, -1, -1, 0};
+  Faults f = {-1, -1, -1, -1, -1, -1, -1, 0, 0};
+  const char *slow_eval = getenv("TALLY_INJECT_SLOW_EVAL");
+  if (slow_eval) f.slow_eval_ms = strtol(slow_eval, NULL, 10);
   const char *slow = getenv("TALLY_INJECT_SLOW_STEPS");
   if (slow && sscanf(slow, "%ld:%ld", &f.slow_from_step, &f.slow_ms) != 2) f.slow_from_step = -1;
   const char *nan_param = getenv("TALLY_INJECT_NAN_PARAM_AT_STEP");
@@ -133,6 +135,12 @@ static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, do
   return 0;
 }
 
+// TALLY_INJECT_SLOW_EVAL (Faults).
+static void slow_eval(const ReplicaState *r) {
+  const long ms = r->faults.slow_eval_ms;
+  if (ms > 0) nanosleep(&(struct timespec){ms / 1000, ms % 1000 * 1000000L}, NULL);
+}
+
 // After each step: a checkpoint when due (every train.checkpoint_every steps, at an epoch's end,
 // at an evaluation, at the run's end, and when stopping early), then the monitor when due (rank
 // 0: config_eval_period_steps, and the run's end); every replica waits for it. Every rank
@@ -151,6 +159,13 @@ static int end_of_step(ReplicaState *r, int step) {
   int eval_due = done % config_eval_period_steps(r->cfg, run->layout.steps_per_epoch) == 0;
   int due = epoch_end || eval_due || last || sig || stop_at || (every > 0 && done % every == 0);
   int eval_cancelled = 0;
+  // The others wait while rank 0 checkpoints and evaluates: they hear from it meanwhile, and name
+  // this if it stops answering.
+  const int evaluates = !sig && !run->opt->no_knn && (last || eval_due);
+  char phase[128];
+  snprintf(phase, sizeof phase, "its checkpoint%s after step %d",
+           evaluates ? " and the monitor's evaluation" : "", done);
+  if (due) comm_solo_begin(r->comm, 0, phase);
   if (r->rank == 0 && due) {
     double seconds = (now_ms() - r->train_start_ms) / 1e3;
     run->train_seconds = run->opt->spent_seconds + seconds;
@@ -162,6 +177,7 @@ static int end_of_step(ReplicaState *r, int step) {
     }
     if (!sig && r->use_monitor && (last || eval_due)) {
       double te = now_ms();
+      slow_eval(r);
       int rc = run_evaluate(run, &r->mon, done);
       if (rc < 0) comm_abort(r->comm, tl_last_error());
       eval_cancelled = rc > 0;
@@ -172,6 +188,7 @@ static int end_of_step(ReplicaState *r, int step) {
       r->last_log_ms += spent;
     }
   }
+  if (due) comm_solo_end(r->comm, 0);
   if (due) comm_barrier(r->comm);
   if (comm_failed(r->comm)) return 1;
   // A signal during the checkpoint or the evaluation stops the run now, its checkpoint whole; at
@@ -243,6 +260,8 @@ static void replica_main(void *shared, int rank, Comm *comm) {
                       .faults = faults_from_env()};
   run_split_threads(r->world);
 
+  // Rank 0 opens its monitor alone (the raw-pixel baseline on a labeled folder takes a while).
+  comm_solo_begin(comm, 0, "its monitor's start (the raw-pixel baseline)");
   replica_open(r);
   r->length_frozen = run->length_frozen;
   r->total_steps = run->layout.total_steps;
@@ -250,8 +269,13 @@ static void replica_main(void *shared, int rank, Comm *comm) {
   r->pace_start_seconds = run->opt->spent_seconds;
   r->pace_start_step = run->start_step;
   if (!r->length_frozen) r->rep.obj->env.total_steps = INT_MAX;
+  comm_solo_end(r->comm, 0);
   comm_barrier(r->comm);
-  if (run->finishing) finish_without_steps(r);
+  if (run->finishing) {
+    comm_solo_begin(r->comm, 0, "the monitor's evaluation of the checkpoint's last step");
+    finish_without_steps(r);
+    comm_solo_end(r->comm, 0);
+  }
   r->train_start_ms = r->last_log_ms = now_ms();
   for (int step = run->start_step;
        (step < r->total_steps || !r->length_frozen) && !comm_failed(r->comm); step++) {

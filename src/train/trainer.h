@@ -21,6 +21,9 @@ typedef struct {
   // CRC-32 of its ledger.jsonl line), which ties the run folder's ledger to the checkpoint.
   long ledger_last_step;
   unsigned long ledger_last_crc;
+  long long ledger_csv_crc;  // and the CRC-32 of ledger.csv up to that record (-1: not recorded)
+  long long eval_bytes;      // eval.jsonl's size as the run had written it (-1: not recorded)
+  unsigned long eval_crc;    // and the CRC-32 of those bytes
   double last_loss;  // resuming: the loss of the checkpoint's last step (NaN if not recorded)
   // Resuming: the OpenMP threads each replica had when the checkpoint was written (0: not
   // recorded). oneDNN's reductions split over threads, so another count changes the arithmetic.

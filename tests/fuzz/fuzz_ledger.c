@@ -54,7 +54,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const char *first_end = parts[0] ? memchr(parts[0], '\n', lens[0]) : NULL;
   unsigned long first_crc =
       first_end ? crc32(0L, (const Bytef *)parts[0], (uInt)(first_end - parts[0] + 1)) : 0;
-  ledger_truncate_for_resume(run1, 2, size % 2 ? 1 : -1, first_crc);
+  const LedgerResume how = {.steps_done = 2,
+                            .last_step = size % 2 ? 1 : -1,
+                            .last_crc = first_crc,
+                            .csv_crc = -1,
+                            .eval_bytes = -1};
+  LedgerKept kept;
+  ledger_truncate_for_resume(run1, &how, &kept);
   fuzz_free_parts(parts, n);
   return 0;
 }
