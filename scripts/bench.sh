@@ -701,9 +701,10 @@ plan_time() {
   for r in "${recipes[@]}"; do
     local objective=${r#photos/} args=(--config "configs/$r.ini" --steps "$steps" --no-knn)
     objective=${objective%-vit}
-    case $objective in
-      inbatch | moco | mae | byol | vicreg | dino) args=(--objective="$objective" "${args[@]}") ;;
-    esac
+    # An objective's recipe names it (the objectives are the ones Tally's keys list).
+    if build/tally keys | grep -qF "(read by \`--objective=$objective\`)"; then
+      args=(--objective="$objective" "${args[@]}")
+    fi
     [[ $r == photos/* ]] && args+=(--data bench-results/photos-64)
     build/tally plan "${args[@]}" --time --json >"$out/${r//\//-}.plan.json" 2>"$out/${r//\//-}.err" &&
       build/tally train "${args[@]}" --out "$out/${r//\//-}" >"$out/${r//\//-}.log" 2>&1 ||

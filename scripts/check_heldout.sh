@@ -5,7 +5,7 @@
 # top-1 (k = 20) on the held-out images before and after training and a linear probe after one
 # step and after training, as a Markdown table.
 #   scripts/check_heldout.sh [--epochs N] [--set S.K=V]... [RECIPE...]
-# RECIPE: inbatch, moco, mae, byol, vicreg (default all), each with configs/RECIPE.ini; --set
+# RECIPE: inbatch, moco, mae, byol, vicreg, dino, barlow (default all), each with configs/RECIPE.ini; --set
 # applies to every run (e.g. --set augment.flip_prob=0). Default 40 epochs (200 steps at batch
 # 256). Needs a built tally (scripts/setup.sh); installs python3-sklearn and python3-pil with
 # apt-get when missing. Data, run folders and table go under bench-results/<timestamp>-heldout/.
@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     *) recipes+=("$1"); shift ;;
   esac
 done
-[ ${#recipes[@]} -gt 0 ] || recipes=(inbatch moco mae byol vicreg)
+[ ${#recipes[@]} -gt 0 ] || recipes=(inbatch moco mae byol vicreg dino barlow)
 [ -x build/tally ] || die "build/tally is missing: run scripts/setup.sh first"
 PY=/usr/bin/python3
 
