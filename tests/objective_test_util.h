@@ -88,7 +88,8 @@ static inline Fixture *fixture_new(const char *objective, const char *backbone,
   f->def = objective_find(objective);
   assert_non_null(f->def);
   paramset_alloc(&f->ps, objective_param_count(f->def, &f->cfg), 3);
-  ObjectiveEnv env = {&f->cfg, &f->ctx, f->comm, &f->ps, B, B, 1.0, TOTAL_STEPS, NULL, NULL, NULL};
+  ObjectiveEnv env = {&f->cfg, &f->ctx,     f->comm, &f->ps, B,    B,
+                      1.0,     TOTAL_STEPS, NULL,    NULL,   NULL, NULL};
   f->obj = objective_create(f->def, &env);
   assert_non_null(f->obj);
   const AugmentParams base = {.out_size = S};

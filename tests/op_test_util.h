@@ -17,6 +17,7 @@
 typedef struct {
   DnnlCtx ctx;
   ParamSet ps;
+  BuildPolicy policy;  // the builder's: the defaults until a test changes them
   Builder b;
 } Env;
 
@@ -66,7 +67,8 @@ enum {
 static inline void env_init(Env *e, size_t n_params, OpMode mode) {
   dnnl_ctx_init(&e->ctx);
   paramset_alloc(&e->ps, n_params, 7);
-  e->b = (Builder){.ctx = &e->ctx, .params = &e->ps, .mode = mode};
+  e->policy = build_policy_default();
+  e->b = (Builder){.ctx = &e->ctx, .params = &e->ps, .mode = mode, .policy = &e->policy};
 }
 
 static inline void env_destroy(Env *e) {

@@ -33,11 +33,12 @@ static size_t bytes_held_r(int n, int blocks_in_stage1, MemCategory cat, int rec
   const ModelSpec m = spec_of(blocks_in_stage1);
   DnnlCtx ctx;
   dnnl_ctx_init(&ctx);
-  ctx.recompute = recompute;
+  BuildPolicy policy = build_policy_default();
+  policy.recompute = recompute;
   ParamSet ps;
   paramset_alloc(&ps, backbone_param_count(&m, S, C), 3);
   size_t before = tl_mem_live(cat);
-  Builder b = {.ctx = &ctx, .params = &ps, .mode = OP_TRAIN};
+  Builder b = {.ctx = &ctx, .params = &ps, .mode = OP_TRAIN, .policy = &policy};
   Backbone *bb = backbone_create(&m, &b, n, S, C);
   assert_non_null(bb);
   size_t held = tl_mem_live(cat) - before;
@@ -98,11 +99,12 @@ static void grads_of(int recompute, float *grads, size_t count) {
   const ModelSpec m = spec_of(2);
   DnnlCtx ctx;
   dnnl_ctx_init(&ctx);
-  ctx.recompute = recompute;
+  BuildPolicy policy = build_policy_default();
+  policy.recompute = recompute;
   ParamSet ps;
   paramset_alloc(&ps, backbone_param_count(&m, S, C), 3);
   assert_int_equal(ps.count, count);
-  Builder b = {.ctx = &ctx, .params = &ps, .mode = OP_TRAIN, .calls = 2};
+  Builder b = {.ctx = &ctx, .params = &ps, .mode = OP_TRAIN, .calls = 2, .policy = &policy};
   Backbone *bb = backbone_create(&m, &b, N, S, C);
   float images[2][N * S * S * C], dfeature[2][N * 8];
   for (int v = 0; v < 2; v++) {

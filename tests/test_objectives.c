@@ -98,10 +98,11 @@ static ResnetRun resnet_run(dnnl_format_tag_t layout, ConvAlgorithm algo) {
   m->stage_channels[1] = 32;
   DnnlCtx ctx;
   dnnl_ctx_init(&ctx);
-  ctx.conv_algorithm = algo;
+  BuildPolicy policy = build_policy_default();
+  policy.conv_algorithm = algo;
   ParamSet ps;
   paramset_alloc(&ps, backbone_param_count(m, S, C), 3);
-  Builder b = {.ctx = &ctx, .params = &ps, .mode = OP_TRAIN, .layout = layout};
+  Builder b = {.ctx = &ctx, .params = &ps, .mode = OP_TRAIN, .layout = layout, .policy = &policy};
   Backbone *bb = backbone_create(m, &b, 4, S, C);
   assert_int_equal(bb->feature_dim, 32);
   float images[4 * S * S * C], dfeature[4 * 32];

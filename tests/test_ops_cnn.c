@@ -142,7 +142,7 @@ static void check_conv_in(const ConvCase *c, dnnl_format_tag_t layout, ConvAlgor
   Env e;
   env_init(&e, conv_floats(c->IC, c->OC, c->K, c->has_bias), OP_TRAIN);
   e.b.layout = layout;
-  e.ctx.conv_algorithm = algo;
+  e.policy.conv_algorithm = algo;
   Conv2d l;
   conv2d_init(&l, &e.b, "conv", c->N, c->IC, c->IH, c->IW, c->OC, c->K, c->stride, c->pad,
               c->has_bias, c->need_din);
@@ -379,7 +379,7 @@ static void test_bn_split_groups(void **state) {
   enum { N = 6, C = 3, H = 2, W = 2, G = 3 };
   Env e;
   env_init(&e, batchnorm_floats(C), OP_TRAIN);
-  e.ctx.bn_splits = G;
+  e.policy.bn_splits = G;
   BatchNorm l;
   batchnorm_init(&l, &e.b, "bn", N, C, H, W, 1, 1);
   assert_int_equal(l.splits, G);
@@ -510,10 +510,10 @@ static void check_eltwise(EltwiseKind kind) {
   enum { n = 2 * 5 * 5 * 3 };
   Env e;
   env_init(&e, 1, OP_TRAIN);
-  e.ctx.component = COMP_HEAD;  // FLOPs go to the component the op was created under
+  e.b.component = COMP_HEAD;  // FLOPs go to the component the op was created under
   Eltwise l;
   eltwise_init(&l, &e.b, kind, n, 1);
-  e.ctx.component = COMP_ENCODER;
+  e.b.component = COMP_ENCODER;
   float *in = new_tensor(n), *R = new_tensor(n);
   double ref[n];
   if (kind == ELTWISE_RELU)

@@ -186,19 +186,21 @@ static void test_vit_parameter_count(void **state) {
 
 typedef struct {
   DnnlCtx ctx;
+  BuildPolicy policy;
   ParamSet ps;
   ModelSpec spec;
   Vit *vit;
   float *images, *r;
 } VitCase;
 
-// recompute: [train] recompute, what the blocks keep for backward (DnnlCtx.recompute).
+// recompute: [train] recompute, what the blocks keep for backward (BuildPolicy.recompute).
 static void vit_case_open(VitCase *c, const char *pool, OpMode mode, int recompute) {
   dnnl_ctx_init(&c->ctx);
-  c->ctx.recompute = recompute;
+  c->policy = build_policy_default();
+  c->policy.recompute = recompute;
   c->spec = tiny_spec(pool);
   paramset_alloc(&c->ps, backbone_param_count(&c->spec, VS, VC), 5);
-  Builder b = {.ctx = &c->ctx, .params = &c->ps, .mode = mode};
+  Builder b = {.ctx = &c->ctx, .params = &c->ps, .mode = mode, .policy = &c->policy};
   c->vit = (Vit *)vit_create(&c->spec, &b, VN, VS, VC);
   assert_non_null(c->vit);
   assert_int_equal(c->ps.used, c->ps.count);
@@ -290,7 +292,7 @@ static void vit_reference_tokens(VitCase *c, int has_cls, float *tokens) {
   int T = has_cls + N_PATCHES;
   ParamSet bound;
   paramset_bind(&bound, c->ps.data, NULL, c->ps.count);
-  Builder b = {.ctx = &c->ctx, .params = &bound, .mode = OP_INFER};
+  Builder b = {.ctx = &c->ctx, .params = &bound, .mode = OP_INFER, .policy = &c->policy};
   Linear embed;
   linear_init(&embed, &b, "embed", VN * N_PATCHES, PATCH_DIM, VD, 1, 0, 0);
   const float *cls = has_cls ? paramset_take(&bound, "cls", VD, 1, NULL) : NULL;
@@ -386,7 +388,7 @@ typedef struct {
 
 static Vit *masked_on(VitCase *c, int n_keep, OpMode mode, ParamSet *bound) {
   paramset_bind(bound, c->ps.data, c->ps.grad, c->ps.count);
-  Builder b = {.ctx = &c->ctx, .params = bound, .mode = mode};
+  Builder b = {.ctx = &c->ctx, .params = bound, .mode = mode, .policy = &c->policy};
   Vit *v = vit_create_masked(&c->spec, &b, VN, VS, VC, n_keep);
   assert_non_null(v);
   return v;

@@ -17,10 +17,7 @@ void dnnl_ctx_init(DnnlCtx *ctx) {
   memset(ctx, 0, sizeof *ctx);
   DNNL_CHECK(dnnl_engine_create(&ctx->engine, dnnl_cpu, 0));
   DNNL_CHECK(dnnl_stream_create(&ctx->stream, ctx->engine, dnnl_stream_default_flags));
-  ctx->component = COMP_ENCODER;
   ctx->scratchpad_category = MEM_WORKSPACE;
-  ctx->bn_splits = 1;
-  ctx->recompute = 1;
 }
 
 void dnnl_ctx_destroy(DnnlCtx *ctx) {
@@ -77,12 +74,6 @@ void dnnl_build_lazy_kernels(void) {
       DNNL_CHECK(dnnl_sgemm(trans[i], trans[j], n, n, n, 1.f, a, n, b, n, 0.f, c, n));
 }
 
-ConvAlgorithm conv_algorithm_parse(const char *text) {
-  return strcmp(text, "direct") == 0     ? CONV_ALGO_DIRECT
-         : strcmp(text, "winograd") == 0 ? CONV_ALGO_WINOGRAD
-                                         : CONV_ALGO_AUTO;
-}
-
 dnnl_primitive_t dnnl_ctx_adopt(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd) {
   if (!pd) TL_DIE("oneDNN has no implementation for a primitive this build needs");
   dnnl_primitive_t prim;
@@ -109,10 +100,6 @@ void dnnl_ctx_reserve_scratchpad(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd) {
 
 void dnnl_mem_bind(dnnl_memory_t mem, const void *ptr) {
   DNNL_CHECK(dnnl_memory_set_data_handle(mem, (void *)ptr));
-}
-
-dnnl_data_type_t dnnl_ctx_compute_type(const DnnlCtx *ctx) {
-  return ctx->bf16 ? dnnl_bf16 : dnnl_f32;
 }
 
 void dnnl_ctx_exec(DnnlCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_desc_t pd, int nargs,

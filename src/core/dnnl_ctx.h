@@ -1,5 +1,8 @@
 // One replica's oneDNN execution context: engine, stream, the shared user-managed scratchpad
-// (so the ledger counts it), and the FLOP counters every op adds its own analytic count to.
+// (so the ledger counts it), and the FLOP counters every op adds its own analytic count to. It
+// executes and holds no policy: how a network is built (precision, recompute, convolution
+// algorithm, BatchNorm groups and sync, the component it counts to) travels in the Builder
+// (ops/builder.h), and each op keeps what it needs of it.
 #pragma once
 #include <oneapi/dnnl/dnnl.h>
 #include <stddef.h>
@@ -15,18 +18,9 @@
       TL_DIE("oneDNN call failed (status %d): %s", (int)status_, #call); \
   } while (0)
 
-typedef enum {
-  CONV_ALGO_AUTO,      // Winograd where it was measured faster (ops/conv.c), else direct
-  CONV_ALGO_DIRECT,    // direct everywhere
-  CONV_ALGO_WINOGRAD,  // Winograd wherever oneDNN offers it
-} ConvAlgorithm;
-
 // Whether oneDNN runs AVX-512 (avx512_core) kernels on this CPU: blocked nChw16c activations and
 // Winograd convolutions are native there only.
 int dnnl_cpu_has_avx512(void);
-
-// "auto", "direct" or "winograd" (the config checked the text).
-ConvAlgorithm conv_algorithm_parse(const char *text);
 
 struct DnnlCtx {
   dnnl_engine_t engine;
@@ -36,31 +30,8 @@ struct DnnlCtx {
   size_t scratchpad_bytes;
   dnnl_memory_t scratchpad_mem;     // the whole buffer as one u8 memory, passed to every primitive
   MemCategory scratchpad_category;  // MEM_WORKSPACE; MEM_EVAL for the evaluation context
-  // Component that buffers and FLOPs are attributed to while a model is built / run.
-  MemComponent component;
   // Planning: primitives are created and FLOPs counted, but nothing executes.
   int dry_run;
-  // [model] bn_splits: BatchNorm with batch statistics computes them over this many equal groups
-  // of the batch, as several replicas would (MoCo's single-GPU SplitBatchNorm). 1 = the batch.
-  int bn_splits;
-  // [model] sync_bn: BatchNorm with batch statistics normalizes with the global batch's. bn_sync
-  // averages a per-channel buffer over the replicas in place, weighted by `samples` (each
-  // replica's count); bn_sync_scale is global / local samples. NULL: each replica's own.
-  void (*bn_sync)(void *user, float *buf, size_t n, double samples);
-  void *bn_sync_user;
-  double bn_sync_scale;
-  // [train] precision = bf16: convolutions and linear layers multiply bf16 copies of their inputs,
-  // weights and output gradients, accumulating in f32 into f32 outputs and f32 weight gradients
-  // (see dnnl_ctx_compute_type). 0: everything f32, as the evaluation context always is.
-  int bf16;
-  // [train] recompute (default 1): transformer blocks in training recompute their LayerNorm and
-  // GELU outputs, ResNet blocks their first BatchNorm-ReLU output, before the f32 op whose
-  // backward reads them, instead of keeping them.
-  int recompute;
-  // [train] conv_algorithm: which 3x3 stride-1 convolutions on blocked activations run oneDNN's
-  // Winograd F(4x4, 3x3) kernels (see ops/conv.c); the others, and any the library lacks it
-  // for, run direct.
-  ConvAlgorithm conv_algorithm;
   // Analytic FLOPs (multiply-add = 2) added by ops as they execute, reset by the trainer per step.
   double flops_forward[COMP_NCOMP];
   double flops_backward[COMP_NCOMP];
@@ -93,9 +64,6 @@ dnnl_primitive_t dnnl_ctx_adopt(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd);
 void dnnl_ctx_reserve_scratchpad(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd);
 
 void dnnl_mem_bind(dnnl_memory_t mem, const void *ptr);
-
-// The data type convolutions and linear layers multiply in: bf16 when ctx->bf16, else f32.
-dnnl_data_type_t dnnl_ctx_compute_type(const DnnlCtx *ctx);
 
 // Executes a primitive with the given args plus the shared scratchpad; its outputs are ready when
 // this returns (the CPU stream is synchronous, see dnnl_ctx.c).

@@ -26,8 +26,9 @@ void head_init_with(ProjectionHead *h, Builder *b, const char *name, int N, int 
   if (layers < 2 || layers > HEAD_MAX_LAYERS)
     TL_DIE("a head of %d layers (2 to %d)", layers, HEAD_MAX_LAYERS);
   int train = b->mode == OP_TRAIN;
-  MemComponent saved = b->ctx->component;
-  b->ctx->component = COMP_HEAD;
+  Builder head = *b;
+  head.component = COMP_HEAD;
+  b = &head;
   h->layers = layers;
   h->activation = activation;
   char nm[64];
@@ -43,7 +44,6 @@ void head_init_with(ProjectionHead *h, Builder *b, const char *name, int N, int 
     else
       eltwise_init(&h->gelu[i], b, ELTWISE_GELU, (size_t)N * hidden_dim, train);
   }
-  b->ctx->component = saved;
   h->N = N;
   h->in_dim = in_dim;
   h->hidden_dim = hidden_dim;

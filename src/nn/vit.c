@@ -236,7 +236,6 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
   }
   Vit *v = calloc(1, sizeof *v);
   if (!v) TL_DIE("out of memory");
-  DnnlCtx *ctx = b->ctx;
   int train = b->mode == OP_TRAIN;
   MemCategory out_cat = builder_out_category(b);
   v->N = N;
@@ -255,7 +254,7 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
   v->depth = spec->depth;
   v->mode = b->mode;
   v->params = b->params;
-  v->comp = ctx->component;
+  v->comp = b->component;
   size_t D = (size_t)v->D, tokens = (size_t)N * v->T;
 
   v->pos_embed = tl_alloc((size_t)v->n_patches * D * sizeof(float), MEM_WORKSPACE, v->comp);

@@ -68,7 +68,8 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   o->b = env->local_batch;
   const int rows = 2 * o->b, d = cfg->model.head_out_dim;
 
-  Builder online = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
+  Builder online = {
+      .ctx = env->ctx, .params = env->params, .mode = OP_TRAIN, .policy = env->policy};
   const long long act0 = tl_mem_thread_net(MEM_ACT, COMP_ENCODER);
   o->base.online = objective_encoder(env, &online, rows, &o->projector, "head");
   o->encoder_act_bytes = (size_t)(tl_mem_thread_net(MEM_ACT, COMP_ENCODER) - act0);
@@ -80,7 +81,8 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   // The target starts as an exact copy of the online backbone and projector (the online block's
   // first floats, taken in the same order) and then only follows the momentum rule.
   paramset_alloc_nograd(&o->target_params, target_count, cfg->train.seed, MEM_MOMENTUM);
-  Builder target = {.ctx = env->ctx, .params = &o->target_params, .mode = OP_FORWARD};
+  Builder target = {
+      .ctx = env->ctx, .params = &o->target_params, .mode = OP_FORWARD, .policy = env->policy};
   o->target_backbone = objective_encoder(env, &target, rows, &o->target_projector, "head");
   if (!env->ctx->dry_run) ema_copy(&o->target_params, env->params);
 

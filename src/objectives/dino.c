@@ -233,7 +233,8 @@ static Objective *dino_create(const ObjectiveEnv *env) {
   const ModelSpec *spec = &cfg->model.spec;
 
   // The student: one backbone at each crop size over the same weights, one head over all crops.
-  Builder student = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
+  Builder student = {
+      .ctx = env->ctx, .params = env->params, .mode = OP_TRAIN, .policy = env->policy};
   // (Its head comes after the local crops' instance: one head over every crop's features.)
   o->base.online = objective_encoder(env, &student, global_rows, NULL, NULL);
   const int D = o->base.online->feature_dim;
@@ -244,8 +245,11 @@ static Objective *dino_create(const ObjectiveEnv *env) {
     paramset_view(&o->local_view, env->params, 0);
     // Its BatchNorms normalize the local crops with their own statistics and leave the running
     // ones to the global crops, the size the encoder is evaluated and exported at.
-    Builder local = {
-        .ctx = env->ctx, .params = &o->local_view, .mode = OP_TRAIN, .keep_running_stats = 1};
+    Builder local = {.ctx = env->ctx,
+                     .params = &o->local_view,
+                     .mode = OP_TRAIN,
+                     .policy = env->policy,
+                     .keep_running_stats = 1};
     const ModelSpec small = local_spec(spec, set->local_size);
     o->local = backbone_create(&small, &local, local_rows, set->local_size, C);
     backbone_set_input_normalization(o->local, env->input_mean, env->input_std);
@@ -260,7 +264,8 @@ static Objective *dino_create(const ObjectiveEnv *env) {
 
   // The teacher starts as an exact copy of every student parameter, taken in the same order.
   paramset_alloc_nograd(&o->teacher_params, env->params->used, cfg->train.seed, MEM_MOMENTUM);
-  Builder teacher = {.ctx = env->ctx, .params = &o->teacher_params, .mode = OP_FORWARD};
+  Builder teacher = {
+      .ctx = env->ctx, .params = &o->teacher_params, .mode = OP_FORWARD, .policy = env->policy};
   o->teacher = objective_encoder(env, &teacher, global_rows, NULL, NULL);
   head_init_with(&o->teacher_head, &teacher, "head", global_rows, D, hidden, bottleneck,
                  set->head_layers, head_activation);

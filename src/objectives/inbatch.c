@@ -51,7 +51,7 @@ static Objective *inbatch_create(const ObjectiveEnv *env) {
   o->base.env = *env;
   o->b = env->local_batch;
   int rows = 2 * o->b, M = 2 * env->global_batch, d = cfg->model.head_out_dim;
-  Builder bld = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
+  Builder bld = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN, .policy = env->policy};
   o->base.online = objective_encoder(env, &bld, rows, &o->head, "head");
   ntxent_init(&o->loss, env->ctx, M, rows, d, set->temperature);
   o->u_local = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT, COMP_LOSS);

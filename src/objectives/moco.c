@@ -88,12 +88,14 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   o->n_query_global = nq_global;
   o->image_floats = S * S * C;
 
-  Builder online = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
+  Builder online = {
+      .ctx = env->ctx, .params = env->params, .mode = OP_TRAIN, .policy = env->policy};
   o->base.online = objective_encoder(env, &online, nq, &o->head, "head");
 
   // The key encoder starts as an exact copy and then only follows the momentum rule.
   paramset_alloc_nograd(&o->key_params, env->params->used, cfg->train.seed, MEM_MOMENTUM);
-  Builder key = {.ctx = env->ctx, .params = &o->key_params, .mode = OP_FORWARD};
+  Builder key = {
+      .ctx = env->ctx, .params = &o->key_params, .mode = OP_FORWARD, .policy = env->policy};
   o->key_backbone = objective_encoder(env, &key, nq, &o->key_head, "key_head");
   if (!env->ctx->dry_run) ema_copy(&o->key_params, env->params);
 

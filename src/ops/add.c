@@ -14,7 +14,7 @@ void add_init(Add *l, Builder *b, size_t n, MemCategory cat, int is_backward) {
   DnnlCtx *ctx = b->ctx;
   memset(l, 0, sizeof *l);
   l->n = n;
-  l->comp = ctx->component;
+  l->comp = b->component;
   l->is_backward = is_backward;
   Builder one_call = *b;
   one_call.calls = 1;

@@ -104,7 +104,7 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   a->D = D;
   a->H = heads;
   a->mode = b->mode;
-  a->comp = ctx->component;
+  a->comp = b->component;
   op_calls_init(&a->calls, b);
   struct AttentionPrivate *p = calloc(1, sizeof *p);
   if (!p) TL_DIE("out of memory");

@@ -135,7 +135,8 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
         name, N, N == 1 ? "" : "s");
   DnnlCtx *ctx = b->ctx;
   memset(l, 0, sizeof *l);
-  l->splits = b->mode == OP_INFER || ctx->bn_splits < 1 ? 1 : ctx->bn_splits;
+  const BuildPolicy policy = builder_policy(b);
+  l->splits = b->mode == OP_INFER || policy.bn_splits < 1 ? 1 : policy.bn_splits;
   if (N % l->splits != 0 || (long)(N / l->splits) * H * W < 2)
     tl_fatal_input(
         "%s: [model] bn_splits = %d must divide the %d samples per replica into groups "
@@ -146,9 +147,10 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   if (l->blocked && C % 16 != 0) TL_DIE("batchnorm %s: %d channels, blocked", name, C);
   l->need_din = need_din && b->mode == OP_TRAIN;
   l->mode = b->mode;
-  l->comp = ctx->component;
+  l->comp = b->component;
   op_calls_init(&l->calls, b);
   l->sync = !batchnorm_in_place(b);
+  if (l->sync) l->bn_sync = policy.bn_sync;
   if (l->sync && l->splits > 1) TL_DIE("batchnorm %s: sync_bn with bn_splits > 1", name);
   l->eps = 1e-5f;
   l->momentum = 0.1f;
@@ -190,17 +192,17 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
 }
 
 // The values per channel the statistics were taken over: one group's, or the global batch's.
-static double stat_count(const BatchNorm *l, const DnnlCtx *ctx) {
+static double stat_count(const BatchNorm *l) {
   double n = (double)(l->N / l->splits) * l->H * l->W;
-  return l->sync ? n * ctx->bn_sync_scale : n;
+  return l->sync ? n * l->bn_sync.scale : n;
 }
 
 // r = (1 - momentum) r + momentum batch, with the unbiased batch variance as in PyTorch; with
 // several groups, their mean statistics (as MoCo's SplitBatchNorm averages its running copies).
-static void bn_update_running(BatchNorm *l, const DnnlCtx *ctx) {
+static void bn_update_running(BatchNorm *l) {
   struct BatchNormPrivate *p = l->priv;
   const int G = l->splits;
-  double n = stat_count(l, ctx);
+  double n = stat_count(l);
   float unbias = (float)(n / (n - 1.0));
   for (int c = 0; c < l->C; c++) {
     float mean = 0, var = 0;
@@ -226,13 +228,13 @@ static void sync_statistics(BatchNorm *l, DnnlCtx *ctx) {
   const int C = l->C;
   const double samples = (double)l->N * l->H * l->W;
   if (!ctx->dry_run) memcpy(p->sync_buf, p->batch_mean, sizeof(float) * C);
-  ctx->bn_sync(ctx->bn_sync_user, p->sync_buf, (size_t)C, samples);
+  l->bn_sync.average(l->bn_sync.user, p->sync_buf, (size_t)C, samples);
   if (!ctx->dry_run)
     for (int c = 0; c < C; c++) {
       const float d = p->batch_mean[c] - p->sync_buf[c];
       p->sync_buf[C + c] = p->batch_var[c] + d * d;
     }
-  ctx->bn_sync(ctx->bn_sync_user, p->sync_buf + C, (size_t)C, samples);
+  l->bn_sync.average(l->bn_sync.user, p->sync_buf + C, (size_t)C, samples);
   if (!ctx->dry_run) {
     memcpy(p->batch_mean, p->sync_buf, sizeof(float) * C);
     memcpy(p->batch_var, p->sync_buf + C, sizeof(float) * C);
@@ -292,7 +294,7 @@ void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
       dnnl_ctx_exec(ctx, p->fwd_global, p->fwd_global_pd, nargs, args);
     }
   }
-  if (batch_stats && !l->keep_running && !ctx->dry_run) bn_update_running(l, ctx);
+  if (batch_stats && !l->keep_running && !ctx->dry_run) bn_update_running(l);
   int per_elem =
       (batch_stats ? BN_FWD_BATCH_FLOPS_PER_ELEM : BN_FWD_GLOBAL_FLOPS_PER_ELEM) +
       (l->fuse_relu ? BN_RELU_FLOPS_PER_ELEM : 0) +
@@ -339,7 +341,7 @@ static void sync_din(BatchNorm *l, DnnlCtx *ctx, float *din, const float *dgamma
     memcpy(p->sync_buf, dbeta, sizeof(float) * C);
     memcpy(p->sync_buf + C, dgamma, sizeof(float) * C);
   }
-  ctx->bn_sync(ctx->bn_sync_user, p->sync_buf, 2 * (size_t)C, samples);
+  l->bn_sync.average(l->bn_sync.user, p->sync_buf, 2 * (size_t)C, samples);
   if (ctx->dry_run) return;
   float *a = p->sync_coef;
   for (int c = 0; c < C; c++) {

@@ -52,11 +52,11 @@ typedef enum { CONV_FWD, CONV_BWD_DATA, CONV_BWD_WEIGHTS } ConvPass;
 // 5.7/6.7/6.6 vs 10.9/10.4/5.9; batch 64 at 64x64: 4.2/4.1/4.3 vs 6.1/6.2/3.6). In a whole step
 // of inbatch on resnet-small-32 (batch 256), Winograd on the 32-channel stage too took the median
 // step from 591 to 526 ms.
-static int conv_winograd_wanted(const Conv2d *l, const DnnlCtx *ctx, dnnl_format_tag_t act) {
+static int conv_winograd_wanted(const Conv2d *l, const Builder *b, dnnl_format_tag_t act) {
   if (l->K != 3 || l->stride != 1 || l->pad != 1 || act != dnnl_nChw16c ||
-      dnnl_ctx_compute_type(ctx) != dnnl_f32)
+      builder_compute_type(b) != dnnl_f32)
     return 0;
-  switch (ctx->conv_algorithm) {
+  switch (builder_policy(b).conv_algorithm) {
     case CONV_ALGO_DIRECT:
       return 0;
     case CONV_ALGO_WINOGRAD:
@@ -115,7 +115,7 @@ static void conv_take_params(Conv2d *l, Builder *b, const char *name) {
 // cannot hold (the images), which arrives nhwc and which the blocked kernels read as nchw (the
 // same bytes for one channel; for three, the input's copy converts it).
 static void conv_describe(const Conv2d *l, Builder *b, ConvDescs *d) {
-  dnnl_data_type_t type = dnnl_ctx_compute_type(b->ctx);
+  dnnl_data_type_t type = builder_compute_type(b);
   const dnnl_format_tag_t act = builder_layout(b);
   const int image_input = conv_image_input(b, l->IC);
   const dnnl_format_tag_t in_tag = image_input && l->IC == 1 ? dnnl_nchw
@@ -136,8 +136,7 @@ static void conv_describe(const Conv2d *l, Builder *b, ConvDescs *d) {
   d->b_md = dnnl_md_plain(1, b_dims, dnnl_a);
   d->b_md_or_null = l->has_bias ? d->b_md : NULL;
   d->w_fwd_md = NULL;  // the forward primitive's choice, once it is made
-  d->alg =
-      conv_winograd_wanted(l, b->ctx, act) ? dnnl_convolution_winograd : dnnl_convolution_direct;
+  d->alg = conv_winograd_wanted(l, b, act) ? dnnl_convolution_winograd : dnnl_convolution_direct;
 }
 
 // The forward primitive (Winograd when wanted and this library has it, else direct), its weights'
@@ -160,7 +159,7 @@ static void conv_make_forward(Conv2d *l, Builder *b, ConvDescs *d) {
   p->fwd = dnnl_ctx_adopt(ctx, p->fwd_pd);
   d->w_fwd_md = dnnl_pd_md(p->fwd_pd, dnnl_query_weights_md, 0);
   dnnl_copy_init(&p->fwd_w, ctx, d->w_plain, d->w_fwd_md, MEM_WORKSPACE, l->comp);
-  p->bwd_weights_f32 = dnnl_ctx_compute_type(ctx) != dnnl_f32 && l->stride > 1;
+  p->bwd_weights_f32 = builder_compute_type(b) != dnnl_f32 && l->stride > 1;
   MemCategory in_category = b->mode == OP_TRAIN && !p->bwd_weights_f32 ? MEM_ACT : MEM_WORKSPACE;
   dnnl_copy_init_slots(&p->in, ctx, d->src_f32, d->src_md, in_category, l->comp, l->calls.count);
   TL_ASSERT(conv2d_backward_reads_input(l) == conv2d_will_read_input(b, l->IC, l->stride));
@@ -231,7 +230,7 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   l->OW = (IW + 2 * pad - K) / stride + 1;
   l->stride = stride, l->pad = pad, l->has_bias = has_bias;
   l->mode = b->mode;
-  l->comp = ctx->component;
+  l->comp = b->component;
   op_calls_init(&l->calls, b);
   // Backward data is only needed in training, and not for the first layer.
   l->need_din = need_din && b->mode == OP_TRAIN;
@@ -332,6 +331,12 @@ void conv2d_backward(Conv2d *l, DnnlCtx *ctx, const float *dout) {
   op_grads_end(ctx, l->comp, &l->calls, &g);
   ctx->flops_backward[l->comp] += conv_pass_flops(l) + conv_bias_flops(l);
   conv_count_winograd(l, ctx, CONV_BWD_WEIGHTS);
+}
+
+ConvAlgorithm conv_algorithm_parse(const char *text) {
+  return strcmp(text, "direct") == 0     ? CONV_ALGO_DIRECT
+         : strcmp(text, "winograd") == 0 ? CONV_ALGO_WINOGRAD
+                                         : CONV_ALGO_AUTO;
 }
 
 int conv2d_backward_reads_input(const Conv2d *l) {

@@ -5,7 +5,7 @@
 
 typedef struct {
   int N, IC, IH, IW, OC, OH, OW, K, stride, pad, has_bias, need_din;
-  int winograd;  // forward runs oneDNN's Winograd kernel (ctx->conv_algorithm, ops/conv.c)
+  int winograd;  // forward runs oneDNN's Winograd kernel ([train] conv_algorithm, ops/conv.c)
   OpMode mode;
   MemComponent comp;
   float *weight, *dweight;  // (OC, IC, K, K) plain oihw
@@ -36,7 +36,9 @@ static inline int conv_image_input(const Builder *b, int IC) {
 // f32 in the layout its kernel reads (not a 3-channel image a blocked network converts), or a
 // strided one, whose weight gradient stays f32 (oneDNN 2.6's bf16 kernel for it is slower here).
 static inline int conv2d_will_read_input(const Builder *b, int IC, int stride) {
-  return (dnnl_ctx_compute_type(b->ctx) == dnnl_f32 && !(conv_image_input(b, IC) && IC != 1)) ||
+  return (builder_compute_type(b) == dnnl_f32 && !(conv_image_input(b, IC) && IC != 1)) ||
          stride > 1;
 }
 void conv2d_destroy(Conv2d *l);
+// [train] conv_algorithm: "auto", "direct" or "winograd" (the config checked the text).
+ConvAlgorithm conv_algorithm_parse(const char *text);

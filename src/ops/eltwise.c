@@ -25,7 +25,7 @@ void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_d
   l->n = n;
   l->need_din = need_din && b->mode == OP_TRAIN;
   l->mode = b->mode;
-  l->comp = ctx->component;
+  l->comp = b->component;
   op_calls_init(&l->calls, b);
 
   struct EltwisePrivate *p = calloc(1, sizeof *p);

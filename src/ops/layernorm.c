@@ -50,7 +50,7 @@ void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   l->M = M;
   l->D = D;
   l->mode = b->mode;
-  l->comp = ctx->component;
+  l->comp = b->component;
   l->eps = 1e-6f;
   op_calls_init(&l->calls, b);
 

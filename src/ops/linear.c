@@ -55,8 +55,8 @@ typedef struct {
   DnnlMd dst_md, diff_dst_md;    // (M, OC) f32, compute type
 } LinearDescs;
 
-static void linear_describe(const Linear *l, const DnnlCtx *ctx, LinearDescs *d) {
-  dnnl_data_type_t type = dnnl_ctx_compute_type(ctx);
+static void linear_describe(const Linear *l, const Builder *b, LinearDescs *d) {
+  dnnl_data_type_t type = builder_compute_type(b);
   dnnl_dims_t src_dims = {l->M, l->IC}, weight_dims = {l->OC, l->IC}, bias_dims = {l->OC},
               dst_dims = {l->M, l->OC};
   d->src_f32 = dnnl_md_plain(2, src_dims, dnnl_ab);
@@ -121,7 +121,7 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   l->has_bias = has_bias;
   l->mode = b->mode;
   l->need_din = need_din && b->mode == OP_TRAIN;
-  l->comp = ctx->component;
+  l->comp = b->component;
   op_calls_init(&l->calls, b);
 
   char pname[64];
@@ -144,7 +144,7 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   l->priv = p;
   p->params = b->params;
   LinearDescs d;
-  linear_describe(l, ctx, &d);
+  linear_describe(l, b, &d);
   p->fwd_pd = dnnl_pd_inner_product_forward(
       ctx, b->mode == OP_TRAIN ? dnnl_forward_training : dnnl_forward_inference, d.src_md,
       d.any_weight_md, d.bias_or_none, d.dst_md);

@@ -21,7 +21,7 @@ void gap_init(GlobalAvgPool *l, Builder *b, int N, int H, int W, int C, int need
   l->N = N, l->H = H, l->W = W, l->C = C;
   l->need_din = need_din && b->mode == OP_TRAIN;
   l->mode = b->mode;
-  l->comp = ctx->component;
+  l->comp = b->component;
   op_calls_init(&l->calls, b);
 
   struct PoolPrivate *p = calloc(1, sizeof *p);

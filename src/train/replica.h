@@ -22,6 +22,7 @@ typedef struct {
   RunShard shard;  // this replica's part of the global batch
   Comm *comm;
   DnnlCtx ctx;
+  BuildPolicy policy;  // how its networks are built, from the configuration
   ParamSet ps;
   Objective *obj;
   Optimizer *optim;
