@@ -1,6 +1,6 @@
 // Batch normalization over N*H*W per channel, optionally with a fused ReLU (oneDNN's
 // dnnl_fuse_norm_relu: the ReLU mask is its workspace). Works for 2-D inputs with H = W = 1.
-// With [model] bn_splits = G > 1 (the builder's policy) (training and momentum-encoder modes), the
+// With [model] bn_splits = G > 1 (the builder's policy; training and momentum-encoder modes), the
 // batch is normalized as G groups of N/G samples, each with its own statistics — contiguous in NHWC
 // and in the blocked nChw16c, so each group is one execution of a primitive made for N/G — as G
 // replicas without synchronized BatchNorm would; the running statistics follow the mean of the

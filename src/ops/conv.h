@@ -2,6 +2,7 @@
 // N = batch, IC/OC = channels, IH/IW and OH/OW = spatial sizes, K = square kernel.
 #pragma once
 #include "ops/builder.h"
+#include "ops/weighted.h"
 
 typedef struct {
   int N, IC, IH, IW, OC, OH, OW, K, stride, pad, has_bias, need_din;
@@ -14,8 +15,8 @@ typedef struct {
   const float *in;  // (N, IH, IW, IC), the call forward or backward works on
   float *out;       // (N, OH, OW, OC), the same call's; one per call in out_slots
   float *out_slots;
-  float *din;                // (N, IH, IW, IC), when need_din
-  struct ConvPrivate *priv;  // primitives, memories, weight layout reorders
+  float *din;        // (N, IH, IW, IC), when need_din
+  Weighted *passes;  // primitives, memories, copies in the compute type and layouts
 } Conv2d;
 
 // Weights initialized Kaiming-normal (fan_in, ReLU gain); bias zero. OH = (IH + 2*pad - K)/stride

@@ -2,6 +2,7 @@
 // M is the number of rows (batch, or batch*tokens for token tensors).
 #pragma once
 #include "ops/builder.h"
+#include "ops/weighted.h"
 
 typedef struct {
   int M, IC, OC, has_bias, need_din;
@@ -13,8 +14,8 @@ typedef struct {
   const float *in;  // (M, IC), the call forward or backward works on
   float *out;       // (M, OC), the same call's; one per call in out_slots
   float *out_slots;
-  float *din;  // (M, IC)
-  struct LinearPrivate *priv;
+  float *din;        // (M, IC)
+  Weighted *passes;  // primitives, memories, copies in the compute type and layouts
 } Linear;
 
 // Weights: `init_std` > 0 draws normal(0, init_std); 0 means Xavier-uniform. Bias zero.
