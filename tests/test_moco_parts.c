@@ -17,8 +17,8 @@
 #include "objectives/infonce.h"
 #include "objectives/key_queue.h"
 #include "objectives/moco.h"
-#include "objectives/ntxent.h"
 #include "objectives/objective.h"
+#include "ops/l2norm.h"
 #include "replica_test_util.h"
 
 enum { N = INFONCE_REF_N, D = INFONCE_REF_DIM, K = INFONCE_REF_K };
@@ -26,15 +26,26 @@ enum { N = INFONCE_REF_N, D = INFONCE_REF_DIM, K = INFONCE_REF_K };
 typedef struct {
   DnnlCtx ctx;
   InfoNce loss;
-  float zq[N * D], q[N * D], norms[N], dq[N * D], dzq[N * D];
+  L2Norm unit;  // the queries normalized
+  float zq[N * D], dq[N * D], dzq[N * D];
 } Case;
 
 static double case_run(Case *c) {
-  l2norm_forward(c->zq, c->q, c->norms, N, D);
-  double sum = infonce_forward_backward(&c->loss, &c->ctx, c->q, infonce_ref_k, infonce_ref_bank,
-                                        infonce_ref_usable, N, c->dq);
-  l2norm_backward(c->q, c->norms, c->dq, c->dzq, N, D);
+  l2norm_forward(&c->unit, &c->ctx, c->zq);
+  double sum = infonce_forward_backward(&c->loss, &c->ctx, c->unit.out, infonce_ref_k,
+                                        infonce_ref_bank, infonce_ref_usable, N, c->dq);
+  l2norm_backward(&c->unit, &c->ctx, c->dq);
+  memcpy(c->dzq, c->unit.din, sizeof c->dzq);
   return sum / N;
+}
+
+// Rows of z divided by their lengths, in double: the tests' own queries.
+static void unit_rows(const float *z, float *u, int rows, int d) {
+  for (int i = 0; i < rows; i++) {
+    double ss = 0;
+    for (int k = 0; k < d; k++) ss += (double)z[i * d + k] * z[i * d + k];
+    for (int k = 0; k < d; k++) u[i * d + k] = (float)(z[i * d + k] / sqrt(ss));
+  }
 }
 static double case_loss(void *arg) { return case_run(arg); }
 
@@ -43,6 +54,8 @@ static void test_infonce_reference_and_fd(void **state) {
   Case *c = calloc(1, sizeof *c);
   dnnl_ctx_init(&c->ctx);
   infonce_init(&c->loss, &c->ctx, N, K, D, INFONCE_REF_TEMPERATURE);
+  const Builder b = {.ctx = &c->ctx, .mode = OP_TRAIN, .component = COMP_LOSS};
+  l2norm_init(&c->unit, &b, N, D, 1);
   memcpy(c->zq, infonce_ref_zq, sizeof c->zq);
   double loss = case_run(c);
   assert_float_equal(loss, INFONCE_REF_LOSS, 1e-5);
@@ -52,6 +65,7 @@ static void test_infonce_reference_and_fd(void **state) {
   assert_true(gradcheck(case_loss, c, c->zq, analytic, N * D, N * D, 1e-2f, 1e-4, "infonce dzq") <
               1e-2);
   infonce_destroy(&c->loss);
+  l2norm_destroy(&c->unit);
   dnnl_ctx_destroy(&c->ctx);
   free(c);
 }
@@ -62,8 +76,8 @@ static void test_infonce_unusable_is_absent(void **state) {
   DnnlCtx ctx;
   dnnl_ctx_init(&ctx);
   InfoNce all, fewer;
-  float q[N * D], norms[N], dq_a[N * D], dq_b[N * D], bank_b[K * D];
-  l2norm_forward(infonce_ref_zq, q, norms, N, D);
+  float q[N * D], dq_a[N * D], dq_b[N * D], bank_b[K * D];
+  unit_rows(infonce_ref_zq, q, N, D);
   int kb = 0;
   for (int j = 0; j < K; j++)
     if (infonce_ref_usable[j])
@@ -88,8 +102,8 @@ static void test_infonce_cold_temperature(void **state) {
   DnnlCtx ctx;
   dnnl_ctx_init(&ctx);
   const float t = 0.005f;
-  float q[N * D], norms[N], dq[N * D];
-  l2norm_forward(infonce_ref_zq, q, norms, N, D);
+  float q[N * D], dq[N * D];
+  unit_rows(infonce_ref_zq, q, N, D);
   InfoNce l;
   infonce_init(&l, &ctx, N, K, D, t);
   double got = infonce_forward_backward(&l, &ctx, q, infonce_ref_k, infonce_ref_bank, NULL, N, dq);

@@ -203,12 +203,24 @@ dnnl_primitive_desc_t dnnl_pd_matmul(DnnlCtx *ctx, DnnlMd src, DnnlMd weights, D
   return pd_or_null(s, pd, "matmul");
 }
 
-dnnl_primitive_desc_t dnnl_pd_binary(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src0, DnnlMd src1,
-                                     DnnlMd dst) {
+static dnnl_primitive_desc_t binary_pd(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src0, DnnlMd src1,
+                                       DnnlMd dst, const_dnnl_primitive_attr_t attr) {
   dnnl_primitive_desc_t pd = NULL;
   dnnl_status_t s = dnnl_binary_primitive_desc_create(&pd, ctx->engine, alg, LIB_MD(src0),
-                                                      LIB_MD(src1), LIB_MD(dst), dnnl_ctx_attr());
+                                                      LIB_MD(src1), LIB_MD(dst), attr);
   return pd_or_null(s, pd, "binary");
+}
+
+static void append_sum(dnnl_post_ops_t ops) {
+  DNNL_CHECK(dnnl_post_ops_append_sum(ops, 1.0f, 0, dnnl_data_type_undef));
+}
+
+dnnl_primitive_desc_t dnnl_pd_reduction(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src, DnnlMd dst,
+                                        float p, float eps) {
+  dnnl_primitive_desc_t pd = NULL;
+  dnnl_status_t s = dnnl_reduction_primitive_desc_create(&pd, ctx->engine, alg, LIB_MD(src),
+                                                         LIB_MD(dst), p, eps, dnnl_ctx_attr());
+  return pd_or_null(s, pd, "reduction");
 }
 
 dnnl_primitive_desc_t dnnl_pd_eltwise_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop,
@@ -386,11 +398,20 @@ dnnl_primitive_desc_t dnnl_pd_matmul(DnnlCtx *ctx, DnnlMd src, DnnlMd weights, D
   return pd;
 }
 
-dnnl_primitive_desc_t dnnl_pd_binary(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src0, DnnlMd src1,
-                                     DnnlMd dst) {
+static dnnl_primitive_desc_t binary_pd(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src0, DnnlMd src1,
+                                       DnnlMd dst, const_dnnl_primitive_attr_t attr) {
   dnnl_binary_desc_t d;
   DNNL_CHECK(dnnl_binary_desc_init(&d, alg, LIB_MD(src0), LIB_MD(src1), LIB_MD(dst)));
-  return pd_from_desc(ctx, &d, dnnl_ctx_attr(), NULL, "binary");
+  return pd_from_desc(ctx, &d, attr, NULL, "binary");
+}
+
+static void append_sum(dnnl_post_ops_t ops) { DNNL_CHECK(dnnl_post_ops_append_sum(ops, 1.0f)); }
+
+dnnl_primitive_desc_t dnnl_pd_reduction(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src, DnnlMd dst,
+                                        float p, float eps) {
+  dnnl_reduction_desc_t d;
+  DNNL_CHECK(dnnl_reduction_desc_init(&d, alg, LIB_MD(src), LIB_MD(dst), p, eps));
+  return pd_from_desc(ctx, &d, dnnl_ctx_attr(), NULL, "reduction");
 }
 
 dnnl_primitive_desc_t dnnl_pd_eltwise_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop,
@@ -476,3 +497,24 @@ dnnl_primitive_desc_t dnnl_pd_batch_norm_backward(DnnlCtx *ctx, DnnlMd data, flo
 }
 
 #endif
+
+// --- Both APIs alike, on the creators above.
+
+dnnl_primitive_desc_t dnnl_pd_binary(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src0, DnnlMd src1,
+                                     DnnlMd dst) {
+  return binary_pd(ctx, alg, src0, src1, dst, dnnl_ctx_attr());
+}
+
+dnnl_primitive_desc_t dnnl_pd_binary_accumulate(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src0,
+                                                DnnlMd src1, DnnlMd dst) {
+  dnnl_primitive_attr_t attr;
+  DNNL_CHECK(dnnl_primitive_attr_clone(&attr, dnnl_ctx_attr()));
+  dnnl_post_ops_t ops;
+  DNNL_CHECK(dnnl_post_ops_create(&ops));
+  append_sum(ops);
+  DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, ops));
+  DNNL_CHECK(dnnl_post_ops_destroy(ops));
+  dnnl_primitive_desc_t pd = binary_pd(ctx, alg, src0, src1, dst, attr);
+  DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
+  return pd;
+}

@@ -69,6 +69,13 @@ dnnl_primitive_desc_t dnnl_pd_matmul(DnnlCtx *ctx, DnnlMd src, DnnlMd weights, D
                                      float scale);
 dnnl_primitive_desc_t dnnl_pd_binary(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src0, DnnlMd src1,
                                      DnnlMd dst);
+// The same added to what dst holds (a sum post-op): dst += src0 alg src1.
+dnnl_primitive_desc_t dnnl_pd_binary_accumulate(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src0,
+                                                DnnlMd src1, DnnlMd dst);
+// Reduction of src over the dimensions dst has as 1 (alg dnnl_reduction_*, p and eps as oneDNN
+// defines them: norm_lp_max is max(sum |x|^p, eps)^(1/p)).
+dnnl_primitive_desc_t dnnl_pd_reduction(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src, DnnlMd dst,
+                                        float p, float eps);
 // Element-wise over `data` (source, destination and their gradients alike), alpha = beta = 0.
 dnnl_primitive_desc_t dnnl_pd_eltwise_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop,
                                               dnnl_alg_kind_t alg, DnnlMd data);

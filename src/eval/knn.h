@@ -9,8 +9,8 @@
 
 // Top-1 accuracy in [0, 1], or -1 with tl_last_error() set on bad input (non-positive sizes,
 // k or temperature, a label outside [0, n_classes)). k larger than n_train is clamped to n_train.
-// Similarities are computed by oneDNN matmul in blocks of test rows; the matmul FLOPs are added
-// to ctx->flops_forward[COMP_OTHER].
+// Rows are normalized (ops/l2norm.h) and similarities computed by oneDNN matmul in blocks of test
+// rows; their FLOPs are added to ctx->flops_forward[COMP_OTHER].
 double knn_top1(const float *train_feat /*(n_train, d)*/, const int *train_labels, int n_train,
                 const float *test_feat /*(n_test, d)*/, const int *test_labels, int n_test, int d,
                 int n_classes, int k, float temperature, DnnlCtx *ctx);

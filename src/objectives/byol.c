@@ -86,7 +86,7 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   o->target_backbone = objective_encoder(env, &target, rows, &o->target_projector, "head");
   if (!env->ctx->dry_run) ema_copy(&o->target_params, env->params);
 
-  byol_loss_init(&o->loss, rows, d);
+  byol_loss_init(&o->loss, &online, rows, d);
   o->dp = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT_GRAD, COMP_LOSS);
   TL_ASSERT(paramset_complete(env->params));
   TL_ASSERT(o->target_params.used == o->target_params.count);

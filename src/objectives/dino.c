@@ -18,7 +18,7 @@
 #include "nn/head.h"
 #include "objectives/dino_loss.h"
 #include "objectives/ema.h"
-#include "objectives/ntxent.h"
+#include "ops/l2norm.h"
 #include "objectives/objective.h"
 #include "ops/matmul.h"
 #include "io/param_tensors.h"
@@ -101,14 +101,12 @@ static void dino_views(const Config *cfg, const AugmentParams *base, ViewRecipe 
 typedef struct {
   int rows, bottleneck, K;
   float *v, *dv;        // (K, bottleneck) parameters: the student's, or the teacher's copy (no dv)
-  float *w_unit;        // (K, bottleneck) V's rows normalized
-  float *v_norms;       // (K)
-  float *z_unit;        // (rows, bottleneck)
-  float *z_norms;       // (rows)
+  L2Norm w_unit;        // out (K, bottleneck): V's rows normalized; its gradient goes to V's
+  L2Norm z_unit;        // out (rows, bottleneck); din (rows, bottleneck) the MLP's output gradient
   float *logits;        // (rows, K)
   Matmul fwd;           // logits = z_unit w_unit^T
   Matmul dz_mm, dw_mm;  // dz_unit = dlogits w_unit; dw_unit = dlogits^T z_unit (student only)
-  float *dz_unit, *dw_unit, *dz;  // (rows, bottleneck), (K, bottleneck), (rows, bottleneck)
+  float *dz_unit, *dw_unit;  // (rows, bottleneck), (K, bottleneck)
 } NormedLast;
 
 static void normed_last_init(NormedLast *n, DnnlCtx *ctx, ParamSet *ps, int rows, int bottleneck,
@@ -120,10 +118,9 @@ static void normed_last_init(NormedLast *n, DnnlCtx *ctx, ParamSet *ps, int rows
   long shape[2] = {K, bottleneck};
   paramset_set_shape(ps, 2, shape);
   paramset_init_normal(ps, n->v, (size_t)K * bottleneck, 0.02f);
-  n->w_unit = tl_alloc(sizeof(float) * (size_t)K * bottleneck, kept, COMP_HEAD);
-  n->v_norms = tl_alloc(sizeof(float) * (size_t)K, kept, COMP_HEAD);
-  n->z_unit = tl_alloc(sizeof(float) * (size_t)rows * bottleneck, kept, COMP_HEAD);
-  n->z_norms = tl_alloc(sizeof(float) * (size_t)rows, kept, COMP_HEAD);
+  const Builder head = {.ctx = ctx, .mode = train ? OP_TRAIN : OP_FORWARD, .component = COMP_HEAD};
+  l2norm_init(&n->w_unit, &head, K, bottleneck, 0);
+  l2norm_init(&n->z_unit, &head, rows, bottleneck, 1);
   n->logits = tl_alloc(sizeof(float) * (size_t)rows * K, kept, COMP_HEAD);
   matmul_init(&n->fwd, ctx, rows, bottleneck, K, 0, 1, COMP_HEAD, 0);
   if (!train) return;
@@ -132,33 +129,24 @@ static void normed_last_init(NormedLast *n, DnnlCtx *ctx, ParamSet *ps, int rows
   matmul_init(&n->dw_mm, ctx, K, rows, bottleneck, 1, 0, COMP_HEAD, 1);
   n->dz_unit = tl_alloc(sizeof(float) * (size_t)rows * bottleneck, MEM_ACT_GRAD, COMP_HEAD);
   n->dw_unit = tl_alloc(sizeof(float) * (size_t)K * bottleneck, MEM_ACT_GRAD, COMP_HEAD);
-  n->dz = tl_alloc(sizeof(float) * (size_t)rows * bottleneck, MEM_ACT_GRAD, COMP_HEAD);
 }
 
 static void normed_last_forward(NormedLast *n, DnnlCtx *ctx, const float *z) {
-  if (!ctx->dry_run) {
-    l2norm_forward(n->v, n->w_unit, n->v_norms, n->K, n->bottleneck);
-    l2norm_forward(z, n->z_unit, n->z_norms, n->rows, n->bottleneck);
-  }
-  // Square-add and divide per entry (3), for the weights and the inputs.
-  ctx->flops_forward[COMP_HEAD] += 3.0 * ((double)n->K + n->rows) * n->bottleneck;
-  matmul_run(&n->fwd, ctx, n->z_unit, n->w_unit, n->logits);
+  l2norm_forward(&n->w_unit, ctx, n->v);
+  l2norm_forward(&n->z_unit, ctx, z);
+  matmul_run(&n->fwd, ctx, n->z_unit.out, n->w_unit.out, n->logits);
 }
 
 // dlogits -> dz (the MLP's output gradient) and V's gradient, reported to its set.
 static void normed_last_backward(NormedLast *n, DnnlCtx *ctx, const ParamSet *ps,
                                  const float *dlogits) {
-  matmul_run(&n->dz_mm, ctx, dlogits, n->w_unit, n->dz_unit);
-  matmul_run(&n->dw_mm, ctx, dlogits, n->z_unit, n->dw_unit);
+  matmul_run(&n->dz_mm, ctx, dlogits, n->w_unit.out, n->dz_unit);
+  matmul_run(&n->dw_mm, ctx, dlogits, n->z_unit.out, n->dw_unit);
   const size_t nv = (size_t)n->K * n->bottleneck;
   float *target = paramset_grad_target(ps, n->dv, nv, paramset_grad_accumulates(ps, n->dv), 0);
-  if (!ctx->dry_run) {
-    l2norm_backward(n->w_unit, n->v_norms, n->dw_unit, target, n->K, n->bottleneck);
-    l2norm_backward(n->z_unit, n->z_norms, n->dz_unit, n->dz, n->rows, n->bottleneck);
-    if (target != n->dv) paramset_grad_commit(ps, n->dv, target, nv);
-  }
-  // The normalizations' backward: a dot, a multiply, a subtraction and a division per entry.
-  ctx->flops_backward[COMP_HEAD] += 4.0 * ((double)n->K + n->rows) * n->bottleneck;
+  l2norm_backward_to(&n->w_unit, ctx, n->dw_unit, target);
+  l2norm_backward(&n->z_unit, ctx, n->dz_unit);
+  if (!ctx->dry_run && target != n->dv) paramset_grad_commit(ps, n->dv, target, nv);
   paramset_grad_contributed(ps, n->dv, nv);
 }
 
@@ -168,8 +156,9 @@ static void normed_last_destroy(NormedLast *n) {
     matmul_destroy(&n->dz_mm);
     matmul_destroy(&n->dw_mm);
   }
-  float *bufs[] = {n->w_unit, n->v_norms, n->z_unit,  n->z_norms,
-                   n->logits, n->dz_unit, n->dw_unit, n->dz};
+  l2norm_destroy(&n->w_unit);
+  l2norm_destroy(&n->z_unit);
+  float *bufs[] = {n->logits, n->dz_unit, n->dw_unit};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tl_free(bufs[i]);
 }
 
@@ -331,7 +320,7 @@ static ObjectiveLoss dino_step(Objective *base, const Batch *batch, LedgerRecord
                                  set->student_temp, tau_t, b, o->dlogits);
   objective_backward_begins(base);
   normed_last_backward(&o->last, ctx, base->env.params, o->dlogits);
-  head_backward(&o->head, ctx, o->last.dz);
+  head_backward(&o->head, ctx, o->last.z_unit.din);
   const double local_bwd0 = ctx->flops_backward[COMP_ENCODER];
   if (o->local) o->local->backward(o->local, ctx, o->head.din + (size_t)global_rows * D);
   const double local_bwd = ctx->flops_backward[COMP_ENCODER] - local_bwd0;

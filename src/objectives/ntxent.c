@@ -77,25 +77,3 @@ void ntxent_destroy(NtXent *l) {
   tl_free(l->dlogits);
   tl_free(l->du_col);
 }
-
-void l2norm_forward(const float *z, float *u, float *norms, int rows, int d) {
-  for (int i = 0; i < rows; i++) {
-    double ss = 0;
-    for (int k = 0; k < d; k++) ss += (double)z[(size_t)i * d + k] * z[(size_t)i * d + k];
-    float n = (float)sqrt(ss);
-    if (n < 1e-12f) n = 1e-12f;
-    norms[i] = n;
-    for (int k = 0; k < d; k++) u[(size_t)i * d + k] = z[(size_t)i * d + k] / n;
-  }
-}
-
-// u = z/|z|  =>  dz = (du - u (u . du)) / |z|
-void l2norm_backward(const float *u, const float *norms, const float *du, float *dz, int rows,
-                     int d) {
-  for (int i = 0; i < rows; i++) {
-    const float *ui = u + (size_t)i * d, *dui = du + (size_t)i * d;
-    double dot = 0;
-    for (int k = 0; k < d; k++) dot += (double)ui[k] * dui[k];
-    for (int k = 0; k < d; k++) dz[(size_t)i * d + k] = (float)((dui[k] - ui[k] * dot) / norms[i]);
-  }
-}

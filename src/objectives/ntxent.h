@@ -27,8 +27,3 @@ void ntxent_init(NtXent *l, DnnlCtx *ctx, int M, int rows, int d, float temperat
 double ntxent_forward_backward(NtXent *l, DnnlCtx *ctx, const float *u_all, const float *u_local,
                                int row0, float *du_local);
 void ntxent_destroy(NtXent *l);
-
-// Row-wise L2 normalization u = z / max(||z||, eps), and its backward.
-void l2norm_forward(const float *z, float *u, float *norms, int rows, int d);
-void l2norm_backward(const float *u, const float *norms, const float *du, float *dz, int rows,
-                     int d);
