@@ -90,7 +90,7 @@ typedef struct {
   double flops_winograd;
 } ResnetRun;
 
-static ResnetRun resnet_run(dnnl_format_tag_t layout, ConvAlgorithm algo) {
+static ResnetRun resnet_run(ActLayout layout, ConvAlgorithm algo) {
   Config cfg;
   tiny_config(&cfg, "resnet", NULL);
   ModelSpec *m = &cfg.model.spec;
@@ -144,7 +144,7 @@ static void expect_same_run(const ResnetRun *want, const ResnetRun *got, const c
 
 static void test_resnet_blocked_layout_matches_nhwc(void **state) {
   (void)state;
-  ResnetRun ref = resnet_run(dnnl_nhwc, CONV_ALGO_DIRECT);
+  ResnetRun ref = resnet_run(ACT_LAYOUT_NHWC, CONV_ALGO_DIRECT);
   ResnetRun direct = resnet_run(0, CONV_ALGO_DIRECT), wino = resnet_run(0, CONV_ALGO_WINOGRAD);
   expect_same_run(&ref, &direct, "blocked, direct");
   expect_same_run(&ref, &wino, "blocked, Winograd");

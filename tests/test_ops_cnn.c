@@ -132,13 +132,13 @@ static void reblock(const float *x, float *y, int N, int H, int W, int C, int to
         }
 }
 
-// One case in the builder's activation layout (0: nhwc; nChw16c: activations blocked, an input of
+// One case in the builder's activation layout (0: nhwc; ACT_LAYOUT_BLOCKED16: nChw16c, an input of
 // fewer than 16 channels read nhwc as the images are) with `algo`; `winograd`: whether the op
 // must have taken Winograd. The reference works in nhwc; the op's input and output are converted
 // around it, while the gradients are checked in the op's own layout (the loss sum(out * R) does
 // not care which).
-static void check_conv_in(const ConvCase *c, dnnl_format_tag_t layout, ConvAlgorithm algo,
-                          int winograd, float eps) {
+static void check_conv_in(const ConvCase *c, ActLayout layout, ConvAlgorithm algo, int winograd,
+                          float eps) {
   Env e;
   env_init(&e, conv_floats(c->IC, c->OC, c->K, c->has_bias), OP_TRAIN);
   e.b.layout = layout;
@@ -157,8 +157,8 @@ static void check_conv_in(const ConvCase *c, dnnl_format_tag_t layout, ConvAlgor
 
   size_t n_in = (size_t)c->N * c->IH * c->IW * c->IC, n_out = (size_t)c->N * OH * OW * c->OC;
   size_t n_w = (size_t)c->OC * c->IC * c->K * c->K;
-  const int blocked_in = layout == dnnl_nChw16c && c->IC % 16 == 0;
-  const int blocked_out = layout == dnnl_nChw16c;
+  const int blocked_in = layout == ACT_LAYOUT_BLOCKED16 && c->IC % 16 == 0;
+  const int blocked_out = layout == ACT_LAYOUT_BLOCKED16;
   float *in = new_tensor(n_in), *in_op = new_tensor(n_in), *R = new_tensor(n_out);
   float *out = new_tensor(n_out);
   double *ref = tl_alloc(n_out * sizeof(double), MEM_DATA, COMP_OTHER);
@@ -240,19 +240,19 @@ static void test_conv_blocked_layouts(void **state) {
   (void)state;
   const int wino = winograd_available();
   const ConvCase wide = {2, 64, 6, 6, 64, 3, 1, 1, 1, 1}, narrow = {2, 16, 5, 7, 32, 3, 1, 1, 0, 1};
-  check_conv_in(&wide, dnnl_nChw16c, CONV_ALGO_DIRECT, 0, EPS_WIDE);
-  check_conv_in(&wide, dnnl_nChw16c, CONV_ALGO_AUTO, wino, EPS_WIDE);
-  check_conv_in(&narrow, dnnl_nChw16c, CONV_ALGO_AUTO, 0, EPS_WIDE);
-  check_conv_in(&narrow, dnnl_nChw16c, CONV_ALGO_WINOGRAD, wino, EPS_WIDE);
+  check_conv_in(&wide, ACT_LAYOUT_BLOCKED16, CONV_ALGO_DIRECT, 0, EPS_WIDE);
+  check_conv_in(&wide, ACT_LAYOUT_BLOCKED16, CONV_ALGO_AUTO, wino, EPS_WIDE);
+  check_conv_in(&narrow, ACT_LAYOUT_BLOCKED16, CONV_ALGO_AUTO, 0, EPS_WIDE);
+  check_conv_in(&narrow, ACT_LAYOUT_BLOCKED16, CONV_ALGO_WINOGRAD, wino, EPS_WIDE);
   // The images: 3 and 1 channels read nhwc, the output blocked; never Winograd.
   const ConvCase rgb = {2, 3, 6, 6, 16, 3, 1, 1, 0, 0}, gray = {2, 1, 6, 6, 16, 3, 1, 1, 0, 0};
-  check_conv_in(&rgb, dnnl_nChw16c, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
-  check_conv_in(&gray, dnnl_nChw16c, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
+  check_conv_in(&rgb, ACT_LAYOUT_BLOCKED16, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
+  check_conv_in(&gray, ACT_LAYOUT_BLOCKED16, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
   // A strided 3x3 and a 1x1 projection on blocked activations.
   const ConvCase strided = {2, 16, 6, 6, 32, 3, 2, 1, 0, 1},
                  proj = {2, 16, 6, 6, 32, 1, 2, 0, 0, 1};
-  check_conv_in(&strided, dnnl_nChw16c, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
-  check_conv_in(&proj, dnnl_nChw16c, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
+  check_conv_in(&strided, ACT_LAYOUT_BLOCKED16, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
+  check_conv_in(&proj, ACT_LAYOUT_BLOCKED16, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
   // nhwc never runs Winograd (oneDNN has none for it).
   check_conv_in(&wide, 0, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
 }

@@ -225,19 +225,19 @@ static void resnet_destroy(Backbone *bb) {
 // direct convolution, BatchNorm, ReLU, the residual sum and pooling run on as fast as on nhwc,
 // so nothing is reordered between layers. The images enter nhwc (the stem converts them). A
 // builder that names a layout (tests: nhwc) has it.
-static dnnl_format_tag_t resnet_layout(const ModelSpec *spec, const Builder *b) {
+static ActLayout resnet_layout(const ModelSpec *spec, const Builder *b) {
   // Blocks of 16 are AVX-512's: without it oneDNN's fast kernels want nhwc or blocks of 8, and
   // several ops on nChw16c fall back to reference code (valgrind's AVX2-only CPU showed it), while
   // Winograd, the reason for the layout, exists only for AVX-512 anyway.
-  if (!dnnl_cpu_has_avx512()) return dnnl_nhwc;
+  if (!dnnl_cpu_has_avx512()) return ACT_LAYOUT_NHWC;
   // Winograd is fp32 only, and oneDNN 2.6's AMX bf16 convolutions (brgconv) take nhwc: on
   // nChw16c bf16 ran the older avx512_core_bf16 kernels, and an inbatch step on resnet-small took
   // 703 ms against 406 in fp32 (Intel Xeon with AMX, 2026-12-05).
-  if (builder_compute_type(b) != dnnl_f32) return dnnl_nhwc;
-  if (spec->stem_channels % 16 != 0) return dnnl_nhwc;
+  if (builder_policy(b).bf16) return ACT_LAYOUT_NHWC;
+  if (spec->stem_channels % 16 != 0) return ACT_LAYOUT_NHWC;
   for (int s = 0; s < model_spec_stages(spec); s++)
-    if (spec->stage_channels[s] % 16 != 0) return dnnl_nhwc;
-  return dnnl_nChw16c;
+    if (spec->stage_channels[s] % 16 != 0) return ACT_LAYOUT_NHWC;
+  return ACT_LAYOUT_BLOCKED16;
 }
 
 Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels) {

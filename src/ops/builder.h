@@ -78,6 +78,15 @@ typedef struct {
   BnSync bn_sync;
 } BuildPolicy;
 
+// The layout of the 4-D activations a network's ops pass each other.
+typedef enum {
+  ACT_LAYOUT_UNSET,  // the network chooses (nn/resnet.c); the ops read nhwc
+  ACT_LAYOUT_NHWC,   // channels last
+  // oneDNN's blocked nChw16c, which its Winograd convolutions need: every channel count a
+  // multiple of 16 except a convolution's input read from outside the network (the images, nhwc)
+  ACT_LAYOUT_BLOCKED16,
+} ActLayout;
+
 typedef struct {
   DnnlCtx *ctx;
   ParamSet *params;
@@ -93,10 +102,7 @@ typedef struct {
   BufferPool *pool;
   BufValue out_value;   // the next op's output, 0: its own
   BufValue grad_value;  // the next op's input gradient, 0: its own
-  // The layout of the 4-D activations the ops pass each other: 0 (nhwc) or dnnl_nChw16c, which
-  // needs every channel count a multiple of 16 except a convolution's input read from outside
-  // the network (the images, nhwc).
-  dnnl_format_tag_t layout;
+  ActLayout layout;
   // Training BatchNorms leave their running statistics as they are: a second instance of a
   // network at another input size (DINO's local crops) normalizes with its own batch statistics,
   // and the running ones stay those of the size the network is evaluated and exported at.
@@ -118,8 +124,9 @@ static inline dnnl_data_type_t builder_compute_type(const Builder *b) {
   return b->policy && b->policy->bf16 ? dnnl_bf16 : dnnl_f32;
 }
 
+// The activations' layout as oneDNN names it.
 static inline dnnl_format_tag_t builder_layout(const Builder *b) {
-  return b->layout ? b->layout : dnnl_nhwc;
+  return b->layout == ACT_LAYOUT_BLOCKED16 ? dnnl_nChw16c : dnnl_nhwc;
 }
 
 // Memory category for an op's output under this builder's mode.
