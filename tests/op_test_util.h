@@ -15,7 +15,7 @@
 #include "ops/builder.h"
 
 typedef struct {
-  DnnlCtx ctx;
+  ExecCtx ctx;
   ParamSet ps;
   BuildPolicy policy;  // the builder's: the defaults until a test changes them
   Builder b;
@@ -65,7 +65,7 @@ enum {
 };
 
 static inline void env_init(Env *e, size_t n_params, OpMode mode) {
-  dnnl_ctx_init(&e->ctx);
+  exec_ctx_init(&e->ctx);
   paramset_alloc(&e->ps, n_params, 7);
   e->policy = build_policy_default();
   e->b = (Builder){.ctx = &e->ctx, .params = &e->ps, .mode = mode, .policy = &e->policy};
@@ -73,7 +73,7 @@ static inline void env_init(Env *e, size_t n_params, OpMode mode) {
 
 static inline void env_destroy(Env *e) {
   paramset_free(&e->ps);
-  dnnl_ctx_destroy(&e->ctx);
+  exec_ctx_destroy(&e->ctx);
 }
 
 static inline float *new_tensor(size_t n) {

@@ -15,7 +15,7 @@
 enum { CALLS = 1 };
 
 typedef struct {
-  DnnlCtx ctx;
+  ExecCtx ctx;
   BuildPolicy policy;
   BufferPool pool;
   Builder b;

@@ -26,7 +26,7 @@
 enum { RB = BYOL_REF_B, RD = BYOL_REF_DIM };
 
 typedef struct {
-  DnnlCtx ctx;
+  ExecCtx ctx;
   ByolLoss loss;
   float p[2 * RB * RD], dp[2 * RB * RD];
 } LossCase;
@@ -39,7 +39,7 @@ static double loss_case_run(void *arg) {
 static void test_loss_matches_pytorch(void **state) {
   (void)state;
   LossCase *c = calloc(1, sizeof *c);
-  dnnl_ctx_init(&c->ctx);
+  exec_ctx_init(&c->ctx);
   const Builder b = {.ctx = &c->ctx};
   byol_loss_init(&c->loss, &b, 2 * RB, RD);
   memcpy(c->p, byol_ref_p, sizeof c->p);
@@ -57,7 +57,7 @@ static void test_loss_matches_pytorch(void **state) {
   memcpy(c->p, same, sizeof same);
   assert_float_equal(loss_case_run(c), 0.0, 1e-6);
   byol_loss_destroy(&c->loss);
-  dnnl_ctx_destroy(&c->ctx);
+  exec_ctx_destroy(&c->ctx);
   free(c);
 }
 

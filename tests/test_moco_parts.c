@@ -24,7 +24,7 @@
 enum { N = INFONCE_REF_N, D = INFONCE_REF_DIM, K = INFONCE_REF_K };
 
 typedef struct {
-  DnnlCtx ctx;
+  ExecCtx ctx;
   InfoNce loss;
   L2Norm unit;  // the queries normalized
   float zq[N * D], dq[N * D], dzq[N * D];
@@ -52,7 +52,7 @@ static double case_loss(void *arg) { return case_run(arg); }
 static void test_infonce_reference_and_fd(void **state) {
   (void)state;
   Case *c = calloc(1, sizeof *c);
-  dnnl_ctx_init(&c->ctx);
+  exec_ctx_init(&c->ctx);
   infonce_init(&c->loss, &c->ctx, N, K, D, INFONCE_REF_TEMPERATURE);
   const Builder b = {.ctx = &c->ctx, .mode = OP_TRAIN, .component = COMP_LOSS};
   l2norm_init(&c->unit, &b, N, D, 1);
@@ -66,15 +66,15 @@ static void test_infonce_reference_and_fd(void **state) {
               1e-2);
   infonce_destroy(&c->loss);
   l2norm_destroy(&c->unit);
-  dnnl_ctx_destroy(&c->ctx);
+  exec_ctx_destroy(&c->ctx);
   free(c);
 }
 
 // Excluding a negative must equal leaving it out of the bank altogether.
 static void test_infonce_unusable_is_absent(void **state) {
   (void)state;
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
+  ExecCtx ctx;
+  exec_ctx_init(&ctx);
   InfoNce all, fewer;
   float q[N * D], dq_a[N * D], dq_b[N * D], bank_b[K * D];
   unit_rows(infonce_ref_zq, q, N, D);
@@ -91,7 +91,7 @@ static void test_infonce_unusable_is_absent(void **state) {
   for (int i = 0; i < N * D; i++) assert_float_equal(dq_a[i], dq_b[i], 1e-6);
   infonce_destroy(&all);
   infonce_destroy(&fewer);
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
 }
 
 // A temperature far below the logits' spread leaves the positive a probability no float holds
@@ -99,8 +99,8 @@ static void test_infonce_unusable_is_absent(void **state) {
 // double by the test from the definition, and the gradient still finite.
 static void test_infonce_cold_temperature(void **state) {
   (void)state;
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
+  ExecCtx ctx;
+  exec_ctx_init(&ctx);
   const float t = 0.005f;
   float q[N * D], dq[N * D];
   unit_rows(infonce_ref_zq, q, N, D);
@@ -127,7 +127,7 @@ static void test_infonce_cold_temperature(void **state) {
   assert_true(fabs(got - want) <= 1e-4 * fabs(want));
   for (int i = 0; i < N * D; i++) assert_true(isfinite(dq[i]));
   infonce_destroy(&l);
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
 }
 
 static void test_queue_fifo_and_ages(void **state) {
@@ -213,8 +213,8 @@ static void *shuffle_replica_thread(void *arg) {
   ShuffleReplica *r = arg;
   const ObjectiveDef *def = objective_find("moco");
   Comm *comm = comm_local_rank(r->group, r->rank);
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
+  ExecCtx ctx;
+  exec_ctx_init(&ctx);
   ParamSet ps;
   paramset_alloc(&ps, objective_param_count(def, r->cfg), 3);
   ObjectiveEnv env = {r->cfg, &ctx, comm, &ps,  r->b, SB_N, (double)SB_N / r->b,
@@ -241,7 +241,7 @@ static void *shuffle_replica_thread(void *arg) {
   free(views);
   if (o) def->destroy(o);
   paramset_free(&ps);
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
   comm_destroy(comm);
   return NULL;
 }

@@ -16,7 +16,7 @@
 #include "ops/l2norm.h"
 
 typedef struct {
-  DnnlCtx ctx;
+  ExecCtx ctx;
   NtXent loss;
   L2Norm unit;  // z's rows normalized; u and dz are copies of its output and input gradient
   int rows, d;
@@ -25,7 +25,7 @@ typedef struct {
 
 static void case_init(Case *c, int rows, int d, float temperature) {
   memset(c, 0, sizeof *c);
-  dnnl_ctx_init(&c->ctx);
+  exec_ctx_init(&c->ctx);
   c->rows = rows;
   c->d = d;
   ntxent_init(&c->loss, &c->ctx, rows, rows, d, temperature);
@@ -41,7 +41,7 @@ static void case_init(Case *c, int rows, int d, float temperature) {
 static void case_destroy(Case *c) {
   ntxent_destroy(&c->loss);
   l2norm_destroy(&c->unit);
-  dnnl_ctx_destroy(&c->ctx);
+  exec_ctx_destroy(&c->ctx);
   free(c->z);
   free(c->u);
   free(c->du);

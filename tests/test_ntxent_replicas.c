@@ -52,8 +52,8 @@ static int batch_row(const Replica *r, int j) {
 static void *replica_thread(void *arg) {
   Replica *r = arg;
   Comm *comm = comm_local_rank(r->group, r->rank);
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
+  ExecCtx ctx;
+  exec_ctx_init(&ctx);
   NtXent loss;
   ntxent_init(&loss, &ctx, M, 2 * r->b, D, temperature);
   float u_all[M * D];
@@ -63,7 +63,7 @@ static void *replica_thread(void *arg) {
   r->loss_sum = ntxent_forward_backward(&loss, &ctx, u_all, r->u, r->row0, r->du_row);
   memcpy(r->du_col, loss.du_col, sizeof r->du_col);
   ntxent_destroy(&loss);
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
   comm_destroy(comm);
   return NULL;
 }

@@ -30,7 +30,7 @@ static const char *const settings[] = {
 // with ReLUs every activation is a kink a difference quotient can straddle, so the network is
 // small and so is the batch.
 typedef struct {
-  DnnlCtx ctx;
+  ExecCtx ctx;
   ParamSet ps;
   Backbone *bb;
   float images[4 * S * S * C];
@@ -50,7 +50,7 @@ static void test_resnet_backbone_gradient(void **state) {
   ResnetCase *c = calloc(1, sizeof *c);
   Config cfg;
   tiny_config(&cfg, "resnet", NULL);
-  dnnl_ctx_init(&c->ctx);
+  exec_ctx_init(&c->ctx);
   paramset_alloc(&c->ps, backbone_param_count(&cfg.model.spec, S, C), 3);
   Builder b = {.ctx = &c->ctx, .params = &c->ps, .mode = OP_TRAIN};
   c->bb = backbone_create(&cfg.model.spec, &b, 4, S, C);
@@ -74,7 +74,7 @@ static void test_resnet_backbone_gradient(void **state) {
   free(analytic);
   c->bb->destroy(c->bb);
   paramset_free(&c->ps);
-  dnnl_ctx_destroy(&c->ctx);
+  exec_ctx_destroy(&c->ctx);
   free(c);
 }
 
@@ -96,8 +96,8 @@ static ResnetRun resnet_run(ActLayout layout, ConvAlgorithm algo) {
   ModelSpec *m = &cfg.model.spec;
   m->stem_channels = m->stage_channels[0] = 16;
   m->stage_channels[1] = 32;
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
+  ExecCtx ctx;
+  exec_ctx_init(&ctx);
   BuildPolicy policy = build_policy_default();
   policy.conv_algorithm = algo;
   ParamSet ps;
@@ -111,7 +111,7 @@ static ResnetRun resnet_run(ActLayout layout, ConvAlgorithm algo) {
   for (int i = 0; i < 4 * 32; i++) dfeature[i] = rng_normal(&r);
   ResnetRun run = {.count = ps.count};
   paramset_zero_grad(&ps, 0);
-  dnnl_ctx_reset_flops(&ctx);
+  exec_ctx_reset_flops(&ctx);
   bb->forward(bb, &ctx, images);
   memcpy(run.feature, bb->feature, sizeof run.feature);
   bb->backward(bb, &ctx, dfeature);
@@ -120,7 +120,7 @@ static ResnetRun resnet_run(ActLayout layout, ConvAlgorithm algo) {
   run.flops_winograd = ctx.flops_winograd;
   bb->destroy(bb);
   paramset_free(&ps);
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
   return run;
 }
 

@@ -46,32 +46,32 @@ static void on_ready(void *user, size_t offset, size_t count) {
 
 // A module behind two function pointers, so one test body serves blocks and backbones.
 typedef struct {
-  DnnlCtx ctx;
+  ExecCtx ctx;
   BuildPolicy policy;
   ParamSet ps;
   void *module;
   size_t in_floats, out_floats;
-  const float *(*forward)(void *m, DnnlCtx *ctx, const float *in);
-  const float *(*backward)(void *m, DnnlCtx *ctx, const float *dout);  // the input gradient or NULL
+  const float *(*forward)(void *m, ExecCtx *ctx, const float *in);
+  const float *(*backward)(void *m, ExecCtx *ctx, const float *dout);  // the input gradient or NULL
   void (*destroy)(void *m);
 } Module;
 
-static const float *bb_forward(void *m, DnnlCtx *ctx, const float *in) {
+static const float *bb_forward(void *m, ExecCtx *ctx, const float *in) {
   Backbone *bb = m;
   bb->forward(bb, ctx, in);
   return bb->feature;
 }
-static const float *bb_backward(void *m, DnnlCtx *ctx, const float *dout) {
+static const float *bb_backward(void *m, ExecCtx *ctx, const float *dout) {
   Backbone *bb = m;
   bb->backward(bb, ctx, dout);
   return NULL;
 }
 static void bb_destroy(void *m) { ((Backbone *)m)->destroy(m); }
 
-static const float *blk_forward(void *m, DnnlCtx *ctx, const float *in) {
+static const float *blk_forward(void *m, ExecCtx *ctx, const float *in) {
   return transformer_block_forward(m, ctx, in);
 }
-static const float *blk_backward(void *m, DnnlCtx *ctx, const float *dout) {
+static const float *blk_backward(void *m, ExecCtx *ctx, const float *dout) {
   return transformer_block_backward(m, ctx, dout);
 }
 static void blk_destroy(void *m) {
@@ -95,7 +95,7 @@ static void spec_for(ModelSpec *m, const char *type) {
 // input.
 static void module_open(Module *m, const char *type, int calls, int bf16) {
   memset(m, 0, sizeof *m);
-  dnnl_ctx_init(&m->ctx);
+  exec_ctx_init(&m->ctx);
   m->policy = build_policy_default();
   m->policy.bf16 = bf16;
   m->policy.bn_splits = 2;  // BatchNorm statistics over two groups of each call's batch
@@ -131,7 +131,7 @@ static void module_open(Module *m, const char *type, int calls, int bf16) {
 static void module_close(Module *m) {
   m->destroy(m->module);
   paramset_free(&m->ps);
-  dnnl_ctx_destroy(&m->ctx);
+  exec_ctx_destroy(&m->ctx);
 }
 
 static float *copy_of(const float *x, size_t n) {
@@ -237,7 +237,7 @@ static void test_vit_two_calls_bf16(void **state) {
 // runs', and the set hears each slice once, only after both backwards.
 enum { N_SMALL = 3, S_SMALL = 12 };
 
-static Backbone *backbone_at(const ModelSpec *spec, DnnlCtx *ctx, const BuildPolicy *policy,
+static Backbone *backbone_at(const ModelSpec *spec, ExecCtx *ctx, const BuildPolicy *policy,
                              ParamSet *ps, int n, int s) {
   Builder b = {.ctx = ctx, .params = ps, .mode = OP_TRAIN, .policy = policy};
   Backbone *bb = backbone_create(spec, &b, n, s, C);
@@ -251,8 +251,8 @@ static void check_shared(const char *type, int bf16) {
   spec.pad_to = 0;  // each instance at its own size
   const size_t np = backbone_param_count(&spec, S, C);
   assert_int_equal(backbone_param_count(&spec, S_SMALL, C), np);
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
+  ExecCtx ctx;
+  exec_ctx_init(&ctx);
   BuildPolicy policy = build_policy_default();
   policy.bf16 = bf16;
   const size_t na = (size_t)N * S * S * C, nb = (size_t)N_SMALL * S_SMALL * S_SMALL * C;
@@ -313,7 +313,7 @@ static void check_shared(const char *type, int bf16) {
   paramset_free(&alone_b);
   float *bufs[] = {xa, xb, da, db, out_a, out_b, grad_sum};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
 }
 
 static void test_resnet_shared(void **state) {

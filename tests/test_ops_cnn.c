@@ -50,9 +50,9 @@ static void fill_away_from_zero(float *x, size_t n, uint64_t stream) {
 
 // The loss sum(out * R) after running the op's forward on `in`.
 typedef struct {
-  void (*forward)(void *op, DnnlCtx *ctx, const float *in);
+  void (*forward)(void *op, ExecCtx *ctx, const float *in);
   void *op;
-  DnnlCtx *ctx;
+  ExecCtx *ctx;
   const float *in;
   const float *out;  // the op's output buffer
   const float *R;
@@ -79,10 +79,10 @@ static void expect_grad(LossCtx *lc, float *x, const float *g, size_t n, float e
   expect_grad_sampled(lc, x, g, n, n, eps, label);
 }
 
-static void conv_fwd(void *l, DnnlCtx *ctx, const float *in) { conv2d_forward(l, ctx, in); }
-static void bn_fwd(void *l, DnnlCtx *ctx, const float *in) { batchnorm_forward(l, ctx, in); }
-static void eltwise_fwd(void *l, DnnlCtx *ctx, const float *in) { eltwise_forward(l, ctx, in); }
-static void gap_fwd(void *l, DnnlCtx *ctx, const float *in) { gap_forward(l, ctx, in); }
+static void conv_fwd(void *l, ExecCtx *ctx, const float *in) { conv2d_forward(l, ctx, in); }
+static void bn_fwd(void *l, ExecCtx *ctx, const float *in) { batchnorm_forward(l, ctx, in); }
+static void eltwise_fwd(void *l, ExecCtx *ctx, const float *in) { eltwise_forward(l, ctx, in); }
+static void gap_fwd(void *l, ExecCtx *ctx, const float *in) { gap_forward(l, ctx, in); }
 
 // ---------------------------------------------------------------------------------------------
 // Convolution
@@ -169,7 +169,7 @@ static void check_conv_in(const ConvCase *c, ActLayout layout, ConvAlgorithm alg
   else
     memcpy(in_op, in, n_in * sizeof(float));
 
-  dnnl_ctx_reset_flops(&e.ctx);
+  exec_ctx_reset_flops(&e.ctx);
   conv2d_forward(&l, &e.ctx, in_op);
   conv_reference(c, OH, OW, in, l.weight, l.has_bias ? l.bias : NULL, ref);
   if (blocked_out)
@@ -230,7 +230,7 @@ static void test_conv_cases(void **state) {
 }
 
 // Whether this oneDNN offers Winograd here: 2.x (3.2 removed it) on an AVX-512 CPU.
-static int winograd_available(void) { return DNNL_VERSION_MAJOR < 3 && dnnl_cpu_has_avx512(); }
+static int winograd_available(void) { return DNNL_VERSION_MAJOR < 3 && cpu_has_avx512(); }
 
 // Blocked activations, as a ResNet whose channel counts are multiples of 16 runs: direct and
 // Winograd give the reference convolution and its gradients. Auto takes Winograd for 3x3
@@ -343,7 +343,7 @@ static void check_batchnorm(int N, int C, int H, int W, int relu) {
 
   double mean[8], var[8];
   channel_stats(in, M, C, mean, var);
-  dnnl_ctx_reset_flops(&e.ctx);
+  exec_ctx_reset_flops(&e.ctx);
   batchnorm_forward(&l, &e.ctx, in);
   bn_reference(in, M, C, mean, var, l.gamma, l.beta, l.eps, relu, ref);
   expect_close(l.out, ref, n, FWD_ATOL);
@@ -467,7 +467,7 @@ static void test_bn_modes(void **state) {
     run_mean[c] = 0.1 * mean[c];
     run_var[c] = 0.9 + 0.1 * var[c] * M / (M - 1.0);
   }
-  dnnl_ctx_reset_flops(&e.ctx);
+  exec_ctx_reset_flops(&e.ctx);
   batchnorm_forward(&infer, &e.ctx, in2);
   bn_reference(in2, M, C, run_mean, run_var, infer.gamma, infer.beta, infer.eps, 1, ref);
   expect_close(infer.out, ref, n, FWD_ATOL);
@@ -524,14 +524,14 @@ static void check_eltwise(EltwiseKind kind) {
   for (size_t i = 0; i < n; i++)
     ref[i] = kind == ELTWISE_RELU ? fmax(0.0, in[i]) : gelu_reference(in[i]);
 
-  dnnl_ctx_reset_flops(&e.ctx);
+  exec_ctx_reset_flops(&e.ctx);
   eltwise_forward(&l, &e.ctx, in);
   expect_close(l.out, ref, n, FWD_ATOL);
   eltwise_backward(&l, &e.ctx, R);
   double fwd = kind == ELTWISE_RELU ? 1 : GELU_FWD, bwd = kind == ELTWISE_RELU ? 1 : GELU_BWD;
   assert_float_equal(e.ctx.flops_forward[COMP_HEAD], fwd * n, 0.5);
   assert_float_equal(e.ctx.flops_backward[COMP_HEAD], bwd * n, 0.5);
-  assert_float_equal(dnnl_ctx_total_flops(&e.ctx), (fwd + bwd) * n, 0.5);
+  assert_float_equal(exec_ctx_total_flops(&e.ctx), (fwd + bwd) * n, 0.5);
 
   LossCtx lc = {eltwise_fwd, &l, &e.ctx, in, l.out, R, n};
   expect_grad(&lc, in, l.din, n, kind == ELTWISE_RELU ? EPS_LINEAR : EPS_SMOOTH,
@@ -573,7 +573,7 @@ static void linear_ref(const Linear *l, const double *x, int rows, double *y) {
     }
 }
 
-static void head_fwd(void *h, DnnlCtx *ctx, const float *in) { head_forward(h, ctx, in); }
+static void head_fwd(void *h, ExecCtx *ctx, const float *in) { head_forward(h, ctx, in); }
 
 static void test_head_three_layers(void **state) {
   (void)state;
@@ -647,7 +647,7 @@ static void test_add(void **state) {
   fill_uniform(a, n, -1, 1, 13);
   fill_uniform(b, n, -1, 1, 14);
   for (int i = 0; i < n; i++) ref[i] = (double)a[i] + b[i];
-  dnnl_ctx_reset_flops(&e.ctx);
+  exec_ctx_reset_flops(&e.ctx);
   add_forward(&fwd, &e.ctx, a, b);
   expect_close(fwd.out, ref, n, 1e-6);
   assert_float_equal(e.ctx.flops_forward[COMP_ENCODER], n, 0.5);
@@ -678,7 +678,7 @@ static void test_global_avg_pool(void **state) {
       for (int p = 0; p < H * W; p++) s += in[((size_t)b * H * W + p) * C + c];
       ref[b * C + c] = s / (H * W);
     }
-  dnnl_ctx_reset_flops(&e.ctx);
+  exec_ctx_reset_flops(&e.ctx);
   gap_forward(&l, &e.ctx, in);
   expect_close(l.out, ref, n_out, FWD_ATOL);
   gap_backward(&l, &e.ctx, R);

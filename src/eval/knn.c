@@ -109,7 +109,7 @@ typedef struct {
   int tail_rows;
 } KnnPrimitives;
 
-static void knn_primitives_init(KnnPrimitives *k, DnnlCtx *ctx, int n_train, int n_test, int d) {
+static void knn_primitives_init(KnnPrimitives *k, ExecCtx *ctx, int n_train, int n_test, int d) {
   const int block = block_rows(n_test);
   const Builder b = {.ctx = ctx, .mode = OP_INFER, .component = COMP_OTHER};
   k->tail_rows = n_test % block;
@@ -130,7 +130,7 @@ static void knn_primitives_destroy(KnnPrimitives *k) {
   matmul_destroy(&k->tail_sims);
 }
 
-void knn_reserve_scratchpad(DnnlCtx *ctx, int n_train, int n_test, int d) {
+void knn_reserve_scratchpad(ExecCtx *ctx, int n_train, int n_test, int d) {
   KnnPrimitives k;
   knn_primitives_init(&k, ctx, n_train, n_test, d);
   knn_primitives_destroy(&k);
@@ -138,7 +138,7 @@ void knn_reserve_scratchpad(DnnlCtx *ctx, int n_train, int n_test, int d) {
 
 int knn_top1_multi(const float *train_feat, const int *train_labels, int n_train,
                    const float *test_feat, const int *test_labels, int n_test, int d, int n_classes,
-                   const int *ks, int n_k, float temperature, DnnlCtx *ctx, double *accuracy,
+                   const int *ks, int n_k, float temperature, ExecCtx *ctx, double *accuracy,
                    int *predictions) {
   if (check_args(train_labels, n_train, test_labels, n_test, d, n_classes, ks, n_k, temperature))
     return -1;
@@ -214,7 +214,7 @@ int knn_k_for_bank(int k, const int *train_labels, int n_train, int n_classes) {
 
 double knn_top1(const float *train_feat, const int *train_labels, int n_train,
                 const float *test_feat, const int *test_labels, int n_test, int d, int n_classes,
-                int k, float temperature, DnnlCtx *ctx) {
+                int k, float temperature, ExecCtx *ctx) {
   double accuracy;
   if (knn_top1_multi(train_feat, train_labels, n_train, test_feat, test_labels, n_test, d,
                      n_classes, &k, 1, temperature, ctx, &accuracy, NULL) < 0)

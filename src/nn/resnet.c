@@ -113,7 +113,7 @@ static BufValue block_init(BasicBlock *blk, Builder *b, const char *name, int N,
   return out;
 }
 
-static const float *block_forward(BasicBlock *blk, DnnlCtx *ctx, const float *in) {
+static const float *block_forward(BasicBlock *blk, ExecCtx *ctx, const float *in) {
   blk->in = in;
   conv2d_forward(&blk->conv1, ctx, in);
   batchnorm_forward(&blk->bn1, ctx, blk->conv1.out);
@@ -131,7 +131,7 @@ static const float *block_forward(BasicBlock *blk, DnnlCtx *ctx, const float *in
 }
 
 // Returns the gradient with respect to the block input.
-static const float *block_backward(BasicBlock *blk, DnnlCtx *ctx, const float *dout) {
+static const float *block_backward(BasicBlock *blk, ExecCtx *ctx, const float *dout) {
   eltwise_backward(&blk->relu, ctx, dout);
   const float *dsum = blk->relu.din;  // reaches both the residual branch and the shortcut
   const float *dshortcut = dsum;
@@ -184,7 +184,7 @@ static void pad_images(const ResNet *r, const float *images) {
     }
 }
 
-static void resnet_forward(Backbone *bb, DnnlCtx *ctx, const float *images) {
+static void resnet_forward(Backbone *bb, ExecCtx *ctx, const float *images) {
   ResNet *r = (ResNet *)bb;
   if (r->padded_slots) {
     r->padded = op_slot(r->padded_slots, padded_bytes(r), op_calls_forward(&r->pad_calls, "pad"));
@@ -198,7 +198,7 @@ static void resnet_forward(Backbone *bb, DnnlCtx *ctx, const float *images) {
   bb->feature = r->pool.out;
 }
 
-static void resnet_backward(Backbone *bb, DnnlCtx *ctx, const float *dfeature) {
+static void resnet_backward(Backbone *bb, ExecCtx *ctx, const float *dfeature) {
   ResNet *r = (ResNet *)bb;
   TL_ASSERT(r->mode == OP_TRAIN);
   gap_backward(&r->pool, ctx, dfeature);
@@ -229,7 +229,7 @@ static ActLayout resnet_layout(const ModelSpec *spec, const Builder *b) {
   // Blocks of 16 are AVX-512's: without it oneDNN's fast kernels want nhwc or blocks of 8, and
   // several ops on nChw16c fall back to reference code (valgrind's AVX2-only CPU showed it), while
   // Winograd, the reason for the layout, exists only for AVX-512 anyway.
-  if (!dnnl_cpu_has_avx512()) return ACT_LAYOUT_NHWC;
+  if (!cpu_has_avx512()) return ACT_LAYOUT_NHWC;
   // Winograd is fp32 only, and oneDNN 2.6's AMX bf16 convolutions (brgconv) take nhwc: on
   // nChw16c bf16 ran the older avx512_core_bf16 kernels, and an inbatch step on resnet-small took
   // 703 ms against 406 in fp32 (Intel Xeon with AMX, 2026-12-05).

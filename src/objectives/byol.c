@@ -116,7 +116,7 @@ static const LedgerOwnFields byol_fields = {1,
 
 static ObjectiveLoss byol_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Byol *o = (Byol *)base;
-  DnnlCtx *ctx = base->env.ctx;
+  ExecCtx *ctx = base->env.ctx;
   const int b = o->b;
   TL_ASSERT(batch->n == b && batch->n_views == 2);
 

@@ -30,7 +30,7 @@ static double loss_and_grad(ByolLoss *l, int mean_over) {
   return loss_sum;
 }
 
-double byol_loss_forward_backward(ByolLoss *l, DnnlCtx *ctx, const float *p, const float *z,
+double byol_loss_forward_backward(ByolLoss *l, ExecCtx *ctx, const float *p, const float *z,
                                   int mean_over, float *dp) {
   const int rows = l->rows, d = l->d;
   l2norm_forward(&l->p_unit, ctx, p);

@@ -21,6 +21,6 @@ void byol_loss_init(ByolLoss *l, const Builder *b, int rows, int d);
 // over the b = rows / 2 samples of the symmetric per-sample loss
 // (2 - 2 cos(p_i, z'_{i+b})) + (2 - 2 cos(p_{i+b}, z'_i)); dp (rows, d) receives
 // d(sum / mean_over)/dp. Counts its FLOPs in ctx (COMP_LOSS).
-double byol_loss_forward_backward(ByolLoss *l, DnnlCtx *ctx, const float *p, const float *z,
+double byol_loss_forward_backward(ByolLoss *l, ExecCtx *ctx, const float *p, const float *z,
                                   int mean_over, float *dp);
 void byol_loss_destroy(ByolLoss *l);

@@ -109,7 +109,7 @@ typedef struct {
   float *dz_unit, *dw_unit;  // (rows, bottleneck), (K, bottleneck)
 } NormedLast;
 
-static void normed_last_init(NormedLast *n, DnnlCtx *ctx, ParamSet *ps, int rows, int bottleneck,
+static void normed_last_init(NormedLast *n, ExecCtx *ctx, ParamSet *ps, int rows, int bottleneck,
                              int K, int train) {
   memset(n, 0, sizeof *n);
   n->rows = rows, n->bottleneck = bottleneck, n->K = K;
@@ -131,14 +131,14 @@ static void normed_last_init(NormedLast *n, DnnlCtx *ctx, ParamSet *ps, int rows
   n->dw_unit = tl_alloc(sizeof(float) * (size_t)K * bottleneck, MEM_ACT_GRAD, COMP_HEAD);
 }
 
-static void normed_last_forward(NormedLast *n, DnnlCtx *ctx, const float *z) {
+static void normed_last_forward(NormedLast *n, ExecCtx *ctx, const float *z) {
   l2norm_forward(&n->w_unit, ctx, n->v);
   l2norm_forward(&n->z_unit, ctx, z);
   matmul_run(&n->fwd, ctx, n->z_unit.out, n->w_unit.out, n->logits);
 }
 
 // dlogits -> dz (the MLP's output gradient) and V's gradient, reported to its set.
-static void normed_last_backward(NormedLast *n, DnnlCtx *ctx, const ParamSet *ps,
+static void normed_last_backward(NormedLast *n, ExecCtx *ctx, const ParamSet *ps,
                                  const float *dlogits) {
   matmul_run(&n->dz_mm, ctx, dlogits, n->w_unit.out, n->dz_unit);
   matmul_run(&n->dw_mm, ctx, dlogits, n->z_unit.out, n->dw_unit);
@@ -286,7 +286,7 @@ static const LedgerOwnFields dino_fields = {1,
 
 static ObjectiveLoss dino_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Dino *o = (Dino *)base;
-  DnnlCtx *ctx = base->env.ctx;
+  ExecCtx *ctx = base->env.ctx;
   const DinoSettings *set = settings(base->env.cfg);
   const int b = o->b, global_rows = GLOBAL_CROPS * b;
   TL_ASSERT(batch->n == b && batch->n_groups == (o->local ? 2 : 1) &&
@@ -348,7 +348,7 @@ static ObjectiveLoss dino_step(Objective *base, const Batch *batch, LedgerRecord
 // teacher outputs over every replica's global crops (a step's loss uses the centre before it).
 static void dino_after_update(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Dino *o = (Dino *)base;
-  DnnlCtx *ctx = base->env.ctx;
+  ExecCtx *ctx = base->env.ctx;
   const DinoSettings *set = settings(base->env.cfg);
   const int global_rows = GLOBAL_CROPS * o->b, K = o->last.K;
   if (!ctx->dry_run)

@@ -64,7 +64,7 @@ static Objective *inbatch_create(const ObjectiveEnv *env) {
 
 static ObjectiveLoss inbatch_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   InBatch *o = (InBatch *)base;
-  DnnlCtx *ctx = base->env.ctx;
+  ExecCtx *ctx = base->env.ctx;
   Comm *comm = base->env.comm;
   const int rows = 2 * o->b, d = o->head.out_dim, M = o->loss.M;
   TL_ASSERT(batch->n == o->b && batch->n_views == 2);

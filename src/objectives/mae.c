@@ -366,7 +366,7 @@ static const LedgerOwnFields mae_fields = {
 static ObjectiveLoss mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Mae *o = (Mae *)base;
   const Config *cfg = base->env.cfg;
-  DnnlCtx *ctx = base->env.ctx;
+  ExecCtx *ctx = base->env.ctx;
   const int b = o->b, P = o->P, Dd = o->Dd, Td = o->Td, pd = o->patch_dim;
   TL_ASSERT(batch->n == b && batch->n_views == 1);
 

@@ -117,7 +117,7 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   return &o->base;
 }
 
-static void encode_keys_local(Moco *o, DnnlCtx *ctx, const float *images) {
+static void encode_keys_local(Moco *o, ExecCtx *ctx, const float *images) {
   o->key_backbone->forward(o->key_backbone, ctx, images);
   head_forward(&o->key_head, ctx, o->key_backbone->feature);
   l2norm_forward(&o->key_unit, ctx, o->key_head.out);
@@ -126,7 +126,7 @@ static void encode_keys_local(Moco *o, DnnlCtx *ctx, const float *images) {
 // ShuffleBN: with several replicas the key encoder sees a random slice of the global batch, so
 // its BatchNorm statistics cannot tell a query's own positive apart (MoCo section 3.3). The
 // permutation comes from (seed, step), identical on every replica.
-static void encode_keys_shuffled(Moco *o, DnnlCtx *ctx) {
+static void encode_keys_shuffled(Moco *o, ExecCtx *ctx) {
   Comm *comm = o->base.env.comm;
   const int d = o->key_head.out_dim, f = o->image_floats;
   size_t offset_floats;
@@ -193,7 +193,7 @@ static void set_queue_fields(LedgerRecord *rec, const KeyQueueStats *qs) {
 static ObjectiveLoss moco_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Moco *o = (Moco *)base;
   const Config *cfg = base->env.cfg;
-  DnnlCtx *ctx = base->env.ctx;
+  ExecCtx *ctx = base->env.ctx;
   Comm *comm = base->env.comm;
   const int b = o->b, f = o->image_floats;
   TL_ASSERT(batch->n == b && batch->n_views == 2);

@@ -3,7 +3,7 @@
 #include <math.h>
 #include <string.h>
 
-void ntxent_init(NtXent *l, DnnlCtx *ctx, int M, int rows, int d, float temperature) {
+void ntxent_init(NtXent *l, ExecCtx *ctx, int M, int rows, int d, float temperature) {
   memset(l, 0, sizeof *l);
   l->M = M;
   l->rows = rows;
@@ -51,7 +51,7 @@ static void scale(float *x, size_t n, float by) {
   for (size_t i = 0; i < n; i++) x[i] *= by;
 }
 
-double ntxent_forward_backward(NtXent *l, DnnlCtx *ctx, const float *u_all, const float *u_local,
+double ntxent_forward_backward(NtXent *l, ExecCtx *ctx, const float *u_all, const float *u_local,
                                int row0, float *du_local) {
   const int M = l->M, rows = l->rows;
   const float inv_t = 1.0f / l->temperature;

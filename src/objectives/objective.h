@@ -15,7 +15,7 @@
 
 typedef struct {
   const Config *cfg;
-  DnnlCtx *ctx;
+  ExecCtx *ctx;
   Comm *comm;        // collectives: gathered features (inbatch), gathered keys (moco)
   ParamSet *params;  // online trainable parameters, allocated to objective_param_count;
                      // the backbone's come first so an evaluation copy can bind to them

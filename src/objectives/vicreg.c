@@ -72,7 +72,7 @@ static Objective *vicreg_create(const ObjectiveEnv *env) {
 
 static ObjectiveLoss vicreg_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   VicReg *o = (VicReg *)base;
-  DnnlCtx *ctx = base->env.ctx;
+  ExecCtx *ctx = base->env.ctx;
   const int rows = 2 * o->b;
   TL_ASSERT(batch->n == o->b && batch->n_views == 2);
 

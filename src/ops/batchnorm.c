@@ -65,7 +65,7 @@ static void bn_take_params(BatchNorm *l, Builder *b, const char *name) {
 // What forward keeps when it trains (or updates running statistics): the batch statistics and
 // the ReLU mask per call, the primitive that normalizes with given statistics, sync_bn's buffers.
 static void bn_keep_statistics(BatchNorm *l, Builder *b, DnnlMd data_md, unsigned flags) {
-  DnnlCtx *ctx = b->ctx;
+  ExecCtx *ctx = b->ctx;
   struct BatchNormPrivate *p = l->priv;
   const int C = l->C, fuse_relu = l->fuse_relu;
   // Batch statistics (and the ReLU mask) are kept for backward in training; the momentum encoder
@@ -98,7 +98,7 @@ static void bn_keep_statistics(BatchNorm *l, Builder *b, DnnlMd data_md, unsigne
 // its input gradient goes.
 static void bn_make_backward(BatchNorm *l, Builder *b, DnnlMd data_md, DnnlMd c_md,
                              unsigned flags) {
-  DnnlCtx *ctx = b->ctx;
+  ExecCtx *ctx = b->ctx;
   struct BatchNormPrivate *p = l->priv;
   const int C = l->C;
   const size_t G = (size_t)l->splits;
@@ -133,7 +133,7 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
         "%s: BatchNorm over a shard of %d sample%s per replica has no batch statistics; "
         "use fewer replicas or a larger train.batch_size",
         name, N, N == 1 ? "" : "s");
-  DnnlCtx *ctx = b->ctx;
+  ExecCtx *ctx = b->ctx;
   memset(l, 0, sizeof *l);
   const BuildPolicy policy = builder_policy(b);
   l->splits = b->mode == OP_INFER || policy.bn_splits < 1 ? 1 : policy.bn_splits;
@@ -223,7 +223,7 @@ static size_t group_elems(const BatchNorm *l) {
 // means average over replicas by sample count; the variance is the average of each replica's
 // variance plus its mean's squared distance from the global mean (the parallel formula, exact and
 // without E[x^2] - mean^2's cancellation).
-static void sync_statistics(BatchNorm *l, DnnlCtx *ctx) {
+static void sync_statistics(BatchNorm *l, ExecCtx *ctx) {
   struct BatchNormPrivate *p = l->priv;
   const int C = l->C;
   const double samples = (double)l->N * l->H * l->W;
@@ -271,7 +271,7 @@ static int bn_bind_forward(BatchNorm *l, const float *in, int g, const float *me
   return 7;
 }
 
-void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
+void batchnorm_forward(BatchNorm *l, ExecCtx *ctx, const float *in) {
   struct BatchNormPrivate *p = l->priv;
   int call = op_calls_forward(&l->calls, "batchnorm");
   l->calls.in[call] = l->in = in;
@@ -302,7 +302,7 @@ void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
   ctx->flops_forward[l->comp] += per_elem * (double)bn_elems(l);
 }
 
-void batchnorm_recompute(BatchNorm *l, DnnlCtx *ctx) {
+void batchnorm_recompute(BatchNorm *l, ExecCtx *ctx) {
   struct BatchNormPrivate *p = l->priv;
   if (l->mode != OP_TRAIN || !l->calls.out_shared)
     TL_DIE("batchnorm_recompute on an op without backward or whose output it keeps");
@@ -332,7 +332,7 @@ void batchnorm_recompute(BatchNorm *l, DnnlCtx *ctx) {
 // where avg is the sample-weighted average over replicas (one replica: the textbook formula).
 // dgamma and dbeta stay local: the trainer's weighted average of them is the global gradient.
 // `dgamma` and `dbeta` hold this call's sums.
-static void sync_din(BatchNorm *l, DnnlCtx *ctx, float *din, const float *dgamma,
+static void sync_din(BatchNorm *l, ExecCtx *ctx, float *din, const float *dgamma,
                      const float *dbeta) {
   struct BatchNormPrivate *p = l->priv;
   const int C = l->C;
@@ -364,7 +364,7 @@ static void sync_din(BatchNorm *l, DnnlCtx *ctx, float *din, const float *dgamma
   }
 }
 
-void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout) {
+void batchnorm_backward(BatchNorm *l, ExecCtx *ctx, const float *dout) {
   struct BatchNormPrivate *p = l->priv;
   TL_ASSERT(l->mode == OP_TRAIN);
   int call = op_calls_backward(&l->calls, "batchnorm");

@@ -37,9 +37,9 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
 static inline int batchnorm_in_place(const Builder *b) {
   return b->mode == OP_INFER || builder_policy(b).bn_sync.average == NULL;
 }
-void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in);
+void batchnorm_forward(BatchNorm *l, ExecCtx *ctx, const float *in);
 // Writes the output of the call the next backward takes again, from its input and the batch
 // statistics forward kept (a scratch output a later backward reads; ops/builder.h).
-void batchnorm_recompute(BatchNorm *l, DnnlCtx *ctx);
-void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout);
+void batchnorm_recompute(BatchNorm *l, ExecCtx *ctx);
+void batchnorm_backward(BatchNorm *l, ExecCtx *ctx, const float *dout);
 void batchnorm_destroy(BatchNorm *l);

@@ -28,7 +28,7 @@
 // - Each execution adds its analytic FLOPs (a multiply-add counts 2) to
 //   ctx->flops_forward/backward[the builder's component, kept at creation].
 #pragma once
-#include "core/dnnl_ctx.h"
+#include "core/exec_ctx.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,7 +88,7 @@ typedef enum {
 } ActLayout;
 
 typedef struct {
-  DnnlCtx *ctx;
+  ExecCtx *ctx;
   ParamSet *params;
   OpMode mode;
   // What the ops built count their buffers and FLOPs to (0: the encoder).
@@ -317,7 +317,7 @@ static inline int op_calls_next_backward(OpCalls *c, const char *op) {
 
 // Adds a gradient written to the scratch into its slice (counted as backward FLOPs: one add per
 // float); nothing when it was written in place.
-static inline void op_grad_commit(DnnlCtx *ctx, MemComponent comp, const ParamSet *ps, float *grad,
+static inline void op_grad_commit(ExecCtx *ctx, MemComponent comp, const ParamSet *ps, float *grad,
                                   const float *target, size_t count) {
   if (target == grad) return;
   if (!ctx->dry_run) paramset_grad_commit(ps, grad, target, count);
@@ -360,7 +360,7 @@ static inline OpGrads op_grads_begin(OpCalls *c, float *g0, size_t n0, float *g1
   return g;
 }
 
-static inline void op_grads_end(DnnlCtx *ctx, MemComponent comp, const OpCalls *c,
+static inline void op_grads_end(ExecCtx *ctx, MemComponent comp, const OpCalls *c,
                                 const OpGrads *g) {
   for (int i = 0; i < 2; i++)
     if (g->grad[i]) {

@@ -146,11 +146,11 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   TL_ASSERT(conv2d_backward_reads_input(l) == conv2d_will_read_input(b, l->IC, l->stride));
 }
 
-void conv2d_forward(Conv2d *l, DnnlCtx *ctx, const float *in) {
+void conv2d_forward(Conv2d *l, ExecCtx *ctx, const float *in) {
   weighted_forward(l->passes, ctx, in);
 }
 
-void conv2d_backward(Conv2d *l, DnnlCtx *ctx, const float *dout) {
+void conv2d_backward(Conv2d *l, ExecCtx *ctx, const float *dout) {
   weighted_backward(l->passes, ctx, dout);
 }
 

@@ -23,8 +23,8 @@ typedef struct {
 // + 1.
 void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH, int IW, int OC,
                  int K, int stride, int pad, int has_bias, int need_din);
-void conv2d_forward(Conv2d *l, DnnlCtx *ctx, const float *in);
-void conv2d_backward(Conv2d *l, DnnlCtx *ctx, const float *dout);  // dweight, dbias, din
+void conv2d_forward(Conv2d *l, ExecCtx *ctx, const float *in);
+void conv2d_backward(Conv2d *l, ExecCtx *ctx, const float *dout);  // dweight, dbias, din
 // Whether backward reads the f32 input forward was given (its weight gradient's source), rather
 // than a converted copy forward kept (a compute type other than f32, at stride 1).
 int conv2d_backward_reads_input(const Conv2d *l);

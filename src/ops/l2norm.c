@@ -16,7 +16,7 @@ struct L2NormPrivate {
 
 // Backward: dz = du / n; then n's buffer takes s = -(u . dz) per row (a matmul over the batch of
 // rows, scale -1); then dz += u * s.
-static void make_backward(L2Norm *l, DnnlCtx *ctx, DnnlMd mat, DnnlMd col) {
+static void make_backward(L2Norm *l, ExecCtx *ctx, DnnlMd mat, DnnlMd col) {
   struct L2NormPrivate *p = l->priv;
   const dnnl_dims_t u_dims = {l->rows, 1, l->d}, g_dims = {l->rows, l->d, 1},
                     s_dims = {l->rows, 1, 1};
@@ -37,7 +37,7 @@ static void make_backward(L2Norm *l, DnnlCtx *ctx, DnnlMd mat, DnnlMd col) {
 // The primitives `mode` runs, no buffers.
 static void make_primitives(L2Norm *l, const Builder *b, OpMode mode, int rows, int d) {
   if (rows <= 0 || d <= 0) TL_DIE("l2norm: bad shape (%d, %d)", rows, d);
-  DnnlCtx *ctx = b->ctx;
+  ExecCtx *ctx = b->ctx;
   memset(l, 0, sizeof *l);
   l->rows = rows, l->d = d;
   l->mode = mode;
@@ -73,7 +73,7 @@ void l2norm_init(L2Norm *l, const Builder *b, int rows, int d, int need_din) {
 }
 
 // dst = src / (one value per row).
-static void divide_rows(struct L2NormPrivate *p, DnnlCtx *ctx, const float *src, float *dst) {
+static void divide_rows(struct L2NormPrivate *p, ExecCtx *ctx, const float *src, float *dst) {
   dnnl_mem_bind(p->rows_a, src);
   dnnl_mem_bind(p->rows_b, dst);
   dnnl_exec_arg_t args[] = {
@@ -81,7 +81,7 @@ static void divide_rows(struct L2NormPrivate *p, DnnlCtx *ctx, const float *src,
   dnnl_ctx_exec(ctx, p->div, p->div_pd, 3, args);
 }
 
-void l2norm_forward_to(L2Norm *l, DnnlCtx *ctx, const float *in, float *out, float *norms) {
+void l2norm_forward_to(L2Norm *l, ExecCtx *ctx, const float *in, float *out, float *norms) {
   struct L2NormPrivate *p = l->priv;
   dnnl_mem_bind(p->rows_a, in);
   dnnl_mem_bind(p->per_row, norms);
@@ -92,11 +92,11 @@ void l2norm_forward_to(L2Norm *l, DnnlCtx *ctx, const float *in, float *out, flo
   ctx->flops_forward[l->comp] += 3.0 * l->rows * l->d;
 }
 
-void l2norm_forward(L2Norm *l, DnnlCtx *ctx, const float *in) {
+void l2norm_forward(L2Norm *l, ExecCtx *ctx, const float *in) {
   l2norm_forward_to(l, ctx, in, l->out, l->norms);
 }
 
-void l2norm_backward_to(L2Norm *l, DnnlCtx *ctx, const float *dout, float *din) {
+void l2norm_backward_to(L2Norm *l, ExecCtx *ctx, const float *dout, float *din) {
   struct L2NormPrivate *p = l->priv;
   if (l->mode != OP_TRAIN) TL_DIE("l2norm_backward on an op built without backward");
   dnnl_mem_bind(p->per_row, l->norms);
@@ -116,7 +116,7 @@ void l2norm_backward_to(L2Norm *l, DnnlCtx *ctx, const float *dout, float *din) 
   ctx->flops_backward[l->comp] += 4.0 * l->rows * l->d;
 }
 
-void l2norm_backward(L2Norm *l, DnnlCtx *ctx, const float *dout) {
+void l2norm_backward(L2Norm *l, ExecCtx *ctx, const float *dout) {
   TL_ASSERT(l->need_din);
   l2norm_backward_to(l, ctx, dout, l->din);
 }

@@ -19,11 +19,11 @@ typedef struct {
 // Backward exists in OP_TRAIN; need_din: the op owns its input gradient (else l2norm_backward_to
 // writes it where the caller says: a parameter's gradient).
 void l2norm_init(L2Norm *l, const Builder *b, int rows, int d, int need_din);
-void l2norm_forward(L2Norm *l, DnnlCtx *ctx, const float *in);
+void l2norm_forward(L2Norm *l, ExecCtx *ctx, const float *in);
 // Forward only, into buffers the caller owns (an evaluation's, counted with its own): out
 // (rows, d) and norms (rows); the op holds no buffer.
 void l2norm_init_unowned(L2Norm *l, const Builder *b, int rows, int d);
-void l2norm_forward_to(L2Norm *l, DnnlCtx *ctx, const float *in, float *out, float *norms);
-void l2norm_backward(L2Norm *l, DnnlCtx *ctx, const float *dout);
-void l2norm_backward_to(L2Norm *l, DnnlCtx *ctx, const float *dout, float *din);
+void l2norm_forward_to(L2Norm *l, ExecCtx *ctx, const float *in, float *out, float *norms);
+void l2norm_backward(L2Norm *l, ExecCtx *ctx, const float *dout);
+void l2norm_backward_to(L2Norm *l, ExecCtx *ctx, const float *dout, float *din);
 void l2norm_destroy(L2Norm *l);

@@ -96,11 +96,11 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   weighted_descs_destroy(&d);
 }
 
-void linear_forward(Linear *l, DnnlCtx *ctx, const float *in) {
+void linear_forward(Linear *l, ExecCtx *ctx, const float *in) {
   weighted_forward(l->passes, ctx, in);
 }
 
-void linear_backward(Linear *l, DnnlCtx *ctx, const float *dout) {
+void linear_backward(Linear *l, ExecCtx *ctx, const float *dout) {
   weighted_backward(l->passes, ctx, dout);
 }
 

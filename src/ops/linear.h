@@ -21,8 +21,8 @@ typedef struct {
 // Weights: `init_std` > 0 draws normal(0, init_std); 0 means Xavier-uniform. Bias zero.
 void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC, int has_bias,
                  int need_din, float init_std);
-void linear_forward(Linear *l, DnnlCtx *ctx, const float *in);
-void linear_backward(Linear *l, DnnlCtx *ctx, const float *dout);
+void linear_forward(Linear *l, ExecCtx *ctx, const float *in);
+void linear_backward(Linear *l, ExecCtx *ctx, const float *dout);
 // Whether backward reads the forward input where it was (1), or a converted copy of its own (0:
 // bf16 compute), so the input's buffer may be reused once forward has read it.
 int linear_backward_reads_input(const Linear *l);

@@ -37,7 +37,7 @@ void weighted_descs_destroy(WeightedDescs *d) {
 }
 
 // One pass's descriptor, a convolution's in `alg`; NULL when the library has no implementation.
-static dnnl_primitive_desc_t pass_pd(const Weighted *w, DnnlCtx *ctx, WeightedPass pass,
+static dnnl_primitive_desc_t pass_pd(const Weighted *w, ExecCtx *ctx, WeightedPass pass,
                                      dnnl_alg_kind_t alg, dnnl_prop_kind_t prop,
                                      const WeightedDescs *d) {
   const WeightedSpec *s = &w->spec;
@@ -63,7 +63,7 @@ static dnnl_primitive_desc_t pass_pd(const Weighted *w, DnnlCtx *ctx, WeightedPa
 }
 
 // A pass in the algorithm asked for, else direct; taken into use.
-static void make_pass(Weighted *w, DnnlCtx *ctx, WeightedPass pass, dnnl_prop_kind_t prop,
+static void make_pass(Weighted *w, ExecCtx *ctx, WeightedPass pass, dnnl_prop_kind_t prop,
                       const WeightedDescs *d) {
   w->pd[pass] = pass_pd(w, ctx, pass, w->alg, prop, d);
   w->winograd[pass] = w->pd[pass] && w->spec.conv && w->alg == dnnl_convolution_winograd;
@@ -76,7 +76,7 @@ static void make_pass(Weighted *w, DnnlCtx *ctx, WeightedPass pass, dnnl_prop_ki
 
 // Forward, its weights' copy into the primitive's layout, the input's copy and its memories.
 static void make_forward(Weighted *w, Builder *b, const WeightedDescs *d, int slots) {
-  DnnlCtx *ctx = b->ctx;
+  ExecCtx *ctx = b->ctx;
   const int train = b->mode == OP_TRAIN;
   make_pass(w, ctx, WEIGHTED_FWD, train ? dnnl_forward_training : dnnl_forward_inference, d);
   DnnlMd w_fwd_md = dnnl_pd_md(w->pd[WEIGHTED_FWD], dnnl_query_weights_md, 0);
@@ -92,7 +92,7 @@ static void make_forward(Weighted *w, Builder *b, const WeightedDescs *d, int sl
 }
 
 // Backward weights, the reorder of its gradient into the plain one, the output gradient's copy.
-static void make_backward_weights(Weighted *w, DnnlCtx *ctx, const WeightedDescs *d) {
+static void make_backward_weights(Weighted *w, ExecCtx *ctx, const WeightedDescs *d) {
   make_pass(w, ctx, WEIGHTED_BWD_WEIGHTS, dnnl_backward_weights, d);
   DnnlMd dw_md = dnnl_pd_md(w->pd[WEIGHTED_BWD_WEIGHTS], dnnl_query_diff_weights_md, 0);
   dnnl_reorder_init(&w->dw_to_plain, ctx, dw_md, d->w_plain);
@@ -110,7 +110,7 @@ static void make_backward_weights(Weighted *w, DnnlCtx *ctx, const WeightedDescs
 
 // Backward data, its weights' copy (forward's when the layouts agree) and the input gradient.
 static void make_backward_data(Weighted *w, Builder *b, const WeightedDescs *d) {
-  DnnlCtx *ctx = b->ctx;
+  ExecCtx *ctx = b->ctx;
   make_pass(w, ctx, WEIGHTED_BWD_DATA, dnnl_backward_data, d);
   DnnlMd w_bd_md = dnnl_pd_md(w->pd[WEIGHTED_BWD_DATA], dnnl_query_weights_md, 0);
   DnnlMd w_fwd_md = dnnl_pd_md(w->pd[WEIGHTED_FWD], dnnl_query_weights_md, 0);
@@ -146,11 +146,11 @@ Weighted *weighted_create(Builder *b, const WeightedSpec *spec, const WeightedDe
   return w;
 }
 
-static void count_winograd(const Weighted *w, DnnlCtx *ctx, WeightedPass pass) {
+static void count_winograd(const Weighted *w, ExecCtx *ctx, WeightedPass pass) {
   if (w->winograd[pass]) ctx->flops_winograd += w->spec.pass_flops;
 }
 
-void weighted_forward(Weighted *w, DnnlCtx *ctx, const float *in) {
+void weighted_forward(Weighted *w, ExecCtx *ctx, const float *in) {
   const WeightedOp *op = &w->op;
   const int call = op_calls_forward(op->calls, op->name);
   op->calls->in[call] = *op->in = in;
@@ -171,7 +171,7 @@ void weighted_forward(Weighted *w, DnnlCtx *ctx, const float *in) {
 }
 
 // The weight and bias gradients, through the set (written, or added through its scratch).
-static void backward_weights(Weighted *w, DnnlCtx *ctx, int call, const float *in,
+static void backward_weights(Weighted *w, ExecCtx *ctx, int call, const float *in,
                              const float *dout) {
   OpCalls *calls = w->op.calls;
   if (w->spec.bwd_weights_f32) {
@@ -200,7 +200,7 @@ static void backward_weights(Weighted *w, DnnlCtx *ctx, int call, const float *i
   count_winograd(w, ctx, WEIGHTED_BWD_WEIGHTS);
 }
 
-void weighted_backward(Weighted *w, DnnlCtx *ctx, const float *dout) {
+void weighted_backward(Weighted *w, ExecCtx *ctx, const float *dout) {
   const WeightedOp *op = &w->op;
   if (w->mode != OP_TRAIN) TL_DIE("%s: backward on an op built without backward", op->name);
   const int call = op_calls_backward(op->calls, op->name);

@@ -76,10 +76,10 @@ typedef struct Weighted Weighted;
 Weighted *weighted_create(Builder *b, const WeightedSpec *spec, const WeightedDescs *d,
                           const WeightedOp *op);
 // out = in x weight + bias, the op's next call.
-void weighted_forward(Weighted *w, DnnlCtx *ctx, const float *in);
+void weighted_forward(Weighted *w, ExecCtx *ctx, const float *in);
 // The weight (and bias) gradient of the latest call not yet gone back, into the set's slices; then,
 // with need_din, the input gradient.
-void weighted_backward(Weighted *w, DnnlCtx *ctx, const float *dout);
+void weighted_backward(Weighted *w, ExecCtx *ctx, const float *dout);
 // Whether the pass ran oneDNN's Winograd kernel.
 int weighted_winograd(const Weighted *w, WeightedPass pass);
 // Whether backward weights reads the f32 input forward was given, rather than a converted copy.

@@ -13,7 +13,7 @@ typedef struct {
   char objective[32];  // "" when the file does not say
   long step;           // steps trained, -1 when unknown
   AugmentParams norm;  // the evaluation transform: resize and the training normalization
-  DnnlCtx ctx;
+  ExecCtx ctx;
   ParamSet ps;        // the backbone's parameters and running statistics
   Backbone *encoder;  // OP_INFER, `batch` images per call
   int batch;

@@ -60,7 +60,7 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
   r->world = L->world;
   r->shard = run_layout_shard(L, spec->rank);
   r->comm = comm;
-  dnnl_ctx_init(&r->ctx);
+  exec_ctx_init(&r->ctx);
   r->ctx.dry_run = spec->dry_run;
   comm_set_dry_run(comm, spec->dry_run);
   r->policy = (BuildPolicy){
@@ -110,12 +110,12 @@ void replica_destroy(Replica *r) {
   if (r->optim) optim_destroy(r->optim);
   if (r->obj) r->def->destroy(r->obj);
   paramset_free(&r->ps);
-  dnnl_ctx_destroy(&r->ctx);
+  exec_ctx_destroy(&r->ctx);
   memset(r, 0, sizeof *r);
 }
 
 double replica_forward_backward(Replica *r, const Batch *batch, LedgerRecord *rec) {
-  dnnl_ctx_reset_flops(&r->ctx);
+  exec_ctx_reset_flops(&r->ctx);
   comm_stats_reset(r->comm);
   paramset_zero_grad(&r->ps, r->ctx.dry_run);
   if (r->grad_sync) grad_sync_begin(r->grad_sync, batch->n, r->shard.global);

@@ -20,9 +20,9 @@
 
 // Whether oneDNN runs AVX-512 (avx512_core) kernels on this CPU: blocked nChw16c activations and
 // Winograd convolutions are native there only.
-int dnnl_cpu_has_avx512(void);
+int cpu_has_avx512(void);
 
-struct DnnlCtx {
+struct ExecCtx {
   dnnl_engine_t engine;
   dnnl_stream_t stream;
   // Shared scratchpad for all primitives of this replica; they run one at a time.
@@ -45,12 +45,12 @@ struct DnnlCtx {
 // gemm driver and the OpenMP worker threads with their stacks. A plan, whose networks are built
 // in dry run and never execute, calls it before it takes its process's resident memory, so that
 // memory includes what a training's first step adds to it (about 5 MiB here).
-void dnnl_build_lazy_kernels(void);
+void exec_build_lazy_kernels(void);
 
-void dnnl_ctx_init(DnnlCtx *ctx);
-void dnnl_ctx_destroy(DnnlCtx *ctx);
-void dnnl_ctx_reset_flops(DnnlCtx *ctx);
-double dnnl_ctx_total_flops(const DnnlCtx *ctx);
+void exec_ctx_init(ExecCtx *ctx);
+void exec_ctx_destroy(ExecCtx *ctx);
+void exec_ctx_reset_flops(ExecCtx *ctx);
+double exec_ctx_total_flops(const ExecCtx *ctx);
 
 // Attribute with user-managed scratchpad: every primitive descriptor is created with this.
 dnnl_primitive_attr_t dnnl_ctx_attr(void);
@@ -58,16 +58,16 @@ dnnl_primitive_attr_t dnnl_ctx_attr(void);
 // Takes a created primitive descriptor into use: creates its primitive and grows the shared
 // scratchpad to what it asks for. A NULL `pd` (the library has no implementation, see
 // core/dnnl_seam.h) ends the run: call it only for what has no fallback.
-dnnl_primitive_t dnnl_ctx_adopt(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd);
+dnnl_primitive_t dnnl_ctx_adopt(ExecCtx *ctx, const_dnnl_primitive_desc_t pd);
 
 // Grows the shared scratchpad to at least what `pd` asks for (dnnl_ctx_adopt does).
-void dnnl_ctx_reserve_scratchpad(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd);
+void dnnl_ctx_reserve_scratchpad(ExecCtx *ctx, const_dnnl_primitive_desc_t pd);
 
 void dnnl_mem_bind(dnnl_memory_t mem, const void *ptr);
 
 // Executes a primitive with the given args plus the shared scratchpad; its outputs are ready when
-// this returns (the CPU stream is synchronous, see dnnl_ctx.c).
-void dnnl_ctx_exec(DnnlCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_desc_t pd, int nargs,
+// this returns (the CPU stream is synchronous, see exec_ctx.c).
+void dnnl_ctx_exec(ExecCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_desc_t pd, int nargs,
                    const dnnl_exec_arg_t *args);
 
 // A reorder between two layouts of the same tensor, created once; a no-op when they are equal.
@@ -76,9 +76,9 @@ typedef struct {
   dnnl_primitive_t prim;
   dnnl_memory_t src, dst;
 } DnnlReorder;
-void dnnl_reorder_init(DnnlReorder *r, DnnlCtx *ctx, DnnlMd src_md, DnnlMd dst_md);
+void dnnl_reorder_init(DnnlReorder *r, ExecCtx *ctx, DnnlMd src_md, DnnlMd dst_md);
 int dnnl_reorder_needed(const DnnlReorder *r);
-void dnnl_reorder_run(DnnlReorder *r, DnnlCtx *ctx, const void *src, void *dst);
+void dnnl_reorder_run(DnnlReorder *r, ExecCtx *ctx, const void *src, void *dst);
 void dnnl_reorder_destroy(DnnlReorder *r);
 
 // A tensor as a primitive reads it: converted into a buffer of its own when the primitive's
@@ -89,14 +89,14 @@ typedef struct {
   size_t slot_bytes;  // one copy's
 } DnnlCopy;
 // `category` and `comp` tag the buffer for the ledger (MEM_ACT when the copy is kept for backward).
-void dnnl_copy_init(DnnlCopy *c, DnnlCtx *ctx, DnnlMd src_md, DnnlMd dst_md, MemCategory category,
+void dnnl_copy_init(DnnlCopy *c, ExecCtx *ctx, DnnlMd src_md, DnnlMd dst_md, MemCategory category,
                     MemComponent comp);
 // The same with `slots` copies, one per forward call an op keeps (ops/builder.h).
-void dnnl_copy_init_slots(DnnlCopy *c, DnnlCtx *ctx, DnnlMd src_md, DnnlMd dst_md,
+void dnnl_copy_init_slots(DnnlCopy *c, ExecCtx *ctx, DnnlMd src_md, DnnlMd dst_md,
                           MemCategory category, MemComponent comp, int slots);
 // Converts `src` when needed; returns what the primitive should read.
-const void *dnnl_copy_run(DnnlCopy *c, DnnlCtx *ctx, const void *src);
-const void *dnnl_copy_run_at(DnnlCopy *c, DnnlCtx *ctx, const void *src, int slot);
+const void *dnnl_copy_run(DnnlCopy *c, ExecCtx *ctx, const void *src);
+const void *dnnl_copy_run_at(DnnlCopy *c, ExecCtx *ctx, const void *src, int slot);
 // The last converted copy (or `src`) without converting again.
 const void *dnnl_copy_last(const DnnlCopy *c, const void *src);
 const void *dnnl_copy_last_at(const DnnlCopy *c, const void *src, int slot);
