@@ -68,7 +68,7 @@ static const char *const tiny_settings[] = {"inbatch.temperature=0.5",
 // One objective on the tiny network, one replica, with a fixed batch of random views.
 typedef struct {
   Config cfg;
-  DnnlCtx ctx;
+  ExecCtx ctx;
   LocalGroup *group;
   Comm *comm;
   ParamSet ps;
@@ -84,13 +84,14 @@ static inline Fixture *fixture_new(const char *objective, const char *backbone,
                                    const char *const *settings) {
   Fixture *f = calloc(1, sizeof *f);
   tiny_config(&f->cfg, backbone, settings);
-  dnnl_ctx_init(&f->ctx);
+  exec_ctx_init(&f->ctx);
   f->group = comm_local_group_create(1);
   f->comm = comm_local_rank(f->group, 0);
   f->def = objective_find(objective);
   assert_non_null(f->def);
   paramset_alloc(&f->ps, objective_param_count(f->def, &f->cfg), 3);
-  ObjectiveEnv env = {&f->cfg, &f->ctx, f->comm, &f->ps, B, B, 1.0, TOTAL_STEPS, NULL, NULL, NULL};
+  ObjectiveEnv env = {&f->cfg, &f->ctx,     f->comm, &f->ps, B,    B,
+                      1.0,     TOTAL_STEPS, NULL,    NULL,   NULL, NULL};
   f->obj = objective_create(f->def, &env);
   assert_non_null(f->obj);
   const AugmentParams base = {.out_size = S};
@@ -110,7 +111,7 @@ static inline void fixture_free(Fixture *f) {
   paramset_free(&f->ps);
   comm_destroy(f->comm);
   comm_local_group_destroy(f->group);
-  dnnl_ctx_destroy(&f->ctx);
+  exec_ctx_destroy(&f->ctx);
   free(f);
 }
 

@@ -15,8 +15,9 @@
 #include "ops/builder.h"
 
 typedef struct {
-  DnnlCtx ctx;
+  ExecCtx ctx;
   ParamSet ps;
+  BuildPolicy policy;  // the builder's: the defaults until a test changes them
   Builder b;
 } Env;
 
@@ -64,14 +65,15 @@ enum {
 };
 
 static inline void env_init(Env *e, size_t n_params, OpMode mode) {
-  dnnl_ctx_init(&e->ctx);
+  exec_ctx_init(&e->ctx);
   paramset_alloc(&e->ps, n_params, 7);
-  e->b = (Builder){.ctx = &e->ctx, .params = &e->ps, .mode = mode};
+  e->policy = build_policy_default();
+  e->b = (Builder){.ctx = &e->ctx, .params = &e->ps, .mode = mode, .policy = &e->policy};
 }
 
 static inline void env_destroy(Env *e) {
   paramset_free(&e->ps);
-  dnnl_ctx_destroy(&e->ctx);
+  exec_ctx_destroy(&e->ctx);
 }
 
 static inline float *new_tensor(size_t n) {

@@ -34,7 +34,7 @@ typedef struct {
 static void pair_init(Pair *p, size_t n_params) {
   env_init(&p->f32, n_params, OP_TRAIN);
   env_init(&p->bf16, n_params, OP_TRAIN);
-  p->bf16.ctx.bf16 = 1;
+  p->bf16.policy.bf16 = 1;
 }
 
 static void pair_destroy(Pair *p) {

@@ -15,15 +15,17 @@
 enum { CALLS = 1 };
 
 typedef struct {
-  DnnlCtx ctx;
+  ExecCtx ctx;
+  BuildPolicy policy;
   BufferPool pool;
   Builder b;
 } Case;
 
 static void case_init(Case *c, OpMode mode, int recompute) {
   memset(c, 0, sizeof *c);
-  c->ctx.recompute = recompute;
-  c->b = (Builder){.ctx = &c->ctx, .mode = mode, .pool = &c->pool};
+  c->policy = build_policy_default();
+  c->policy.recompute = recompute;
+  c->b = (Builder){.ctx = &c->ctx, .mode = mode, .pool = &c->pool, .policy = &c->policy};
 }
 
 // What an op's init does with its output (op_out_alloc) or input gradient (op_din_alloc).

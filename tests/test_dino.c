@@ -29,7 +29,7 @@ enum {
 };
 
 typedef struct {
-  DnnlCtx ctx;
+  ExecCtx ctx;
   DinoLoss loss;
   float s[RV * RB * RK], ds[RV * RB * RK];
 } LossCase;
@@ -44,7 +44,7 @@ static double loss_case_run(void *arg) {
 static void test_loss_matches_pytorch(void **state) {
   (void)state;
   LossCase *c = calloc(1, sizeof *c);
-  dnnl_ctx_init(&c->ctx);
+  exec_ctx_init(&c->ctx);
   dino_loss_init(&c->loss, &c->ctx, RB, RG, RV, RK);
   memcpy(c->s, dino_ref_student, sizeof c->s);
   assert_int_equal(dino_loss_pairs(RG, RV), RG * RV - RG);
@@ -52,7 +52,7 @@ static void test_loss_matches_pytorch(void **state) {
   assert_true(fabs(loss - DINO_REF_LOSS) < 1e-5 * fabs(DINO_REF_LOSS));
   for (int i = 0; i < RV * RB * RK; i++) assert_float_equal(c->ds[i], dino_ref_dstudent[i], 1e-5);
   dino_loss_destroy(&c->loss);
-  dnnl_ctx_destroy(&c->ctx);
+  exec_ctx_destroy(&c->ctx);
   free(c);
 }
 

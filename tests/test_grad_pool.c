@@ -31,19 +31,20 @@ static ModelSpec spec_of(int blocks_in_stage1) {
 // What a training network of that shape holds in `cat`, bytes, under [train] recompute.
 static size_t bytes_held_r(int n, int blocks_in_stage1, MemCategory cat, int recompute) {
   const ModelSpec m = spec_of(blocks_in_stage1);
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
-  ctx.recompute = recompute;
+  ExecCtx ctx;
+  exec_ctx_init(&ctx);
+  BuildPolicy policy = build_policy_default();
+  policy.recompute = recompute;
   ParamSet ps;
   paramset_alloc(&ps, backbone_param_count(&m, S, C), 3);
   size_t before = tl_mem_live(cat);
-  Builder b = {.ctx = &ctx, .params = &ps, .mode = OP_TRAIN};
+  Builder b = {.ctx = &ctx, .params = &ps, .mode = OP_TRAIN, .policy = &policy};
   Backbone *bb = backbone_create(&m, &b, n, S, C);
   assert_non_null(bb);
   size_t held = tl_mem_live(cat) - before;
   bb->destroy(bb);
   paramset_free(&ps);
-  dnnl_ctx_destroy(&ctx);  // the scratchpad is the context's
+  exec_ctx_destroy(&ctx);  // the scratchpad is the context's
   assert_int_equal(tl_mem_live(cat), before);
   return held;
 }
@@ -96,13 +97,14 @@ static void test_resnet_block_keeps_four_tensors(void **state) {
 // statistics in another order of operations than with its own).
 static void grads_of(int recompute, float *grads, size_t count) {
   const ModelSpec m = spec_of(2);
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
-  ctx.recompute = recompute;
+  ExecCtx ctx;
+  exec_ctx_init(&ctx);
+  BuildPolicy policy = build_policy_default();
+  policy.recompute = recompute;
   ParamSet ps;
   paramset_alloc(&ps, backbone_param_count(&m, S, C), 3);
   assert_int_equal(ps.count, count);
-  Builder b = {.ctx = &ctx, .params = &ps, .mode = OP_TRAIN, .calls = 2};
+  Builder b = {.ctx = &ctx, .params = &ps, .mode = OP_TRAIN, .calls = 2, .policy = &policy};
   Backbone *bb = backbone_create(&m, &b, N, S, C);
   float images[2][N * S * S * C], dfeature[2][N * 8];
   for (int v = 0; v < 2; v++) {
@@ -119,7 +121,7 @@ static void grads_of(int recompute, float *grads, size_t count) {
   memcpy(grads, ps.grad, count * sizeof(float));
   bb->destroy(bb);
   paramset_free(&ps);
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
 }
 
 static void test_resnet_recompute_keeps_gradients(void **state) {
@@ -147,8 +149,8 @@ static void test_resnet_recompute_keeps_gradients(void **state) {
 static void test_resnet_forward_only_matches_training(void **state) {
   (void)state;
   const ModelSpec m = spec_of(2);
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
+  ExecCtx ctx;
+  exec_ctx_init(&ctx);
   ParamSet ps, bound;
   paramset_alloc(&ps, backbone_param_count(&m, S, C), 3);
   Builder bt = {.ctx = &ctx, .params = &ps, .mode = OP_TRAIN};
@@ -177,7 +179,7 @@ static void test_resnet_forward_only_matches_training(void **state) {
   train->destroy(train);
   paramset_free(&bound);
   paramset_free(&ps);
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
 }
 
 int main(void) {

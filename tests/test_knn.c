@@ -12,17 +12,17 @@
 #include "core/rng.h"
 #include "eval/knn.h"
 
-static DnnlCtx ctx;
+static ExecCtx ctx;
 
 static int setup(void **state) {
   (void)state;
-  dnnl_ctx_init(&ctx);
+  exec_ctx_init(&ctx);
   return 0;
 }
 
 static int teardown(void **state) {
   (void)state;
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
   return 0;
 }
 

@@ -185,7 +185,7 @@ static void test_resnet_conv_flops(void **state) {
   // train.conv_algorithm = auto runs Winograd for the 3x3 stride-1 layers of 32 channels and more
   // (stage 1's two convolutions, stages 2 and 3's second ones; not the stem, whose input is the
   // one-channel image), all three passes, where oneDNN has it (2.x, AVX-512).
-  const int wino = DNNL_VERSION_MAJOR < 3 && dnnl_cpu_has_avx512();
+  const int wino = DNNL_VERSION_MAJOR < 3 && cpu_has_avx512();
   const double winograd =
       3.0 * N *
       (2 * conv_flops(28, 32, 32, 3) + conv_flops(14, 64, 64, 3) + conv_flops(7, 128, 128, 3));

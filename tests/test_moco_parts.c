@@ -17,32 +17,45 @@
 #include "objectives/infonce.h"
 #include "objectives/key_queue.h"
 #include "objectives/moco.h"
-#include "objectives/ntxent.h"
 #include "objectives/objective.h"
+#include "ops/l2norm.h"
 #include "replica_test_util.h"
 
 enum { N = INFONCE_REF_N, D = INFONCE_REF_DIM, K = INFONCE_REF_K };
 
 typedef struct {
-  DnnlCtx ctx;
+  ExecCtx ctx;
   InfoNce loss;
-  float zq[N * D], q[N * D], norms[N], dq[N * D], dzq[N * D];
+  L2Norm unit;  // the queries normalized
+  float zq[N * D], dq[N * D], dzq[N * D];
 } Case;
 
 static double case_run(Case *c) {
-  l2norm_forward(c->zq, c->q, c->norms, N, D);
-  double sum = infonce_forward_backward(&c->loss, &c->ctx, c->q, infonce_ref_k, infonce_ref_bank,
-                                        infonce_ref_usable, N, c->dq);
-  l2norm_backward(c->q, c->norms, c->dq, c->dzq, N, D);
+  l2norm_forward(&c->unit, &c->ctx, c->zq);
+  double sum = infonce_forward_backward(&c->loss, &c->ctx, c->unit.out, infonce_ref_k,
+                                        infonce_ref_bank, infonce_ref_usable, N, c->dq);
+  l2norm_backward(&c->unit, &c->ctx, c->dq);
+  memcpy(c->dzq, c->unit.din, sizeof c->dzq);
   return sum / N;
+}
+
+// Rows of z divided by their lengths, in double: the tests' own queries.
+static void unit_rows(const float *z, float *u, int rows, int d) {
+  for (int i = 0; i < rows; i++) {
+    double ss = 0;
+    for (int k = 0; k < d; k++) ss += (double)z[i * d + k] * z[i * d + k];
+    for (int k = 0; k < d; k++) u[i * d + k] = (float)(z[i * d + k] / sqrt(ss));
+  }
 }
 static double case_loss(void *arg) { return case_run(arg); }
 
 static void test_infonce_reference_and_fd(void **state) {
   (void)state;
   Case *c = calloc(1, sizeof *c);
-  dnnl_ctx_init(&c->ctx);
+  exec_ctx_init(&c->ctx);
   infonce_init(&c->loss, &c->ctx, N, K, D, INFONCE_REF_TEMPERATURE);
+  const Builder b = {.ctx = &c->ctx, .mode = OP_TRAIN, .component = COMP_LOSS};
+  l2norm_init(&c->unit, &b, N, D, 1);
   memcpy(c->zq, infonce_ref_zq, sizeof c->zq);
   double loss = case_run(c);
   assert_float_equal(loss, INFONCE_REF_LOSS, 1e-5);
@@ -52,18 +65,19 @@ static void test_infonce_reference_and_fd(void **state) {
   assert_true(gradcheck(case_loss, c, c->zq, analytic, N * D, N * D, 1e-2f, 1e-4, "infonce dzq") <
               1e-2);
   infonce_destroy(&c->loss);
-  dnnl_ctx_destroy(&c->ctx);
+  l2norm_destroy(&c->unit);
+  exec_ctx_destroy(&c->ctx);
   free(c);
 }
 
 // Excluding a negative must equal leaving it out of the bank altogether.
 static void test_infonce_unusable_is_absent(void **state) {
   (void)state;
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
+  ExecCtx ctx;
+  exec_ctx_init(&ctx);
   InfoNce all, fewer;
-  float q[N * D], norms[N], dq_a[N * D], dq_b[N * D], bank_b[K * D];
-  l2norm_forward(infonce_ref_zq, q, norms, N, D);
+  float q[N * D], dq_a[N * D], dq_b[N * D], bank_b[K * D];
+  unit_rows(infonce_ref_zq, q, N, D);
   int kb = 0;
   for (int j = 0; j < K; j++)
     if (infonce_ref_usable[j])
@@ -77,7 +91,7 @@ static void test_infonce_unusable_is_absent(void **state) {
   for (int i = 0; i < N * D; i++) assert_float_equal(dq_a[i], dq_b[i], 1e-6);
   infonce_destroy(&all);
   infonce_destroy(&fewer);
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
 }
 
 // A temperature far below the logits' spread leaves the positive a probability no float holds
@@ -85,11 +99,11 @@ static void test_infonce_unusable_is_absent(void **state) {
 // double by the test from the definition, and the gradient still finite.
 static void test_infonce_cold_temperature(void **state) {
   (void)state;
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
+  ExecCtx ctx;
+  exec_ctx_init(&ctx);
   const float t = 0.005f;
-  float q[N * D], norms[N], dq[N * D];
-  l2norm_forward(infonce_ref_zq, q, norms, N, D);
+  float q[N * D], dq[N * D];
+  unit_rows(infonce_ref_zq, q, N, D);
   InfoNce l;
   infonce_init(&l, &ctx, N, K, D, t);
   double got = infonce_forward_backward(&l, &ctx, q, infonce_ref_k, infonce_ref_bank, NULL, N, dq);
@@ -113,7 +127,7 @@ static void test_infonce_cold_temperature(void **state) {
   assert_true(fabs(got - want) <= 1e-4 * fabs(want));
   for (int i = 0; i < N * D; i++) assert_true(isfinite(dq[i]));
   infonce_destroy(&l);
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
 }
 
 static void test_queue_fifo_and_ages(void **state) {
@@ -199,12 +213,12 @@ static void *shuffle_replica_thread(void *arg) {
   ShuffleReplica *r = arg;
   const ObjectiveDef *def = objective_find("moco");
   Comm *comm = comm_local_rank(r->group, r->rank);
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
+  ExecCtx ctx;
+  exec_ctx_init(&ctx);
   ParamSet ps;
   paramset_alloc(&ps, objective_param_count(def, r->cfg), 3);
-  ObjectiveEnv env = {r->cfg, &ctx, comm, &ps, r->b, SB_N, (double)SB_N / r->b,
-                      SB_N,   NULL, NULL, NULL};
+  ObjectiveEnv env = {r->cfg, &ctx, comm, &ps,  r->b, SB_N, (double)SB_N / r->b,
+                      SB_N,   NULL, NULL, NULL, NULL};
   Objective *o = objective_create(def, &env);
   float *views = calloc((size_t)2 * r->b * SB_S * SB_S, sizeof(float));
   int indices[SB_N] = {0}, labels[SB_N] = {0};
@@ -227,7 +241,7 @@ static void *shuffle_replica_thread(void *arg) {
   free(views);
   if (o) def->destroy(o);
   paramset_free(&ps);
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
   comm_destroy(comm);
   return NULL;
 }

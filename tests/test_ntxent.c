@@ -13,44 +13,50 @@
 #include "fixtures/ntxent_reference.h"
 #include "gradcheck.h"
 #include "objectives/ntxent.h"
+#include "ops/l2norm.h"
 
 typedef struct {
-  DnnlCtx ctx;
+  ExecCtx ctx;
   NtXent loss;
+  L2Norm unit;  // z's rows normalized; u and dz are copies of its output and input gradient
   int rows, d;
-  float *z, *u, *norms, *du, *dz;
+  float *z, *u, *du, *dz;
 } Case;
 
 static void case_init(Case *c, int rows, int d, float temperature) {
   memset(c, 0, sizeof *c);
-  dnnl_ctx_init(&c->ctx);
+  exec_ctx_init(&c->ctx);
   c->rows = rows;
   c->d = d;
   ntxent_init(&c->loss, &c->ctx, rows, rows, d, temperature);
+  const Builder b = {.ctx = &c->ctx, .mode = OP_TRAIN, .component = COMP_LOSS};
+  l2norm_init(&c->unit, &b, rows, d, 1);
   size_t n = (size_t)rows * d;
   c->z = calloc(n, sizeof(float));
   c->u = calloc(n, sizeof(float));
   c->du = calloc(n, sizeof(float));
   c->dz = calloc(n, sizeof(float));
-  c->norms = calloc((size_t)rows, sizeof(float));
 }
 
 static void case_destroy(Case *c) {
   ntxent_destroy(&c->loss);
-  dnnl_ctx_destroy(&c->ctx);
+  l2norm_destroy(&c->unit);
+  exec_ctx_destroy(&c->ctx);
   free(c->z);
   free(c->u);
   free(c->du);
   free(c->dz);
-  free(c->norms);
 }
 
 // Mean loss over all rows, and dz (one replica: column-role gradients are its own).
 static double case_run(Case *c) {
-  l2norm_forward(c->z, c->u, c->norms, c->rows, c->d);
+  const size_t n = (size_t)c->rows * c->d;
+  l2norm_forward(&c->unit, &c->ctx, c->z);
+  memcpy(c->u, c->unit.out, n * sizeof(float));
   double sum = ntxent_forward_backward(&c->loss, &c->ctx, c->u, c->u, 0, c->du);
-  for (size_t i = 0; i < (size_t)c->rows * c->d; i++) c->du[i] += c->loss.du_col[i];
-  l2norm_backward(c->u, c->norms, c->du, c->dz, c->rows, c->d);
+  for (size_t i = 0; i < n; i++) c->du[i] += c->loss.du_col[i];
+  l2norm_backward(&c->unit, &c->ctx, c->du);
+  memcpy(c->dz, c->unit.din, n * sizeof(float));
   return sum / c->rows;
 }
 

@@ -52,8 +52,8 @@ static int batch_row(const Replica *r, int j) {
 static void *replica_thread(void *arg) {
   Replica *r = arg;
   Comm *comm = comm_local_rank(r->group, r->rank);
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
+  ExecCtx ctx;
+  exec_ctx_init(&ctx);
   NtXent loss;
   ntxent_init(&loss, &ctx, M, 2 * r->b, D, temperature);
   float u_all[M * D];
@@ -63,7 +63,7 @@ static void *replica_thread(void *arg) {
   r->loss_sum = ntxent_forward_backward(&loss, &ctx, u_all, r->u, r->row0, r->du_row);
   memcpy(r->du_col, loss.du_col, sizeof r->du_col);
   ntxent_destroy(&loss);
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
   comm_destroy(comm);
   return NULL;
 }
@@ -125,9 +125,13 @@ static double reference_loss_of(void *u) { return reference_loss(u); }
 
 static void make_batch(void) {
   Rng r = rng_stream(21, RNG_TEST, 0, 0);
-  float z[M * D], norms[M];
+  float z[M * D];
   for (int i = 0; i < M * D; i++) z[i] = rng_normal(&r);
-  l2norm_forward(z, u_batch, norms, M, D);
+  for (int i = 0; i < M; i++) {  // each row divided by its length
+    double ss = 0;
+    for (int k = 0; k < D; k++) ss += (double)z[i * D + k] * z[i * D + k];
+    for (int k = 0; k < D; k++) u_batch[i * D + k] = (float)(z[i * D + k] / sqrt(ss));
+  }
 }
 
 static void expect_split_equals_one(int world, const int *sizes) {

@@ -30,7 +30,7 @@ static const char *const settings[] = {
 // with ReLUs every activation is a kink a difference quotient can straddle, so the network is
 // small and so is the batch.
 typedef struct {
-  DnnlCtx ctx;
+  ExecCtx ctx;
   ParamSet ps;
   Backbone *bb;
   float images[4 * S * S * C];
@@ -50,7 +50,7 @@ static void test_resnet_backbone_gradient(void **state) {
   ResnetCase *c = calloc(1, sizeof *c);
   Config cfg;
   tiny_config(&cfg, "resnet", NULL);
-  dnnl_ctx_init(&c->ctx);
+  exec_ctx_init(&c->ctx);
   paramset_alloc(&c->ps, backbone_param_count(&cfg.model.spec, S, C), 3);
   Builder b = {.ctx = &c->ctx, .params = &c->ps, .mode = OP_TRAIN};
   c->bb = backbone_create(&cfg.model.spec, &b, 4, S, C);
@@ -74,7 +74,7 @@ static void test_resnet_backbone_gradient(void **state) {
   free(analytic);
   c->bb->destroy(c->bb);
   paramset_free(&c->ps);
-  dnnl_ctx_destroy(&c->ctx);
+  exec_ctx_destroy(&c->ctx);
   free(c);
 }
 
@@ -90,18 +90,19 @@ typedef struct {
   double flops_winograd;
 } ResnetRun;
 
-static ResnetRun resnet_run(dnnl_format_tag_t layout, ConvAlgorithm algo) {
+static ResnetRun resnet_run(ActLayout layout, ConvAlgorithm algo) {
   Config cfg;
   tiny_config(&cfg, "resnet", NULL);
   ModelSpec *m = &cfg.model.spec;
   m->stem_channels = m->stage_channels[0] = 16;
   m->stage_channels[1] = 32;
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
-  ctx.conv_algorithm = algo;
+  ExecCtx ctx;
+  exec_ctx_init(&ctx);
+  BuildPolicy policy = build_policy_default();
+  policy.conv_algorithm = algo;
   ParamSet ps;
   paramset_alloc(&ps, backbone_param_count(m, S, C), 3);
-  Builder b = {.ctx = &ctx, .params = &ps, .mode = OP_TRAIN, .layout = layout};
+  Builder b = {.ctx = &ctx, .params = &ps, .mode = OP_TRAIN, .layout = layout, .policy = &policy};
   Backbone *bb = backbone_create(m, &b, 4, S, C);
   assert_int_equal(bb->feature_dim, 32);
   float images[4 * S * S * C], dfeature[4 * 32];
@@ -110,7 +111,7 @@ static ResnetRun resnet_run(dnnl_format_tag_t layout, ConvAlgorithm algo) {
   for (int i = 0; i < 4 * 32; i++) dfeature[i] = rng_normal(&r);
   ResnetRun run = {.count = ps.count};
   paramset_zero_grad(&ps, 0);
-  dnnl_ctx_reset_flops(&ctx);
+  exec_ctx_reset_flops(&ctx);
   bb->forward(bb, &ctx, images);
   memcpy(run.feature, bb->feature, sizeof run.feature);
   bb->backward(bb, &ctx, dfeature);
@@ -119,7 +120,7 @@ static ResnetRun resnet_run(dnnl_format_tag_t layout, ConvAlgorithm algo) {
   run.flops_winograd = ctx.flops_winograd;
   bb->destroy(bb);
   paramset_free(&ps);
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
   return run;
 }
 
@@ -143,7 +144,7 @@ static void expect_same_run(const ResnetRun *want, const ResnetRun *got, const c
 
 static void test_resnet_blocked_layout_matches_nhwc(void **state) {
   (void)state;
-  ResnetRun ref = resnet_run(dnnl_nhwc, CONV_ALGO_DIRECT);
+  ResnetRun ref = resnet_run(ACT_LAYOUT_NHWC, CONV_ALGO_DIRECT);
   ResnetRun direct = resnet_run(0, CONV_ALGO_DIRECT), wino = resnet_run(0, CONV_ALGO_WINOGRAD);
   expect_same_run(&ref, &direct, "blocked, direct");
   expect_same_run(&ref, &wino, "blocked, Winograd");

@@ -46,31 +46,32 @@ static void on_ready(void *user, size_t offset, size_t count) {
 
 // A module behind two function pointers, so one test body serves blocks and backbones.
 typedef struct {
-  DnnlCtx ctx;
+  ExecCtx ctx;
+  BuildPolicy policy;
   ParamSet ps;
   void *module;
   size_t in_floats, out_floats;
-  const float *(*forward)(void *m, DnnlCtx *ctx, const float *in);
-  const float *(*backward)(void *m, DnnlCtx *ctx, const float *dout);  // the input gradient or NULL
+  const float *(*forward)(void *m, ExecCtx *ctx, const float *in);
+  const float *(*backward)(void *m, ExecCtx *ctx, const float *dout);  // the input gradient or NULL
   void (*destroy)(void *m);
 } Module;
 
-static const float *bb_forward(void *m, DnnlCtx *ctx, const float *in) {
+static const float *bb_forward(void *m, ExecCtx *ctx, const float *in) {
   Backbone *bb = m;
   bb->forward(bb, ctx, in);
   return bb->feature;
 }
-static const float *bb_backward(void *m, DnnlCtx *ctx, const float *dout) {
+static const float *bb_backward(void *m, ExecCtx *ctx, const float *dout) {
   Backbone *bb = m;
   bb->backward(bb, ctx, dout);
   return NULL;
 }
 static void bb_destroy(void *m) { ((Backbone *)m)->destroy(m); }
 
-static const float *blk_forward(void *m, DnnlCtx *ctx, const float *in) {
+static const float *blk_forward(void *m, ExecCtx *ctx, const float *in) {
   return transformer_block_forward(m, ctx, in);
 }
-static const float *blk_backward(void *m, DnnlCtx *ctx, const float *dout) {
+static const float *blk_backward(void *m, ExecCtx *ctx, const float *dout) {
   return transformer_block_backward(m, ctx, dout);
 }
 static void blk_destroy(void *m) {
@@ -94,16 +95,18 @@ static void spec_for(ModelSpec *m, const char *type) {
 // input.
 static void module_open(Module *m, const char *type, int calls, int bf16) {
   memset(m, 0, sizeof *m);
-  dnnl_ctx_init(&m->ctx);
-  m->ctx.bf16 = bf16;
-  m->ctx.bn_splits = 2;  // BatchNorm statistics over two groups of each call's batch
+  exec_ctx_init(&m->ctx);
+  m->policy = build_policy_default();
+  m->policy.bf16 = bf16;
+  m->policy.bn_splits = 2;  // BatchNorm statistics over two groups of each call's batch
   if (strcmp(type, "block") == 0) {
     // norm1, qkv, proj, norm2, fc1 (D -> 2D), fc2, by hand.
     size_t count = 2 * layernorm_floats(BLK_D) + linear_floats(BLK_D, 3 * BLK_D, 1) +
                    linear_floats(BLK_D, BLK_D, 1) + linear_floats(BLK_D, 2 * BLK_D, 1) +
                    linear_floats(2 * BLK_D, BLK_D, 1);
     paramset_alloc(&m->ps, count, 3);
-    Builder b = {.ctx = &m->ctx, .params = &m->ps, .mode = OP_TRAIN, .calls = calls};
+    Builder b = {
+        .ctx = &m->ctx, .params = &m->ps, .mode = OP_TRAIN, .calls = calls, .policy = &m->policy};
     TransformerBlock *blk = calloc(1, sizeof *blk);
     transformer_block_init(blk, &b, "blk", N, BLK_T, BLK_D, 2, 2, 1);
     m->module = blk;
@@ -113,7 +116,8 @@ static void module_open(Module *m, const char *type, int calls, int bf16) {
     ModelSpec spec;
     spec_for(&spec, type);
     paramset_alloc(&m->ps, backbone_param_count(&spec, S, C), 3);
-    Builder b = {.ctx = &m->ctx, .params = &m->ps, .mode = OP_TRAIN, .calls = calls};
+    Builder b = {
+        .ctx = &m->ctx, .params = &m->ps, .mode = OP_TRAIN, .calls = calls, .policy = &m->policy};
     Backbone *bb = backbone_create(&spec, &b, N, S, C);
     assert_non_null(bb);
     m->module = bb;
@@ -127,7 +131,7 @@ static void module_open(Module *m, const char *type, int calls, int bf16) {
 static void module_close(Module *m) {
   m->destroy(m->module);
   paramset_free(&m->ps);
-  dnnl_ctx_destroy(&m->ctx);
+  exec_ctx_destroy(&m->ctx);
 }
 
 static float *copy_of(const float *x, size_t n) {
@@ -233,8 +237,9 @@ static void test_vit_two_calls_bf16(void **state) {
 // runs', and the set hears each slice once, only after both backwards.
 enum { N_SMALL = 3, S_SMALL = 12 };
 
-static Backbone *backbone_at(const ModelSpec *spec, DnnlCtx *ctx, ParamSet *ps, int n, int s) {
-  Builder b = {.ctx = ctx, .params = ps, .mode = OP_TRAIN};
+static Backbone *backbone_at(const ModelSpec *spec, ExecCtx *ctx, const BuildPolicy *policy,
+                             ParamSet *ps, int n, int s) {
+  Builder b = {.ctx = ctx, .params = ps, .mode = OP_TRAIN, .policy = policy};
   Backbone *bb = backbone_create(spec, &b, n, s, C);
   assert_non_null(bb);
   return bb;
@@ -246,9 +251,10 @@ static void check_shared(const char *type, int bf16) {
   spec.pad_to = 0;  // each instance at its own size
   const size_t np = backbone_param_count(&spec, S, C);
   assert_int_equal(backbone_param_count(&spec, S_SMALL, C), np);
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
-  ctx.bf16 = bf16;
+  ExecCtx ctx;
+  exec_ctx_init(&ctx);
+  BuildPolicy policy = build_policy_default();
+  policy.bf16 = bf16;
   const size_t na = (size_t)N * S * S * C, nb = (size_t)N_SMALL * S_SMALL * S_SMALL * C;
   float *xa = malloc(na * sizeof(float)), *xb = malloc(nb * sizeof(float));
   fill_uniform(xa, na, -1, 1, 1);
@@ -258,8 +264,8 @@ static void check_shared(const char *type, int bf16) {
   ParamSet alone_a, alone_b;
   paramset_alloc(&alone_a, np, 3);
   paramset_alloc(&alone_b, np, 3);
-  Backbone *a = backbone_at(&spec, &ctx, &alone_a, N, S);
-  Backbone *b = backbone_at(&spec, &ctx, &alone_b, N_SMALL, S_SMALL);
+  Backbone *a = backbone_at(&spec, &ctx, &policy, &alone_a, N, S);
+  Backbone *b = backbone_at(&spec, &ctx, &policy, &alone_b, N_SMALL, S_SMALL);
   const size_t da_n = (size_t)N * a->feature_dim, db_n = (size_t)N_SMALL * b->feature_dim;
   float *da = malloc(da_n * sizeof(float)), *db = malloc(db_n * sizeof(float));
   fill_uniform(da, da_n, -1, 1, 3);
@@ -278,9 +284,9 @@ static void check_shared(const char *type, int bf16) {
   // Together: the small instance on a view of the large one's set.
   ParamSet shared, view;
   paramset_alloc(&shared, np, 3);
-  Backbone *large = backbone_at(&spec, &ctx, &shared, N, S);
+  Backbone *large = backbone_at(&spec, &ctx, &policy, &shared, N, S);
   paramset_view(&view, &shared, 0);
-  Backbone *small = backbone_at(&spec, &ctx, &view, N_SMALL, S_SMALL);
+  Backbone *small = backbone_at(&spec, &ctx, &policy, &view, N_SMALL, S_SMALL);
   assert_int_equal(view.used, np);
   ReadyLog log = {0};
   shared.grad_ready = on_ready;
@@ -307,7 +313,7 @@ static void check_shared(const char *type, int bf16) {
   paramset_free(&alone_b);
   float *bufs[] = {xa, xb, da, db, out_a, out_b, grad_sum};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
 }
 
 static void test_resnet_shared(void **state) {

@@ -50,9 +50,9 @@ static void fill_away_from_zero(float *x, size_t n, uint64_t stream) {
 
 // The loss sum(out * R) after running the op's forward on `in`.
 typedef struct {
-  void (*forward)(void *op, DnnlCtx *ctx, const float *in);
+  void (*forward)(void *op, ExecCtx *ctx, const float *in);
   void *op;
-  DnnlCtx *ctx;
+  ExecCtx *ctx;
   const float *in;
   const float *out;  // the op's output buffer
   const float *R;
@@ -79,10 +79,10 @@ static void expect_grad(LossCtx *lc, float *x, const float *g, size_t n, float e
   expect_grad_sampled(lc, x, g, n, n, eps, label);
 }
 
-static void conv_fwd(void *l, DnnlCtx *ctx, const float *in) { conv2d_forward(l, ctx, in); }
-static void bn_fwd(void *l, DnnlCtx *ctx, const float *in) { batchnorm_forward(l, ctx, in); }
-static void eltwise_fwd(void *l, DnnlCtx *ctx, const float *in) { eltwise_forward(l, ctx, in); }
-static void gap_fwd(void *l, DnnlCtx *ctx, const float *in) { gap_forward(l, ctx, in); }
+static void conv_fwd(void *l, ExecCtx *ctx, const float *in) { conv2d_forward(l, ctx, in); }
+static void bn_fwd(void *l, ExecCtx *ctx, const float *in) { batchnorm_forward(l, ctx, in); }
+static void eltwise_fwd(void *l, ExecCtx *ctx, const float *in) { eltwise_forward(l, ctx, in); }
+static void gap_fwd(void *l, ExecCtx *ctx, const float *in) { gap_forward(l, ctx, in); }
 
 // ---------------------------------------------------------------------------------------------
 // Convolution
@@ -132,17 +132,17 @@ static void reblock(const float *x, float *y, int N, int H, int W, int C, int to
         }
 }
 
-// One case in the builder's activation layout (0: nhwc; nChw16c: activations blocked, an input of
+// One case in the builder's activation layout (0: nhwc; ACT_LAYOUT_BLOCKED16: nChw16c, an input of
 // fewer than 16 channels read nhwc as the images are) with `algo`; `winograd`: whether the op
 // must have taken Winograd. The reference works in nhwc; the op's input and output are converted
 // around it, while the gradients are checked in the op's own layout (the loss sum(out * R) does
 // not care which).
-static void check_conv_in(const ConvCase *c, dnnl_format_tag_t layout, ConvAlgorithm algo,
-                          int winograd, float eps) {
+static void check_conv_in(const ConvCase *c, ActLayout layout, ConvAlgorithm algo, int winograd,
+                          float eps) {
   Env e;
   env_init(&e, conv_floats(c->IC, c->OC, c->K, c->has_bias), OP_TRAIN);
   e.b.layout = layout;
-  e.ctx.conv_algorithm = algo;
+  e.policy.conv_algorithm = algo;
   Conv2d l;
   conv2d_init(&l, &e.b, "conv", c->N, c->IC, c->IH, c->IW, c->OC, c->K, c->stride, c->pad,
               c->has_bias, c->need_din);
@@ -157,8 +157,8 @@ static void check_conv_in(const ConvCase *c, dnnl_format_tag_t layout, ConvAlgor
 
   size_t n_in = (size_t)c->N * c->IH * c->IW * c->IC, n_out = (size_t)c->N * OH * OW * c->OC;
   size_t n_w = (size_t)c->OC * c->IC * c->K * c->K;
-  const int blocked_in = layout == dnnl_nChw16c && c->IC % 16 == 0;
-  const int blocked_out = layout == dnnl_nChw16c;
+  const int blocked_in = layout == ACT_LAYOUT_BLOCKED16 && c->IC % 16 == 0;
+  const int blocked_out = layout == ACT_LAYOUT_BLOCKED16;
   float *in = new_tensor(n_in), *in_op = new_tensor(n_in), *R = new_tensor(n_out);
   float *out = new_tensor(n_out);
   double *ref = tl_alloc(n_out * sizeof(double), MEM_DATA, COMP_OTHER);
@@ -169,7 +169,7 @@ static void check_conv_in(const ConvCase *c, dnnl_format_tag_t layout, ConvAlgor
   else
     memcpy(in_op, in, n_in * sizeof(float));
 
-  dnnl_ctx_reset_flops(&e.ctx);
+  exec_ctx_reset_flops(&e.ctx);
   conv2d_forward(&l, &e.ctx, in_op);
   conv_reference(c, OH, OW, in, l.weight, l.has_bias ? l.bias : NULL, ref);
   if (blocked_out)
@@ -230,7 +230,7 @@ static void test_conv_cases(void **state) {
 }
 
 // Whether this oneDNN offers Winograd here: 2.x (3.2 removed it) on an AVX-512 CPU.
-static int winograd_available(void) { return DNNL_VERSION_MAJOR < 3 && dnnl_cpu_has_avx512(); }
+static int winograd_available(void) { return DNNL_VERSION_MAJOR < 3 && cpu_has_avx512(); }
 
 // Blocked activations, as a ResNet whose channel counts are multiples of 16 runs: direct and
 // Winograd give the reference convolution and its gradients. Auto takes Winograd for 3x3
@@ -240,19 +240,19 @@ static void test_conv_blocked_layouts(void **state) {
   (void)state;
   const int wino = winograd_available();
   const ConvCase wide = {2, 64, 6, 6, 64, 3, 1, 1, 1, 1}, narrow = {2, 16, 5, 7, 32, 3, 1, 1, 0, 1};
-  check_conv_in(&wide, dnnl_nChw16c, CONV_ALGO_DIRECT, 0, EPS_WIDE);
-  check_conv_in(&wide, dnnl_nChw16c, CONV_ALGO_AUTO, wino, EPS_WIDE);
-  check_conv_in(&narrow, dnnl_nChw16c, CONV_ALGO_AUTO, 0, EPS_WIDE);
-  check_conv_in(&narrow, dnnl_nChw16c, CONV_ALGO_WINOGRAD, wino, EPS_WIDE);
+  check_conv_in(&wide, ACT_LAYOUT_BLOCKED16, CONV_ALGO_DIRECT, 0, EPS_WIDE);
+  check_conv_in(&wide, ACT_LAYOUT_BLOCKED16, CONV_ALGO_AUTO, wino, EPS_WIDE);
+  check_conv_in(&narrow, ACT_LAYOUT_BLOCKED16, CONV_ALGO_AUTO, 0, EPS_WIDE);
+  check_conv_in(&narrow, ACT_LAYOUT_BLOCKED16, CONV_ALGO_WINOGRAD, wino, EPS_WIDE);
   // The images: 3 and 1 channels read nhwc, the output blocked; never Winograd.
   const ConvCase rgb = {2, 3, 6, 6, 16, 3, 1, 1, 0, 0}, gray = {2, 1, 6, 6, 16, 3, 1, 1, 0, 0};
-  check_conv_in(&rgb, dnnl_nChw16c, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
-  check_conv_in(&gray, dnnl_nChw16c, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
+  check_conv_in(&rgb, ACT_LAYOUT_BLOCKED16, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
+  check_conv_in(&gray, ACT_LAYOUT_BLOCKED16, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
   // A strided 3x3 and a 1x1 projection on blocked activations.
   const ConvCase strided = {2, 16, 6, 6, 32, 3, 2, 1, 0, 1},
                  proj = {2, 16, 6, 6, 32, 1, 2, 0, 0, 1};
-  check_conv_in(&strided, dnnl_nChw16c, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
-  check_conv_in(&proj, dnnl_nChw16c, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
+  check_conv_in(&strided, ACT_LAYOUT_BLOCKED16, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
+  check_conv_in(&proj, ACT_LAYOUT_BLOCKED16, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
   // nhwc never runs Winograd (oneDNN has none for it).
   check_conv_in(&wide, 0, CONV_ALGO_WINOGRAD, 0, EPS_WIDE);
 }
@@ -343,7 +343,7 @@ static void check_batchnorm(int N, int C, int H, int W, int relu) {
 
   double mean[8], var[8];
   channel_stats(in, M, C, mean, var);
-  dnnl_ctx_reset_flops(&e.ctx);
+  exec_ctx_reset_flops(&e.ctx);
   batchnorm_forward(&l, &e.ctx, in);
   bn_reference(in, M, C, mean, var, l.gamma, l.beta, l.eps, relu, ref);
   expect_close(l.out, ref, n, FWD_ATOL);
@@ -379,7 +379,7 @@ static void test_bn_split_groups(void **state) {
   enum { N = 6, C = 3, H = 2, W = 2, G = 3 };
   Env e;
   env_init(&e, batchnorm_floats(C), OP_TRAIN);
-  e.ctx.bn_splits = G;
+  e.policy.bn_splits = G;
   BatchNorm l;
   batchnorm_init(&l, &e.b, "bn", N, C, H, W, 1, 1);
   assert_int_equal(l.splits, G);
@@ -467,7 +467,7 @@ static void test_bn_modes(void **state) {
     run_mean[c] = 0.1 * mean[c];
     run_var[c] = 0.9 + 0.1 * var[c] * M / (M - 1.0);
   }
-  dnnl_ctx_reset_flops(&e.ctx);
+  exec_ctx_reset_flops(&e.ctx);
   batchnorm_forward(&infer, &e.ctx, in2);
   bn_reference(in2, M, C, run_mean, run_var, infer.gamma, infer.beta, infer.eps, 1, ref);
   expect_close(infer.out, ref, n, FWD_ATOL);
@@ -510,10 +510,10 @@ static void check_eltwise(EltwiseKind kind) {
   enum { n = 2 * 5 * 5 * 3 };
   Env e;
   env_init(&e, 1, OP_TRAIN);
-  e.ctx.component = COMP_HEAD;  // FLOPs go to the component the op was created under
+  e.b.component = COMP_HEAD;  // FLOPs go to the component the op was created under
   Eltwise l;
   eltwise_init(&l, &e.b, kind, n, 1);
-  e.ctx.component = COMP_ENCODER;
+  e.b.component = COMP_ENCODER;
   float *in = new_tensor(n), *R = new_tensor(n);
   double ref[n];
   if (kind == ELTWISE_RELU)
@@ -524,14 +524,14 @@ static void check_eltwise(EltwiseKind kind) {
   for (size_t i = 0; i < n; i++)
     ref[i] = kind == ELTWISE_RELU ? fmax(0.0, in[i]) : gelu_reference(in[i]);
 
-  dnnl_ctx_reset_flops(&e.ctx);
+  exec_ctx_reset_flops(&e.ctx);
   eltwise_forward(&l, &e.ctx, in);
   expect_close(l.out, ref, n, FWD_ATOL);
   eltwise_backward(&l, &e.ctx, R);
   double fwd = kind == ELTWISE_RELU ? 1 : GELU_FWD, bwd = kind == ELTWISE_RELU ? 1 : GELU_BWD;
   assert_float_equal(e.ctx.flops_forward[COMP_HEAD], fwd * n, 0.5);
   assert_float_equal(e.ctx.flops_backward[COMP_HEAD], bwd * n, 0.5);
-  assert_float_equal(dnnl_ctx_total_flops(&e.ctx), (fwd + bwd) * n, 0.5);
+  assert_float_equal(exec_ctx_total_flops(&e.ctx), (fwd + bwd) * n, 0.5);
 
   LossCtx lc = {eltwise_fwd, &l, &e.ctx, in, l.out, R, n};
   expect_grad(&lc, in, l.din, n, kind == ELTWISE_RELU ? EPS_LINEAR : EPS_SMOOTH,
@@ -573,7 +573,7 @@ static void linear_ref(const Linear *l, const double *x, int rows, double *y) {
     }
 }
 
-static void head_fwd(void *h, DnnlCtx *ctx, const float *in) { head_forward(h, ctx, in); }
+static void head_fwd(void *h, ExecCtx *ctx, const float *in) { head_forward(h, ctx, in); }
 
 static void test_head_three_layers(void **state) {
   (void)state;
@@ -647,7 +647,7 @@ static void test_add(void **state) {
   fill_uniform(a, n, -1, 1, 13);
   fill_uniform(b, n, -1, 1, 14);
   for (int i = 0; i < n; i++) ref[i] = (double)a[i] + b[i];
-  dnnl_ctx_reset_flops(&e.ctx);
+  exec_ctx_reset_flops(&e.ctx);
   add_forward(&fwd, &e.ctx, a, b);
   expect_close(fwd.out, ref, n, 1e-6);
   assert_float_equal(e.ctx.flops_forward[COMP_ENCODER], n, 0.5);
@@ -678,7 +678,7 @@ static void test_global_avg_pool(void **state) {
       for (int p = 0; p < H * W; p++) s += in[((size_t)b * H * W + p) * C + c];
       ref[b * C + c] = s / (H * W);
     }
-  dnnl_ctx_reset_flops(&e.ctx);
+  exec_ctx_reset_flops(&e.ctx);
   gap_forward(&l, &e.ctx, in);
   expect_close(l.out, ref, n_out, FWD_ATOL);
   gap_backward(&l, &e.ctx, R);

@@ -68,7 +68,7 @@ static void check_linear(LinearShape shape) {
   fill_uniform(c.in, (size_t)M * IC, -1, 1, 2);
   fill_uniform(c.r, (size_t)M * OC, -1, 1, 3);
 
-  dnnl_ctx_reset_flops(&c.env.ctx);
+  exec_ctx_reset_flops(&c.env.ctx);
   linear_forward(&c.l, &c.env.ctx, c.in);
   double *want = malloc(sizeof(double) * (size_t)M * OC);
   assert_non_null(want);
@@ -97,7 +97,7 @@ static void test_linear(void **state) {
   (void)state;
   check_linear((LinearShape){.M = 6, .IC = 5, .OC = 4, .grad_blocked = 0});
   // Widening: blocked where the CPU has brgemm (AVX-512), plain otherwise.
-  check_linear((LinearShape){.M = 24, .IC = 64, .OC = 128, .grad_blocked = dnnl_cpu_has_avx512()});
+  check_linear((LinearShape){.M = 24, .IC = 64, .OC = 128, .grad_blocked = cpu_has_avx512()});
   // Widening by a partial block of 64: plain.
   check_linear((LinearShape){.M = 12, .IC = 16, .OC = 48, .grad_blocked = 0});
 }
@@ -150,7 +150,7 @@ static void test_layernorm(void **state) {
   fill_uniform(c.in, LN_M * LN_D, -2, 2, 3);
   fill_uniform(c.r, LN_M * LN_D, -1, 1, 4);
 
-  dnnl_ctx_reset_flops(&c.env.ctx);
+  exec_ctx_reset_flops(&c.env.ctx);
   layernorm_forward(&c.ln, &c.env.ctx, c.in);
   double want[LN_M * LN_D];
   for (int m = 0; m < LN_M; m++) {
@@ -232,7 +232,7 @@ static void check_attention(int N, int T, OpMode mode, size_t grad_samples) {
   fill_uniform(c.qkv, n_qkv, -1.5f, 1.5f, 1);
   fill_uniform(c.r, n_out, -1, 1, 2);
 
-  dnnl_ctx_reset_flops(&c.env.ctx);
+  exec_ctx_reset_flops(&c.env.ctx);
   attention_forward(&c.a, &c.env.ctx, c.qkv);
   double *want = tl_alloc(n_out * sizeof(double), MEM_DATA, COMP_OTHER);
   attention_reference(N, T, c.qkv, want);

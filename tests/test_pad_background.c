@@ -34,7 +34,7 @@ static void tiny_spec(ModelSpec *m, const char *type, int pad_to) {
 }
 
 typedef struct {
-  DnnlCtx ctx;
+  ExecCtx ctx;
   ParamSet ps;
   Backbone *bb;
 } Encoder;
@@ -42,7 +42,7 @@ typedef struct {
 // A training backbone on images of `size`, parameters from seed 3: the parameter count does not
 // depend on the image size, so encoders of one type start from the same weights.
 static void encoder_open(Encoder *e, const ModelSpec *spec, int size) {
-  dnnl_ctx_init(&e->ctx);
+  exec_ctx_init(&e->ctx);
   paramset_alloc(&e->ps, backbone_param_count(spec, size, C), 3);
   Builder b = {.ctx = &e->ctx, .params = &e->ps, .mode = OP_TRAIN};
   e->bb = backbone_create(spec, &b, N, size, C);
@@ -53,7 +53,7 @@ static void encoder_open(Encoder *e, const ModelSpec *spec, int size) {
 static void encoder_close(Encoder *e) {
   e->bb->destroy(e->bb);
   paramset_free(&e->ps);
-  dnnl_ctx_destroy(&e->ctx);
+  exec_ctx_destroy(&e->ctx);
 }
 
 // Features (N, FEATURE_DIM) into `feature`, then backward of sum(feature * dfeature): the

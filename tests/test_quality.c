@@ -14,10 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/dnnl_ctx.h"
+#include "core/exec_ctx.h"
 #include "eval/quality.h"
 
-static DnnlCtx ctx;
+static ExecCtx ctx;
 
 // RankMe from the singular values' shares p_k (each + 1e-7, as the paper), written out here.
 static double rankme_of(const double *p, int d) {
@@ -119,7 +119,7 @@ static void test_refuses(void **state) {
 }
 
 int main(void) {
-  dnnl_ctx_init(&ctx);
+  exec_ctx_init(&ctx);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_collapsed),
       cmocka_unit_test(test_full_rank),
@@ -128,6 +128,6 @@ int main(void) {
       cmocka_unit_test(test_refuses),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
   return rc;
 }

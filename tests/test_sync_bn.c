@@ -44,9 +44,7 @@ static void run_shard(Shard *s, int world) {
   Env e;
   env_init(&e, batchnorm_floats(C), OP_TRAIN);
   if (world > 1) {
-    e.ctx.bn_sync = average;
-    e.ctx.bn_sync_user = s->comm;
-    e.ctx.bn_sync_scale = (double)N_ALL / s->n;
+    e.policy.bn_sync = (BnSync){average, s->comm, (double)N_ALL / s->n};
   }
   BatchNorm l;
   batchnorm_init(&l, &e.b, "bn", s->n, C, H, W, s->relu, 1);
@@ -170,9 +168,7 @@ static void *net_shard(void *arg) {
   Env e;
   env_init(&e, backbone_param_count(s->spec, S, 1), OP_TRAIN);
   if (s->world > 1) {
-    e.ctx.bn_sync = average;
-    e.ctx.bn_sync_user = s->comm;
-    e.ctx.bn_sync_scale = (double)N_ALL / s->n;
+    e.policy.bn_sync = (BnSync){average, s->comm, (double)N_ALL / s->n};
   }
   Backbone *bb = backbone_create(s->spec, &e.b, s->n, S, 1);
   const int D = bb->feature_dim;

@@ -28,7 +28,7 @@ enum { N = VICREG_REF_N, D = VICREG_REF_DIM };
 typedef struct {
   LocalGroup *group;
   int rank, first, b;
-  DnnlCtx ctx;
+  ExecCtx ctx;
   Comm *comm;
   VicRegLoss loss;
   float z[2 * N * D];   // (2b, D): the replica's rows of x, then of y (view-major)
@@ -39,7 +39,7 @@ typedef struct {
 
 static void replica_open(Replica *r) {
   r->comm = comm_local_rank(r->group, r->rank);
-  dnnl_ctx_init(&r->ctx);
+  exec_ctx_init(&r->ctx);
   vicreg_loss_init(&r->loss, &r->ctx, N, r->b, D, VICREG_REF_SIM_COEFF, VICREG_REF_STD_COEFF,
                    VICREG_REF_COV_COEFF);
   memcpy(r->z, vicreg_ref_x + r->first * D, sizeof(float) * r->b * D);
@@ -54,7 +54,7 @@ static double replica_loss(void *arg) {
 
 static void replica_close(Replica *r) {
   vicreg_loss_destroy(&r->loss);
-  dnnl_ctx_destroy(&r->ctx);
+  exec_ctx_destroy(&r->ctx);
   comm_destroy(r->comm);
 }
 

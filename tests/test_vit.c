@@ -50,7 +50,7 @@ static void perturb_params(ParamSet *ps) {
 enum { BN = 2, BT = 5, BD = 8, BH = 2, BR = 2 };
 
 typedef struct {
-  DnnlCtx ctx;
+  ExecCtx ctx;
   ParamSet ps;
   TransformerBlock blk;
   float *in, *r;
@@ -64,7 +64,7 @@ static double block_loss(void *p) {
 
 // x1 = x + proj(attn(qkv(LN1(x)))), out = x1 + fc2(GELU(fc1(LN2(x1)))), composed here from
 // standalone ops bound to the block's parameters (same slices, same order).
-static void block_reference(DnnlCtx *ctx, ParamSet *ps, const float *x, float *out) {
+static void block_reference(ExecCtx *ctx, ParamSet *ps, const float *x, float *out) {
   ParamSet bound;
   paramset_bind(&bound, ps->data, NULL, ps->count);
   Builder b = {.ctx = ctx, .params = &bound, .mode = OP_INFER};
@@ -109,7 +109,7 @@ static void block_reference(DnnlCtx *ctx, ParamSet *ps, const float *x, float *o
 static void test_transformer_block(void **state) {
   (void)state;
   BlockCase c;
-  dnnl_ctx_init(&c.ctx);
+  exec_ctx_init(&c.ctx);
   // Two LayerNorms, qkv, the output projection and the MLP's two Linears, with biases.
   size_t count = 2 * 2 * BD + (BD * 3 * BD + 3 * BD) + (BD * BD + BD) + (BD * BR * BD + BR * BD) +
                  (BR * BD * BD + BD);
@@ -147,7 +147,7 @@ static void test_transformer_block(void **state) {
   tl_free(c.in);
   tl_free(c.r);
   paramset_free(&c.ps);
-  dnnl_ctx_destroy(&c.ctx);
+  exec_ctx_destroy(&c.ctx);
 }
 
 // ---- ViT ----
@@ -185,20 +185,22 @@ static void test_vit_parameter_count(void **state) {
 }
 
 typedef struct {
-  DnnlCtx ctx;
+  ExecCtx ctx;
+  BuildPolicy policy;
   ParamSet ps;
   ModelSpec spec;
   Vit *vit;
   float *images, *r;
 } VitCase;
 
-// recompute: [train] recompute, what the blocks keep for backward (DnnlCtx.recompute).
+// recompute: [train] recompute, what the blocks keep for backward (BuildPolicy.recompute).
 static void vit_case_open(VitCase *c, const char *pool, OpMode mode, int recompute) {
-  dnnl_ctx_init(&c->ctx);
-  c->ctx.recompute = recompute;
+  exec_ctx_init(&c->ctx);
+  c->policy = build_policy_default();
+  c->policy.recompute = recompute;
   c->spec = tiny_spec(pool);
   paramset_alloc(&c->ps, backbone_param_count(&c->spec, VS, VC), 5);
-  Builder b = {.ctx = &c->ctx, .params = &c->ps, .mode = mode};
+  Builder b = {.ctx = &c->ctx, .params = &c->ps, .mode = mode, .policy = &c->policy};
   c->vit = (Vit *)vit_create(&c->spec, &b, VN, VS, VC);
   assert_non_null(c->vit);
   assert_int_equal(c->ps.used, c->ps.count);
@@ -218,7 +220,7 @@ static void vit_case_destroy(VitCase *c) {
   tl_free(c->images);
   tl_free(c->r);
   paramset_free(&c->ps);
-  dnnl_ctx_destroy(&c->ctx);
+  exec_ctx_destroy(&c->ctx);
 }
 
 // MAE's get_2d_sincos_pos_embed, structured as MAE writes it: the first half of the row is the
@@ -290,7 +292,7 @@ static void vit_reference_tokens(VitCase *c, int has_cls, float *tokens) {
   int T = has_cls + N_PATCHES;
   ParamSet bound;
   paramset_bind(&bound, c->ps.data, NULL, c->ps.count);
-  Builder b = {.ctx = &c->ctx, .params = &bound, .mode = OP_INFER};
+  Builder b = {.ctx = &c->ctx, .params = &bound, .mode = OP_INFER, .policy = &c->policy};
   Linear embed;
   linear_init(&embed, &b, "embed", VN * N_PATCHES, PATCH_DIM, VD, 1, 0, 0);
   const float *cls = has_cls ? paramset_take(&bound, "cls", VD, 1, NULL) : NULL;
@@ -386,7 +388,7 @@ typedef struct {
 
 static Vit *masked_on(VitCase *c, int n_keep, OpMode mode, ParamSet *bound) {
   paramset_bind(bound, c->ps.data, c->ps.grad, c->ps.count);
-  Builder b = {.ctx = &c->ctx, .params = bound, .mode = mode};
+  Builder b = {.ctx = &c->ctx, .params = bound, .mode = mode, .policy = &c->policy};
   Vit *v = vit_create_masked(&c->spec, &b, VN, VS, VC, n_keep);
   assert_non_null(v);
   return v;
@@ -412,7 +414,7 @@ static void test_masked_token_count_and_grads(void **state) {
   const int keep[VN * N_KEEP] = {3, 0, 2, 1, 2, 3};
   memcpy(m.keep, keep, sizeof keep);
 
-  dnnl_ctx_reset_flops(&m.full.ctx);
+  exec_ctx_reset_flops(&m.full.ctx);
   vit_forward_visible(v, &m.full.ctx, m.full.images, m.keep);
   vit_backward_tokens(v, &m.full.ctx, m.full.r);
   // Analytic count for T = 1 + n_keep tokens, M = N*T rows, hidden = mlp_ratio * D.
@@ -492,8 +494,8 @@ static void test_vit_bad_specs(void **state) {
   s = tiny_spec("max");
   assert_int_equal(vit_check_spec(&s, VS, VC), -1);
 
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
+  ExecCtx ctx;
+  exec_ctx_init(&ctx);
   ParamSet ps;
   s = tiny_spec("cls");
   paramset_alloc(&ps, backbone_param_count(&s, VS, VC), 1);
@@ -501,7 +503,7 @@ static void test_vit_bad_specs(void **state) {
   assert_null(vit_create_masked(&s, &b, VN, VS, VC, N_PATCHES + 1));
   assert_int_equal(ps.used, 0);
   paramset_free(&ps);
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
 }
 
 // [train] recompute = 0 keeps each block's two LayerNorm outputs (M x D each) and GELU's output
@@ -523,7 +525,7 @@ static void test_recompute_keeps_gradients(void **state) {
   for (int i = 0; i < 2; i++) {
     VitCase *c = cases[i];
     paramset_zero_grad(&c->ps, 0);
-    dnnl_ctx_reset_flops(&c->ctx);
+    exec_ctx_reset_flops(&c->ctx);
     vit_forward_visible(c->vit, &c->ctx, c->images, NULL);
     vit_backward_tokens(c->vit, &c->ctx, c->r);
   }

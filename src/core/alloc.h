@@ -36,7 +36,7 @@ void tl_free(void *p);
 // Planning (this thread only): while set, new blocks are not zero-filled, and blocks of a page or
 // more are address space only (never committed; touching one faults), so a model of any size can be
 // built to be measured (`tally plan`) in a few megabytes. Code that runs during a plan must not
-// read or write them: ops check DnnlCtx.dry_run, initializers tl_alloc_untouched().
+// read or write them: ops check ExecCtx.dry_run, initializers tl_alloc_untouched().
 void tl_alloc_set_untouched(int untouched);
 // 1 while planning: initializers may skip filling what they allocate (nothing will read it).
 int tl_alloc_untouched(void);

@@ -4,11 +4,11 @@
 #pragma once
 #include <stdint.h>
 
-#include "core/dnnl_ctx.h"
+#include "core/exec_ctx.h"
 #include "core/params.h"
 
 typedef struct {
-  DnnlCtx ctx;  // dry run
+  ExecCtx ctx;  // dry run
   ParamSet ps;  // counting
   int was_untouched;
 } CountingPass;

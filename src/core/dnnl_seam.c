@@ -6,7 +6,7 @@
 #include <oneapi/dnnl/dnnl_version.h>
 #include <stdlib.h>
 
-#include "core/dnnl_ctx.h"
+#include "core/exec_ctx.h"
 
 #if DNNL_VERSION_MAJOR >= 3
 // 3.x: DnnlMd is the library's handle under Tally's name.
@@ -98,13 +98,13 @@ void dnnl_md_destroy(DnnlMd md) {
 #endif
 }
 
-dnnl_memory_t dnnl_mem_new(DnnlCtx *ctx, DnnlMd md) {
+dnnl_memory_t dnnl_mem_new(ExecCtx *ctx, DnnlMd md) {
   dnnl_memory_t m;
   DNNL_CHECK(dnnl_memory_create(&m, LIB_MD(md), ctx->engine, DNNL_MEMORY_NONE));
   return m;
 }
 
-dnnl_primitive_desc_t dnnl_pd_reorder(DnnlCtx *ctx, DnnlMd src, DnnlMd dst) {
+dnnl_primitive_desc_t dnnl_pd_reorder(ExecCtx *ctx, DnnlMd src, DnnlMd dst) {
   dnnl_primitive_desc_t pd = NULL;
   dnnl_status_t status = dnnl_reorder_primitive_desc_create(
       &pd, LIB_MD(src), ctx->engine, LIB_MD(dst), ctx->engine, dnnl_ctx_attr());
@@ -120,7 +120,7 @@ int dnnl_batch_norm_backward_reads_shift(void) { return DNNL_VERSION_MAJOR < 3; 
 // 3.x takes dilations (none: zeros) where 2.x had none.
 static const dnnl_dims_t no_dilation = {0, 0};
 
-dnnl_primitive_desc_t dnnl_pd_conv_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop, dnnl_alg_kind_t alg,
+dnnl_primitive_desc_t dnnl_pd_conv_forward(ExecCtx *ctx, dnnl_prop_kind_t prop, dnnl_alg_kind_t alg,
                                            DnnlMd src, DnnlMd weights, DnnlMd bias, DnnlMd dst,
                                            const dnnl_dims_t strides, const dnnl_dims_t padding) {
   dnnl_primitive_desc_t pd = NULL;
@@ -130,7 +130,7 @@ dnnl_primitive_desc_t dnnl_pd_conv_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop, 
   return pd_or_null(s, pd, "convolution forward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_conv_backward_data(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd diff_src,
+dnnl_primitive_desc_t dnnl_pd_conv_backward_data(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd diff_src,
                                                  DnnlMd weights, DnnlMd diff_dst,
                                                  const dnnl_dims_t strides,
                                                  const dnnl_dims_t padding,
@@ -142,7 +142,7 @@ dnnl_primitive_desc_t dnnl_pd_conv_backward_data(DnnlCtx *ctx, dnnl_alg_kind_t a
   return pd_or_null(s, pd, "convolution backward data");
 }
 
-dnnl_primitive_desc_t dnnl_pd_conv_backward_weights(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src,
+dnnl_primitive_desc_t dnnl_pd_conv_backward_weights(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src,
                                                     DnnlMd diff_weights, DnnlMd diff_bias,
                                                     DnnlMd diff_dst, const dnnl_dims_t strides,
                                                     const dnnl_dims_t padding,
@@ -154,7 +154,7 @@ dnnl_primitive_desc_t dnnl_pd_conv_backward_weights(DnnlCtx *ctx, dnnl_alg_kind_
   return pd_or_null(s, pd, "convolution backward weights");
 }
 
-dnnl_primitive_desc_t dnnl_pd_inner_product_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop, DnnlMd src,
+dnnl_primitive_desc_t dnnl_pd_inner_product_forward(ExecCtx *ctx, dnnl_prop_kind_t prop, DnnlMd src,
                                                     DnnlMd weights, DnnlMd bias, DnnlMd dst) {
   dnnl_primitive_desc_t pd = NULL;
   dnnl_status_t s = dnnl_inner_product_forward_primitive_desc_create(
@@ -163,7 +163,7 @@ dnnl_primitive_desc_t dnnl_pd_inner_product_forward(DnnlCtx *ctx, dnnl_prop_kind
   return pd_or_null(s, pd, "inner product forward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_inner_product_backward_data(DnnlCtx *ctx, DnnlMd diff_src,
+dnnl_primitive_desc_t dnnl_pd_inner_product_backward_data(ExecCtx *ctx, DnnlMd diff_src,
                                                           DnnlMd weights, DnnlMd diff_dst,
                                                           const_dnnl_primitive_desc_t hint) {
   dnnl_primitive_desc_t pd = NULL;
@@ -172,7 +172,7 @@ dnnl_primitive_desc_t dnnl_pd_inner_product_backward_data(DnnlCtx *ctx, DnnlMd d
   return pd_or_null(s, pd, "inner product backward data");
 }
 
-dnnl_primitive_desc_t dnnl_pd_inner_product_backward_weights(DnnlCtx *ctx, DnnlMd src,
+dnnl_primitive_desc_t dnnl_pd_inner_product_backward_weights(ExecCtx *ctx, DnnlMd src,
                                                              DnnlMd diff_weights, DnnlMd diff_bias,
                                                              DnnlMd diff_dst,
                                                              const_dnnl_primitive_desc_t hint) {
@@ -183,7 +183,7 @@ dnnl_primitive_desc_t dnnl_pd_inner_product_backward_weights(DnnlCtx *ctx, DnnlM
   return pd_or_null(s, pd, "inner product backward weights");
 }
 
-dnnl_primitive_desc_t dnnl_pd_matmul(DnnlCtx *ctx, DnnlMd src, DnnlMd weights, DnnlMd dst,
+dnnl_primitive_desc_t dnnl_pd_matmul(ExecCtx *ctx, DnnlMd src, DnnlMd weights, DnnlMd dst,
                                      float scale) {
   // 3.x has no output scales; a scale on the destination would need a memory argument at every
   // execution, so it rides on a linear post-op (scale * x + 0) instead.
@@ -203,15 +203,27 @@ dnnl_primitive_desc_t dnnl_pd_matmul(DnnlCtx *ctx, DnnlMd src, DnnlMd weights, D
   return pd_or_null(s, pd, "matmul");
 }
 
-dnnl_primitive_desc_t dnnl_pd_binary(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src0, DnnlMd src1,
-                                     DnnlMd dst) {
+static dnnl_primitive_desc_t binary_pd(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src0, DnnlMd src1,
+                                       DnnlMd dst, const_dnnl_primitive_attr_t attr) {
   dnnl_primitive_desc_t pd = NULL;
   dnnl_status_t s = dnnl_binary_primitive_desc_create(&pd, ctx->engine, alg, LIB_MD(src0),
-                                                      LIB_MD(src1), LIB_MD(dst), dnnl_ctx_attr());
+                                                      LIB_MD(src1), LIB_MD(dst), attr);
   return pd_or_null(s, pd, "binary");
 }
 
-dnnl_primitive_desc_t dnnl_pd_eltwise_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop,
+static void append_sum(dnnl_post_ops_t ops) {
+  DNNL_CHECK(dnnl_post_ops_append_sum(ops, 1.0f, 0, dnnl_data_type_undef));
+}
+
+dnnl_primitive_desc_t dnnl_pd_reduction(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src, DnnlMd dst,
+                                        float p, float eps) {
+  dnnl_primitive_desc_t pd = NULL;
+  dnnl_status_t s = dnnl_reduction_primitive_desc_create(&pd, ctx->engine, alg, LIB_MD(src),
+                                                         LIB_MD(dst), p, eps, dnnl_ctx_attr());
+  return pd_or_null(s, pd, "reduction");
+}
+
+dnnl_primitive_desc_t dnnl_pd_eltwise_forward(ExecCtx *ctx, dnnl_prop_kind_t prop,
                                               dnnl_alg_kind_t alg, DnnlMd data) {
   dnnl_primitive_desc_t pd = NULL;
   dnnl_status_t s = dnnl_eltwise_forward_primitive_desc_create(
@@ -219,7 +231,7 @@ dnnl_primitive_desc_t dnnl_pd_eltwise_forward(DnnlCtx *ctx, dnnl_prop_kind_t pro
   return pd_or_null(s, pd, "eltwise forward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_eltwise_backward(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd data,
+dnnl_primitive_desc_t dnnl_pd_eltwise_backward(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd data,
                                                const_dnnl_primitive_desc_t hint) {
   dnnl_primitive_desc_t pd = NULL;
   dnnl_status_t s =
@@ -228,7 +240,7 @@ dnnl_primitive_desc_t dnnl_pd_eltwise_backward(DnnlCtx *ctx, dnnl_alg_kind_t alg
   return pd_or_null(s, pd, "eltwise backward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_pooling_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop,
+dnnl_primitive_desc_t dnnl_pd_pooling_forward(ExecCtx *ctx, dnnl_prop_kind_t prop,
                                               dnnl_alg_kind_t alg, DnnlMd src, DnnlMd dst,
                                               const dnnl_dims_t strides, const dnnl_dims_t kernel,
                                               const dnnl_dims_t padding) {
@@ -239,7 +251,7 @@ dnnl_primitive_desc_t dnnl_pd_pooling_forward(DnnlCtx *ctx, dnnl_prop_kind_t pro
   return pd_or_null(s, pd, "pooling forward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_pooling_backward(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd diff_src,
+dnnl_primitive_desc_t dnnl_pd_pooling_backward(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd diff_src,
                                                DnnlMd diff_dst, const dnnl_dims_t strides,
                                                const dnnl_dims_t kernel, const dnnl_dims_t padding,
                                                const_dnnl_primitive_desc_t hint) {
@@ -250,7 +262,7 @@ dnnl_primitive_desc_t dnnl_pd_pooling_backward(DnnlCtx *ctx, dnnl_alg_kind_t alg
   return pd_or_null(s, pd, "pooling backward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_softmax_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop,
+dnnl_primitive_desc_t dnnl_pd_softmax_forward(ExecCtx *ctx, dnnl_prop_kind_t prop,
                                               dnnl_alg_kind_t alg, DnnlMd data, int axis) {
   dnnl_primitive_desc_t pd = NULL;
   dnnl_status_t s = dnnl_softmax_forward_primitive_desc_create(
@@ -258,7 +270,7 @@ dnnl_primitive_desc_t dnnl_pd_softmax_forward(DnnlCtx *ctx, dnnl_prop_kind_t pro
   return pd_or_null(s, pd, "softmax forward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_softmax_backward(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd data,
+dnnl_primitive_desc_t dnnl_pd_softmax_backward(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd data,
                                                int axis, const_dnnl_primitive_desc_t hint) {
   dnnl_primitive_desc_t pd = NULL;
   dnnl_status_t s = dnnl_softmax_backward_primitive_desc_create(
@@ -266,7 +278,7 @@ dnnl_primitive_desc_t dnnl_pd_softmax_backward(DnnlCtx *ctx, dnnl_alg_kind_t alg
   return pd_or_null(s, pd, "softmax backward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_layer_norm_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop, DnnlMd data,
+dnnl_primitive_desc_t dnnl_pd_layer_norm_forward(ExecCtx *ctx, dnnl_prop_kind_t prop, DnnlMd data,
                                                  DnnlMd stat, float eps, unsigned flags) {
   dnnl_primitive_desc_t pd = NULL;
   dnnl_status_t s = dnnl_layer_normalization_forward_primitive_desc_create(
@@ -275,7 +287,7 @@ dnnl_primitive_desc_t dnnl_pd_layer_norm_forward(DnnlCtx *ctx, dnnl_prop_kind_t 
   return pd_or_null(s, pd, "layer normalization forward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_layer_norm_backward(DnnlCtx *ctx, DnnlMd data, DnnlMd stat, float eps,
+dnnl_primitive_desc_t dnnl_pd_layer_norm_backward(ExecCtx *ctx, DnnlMd data, DnnlMd stat, float eps,
                                                   unsigned flags,
                                                   const_dnnl_primitive_desc_t hint) {
   dnnl_primitive_desc_t pd = NULL;
@@ -285,7 +297,7 @@ dnnl_primitive_desc_t dnnl_pd_layer_norm_backward(DnnlCtx *ctx, DnnlMd data, Dnn
   return pd_or_null(s, pd, "layer normalization backward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_batch_norm_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop, DnnlMd data,
+dnnl_primitive_desc_t dnnl_pd_batch_norm_forward(ExecCtx *ctx, dnnl_prop_kind_t prop, DnnlMd data,
                                                  float eps, unsigned flags) {
   dnnl_primitive_desc_t pd = NULL;
   dnnl_status_t s = dnnl_batch_normalization_forward_primitive_desc_create(
@@ -293,7 +305,7 @@ dnnl_primitive_desc_t dnnl_pd_batch_norm_forward(DnnlCtx *ctx, dnnl_prop_kind_t 
   return pd_or_null(s, pd, "batch normalization forward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_batch_norm_backward(DnnlCtx *ctx, DnnlMd data, float eps,
+dnnl_primitive_desc_t dnnl_pd_batch_norm_backward(ExecCtx *ctx, DnnlMd data, float eps,
                                                   unsigned flags,
                                                   const_dnnl_primitive_desc_t hint) {
   dnnl_primitive_desc_t pd = NULL;
@@ -306,7 +318,7 @@ dnnl_primitive_desc_t dnnl_pd_batch_norm_backward(DnnlCtx *ctx, DnnlMd data, flo
 #else  // oneDNN 2.x: an op descriptor, then the primitive descriptor from it.
 
 // The primitive descriptor for a filled op descriptor (a DNNL_CHECK'd *_desc_init).
-static dnnl_primitive_desc_t pd_from_desc(DnnlCtx *ctx, const void *desc,
+static dnnl_primitive_desc_t pd_from_desc(ExecCtx *ctx, const void *desc,
                                           const_dnnl_primitive_attr_t attr,
                                           const_dnnl_primitive_desc_t hint, const char *kind) {
   dnnl_primitive_desc_t pd = NULL;
@@ -314,7 +326,7 @@ static dnnl_primitive_desc_t pd_from_desc(DnnlCtx *ctx, const void *desc,
   return pd_or_null(s, pd, kind);
 }
 
-dnnl_primitive_desc_t dnnl_pd_conv_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop, dnnl_alg_kind_t alg,
+dnnl_primitive_desc_t dnnl_pd_conv_forward(ExecCtx *ctx, dnnl_prop_kind_t prop, dnnl_alg_kind_t alg,
                                            DnnlMd src, DnnlMd weights, DnnlMd bias, DnnlMd dst,
                                            const dnnl_dims_t strides, const dnnl_dims_t padding) {
   dnnl_convolution_desc_t d;
@@ -324,7 +336,7 @@ dnnl_primitive_desc_t dnnl_pd_conv_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop, 
   return pd_from_desc(ctx, &d, dnnl_ctx_attr(), NULL, "convolution forward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_conv_backward_data(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd diff_src,
+dnnl_primitive_desc_t dnnl_pd_conv_backward_data(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd diff_src,
                                                  DnnlMd weights, DnnlMd diff_dst,
                                                  const dnnl_dims_t strides,
                                                  const dnnl_dims_t padding,
@@ -335,7 +347,7 @@ dnnl_primitive_desc_t dnnl_pd_conv_backward_data(DnnlCtx *ctx, dnnl_alg_kind_t a
   return pd_from_desc(ctx, &d, dnnl_ctx_attr(), hint, "convolution backward data");
 }
 
-dnnl_primitive_desc_t dnnl_pd_conv_backward_weights(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src,
+dnnl_primitive_desc_t dnnl_pd_conv_backward_weights(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src,
                                                     DnnlMd diff_weights, DnnlMd diff_bias,
                                                     DnnlMd diff_dst, const dnnl_dims_t strides,
                                                     const dnnl_dims_t padding,
@@ -347,7 +359,7 @@ dnnl_primitive_desc_t dnnl_pd_conv_backward_weights(DnnlCtx *ctx, dnnl_alg_kind_
   return pd_from_desc(ctx, &d, dnnl_ctx_attr(), hint, "convolution backward weights");
 }
 
-dnnl_primitive_desc_t dnnl_pd_inner_product_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop, DnnlMd src,
+dnnl_primitive_desc_t dnnl_pd_inner_product_forward(ExecCtx *ctx, dnnl_prop_kind_t prop, DnnlMd src,
                                                     DnnlMd weights, DnnlMd bias, DnnlMd dst) {
   dnnl_inner_product_desc_t d;
   DNNL_CHECK(dnnl_inner_product_forward_desc_init(&d, prop, LIB_MD(src), LIB_MD(weights),
@@ -355,7 +367,7 @@ dnnl_primitive_desc_t dnnl_pd_inner_product_forward(DnnlCtx *ctx, dnnl_prop_kind
   return pd_from_desc(ctx, &d, dnnl_ctx_attr(), NULL, "inner product forward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_inner_product_backward_data(DnnlCtx *ctx, DnnlMd diff_src,
+dnnl_primitive_desc_t dnnl_pd_inner_product_backward_data(ExecCtx *ctx, DnnlMd diff_src,
                                                           DnnlMd weights, DnnlMd diff_dst,
                                                           const_dnnl_primitive_desc_t hint) {
   dnnl_inner_product_desc_t d;
@@ -364,7 +376,7 @@ dnnl_primitive_desc_t dnnl_pd_inner_product_backward_data(DnnlCtx *ctx, DnnlMd d
   return pd_from_desc(ctx, &d, dnnl_ctx_attr(), hint, "inner product backward data");
 }
 
-dnnl_primitive_desc_t dnnl_pd_inner_product_backward_weights(DnnlCtx *ctx, DnnlMd src,
+dnnl_primitive_desc_t dnnl_pd_inner_product_backward_weights(ExecCtx *ctx, DnnlMd src,
                                                              DnnlMd diff_weights, DnnlMd diff_bias,
                                                              DnnlMd diff_dst,
                                                              const_dnnl_primitive_desc_t hint) {
@@ -374,7 +386,7 @@ dnnl_primitive_desc_t dnnl_pd_inner_product_backward_weights(DnnlCtx *ctx, DnnlM
   return pd_from_desc(ctx, &d, dnnl_ctx_attr(), hint, "inner product backward weights");
 }
 
-dnnl_primitive_desc_t dnnl_pd_matmul(DnnlCtx *ctx, DnnlMd src, DnnlMd weights, DnnlMd dst,
+dnnl_primitive_desc_t dnnl_pd_matmul(ExecCtx *ctx, DnnlMd src, DnnlMd weights, DnnlMd dst,
                                      float scale) {
   dnnl_primitive_attr_t attr;
   DNNL_CHECK(dnnl_primitive_attr_clone(&attr, dnnl_ctx_attr()));
@@ -386,28 +398,37 @@ dnnl_primitive_desc_t dnnl_pd_matmul(DnnlCtx *ctx, DnnlMd src, DnnlMd weights, D
   return pd;
 }
 
-dnnl_primitive_desc_t dnnl_pd_binary(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src0, DnnlMd src1,
-                                     DnnlMd dst) {
+static dnnl_primitive_desc_t binary_pd(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src0, DnnlMd src1,
+                                       DnnlMd dst, const_dnnl_primitive_attr_t attr) {
   dnnl_binary_desc_t d;
   DNNL_CHECK(dnnl_binary_desc_init(&d, alg, LIB_MD(src0), LIB_MD(src1), LIB_MD(dst)));
-  return pd_from_desc(ctx, &d, dnnl_ctx_attr(), NULL, "binary");
+  return pd_from_desc(ctx, &d, attr, NULL, "binary");
 }
 
-dnnl_primitive_desc_t dnnl_pd_eltwise_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop,
+static void append_sum(dnnl_post_ops_t ops) { DNNL_CHECK(dnnl_post_ops_append_sum(ops, 1.0f)); }
+
+dnnl_primitive_desc_t dnnl_pd_reduction(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src, DnnlMd dst,
+                                        float p, float eps) {
+  dnnl_reduction_desc_t d;
+  DNNL_CHECK(dnnl_reduction_desc_init(&d, alg, LIB_MD(src), LIB_MD(dst), p, eps));
+  return pd_from_desc(ctx, &d, dnnl_ctx_attr(), NULL, "reduction");
+}
+
+dnnl_primitive_desc_t dnnl_pd_eltwise_forward(ExecCtx *ctx, dnnl_prop_kind_t prop,
                                               dnnl_alg_kind_t alg, DnnlMd data) {
   dnnl_eltwise_desc_t d;
   DNNL_CHECK(dnnl_eltwise_forward_desc_init(&d, prop, alg, LIB_MD(data), 0.f, 0.f));
   return pd_from_desc(ctx, &d, dnnl_ctx_attr(), NULL, "eltwise forward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_eltwise_backward(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd data,
+dnnl_primitive_desc_t dnnl_pd_eltwise_backward(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd data,
                                                const_dnnl_primitive_desc_t hint) {
   dnnl_eltwise_desc_t d;
   DNNL_CHECK(dnnl_eltwise_backward_desc_init(&d, alg, LIB_MD(data), LIB_MD(data), 0.f, 0.f));
   return pd_from_desc(ctx, &d, dnnl_ctx_attr(), hint, "eltwise backward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_pooling_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop,
+dnnl_primitive_desc_t dnnl_pd_pooling_forward(ExecCtx *ctx, dnnl_prop_kind_t prop,
                                               dnnl_alg_kind_t alg, DnnlMd src, DnnlMd dst,
                                               const dnnl_dims_t strides, const dnnl_dims_t kernel,
                                               const dnnl_dims_t padding) {
@@ -417,7 +438,7 @@ dnnl_primitive_desc_t dnnl_pd_pooling_forward(DnnlCtx *ctx, dnnl_prop_kind_t pro
   return pd_from_desc(ctx, &d, dnnl_ctx_attr(), NULL, "pooling forward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_pooling_backward(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd diff_src,
+dnnl_primitive_desc_t dnnl_pd_pooling_backward(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd diff_src,
                                                DnnlMd diff_dst, const dnnl_dims_t strides,
                                                const dnnl_dims_t kernel, const dnnl_dims_t padding,
                                                const_dnnl_primitive_desc_t hint) {
@@ -427,14 +448,14 @@ dnnl_primitive_desc_t dnnl_pd_pooling_backward(DnnlCtx *ctx, dnnl_alg_kind_t alg
   return pd_from_desc(ctx, &d, dnnl_ctx_attr(), hint, "pooling backward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_softmax_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop,
+dnnl_primitive_desc_t dnnl_pd_softmax_forward(ExecCtx *ctx, dnnl_prop_kind_t prop,
                                               dnnl_alg_kind_t alg, DnnlMd data, int axis) {
   dnnl_softmax_v2_desc_t d;
   DNNL_CHECK(dnnl_softmax_v2_forward_desc_init(&d, prop, alg, LIB_MD(data), LIB_MD(data), axis));
   return pd_from_desc(ctx, &d, dnnl_ctx_attr(), NULL, "softmax forward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_softmax_backward(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd data,
+dnnl_primitive_desc_t dnnl_pd_softmax_backward(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd data,
                                                int axis, const_dnnl_primitive_desc_t hint) {
   dnnl_softmax_v2_desc_t d;
   DNNL_CHECK(
@@ -442,7 +463,7 @@ dnnl_primitive_desc_t dnnl_pd_softmax_backward(DnnlCtx *ctx, dnnl_alg_kind_t alg
   return pd_from_desc(ctx, &d, dnnl_ctx_attr(), hint, "softmax backward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_layer_norm_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop, DnnlMd data,
+dnnl_primitive_desc_t dnnl_pd_layer_norm_forward(ExecCtx *ctx, dnnl_prop_kind_t prop, DnnlMd data,
                                                  DnnlMd stat, float eps, unsigned flags) {
   dnnl_layer_normalization_desc_t d;
   DNNL_CHECK(
@@ -450,7 +471,7 @@ dnnl_primitive_desc_t dnnl_pd_layer_norm_forward(DnnlCtx *ctx, dnnl_prop_kind_t 
   return pd_from_desc(ctx, &d, dnnl_ctx_attr(), NULL, "layer normalization forward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_layer_norm_backward(DnnlCtx *ctx, DnnlMd data, DnnlMd stat, float eps,
+dnnl_primitive_desc_t dnnl_pd_layer_norm_backward(ExecCtx *ctx, DnnlMd data, DnnlMd stat, float eps,
                                                   unsigned flags,
                                                   const_dnnl_primitive_desc_t hint) {
   dnnl_layer_normalization_desc_t d;
@@ -459,14 +480,14 @@ dnnl_primitive_desc_t dnnl_pd_layer_norm_backward(DnnlCtx *ctx, DnnlMd data, Dnn
   return pd_from_desc(ctx, &d, dnnl_ctx_attr(), hint, "layer normalization backward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_batch_norm_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop, DnnlMd data,
+dnnl_primitive_desc_t dnnl_pd_batch_norm_forward(ExecCtx *ctx, dnnl_prop_kind_t prop, DnnlMd data,
                                                  float eps, unsigned flags) {
   dnnl_batch_normalization_desc_t d;
   DNNL_CHECK(dnnl_batch_normalization_forward_desc_init(&d, prop, LIB_MD(data), eps, flags));
   return pd_from_desc(ctx, &d, dnnl_ctx_attr(), NULL, "batch normalization forward");
 }
 
-dnnl_primitive_desc_t dnnl_pd_batch_norm_backward(DnnlCtx *ctx, DnnlMd data, float eps,
+dnnl_primitive_desc_t dnnl_pd_batch_norm_backward(ExecCtx *ctx, DnnlMd data, float eps,
                                                   unsigned flags,
                                                   const_dnnl_primitive_desc_t hint) {
   dnnl_batch_normalization_desc_t d;
@@ -476,3 +497,24 @@ dnnl_primitive_desc_t dnnl_pd_batch_norm_backward(DnnlCtx *ctx, DnnlMd data, flo
 }
 
 #endif
+
+// --- Both APIs alike, on the creators above.
+
+dnnl_primitive_desc_t dnnl_pd_binary(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src0, DnnlMd src1,
+                                     DnnlMd dst) {
+  return binary_pd(ctx, alg, src0, src1, dst, dnnl_ctx_attr());
+}
+
+dnnl_primitive_desc_t dnnl_pd_binary_accumulate(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src0,
+                                                DnnlMd src1, DnnlMd dst) {
+  dnnl_primitive_attr_t attr;
+  DNNL_CHECK(dnnl_primitive_attr_clone(&attr, dnnl_ctx_attr()));
+  dnnl_post_ops_t ops;
+  DNNL_CHECK(dnnl_post_ops_create(&ops));
+  append_sum(ops);
+  DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, ops));
+  DNNL_CHECK(dnnl_post_ops_destroy(ops));
+  dnnl_primitive_desc_t pd = binary_pd(ctx, alg, src0, src1, dst, attr);
+  DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
+  return pd;
+}

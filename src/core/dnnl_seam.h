@@ -14,7 +14,7 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <stddef.h>
 
-typedef struct DnnlCtx DnnlCtx;
+typedef struct ExecCtx ExecCtx;
 
 // An owned memory descriptor (a heap copy of the struct in 2.x, the library's handle in 3.x).
 // Made by dnnl_md_* or dnnl_pd_md, destroyed by dnnl_md_destroy; NULL stands for "none" (no bias).
@@ -38,64 +38,71 @@ int dnnl_md_equal(DnnlMd a, DnnlMd b);
 void dnnl_md_destroy(DnnlMd md);  // NULL: nothing
 
 // A memory object on the context's engine with no data yet; bind a pointer before each execution.
-dnnl_memory_t dnnl_mem_new(DnnlCtx *ctx, DnnlMd md);
+dnnl_memory_t dnnl_mem_new(ExecCtx *ctx, DnnlMd md);
 
 // --- Primitive descriptors, one creator per kind. Spatial arrays have 2 entries (height,
 // width); padding is the same on both sides.
-dnnl_primitive_desc_t dnnl_pd_conv_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop, dnnl_alg_kind_t alg,
+dnnl_primitive_desc_t dnnl_pd_conv_forward(ExecCtx *ctx, dnnl_prop_kind_t prop, dnnl_alg_kind_t alg,
                                            DnnlMd src, DnnlMd weights, DnnlMd bias, DnnlMd dst,
                                            const dnnl_dims_t strides, const dnnl_dims_t padding);
-dnnl_primitive_desc_t dnnl_pd_conv_backward_data(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd diff_src,
+dnnl_primitive_desc_t dnnl_pd_conv_backward_data(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd diff_src,
                                                  DnnlMd weights, DnnlMd diff_dst,
                                                  const dnnl_dims_t strides,
                                                  const dnnl_dims_t padding,
                                                  const_dnnl_primitive_desc_t hint);
-dnnl_primitive_desc_t dnnl_pd_conv_backward_weights(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src,
+dnnl_primitive_desc_t dnnl_pd_conv_backward_weights(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src,
                                                     DnnlMd diff_weights, DnnlMd diff_bias,
                                                     DnnlMd diff_dst, const dnnl_dims_t strides,
                                                     const dnnl_dims_t padding,
                                                     const_dnnl_primitive_desc_t hint);
-dnnl_primitive_desc_t dnnl_pd_inner_product_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop, DnnlMd src,
+dnnl_primitive_desc_t dnnl_pd_inner_product_forward(ExecCtx *ctx, dnnl_prop_kind_t prop, DnnlMd src,
                                                     DnnlMd weights, DnnlMd bias, DnnlMd dst);
-dnnl_primitive_desc_t dnnl_pd_inner_product_backward_data(DnnlCtx *ctx, DnnlMd diff_src,
+dnnl_primitive_desc_t dnnl_pd_inner_product_backward_data(ExecCtx *ctx, DnnlMd diff_src,
                                                           DnnlMd weights, DnnlMd diff_dst,
                                                           const_dnnl_primitive_desc_t hint);
-dnnl_primitive_desc_t dnnl_pd_inner_product_backward_weights(DnnlCtx *ctx, DnnlMd src,
+dnnl_primitive_desc_t dnnl_pd_inner_product_backward_weights(ExecCtx *ctx, DnnlMd src,
                                                              DnnlMd diff_weights, DnnlMd diff_bias,
                                                              DnnlMd diff_dst,
                                                              const_dnnl_primitive_desc_t hint);
 // dst = scale * (src x weights), batched over the leading dimensions.
-dnnl_primitive_desc_t dnnl_pd_matmul(DnnlCtx *ctx, DnnlMd src, DnnlMd weights, DnnlMd dst,
+dnnl_primitive_desc_t dnnl_pd_matmul(ExecCtx *ctx, DnnlMd src, DnnlMd weights, DnnlMd dst,
                                      float scale);
-dnnl_primitive_desc_t dnnl_pd_binary(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src0, DnnlMd src1,
+dnnl_primitive_desc_t dnnl_pd_binary(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src0, DnnlMd src1,
                                      DnnlMd dst);
+// The same added to what dst holds (a sum post-op): dst += src0 alg src1.
+dnnl_primitive_desc_t dnnl_pd_binary_accumulate(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src0,
+                                                DnnlMd src1, DnnlMd dst);
+// Reduction of src over the dimensions dst has as 1 (alg dnnl_reduction_*, p and eps as oneDNN
+// defines them: norm_lp_max is max(sum |x|^p, eps)^(1/p)).
+dnnl_primitive_desc_t dnnl_pd_reduction(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd src, DnnlMd dst,
+                                        float p, float eps);
 // Element-wise over `data` (source, destination and their gradients alike), alpha = beta = 0.
-dnnl_primitive_desc_t dnnl_pd_eltwise_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop,
+dnnl_primitive_desc_t dnnl_pd_eltwise_forward(ExecCtx *ctx, dnnl_prop_kind_t prop,
                                               dnnl_alg_kind_t alg, DnnlMd data);
-dnnl_primitive_desc_t dnnl_pd_eltwise_backward(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd data,
+dnnl_primitive_desc_t dnnl_pd_eltwise_backward(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd data,
                                                const_dnnl_primitive_desc_t hint);
-dnnl_primitive_desc_t dnnl_pd_pooling_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop,
+dnnl_primitive_desc_t dnnl_pd_pooling_forward(ExecCtx *ctx, dnnl_prop_kind_t prop,
                                               dnnl_alg_kind_t alg, DnnlMd src, DnnlMd dst,
                                               const dnnl_dims_t strides, const dnnl_dims_t kernel,
                                               const dnnl_dims_t padding);
-dnnl_primitive_desc_t dnnl_pd_pooling_backward(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd diff_src,
+dnnl_primitive_desc_t dnnl_pd_pooling_backward(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd diff_src,
                                                DnnlMd diff_dst, const dnnl_dims_t strides,
                                                const dnnl_dims_t kernel, const dnnl_dims_t padding,
                                                const_dnnl_primitive_desc_t hint);
 // Softmax along `axis` of `data` (alg dnnl_softmax_accurate or dnnl_softmax_log).
-dnnl_primitive_desc_t dnnl_pd_softmax_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop,
+dnnl_primitive_desc_t dnnl_pd_softmax_forward(ExecCtx *ctx, dnnl_prop_kind_t prop,
                                               dnnl_alg_kind_t alg, DnnlMd data, int axis);
-dnnl_primitive_desc_t dnnl_pd_softmax_backward(DnnlCtx *ctx, dnnl_alg_kind_t alg, DnnlMd data,
+dnnl_primitive_desc_t dnnl_pd_softmax_backward(ExecCtx *ctx, dnnl_alg_kind_t alg, DnnlMd data,
                                                int axis, const_dnnl_primitive_desc_t hint);
-dnnl_primitive_desc_t dnnl_pd_layer_norm_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop, DnnlMd data,
+dnnl_primitive_desc_t dnnl_pd_layer_norm_forward(ExecCtx *ctx, dnnl_prop_kind_t prop, DnnlMd data,
                                                  DnnlMd stat, float eps, unsigned flags);
-dnnl_primitive_desc_t dnnl_pd_layer_norm_backward(DnnlCtx *ctx, DnnlMd data, DnnlMd stat, float eps,
+dnnl_primitive_desc_t dnnl_pd_layer_norm_backward(ExecCtx *ctx, DnnlMd data, DnnlMd stat, float eps,
                                                   unsigned flags, const_dnnl_primitive_desc_t hint);
-dnnl_primitive_desc_t dnnl_pd_batch_norm_forward(DnnlCtx *ctx, dnnl_prop_kind_t prop, DnnlMd data,
+dnnl_primitive_desc_t dnnl_pd_batch_norm_forward(ExecCtx *ctx, dnnl_prop_kind_t prop, DnnlMd data,
                                                  float eps, unsigned flags);
-dnnl_primitive_desc_t dnnl_pd_batch_norm_backward(DnnlCtx *ctx, DnnlMd data, float eps,
+dnnl_primitive_desc_t dnnl_pd_batch_norm_backward(ExecCtx *ctx, DnnlMd data, float eps,
                                                   unsigned flags, const_dnnl_primitive_desc_t hint);
-dnnl_primitive_desc_t dnnl_pd_reorder(DnnlCtx *ctx, DnnlMd src, DnnlMd dst);
+dnnl_primitive_desc_t dnnl_pd_reorder(ExecCtx *ctx, DnnlMd src, DnnlMd dst);
 
 // Whether batch normalization backward with a shift takes DNNL_ARG_SHIFT at execution, although
 // dbeta does not depend on it: oneDNN 2.x requires it, 3.x rejects it as one input too many.

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "ops/l2norm.h"
 #include "ops/matmul.h"
 
 // Test rows per similarity block: the block's (rows, n_train) similarities stay a few tens of MB
@@ -70,18 +71,6 @@ static int vote(const Neighbor *best, int k, const int *train_labels, int n_clas
   return arg;
 }
 
-// dst (rows, d) = src rows divided by their L2 norms (a zero row stays zero, as F.normalize).
-static void normalize_rows(float *dst, const float *src, int rows, int d) {
-#pragma omp parallel for schedule(static)
-  for (int r = 0; r < rows; r++) {
-    const float *x = src + (size_t)r * d;
-    double sq = 0;
-    for (int j = 0; j < d; j++) sq += (double)x[j] * x[j];
-    float inv = (float)(1.0 / fmax(sqrt(sq), 1e-12));
-    for (int j = 0; j < d; j++) dst[(size_t)r * d + j] = x[j] * inv;
-  }
-}
-
 static int check_labels(const int *labels, int n, int n_classes, const char *which) {
   for (int i = 0; i < n; i++)
     if (labels[i] < 0 || labels[i] >= n_classes)
@@ -110,25 +99,46 @@ size_t knn_eval_bytes(int n_train, int n_test, int d) {
   return sizeof(float) * ((size_t)n_train * d + block * d + block * (size_t)n_train);
 }
 
-// One primitive for the full block shape and one for the last, shorter block; returns the rows
-// of that last block (0: there is none and `tail` is left unset).
-static int similarity_matmuls(Matmul *full, Matmul *tail, DnnlCtx *ctx, int n_train, int n_test,
-                              int d) {
-  const int block = block_rows(n_test), tail_rows = n_test % block;
-  matmul_init(full, ctx, block, d, n_train, 0, 1, COMP_OTHER, 0);
-  if (tail_rows) matmul_init(tail, ctx, tail_rows, d, n_train, 0, 1, COMP_OTHER, 0);
-  return tail_rows;
+// A call's primitives: the bank's rows normalized; a block of test rows normalized and compared
+// with the bank, in the full block's shape and in the last, shorter block's (tail_rows, 0: none).
+// The normalizations write into the call's buffers, their norms into the similarity rows, unused
+// until the block's comparison (block * n_train floats, at least a bank's or a block's norms).
+typedef struct {
+  L2Norm bank, block, tail;
+  Matmul full, tail_sims;
+  int tail_rows;
+} KnnPrimitives;
+
+static void knn_primitives_init(KnnPrimitives *k, ExecCtx *ctx, int n_train, int n_test, int d) {
+  const int block = block_rows(n_test);
+  const Builder b = {.ctx = ctx, .mode = OP_INFER, .component = COMP_OTHER};
+  k->tail_rows = n_test % block;
+  l2norm_init_unowned(&k->bank, &b, n_train, d);
+  l2norm_init_unowned(&k->block, &b, block, d);
+  matmul_init(&k->full, ctx, block, d, n_train, 0, 1, COMP_OTHER, 0);
+  if (!k->tail_rows) return;
+  l2norm_init_unowned(&k->tail, &b, k->tail_rows, d);
+  matmul_init(&k->tail_sims, ctx, k->tail_rows, d, n_train, 0, 1, COMP_OTHER, 0);
 }
 
-void knn_reserve_scratchpad(DnnlCtx *ctx, int n_train, int n_test, int d) {
-  Matmul full, tail;
-  if (similarity_matmuls(&full, &tail, ctx, n_train, n_test, d)) matmul_destroy(&tail);
-  matmul_destroy(&full);
+static void knn_primitives_destroy(KnnPrimitives *k) {
+  l2norm_destroy(&k->bank);
+  l2norm_destroy(&k->block);
+  matmul_destroy(&k->full);
+  if (!k->tail_rows) return;
+  l2norm_destroy(&k->tail);
+  matmul_destroy(&k->tail_sims);
+}
+
+void knn_reserve_scratchpad(ExecCtx *ctx, int n_train, int n_test, int d) {
+  KnnPrimitives k;
+  knn_primitives_init(&k, ctx, n_train, n_test, d);
+  knn_primitives_destroy(&k);
 }
 
 int knn_top1_multi(const float *train_feat, const int *train_labels, int n_train,
                    const float *test_feat, const int *test_labels, int n_test, int d, int n_classes,
-                   const int *ks, int n_k, float temperature, DnnlCtx *ctx, double *accuracy,
+                   const int *ks, int n_k, float temperature, ExecCtx *ctx, double *accuracy,
                    int *predictions) {
   if (check_args(train_labels, n_train, test_labels, n_test, d, n_classes, ks, n_k, temperature))
     return -1;
@@ -141,17 +151,18 @@ int knn_top1_multi(const float *train_feat, const int *train_labels, int n_train
   float *bank = tl_alloc(sizeof(float) * (size_t)n_train * d, MEM_EVAL, COMP_OTHER);
   float *queries = tl_alloc(sizeof(float) * (size_t)block * d, MEM_EVAL, COMP_OTHER);
   float *sims = tl_alloc(sizeof(float) * (size_t)block * n_train, MEM_EVAL, COMP_OTHER);
-  normalize_rows(bank, train_feat, n_train, d);
-
-  Matmul full, tail;
-  const int tail_rows = similarity_matmuls(&full, &tail, ctx, n_train, n_test, d);
+  KnnPrimitives prims;
+  knn_primitives_init(&prims, ctx, n_train, n_test, d);
+  l2norm_forward_to(&prims.bank, ctx, train_feat, bank, sims);
 
   long *correct = calloc((size_t)n_k, sizeof *correct);
   if (!correct) TL_DIE("out of memory");
   for (int start = 0; start < n_test; start += block) {
     const int rows = n_test - start < block ? n_test - start : block;
-    normalize_rows(queries, test_feat + (size_t)start * d, rows, d);
-    matmul_run(rows == block ? &full : &tail, ctx, queries, bank, sims);
+    const int full = rows == block;
+    l2norm_forward_to(full ? &prims.block : &prims.tail, ctx, test_feat + (size_t)start * d,
+                      queries, sims);
+    matmul_run(full ? &prims.full : &prims.tail_sims, ctx, queries, bank, sims);
 #pragma omp parallel
     {
       // Per-thread selection scratch: k_max neighbours and one score per class.
@@ -178,8 +189,7 @@ int knn_top1_multi(const float *train_feat, const int *train_labels, int n_train
   for (int i = 0; i < n_k; i++) accuracy[i] = (double)correct[i] / n_test;
 
   free(correct);
-  matmul_destroy(&full);
-  if (tail_rows) matmul_destroy(&tail);
+  knn_primitives_destroy(&prims);
   tl_free(sims);
   tl_free(queries);
   tl_free(bank);
@@ -204,7 +214,7 @@ int knn_k_for_bank(int k, const int *train_labels, int n_train, int n_classes) {
 
 double knn_top1(const float *train_feat, const int *train_labels, int n_train,
                 const float *test_feat, const int *test_labels, int n_test, int d, int n_classes,
-                int k, float temperature, DnnlCtx *ctx) {
+                int k, float temperature, ExecCtx *ctx) {
   double accuracy;
   if (knn_top1_multi(train_feat, train_labels, n_train, test_feat, test_labels, n_test, d,
                      n_classes, &k, 1, temperature, ctx, &accuracy, NULL) < 0)

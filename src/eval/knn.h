@@ -5,22 +5,22 @@
 #pragma once
 #include <stddef.h>
 
-#include "core/dnnl_ctx.h"
+#include "core/exec_ctx.h"
 
 // Top-1 accuracy in [0, 1], or -1 with tl_last_error() set on bad input (non-positive sizes,
 // k or temperature, a label outside [0, n_classes)). k larger than n_train is clamped to n_train.
-// Similarities are computed by oneDNN matmul in blocks of test rows; the matmul FLOPs are added
-// to ctx->flops_forward[COMP_OTHER].
+// Rows are normalized (ops/l2norm.h) and similarities computed by oneDNN matmul in blocks of test
+// rows; their FLOPs are added to ctx->flops_forward[COMP_OTHER].
 double knn_top1(const float *train_feat /*(n_train, d)*/, const int *train_labels, int n_train,
                 const float *test_feat /*(n_test, d)*/, const int *test_labels, int n_test, int d,
-                int n_classes, int k, float temperature, DnnlCtx *ctx);
+                int n_classes, int k, float temperature, ExecCtx *ctx);
 
 // Several k in one pass (e.g. k = 200 and k = 20): the neighbours are selected once for the
 // largest k. accuracy (n_k) receives one accuracy per k; predictions (n_k, n_test) may be NULL.
 // Returns 0, or -1 with tl_last_error() set (same rules as knn_top1).
 int knn_top1_multi(const float *train_feat /*(n_train, d)*/, const int *train_labels, int n_train,
                    const float *test_feat /*(n_test, d)*/, const int *test_labels, int n_test,
-                   int d, int n_classes, const int *ks, int n_k, float temperature, DnnlCtx *ctx,
+                   int d, int n_classes, const int *ks, int n_k, float temperature, ExecCtx *ctx,
                    double *accuracy, int *predictions);
 
 // The k a vote on this bank uses: k, but at most a tenth of the training images of the bank's
@@ -38,4 +38,4 @@ int knn_k_for_bank(int k, const int *train_labels, int n_train, int n_classes);
 size_t knn_eval_bytes(int n_train, int n_test, int d);
 // Grows ctx's scratchpad as a call with these sizes would (its matmul primitives are created and
 // destroyed), so `tally plan` sees the scratchpad an evaluation leaves behind.
-void knn_reserve_scratchpad(DnnlCtx *ctx, int n_train, int n_test, int d);
+void knn_reserve_scratchpad(ExecCtx *ctx, int n_train, int n_test, int d);

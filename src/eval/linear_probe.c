@@ -78,7 +78,7 @@ typedef struct {
   float *scores;   // (n, K)
 } Scores;
 
-static void scores_init(Scores *s, DnnlCtx *ctx, const float *x, int n, int d, int n_classes) {
+static void scores_init(Scores *s, ExecCtx *ctx, const float *x, int n, int d, int n_classes) {
   *s = (Scores){.x = x, .n = n, .d = d, .n_classes = n_classes};
   matmul_init(&s->product, ctx, n, d, n_classes, 0, 1, COMP_OTHER, 0);
   s->weights = alloc_floats((size_t)n_classes * d);
@@ -86,7 +86,7 @@ static void scores_init(Scores *s, DnnlCtx *ctx, const float *x, int n, int d, i
 }
 
 // scores = X W^T, without the bias.
-static void scores_run(Scores *s, DnnlCtx *ctx, const double *params) {
+static void scores_run(Scores *s, ExecCtx *ctx, const double *params) {
   const size_t kd = (size_t)s->n_classes * s->d;
   for (size_t i = 0; i < kd; i++) s->weights[i] = (float)params[i];
   matmul_run(&s->product, ctx, s->x, s->weights, s->scores);
@@ -99,7 +99,7 @@ static void scores_destroy(Scores *s) {
 }
 
 // Fraction of rows whose highest score W x + b (the lowest class on ties) is their label.
-static double top1(Scores *s, DnnlCtx *ctx, const int *labels, const double *params) {
+static double top1(Scores *s, ExecCtx *ctx, const int *labels, const double *params) {
   const int K = s->n_classes;
   const double *bias = params + (size_t)K * s->d;
   scores_run(s, ctx, params);
@@ -123,7 +123,7 @@ typedef struct {
   double *block_sums;   // (SUM_BLOCKS, 1 + K): each block's loss sum, then its bias gradient
 } Objective;
 
-static void objective_init(Objective *o, DnnlCtx *ctx, const float *x, const int *labels, int n,
+static void objective_init(Objective *o, ExecCtx *ctx, const float *x, const int *labels, int n,
                            int d, int n_classes) {
   scores_init(&o->forward, ctx, x, n, d, n_classes);
   o->labels = labels;
@@ -165,7 +165,7 @@ static void softmax_block(float *scores, const int *labels, int lo, int hi, int 
 }
 
 // Loss at params (K * d + K) and its gradient into grad.
-static double objective_eval(Objective *o, DnnlCtx *ctx, double lambda, const double *params,
+static double objective_eval(Objective *o, ExecCtx *ctx, double lambda, const double *params,
                              double *grad) {
   Scores *f = &o->forward;
   const int n = f->n, K = f->n_classes;
@@ -215,7 +215,7 @@ typedef struct {
 
 // moment = E[x x^T] of the rows x (n, d) extended by a trailing 1: X^T X / n by oneDNN, the
 // means (the bias's row and column) in double.
-static void preconditioner_init(Preconditioner *p, DnnlCtx *ctx, const float *x, int n, int d,
+static void preconditioner_init(Preconditioner *p, ExecCtx *ctx, const float *x, int n, int d,
                                 int n_classes) {
   memset(p, 0, sizeof *p);
   p->d = d;
@@ -367,7 +367,7 @@ typedef struct {
 
 // Backtracking from step 1 until the Armijo condition f(x + t dir) <= f(x) + c1 t grad.dir holds;
 // the accepted point goes to `trial`. Returns 0 when no step down to 2^-MAX_HALVINGS is accepted.
-static int armijo_search(Objective *o, DnnlCtx *ctx, double lambda, const Point *at,
+static int armijo_search(Objective *o, ExecCtx *ctx, double lambda, const Point *at,
                          const double *dir, Point *trial) {
   const size_t n = param_count(o->forward.d, o->forward.n_classes);
   const double slope = dot(at->grad, dir, n);
@@ -394,7 +394,7 @@ static void history_destroy(LbfgsHistory *h) {
 }
 
 // Minimises the objective from params (in place).
-static FitOutcome lbfgs_minimize(Objective *o, Preconditioner *p, DnnlCtx *ctx, double lambda,
+static FitOutcome lbfgs_minimize(Objective *o, Preconditioner *p, ExecCtx *ctx, double lambda,
                                  FitBudget budget, double *params) {
   preconditioner_set_lambda(p, lambda);
   const size_t n = param_count(o->forward.d, o->forward.n_classes);
@@ -476,7 +476,7 @@ static int check_lambda(double lambda) {
 // ---- the pieces, public ------------------------------------------------------------------------
 
 int linear_probe_loss_grad(const float *x, const int *labels, int n, int d, int n_classes,
-                           double lambda, const double *params, DnnlCtx *ctx, double *loss,
+                           double lambda, const double *params, ExecCtx *ctx, double *loss,
                            double *grad) {
   if (check_rows(x, labels, n, d, n_classes, "rows") < 0 || check_lambda(lambda) < 0) return -1;
   Objective o;
@@ -487,7 +487,7 @@ int linear_probe_loss_grad(const float *x, const int *labels, int n, int d, int 
 }
 
 int linear_probe_fit(const float *x, const int *labels, int n, int d, int n_classes, double lambda,
-                     int max_iter, double grad_tol, DnnlCtx *ctx, double *params, int *converged) {
+                     int max_iter, double grad_tol, ExecCtx *ctx, double *params, int *converged) {
   if (check_rows(x, labels, n, d, n_classes, "rows") < 0 || check_lambda(lambda) < 0) return -1;
   if (max_iter < 1) return tl_fail("linear probe: max_iter %d must be positive", max_iter);
   Objective o;
@@ -551,7 +551,7 @@ static int *shuffled_rows(int n, uint64_t seed) {
 // solution, and scores it on the n_val rows after them. The best validation accuracy (the larger
 // lambda on ties, as it comes first) sets out->lambda and out->val_top1, its solution best_params.
 static void search_lambda(const float *x /*(n_fit + n_val, d)*/, const int *labels, int n_fit,
-                          int n_val, int d, int n_classes, Preconditioner *p, DnnlCtx *ctx,
+                          int n_val, int d, int n_classes, Preconditioner *p, ExecCtx *ctx,
                           double *best_params, LinearProbeResult *out) {
   const size_t n_params = param_count(d, n_classes);
   Objective fit;
@@ -578,7 +578,7 @@ static void search_lambda(const float *x /*(n_fit + n_val, d)*/, const int *labe
 // Refits on all training rows from the chosen lambda's solution, then scores the test rows.
 static void final_fit(const float *x_train, const int *y_train, int n_train, const float *x_test,
                       const int *y_test, int n_test, int d, int n_classes, Preconditioner *p,
-                      DnnlCtx *ctx, double *params, LinearProbeResult *out) {
+                      ExecCtx *ctx, double *params, LinearProbeResult *out) {
   Objective all;
   objective_init(&all, ctx, x_train, y_train, n_train, d, n_classes);
   const FitOutcome fit = lbfgs_minimize(&all, p, ctx, out->lambda, final_budget, params);
@@ -593,7 +593,7 @@ static void final_fit(const float *x_train, const int *y_train, int n_train, con
 
 int linear_probe(const float *train_feat, const int *train_labels, int n_train,
                  const float *test_feat, const int *test_labels, int n_test, int d, int n_classes,
-                 uint64_t seed, DnnlCtx *ctx, LinearProbeResult *out) {
+                 uint64_t seed, ExecCtx *ctx, LinearProbeResult *out) {
   const double start_ms = now_ms();
   if (check_rows(train_feat, train_labels, n_train, d, n_classes, "train") < 0) return -1;
   if (check_rows(test_feat, test_labels, n_test, d, n_classes, "test") < 0) return -1;

@@ -12,7 +12,7 @@
 #pragma once
 #include <stdint.h>
 
-#include "core/dnnl_ctx.h"
+#include "core/exec_ctx.h"
 
 // The L2 strengths searched, smallest first. The search runs largest first, each fit warm-started
 // from the previous one, and a tie in validation accuracy keeps the larger lambda.
@@ -34,7 +34,7 @@ typedef struct {
 // a label outside [0, n_classes), a non-finite feature. The seed fixes the validation split.
 int linear_probe(const float *train_feat /*(n_train, d)*/, const int *train_labels, int n_train,
                  const float *test_feat /*(n_test, d)*/, const int *test_labels, int n_test, int d,
-                 int n_classes, uint64_t seed, DnnlCtx *ctx, LinearProbeResult *out);
+                 int n_classes, uint64_t seed, ExecCtx *ctx, LinearProbeResult *out);
 
 // The pieces, on features used as given (no standardisation). Parameters are one vector
 // params (K * d + K): W (K, d) row-major, then b (K).
@@ -42,7 +42,7 @@ int linear_probe(const float *train_feat /*(n_train, d)*/, const int *train_labe
 // The loss above into *loss and its gradient into grad (K * d + K). Returns 0 or -1 (bad sizes or
 // labels, lambda < 0).
 int linear_probe_loss_grad(const float *x /*(n, d)*/, const int *labels, int n, int d,
-                           int n_classes, double lambda, const double *params, DnnlCtx *ctx,
+                           int n_classes, double lambda, const double *params, ExecCtx *ctx,
                            double *loss, double *grad);
 
 // Minimises the loss by L-BFGS starting from params (zeros: a cold start), which receive the
@@ -51,5 +51,5 @@ int linear_probe_loss_grad(const float *x /*(n, d)*/, const int *labels, int n, 
 // (both *converged = 0). Returns the iterations taken, or -1 with tl_last_error() set (as
 // linear_probe_loss_grad, or max_iter < 1).
 int linear_probe_fit(const float *x /*(n, d)*/, const int *labels, int n, int d, int n_classes,
-                     double lambda, int max_iter, double grad_tol, DnnlCtx *ctx, double *params,
+                     double lambda, int max_iter, double grad_tol, ExecCtx *ctx, double *params,
                      int *converged);

@@ -36,7 +36,7 @@ void knn_monitor_init(KnnMonitor *m, const MonitorSettings *set, const Dataset *
   // Everything the monitor allocates, its model's outputs and scratchpad included, is
   // evaluation memory: the training ledger's workspace stays the training step's own.
   tl_alloc_scope_begin(MEM_EVAL);
-  dnnl_ctx_init(&m->ctx);
+  exec_ctx_init(&m->ctx);
   m->ctx.scratchpad_category = MEM_EVAL;
   const ModelSpec *spec = set->spec;
   int S = set->image_size, C = set->channels;
@@ -172,7 +172,7 @@ void knn_monitor_destroy(KnnMonitor *m) {
   tl_free(m->quality_index);
   tl_free(m->quality_feat);
   paramset_free(&m->bound);
-  dnnl_ctx_destroy(&m->ctx);
+  exec_ctx_destroy(&m->ctx);
 }
 
 // "key":value, (%.6f), or "key":null, when v is not finite.

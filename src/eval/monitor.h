@@ -37,7 +37,7 @@ typedef struct {
   int n_train, n_test;  // images used (memory bank may be limited by eval.knn_train_limit); 0
                         // unlabeled
   int batch;            // images per inference forward
-  DnnlCtx ctx;          // its own context, so evaluation never disturbs training's counters
+  ExecCtx ctx;          // its own context, so evaluation never disturbs training's counters
   ParamSet bound;       // bound to the online backbone's parameters
   Backbone *encoder;    // OP_INFER, N = batch
   float *images;        // (batch, S, S, C) MEM_EVAL

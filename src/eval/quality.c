@@ -88,14 +88,14 @@ static int rankme_rows(int n) { return n < QUALITY_SAMPLE ? n : QUALITY_SAMPLE; 
 // The side of the Gram matrix whose eigenvalues give the sample's singular values.
 static int gram_side(int n, int d) { return rankme_rows(n) < d ? rankme_rows(n) : d; }
 
-static void gram_init(Matmul *mm, DnnlCtx *ctx, int m, int d) {
+static void gram_init(Matmul *mm, ExecCtx *ctx, int m, int d) {
   if (m < d)
     matmul_init(mm, ctx, m, d, m, 0, 1, COMP_OTHER, 0);  // rows rows^T
   else
     matmul_init(mm, ctx, d, m, d, 1, 0, COMP_OTHER, 0);  // rows^T rows
 }
 
-int embedding_quality(const float *feat, int n, int d, DnnlCtx *ctx, EmbeddingQuality *q) {
+int embedding_quality(const float *feat, int n, int d, ExecCtx *ctx, EmbeddingQuality *q) {
   if (n < 2 || d < 1 || d > 4096)
     return tl_fail("embedding quality: %d embeddings of %d dimensions (need 2 or more, 1..4096)", n,
                    d);
@@ -166,7 +166,7 @@ size_t embedding_quality_eval_bytes(int n, int d) {
   return sizeof(float) * (rows + square) + sizeof(double) * (square + 4 * (size_t)d);
 }
 
-void embedding_quality_reserve_scratchpad(DnnlCtx *ctx, int n, int d) {
+void embedding_quality_reserve_scratchpad(ExecCtx *ctx, int n, int d) {
   Matmul mm;
   gram_init(&mm, ctx, rankme_rows(n), d);
   matmul_destroy(&mm);

@@ -4,7 +4,7 @@
 #pragma once
 #include <stddef.h>
 
-#include "core/dnnl_ctx.h"
+#include "core/exec_ctx.h"
 
 enum { QUALITY_SAMPLE = 4096 };
 
@@ -24,14 +24,15 @@ typedef struct {
 // QUALITY_SAMPLE rows spread evenly (all when fewer), its singular values the square roots of the
 // eigenvalues of their Gram matrix on the smaller side, (d, d) or (rows, rows) (a oneDNN matmul,
 // then Householder tridiagonalization and implicit QL in double: a second at d = 2048, where
-// cyclic Jacobi rotations took minutes). -1 with tl_last_error() on sizes out of range or non-finite values.
-// Its buffers are MEM_EVAL, all held until it returns, and the oneDNN scratchpad is ctx's.
-int embedding_quality(const float *feat, int n, int d, DnnlCtx *ctx, EmbeddingQuality *q);
+// cyclic Jacobi rotations took minutes). -1 with tl_last_error() on sizes out of range or
+// non-finite values. Its buffers are MEM_EVAL, all held until it returns, and the oneDNN scratchpad
+// is ctx's.
+int embedding_quality(const float *feat, int n, int d, ExecCtx *ctx, EmbeddingQuality *q);
 
 // The MEM_EVAL bytes embedding_quality holds at its peak for n embeddings of d dimensions.
 size_t embedding_quality_eval_bytes(int n, int d);
 // Grows ctx's scratchpad as embedding_quality(n, d) would, so `tally plan` sees what it leaves.
-void embedding_quality_reserve_scratchpad(DnnlCtx *ctx, int n, int d);
+void embedding_quality_reserve_scratchpad(ExecCtx *ctx, int n, int d);
 
 // Collapsed: embedding_std below 5% of 1/sqrt(d) (NaN is not collapsed). Measured on
 // resnet-small and vit-tiny backbones (Fashion-MNIST, 1024 images): untrained encoders read 14%

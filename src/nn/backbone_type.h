@@ -21,9 +21,9 @@ struct Backbone {
   float pad_value[BACKBONE_MAX_CHANNELS];
   int pad_mean;  // pad_fill = mean
   // images: (N, S, S, C) NHWC floats, S = data.image_size.
-  void (*forward)(Backbone *bb, DnnlCtx *ctx, const float *images);
+  void (*forward)(Backbone *bb, ExecCtx *ctx, const float *images);
   // dfeature: (N, feature_dim). Fills the parameter gradients of the backbone (OP_TRAIN only).
-  void (*backward)(Backbone *bb, DnnlCtx *ctx, const float *dfeature);
+  void (*backward)(Backbone *bb, ExecCtx *ctx, const float *dfeature);
   void (*destroy)(Backbone *bb);
 };
 

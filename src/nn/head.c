@@ -26,8 +26,9 @@ void head_init_with(ProjectionHead *h, Builder *b, const char *name, int N, int 
   if (layers < 2 || layers > HEAD_MAX_LAYERS)
     TL_DIE("a head of %d layers (2 to %d)", layers, HEAD_MAX_LAYERS);
   int train = b->mode == OP_TRAIN;
-  MemComponent saved = b->ctx->component;
-  b->ctx->component = COMP_HEAD;
+  Builder head = *b;
+  head.component = COMP_HEAD;
+  b = &head;
   h->layers = layers;
   h->activation = activation;
   char nm[64];
@@ -43,7 +44,6 @@ void head_init_with(ProjectionHead *h, Builder *b, const char *name, int N, int 
     else
       eltwise_init(&h->gelu[i], b, ELTWISE_GELU, (size_t)N * hidden_dim, train);
   }
-  b->ctx->component = saved;
   h->N = N;
   h->in_dim = in_dim;
   h->hidden_dim = hidden_dim;
@@ -53,7 +53,7 @@ void head_init_with(ProjectionHead *h, Builder *b, const char *name, int N, int 
 }
 
 // Hidden activation i on fc[i]'s output: BatchNorm + ReLU, or GELU. Returns its output.
-static const float *activation_forward(ProjectionHead *h, DnnlCtx *ctx, int i) {
+static const float *activation_forward(ProjectionHead *h, ExecCtx *ctx, int i) {
   if (h->activation == HEAD_BN_RELU) {
     batchnorm_forward(&h->bn[i], ctx, h->fc[i].out);
     return h->bn[i].out;
@@ -63,7 +63,7 @@ static const float *activation_forward(ProjectionHead *h, DnnlCtx *ctx, int i) {
 }
 
 // Its backward from fc[i + 1]'s input gradient; returns fc[i]'s output gradient.
-static const float *activation_backward(ProjectionHead *h, DnnlCtx *ctx, int i) {
+static const float *activation_backward(ProjectionHead *h, ExecCtx *ctx, int i) {
   if (h->activation == HEAD_BN_RELU) {
     batchnorm_backward(&h->bn[i], ctx, h->fc[i + 1].din);
     return h->bn[i].din;
@@ -72,14 +72,14 @@ static const float *activation_backward(ProjectionHead *h, DnnlCtx *ctx, int i) 
   return h->gelu[i].din;
 }
 
-void head_forward(ProjectionHead *h, DnnlCtx *ctx, const float *in) {
+void head_forward(ProjectionHead *h, ExecCtx *ctx, const float *in) {
   linear_forward(&h->fc[0], ctx, in);
   for (int i = 1; i < h->layers; i++)
     linear_forward(&h->fc[i], ctx, activation_forward(h, ctx, i - 1));
   h->out = h->fc[h->layers - 1].out;
 }
 
-void head_backward(ProjectionHead *h, DnnlCtx *ctx, const float *dout) {
+void head_backward(ProjectionHead *h, ExecCtx *ctx, const float *dout) {
   const float *d = dout;
   for (int i = h->layers - 1; i > 0; i--) {
     linear_backward(&h->fc[i], ctx, d);

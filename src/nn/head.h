@@ -30,6 +30,6 @@ void head_init(ProjectionHead *h, Builder *b, const char *name, int N, int in_di
                int out_dim);
 void head_init_with(ProjectionHead *h, Builder *b, const char *name, int N, int in_dim,
                     int hidden_dim, int out_dim, int layers, HeadActivation activation);
-void head_forward(ProjectionHead *h, DnnlCtx *ctx, const float *in);
-void head_backward(ProjectionHead *h, DnnlCtx *ctx, const float *dout);
+void head_forward(ProjectionHead *h, ExecCtx *ctx, const float *in);
+void head_backward(ProjectionHead *h, ExecCtx *ctx, const float *dout);
 void head_destroy(ProjectionHead *h);

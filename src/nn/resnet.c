@@ -113,7 +113,7 @@ static BufValue block_init(BasicBlock *blk, Builder *b, const char *name, int N,
   return out;
 }
 
-static const float *block_forward(BasicBlock *blk, DnnlCtx *ctx, const float *in) {
+static const float *block_forward(BasicBlock *blk, ExecCtx *ctx, const float *in) {
   blk->in = in;
   conv2d_forward(&blk->conv1, ctx, in);
   batchnorm_forward(&blk->bn1, ctx, blk->conv1.out);
@@ -131,7 +131,7 @@ static const float *block_forward(BasicBlock *blk, DnnlCtx *ctx, const float *in
 }
 
 // Returns the gradient with respect to the block input.
-static const float *block_backward(BasicBlock *blk, DnnlCtx *ctx, const float *dout) {
+static const float *block_backward(BasicBlock *blk, ExecCtx *ctx, const float *dout) {
   eltwise_backward(&blk->relu, ctx, dout);
   const float *dsum = blk->relu.din;  // reaches both the residual branch and the shortcut
   const float *dshortcut = dsum;
@@ -184,7 +184,7 @@ static void pad_images(const ResNet *r, const float *images) {
     }
 }
 
-static void resnet_forward(Backbone *bb, DnnlCtx *ctx, const float *images) {
+static void resnet_forward(Backbone *bb, ExecCtx *ctx, const float *images) {
   ResNet *r = (ResNet *)bb;
   if (r->padded_slots) {
     r->padded = op_slot(r->padded_slots, padded_bytes(r), op_calls_forward(&r->pad_calls, "pad"));
@@ -198,7 +198,7 @@ static void resnet_forward(Backbone *bb, DnnlCtx *ctx, const float *images) {
   bb->feature = r->pool.out;
 }
 
-static void resnet_backward(Backbone *bb, DnnlCtx *ctx, const float *dfeature) {
+static void resnet_backward(Backbone *bb, ExecCtx *ctx, const float *dfeature) {
   ResNet *r = (ResNet *)bb;
   TL_ASSERT(r->mode == OP_TRAIN);
   gap_backward(&r->pool, ctx, dfeature);
@@ -225,19 +225,19 @@ static void resnet_destroy(Backbone *bb) {
 // direct convolution, BatchNorm, ReLU, the residual sum and pooling run on as fast as on nhwc,
 // so nothing is reordered between layers. The images enter nhwc (the stem converts them). A
 // builder that names a layout (tests: nhwc) has it.
-static dnnl_format_tag_t resnet_layout(const ModelSpec *spec, const DnnlCtx *ctx) {
+static ActLayout resnet_layout(const ModelSpec *spec, const Builder *b) {
   // Blocks of 16 are AVX-512's: without it oneDNN's fast kernels want nhwc or blocks of 8, and
   // several ops on nChw16c fall back to reference code (valgrind's AVX2-only CPU showed it), while
   // Winograd, the reason for the layout, exists only for AVX-512 anyway.
-  if (!dnnl_cpu_has_avx512()) return dnnl_nhwc;
+  if (!cpu_has_avx512()) return ACT_LAYOUT_NHWC;
   // Winograd is fp32 only, and oneDNN 2.6's AMX bf16 convolutions (brgconv) take nhwc: on
   // nChw16c bf16 ran the older avx512_core_bf16 kernels, and an inbatch step on resnet-small took
   // 703 ms against 406 in fp32 (Intel Xeon with AMX, 2026-12-05).
-  if (dnnl_ctx_compute_type(ctx) != dnnl_f32) return dnnl_nhwc;
-  if (spec->stem_channels % 16 != 0) return dnnl_nhwc;
+  if (builder_policy(b).bf16) return ACT_LAYOUT_NHWC;
+  if (spec->stem_channels % 16 != 0) return ACT_LAYOUT_NHWC;
   for (int s = 0; s < model_spec_stages(spec); s++)
-    if (spec->stage_channels[s] % 16 != 0) return dnnl_nhwc;
-  return dnnl_nChw16c;
+    if (spec->stage_channels[s] % 16 != 0) return ACT_LAYOUT_NHWC;
+  return ACT_LAYOUT_BLOCKED16;
 }
 
 Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels) {
@@ -256,10 +256,10 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
   op_calls_init(&r->pad_calls, b);
   if (r->padded_size > image_size)
     r->padded = r->padded_slots =
-        op_calls_alloc(&r->pad_calls, padded_bytes(r), builder_out_category(b), b->ctx->component);
+        op_calls_alloc(&r->pad_calls, padded_bytes(r), builder_out_category(b), b->component);
   Builder pooled = *b;
   pooled.pool = &r->buffers;
-  if (!pooled.layout) pooled.layout = resnet_layout(spec, b->ctx);
+  if (!pooled.layout) pooled.layout = resnet_layout(spec, b);
   b = &pooled;
   const unsigned bn_flags = OUT_IN_PLACE | (batchnorm_in_place(b) ? 0 : OUT_READS_LATE);
   int C = spec->stem_channels, H = r->padded_size, W = r->padded_size;
@@ -295,7 +295,7 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
   builder_output(b, x, 0, OUT_OWN);  // the feature outlives the pass
   builder_grad(b, g_x, 0, 0);
   gap_init(&r->pool, b, N, H, W, C, train);
-  buffer_pool_finish(&r->buffers, b->ctx->component);
+  buffer_pool_finish(&r->buffers, b->component);
   r->base = (Backbone){.pad_mean = strcmp(spec->pad_fill, "mean") == 0,
                        .N = N,
                        .channels = channels,

@@ -111,7 +111,7 @@ BufValue transformer_stack_init(TransformerBlock *blocks, int depth, Builder *b,
   return x;
 }
 
-const float *transformer_block_forward(TransformerBlock *blk, DnnlCtx *ctx, const float *in) {
+const float *transformer_block_forward(TransformerBlock *blk, ExecCtx *ctx, const float *in) {
   blk->in = in;
   layernorm_forward(&blk->norm1, ctx, in);
   linear_forward(&blk->qkv, ctx, blk->norm1.out);
@@ -127,7 +127,7 @@ const float *transformer_block_forward(TransformerBlock *blk, DnnlCtx *ctx, cons
   return blk->out = blk->mlp_residual.out;
 }
 
-const float *transformer_block_backward(TransformerBlock *blk, DnnlCtx *ctx, const float *dout) {
+const float *transformer_block_backward(TransformerBlock *blk, ExecCtx *ctx, const float *dout) {
   if (blk->mode != OP_TRAIN) TL_DIE("transformer_block_backward on a block built without backward");
   // A scratch output a linear layer's backward reads is written again first (fp32; in bf16 the
   // layer reads the copy it kept).

@@ -39,7 +39,7 @@ BufValue transformer_stack_init(TransformerBlock *blocks, int depth, Builder *b,
                                 int N, int T, int D, int heads, int mlp_ratio, BufValue x,
                                 BufValue dout, BufValue din);
 // Returns blk->out.
-const float *transformer_block_forward(TransformerBlock *blk, DnnlCtx *ctx, const float *in);
+const float *transformer_block_forward(TransformerBlock *blk, ExecCtx *ctx, const float *in);
 // Fills the block's parameter gradients; returns blk->din (NULL without need_din).
-const float *transformer_block_backward(TransformerBlock *blk, DnnlCtx *ctx, const float *dout);
+const float *transformer_block_backward(TransformerBlock *blk, ExecCtx *ctx, const float *dout);
 void transformer_block_destroy(TransformerBlock *blk);

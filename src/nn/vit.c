@@ -113,7 +113,7 @@ static void pool_feature(Vit *v) {
   }
 }
 
-void vit_forward_visible(Vit *v, DnnlCtx *ctx, const float *images, const int *keep_idx) {
+void vit_forward_visible(Vit *v, ExecCtx *ctx, const float *images, const int *keep_idx) {
   if (!keep_idx && v->n_keep != v->n_patches)
     TL_DIE("vit_forward_visible: keep_idx is required when encoding %d of %d patches", v->n_keep,
            v->n_patches);
@@ -142,7 +142,7 @@ void vit_forward_visible(Vit *v, DnnlCtx *ctx, const float *images, const int *k
   if (!v->has_cls) ctx->flops_forward[v->comp] += (double)v->N * v->T * v->D;
 }
 
-void vit_backward_tokens(Vit *v, DnnlCtx *ctx, const float *dtokens) {
+void vit_backward_tokens(Vit *v, ExecCtx *ctx, const float *dtokens) {
   if (v->mode != OP_TRAIN) TL_DIE("vit_backward_tokens on a ViT built without backward");
   int D = v->D, T = v->T;
   op_calls_backward(&v->calls, "vit");
@@ -172,7 +172,7 @@ void vit_backward_tokens(Vit *v, DnnlCtx *ctx, const float *dtokens) {
   linear_backward(&v->patch_embed, ctx, dpatch);
 }
 
-static void vit_backbone_forward(Backbone *bb, DnnlCtx *ctx, const float *images) {
+static void vit_backbone_forward(Backbone *bb, ExecCtx *ctx, const float *images) {
   Vit *v = (Vit *)bb;
   if (v->n_keep != v->n_patches)
     TL_DIE("vit: this encoder sees %d of %d patches; use vit_forward_visible", v->n_keep,
@@ -181,7 +181,7 @@ static void vit_backbone_forward(Backbone *bb, DnnlCtx *ctx, const float *images
 }
 
 // The feature's gradient spread back over the tokens it was read from.
-static void vit_backbone_backward(Backbone *bb, DnnlCtx *ctx, const float *dfeature) {
+static void vit_backbone_backward(Backbone *bb, ExecCtx *ctx, const float *dfeature) {
   Vit *v = (Vit *)bb;
   if (v->mode != OP_TRAIN) TL_DIE("vit: backward on a ViT built without backward");
   int D = v->D, T = v->T;
@@ -236,7 +236,6 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
   }
   Vit *v = calloc(1, sizeof *v);
   if (!v) TL_DIE("out of memory");
-  DnnlCtx *ctx = b->ctx;
   int train = b->mode == OP_TRAIN;
   MemCategory out_cat = builder_out_category(b);
   v->N = N;
@@ -255,7 +254,7 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
   v->depth = spec->depth;
   v->mode = b->mode;
   v->params = b->params;
-  v->comp = ctx->component;
+  v->comp = b->component;
   size_t D = (size_t)v->D, tokens = (size_t)N * v->T;
 
   v->pos_embed = tl_alloc((size_t)v->n_patches * D * sizeof(float), MEM_WORKSPACE, v->comp);

@@ -73,9 +73,9 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
 
 // keep_idx (N, n_keep): patch indices (0 <= i < G*G) of each image, in the order they become
 // tokens; NULL means all patches in grid order (only when n_keep = G*G). Fills tokens and feature.
-void vit_forward_visible(Vit *v, DnnlCtx *ctx, const float *images, const int *keep_idx);
+void vit_forward_visible(Vit *v, ExecCtx *ctx, const float *images, const int *keep_idx);
 // dtokens (N, T, D): gradient with respect to `tokens`. Fills the parameter gradients.
-void vit_backward_tokens(Vit *v, DnnlCtx *ctx, const float *dtokens);
+void vit_backward_tokens(Vit *v, ExecCtx *ctx, const float *dtokens);
 
 // images (N, S, S, C) -> patches (N, G*G, P*P*C) in the order above (padding included).
 void vit_patchify(const Vit *v, const float *images, float *patches);

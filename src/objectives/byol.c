@@ -68,7 +68,8 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   o->b = env->local_batch;
   const int rows = 2 * o->b, d = cfg->model.head_out_dim;
 
-  Builder online = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
+  Builder online = {
+      .ctx = env->ctx, .params = env->params, .mode = OP_TRAIN, .policy = env->policy};
   const long long act0 = tl_mem_thread_net(MEM_ACT, COMP_ENCODER);
   o->base.online = objective_encoder(env, &online, rows, &o->projector, "head");
   o->encoder_act_bytes = (size_t)(tl_mem_thread_net(MEM_ACT, COMP_ENCODER) - act0);
@@ -80,11 +81,12 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   // The target starts as an exact copy of the online backbone and projector (the online block's
   // first floats, taken in the same order) and then only follows the momentum rule.
   paramset_alloc_nograd(&o->target_params, target_count, cfg->train.seed, MEM_MOMENTUM);
-  Builder target = {.ctx = env->ctx, .params = &o->target_params, .mode = OP_FORWARD};
+  Builder target = {
+      .ctx = env->ctx, .params = &o->target_params, .mode = OP_FORWARD, .policy = env->policy};
   o->target_backbone = objective_encoder(env, &target, rows, &o->target_projector, "head");
   if (!env->ctx->dry_run) ema_copy(&o->target_params, env->params);
 
-  byol_loss_init(&o->loss, rows, d);
+  byol_loss_init(&o->loss, &online, rows, d);
   o->dp = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT_GRAD, COMP_LOSS);
   TL_ASSERT(paramset_complete(env->params));
   TL_ASSERT(o->target_params.used == o->target_params.count);
@@ -114,7 +116,7 @@ static const LedgerOwnFields byol_fields = {1,
 
 static ObjectiveLoss byol_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Byol *o = (Byol *)base;
-  DnnlCtx *ctx = base->env.ctx;
+  ExecCtx *ctx = base->env.ctx;
   const int b = o->b;
   TL_ASSERT(batch->n == b && batch->n_views == 2);
 

@@ -18,7 +18,7 @@
 #include "nn/head.h"
 #include "objectives/dino_loss.h"
 #include "objectives/ema.h"
-#include "objectives/ntxent.h"
+#include "ops/l2norm.h"
 #include "objectives/objective.h"
 #include "ops/matmul.h"
 #include "io/param_tensors.h"
@@ -101,17 +101,15 @@ static void dino_views(const Config *cfg, const AugmentParams *base, ViewRecipe 
 typedef struct {
   int rows, bottleneck, K;
   float *v, *dv;        // (K, bottleneck) parameters: the student's, or the teacher's copy (no dv)
-  float *w_unit;        // (K, bottleneck) V's rows normalized
-  float *v_norms;       // (K)
-  float *z_unit;        // (rows, bottleneck)
-  float *z_norms;       // (rows)
+  L2Norm w_unit;        // out (K, bottleneck): V's rows normalized; its gradient goes to V's
+  L2Norm z_unit;        // out (rows, bottleneck); din (rows, bottleneck) the MLP's output gradient
   float *logits;        // (rows, K)
   Matmul fwd;           // logits = z_unit w_unit^T
   Matmul dz_mm, dw_mm;  // dz_unit = dlogits w_unit; dw_unit = dlogits^T z_unit (student only)
-  float *dz_unit, *dw_unit, *dz;  // (rows, bottleneck), (K, bottleneck), (rows, bottleneck)
+  float *dz_unit, *dw_unit;  // (rows, bottleneck), (K, bottleneck)
 } NormedLast;
 
-static void normed_last_init(NormedLast *n, DnnlCtx *ctx, ParamSet *ps, int rows, int bottleneck,
+static void normed_last_init(NormedLast *n, ExecCtx *ctx, ParamSet *ps, int rows, int bottleneck,
                              int K, int train) {
   memset(n, 0, sizeof *n);
   n->rows = rows, n->bottleneck = bottleneck, n->K = K;
@@ -120,10 +118,9 @@ static void normed_last_init(NormedLast *n, DnnlCtx *ctx, ParamSet *ps, int rows
   long shape[2] = {K, bottleneck};
   paramset_set_shape(ps, 2, shape);
   paramset_init_normal(ps, n->v, (size_t)K * bottleneck, 0.02f);
-  n->w_unit = tl_alloc(sizeof(float) * (size_t)K * bottleneck, kept, COMP_HEAD);
-  n->v_norms = tl_alloc(sizeof(float) * (size_t)K, kept, COMP_HEAD);
-  n->z_unit = tl_alloc(sizeof(float) * (size_t)rows * bottleneck, kept, COMP_HEAD);
-  n->z_norms = tl_alloc(sizeof(float) * (size_t)rows, kept, COMP_HEAD);
+  const Builder head = {.ctx = ctx, .mode = train ? OP_TRAIN : OP_FORWARD, .component = COMP_HEAD};
+  l2norm_init(&n->w_unit, &head, K, bottleneck, 0);
+  l2norm_init(&n->z_unit, &head, rows, bottleneck, 1);
   n->logits = tl_alloc(sizeof(float) * (size_t)rows * K, kept, COMP_HEAD);
   matmul_init(&n->fwd, ctx, rows, bottleneck, K, 0, 1, COMP_HEAD, 0);
   if (!train) return;
@@ -132,33 +129,24 @@ static void normed_last_init(NormedLast *n, DnnlCtx *ctx, ParamSet *ps, int rows
   matmul_init(&n->dw_mm, ctx, K, rows, bottleneck, 1, 0, COMP_HEAD, 1);
   n->dz_unit = tl_alloc(sizeof(float) * (size_t)rows * bottleneck, MEM_ACT_GRAD, COMP_HEAD);
   n->dw_unit = tl_alloc(sizeof(float) * (size_t)K * bottleneck, MEM_ACT_GRAD, COMP_HEAD);
-  n->dz = tl_alloc(sizeof(float) * (size_t)rows * bottleneck, MEM_ACT_GRAD, COMP_HEAD);
 }
 
-static void normed_last_forward(NormedLast *n, DnnlCtx *ctx, const float *z) {
-  if (!ctx->dry_run) {
-    l2norm_forward(n->v, n->w_unit, n->v_norms, n->K, n->bottleneck);
-    l2norm_forward(z, n->z_unit, n->z_norms, n->rows, n->bottleneck);
-  }
-  // Square-add and divide per entry (3), for the weights and the inputs.
-  ctx->flops_forward[COMP_HEAD] += 3.0 * ((double)n->K + n->rows) * n->bottleneck;
-  matmul_run(&n->fwd, ctx, n->z_unit, n->w_unit, n->logits);
+static void normed_last_forward(NormedLast *n, ExecCtx *ctx, const float *z) {
+  l2norm_forward(&n->w_unit, ctx, n->v);
+  l2norm_forward(&n->z_unit, ctx, z);
+  matmul_run(&n->fwd, ctx, n->z_unit.out, n->w_unit.out, n->logits);
 }
 
 // dlogits -> dz (the MLP's output gradient) and V's gradient, reported to its set.
-static void normed_last_backward(NormedLast *n, DnnlCtx *ctx, const ParamSet *ps,
+static void normed_last_backward(NormedLast *n, ExecCtx *ctx, const ParamSet *ps,
                                  const float *dlogits) {
-  matmul_run(&n->dz_mm, ctx, dlogits, n->w_unit, n->dz_unit);
-  matmul_run(&n->dw_mm, ctx, dlogits, n->z_unit, n->dw_unit);
+  matmul_run(&n->dz_mm, ctx, dlogits, n->w_unit.out, n->dz_unit);
+  matmul_run(&n->dw_mm, ctx, dlogits, n->z_unit.out, n->dw_unit);
   const size_t nv = (size_t)n->K * n->bottleneck;
   float *target = paramset_grad_target(ps, n->dv, nv, paramset_grad_accumulates(ps, n->dv), 0);
-  if (!ctx->dry_run) {
-    l2norm_backward(n->w_unit, n->v_norms, n->dw_unit, target, n->K, n->bottleneck);
-    l2norm_backward(n->z_unit, n->z_norms, n->dz_unit, n->dz, n->rows, n->bottleneck);
-    if (target != n->dv) paramset_grad_commit(ps, n->dv, target, nv);
-  }
-  // The normalizations' backward: a dot, a multiply, a subtraction and a division per entry.
-  ctx->flops_backward[COMP_HEAD] += 4.0 * ((double)n->K + n->rows) * n->bottleneck;
+  l2norm_backward_to(&n->w_unit, ctx, n->dw_unit, target);
+  l2norm_backward(&n->z_unit, ctx, n->dz_unit);
+  if (!ctx->dry_run && target != n->dv) paramset_grad_commit(ps, n->dv, target, nv);
   paramset_grad_contributed(ps, n->dv, nv);
 }
 
@@ -168,8 +156,9 @@ static void normed_last_destroy(NormedLast *n) {
     matmul_destroy(&n->dz_mm);
     matmul_destroy(&n->dw_mm);
   }
-  float *bufs[] = {n->w_unit, n->v_norms, n->z_unit,  n->z_norms,
-                   n->logits, n->dz_unit, n->dw_unit, n->dz};
+  l2norm_destroy(&n->w_unit);
+  l2norm_destroy(&n->z_unit);
+  float *bufs[] = {n->logits, n->dz_unit, n->dw_unit};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tl_free(bufs[i]);
 }
 
@@ -233,7 +222,8 @@ static Objective *dino_create(const ObjectiveEnv *env) {
   const ModelSpec *spec = &cfg->model.spec;
 
   // The student: one backbone at each crop size over the same weights, one head over all crops.
-  Builder student = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
+  Builder student = {
+      .ctx = env->ctx, .params = env->params, .mode = OP_TRAIN, .policy = env->policy};
   // (Its head comes after the local crops' instance: one head over every crop's features.)
   o->base.online = objective_encoder(env, &student, global_rows, NULL, NULL);
   const int D = o->base.online->feature_dim;
@@ -244,8 +234,11 @@ static Objective *dino_create(const ObjectiveEnv *env) {
     paramset_view(&o->local_view, env->params, 0);
     // Its BatchNorms normalize the local crops with their own statistics and leave the running
     // ones to the global crops, the size the encoder is evaluated and exported at.
-    Builder local = {
-        .ctx = env->ctx, .params = &o->local_view, .mode = OP_TRAIN, .keep_running_stats = 1};
+    Builder local = {.ctx = env->ctx,
+                     .params = &o->local_view,
+                     .mode = OP_TRAIN,
+                     .policy = env->policy,
+                     .keep_running_stats = 1};
     const ModelSpec small = local_spec(spec, set->local_size);
     o->local = backbone_create(&small, &local, local_rows, set->local_size, C);
     backbone_set_input_normalization(o->local, env->input_mean, env->input_std);
@@ -260,7 +253,8 @@ static Objective *dino_create(const ObjectiveEnv *env) {
 
   // The teacher starts as an exact copy of every student parameter, taken in the same order.
   paramset_alloc_nograd(&o->teacher_params, env->params->used, cfg->train.seed, MEM_MOMENTUM);
-  Builder teacher = {.ctx = env->ctx, .params = &o->teacher_params, .mode = OP_FORWARD};
+  Builder teacher = {
+      .ctx = env->ctx, .params = &o->teacher_params, .mode = OP_FORWARD, .policy = env->policy};
   o->teacher = objective_encoder(env, &teacher, global_rows, NULL, NULL);
   head_init_with(&o->teacher_head, &teacher, "head", global_rows, D, hidden, bottleneck,
                  set->head_layers, head_activation);
@@ -292,7 +286,7 @@ static const LedgerOwnFields dino_fields = {1,
 
 static ObjectiveLoss dino_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Dino *o = (Dino *)base;
-  DnnlCtx *ctx = base->env.ctx;
+  ExecCtx *ctx = base->env.ctx;
   const DinoSettings *set = settings(base->env.cfg);
   const int b = o->b, global_rows = GLOBAL_CROPS * b;
   TL_ASSERT(batch->n == b && batch->n_groups == (o->local ? 2 : 1) &&
@@ -326,7 +320,7 @@ static ObjectiveLoss dino_step(Objective *base, const Batch *batch, LedgerRecord
                                  set->student_temp, tau_t, b, o->dlogits);
   objective_backward_begins(base);
   normed_last_backward(&o->last, ctx, base->env.params, o->dlogits);
-  head_backward(&o->head, ctx, o->last.dz);
+  head_backward(&o->head, ctx, o->last.z_unit.din);
   const double local_bwd0 = ctx->flops_backward[COMP_ENCODER];
   if (o->local) o->local->backward(o->local, ctx, o->head.din + (size_t)global_rows * D);
   const double local_bwd = ctx->flops_backward[COMP_ENCODER] - local_bwd0;
@@ -354,7 +348,7 @@ static ObjectiveLoss dino_step(Objective *base, const Batch *batch, LedgerRecord
 // teacher outputs over every replica's global crops (a step's loss uses the centre before it).
 static void dino_after_update(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Dino *o = (Dino *)base;
-  DnnlCtx *ctx = base->env.ctx;
+  ExecCtx *ctx = base->env.ctx;
   const DinoSettings *set = settings(base->env.cfg);
   const int global_rows = GLOBAL_CROPS * o->b, K = o->last.K;
   if (!ctx->dry_run)

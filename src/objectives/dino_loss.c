@@ -7,7 +7,7 @@ int dino_loss_pairs(int global, int views) {
   return global * views - (views < global ? views : global);
 }
 
-void dino_loss_init(DinoLoss *l, DnnlCtx *ctx, int b, int global, int views, int K) {
+void dino_loss_init(DinoLoss *l, ExecCtx *ctx, int b, int global, int views, int K) {
   memset(l, 0, sizeof *l);
   l->b = b, l->global = global, l->views = views, l->K = K;
   l->q = tl_alloc(sizeof(float) * (size_t)global * b * K, MEM_WORKSPACE, COMP_LOSS);
@@ -16,7 +16,7 @@ void dino_loss_init(DinoLoss *l, DnnlCtx *ctx, int b, int global, int views, int
   row_softmax_init(&l->student_log_softmax, ctx, views * b, K, SOFTMAX_LOG_PROBS);
 }
 
-double dino_loss_forward_backward(DinoLoss *l, DnnlCtx *ctx, const float *student,
+double dino_loss_forward_backward(DinoLoss *l, ExecCtx *ctx, const float *student,
                                   const float *teacher, const float *center, float student_temp,
                                   float teacher_temp, int mean_over, float *dstudent) {
   const int b = l->b, G = l->global, V = l->views, K = l->K;

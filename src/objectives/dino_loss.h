@@ -17,11 +17,11 @@ typedef struct {
   RowSoftmax student_log_softmax;  // rows of logp in place
 } DinoLoss;
 
-void dino_loss_init(DinoLoss *l, DnnlCtx *ctx, int b, int global, int views, int K);
+void dino_loss_init(DinoLoss *l, ExecCtx *ctx, int b, int global, int views, int K);
 // student: (V b, K) outputs; teacher: (G b, K) outputs; center: (K). Returns the sum over the b
 // samples of each one's pair-averaged cross-entropy; dstudent (V b, K) receives the gradient of
 // that sum divided by mean_over. Counts its FLOPs in ctx (COMP_LOSS).
-double dino_loss_forward_backward(DinoLoss *l, DnnlCtx *ctx, const float *student,
+double dino_loss_forward_backward(DinoLoss *l, ExecCtx *ctx, const float *student,
                                   const float *teacher, const float *center, float student_temp,
                                   float teacher_temp, int mean_over, float *dstudent);
 // The (teacher crop, student crop) pairs each sample's loss averages over.

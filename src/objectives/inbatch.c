@@ -8,6 +8,7 @@
 #include "nn/head.h"
 #include "objectives/ntxent.h"
 #include "objectives/objective.h"
+#include "ops/l2norm.h"
 
 extern const ObjectiveDef objective_inbatch;
 
@@ -27,11 +28,9 @@ typedef struct {
   int b;  // samples on this replica; rows = 2b views
   ProjectionHead head;
   NtXent loss;
-  float *u_local;   // (2b, out) normalized projections, MEM_ACT loss
-  float *norms;     // (2b) MEM_ACT loss
+  L2Norm unit;      // the projections normalized: out (2b, out), din the head's gradient
   float *u_all;     // (2B, out) gathered from all replicas, MEM_ACT loss
   float *du_local;  // (2b, out) MEM_ACT_GRAD
-  float *dz;        // (2b, out) MEM_ACT_GRAD
 } InBatch;
 
 static Objective *inbatch_create(const ObjectiveEnv *env) {
@@ -51,21 +50,21 @@ static Objective *inbatch_create(const ObjectiveEnv *env) {
   o->base.env = *env;
   o->b = env->local_batch;
   int rows = 2 * o->b, M = 2 * env->global_batch, d = cfg->model.head_out_dim;
-  Builder bld = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
+  Builder bld = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN, .policy = env->policy};
   o->base.online = objective_encoder(env, &bld, rows, &o->head, "head");
   ntxent_init(&o->loss, env->ctx, M, rows, d, set->temperature);
-  o->u_local = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT, COMP_LOSS);
-  o->norms = tl_alloc(sizeof(float) * (size_t)rows, MEM_ACT, COMP_LOSS);
+  Builder loss = bld;
+  loss.component = COMP_LOSS;
+  l2norm_init(&o->unit, &loss, rows, d, 1);
   o->u_all = tl_alloc(sizeof(float) * (size_t)M * d, MEM_ACT, COMP_LOSS);
   o->du_local = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT_GRAD, COMP_LOSS);
-  o->dz = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT_GRAD, COMP_LOSS);
   TL_ASSERT(paramset_complete(env->params));
   return &o->base;
 }
 
 static ObjectiveLoss inbatch_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   InBatch *o = (InBatch *)base;
-  DnnlCtx *ctx = base->env.ctx;
+  ExecCtx *ctx = base->env.ctx;
   Comm *comm = base->env.comm;
   const int rows = 2 * o->b, d = o->head.out_dim, M = o->loss.M;
   TL_ASSERT(batch->n == o->b && batch->n_views == 2);
@@ -73,11 +72,12 @@ static ObjectiveLoss inbatch_step(Objective *base, const Batch *batch, LedgerRec
   // The batch is view-major, so views 0 and 1 of all samples form one 2b-image forward.
   base->online->forward(base->online, ctx, batch->views);
   head_forward(&o->head, ctx, base->online->feature);
-  if (!ctx->dry_run) l2norm_forward(o->head.out, o->u_local, o->norms, rows, d);
+  l2norm_forward(&o->unit, ctx, o->head.out);
   size_t offset = 0;
-  comm_allgather(comm, o->u_local, (size_t)rows * d, o->u_all, (size_t)M * d, &offset);
+  comm_allgather(comm, o->unit.out, (size_t)rows * d, o->u_all, (size_t)M * d, &offset);
   int row0 = (int)(offset / (size_t)d);
-  double loss_sum = ntxent_forward_backward(&o->loss, ctx, o->u_all, o->u_local, row0, o->du_local);
+  double loss_sum =
+      ntxent_forward_backward(&o->loss, ctx, o->u_all, o->unit.out, row0, o->du_local);
   objective_backward_begins(base);
 
   // Column-role gradients of this replica's rows come from every replica's loss rows.
@@ -87,12 +87,11 @@ static ObjectiveLoss inbatch_step(Objective *base, const Batch *batch, LedgerRec
   // global_batch / local_batch turns that average back into the sum of contributions.
   float scale = (float)base->env.shard_to_global;
   const float *col = o->loss.du_col + (size_t)row0 * d;
-  if (!ctx->dry_run) {
+  if (!ctx->dry_run)
     for (size_t i = 0; i < (size_t)rows * d; i++)
       o->du_local[i] = scale * (o->du_local[i] + world * col[i]);
-    l2norm_backward(o->u_local, o->norms, o->du_local, o->dz, rows, d);
-  }
-  head_backward(&o->head, ctx, o->dz);
+  l2norm_backward(&o->unit, ctx, o->du_local);
+  head_backward(&o->head, ctx, o->unit.din);
   base->online->backward(base->online, ctx, o->head.din);
 
   rec->views_grad = rows;
@@ -109,11 +108,9 @@ static void inbatch_destroy(Objective *base) {
   base->online->destroy(base->online);
   head_destroy(&o->head);
   ntxent_destroy(&o->loss);
-  tl_free(o->u_local);
-  tl_free(o->norms);
+  l2norm_destroy(&o->unit);
   tl_free(o->u_all);
   tl_free(o->du_local);
-  tl_free(o->dz);
   free(o);
 }
 

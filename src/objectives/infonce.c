@@ -3,7 +3,7 @@
 #include <math.h>
 #include <string.h>
 
-void infonce_init(InfoNce *l, DnnlCtx *ctx, int n, int K, int d, float temperature) {
+void infonce_init(InfoNce *l, ExecCtx *ctx, int n, int K, int d, float temperature) {
   memset(l, 0, sizeof *l);
   l->n = n;
   l->K = K;
@@ -38,7 +38,7 @@ static double row_loss_exact(const InfoNce *l, int i, const float *k, const floa
   return mx + log(z) - pos;
 }
 
-double infonce_forward_backward(InfoNce *l, DnnlCtx *ctx, const float *q, const float *k,
+double infonce_forward_backward(InfoNce *l, ExecCtx *ctx, const float *q, const float *k,
                                 const float *bank, const unsigned char *usable, int mean_over,
                                 float *dq) {
   const int n = l->n, K = l->K, d = l->d, row = K + 1;

@@ -19,10 +19,10 @@ typedef struct {
 // that small has lost its digits.
 #define INFONCE_MIN_PROB 1e-30f
 
-void infonce_init(InfoNce *l, DnnlCtx *ctx, int n, int K, int d, float temperature);
+void infonce_init(InfoNce *l, ExecCtx *ctx, int n, int K, int d, float temperature);
 // q, k: (n, d) normalized; bank: (K, d); usable: (K) 0/1 (NULL = all). Returns the sum of the
 // n per-query losses; dq (n, d) receives d(sum / mean_over)/dq. The key gets no gradient.
-double infonce_forward_backward(InfoNce *l, DnnlCtx *ctx, const float *q, const float *k,
+double infonce_forward_backward(InfoNce *l, ExecCtx *ctx, const float *q, const float *k,
                                 const float *bank, const unsigned char *usable, int mean_over,
                                 float *dq);
 void infonce_destroy(InfoNce *l);

@@ -101,11 +101,10 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   o->base.env = *env;
   o->b = env->local_batch;
   const int S = cfg->data.image_size, C = cfg->data.channels, b = o->b;
-  Builder bld = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
+  Builder bld = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN, .policy = env->policy};
 
   // The encoder: the same parameters, in the same order, as the vit backbone the kNN monitor
   // builds, but sized for the visible patches only.
-  env->ctx->component = COMP_ENCODER;
   o->P = vit_patch_count(spec, S);
   o->n_keep = mae_keep_count(o->P, settings(cfg)->mask_ratio);
   o->encoder = vit_create_masked(spec, &bld, b, S, C, o->n_keep);
@@ -123,7 +122,7 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   o->patch_dim = o->encoder->patch_dim;
   o->depth = settings(cfg)->decoder_depth;
 
-  env->ctx->component = COMP_DECODER;
+  bld.component = COMP_DECODER;
   linear_init(&o->embed, &bld, "decoder.embed", b * o->Te, o->D, o->Dd, 1, 1, 0.0f);
   o->mask_token =
       paramset_take(env->params, "decoder.mask_token", (size_t)o->Dd, 1, &o->dmask_token);
@@ -160,7 +159,6 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   o->masked = tl_alloc((size_t)b * o->P, MEM_ACT, COMP_LOSS);
   o->target = tl_alloc(sizeof(float) * (size_t)b * o->P * o->patch_dim, MEM_ACT, COMP_LOSS);
   o->dpred = tl_alloc(sizeof(float) * (size_t)b * o->Td * o->patch_dim, MEM_ACT_GRAD, COMP_LOSS);
-  env->ctx->component = COMP_ENCODER;
   TL_ASSERT(paramset_complete(env->params));
   return &o->base;
 }
@@ -368,7 +366,7 @@ static const LedgerOwnFields mae_fields = {
 static ObjectiveLoss mae_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Mae *o = (Mae *)base;
   const Config *cfg = base->env.cfg;
-  DnnlCtx *ctx = base->env.ctx;
+  ExecCtx *ctx = base->env.ctx;
   const int b = o->b, P = o->P, Dd = o->Dd, Td = o->Td, pd = o->patch_dim;
   TL_ASSERT(batch->n == b && batch->n_views == 1);
 

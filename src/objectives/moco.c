@@ -12,8 +12,8 @@
 #include "objectives/infonce.h"
 #include "objectives/key_queue.h"
 #include "objectives/moco.h"
-#include "objectives/ntxent.h"
 #include "objectives/objective.h"
+#include "ops/l2norm.h"
 #include "io/param_tensors.h"
 
 extern const ObjectiveDef objective_moco;
@@ -61,12 +61,9 @@ typedef struct {
   InfoNce loss;
   KeyQueue queue;
   long step;
-  float *q;        // (n_query, d) normalized queries, MEM_ACT loss
-  float *q_norms;  // (n_query)
-  float *k;        // (n_query, d) normalized keys for this replica's queries
-  float *k_norms;
+  L2Norm query_unit;      // the queries normalized, out (n_query, d); din the head's gradient
+  L2Norm key_unit;        // out (n_query, d): the keys for this replica's queries, normalized
   float *dq;              // (n_query, d) MEM_ACT_GRAD
-  float *dz;              // (n_query, d) MEM_ACT_GRAD
   unsigned char *usable;  // (K) negatives in use this step
   float *key_images;      // (n_query, S, S, C): the views the key encoder sees, MEM_WORKSPACE
   // ShuffleBN across replicas: all key images, and all keys, of the global batch.
@@ -88,24 +85,24 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   o->n_query_global = nq_global;
   o->image_floats = S * S * C;
 
-  Builder online = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
+  Builder online = {
+      .ctx = env->ctx, .params = env->params, .mode = OP_TRAIN, .policy = env->policy};
   o->base.online = objective_encoder(env, &online, nq, &o->head, "head");
 
   // The key encoder starts as an exact copy and then only follows the momentum rule.
   paramset_alloc_nograd(&o->key_params, env->params->used, cfg->train.seed, MEM_MOMENTUM);
-  Builder key = {.ctx = env->ctx, .params = &o->key_params, .mode = OP_FORWARD};
+  Builder key = {
+      .ctx = env->ctx, .params = &o->key_params, .mode = OP_FORWARD, .policy = env->policy};
   o->key_backbone = objective_encoder(env, &key, nq, &o->key_head, "key_head");
   if (!env->ctx->dry_run) ema_copy(&o->key_params, env->params);
 
   infonce_init(&o->loss, env->ctx, nq, K, d, settings(cfg)->temperature);
   key_queue_init(&o->queue, K, d, cfg->train.seed);
   size_t qd = (size_t)nq * d;
-  o->q = tl_alloc(sizeof(float) * qd, MEM_ACT, COMP_LOSS);
-  o->q_norms = tl_alloc(sizeof(float) * (size_t)nq, MEM_ACT, COMP_LOSS);
-  o->k = tl_alloc(sizeof(float) * qd, MEM_WORKSPACE, COMP_LOSS);
-  o->k_norms = tl_alloc(sizeof(float) * (size_t)nq, MEM_WORKSPACE, COMP_LOSS);
+  online.component = key.component = COMP_LOSS;
+  l2norm_init(&o->query_unit, &online, nq, d, 1);
+  l2norm_init(&o->key_unit, &key, nq, d, 0);
   o->dq = tl_alloc(sizeof(float) * qd, MEM_ACT_GRAD, COMP_LOSS);
-  o->dz = tl_alloc(sizeof(float) * qd, MEM_ACT_GRAD, COMP_LOSS);
   o->usable = tl_alloc((size_t)K, MEM_WORKSPACE, COMP_LOSS);
   o->key_images =
       tl_alloc(sizeof(float) * (size_t)nq * o->image_floats, MEM_WORKSPACE, COMP_ENCODER);
@@ -120,17 +117,16 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   return &o->base;
 }
 
-static void encode_keys_local(Moco *o, DnnlCtx *ctx, const float *images, float *keys) {
+static void encode_keys_local(Moco *o, ExecCtx *ctx, const float *images) {
   o->key_backbone->forward(o->key_backbone, ctx, images);
   head_forward(&o->key_head, ctx, o->key_backbone->feature);
-  if (!ctx->dry_run)
-    l2norm_forward(o->key_head.out, keys, o->k_norms, o->n_query, o->key_head.out_dim);
+  l2norm_forward(&o->key_unit, ctx, o->key_head.out);
 }
 
 // ShuffleBN: with several replicas the key encoder sees a random slice of the global batch, so
 // its BatchNorm statistics cannot tell a query's own positive apart (MoCo section 3.3). The
 // permutation comes from (seed, step), identical on every replica.
-static void encode_keys_shuffled(Moco *o, DnnlCtx *ctx) {
+static void encode_keys_shuffled(Moco *o, ExecCtx *ctx) {
   Comm *comm = o->base.env.comm;
   const int d = o->key_head.out_dim, f = o->image_floats;
   size_t offset_floats;
@@ -153,14 +149,14 @@ static void encode_keys_shuffled(Moco *o, DnnlCtx *ctx) {
       memcpy(o->key_images + (size_t)i * f, o->all_images + (size_t)o->perm[my0 + i] * f,
              sizeof(float) * (size_t)f);
   }
-  encode_keys_local(o, ctx, o->key_images, o->k);
-  comm_allgather(comm, o->k, (size_t)o->n_query * d, o->all_keys, (size_t)o->n_query_global * d,
-                 NULL);
+  encode_keys_local(o, ctx, o->key_images);
+  comm_allgather(comm, o->key_unit.out, (size_t)o->n_query * d, o->all_keys,
+                 (size_t)o->n_query_global * d, NULL);
   // all_keys[p] is the key of sample perm[p]; pick this replica's samples back in order.
   for (int p = 0; p < n_global && !ctx->dry_run; p++) {
     int sample = o->perm[p];
     if (sample >= my0 && sample < my0 + o->n_query)
-      memcpy(o->k + (size_t)(sample - my0) * d, o->all_keys + (size_t)p * d,
+      memcpy(o->key_unit.out + (size_t)(sample - my0) * d, o->all_keys + (size_t)p * d,
              sizeof(float) * (size_t)d);
   }
 }
@@ -197,9 +193,9 @@ static void set_queue_fields(LedgerRecord *rec, const KeyQueueStats *qs) {
 static ObjectiveLoss moco_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Moco *o = (Moco *)base;
   const Config *cfg = base->env.cfg;
-  DnnlCtx *ctx = base->env.ctx;
+  ExecCtx *ctx = base->env.ctx;
   Comm *comm = base->env.comm;
-  const int b = o->b, d = o->head.out_dim, f = o->image_floats;
+  const int b = o->b, f = o->image_floats;
   TL_ASSERT(batch->n == b && batch->n_views == 2);
   const float *view0 = batch->views, *view1 = batch->views + (size_t)b * f;
 
@@ -213,21 +209,21 @@ static ObjectiveLoss moco_step(Objective *base, const Batch *batch, LedgerRecord
   if (comm_size(comm) > 1)
     encode_keys_shuffled(o, ctx);
   else
-    encode_keys_local(o, ctx, o->key_images, o->k);
+    encode_keys_local(o, ctx, o->key_images);
 
   base->online->forward(base->online, ctx, query_images);
   head_forward(&o->head, ctx, base->online->feature);
   const int max_age = settings(cfg)->queue_max_age_steps;
   if (!ctx->dry_run) {
-    l2norm_forward(o->head.out, o->q, o->q_norms, o->n_query, d);
     for (int i = 0; i < o->queue.capacity; i++)
       o->usable[i] = (unsigned char)key_queue_usable(&o->queue, i, o->step, max_age);
   }
-  double loss_sum = infonce_forward_backward(&o->loss, ctx, o->q, o->k, o->queue.keys, o->usable,
-                                             o->n_query, o->dq);
+  l2norm_forward(&o->query_unit, ctx, o->head.out);
+  double loss_sum = infonce_forward_backward(&o->loss, ctx, o->query_unit.out, o->key_unit.out,
+                                             o->queue.keys, o->usable, o->n_query, o->dq);
   objective_backward_begins(base);
-  if (!ctx->dry_run) l2norm_backward(o->q, o->q_norms, o->dq, o->dz, o->n_query, d);
-  head_backward(&o->head, ctx, o->dz);
+  l2norm_backward(&o->query_unit, ctx, o->dq);
+  head_backward(&o->head, ctx, o->query_unit.din);
   base->online->backward(base->online, ctx, o->head.din);
 
   // A plan's queue holds nothing: the planner asks moco_plan what it would hold at its step.
@@ -257,12 +253,12 @@ static void moco_after_update(Objective *base, const Batch *batch, LedgerRecord 
   if (!dry_run) rec->own[MOCO_MOMENTUM_DISTANCE] = ema_update(&o->key_params, base->env.params, m);
   // Every replica enqueues the keys of the whole global batch, so all queues stay identical.
   if (comm_size(comm) > 1) {
-    comm_allgather(comm, o->k, (size_t)o->n_query * d, o->all_keys, (size_t)o->n_query_global * d,
-                   NULL);
+    comm_allgather(comm, o->key_unit.out, (size_t)o->n_query * d, o->all_keys,
+                   (size_t)o->n_query_global * d, NULL);
     int n_global = (o->n_query / o->b) * base->env.global_batch;
     if (!dry_run) key_queue_push(&o->queue, o->all_keys, n_global, o->step);
   } else if (!dry_run) {
-    key_queue_push(&o->queue, o->k, o->n_query, o->step);
+    key_queue_push(&o->queue, o->key_unit.out, o->n_query, o->step);
   }
   o->step++;
 }
@@ -276,12 +272,9 @@ static void moco_destroy(Objective *base) {
   paramset_free(&o->key_params);
   infonce_destroy(&o->loss);
   key_queue_destroy(&o->queue);
-  tl_free(o->q);
-  tl_free(o->q_norms);
-  tl_free(o->k);
-  tl_free(o->k_norms);
+  l2norm_destroy(&o->query_unit);
+  l2norm_destroy(&o->key_unit);
   tl_free(o->dq);
-  tl_free(o->dz);
   tl_free(o->usable);
   tl_free(o->key_images);
   tl_free(o->all_images);
@@ -322,7 +315,7 @@ static void moco_state(Objective *base, StFile *s) {
 
 const ParamSet *moco_key_params(const Objective *o) { return &((const Moco *)o)->key_params; }
 const KeyQueue *moco_queue(const Objective *o) { return &((const Moco *)o)->queue; }
-const float *moco_last_keys(const Objective *o) { return ((const Moco *)o)->k; }
+const float *moco_last_keys(const Objective *o) { return ((const Moco *)o)->key_unit.out; }
 
 const ObjectiveDef objective_moco = {
     .name = "moco",

@@ -3,7 +3,7 @@
 #include <math.h>
 #include <string.h>
 
-void ntxent_init(NtXent *l, DnnlCtx *ctx, int M, int rows, int d, float temperature) {
+void ntxent_init(NtXent *l, ExecCtx *ctx, int M, int rows, int d, float temperature) {
   memset(l, 0, sizeof *l);
   l->M = M;
   l->rows = rows;
@@ -51,7 +51,7 @@ static void scale(float *x, size_t n, float by) {
   for (size_t i = 0; i < n; i++) x[i] *= by;
 }
 
-double ntxent_forward_backward(NtXent *l, DnnlCtx *ctx, const float *u_all, const float *u_local,
+double ntxent_forward_backward(NtXent *l, ExecCtx *ctx, const float *u_all, const float *u_local,
                                int row0, float *du_local) {
   const int M = l->M, rows = l->rows;
   const float inv_t = 1.0f / l->temperature;
@@ -76,26 +76,4 @@ void ntxent_destroy(NtXent *l) {
   tl_free(l->logits);
   tl_free(l->dlogits);
   tl_free(l->du_col);
-}
-
-void l2norm_forward(const float *z, float *u, float *norms, int rows, int d) {
-  for (int i = 0; i < rows; i++) {
-    double ss = 0;
-    for (int k = 0; k < d; k++) ss += (double)z[(size_t)i * d + k] * z[(size_t)i * d + k];
-    float n = (float)sqrt(ss);
-    if (n < 1e-12f) n = 1e-12f;
-    norms[i] = n;
-    for (int k = 0; k < d; k++) u[(size_t)i * d + k] = z[(size_t)i * d + k] / n;
-  }
-}
-
-// u = z/|z|  =>  dz = (du - u (u . du)) / |z|
-void l2norm_backward(const float *u, const float *norms, const float *du, float *dz, int rows,
-                     int d) {
-  for (int i = 0; i < rows; i++) {
-    const float *ui = u + (size_t)i * d, *dui = du + (size_t)i * d;
-    double dot = 0;
-    for (int k = 0; k < d; k++) dot += (double)ui[k] * dui[k];
-    for (int k = 0; k < d; k++) dz[(size_t)i * d + k] = (float)((dui[k] - ui[k] * dot) / norms[i]);
-  }
 }

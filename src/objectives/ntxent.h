@@ -19,16 +19,11 @@ typedef struct {
   float *du_col;    // (M, d) MEM_ACT_GRAD
 } NtXent;
 
-void ntxent_init(NtXent *l, DnnlCtx *ctx, int M, int rows, int d, float temperature);
+void ntxent_init(NtXent *l, ExecCtx *ctx, int M, int rows, int d, float temperature);
 // Returns the sum over this replica's rows of the per-row loss. `du_local` (rows, d) receives
 // this replica's row-role gradient of (sum of all replicas' row losses) / M; `du_col` holds the
 // column-role gradient for all M rows, which must be summed over replicas and sliced by the
 // caller. u_local is the slice of u_all that this replica owns.
-double ntxent_forward_backward(NtXent *l, DnnlCtx *ctx, const float *u_all, const float *u_local,
+double ntxent_forward_backward(NtXent *l, ExecCtx *ctx, const float *u_all, const float *u_local,
                                int row0, float *du_local);
 void ntxent_destroy(NtXent *l);
-
-// Row-wise L2 normalization u = z / max(||z||, eps), and its backward.
-void l2norm_forward(const float *z, float *u, float *norms, int rows, int d);
-void l2norm_backward(const float *u, const float *norms, const float *du, float *dz, int rows,
-                     int d);

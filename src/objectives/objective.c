@@ -53,12 +53,13 @@ double objective_step(Objective *o, const Batch *batch, LedgerRecord *rec) {
 Backbone *objective_encoder(const ObjectiveEnv *env, Builder *bld, int rows, ProjectionHead *head,
                             const char *head_name) {
   const Config *cfg = env->cfg;
-  env->ctx->component = COMP_ENCODER;
+  Builder encoder = *bld;
+  encoder.component = COMP_ENCODER;
   Backbone *b =
-      backbone_create(&cfg->model.spec, bld, rows, cfg->data.image_size, cfg->data.channels);
+      backbone_create(&cfg->model.spec, &encoder, rows, cfg->data.image_size, cfg->data.channels);
   backbone_set_input_normalization(b, env->input_mean, env->input_std);
   if (head)
-    head_init(head, bld, head_name, rows, b->feature_dim, cfg->model.head_hidden_dim,
+    head_init(head, &encoder, head_name, rows, b->feature_dim, cfg->model.head_hidden_dim,
               cfg->model.head_out_dim);
   return b;
 }
@@ -84,7 +85,7 @@ size_t objective_param_count(const ObjectiveDef *def, const Config *cfg) {
   Comm *comm = comm_local_rank(group, 0);
   comm_set_dry_run(comm, 1);
   const int batch = cfg->train.batch_size;
-  ObjectiveEnv env = {cfg, &pass.ctx, comm, &pass.ps, batch, batch, 1.0, 1, NULL, NULL, NULL};
+  ObjectiveEnv env = {cfg, &pass.ctx, comm, &pass.ps, batch, batch, 1.0, 1, NULL, NULL, NULL, NULL};
   Objective *o = objective_create(def, &env);
   if (o) def->destroy(o);
   comm_destroy(comm);

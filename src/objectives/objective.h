@@ -15,7 +15,7 @@
 
 typedef struct {
   const Config *cfg;
-  DnnlCtx *ctx;
+  ExecCtx *ctx;
   Comm *comm;        // collectives: gathered features (inbatch), gathered keys (moco)
   ParamSet *params;  // online trainable parameters, allocated to objective_param_count;
                      // the backbone's come first so an evaluation copy can bind to them
@@ -29,6 +29,9 @@ typedef struct {
   // (C) each: the normalization the views went through, (x - mean) / std per channel; every
   // backbone is told it (pad_to frames images in normalized black). NULL in a plan.
   const float *input_mean, *input_std;
+  // How the objective's networks are built (bf16, recompute, ...): every Builder it makes takes
+  // it. NULL: the defaults (ops/builder.h).
+  const BuildPolicy *policy;
 } ObjectiveEnv;
 
 typedef struct ObjectiveDef ObjectiveDef;
@@ -109,8 +112,8 @@ void objective_backward_begins(Objective *o);
 // An objective's encoder as every objective builds one: the recipe's backbone (model.spec) for
 // `rows` images of data.image_size pixels, its parameters from `bld`, told env's input
 // normalization, counted as COMP_ENCODER; then, when `head` is given, the projection head called
-// `head_name` on its features (model.head_hidden_dim, model.head_out_dim) from the same builder.
-// The context's component is COMP_ENCODER after it.
+// `head_name` on its features (model.head_hidden_dim, model.head_out_dim) from the same builder,
+// counted as COMP_HEAD.
 Backbone *objective_encoder(const ObjectiveEnv *env, Builder *bld, int rows, ProjectionHead *head,
                             const char *head_name);
 // The ledger fields the objective called `name` declares (NULL: none, or no such objective):

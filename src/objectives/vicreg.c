@@ -60,7 +60,7 @@ static Objective *vicreg_create(const ObjectiveEnv *env) {
   o->base.env = *env;
   o->b = env->local_batch;
   const int rows = 2 * o->b, d = cfg->model.head_out_dim;
-  Builder bld = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
+  Builder bld = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN, .policy = env->policy};
   // Named "head" like every objective's projection head, so export --with-head and --init take it.
   o->base.online = objective_encoder(env, &bld, rows, &o->expander, "head");
   vicreg_loss_init(&o->loss, env->ctx, env->global_batch, o->b, d, set->sim_coeff, set->std_coeff,
@@ -72,7 +72,7 @@ static Objective *vicreg_create(const ObjectiveEnv *env) {
 
 static ObjectiveLoss vicreg_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   VicReg *o = (VicReg *)base;
-  DnnlCtx *ctx = base->env.ctx;
+  ExecCtx *ctx = base->env.ctx;
   const int rows = 2 * o->b;
   TL_ASSERT(batch->n == o->b && batch->n_views == 2);
 

@@ -7,7 +7,7 @@ enum { VIEWS = 2 };
 static const double VAR_EPS = 1e-4;  // inside the square root, as the reference
 static const double STD_TARGET = 1;  // gamma: each dimension's standard deviation is pushed to 1
 
-void vicreg_loss_init(VicRegLoss *l, DnnlCtx *ctx, int n, int b, int d, float sim_coeff,
+void vicreg_loss_init(VicRegLoss *l, ExecCtx *ctx, int n, int b, int d, float sim_coeff,
                       float std_coeff, float cov_coeff) {
   TL_ASSERT(n >= 2 && b >= 1 && b <= n && d >= 1);  // unbiased variance needs two samples
   memset(l, 0, sizeof *l);
@@ -62,7 +62,7 @@ static void regularizers(VicRegLoss *l, float *s, double *variance, double *cova
   *covariance = cov_sum / d;
 }
 
-double vicreg_loss_forward_backward(VicRegLoss *l, DnnlCtx *ctx, Comm *comm, const float *z,
+double vicreg_loss_forward_backward(VicRegLoss *l, ExecCtx *ctx, Comm *comm, const float *z,
                                     float *dz, VicRegTerms *terms) {
   const int n = l->n, d = l->d;
   const size_t bd = (size_t)l->b * d, nd = (size_t)n * d;

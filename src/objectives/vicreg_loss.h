@@ -30,11 +30,11 @@ typedef struct {
   float *dcentered;  // (n, d) gradient of one view's gathered rows; MEM_ACT_GRAD loss
 } VicRegLoss;
 
-void vicreg_loss_init(VicRegLoss *l, DnnlCtx *ctx, int n, int b, int d, float sim_coeff,
+void vicreg_loss_init(VicRegLoss *l, ExecCtx *ctx, int n, int b, int d, float sim_coeff,
                       float std_coeff, float cov_coeff);
 // z: (2b, d) this replica's embeddings, [view 0 of its b samples; view 1 of the same samples].
 // dz: (2b, d) receives d(loss)/dz for these rows, where loss is the global one this returns
 // (identical on every replica). `terms` (may be NULL) receives the unweighted terms.
-double vicreg_loss_forward_backward(VicRegLoss *l, DnnlCtx *ctx, Comm *comm, const float *z,
+double vicreg_loss_forward_backward(VicRegLoss *l, ExecCtx *ctx, Comm *comm, const float *z,
                                     float *dz, VicRegTerms *terms);
 void vicreg_loss_destroy(VicRegLoss *l);

@@ -11,10 +11,10 @@ struct AddPrivate {
 
 void add_init(Add *l, Builder *b, size_t n, MemCategory cat, int is_backward) {
   if (n == 0) TL_DIE("add: empty tensor");
-  DnnlCtx *ctx = b->ctx;
+  ExecCtx *ctx = b->ctx;
   memset(l, 0, sizeof *l);
   l->n = n;
-  l->comp = ctx->component;
+  l->comp = b->component;
   l->is_backward = is_backward;
   Builder one_call = *b;
   one_call.calls = 1;
@@ -40,7 +40,7 @@ void add_init(Add *l, Builder *b, size_t n, MemCategory cat, int is_backward) {
   l->out = l->out_slots;
 }
 
-void add_forward(Add *l, DnnlCtx *ctx, const float *a, const float *bb) {
+void add_forward(Add *l, ExecCtx *ctx, const float *a, const float *bb) {
   struct AddPrivate *p = l->priv;
   l->out = op_out_slot(&l->calls, l->out_slots, l->n * sizeof(float),
                        op_calls_forward(&l->calls, "add"));

@@ -17,5 +17,5 @@ typedef struct {
 // `cat` is the memory category of `out` (MEM_ACT for forward residuals kept for backward,
 // MEM_ACT_GRAD for gradient sums).
 void add_init(Add *l, Builder *b, size_t n, MemCategory cat, int is_backward);
-void add_forward(Add *l, DnnlCtx *ctx, const float *a, const float *bb);
+void add_forward(Add *l, ExecCtx *ctx, const float *a, const float *bb);
 void add_destroy(Add *l);

@@ -67,7 +67,7 @@ static DnnlMd head_view(int N, int H, int rows, int cols, dnnl_dim_t batch_strid
   return dnnl_md_strided(4, dims, strides);
 }
 
-static void head_matmul_init(HeadMatmul *m, DnnlCtx *ctx, DnnlMd src, DnnlMd weights, DnnlMd dst,
+static void head_matmul_init(HeadMatmul *m, ExecCtx *ctx, DnnlMd src, DnnlMd weights, DnnlMd dst,
                              float scale) {
   m->pd = dnnl_pd_matmul(ctx, src, weights, dst, scale);
   m->prim = dnnl_ctx_adopt(ctx, m->pd);
@@ -76,7 +76,7 @@ static void head_matmul_init(HeadMatmul *m, DnnlCtx *ctx, DnnlMd src, DnnlMd wei
   m->dst = dnnl_mem_new(ctx, dst);
 }
 
-static void head_matmul_run(HeadMatmul *m, DnnlCtx *ctx, const float *src, const float *weights,
+static void head_matmul_run(HeadMatmul *m, ExecCtx *ctx, const float *src, const float *weights,
                             float *dst) {
   dnnl_mem_bind(m->src, src);
   dnnl_mem_bind(m->weights, weights);
@@ -97,14 +97,14 @@ static void head_matmul_destroy(HeadMatmul *m) {
 void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   if (N <= 0 || T <= 0 || heads <= 0 || D <= 0 || D % heads != 0)
     TL_DIE("attention: bad shape N=%d T=%d D=%d heads=%d", N, T, D, heads);
-  DnnlCtx *ctx = b->ctx;
+  ExecCtx *ctx = b->ctx;
   memset(a, 0, sizeof *a);
   a->N = N;
   a->T = T;
   a->D = D;
   a->H = heads;
   a->mode = b->mode;
-  a->comp = ctx->component;
+  a->comp = b->component;
   op_calls_init(&a->calls, b);
   struct AttentionPrivate *p = calloc(1, sizeof *p);
   if (!p) TL_DIE("out of memory");
@@ -194,7 +194,7 @@ static AttentionCall attention_call(Attention *a, int call) {
   return (AttentionCall){op_slot(p->probs, probs_bytes, call), op_slot(p->heads, qkv_bytes, call)};
 }
 
-void attention_forward(Attention *a, DnnlCtx *ctx, const float *qkv) {
+void attention_forward(Attention *a, ExecCtx *ctx, const float *qkv) {
   struct AttentionPrivate *p = a->priv;
   int call = op_calls_forward(&a->calls, "attention");
   a->calls.in[call] = a->qkv = qkv;
@@ -210,7 +210,7 @@ void attention_forward(Attention *a, DnnlCtx *ctx, const float *qkv) {
   ctx->flops_forward[a->comp] += attention_flops_forward(a->N, a->T, a->D, a->H);
 }
 
-void attention_backward(Attention *a, DnnlCtx *ctx, const float *dout) {
+void attention_backward(Attention *a, ExecCtx *ctx, const float *dout) {
   struct AttentionPrivate *p = a->priv;
   if (a->mode != OP_TRAIN) TL_DIE("attention_backward on an op built without backward");
   int call = op_calls_backward(&a->calls, "attention");

@@ -23,8 +23,8 @@ typedef struct {
 
 // D must be divisible by heads.
 void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads);
-void attention_forward(Attention *a, DnnlCtx *ctx, const float *qkv);
-void attention_backward(Attention *a, DnnlCtx *ctx, const float *dout);
+void attention_forward(Attention *a, ExecCtx *ctx, const float *qkv);
+void attention_backward(Attention *a, ExecCtx *ctx, const float *dout);
 void attention_destroy(Attention *a);
 
 // Analytic FLOPs of one call (forward: two batched matmuls and the softmax; backward: four

@@ -65,7 +65,7 @@ static void bn_take_params(BatchNorm *l, Builder *b, const char *name) {
 // What forward keeps when it trains (or updates running statistics): the batch statistics and
 // the ReLU mask per call, the primitive that normalizes with given statistics, sync_bn's buffers.
 static void bn_keep_statistics(BatchNorm *l, Builder *b, DnnlMd data_md, unsigned flags) {
-  DnnlCtx *ctx = b->ctx;
+  ExecCtx *ctx = b->ctx;
   struct BatchNormPrivate *p = l->priv;
   const int C = l->C, fuse_relu = l->fuse_relu;
   // Batch statistics (and the ReLU mask) are kept for backward in training; the momentum encoder
@@ -98,7 +98,7 @@ static void bn_keep_statistics(BatchNorm *l, Builder *b, DnnlMd data_md, unsigne
 // its input gradient goes.
 static void bn_make_backward(BatchNorm *l, Builder *b, DnnlMd data_md, DnnlMd c_md,
                              unsigned flags) {
-  DnnlCtx *ctx = b->ctx;
+  ExecCtx *ctx = b->ctx;
   struct BatchNormPrivate *p = l->priv;
   const int C = l->C;
   const size_t G = (size_t)l->splits;
@@ -133,9 +133,10 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
         "%s: BatchNorm over a shard of %d sample%s per replica has no batch statistics; "
         "use fewer replicas or a larger train.batch_size",
         name, N, N == 1 ? "" : "s");
-  DnnlCtx *ctx = b->ctx;
+  ExecCtx *ctx = b->ctx;
   memset(l, 0, sizeof *l);
-  l->splits = b->mode == OP_INFER || ctx->bn_splits < 1 ? 1 : ctx->bn_splits;
+  const BuildPolicy policy = builder_policy(b);
+  l->splits = b->mode == OP_INFER || policy.bn_splits < 1 ? 1 : policy.bn_splits;
   if (N % l->splits != 0 || (long)(N / l->splits) * H * W < 2)
     tl_fatal_input(
         "%s: [model] bn_splits = %d must divide the %d samples per replica into groups "
@@ -146,9 +147,10 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   if (l->blocked && C % 16 != 0) TL_DIE("batchnorm %s: %d channels, blocked", name, C);
   l->need_din = need_din && b->mode == OP_TRAIN;
   l->mode = b->mode;
-  l->comp = ctx->component;
+  l->comp = b->component;
   op_calls_init(&l->calls, b);
   l->sync = !batchnorm_in_place(b);
+  if (l->sync) l->bn_sync = policy.bn_sync;
   if (l->sync && l->splits > 1) TL_DIE("batchnorm %s: sync_bn with bn_splits > 1", name);
   l->eps = 1e-5f;
   l->momentum = 0.1f;
@@ -190,17 +192,17 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
 }
 
 // The values per channel the statistics were taken over: one group's, or the global batch's.
-static double stat_count(const BatchNorm *l, const DnnlCtx *ctx) {
+static double stat_count(const BatchNorm *l) {
   double n = (double)(l->N / l->splits) * l->H * l->W;
-  return l->sync ? n * ctx->bn_sync_scale : n;
+  return l->sync ? n * l->bn_sync.scale : n;
 }
 
 // r = (1 - momentum) r + momentum batch, with the unbiased batch variance as in PyTorch; with
 // several groups, their mean statistics (as MoCo's SplitBatchNorm averages its running copies).
-static void bn_update_running(BatchNorm *l, const DnnlCtx *ctx) {
+static void bn_update_running(BatchNorm *l) {
   struct BatchNormPrivate *p = l->priv;
   const int G = l->splits;
-  double n = stat_count(l, ctx);
+  double n = stat_count(l);
   float unbias = (float)(n / (n - 1.0));
   for (int c = 0; c < l->C; c++) {
     float mean = 0, var = 0;
@@ -221,18 +223,18 @@ static size_t group_elems(const BatchNorm *l) {
 // means average over replicas by sample count; the variance is the average of each replica's
 // variance plus its mean's squared distance from the global mean (the parallel formula, exact and
 // without E[x^2] - mean^2's cancellation).
-static void sync_statistics(BatchNorm *l, DnnlCtx *ctx) {
+static void sync_statistics(BatchNorm *l, ExecCtx *ctx) {
   struct BatchNormPrivate *p = l->priv;
   const int C = l->C;
   const double samples = (double)l->N * l->H * l->W;
   if (!ctx->dry_run) memcpy(p->sync_buf, p->batch_mean, sizeof(float) * C);
-  ctx->bn_sync(ctx->bn_sync_user, p->sync_buf, (size_t)C, samples);
+  l->bn_sync.average(l->bn_sync.user, p->sync_buf, (size_t)C, samples);
   if (!ctx->dry_run)
     for (int c = 0; c < C; c++) {
       const float d = p->batch_mean[c] - p->sync_buf[c];
       p->sync_buf[C + c] = p->batch_var[c] + d * d;
     }
-  ctx->bn_sync(ctx->bn_sync_user, p->sync_buf + C, (size_t)C, samples);
+  l->bn_sync.average(l->bn_sync.user, p->sync_buf + C, (size_t)C, samples);
   if (!ctx->dry_run) {
     memcpy(p->batch_mean, p->sync_buf, sizeof(float) * C);
     memcpy(p->batch_var, p->sync_buf + C, sizeof(float) * C);
@@ -269,7 +271,7 @@ static int bn_bind_forward(BatchNorm *l, const float *in, int g, const float *me
   return 7;
 }
 
-void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
+void batchnorm_forward(BatchNorm *l, ExecCtx *ctx, const float *in) {
   struct BatchNormPrivate *p = l->priv;
   int call = op_calls_forward(&l->calls, "batchnorm");
   l->calls.in[call] = l->in = in;
@@ -292,7 +294,7 @@ void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
       dnnl_ctx_exec(ctx, p->fwd_global, p->fwd_global_pd, nargs, args);
     }
   }
-  if (batch_stats && !l->keep_running && !ctx->dry_run) bn_update_running(l, ctx);
+  if (batch_stats && !l->keep_running && !ctx->dry_run) bn_update_running(l);
   int per_elem =
       (batch_stats ? BN_FWD_BATCH_FLOPS_PER_ELEM : BN_FWD_GLOBAL_FLOPS_PER_ELEM) +
       (l->fuse_relu ? BN_RELU_FLOPS_PER_ELEM : 0) +
@@ -300,7 +302,7 @@ void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in) {
   ctx->flops_forward[l->comp] += per_elem * (double)bn_elems(l);
 }
 
-void batchnorm_recompute(BatchNorm *l, DnnlCtx *ctx) {
+void batchnorm_recompute(BatchNorm *l, ExecCtx *ctx) {
   struct BatchNormPrivate *p = l->priv;
   if (l->mode != OP_TRAIN || !l->calls.out_shared)
     TL_DIE("batchnorm_recompute on an op without backward or whose output it keeps");
@@ -330,7 +332,7 @@ void batchnorm_recompute(BatchNorm *l, DnnlCtx *ctx) {
 // where avg is the sample-weighted average over replicas (one replica: the textbook formula).
 // dgamma and dbeta stay local: the trainer's weighted average of them is the global gradient.
 // `dgamma` and `dbeta` hold this call's sums.
-static void sync_din(BatchNorm *l, DnnlCtx *ctx, float *din, const float *dgamma,
+static void sync_din(BatchNorm *l, ExecCtx *ctx, float *din, const float *dgamma,
                      const float *dbeta) {
   struct BatchNormPrivate *p = l->priv;
   const int C = l->C;
@@ -339,7 +341,7 @@ static void sync_din(BatchNorm *l, DnnlCtx *ctx, float *din, const float *dgamma
     memcpy(p->sync_buf, dbeta, sizeof(float) * C);
     memcpy(p->sync_buf + C, dgamma, sizeof(float) * C);
   }
-  ctx->bn_sync(ctx->bn_sync_user, p->sync_buf, 2 * (size_t)C, samples);
+  l->bn_sync.average(l->bn_sync.user, p->sync_buf, 2 * (size_t)C, samples);
   if (ctx->dry_run) return;
   float *a = p->sync_coef;
   for (int c = 0; c < C; c++) {
@@ -362,7 +364,7 @@ static void sync_din(BatchNorm *l, DnnlCtx *ctx, float *din, const float *dgamma
   }
 }
 
-void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout) {
+void batchnorm_backward(BatchNorm *l, ExecCtx *ctx, const float *dout) {
   struct BatchNormPrivate *p = l->priv;
   TL_ASSERT(l->mode == OP_TRAIN);
   int call = op_calls_backward(&l->calls, "batchnorm");

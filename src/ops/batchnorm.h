@@ -1,17 +1,19 @@
 // Batch normalization over N*H*W per channel, optionally with a fused ReLU (oneDNN's
 // dnnl_fuse_norm_relu: the ReLU mask is its workspace). Works for 2-D inputs with H = W = 1.
-// With ctx->bn_splits = G > 1 (training and momentum-encoder modes), the batch is normalized as
-// G groups of N/G samples, each with its own statistics — contiguous in NHWC and in the blocked
-// nChw16c, so each group is one execution of a primitive made for N/G — as G replicas without
-// synchronized BatchNorm would; the running statistics follow the mean of the groups' statistics.
+// With [model] bn_splits = G > 1 (the builder's policy; training and momentum-encoder modes), the
+// batch is normalized as G groups of N/G samples, each with its own statistics — contiguous in NHWC
+// and in the blocked nChw16c, so each group is one execution of a primitive made for N/G — as G
+// replicas without synchronized BatchNorm would; the running statistics follow the mean of the
+// groups' statistics.
 #pragma once
 #include "ops/builder.h"
 
 typedef struct {
   int N, C, H, W, fuse_relu, need_din;
-  int splits;   // groups with their own batch statistics (1: the whole batch)
-  int sync;     // statistics of the global batch (ctx->bn_sync), and their gradient
-  int blocked;  // activations in nChw16c (the builder's layout), else nhwc
+  int splits;      // groups with their own batch statistics (1: the whole batch)
+  int sync;        // statistics of the global batch (the policy's bn_sync), and their gradient
+  BnSync bn_sync;  // with sync: how they are averaged over the replicas
+  int blocked;     // activations in nChw16c (the builder's layout), else nhwc
   OpMode mode;
   MemComponent comp;
   float eps, momentum;    // 1e-5, running stats updated as r = (1-momentum) r + momentum batch
@@ -33,11 +35,11 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
 // Whether a BatchNorm built by `b` may write its output over its input: not with sync_bn, whose
 // forward normalizes with this replica's statistics first and then reads its input again.
 static inline int batchnorm_in_place(const Builder *b) {
-  return b->mode == OP_INFER || b->ctx->bn_sync == NULL;
+  return b->mode == OP_INFER || builder_policy(b).bn_sync.average == NULL;
 }
-void batchnorm_forward(BatchNorm *l, DnnlCtx *ctx, const float *in);
+void batchnorm_forward(BatchNorm *l, ExecCtx *ctx, const float *in);
 // Writes the output of the call the next backward takes again, from its input and the batch
 // statistics forward kept (a scratch output a later backward reads; ops/builder.h).
-void batchnorm_recompute(BatchNorm *l, DnnlCtx *ctx);
-void batchnorm_backward(BatchNorm *l, DnnlCtx *ctx, const float *dout);
+void batchnorm_recompute(BatchNorm *l, ExecCtx *ctx);
+void batchnorm_backward(BatchNorm *l, ExecCtx *ctx, const float *dout);
 void batchnorm_destroy(BatchNorm *l);

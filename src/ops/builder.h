@@ -1,5 +1,7 @@
-// What every op needs when it is created: the replica's oneDNN context (where buffers, scratchpad
-// and FLOPs are counted), the parameter block it takes its weights from, and the mode it runs in.
+// What every op needs when it is created: the replica's oneDNN context (where scratchpad and FLOPs
+// are counted), the parameter block it takes its weights from, the mode it runs in, the component
+// its buffers and FLOPs belong to, and the run's build policy (precision, recompute, convolution
+// algorithm, BatchNorm groups and sync). An op keeps what of these it needs at run time.
 //
 // Conventions shared by all ops (src/ops/*.h):
 // - Layouts: 4-D activations are NHWC (oneDNN tag nhwc) unless the builder says otherwise (a
@@ -22,11 +24,11 @@
 //   than one), and the set hears that a slice is ready after its last expected contribution.
 // - Buffers: `out` is MEM_ACT when kept for backward (OP_TRAIN), MEM_WORKSPACE otherwise; `din` is
 //   MEM_ACT_GRAD; workspaces kept between forward and backward are MEM_ACT; all tagged with
-//   ctx->component at creation time.
+//   the builder's component.
 // - Each execution adds its analytic FLOPs (a multiply-add counts 2) to
-//   ctx->flops_forward/backward[component given at creation].
+//   ctx->flops_forward/backward[the builder's component, kept at creation].
 #pragma once
-#include "core/dnnl_ctx.h"
+#include "core/exec_ctx.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,10 +43,58 @@ typedef enum {
   OP_INFER,    // forward inference (running statistics), no backward (evaluation)
 } OpMode;
 
+typedef enum {
+  CONV_ALGO_AUTO,      // Winograd where it was measured faster (ops/conv.c), else direct
+  CONV_ALGO_DIRECT,    // direct everywhere
+  CONV_ALGO_WINOGRAD,  // Winograd wherever oneDNN offers it
+} ConvAlgorithm;
+
+// [model] sync_bn: BatchNorm with batch statistics normalizes with the global batch's. `average`
+// averages a per-channel buffer over the replicas in place, weighted by `samples` (each replica's
+// count); `scale` is global / local samples. A NULL `average`: each replica's own statistics.
 typedef struct {
-  DnnlCtx *ctx;
+  void (*average)(void *user, float *buf, size_t n, double samples);
+  void *user;
+  double scale;
+} BnSync;
+
+// How a run builds its networks, from its configuration; the same for every op it builds.
+typedef struct {
+  // [train] precision = bf16: convolutions and linear layers multiply bf16 copies of their
+  // inputs, weights and output gradients, accumulating in f32 into f32 outputs and f32 weight
+  // gradients (builder_compute_type). 0: everything f32, as evaluation always is.
+  int bf16;
+  // [train] recompute: transformer blocks in training recompute their LayerNorm and GELU outputs,
+  // ResNet blocks their first BatchNorm-ReLU output, before the f32 op whose backward reads them,
+  // instead of keeping them.
+  int recompute;
+  // [train] conv_algorithm: which 3x3 stride-1 convolutions on blocked activations run oneDNN's
+  // Winograd F(4x4, 3x3) kernels (see ops/conv.c); the others, and any the library lacks it for,
+  // run direct.
+  ConvAlgorithm conv_algorithm;
+  // [model] bn_splits: BatchNorm with batch statistics computes them over this many equal groups
+  // of the batch, as several replicas would (MoCo's single-GPU SplitBatchNorm). 1 = the batch.
+  int bn_splits;
+  BnSync bn_sync;
+} BuildPolicy;
+
+// The layout of the 4-D activations a network's ops pass each other.
+typedef enum {
+  ACT_LAYOUT_UNSET,  // the network chooses (nn/resnet.c); the ops read nhwc
+  ACT_LAYOUT_NHWC,   // channels last
+  // oneDNN's blocked nChw16c, which its Winograd convolutions need: every channel count a
+  // multiple of 16 except a convolution's input read from outside the network (the images, nhwc)
+  ACT_LAYOUT_BLOCKED16,
+} ActLayout;
+
+typedef struct {
+  ExecCtx *ctx;
   ParamSet *params;
   OpMode mode;
+  // What the ops built count their buffers and FLOPs to (0: the encoder).
+  MemComponent component;
+  // NULL: the defaults (build_policy_default), what evaluation and tests build with.
+  const BuildPolicy *policy;
   int calls;  // forward calls before backward, OP_TRAIN only; 0 means 1
   // With a pool (ops/buffer_pool.h), the module declares each op before building it
   // (builder_output, builder_grad), which points the op at its planned values; NULL: every op
@@ -52,18 +102,31 @@ typedef struct {
   BufferPool *pool;
   BufValue out_value;   // the next op's output, 0: its own
   BufValue grad_value;  // the next op's input gradient, 0: its own
-  // The layout of the 4-D activations the ops pass each other: 0 (nhwc) or dnnl_nChw16c, which
-  // needs every channel count a multiple of 16 except a convolution's input read from outside
-  // the network (the images, nhwc).
-  dnnl_format_tag_t layout;
+  ActLayout layout;
   // Training BatchNorms leave their running statistics as they are: a second instance of a
   // network at another input size (DINO's local crops) normalizes with its own batch statistics,
   // and the running ones stay those of the size the network is evaluated and exported at.
   int keep_running_stats;
 } Builder;
 
+// f32, recompute, conv_algorithm auto, the whole batch's BatchNorm statistics, no sync.
+static inline BuildPolicy build_policy_default(void) {
+  return (BuildPolicy){.recompute = 1, .bn_splits = 1};
+}
+
+static inline BuildPolicy builder_policy(const Builder *b) {
+  return b->policy ? *b->policy : build_policy_default();
+}
+
+// The data type convolutions and linear layers multiply in: bf16 under [train] precision = bf16,
+// else f32.
+static inline dnnl_data_type_t builder_compute_type(const Builder *b) {
+  return b->policy && b->policy->bf16 ? dnnl_bf16 : dnnl_f32;
+}
+
+// The activations' layout as oneDNN names it.
 static inline dnnl_format_tag_t builder_layout(const Builder *b) {
-  return b->layout ? b->layout : dnnl_nhwc;
+  return b->layout == ACT_LAYOUT_BLOCKED16 ? dnnl_nChw16c : dnnl_nhwc;
 }
 
 // Memory category for an op's output under this builder's mode.
@@ -101,7 +164,7 @@ static inline BufValue builder_output(Builder *b, BufValue in0, BufValue in1, un
     buffer_pool_in_place(pool, v, in0);
   else
     buffer_pool_touch(pool, v, PASS_FORWARD, pool_read_time(PASS_FORWARD, pool->ops - 1));
-  if ((flags & OUT_RECOMPUTED) && b->ctx->recompute) pool->values[v].recomputed = 1;
+  if ((flags & OUT_RECOMPUTED) && builder_policy(b).recompute) pool->values[v].recomputed = 1;
   return b->out_value = v;
 }
 
@@ -254,7 +317,7 @@ static inline int op_calls_next_backward(OpCalls *c, const char *op) {
 
 // Adds a gradient written to the scratch into its slice (counted as backward FLOPs: one add per
 // float); nothing when it was written in place.
-static inline void op_grad_commit(DnnlCtx *ctx, MemComponent comp, const ParamSet *ps, float *grad,
+static inline void op_grad_commit(ExecCtx *ctx, MemComponent comp, const ParamSet *ps, float *grad,
                                   const float *target, size_t count) {
   if (target == grad) return;
   if (!ctx->dry_run) paramset_grad_commit(ps, grad, target, count);
@@ -297,7 +360,7 @@ static inline OpGrads op_grads_begin(OpCalls *c, float *g0, size_t n0, float *g1
   return g;
 }
 
-static inline void op_grads_end(DnnlCtx *ctx, MemComponent comp, const OpCalls *c,
+static inline void op_grads_end(ExecCtx *ctx, MemComponent comp, const OpCalls *c,
                                 const OpGrads *g) {
   for (int i = 0; i < 2; i++)
     if (g->grad[i]) {

@@ -2,10 +2,11 @@
 // N = batch, IC/OC = channels, IH/IW and OH/OW = spatial sizes, K = square kernel.
 #pragma once
 #include "ops/builder.h"
+#include "ops/weighted.h"
 
 typedef struct {
   int N, IC, IH, IW, OC, OH, OW, K, stride, pad, has_bias, need_din;
-  int winograd;  // forward runs oneDNN's Winograd kernel (ctx->conv_algorithm, ops/conv.c)
+  int winograd;  // forward runs oneDNN's Winograd kernel ([train] conv_algorithm, ops/conv.c)
   OpMode mode;
   MemComponent comp;
   float *weight, *dweight;  // (OC, IC, K, K) plain oihw
@@ -14,16 +15,16 @@ typedef struct {
   const float *in;  // (N, IH, IW, IC), the call forward or backward works on
   float *out;       // (N, OH, OW, OC), the same call's; one per call in out_slots
   float *out_slots;
-  float *din;                // (N, IH, IW, IC), when need_din
-  struct ConvPrivate *priv;  // primitives, memories, weight layout reorders
+  float *din;        // (N, IH, IW, IC), when need_din
+  Weighted *passes;  // primitives, memories, copies in the compute type and layouts
 } Conv2d;
 
 // Weights initialized Kaiming-normal (fan_in, ReLU gain); bias zero. OH = (IH + 2*pad - K)/stride
 // + 1.
 void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH, int IW, int OC,
                  int K, int stride, int pad, int has_bias, int need_din);
-void conv2d_forward(Conv2d *l, DnnlCtx *ctx, const float *in);
-void conv2d_backward(Conv2d *l, DnnlCtx *ctx, const float *dout);  // dweight, dbias, din
+void conv2d_forward(Conv2d *l, ExecCtx *ctx, const float *in);
+void conv2d_backward(Conv2d *l, ExecCtx *ctx, const float *dout);  // dweight, dbias, din
 // Whether backward reads the f32 input forward was given (its weight gradient's source), rather
 // than a converted copy forward kept (a compute type other than f32, at stride 1).
 int conv2d_backward_reads_input(const Conv2d *l);
@@ -36,7 +37,9 @@ static inline int conv_image_input(const Builder *b, int IC) {
 // f32 in the layout its kernel reads (not a 3-channel image a blocked network converts), or a
 // strided one, whose weight gradient stays f32 (oneDNN 2.6's bf16 kernel for it is slower here).
 static inline int conv2d_will_read_input(const Builder *b, int IC, int stride) {
-  return (dnnl_ctx_compute_type(b->ctx) == dnnl_f32 && !(conv_image_input(b, IC) && IC != 1)) ||
+  return (builder_compute_type(b) == dnnl_f32 && !(conv_image_input(b, IC) && IC != 1)) ||
          stride > 1;
 }
 void conv2d_destroy(Conv2d *l);
+// [train] conv_algorithm: "auto", "direct" or "winograd" (the config checked the text).
+ConvAlgorithm conv_algorithm_parse(const char *text);

@@ -19,13 +19,13 @@ struct EltwisePrivate {
 
 void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_din) {
   if (n == 0) TL_DIE("eltwise: empty tensor");
-  DnnlCtx *ctx = b->ctx;
+  ExecCtx *ctx = b->ctx;
   memset(l, 0, sizeof *l);
   l->kind = kind;
   l->n = n;
   l->need_din = need_din && b->mode == OP_TRAIN;
   l->mode = b->mode;
-  l->comp = ctx->component;
+  l->comp = b->component;
   op_calls_init(&l->calls, b);
 
   struct EltwisePrivate *p = calloc(1, sizeof *p);
@@ -55,7 +55,7 @@ void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_d
   dnnl_md_destroy(md);
 }
 
-static void eltwise_run_forward(Eltwise *l, DnnlCtx *ctx, int call) {
+static void eltwise_run_forward(Eltwise *l, ExecCtx *ctx, int call) {
   struct EltwisePrivate *p = l->priv;
   l->in = l->calls.in[call];
   l->out = op_out_slot(&l->calls, l->out_slots, l->n * sizeof(float), call);
@@ -65,21 +65,21 @@ static void eltwise_run_forward(Eltwise *l, DnnlCtx *ctx, int call) {
   dnnl_ctx_exec(ctx, p->fwd, p->fwd_pd, 2, args);
 }
 
-void eltwise_forward(Eltwise *l, DnnlCtx *ctx, const float *in) {
+void eltwise_forward(Eltwise *l, ExecCtx *ctx, const float *in) {
   int call = op_calls_forward(&l->calls, "eltwise");
   l->calls.in[call] = in;
   eltwise_run_forward(l, ctx, call);
   ctx->flops_forward[l->comp] += ELTWISE_FWD_FLOPS_PER_ELEM[l->kind] * (double)l->n;
 }
 
-void eltwise_recompute(Eltwise *l, DnnlCtx *ctx) {
+void eltwise_recompute(Eltwise *l, ExecCtx *ctx) {
   if (l->mode != OP_TRAIN) TL_DIE("eltwise_recompute on an op built without backward");
   eltwise_run_forward(l, ctx, op_calls_next_backward(&l->calls, "eltwise"));
   ctx->flops_backward[l->comp] += ELTWISE_FWD_FLOPS_PER_ELEM[l->kind] * (double)l->n;
 }
 
 // A no-op without din: an activation has no parameters, so there is nothing else to compute.
-void eltwise_backward(Eltwise *l, DnnlCtx *ctx, const float *dout) {
+void eltwise_backward(Eltwise *l, ExecCtx *ctx, const float *dout) {
   struct EltwisePrivate *p = l->priv;
   if (!l->need_din) return;
   int call = op_calls_backward(&l->calls, "eltwise");

@@ -21,9 +21,9 @@ typedef struct {
 } Eltwise;
 
 void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_din);
-void eltwise_forward(Eltwise *l, DnnlCtx *ctx, const float *in);
-void eltwise_backward(Eltwise *l, DnnlCtx *ctx, const float *dout);
+void eltwise_forward(Eltwise *l, ExecCtx *ctx, const float *in);
+void eltwise_backward(Eltwise *l, ExecCtx *ctx, const float *dout);
 // Writes the output of the call the next backward takes again, from the input that call kept
 // (for an output built in a scratch pool, ops/builder.h); its FLOPs count as backward.
-void eltwise_recompute(Eltwise *l, DnnlCtx *ctx);
+void eltwise_recompute(Eltwise *l, ExecCtx *ctx);
 void eltwise_destroy(Eltwise *l);

@@ -27,7 +27,7 @@ static size_t ln_stat_bytes(const LayerNorm *l) { return (size_t)l->M * sizeof(f
 // What training adds: the statistics kept per call, backward and its gradient memories.
 static void layernorm_make_backward(LayerNorm *l, Builder *b, DnnlMd data_md, DnnlMd param_md,
                                     DnnlMd stat_md, unsigned flags) {
-  DnnlCtx *ctx = b->ctx;
+  ExecCtx *ctx = b->ctx;
   struct LayerNormPrivate *p = l->priv;
   op_grads_expect(b, &l->calls, l->dgamma, (size_t)l->D, l->dbeta, (size_t)l->D);
   p->mean = dnnl_mem_new(ctx, stat_md);
@@ -45,12 +45,12 @@ static void layernorm_make_backward(LayerNorm *l, Builder *b, DnnlMd data_md, Dn
 
 void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   if (M <= 0 || D <= 0) TL_DIE("layernorm %s: bad shape (%d, %d)", name, M, D);
-  DnnlCtx *ctx = b->ctx;
+  ExecCtx *ctx = b->ctx;
   memset(l, 0, sizeof *l);
   l->M = M;
   l->D = D;
   l->mode = b->mode;
-  l->comp = ctx->component;
+  l->comp = b->component;
   l->eps = 1e-6f;
   op_calls_init(&l->calls, b);
 
@@ -84,7 +84,7 @@ void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   dnnl_md_destroy(stat_md);
 }
 
-static void layernorm_run_forward(LayerNorm *l, DnnlCtx *ctx, int call) {
+static void layernorm_run_forward(LayerNorm *l, ExecCtx *ctx, int call) {
   struct LayerNormPrivate *p = l->priv;
   l->in = l->calls.in[call];
   l->out = op_out_slot(&l->calls, l->out_slots, ln_data_bytes(l), call);
@@ -106,20 +106,20 @@ static void layernorm_run_forward(LayerNorm *l, DnnlCtx *ctx, int call) {
   dnnl_ctx_exec(ctx, p->fwd, p->fwd_pd, nargs, args);
 }
 
-void layernorm_forward(LayerNorm *l, DnnlCtx *ctx, const float *in) {
+void layernorm_forward(LayerNorm *l, ExecCtx *ctx, const float *in) {
   int call = op_calls_forward(&l->calls, "layernorm");
   l->calls.in[call] = in;
   layernorm_run_forward(l, ctx, call);
   ctx->flops_forward[l->comp] += layernorm_flops_forward(l->M, l->D);
 }
 
-void layernorm_recompute(LayerNorm *l, DnnlCtx *ctx) {
+void layernorm_recompute(LayerNorm *l, ExecCtx *ctx) {
   if (l->mode != OP_TRAIN) TL_DIE("layernorm_recompute on a layer built without backward");
   layernorm_run_forward(l, ctx, op_calls_next_backward(&l->calls, "layernorm"));
   ctx->flops_backward[l->comp] += layernorm_flops_forward(l->M, l->D);
 }
 
-void layernorm_backward(LayerNorm *l, DnnlCtx *ctx, const float *dout) {
+void layernorm_backward(LayerNorm *l, ExecCtx *ctx, const float *dout) {
   struct LayerNormPrivate *p = l->priv;
   if (l->mode != OP_TRAIN) TL_DIE("layernorm_backward on a layer built without backward");
   int call = op_calls_backward(&l->calls, "layernorm");

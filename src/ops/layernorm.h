@@ -20,13 +20,13 @@ typedef struct {
 } LayerNorm;
 
 void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D);
-void layernorm_forward(LayerNorm *l, DnnlCtx *ctx, const float *in);
+void layernorm_forward(LayerNorm *l, ExecCtx *ctx, const float *in);
 // din, dgamma and dbeta (overwritten).
-void layernorm_backward(LayerNorm *l, DnnlCtx *ctx, const float *dout);
+void layernorm_backward(LayerNorm *l, ExecCtx *ctx, const float *dout);
 // Writes the output (and the same statistics) of the call the next backward takes again, from
 // the input that call kept (for an output built in a scratch pool, ops/builder.h); its FLOPs
 // count as backward. OP_TRAIN only.
-void layernorm_recompute(LayerNorm *l, DnnlCtx *ctx);
+void layernorm_recompute(LayerNorm *l, ExecCtx *ctx);
 void layernorm_destroy(LayerNorm *l);
 
 // Analytic FLOPs of one call (counts per element in layernorm.c), for plans and tests.

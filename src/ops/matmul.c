@@ -14,12 +14,12 @@ static DnnlMd md_2d(int rows, int cols, int transposed, int ld) {
   return dnnl_md_strided(2, dims, strides);
 }
 
-void matmul_init(Matmul *m, DnnlCtx *ctx, int M, int K, int N, int trans_a, int trans_b,
+void matmul_init(Matmul *m, ExecCtx *ctx, int M, int K, int N, int trans_a, int trans_b,
                  MemComponent comp, int is_backward) {
   matmul_init_ld(m, ctx, M, K, N, trans_a, trans_b, 0, 0, comp, is_backward);
 }
 
-void matmul_init_ld(Matmul *m, DnnlCtx *ctx, int M, int K, int N, int trans_a, int trans_b, int lda,
+void matmul_init_ld(Matmul *m, ExecCtx *ctx, int M, int K, int N, int trans_a, int trans_b, int lda,
                     int ldc, MemComponent comp, int is_backward) {
   memset(m, 0, sizeof *m);
   *m = (Matmul){.M = M,
@@ -40,7 +40,7 @@ void matmul_init_ld(Matmul *m, DnnlCtx *ctx, int M, int K, int N, int trans_a, i
   dnnl_md_destroy(c);
 }
 
-void matmul_run(Matmul *m, DnnlCtx *ctx, const float *a, const float *b, float *c) {
+void matmul_run(Matmul *m, ExecCtx *ctx, const float *a, const float *b, float *c) {
   dnnl_mem_bind(m->a, a);
   dnnl_mem_bind(m->b, b);
   dnnl_mem_bind(m->c, c);

@@ -2,7 +2,7 @@
 // the memory descriptor's strides, so no data is copied. Used by losses (similarity matrices)
 // and their gradients; counts 2*M*K*N FLOPs to the given component and direction.
 #pragma once
-#include "core/dnnl_ctx.h"
+#include "core/exec_ctx.h"
 
 typedef struct {
   int M, K, N, trans_a, trans_b;
@@ -14,11 +14,11 @@ typedef struct {
 } Matmul;
 
 // A is (M, K) row-major, or (K, M) when trans_a; B is (K, N), or (N, K) when trans_b; C (M, N).
-void matmul_init(Matmul *m, DnnlCtx *ctx, int M, int K, int N, int trans_a, int trans_b,
+void matmul_init(Matmul *m, ExecCtx *ctx, int M, int K, int N, int trans_a, int trans_b,
                  MemComponent comp, int is_backward);
 // The same with A's and C's rows `lda` and `ldc` floats apart (0: packed), e.g. C written into
 // columns of a wider matrix.
-void matmul_init_ld(Matmul *m, DnnlCtx *ctx, int M, int K, int N, int trans_a, int trans_b, int lda,
+void matmul_init_ld(Matmul *m, ExecCtx *ctx, int M, int K, int N, int trans_a, int trans_b, int lda,
                     int ldc, MemComponent comp, int is_backward);
-void matmul_run(Matmul *m, DnnlCtx *ctx, const float *a, const float *b, float *c);
+void matmul_run(Matmul *m, ExecCtx *ctx, const float *a, const float *b, float *c);
 void matmul_destroy(Matmul *m);

@@ -16,12 +16,12 @@ static double gap_flops(const GlobalAvgPool *l) { return (double)l->N * l->H * l
 void gap_init(GlobalAvgPool *l, Builder *b, int N, int H, int W, int C, int need_din) {
   if (N <= 0 || H <= 0 || W <= 0 || C <= 0)
     TL_DIE("global average pool: invalid shape N=%d H=%d W=%d C=%d", N, H, W, C);
-  DnnlCtx *ctx = b->ctx;
+  ExecCtx *ctx = b->ctx;
   memset(l, 0, sizeof *l);
   l->N = N, l->H = H, l->W = W, l->C = C;
   l->need_din = need_din && b->mode == OP_TRAIN;
   l->mode = b->mode;
-  l->comp = ctx->component;
+  l->comp = b->component;
   op_calls_init(&l->calls, b);
 
   struct PoolPrivate *p = calloc(1, sizeof *p);
@@ -52,7 +52,7 @@ void gap_init(GlobalAvgPool *l, Builder *b, int N, int H, int W, int C, int need
   dnnl_md_destroy(dst_md);
 }
 
-void gap_forward(GlobalAvgPool *l, DnnlCtx *ctx, const float *in) {
+void gap_forward(GlobalAvgPool *l, ExecCtx *ctx, const float *in) {
   struct PoolPrivate *p = l->priv;
   int call = op_calls_forward(&l->calls, "pool");
   l->out = op_out_slot(&l->calls, l->out_slots, (size_t)l->N * l->C * sizeof(float), call);
@@ -64,7 +64,7 @@ void gap_forward(GlobalAvgPool *l, DnnlCtx *ctx, const float *in) {
 }
 
 // The average's gradient does not depend on the input, so none is remembered. A no-op without din.
-void gap_backward(GlobalAvgPool *l, DnnlCtx *ctx, const float *dout) {
+void gap_backward(GlobalAvgPool *l, ExecCtx *ctx, const float *dout) {
   struct PoolPrivate *p = l->priv;
   if (!l->need_din) return;
   int call = op_calls_backward(&l->calls, "pool");

@@ -14,6 +14,6 @@ typedef struct {
 } GlobalAvgPool;
 
 void gap_init(GlobalAvgPool *l, Builder *b, int N, int H, int W, int C, int need_din);
-void gap_forward(GlobalAvgPool *l, DnnlCtx *ctx, const float *in);
-void gap_backward(GlobalAvgPool *l, DnnlCtx *ctx, const float *dout);
+void gap_forward(GlobalAvgPool *l, ExecCtx *ctx, const float *in);
+void gap_backward(GlobalAvgPool *l, ExecCtx *ctx, const float *dout);
 void gap_destroy(GlobalAvgPool *l);

@@ -2,7 +2,7 @@
 
 #include <string.h>
 
-void row_softmax_init(RowSoftmax *s, DnnlCtx *ctx, int rows, int cols, SoftmaxKind kind) {
+void row_softmax_init(RowSoftmax *s, ExecCtx *ctx, int rows, int cols, SoftmaxKind kind) {
   if (rows <= 0 || cols <= 0) TL_DIE("softmax: bad shape (%d, %d)", rows, cols);
   memset(s, 0, sizeof *s);
   s->rows = rows;
@@ -16,7 +16,7 @@ void row_softmax_init(RowSoftmax *s, DnnlCtx *ctx, int rows, int cols, SoftmaxKi
   dnnl_md_destroy(md);
 }
 
-void row_softmax_run(RowSoftmax *s, DnnlCtx *ctx, float *rows) {
+void row_softmax_run(RowSoftmax *s, ExecCtx *ctx, float *rows) {
   dnnl_mem_bind(s->mem, rows);
   dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, s->mem}, {DNNL_ARG_DST, s->mem}};
   dnnl_ctx_exec(ctx, s->prim, s->pd, 2, args);

@@ -2,7 +2,7 @@
 // probabilities, or their logarithms. The losses that use it (objectives/infonce.c,
 // objectives/dino_loss.c) derive their gradients themselves and count its FLOPs with theirs.
 #pragma once
-#include "core/dnnl_ctx.h"
+#include "core/exec_ctx.h"
 
 typedef enum {
   SOFTMAX_PROBS,      // exp(x - max) / sum
@@ -16,7 +16,7 @@ typedef struct {
   dnnl_memory_t mem;  // source and destination alike
 } RowSoftmax;
 
-void row_softmax_init(RowSoftmax *s, DnnlCtx *ctx, int rows, int cols, SoftmaxKind kind);
+void row_softmax_init(RowSoftmax *s, ExecCtx *ctx, int rows, int cols, SoftmaxKind kind);
 // Replaces each row of `rows` (rows, cols) by its softmax; nothing in a dry run.
-void row_softmax_run(RowSoftmax *s, DnnlCtx *ctx, float *rows);
+void row_softmax_run(RowSoftmax *s, ExecCtx *ctx, float *rows);
 void row_softmax_destroy(RowSoftmax *s);

@@ -39,7 +39,7 @@ static void tell(const EvalOptions *opt, const char *what, double top1, double t
 
 // kNN at k (knn_k_for_bank) and 20; accuracies into top1, top1_k20.
 static int knn(const Config *cfg, int k, const float *train, const Dataset *tr, const float *test,
-               const Dataset *te, int d, DnnlCtx *ctx, double *top1, double *top1_k20) {
+               const Dataset *te, int d, ExecCtx *ctx, double *top1, double *top1_k20) {
   const int ks[2] = {k, 20};
   double acc[2];
   if (knn_top1_multi(train, tr->labels, tr->n, test, te->labels, te->n, d, tr->n_classes, ks, 2,
@@ -51,7 +51,7 @@ static int knn(const Config *cfg, int k, const float *train, const Dataset *tr, 
 }
 
 static int linear(const Dataset *tr, const float *train, const Dataset *te, const float *test,
-                  int d, uint64_t seed, DnnlCtx *ctx, double *top1, double *lambda) {
+                  int d, uint64_t seed, ExecCtx *ctx, double *top1, double *lambda) {
   LinearProbeResult p;
   if (linear_probe(train, tr->labels, tr->n, test, te->labels, te->n, d, tr->n_classes, seed, ctx,
                    &p) != 0)

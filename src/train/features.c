@@ -60,7 +60,7 @@ int feature_encoder_open(FeatureEncoder *e, const char *src, const char *const *
     const int batch = cfg->eval.batch_size;
     e->batch = batch;
     tl_alloc_scope_begin(MEM_EVAL);
-    dnnl_ctx_init(&e->ctx);
+    exec_ctx_init(&e->ctx);
     e->ctx.scratchpad_category = MEM_EVAL;
     paramset_alloc_nograd(&e->ps, backbone_param_count(&cfg->model.spec, S, C), 0, MEM_EVAL);
     Builder b = {.ctx = &e->ctx, .params = &e->ps, .mode = OP_INFER};
@@ -101,7 +101,7 @@ void feature_encoder_close(FeatureEncoder *e) {
   if (e->encoder) e->encoder->destroy(e->encoder);
   tl_free(e->images);
   paramset_free(&e->ps);
-  dnnl_ctx_destroy(&e->ctx);
+  exec_ctx_destroy(&e->ctx);
   e->encoder = NULL;
   e->images = NULL;
 }

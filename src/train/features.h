@@ -14,7 +14,7 @@ typedef struct {
   long step;           // steps trained, -1 when unknown
   char crc32[16];      // the file's own CRC-32 (its "crc32" metadata), "" when it has none
   AugmentParams norm;  // the evaluation transform: resize and the training normalization
-  DnnlCtx ctx;
+  ExecCtx ctx;
   ParamSet ps;        // the backbone's parameters and running statistics
   Backbone *encoder;  // OP_INFER, `batch` images per call
   int batch;

@@ -10,7 +10,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "core/dnnl_ctx.h"
+#include "core/exec_ctx.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/timer.h"
@@ -118,14 +118,14 @@ static void wait_turn(Plan *pl, int turn) {
 // backend), and the FLOPs counted so far are read whenever a report completes one.
 typedef struct {
   GradSync *gs;
-  const DnnlCtx *ctx;
+  const ExecCtx *ctx;
   void (*bucketer)(void *user, size_t offset, size_t count);
   void *bucketer_user;
   int n;
   double *flops;  // [n] when bucket b completed; -1 until it does
 } BucketClock;
 
-static double backward_flops(const DnnlCtx *ctx) {
+static double backward_flops(const ExecCtx *ctx) {
   double sum = 0;
   for (int c = 0; c < COMP_NCOMP; c++) sum += ctx->flops_backward[c];
   return sum;
@@ -329,13 +329,13 @@ static int plan_images(Plan *pl) {
 }
 
 // The process's own resident memory, taken once per process, after its first plan has built every
-// network in dry run and oneDNN's lazily built kernels exist (dnnl_build_lazy_kernels): later
+// network in dry run and oneDNN's lazily built kernels exist (exec_build_lazy_kernels): later
 // plans in the same process (a --memory-budget search) then compare their counted bytes against
 // one fixed baseline, not against a peak that creeps as the heap does.
 static size_t process_baseline_bytes(void) {
   static size_t baseline;
   if (!baseline) {
-    dnnl_build_lazy_kernels();
+    exec_build_lazy_kernels();
     baseline = tl_peak_rss_bytes();
   }
   return baseline;

@@ -5,6 +5,7 @@
 #include "core/timer.h"
 #include "data/loader.h"
 #include "nn/backbone.h"
+#include "ops/conv.h"
 #include "parallel/replica_sync.h"
 
 _Static_assert((int)VIEW_MAX_GROUPS <= (int)LEDGER_MAX_VIEW_GROUPS,
@@ -59,18 +60,17 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
   r->world = L->world;
   r->shard = run_layout_shard(L, spec->rank);
   r->comm = comm;
-  dnnl_ctx_init(&r->ctx);
-  r->ctx.bn_splits = cfg->model.bn_splits;
-  r->ctx.bf16 = strcmp(cfg->train.precision, "bf16") == 0;
-  r->ctx.recompute = cfg->train.recompute;
-  r->ctx.conv_algorithm = conv_algorithm_parse(cfg->train.conv_algorithm);
+  exec_ctx_init(&r->ctx);
   r->ctx.dry_run = spec->dry_run;
   comm_set_dry_run(comm, spec->dry_run);
-  if (cfg->model.sync_bn && r->world > 1) {
-    r->ctx.bn_sync = sync_bn_average;
-    r->ctx.bn_sync_user = comm;
-    r->ctx.bn_sync_scale = run_shard_to_global(&r->shard, 1.0);
-  }
+  r->policy = (BuildPolicy){
+      .bf16 = strcmp(cfg->train.precision, "bf16") == 0,
+      .recompute = cfg->train.recompute,
+      .conv_algorithm = conv_algorithm_parse(cfg->train.conv_algorithm),
+      .bn_splits = cfg->model.bn_splits,
+  };
+  if (cfg->model.sync_bn && r->world > 1)
+    r->policy.bn_sync = (BnSync){sync_bn_average, comm, run_shard_to_global(&r->shard, 1.0)};
   const size_t count = objective_param_count(r->def, cfg);
   if (count == 0) return -1;
   paramset_alloc(&r->ps, count, cfg->train.seed);
@@ -84,7 +84,8 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
                       spec->total_steps,
                       spec->rank == 0 ? spec->out_dir : NULL,
                       spec->input_mean,
-                      spec->input_std};
+                      spec->input_std,
+                      &r->policy};
   // This thread's own: several local replicas build at once.
   const long long act0 = tl_mem_thread_net(MEM_ACT, COMP_ENCODER);
   r->obj = objective_create(r->def, &env);
@@ -109,12 +110,12 @@ void replica_destroy(Replica *r) {
   if (r->optim) optim_destroy(r->optim);
   if (r->obj) r->def->destroy(r->obj);
   paramset_free(&r->ps);
-  dnnl_ctx_destroy(&r->ctx);
+  exec_ctx_destroy(&r->ctx);
   memset(r, 0, sizeof *r);
 }
 
 double replica_forward_backward(Replica *r, const Batch *batch, LedgerRecord *rec) {
-  dnnl_ctx_reset_flops(&r->ctx);
+  exec_ctx_reset_flops(&r->ctx);
   comm_stats_reset(r->comm);
   paramset_zero_grad(&r->ps, r->ctx.dry_run);
   if (r->grad_sync) grad_sync_begin(r->grad_sync, batch->n, r->shard.global);

@@ -5,7 +5,7 @@
 // construction, field by field.
 #pragma once
 #include "config.h"
-#include "core/dnnl_ctx.h"
+#include "core/exec_ctx.h"
 #include "core/params.h"
 #include "eval/monitor.h"
 #include "ledger/record.h"
@@ -21,7 +21,8 @@ typedef struct {
   int rank, world;
   RunShard shard;  // this replica's part of the global batch
   Comm *comm;
-  DnnlCtx ctx;
+  ExecCtx ctx;
+  BuildPolicy policy;  // how its networks are built, from the configuration
   ParamSet ps;
   Objective *obj;
   Optimizer *optim;

@@ -1,4 +1,4 @@
-#include "core/dnnl_ctx.h"
+#include "core/exec_ctx.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -13,17 +13,14 @@
 #error "Tally needs a oneDNN CPU runtime that executes synchronously (OpenMP, TBB or sequential)"
 #endif
 
-void dnnl_ctx_init(DnnlCtx *ctx) {
+void exec_ctx_init(ExecCtx *ctx) {
   memset(ctx, 0, sizeof *ctx);
   DNNL_CHECK(dnnl_engine_create(&ctx->engine, dnnl_cpu, 0));
   DNNL_CHECK(dnnl_stream_create(&ctx->stream, ctx->engine, dnnl_stream_default_flags));
-  ctx->component = COMP_ENCODER;
   ctx->scratchpad_category = MEM_WORKSPACE;
-  ctx->bn_splits = 1;
-  ctx->recompute = 1;
 }
 
-void dnnl_ctx_destroy(DnnlCtx *ctx) {
+void exec_ctx_destroy(ExecCtx *ctx) {
   if (ctx->scratchpad_mem) dnnl_memory_destroy(ctx->scratchpad_mem);
   tl_free(ctx->scratchpad);
   dnnl_stream_destroy(ctx->stream);
@@ -31,13 +28,13 @@ void dnnl_ctx_destroy(DnnlCtx *ctx) {
   memset(ctx, 0, sizeof *ctx);
 }
 
-void dnnl_ctx_reset_flops(DnnlCtx *ctx) {
+void exec_ctx_reset_flops(ExecCtx *ctx) {
   memset(ctx->flops_forward, 0, sizeof ctx->flops_forward);
   memset(ctx->flops_backward, 0, sizeof ctx->flops_backward);
   ctx->flops_winograd = 0;
 }
 
-double dnnl_ctx_total_flops(const DnnlCtx *ctx) {
+double exec_ctx_total_flops(const ExecCtx *ctx) {
   double s = 0;
   for (int c = 0; c < COMP_NCOMP; c++) s += ctx->flops_forward[c] + ctx->flops_backward[c];
   return s;
@@ -61,12 +58,12 @@ dnnl_primitive_attr_t dnnl_ctx_attr(void) {
   return user_scratchpad_attr;
 }
 
-int dnnl_cpu_has_avx512(void) {
+int cpu_has_avx512(void) {
   const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
   return (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
 }
 
-void dnnl_build_lazy_kernels(void) {
+void exec_build_lazy_kernels(void) {
   // 64 is above the sizes oneDNN hands to its small-matrix paths; every transposition, as the
   // forward, backward-data and backward-weights passes of an inner product use them.
   enum { n = 64 };
@@ -77,13 +74,7 @@ void dnnl_build_lazy_kernels(void) {
       DNNL_CHECK(dnnl_sgemm(trans[i], trans[j], n, n, n, 1.f, a, n, b, n, 0.f, c, n));
 }
 
-ConvAlgorithm conv_algorithm_parse(const char *text) {
-  return strcmp(text, "direct") == 0     ? CONV_ALGO_DIRECT
-         : strcmp(text, "winograd") == 0 ? CONV_ALGO_WINOGRAD
-                                         : CONV_ALGO_AUTO;
-}
-
-dnnl_primitive_t dnnl_ctx_adopt(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd) {
+dnnl_primitive_t dnnl_ctx_adopt(ExecCtx *ctx, const_dnnl_primitive_desc_t pd) {
   if (!pd) TL_DIE("oneDNN has no implementation for a primitive this build needs");
   dnnl_primitive_t prim;
   DNNL_CHECK(dnnl_primitive_create(&prim, pd));
@@ -91,7 +82,7 @@ dnnl_primitive_t dnnl_ctx_adopt(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd) {
   return prim;
 }
 
-void dnnl_ctx_reserve_scratchpad(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd) {
+void dnnl_ctx_reserve_scratchpad(ExecCtx *ctx, const_dnnl_primitive_desc_t pd) {
   size_t need = dnnl_pd_md_bytes(pd, dnnl_query_scratchpad_md, 0);
   if (need <= ctx->scratchpad_bytes) return;
   tl_free(ctx->scratchpad);
@@ -111,11 +102,7 @@ void dnnl_mem_bind(dnnl_memory_t mem, const void *ptr) {
   DNNL_CHECK(dnnl_memory_set_data_handle(mem, (void *)ptr));
 }
 
-dnnl_data_type_t dnnl_ctx_compute_type(const DnnlCtx *ctx) {
-  return ctx->bf16 ? dnnl_bf16 : dnnl_f32;
-}
-
-void dnnl_ctx_exec(DnnlCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_desc_t pd, int nargs,
+void dnnl_ctx_exec(ExecCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_desc_t pd, int nargs,
                    const dnnl_exec_arg_t *args) {
   if (ctx->dry_run) return;
   enum { MAX_ARGS = 16 };
@@ -130,7 +117,7 @@ void dnnl_ctx_exec(DnnlCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_des
   DNNL_CHECK(dnnl_primitive_execute(prim, ctx->stream, nargs, all));
 }
 
-void dnnl_reorder_init(DnnlReorder *r, DnnlCtx *ctx, DnnlMd src_md, DnnlMd dst_md) {
+void dnnl_reorder_init(DnnlReorder *r, ExecCtx *ctx, DnnlMd src_md, DnnlMd dst_md) {
   memset(r, 0, sizeof *r);
   if (dnnl_md_equal(src_md, dst_md)) return;
   r->pd = dnnl_pd_reorder(ctx, src_md, dst_md);
@@ -141,7 +128,7 @@ void dnnl_reorder_init(DnnlReorder *r, DnnlCtx *ctx, DnnlMd src_md, DnnlMd dst_m
 
 int dnnl_reorder_needed(const DnnlReorder *r) { return r->prim != NULL; }
 
-void dnnl_reorder_run(DnnlReorder *r, DnnlCtx *ctx, const void *src, void *dst) {
+void dnnl_reorder_run(DnnlReorder *r, ExecCtx *ctx, const void *src, void *dst) {
   TL_ASSERT(r->prim);
   dnnl_mem_bind(r->src, src);
   dnnl_mem_bind(r->dst, dst);
@@ -157,7 +144,7 @@ void dnnl_reorder_destroy(DnnlReorder *r) {
   memset(r, 0, sizeof *r);
 }
 
-void dnnl_copy_init_slots(DnnlCopy *c, DnnlCtx *ctx, DnnlMd src_md, DnnlMd dst_md,
+void dnnl_copy_init_slots(DnnlCopy *c, ExecCtx *ctx, DnnlMd src_md, DnnlMd dst_md,
                           MemCategory category, MemComponent comp, int slots) {
   dnnl_reorder_init(&c->reorder, ctx, src_md, dst_md);
   c->slot_bytes = dnnl_md_bytes(dst_md);
@@ -166,7 +153,7 @@ void dnnl_copy_init_slots(DnnlCopy *c, DnnlCtx *ctx, DnnlMd src_md, DnnlMd dst_m
                : NULL;
 }
 
-void dnnl_copy_init(DnnlCopy *c, DnnlCtx *ctx, DnnlMd src_md, DnnlMd dst_md, MemCategory category,
+void dnnl_copy_init(DnnlCopy *c, ExecCtx *ctx, DnnlMd src_md, DnnlMd dst_md, MemCategory category,
                     MemComponent comp) {
   dnnl_copy_init_slots(c, ctx, src_md, dst_md, category, comp, 1);
 }
@@ -175,13 +162,13 @@ const void *dnnl_copy_last_at(const DnnlCopy *c, const void *src, int slot) {
   return c->buf ? (const char *)c->buf + c->slot_bytes * (size_t)slot : src;
 }
 
-const void *dnnl_copy_run_at(DnnlCopy *c, DnnlCtx *ctx, const void *src, int slot) {
+const void *dnnl_copy_run_at(DnnlCopy *c, ExecCtx *ctx, const void *src, int slot) {
   const void *dst = dnnl_copy_last_at(c, src, slot);
   if (dst != src) dnnl_reorder_run(&c->reorder, ctx, src, (void *)dst);
   return dst;
 }
 
-const void *dnnl_copy_run(DnnlCopy *c, DnnlCtx *ctx, const void *src) {
+const void *dnnl_copy_run(DnnlCopy *c, ExecCtx *ctx, const void *src) {
   return dnnl_copy_run_at(c, ctx, src, 0);
 }
 

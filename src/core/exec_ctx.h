@@ -1,5 +1,8 @@
 // One replica's oneDNN execution context: engine, stream, the shared user-managed scratchpad
-// (so the ledger counts it), and the FLOP counters every op adds its own analytic count to.
+// (so the ledger counts it), and the FLOP counters every op adds its own analytic count to. It
+// executes and holds no policy: how a network is built (precision, recompute, convolution
+// algorithm, BatchNorm groups and sync, the component it counts to) travels in the Builder
+// (ops/builder.h), and each op keeps what it needs of it.
 #pragma once
 #include <oneapi/dnnl/dnnl.h>
 #include <stddef.h>
@@ -15,20 +18,11 @@
       TL_DIE("oneDNN call failed (status %d): %s", (int)status_, #call); \
   } while (0)
 
-typedef enum {
-  CONV_ALGO_AUTO,      // Winograd where it was measured faster (ops/conv.c), else direct
-  CONV_ALGO_DIRECT,    // direct everywhere
-  CONV_ALGO_WINOGRAD,  // Winograd wherever oneDNN offers it
-} ConvAlgorithm;
-
 // Whether oneDNN runs AVX-512 (avx512_core) kernels on this CPU: blocked nChw16c activations and
 // Winograd convolutions are native there only.
-int dnnl_cpu_has_avx512(void);
+int cpu_has_avx512(void);
 
-// "auto", "direct" or "winograd" (the config checked the text).
-ConvAlgorithm conv_algorithm_parse(const char *text);
-
-struct DnnlCtx {
+struct ExecCtx {
   dnnl_engine_t engine;
   dnnl_stream_t stream;
   // Shared scratchpad for all primitives of this replica; they run one at a time.
@@ -36,31 +30,8 @@ struct DnnlCtx {
   size_t scratchpad_bytes;
   dnnl_memory_t scratchpad_mem;     // the whole buffer as one u8 memory, passed to every primitive
   MemCategory scratchpad_category;  // MEM_WORKSPACE; MEM_EVAL for the evaluation context
-  // Component that buffers and FLOPs are attributed to while a model is built / run.
-  MemComponent component;
   // Planning: primitives are created and FLOPs counted, but nothing executes.
   int dry_run;
-  // [model] bn_splits: BatchNorm with batch statistics computes them over this many equal groups
-  // of the batch, as several replicas would (MoCo's single-GPU SplitBatchNorm). 1 = the batch.
-  int bn_splits;
-  // [model] sync_bn: BatchNorm with batch statistics normalizes with the global batch's. bn_sync
-  // averages a per-channel buffer over the replicas in place, weighted by `samples` (each
-  // replica's count); bn_sync_scale is global / local samples. NULL: each replica's own.
-  void (*bn_sync)(void *user, float *buf, size_t n, double samples);
-  void *bn_sync_user;
-  double bn_sync_scale;
-  // [train] precision = bf16: convolutions and linear layers multiply bf16 copies of their inputs,
-  // weights and output gradients, accumulating in f32 into f32 outputs and f32 weight gradients
-  // (see dnnl_ctx_compute_type). 0: everything f32, as the evaluation context always is.
-  int bf16;
-  // [train] recompute (default 1): transformer blocks in training recompute their LayerNorm and
-  // GELU outputs, ResNet blocks their first BatchNorm-ReLU output, before the f32 op whose
-  // backward reads them, instead of keeping them.
-  int recompute;
-  // [train] conv_algorithm: which 3x3 stride-1 convolutions on blocked activations run oneDNN's
-  // Winograd F(4x4, 3x3) kernels (see ops/conv.c); the others, and any the library lacks it
-  // for, run direct.
-  ConvAlgorithm conv_algorithm;
   // Analytic FLOPs (multiply-add = 2) added by ops as they execute, reset by the trainer per step.
   double flops_forward[COMP_NCOMP];
   double flops_backward[COMP_NCOMP];
@@ -74,12 +45,12 @@ struct DnnlCtx {
 // gemm driver and the OpenMP worker threads with their stacks. A plan, whose networks are built
 // in dry run and never execute, calls it before it takes its process's resident memory, so that
 // memory includes what a training's first step adds to it (about 5 MiB here).
-void dnnl_build_lazy_kernels(void);
+void exec_build_lazy_kernels(void);
 
-void dnnl_ctx_init(DnnlCtx *ctx);
-void dnnl_ctx_destroy(DnnlCtx *ctx);
-void dnnl_ctx_reset_flops(DnnlCtx *ctx);
-double dnnl_ctx_total_flops(const DnnlCtx *ctx);
+void exec_ctx_init(ExecCtx *ctx);
+void exec_ctx_destroy(ExecCtx *ctx);
+void exec_ctx_reset_flops(ExecCtx *ctx);
+double exec_ctx_total_flops(const ExecCtx *ctx);
 
 // Attribute with user-managed scratchpad: every primitive descriptor is created with this.
 dnnl_primitive_attr_t dnnl_ctx_attr(void);
@@ -87,19 +58,16 @@ dnnl_primitive_attr_t dnnl_ctx_attr(void);
 // Takes a created primitive descriptor into use: creates its primitive and grows the shared
 // scratchpad to what it asks for. A NULL `pd` (the library has no implementation, see
 // core/dnnl_seam.h) ends the run: call it only for what has no fallback.
-dnnl_primitive_t dnnl_ctx_adopt(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd);
+dnnl_primitive_t dnnl_ctx_adopt(ExecCtx *ctx, const_dnnl_primitive_desc_t pd);
 
 // Grows the shared scratchpad to at least what `pd` asks for (dnnl_ctx_adopt does).
-void dnnl_ctx_reserve_scratchpad(DnnlCtx *ctx, const_dnnl_primitive_desc_t pd);
+void dnnl_ctx_reserve_scratchpad(ExecCtx *ctx, const_dnnl_primitive_desc_t pd);
 
 void dnnl_mem_bind(dnnl_memory_t mem, const void *ptr);
 
-// The data type convolutions and linear layers multiply in: bf16 when ctx->bf16, else f32.
-dnnl_data_type_t dnnl_ctx_compute_type(const DnnlCtx *ctx);
-
 // Executes a primitive with the given args plus the shared scratchpad; its outputs are ready when
-// this returns (the CPU stream is synchronous, see dnnl_ctx.c).
-void dnnl_ctx_exec(DnnlCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_desc_t pd, int nargs,
+// this returns (the CPU stream is synchronous, see exec_ctx.c).
+void dnnl_ctx_exec(ExecCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_desc_t pd, int nargs,
                    const dnnl_exec_arg_t *args);
 
 // A reorder between two layouts of the same tensor, created once; a no-op when they are equal.
@@ -108,9 +76,9 @@ typedef struct {
   dnnl_primitive_t prim;
   dnnl_memory_t src, dst;
 } DnnlReorder;
-void dnnl_reorder_init(DnnlReorder *r, DnnlCtx *ctx, DnnlMd src_md, DnnlMd dst_md);
+void dnnl_reorder_init(DnnlReorder *r, ExecCtx *ctx, DnnlMd src_md, DnnlMd dst_md);
 int dnnl_reorder_needed(const DnnlReorder *r);
-void dnnl_reorder_run(DnnlReorder *r, DnnlCtx *ctx, const void *src, void *dst);
+void dnnl_reorder_run(DnnlReorder *r, ExecCtx *ctx, const void *src, void *dst);
 void dnnl_reorder_destroy(DnnlReorder *r);
 
 // A tensor as a primitive reads it: converted into a buffer of its own when the primitive's
@@ -121,14 +89,14 @@ typedef struct {
   size_t slot_bytes;  // one copy's
 } DnnlCopy;
 // `category` and `comp` tag the buffer for the ledger (MEM_ACT when the copy is kept for backward).
-void dnnl_copy_init(DnnlCopy *c, DnnlCtx *ctx, DnnlMd src_md, DnnlMd dst_md, MemCategory category,
+void dnnl_copy_init(DnnlCopy *c, ExecCtx *ctx, DnnlMd src_md, DnnlMd dst_md, MemCategory category,
                     MemComponent comp);
 // The same with `slots` copies, one per forward call an op keeps (ops/builder.h).
-void dnnl_copy_init_slots(DnnlCopy *c, DnnlCtx *ctx, DnnlMd src_md, DnnlMd dst_md,
+void dnnl_copy_init_slots(DnnlCopy *c, ExecCtx *ctx, DnnlMd src_md, DnnlMd dst_md,
                           MemCategory category, MemComponent comp, int slots);
 // Converts `src` when needed; returns what the primitive should read.
-const void *dnnl_copy_run(DnnlCopy *c, DnnlCtx *ctx, const void *src);
-const void *dnnl_copy_run_at(DnnlCopy *c, DnnlCtx *ctx, const void *src, int slot);
+const void *dnnl_copy_run(DnnlCopy *c, ExecCtx *ctx, const void *src);
+const void *dnnl_copy_run_at(DnnlCopy *c, ExecCtx *ctx, const void *src, int slot);
 // The last converted copy (or `src`) without converting again.
 const void *dnnl_copy_last(const DnnlCopy *c, const void *src);
 const void *dnnl_copy_last_at(const DnnlCopy *c, const void *src, int slot);
