@@ -29,7 +29,7 @@ enum { N = BARLOW_REF_N, D = BARLOW_REF_DIM };
 typedef struct {
   LocalGroup *group;
   int rank, first, b;
-  DnnlCtx ctx;
+  ExecCtx ctx;
   Comm *comm;
   BarlowLoss loss;
   float z[2 * N * D];   // (2b, D): the replica's rows of z1, then of z2 (view-major)
@@ -40,7 +40,7 @@ typedef struct {
 
 static void replica_open(Replica *r) {
   r->comm = comm_local_rank(r->group, r->rank);
-  dnnl_ctx_init(&r->ctx);
+  exec_ctx_init(&r->ctx);
   barlow_loss_init(&r->loss, &r->ctx, N, r->b, D, BARLOW_REF_LAMBDA);
   memcpy(r->z, barlow_ref_z1 + r->first * D, sizeof(float) * r->b * D);
   memcpy(r->z + r->b * D, barlow_ref_z2 + r->first * D, sizeof(float) * r->b * D);
@@ -54,7 +54,7 @@ static double replica_loss(void *arg) {
 
 static void replica_close(Replica *r) {
   barlow_loss_destroy(&r->loss);
-  dnnl_ctx_destroy(&r->ctx);
+  exec_ctx_destroy(&r->ctx);
   comm_destroy(r->comm);
 }
 
@@ -114,8 +114,8 @@ static void test_barlow_identity_correlation_costs_nothing(void **state) {
       for (int k = 0; k < d; k++) z[(v * n + i) * d + k] = 3 * h[i % 4][k] + (float)k;
   LocalGroup *g = comm_local_group_create(1);
   Comm *comm = comm_local_rank(g, 0);
-  DnnlCtx ctx;
-  dnnl_ctx_init(&ctx);
+  ExecCtx ctx;
+  exec_ctx_init(&ctx);
   BarlowLoss l;
   barlow_loss_init(&l, &ctx, n, n, d, 0.5f);
   BarlowTerms t;
@@ -127,7 +127,7 @@ static void test_barlow_identity_correlation_costs_nothing(void **state) {
   assert_float_equal(loss, t.on_diagonal, 1e-9);
   for (int i = 0; i < 2 * n * d; i++) assert_float_equal(dz[i], 0, 1e-6);
   barlow_loss_destroy(&l);
-  dnnl_ctx_destroy(&ctx);
+  exec_ctx_destroy(&ctx);
   comm_destroy(comm);
   comm_local_group_destroy(g);
 }

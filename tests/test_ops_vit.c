@@ -57,7 +57,13 @@ static void check_linear(LinearShape shape) {
   const int M = shape.M, IC = shape.IC, OC = shape.OC;
   env_init(&c.env, linear_floats(IC, OC, 1), OP_TRAIN);
   linear_init(&c.l, &c.env.b, "fc", M, IC, OC, 1, 1, 0.0f);
-  assert_int_equal(linear_weight_grad_blocked(&c.l), shape.grad_blocked);
+  // -1: the library's choice (oneDNN 2.6 and 3.7 write it blocked on AVX-512, 3.12 plain); the
+  // gradient is checked below in whichever layout it got.
+  if (shape.grad_blocked >= 0)
+    assert_int_equal(linear_weight_grad_blocked(&c.l), shape.grad_blocked);
+  else
+    print_message("widening layer: weight gradient written %s\n",
+                  linear_weight_grad_blocked(&c.l) ? "blocked, then reordered" : "plain");
   // Xavier-uniform bound sqrt(6 / (fan_in + fan_out)), zero bias.
   float bound = sqrtf(6.0f / (float)(IC + OC));
   for (int i = 0; i < OC * IC; i++) assert_true(fabsf(c.l.weight[i]) <= bound);
@@ -96,8 +102,8 @@ static void check_linear(LinearShape shape) {
 static void test_linear(void **state) {
   (void)state;
   check_linear((LinearShape){.M = 6, .IC = 5, .OC = 4, .grad_blocked = 0});
-  // Widening: blocked where the CPU has brgemm (AVX-512), plain otherwise.
-  check_linear((LinearShape){.M = 24, .IC = 64, .OC = 128, .grad_blocked = cpu_has_avx512()});
+  // Widening: the library may write the gradient blocked (a reorder into the plain one) or plain.
+  check_linear((LinearShape){.M = 24, .IC = 64, .OC = 128, .grad_blocked = -1});
   // Widening by a partial block of 64: plain.
   check_linear((LinearShape){.M = 12, .IC = 16, .OC = 48, .grad_blocked = 0});
 }

@@ -106,9 +106,13 @@ static void test_resume_switches_precision(void **state) {
     // Until the switch, the run is the fp32 run itself.
     if (step < 3 && strcmp(got_loss, want_loss) != 0)
       fail_msg("step %d: loss %s, the fp32 run's %s", step, got_loss, want_loss);
+    // After the switch the losses part by bf16's rounding, grown over the steps: 1.14% at step 7
+    // here (0.58% while the norms of the loss were summed in double; oneDNN's reduction sums them
+    // in f32, which alone moves the fp32 run by 0.3% at that step). The parameters' distance
+    // below is the precise check; this one catches a switched run that trains something else.
     double loss = strtod(got_loss, NULL), ref = strtod(want_loss, NULL);
-    if (!(fabs(loss - ref) <= 0.01 * fabs(ref)))
-      fail_msg("step %d: loss %s, more than 1%% from the fp32 run's %s", step, got_loss, want_loss);
+    if (!(fabs(loss - ref) <= 0.02 * fabs(ref)))
+      fail_msg("step %d: loss %s, more than 2%% from the fp32 run's %s", step, got_loss, want_loss);
   }
   // Three bf16 steps take the parameters (with BatchNorm's running statistics) off the fp32 path
   // by bf16's rounding only: 5e-3 here, where leaving those three steps out moves them by 0.26.

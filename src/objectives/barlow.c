@@ -55,7 +55,7 @@ static Objective *barlow_create(const ObjectiveEnv *env) {
   o->base.env = *env;
   o->b = env->local_batch;
   const int rows = 2 * o->b, d = cfg->model.head_out_dim;
-  Builder bld = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN};
+  Builder bld = {.ctx = env->ctx, .params = env->params, .mode = OP_TRAIN, .policy = env->policy};
   o->base.online = objective_encoder(env, &bld, rows, NULL, NULL);
   // Named "head" like every objective's projection head, so export --with-head and --init take it.
   head_init_with(&o->projector, &bld, "head", rows, o->base.online->feature_dim,
@@ -68,7 +68,7 @@ static Objective *barlow_create(const ObjectiveEnv *env) {
 
 static ObjectiveLoss barlow_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Barlow *o = (Barlow *)base;
-  DnnlCtx *ctx = base->env.ctx;
+  ExecCtx *ctx = base->env.ctx;
   const int rows = 2 * o->b;
   TL_ASSERT(batch->n == o->b && batch->n_views == 2);
 

@@ -6,7 +6,7 @@
 enum { VIEWS = 2 };
 static const double BN_EPS = 1e-5;  // inside the square root, as BatchNorm1d's default
 
-void barlow_loss_init(BarlowLoss *l, DnnlCtx *ctx, int n, int b, int d, float lambda) {
+void barlow_loss_init(BarlowLoss *l, ExecCtx *ctx, int n, int b, int d, float lambda) {
   TL_ASSERT(n >= 2 && b >= 1 && b <= n && d >= 1);  // a standard deviation needs two samples
   *l = (BarlowLoss){.n = n, .b = b, .d = d, .lambda = lambda};
   matmul_init(&l->cross, ctx, d, n, d, 1, 0, COMP_LOSS, 0);
@@ -75,7 +75,7 @@ static void correlation_terms(const BarlowLoss *l, float *s, double *on, double 
   *off = off_sum;
 }
 
-double barlow_loss_forward_backward(BarlowLoss *l, DnnlCtx *ctx, Comm *comm, const float *z,
+double barlow_loss_forward_backward(BarlowLoss *l, ExecCtx *ctx, Comm *comm, const float *z,
                                     float *dz, BarlowTerms *terms) {
   const int n = l->n, d = l->d;
   const size_t bd = (size_t)l->b * d, nd = (size_t)n * d;

@@ -33,10 +33,10 @@ typedef struct {
   float *dstandard;  // (n, d) gradient of one view's standardized rows; MEM_ACT_GRAD loss
 } BarlowLoss;
 
-void barlow_loss_init(BarlowLoss *l, DnnlCtx *ctx, int n, int b, int d, float lambda);
+void barlow_loss_init(BarlowLoss *l, ExecCtx *ctx, int n, int b, int d, float lambda);
 // z: (2b, d) this replica's embeddings, [view a of its b samples; view b of the same samples].
 // dz: (2b, d) receives d(loss)/dz for these rows, where loss is the global one this returns
 // (identical on every replica). `terms` (may be NULL) receives the unweighted terms.
-double barlow_loss_forward_backward(BarlowLoss *l, DnnlCtx *ctx, Comm *comm, const float *z,
+double barlow_loss_forward_backward(BarlowLoss *l, ExecCtx *ctx, Comm *comm, const float *z,
                                     float *dz, BarlowTerms *terms);
 void barlow_loss_destroy(BarlowLoss *l);

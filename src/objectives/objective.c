@@ -53,6 +53,9 @@ double objective_step(Objective *o, const Batch *batch, LedgerRecord *rec) {
 Backbone *objective_encoder(const ObjectiveEnv *env, Builder *bld, int rows, ProjectionHead *head,
                             const char *head_name) {
   const Config *cfg = env->cfg;
+  // Every network of a run is built by the run's policy (precision, recompute, ...): a Builder
+  // that left it out would build this one in f32 defaults without a word.
+  TL_ASSERT(bld->policy == env->policy);
   Builder encoder = *bld;
   encoder.component = COMP_ENCODER;
   Backbone *b =
