@@ -853,8 +853,11 @@ def cmd_summarize(args):
         f"{torch_info.get('onednn_version') or '?'}, {meta.get('torch_where', '?')}, BLAS "
         f"{', '.join(blas) or '?'}, GLIBC_TUNABLES={meta.get('tunables', '?')}) in fp32 and bf16 "
         f"autocast, each eager, with its fast path (cl: channels_last; sdpa: "
-        f"F.scaled_dot_product_attention) and compiled (torch.compile of the whole step, fast path "
-        f"on)" + (f"; PyTorch {old_info['torch']} fp32 for reference" if old_info else "") + ".")
+        f"F.scaled_dot_product_attention) and "
+        + ("compiled (torch.compile of the whole step, fast path on)"
+           if meta.get("compiled_settings", "measured") == "measured"
+           else "not compiled (--no-compile: torch.compile's settings left out)")
+        + (f"; PyTorch {old_info['torch']} fp32 for reference" if old_info else "") + ".")
     lines += ["", "| objective | backbone | Tally fp32 | Tally bf16 | PyTorch best fp32 "
               "| PyTorch best bf16 | Tally/PyTorch fp32 | Tally/PyTorch bf16 "
               "| best Tally/best PyTorch |" + (" PyTorch 1.13 fp32 |" if old_info else ""),

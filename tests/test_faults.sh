@@ -34,6 +34,7 @@
 #     (one record of the last evaluation)
 #  22 MPI: rank 0's evaluation longer than parallel.timeout; rank 0 stopped during it
 #  23 a data path of 600 characters
+#  24 a CMYK JPEG and a top-down BMP in a streamed photo folder; an undecodable JPEG refused at listing
 #
 # Prints `ok - NAME` or `not ok - NAME: why` per case, `SKIP: ...` for a case this machine cannot
 # run, then `N passed, M failed`; exits 1 if any case failed. Needs root for the tmpfs mounts
@@ -1553,6 +1554,65 @@ grep -qF "train = $long" "$run/config.ini" 2>/dev/null || bad "config.ini does n
 t long-resume train --resume "$run" --quiet
 expect_rc 0 "train --resume"
 ledger_is "$run" 4
+finish "$name"
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 24. Photos as cameras and editors write them: a CMYK JPEG (Adobe's inverted form, as PIL writes
+# it) and a top-down BMP (negative height) in a streamed photo folder are trained on to the end,
+# each read as PIL reads it; a file the decoder cannot read is refused when the folder is listed,
+# before the first step, not when a step reaches it.
+if want 24; then
+name="24a a CMYK JPEG and a top-down BMP in a streamed photo folder: trained on to the end"
+photos=$TMP/cmyk-photos
+mkdir -p "$photos/2019" "$photos/2020"
+if /usr/bin/python3 - "$photos" <<'PY'; then
+import struct, sys
+from PIL import Image
+d = sys.argv[1]
+def picture(i):
+    im = Image.new("RGB", (12, 10))
+    im.putdata([((40 * i + 7 * x) % 256, (90 + 11 * y) % 256, (13 * x * y + i) % 256)
+                for y in range(10) for x in range(12)])
+    return im
+for i in range(9):
+    picture(i).save(f"{d}/2019/{i}.jpg", quality=95)
+picture(20).convert("CMYK").save(f"{d}/2020/cmyk.jpg", quality=95)
+# A top-down BMP: PIL writes bottom-up rows; reverse them and negate the height.
+picture(21).save(f"{d}/2020/bottom-up.bmp")
+raw = bytearray(open(f"{d}/2020/bottom-up.bmp", "rb").read())
+offset, = struct.unpack_from("<I", raw, 10)
+width, height = struct.unpack_from("<ii", raw, 18)
+stride = (width * 3 + 3) // 4 * 4
+rows = [raw[offset + r * stride: offset + (r + 1) * stride] for r in range(height)]
+raw[offset:] = b"".join(reversed(rows))
+struct.pack_into("<i", raw, 22, -height)
+open(f"{d}/2020/top-down.bmp", "wb").write(bytes(raw))
+PY
+  run=$TMP/cmyk-run
+  # 12 photos in batches of 4, 2 epochs: every photo is decoded in every epoch.
+  t cmyk train --data "$photos" --set data.labels=none --set data.image_size=8 --set data.channels=3 \
+    --batch-size 4 --epochs 2 --no-knn --quiet --out "$run"
+  expect_rc 0 "train on a folder with a CMYK JPEG and a top-down BMP"
+  [[ -s $run/summary.json ]] || bad "no summary.json"
+else
+  bad "could not write the photos with PIL (scripts/setup.sh --for-tests installs python3-pil)"
+fi
+finish "$name"
+
+name="24b a JPEG the decoder cannot read: refused at the listing, naming it, before step 0"
+bad_photos=$TMP/bad-photos
+mkdir -p "$bad_photos"
+cp "$photos"/2019/*.jpg "$bad_photos"/
+# A JPEG whose frame header says 2 components (no colour space a photo has), and nothing after.
+printf '\xff\xd8\xff\xc0\x00\x0e\x08\x00\x0a\x00\x0c\x02\x01\x11\x00\x02\x11\x00\xff\xd9' \
+  >"$bad_photos/two-components.jpg"
+run=$TMP/bad-photos-run
+t bad-photos train --data "$bad_photos" --set data.labels=none --set data.image_size=8 \
+  --set data.channels=3 --batch-size 4 --epochs 2 --no-knn --quiet --out "$run"
+expect_rc 1 "train on a folder with an undecodable JPEG"
+said "$last.err" "two-components.jpg" "the error naming the file"
+[[ ! -s $run/ledger.jsonl ]] || bad "a step ran before the file was refused"
 finish "$name"
 fi
 
