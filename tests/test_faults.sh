@@ -725,7 +725,9 @@ if command -v "$MPIRUN" >/dev/null 2>&1; then
   BG_PIDS+=("$tpid")
   last=$TMP/mpi-sigstop
   if wait_lines "$run/ledger.jsonl" 2 "$tpid"; then
-    peer=$(pgrep -f "tally train.*mpi-sigstop" | tail -1)
+    # This run's own processes (its unique --out): another suite's run of the same case on this
+    # machine (a sanitizer run, a Debian root) must not be the one stopped.
+    peer=$(pgrep -f -- "train .*--out $run( |\$)" | tail -1)
     kill -STOP "$peer"
     t0=$(date +%s%N)
     finish_bg
@@ -1517,7 +1519,7 @@ if command -v "$MPIRUN" >/dev/null 2>&1; then
   if wait_lines "$run/ledger.jsonl" 3 "$tpid"; then
     sleep 1
     root=""
-    for p in $(pgrep -f "tally train.*mpi-solo-stop"); do
+    for p in $(pgrep -f -- "train .*--out $run( |\$)"); do  # this run's own (see 6h)
       tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=0' && root=$p
     done
     [[ -n $root ]] && kill -STOP "$root"
