@@ -62,6 +62,16 @@
 # summary.md in bench-results/<timestamp>-stacks/ has images/s, GFLOP/s and peak RSS side by
 # side. Needs root and the Debian 13 root, as above.
 #
+# Where a step's time goes, primitive by primitive, from oneDNN's own timings (DNNL_VERBOSE):
+#   scripts/bench.sh --profile [--stacks] [--precisions fp32,bf16] [--warmup W] [--steps N]
+#                    [--no-peak] [--peak-size N] [--wait-quiet S] [--require-quiet] [OBJECTIVE/MODEL...]
+# Each row trains W (2) + N (4) steps per precision with DNNL_VERBOSE=1 (on the host's build, and
+# with --stacks on the Debian 13 root's too), and scripts/onednn_profile.py turns the log into a
+# table per run: each kind of primitive's ms per step, share of the median step, GFLOP/s and the
+# fraction of the peak measured on the same oneDNN (the matmul above, f32 and bf16). summary.md
+# in bench-results/<timestamp>-profile/ holds the tables. DNNL_VERBOSE adds a little time of its
+# own to each primitive: read shares, not the step's speed.
+#
 # The time `tally plan --time` predicts against the run's measured time, recipe by recipe:
 #   scripts/bench.sh --plan-time [STEPS=40] [RECIPE...]    e.g. --plan-time 40 moco photos/moco
 #
@@ -159,18 +169,46 @@ static void fill(dnnl_memory_t m, dnnl_data_type_t dt, size_t count) {
     }                                                                  \
   } while (0)
 
+// oneDNN 3 made memory descriptors handles and primitive descriptors one call; the program
+// builds against either (the host's 2.x, the Debian 13 root's 3.x).
+#if DNNL_VERSION_MAJOR >= 3
+typedef dnnl_memory_desc_t md_t;
+typedef const_dnnl_memory_desc_t md_ref;
+#define MD(x) (x)
+static dnnl_status_t md_init(md_t *md, const dnnl_dims_t dims, dnnl_data_type_t dt,
+                             dnnl_format_tag_t tag) {
+  return dnnl_memory_desc_create_with_tag(md, 2, dims, dt, tag);
+}
+static dnnl_status_t matmul_pd(dnnl_primitive_desc_t *pd, dnnl_engine_t eng, md_t *a, md_t *b,
+                               md_t *c) {
+  return dnnl_matmul_primitive_desc_create(pd, eng, *a, *b, NULL, *c, NULL);
+}
+#else
+typedef dnnl_memory_desc_t md_t;
+typedef const dnnl_memory_desc_t *md_ref;
+#define MD(x) (&(x))
+static dnnl_status_t md_init(md_t *md, const dnnl_dims_t dims, dnnl_data_type_t dt,
+                             dnnl_format_tag_t tag) {
+  return dnnl_memory_desc_init_by_tag(md, 2, dims, dt, tag);
+}
+static dnnl_status_t matmul_pd(dnnl_primitive_desc_t *pd, dnnl_engine_t eng, md_t *a, md_t *b,
+                               md_t *c) {
+  dnnl_matmul_desc_t d;
+  dnnl_status_t st = dnnl_matmul_desc_init(&d, a, b, NULL, c);
+  return st != dnnl_success ? st : dnnl_primitive_desc_create(pd, &d, NULL, eng, NULL);
+}
+#endif
+
 static int run(dnnl_engine_t eng, dnnl_stream_t s, dnnl_data_type_t dt, const char *name, int n,
                int reps) {
   dnnl_dims_t dims = {n, n};
-  dnnl_memory_desc_t a_md, b_any, c_md, b_plain;
-  CHECK(dnnl_memory_desc_init_by_tag(&a_md, 2, dims, dt, dnnl_ab));
-  CHECK(dnnl_memory_desc_init_by_tag(&b_any, 2, dims, dt, dnnl_format_tag_any));
-  CHECK(dnnl_memory_desc_init_by_tag(&b_plain, 2, dims, dt, dnnl_ab));
-  CHECK(dnnl_memory_desc_init_by_tag(&c_md, 2, dims, dnnl_f32, dnnl_ab));
-  dnnl_matmul_desc_t md;
-  CHECK(dnnl_matmul_desc_init(&md, &a_md, &b_any, NULL, &c_md));
+  md_t a_md, b_any, c_md, b_plain;
+  CHECK(md_init(&a_md, dims, dt, dnnl_ab));
+  CHECK(md_init(&b_any, dims, dt, dnnl_format_tag_any));
+  CHECK(md_init(&b_plain, dims, dt, dnnl_ab));
+  CHECK(md_init(&c_md, dims, dnnl_f32, dnnl_ab));
   dnnl_primitive_desc_t pd;
-  if (dnnl_primitive_desc_create(&pd, &md, NULL, eng, NULL) != dnnl_success) {
+  if (matmul_pd(&pd, eng, &a_md, &b_any, &c_md) != dnnl_success) {
     printf("peak %s unsupported 0 0 none\n", name);
     return 0;
   }
@@ -181,16 +219,16 @@ static int run(dnnl_engine_t eng, dnnl_stream_t s, dnnl_data_type_t dt, const ch
     return 0;
   }
   // Weights in the layout the kernel wants (reordered once, outside the timing).
-  const dnnl_memory_desc_t *b_md = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+  md_ref b_md = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
   dnnl_memory_t a, b, bp, c;
-  CHECK(dnnl_memory_create(&a, &a_md, eng, DNNL_MEMORY_ALLOCATE));
-  CHECK(dnnl_memory_create(&bp, &b_plain, eng, DNNL_MEMORY_ALLOCATE));
+  CHECK(dnnl_memory_create(&a, MD(a_md), eng, DNNL_MEMORY_ALLOCATE));
+  CHECK(dnnl_memory_create(&bp, MD(b_plain), eng, DNNL_MEMORY_ALLOCATE));
   CHECK(dnnl_memory_create(&b, b_md, eng, DNNL_MEMORY_ALLOCATE));
-  CHECK(dnnl_memory_create(&c, &c_md, eng, DNNL_MEMORY_ALLOCATE));
+  CHECK(dnnl_memory_create(&c, MD(c_md), eng, DNNL_MEMORY_ALLOCATE));
   fill(a, dt, (size_t)n * n);
   fill(bp, dt, (size_t)n * n);
   dnnl_primitive_desc_t rpd;
-  CHECK(dnnl_reorder_primitive_desc_create(&rpd, &b_plain, eng, b_md, eng, NULL));
+  CHECK(dnnl_reorder_primitive_desc_create(&rpd, MD(b_plain), eng, b_md, eng, NULL));
   dnnl_primitive_t reorder;
   CHECK(dnnl_primitive_create(&reorder, rpd));
   dnnl_exec_arg_t rargs[2] = {{DNNL_ARG_FROM, bp}, {DNNL_ARG_TO, b}};
@@ -219,6 +257,12 @@ static int run(dnnl_engine_t eng, dnnl_stream_t s, dnnl_data_type_t dt, const ch
   dnnl_memory_destroy(b);
   dnnl_memory_destroy(bp);
   dnnl_memory_destroy(c);
+#if DNNL_VERSION_MAJOR >= 3
+  dnnl_memory_desc_destroy(a_md);
+  dnnl_memory_desc_destroy(b_any);
+  dnnl_memory_desc_destroy(b_plain);
+  dnnl_memory_desc_destroy(c_md);
+#endif
   return 0;
 }
 
@@ -335,7 +379,8 @@ parse_common() {
   WARMUP=5 STEPS=20 REPEATS=2 BATCH=${TALLY_BENCH_BATCH:-256} PHOTO_BATCH=${TALLY_BENCH_PHOTO_BATCH:-64}
   PEAK=1 PEAK_N=4096 ANY_BLAS=0 WAIT_QUIET=0 REQUIRE_QUIET=0 WITH_113=0 COMPILE_TIMEOUT=900 NO_COMPILE=0
   PRECISIONS="fp32 bf16" QUICK=0 ROWS=()
-  PEAK_REPS=8
+  PEAK_REPS=8 PROFILE_STACKS=0
+  [ "$mode" = --profile ] && WARMUP=2 STEPS=4
   FLAGS="$mode $*"
   while [ $# -gt 0 ]; do
     case $mode:$1 in
@@ -351,7 +396,10 @@ parse_common() {
       --vs-pytorch:--with-pytorch113) WITH_113=1; shift ;;
       --vs-pytorch:--compile-timeout) COMPILE_TIMEOUT=${2:-}; shift 2 ;;
       --vs-pytorch:--no-compile) NO_COMPILE=1; shift ;;
-      --stacks:--precisions) PRECISIONS=${2//,/ }; shift 2 ;;
+      --stacks:--precisions | --profile:--precisions) PRECISIONS=${2//,/ }; shift 2 ;;
+      --profile:--stacks) PROFILE_STACKS=1; shift ;;
+      --profile:--no-peak) PEAK=0; shift ;;
+      --profile:--peak-size) PEAK_N=${2:-}; shift 2 ;;
       *:-h | *:--help) sed -n '/^# Tally against PyTorch 2.6/,/^# The time/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
       *:--*=*) set -- "${1%%=*}" "${1#*=}" "${@:2}" ;;
       */*) ROWS+=("${1#*:}"); shift ;;
@@ -674,6 +722,96 @@ stacks() {
   echo "runs, logs, summary.md and summary.json: $OUT"
 }
 
+# --- --profile: each primitive's share of a step and fraction of the peak, per row and precision.
+# profile_run NAME PRECISION [root]: one DNNL_VERBOSE run of the current row, its log beside it.
+profile_run() {
+  local name=$1 precision=$2 where=${3:-host}
+  local args=(train --objective="$objective" --config "$config" --steps $((WARMUP + STEPS)) --no-knn
+    --quiet "${row_set[@]}" --set "train.precision=$precision")
+  echo "bench: $slug: $name"
+  if [ "$where" = root ]; then
+    local inside=bench-results/$STAMP/$slug
+    mkdir -p "$DEBIAN13_ROOT$BENCH_DIR/$inside"
+    "${DEBIAN13_CHROOT[@]}" DNNL_VERBOSE=1 /bin/bash -c 'cd "$1" && shift && exec "$@"' bash "$BENCH_DIR" \
+      build/tally "${args[@]}" --out "$inside/$name" > "$dir/$name.verbose" 2>&1 || return 1
+    mv "$DEBIAN13_ROOT$BENCH_DIR/$inside/$name" "$dir/$name"
+  else
+    DNNL_VERBOSE=1 "$TALLY_HOST" "${args[@]}" --out "$dir/$name" > "$dir/$name.verbose" 2>&1 || return 1
+  fi
+}
+
+# measure_peak_root OUT N: the peak program built and run in the Debian 13 root (its oneDNN);
+# sets ROOT_PEAK_F32 and ROOT_PEAK_BF16.
+measure_peak_root() {
+  local out=$1 n=$2 types=""
+  mkdir -p "$DEBIAN13_ROOT$BENCH_DIR/bench-results"
+  write_peak_c > "$DEBIAN13_ROOT$BENCH_DIR/bench-results/peak.c"
+  debian13_run "$BENCH_DIR" 'cc -O2 -std=c11 -o bench-results/peak bench-results/peak.c -ldnnl' \
+    > "$out/peak-root-build.log" 2>&1 || { echo "bench: the peak program did not build in the root" >&2; return 0; }
+  grep -qw avx512_bf16 /proc/cpuinfo && types=bf16
+  "${DEBIAN13_CHROOT[@]}" /bin/bash -c 'cd "$1" && shift && exec "$@"' bash "$BENCH_DIR" \
+    bench-results/peak "$n" "$PEAK_REPS" $types 2>&1 | sed 's/^/debian13 /' | tee -a "$out/peak-root.txt"
+  ROOT_PEAK_F32=$(awk '$2 == "peak" && $3 == "f32" && $4 + 0 > b { b = $4 } END { print b + 0 }' "$out/peak-root.txt")
+  ROOT_PEAK_BF16=$(awk '$2 == "peak" && $3 == "bf16" && $4 + 0 > b { b = $4 } END { print b + 0 }' "$out/peak-root.txt")
+}
+
+profile() {
+  parse_common --profile "$@"
+  [ -x "$TALLY_HOST" ] || scripts/setup.sh
+  trap bench_cleanup EXIT
+  if [ "$PROFILE_STACKS" -eq 1 ]; then
+    root_for --profile
+    echo "bench: building Tally in the Debian 13 root ($BENCH_DIR)"
+    debian13_run "$BENCH_DIR" 'cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > /dev/null && cmake --build build -j2 --target tally > /dev/null' ||
+      die "the build in the Debian 13 root failed (scripts/test-debian13.sh installs what it needs)"
+  fi
+  wait_for_quiet
+  results_dir profile
+  PEAK_F32=0 PEAK_BF16=0 ROOT_PEAK_F32=0 ROOT_PEAK_BF16=0
+  if [ "$PEAK" -eq 1 ]; then
+    measure_peak "$OUT" "$PEAK_N" "host"
+    [ "$PROFILE_STACKS" -eq 0 ] || measure_peak_root "$OUT" "$PEAK_N"
+  fi
+  local row p where name peak_args
+  {
+    echo "# Where a step's time goes: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) CPUs, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo
+    echo "\`scripts/bench.sh $FLAGS\`: $WARMUP warm-up + $STEPS measured steps per run, batch $BATCH, kNN off, load average $LOAD_START at the start."
+    echo "Measured peak (oneDNN matmul ${PEAK_N}³, best of $PEAK_REPS): host f32 ${PEAK_F32:-0}, bf16 ${PEAK_BF16:-0} GFLOP/s$([ "$PROFILE_STACKS" -eq 1 ] && echo "; Debian 13 root f32 $ROOT_PEAK_F32, bf16 $ROOT_PEAK_BF16 GFLOP/s")."
+  } > "$OUT/summary.md"
+  for row in "${ROWS[@]}"; do
+    row_setup "$row"
+    [ "$PROFILE_STACKS" -eq 0 ] || [ "$model" != resnet18-small-images ] ||
+      make_photos "$DEBIAN13_ROOT$BENCH_DIR/bench-results/photos-64" 512 64
+    dir=$OUT/$slug
+    mkdir -p "$dir"
+    for p in $PRECISIONS; do
+      for where in host root; do
+        [ "$where" = host ] || [ "$PROFILE_STACKS" -eq 1 ] || continue
+        name=$([ "$where" = host ] && echo host || echo debian13)-$p
+        peak_args=(--peak-f32 "${PEAK_F32:-0}" --peak-bf16 "${PEAK_BF16:-0}")
+        [ "$where" = host ] || peak_args=(--peak-f32 "$ROOT_PEAK_F32" --peak-bf16 "$ROOT_PEAK_BF16")
+        local onednn
+        if ! profile_run "$name" "$p" "$where"; then
+          echo "bench: $slug $name failed, see $dir/$name.verbose" >&2
+          printf '\n## %s, %s\n\nfailed: see %s\n' "$slug" "$name" "$dir/$name.verbose" >> "$OUT/summary.md"
+          continue
+        fi
+        onednn=$(sed -n 's/.*info,oneDNN v\([0-9][0-9.]*\).*/\1/p' "$dir/$name.verbose" | head -n 1)
+        {
+          printf '\n## %s, %s (oneDNN %s)\n\n' "$slug" "$p" "$onednn"
+          "$PY" scripts/onednn_profile.py "$dir/$name.verbose" "$dir/$name" --warmup "$WARMUP" \
+            "${peak_args[@]}" --json "$dir/$name.profile.json" ||
+            echo "(no table: see the message above)"
+        } >> "$OUT/summary.md"
+      done
+    done
+  done
+  echo
+  cat "$OUT/summary.md"
+  echo "runs, verbose logs, summary.md: $OUT"
+}
+
 if [ "${1:-}" = --decode ]; then
   shift
   [ -x build/bench_decode ] || scripts/setup.sh
@@ -721,6 +859,12 @@ PY
   done
   echo "plans, logs and run folders: $out"
 }
+
+if [ "${1:-}" = --profile ]; then
+  shift
+  profile "$@"
+  exit
+fi
 
 if [ "${1:-}" = --plan-time ]; then
   shift
