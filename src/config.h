@@ -65,7 +65,7 @@ typedef struct {
     char budget[32];          // "" = none; else the run's length as compute: 420s, 7m, 1.5h
                               // (training time, evaluation excluded), 5e15flop, 5PFLOP (every
                               // replica's FLOPs), 3epochs; overrides steps and epochs
-    char precision[8];        // fp32 | bf16 (convolutions and linear layers; see BuildPolicy.bf16)
+    char precision[8];        // fp32 | bf16 | auto (run_config_resolve; see BuildPolicy.bf16)
     int recompute;            // 1: ViT blocks recompute norms and GELU in backward (ExecCtx)
     char conv_algorithm[12];  // auto | direct | winograd (3x3 convolutions; see ExecCtx)
     int checkpoint_every;     // 50 steps between checkpoints (also at each epoch's end and the

@@ -484,6 +484,64 @@ static void test_plan_from_run(void **state) {
 
 // An option a command accepts either works there or is refused (exit 2, naming it), before any
 // run folder is made: none is silently ignored.
+// The precision a run's config.ini records: 1 bf16, 0 fp32, -1 neither.
+static int recorded_bf16(const char *dir) {
+  char path[1024], text[16384];
+  snprintf(path, sizeof path, "%s/config.ini", dir);
+  read_file_text(path, text, sizeof text);
+  if (strstr(text, "precision = bf16")) return 1;
+  return strstr(text, "precision = fp32") ? 0 : -1;
+}
+
+// Whether the kernel says this CPU has bf16 arithmetic (AVX512-BF16 or AMX-BF16): read apart
+// from oneDNN, which train.precision = auto asks.
+static int cpuinfo_has_bf16(void) {
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f) return -1;
+  char line[8192];
+  int has = 0;
+  while (!has && fgets(line, sizeof line, f))
+    if (strncmp(line, "flags", 5) == 0)
+      has = strstr(line, " avx512_bf16") || strstr(line, " amx_bf16");
+  fclose(f);
+  return has;
+}
+
+// train.precision = auto takes bf16 where the CPU computes it natively, fp32 elsewhere (oneDNN
+// limited to AVX-512 without bf16 stands in for such a CPU), and the run records what it took:
+// a resumed run keeps it on a CPU where auto would choose the other.
+static void test_precision_auto(void **state) {
+  (void)state;
+  if (access(fmnist, R_OK) != 0) skip();
+  const int native = cpuinfo_has_bf16();
+  assert_true(native >= 0);
+  char out[16384], dir[300], other[300];
+  snprintf(dir, sizeof dir, "%s/auto", tmpdir);
+  snprintf(other, sizeof other, "%s/auto-avx512", tmpdir);
+  int rc = run(out, sizeof out,
+               "train --objective=inbatch --steps 2 --stop-at 1 --no-knn %s "
+               "--set train.precision=auto --out %s",
+               small, dir);
+  if (rc != 0) fprintf(stderr, "%s", out);
+  assert_int_equal(rc, 0);
+  assert_int_equal(recorded_bf16(dir), native);
+  // oneDNN reads its ISA limit once, at its first call: each run below starts with it set.
+  setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE", 1);
+  setenv("DNNL_MAX_CPU_ISA", "AVX512_CORE", 1);
+  rc = run(out, sizeof out, "train --resume %s", dir);
+  if (rc != 0) fprintf(stderr, "%s", out);
+  assert_int_equal(rc, 0);
+  assert_int_equal(recorded_bf16(dir), native);
+  rc = run(out, sizeof out,
+           "train --objective=inbatch --steps 1 --no-knn %s --set train.precision=auto --out %s",
+           small, other);
+  unsetenv("ONEDNN_MAX_CPU_ISA");
+  unsetenv("DNNL_MAX_CPU_ISA");
+  if (rc != 0) fprintf(stderr, "%s", out);
+  assert_int_equal(rc, 0);
+  assert_int_equal(recorded_bf16(other), 0);
+}
+
 static void test_options_not_ignored(void **state) {
   (void)state;
   char out[8192], dir[1024];
@@ -520,6 +578,7 @@ int main(void) {
       cmocka_unit_test(test_knn_k_follows_the_smallest_class),
       cmocka_unit_test(test_eval_records_in_the_run),
       cmocka_unit_test(test_options_not_ignored),
+      cmocka_unit_test(test_precision_auto),
       cmocka_unit_test(test_missing_dataset),
       cmocka_unit_test(test_truncated_gz),
       cmocka_unit_test(test_malformed_ini),

@@ -63,6 +63,11 @@ int cpu_has_avx512(void) {
   return (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
 }
 
+int cpu_has_native_bf16(void) {
+  const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+}
+
 void exec_build_lazy_kernels(void) {
   // 64 is above the sizes oneDNN hands to its small-matrix paths; every transposition, as the
   // forward, backward-data and backward-weights passes of an inner product use them.

@@ -21,6 +21,9 @@
 // Whether oneDNN runs AVX-512 (avx512_core) kernels on this CPU: blocked nChw16c activations and
 // Winograd convolutions are native there only.
 int cpu_has_avx512(void);
+// Whether oneDNN runs bf16 natively on this CPU (AVX512-BF16 or AMX): what train.precision = auto
+// takes bf16 for.
+int cpu_has_native_bf16(void);
 
 struct ExecCtx {
   dnnl_engine_t engine;

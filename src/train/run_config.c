@@ -10,6 +10,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/exec_ctx.h"
 #include "ledger/bytes.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
@@ -31,6 +32,14 @@ static int apply_data_path(Config *cfg, const char *path) {
   return rc;
 }
 
+// train.precision = auto: bf16 where oneDNN runs it natively (AVX512-BF16 or AMX), fp32 elsewhere.
+// The run's config.ini records what it resolved to, so a resumed run keeps its precision wherever
+// it resumes.
+static int resolve_precision(Config *cfg) {
+  if (strcmp(cfg->train.precision, "auto") != 0) return 0;
+  return config_set(cfg, cpu_has_native_bf16() ? "train.precision=bf16" : "train.precision=fp32");
+}
+
 int run_config_load(const char *objective, const ConfigArgs *a, Config *cfg) {
   const char *config_path = a->config_path;
   config_defaults(cfg);
@@ -48,6 +57,7 @@ int run_config_load(const char *objective, const ConfigArgs *a, Config *cfg) {
   if (rc == 0 && a->epochs_set[0]) rc = config_set(cfg, a->epochs_set);
   if (rc == 0 && a->steps_set[0]) rc = config_set(cfg, a->steps_set);
   if (rc == 0 && a->budget_set[0]) rc = config_set(cfg, a->budget_set);
+  if (rc == 0) rc = resolve_precision(cfg);
   if (rc == 0) rc = config_validate(cfg);
   return rc;
 }
@@ -133,7 +143,7 @@ int run_config_resume(const char *dir, const ConfigArgs *ca, Config *cfg, char *
     }
     if (config_set(cfg, sets[i]) != 0) return 1;
   }
-  return config_validate(cfg) != 0;
+  return resolve_precision(cfg) != 0 || config_validate(cfg) != 0;
 }
 
 int run_fits_in_memory(const Config *cfg, const char *objective, TrainOptions *opt, int check) {

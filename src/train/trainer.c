@@ -424,10 +424,10 @@ static int describe_run(Run *run, char *steps_text, size_t n) {
   if (!run->quiet_rank)
     printf(
         "tally train: objective %s, backbone %s (%s), %d training images (%dx%dx%d), "
-        "batch %d, %s steps (%d per epoch), %d replica%s\n",
+        "batch %d, %s steps (%d per epoch), %d replica%s, %s\n",
         L->def->name, cfg->model.spec.type, cfg->model.file, run->train.n, run->train.h,
         run->train.w, run->train.c, L->global_batch, steps_text, L->steps_per_epoch, L->world,
-        L->world == 1 ? "" : "s");
+        L->world == 1 ? "" : "s", cfg->train.precision);
   run_config_texts(run);
   return GO_ON;
 }
