@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/regular_file.h"
+#include "ledger/bytes.h"
 
 // One table drives both writers, the reader and the plan, so they can never disagree on names.
 typedef enum { F_LONG, F_INT, F_SIZE, F_DOUBLE, F_STRING } FieldType;
@@ -254,6 +255,37 @@ void ledger_write_csv(FILE *f, const LedgerRecord *r) {
     write_own(f, r->own[i], 0);
   }
   fputc('\n', f);
+}
+
+void ledger_format_value(LedgerUnit unit, double v, char *buf, size_t n) {
+  if (!isfinite(v) || unit == UNIT_TEXT) {
+    snprintf(buf, n, "-");
+    return;
+  }
+  switch (unit) {
+    case UNIT_BYTES:
+      format_quantity(QTY_BYTES, v, buf, n);
+      break;
+    case UNIT_FLOPS:
+      format_quantity(QTY_FLOPS, v, buf, n);
+      break;
+    case UNIT_MS:
+      format_quantity(QTY_SECONDS, v / 1e3, buf, n);
+      break;
+    case UNIT_SECONDS:
+      format_quantity(QTY_SECONDS, v, buf, n);
+      break;
+    case UNIT_COUNT:
+    case UNIT_STEPS:
+      snprintf(buf, n, "%.0f", v);
+      break;
+    case UNIT_RATE:
+      snprintf(buf, n, "%.*f", fabs(v) >= 100 ? 0 : fabs(v) >= 10 ? 1 : 2, v);
+      break;
+    default:
+      snprintf(buf, n, "%.4g", v);
+      break;
+  }
 }
 
 int ledger_field_count(void) { return N_FIELDS; }

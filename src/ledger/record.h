@@ -144,6 +144,11 @@ int ledger_field_count(void);
 const LedgerFieldInfo *ledger_field_info(int i);
 // Index of the common field called `name`, or -1.
 int ledger_field_find(const char *name);
+// A value of `unit` for people, the one way the plan's, the report's and the compare's tables
+// write it: bytes, FLOPs and times in the unit of their ladder that reads best (ledger/bytes.h:
+// "1.50 GiB", "350 GFLOP", "850 ms"), counts and steps whole, rates with 3 significant digits
+// (whole from 100 on), ratios with 4; "-" for a value not known (NaN, infinite, or text).
+void ledger_format_value(LedgerUnit unit, double v, char *buf, size_t n);
 // The field's value as a double (NaN for text and for a non-finite double).
 double ledger_field_value(const LedgerRecord *r, int i);
 // The value of the field called `name`, common or the record's objective's own; NaN when the

@@ -901,39 +901,41 @@ static void view_group_rows(FILE *f, const Run *runs, int n) {
   }
 }
 
-typedef enum { ROW_COUNT, ROW_BYTES, ROW_FLOPS, ROW_MS, ROW_RATE, ROW_MODEL_BYTES } RowKind;
+// How a row of the cost table reads its runs' ledgers: the last record's value (counts and bytes
+// hold for every step), the median over the run (times), or the sum of the model's bytes.
+typedef enum { ROW_LAST, ROW_MEDIAN, ROW_MODEL_BYTES } RowKind;
 
-// A row of the cost table: its question is its field's (the ledger's field table).
+// A row of the cost table: its question and its unit are its field's (the ledger's field table).
 static const struct {
   const char *label, *field;
   RowKind kind;
 } cost_rows[] = {
-    {"views with gradient", "views_grad", ROW_COUNT},
-    {"views without gradient", "views_nograd", ROW_COUNT},
-    {"negatives per query", "negatives_per_query", ROW_COUNT},
-    {"activations held for backward", "activation_bytes", ROW_BYTES},
-    {"&nbsp;&nbsp;of which encoder", "activation_encoder_bytes", ROW_BYTES},
-    {"&nbsp;&nbsp;head", "activation_head_bytes", ROW_BYTES},
-    {"&nbsp;&nbsp;decoder", "activation_decoder_bytes", ROW_BYTES},
-    {"&nbsp;&nbsp;loss", "activation_loss_bytes", ROW_BYTES},
-    {"activation gradients", "activation_grad_bytes", ROW_BYTES},
+    {"views with gradient", "views_grad", ROW_LAST},
+    {"views without gradient", "views_nograd", ROW_LAST},
+    {"negatives per query", "negatives_per_query", ROW_LAST},
+    {"activations held for backward", "activation_bytes", ROW_LAST},
+    {"&nbsp;&nbsp;of which encoder", "activation_encoder_bytes", ROW_LAST},
+    {"&nbsp;&nbsp;head", "activation_head_bytes", ROW_LAST},
+    {"&nbsp;&nbsp;decoder", "activation_decoder_bytes", ROW_LAST},
+    {"&nbsp;&nbsp;loss", "activation_loss_bytes", ROW_LAST},
+    {"activation gradients", "activation_grad_bytes", ROW_LAST},
     {"parameters + gradients + optimizer", "param_bytes", ROW_MODEL_BYTES},
-    {"momentum encoder", "momentum_encoder_bytes", ROW_BYTES},
-    {"workspace", "workspace_bytes", ROW_BYTES},
-    {"data buffers", "data_bytes", ROW_BYTES},
-    {"queue", "queue_bytes", ROW_BYTES},
-    {"encodings made anew", "encodings_next_new", ROW_COUNT},
-    {"encodings reused (cached)", "encodings_next_reused", ROW_COUNT},
-    {"FLOPs forward", "flops_forward", ROW_FLOPS},
-    {"FLOPs backward", "flops_backward", ROW_FLOPS},
-    {"bytes communicated", "comm_bytes", ROW_BYTES},
-    {"ms waiting for data (median)", "data_ms", ROW_MS},
-    {"ms forward (median)", "forward_ms", ROW_MS},
-    {"ms backward (median)", "backward_ms", ROW_MS},
-    {"ms communicating (median)", "comm_ms", ROW_MS},
-    {"ms in the optimizer (median)", "optimizer_ms", ROW_MS},
-    {"ms per step (median)", "step_ms", ROW_MS},
-    {"images/s (median)", "images_per_s", ROW_RATE},
+    {"momentum encoder", "momentum_encoder_bytes", ROW_LAST},
+    {"workspace", "workspace_bytes", ROW_LAST},
+    {"data buffers", "data_bytes", ROW_LAST},
+    {"queue", "queue_bytes", ROW_LAST},
+    {"encodings made anew", "encodings_next_new", ROW_LAST},
+    {"encodings reused (cached)", "encodings_next_reused", ROW_LAST},
+    {"FLOPs forward", "flops_forward", ROW_LAST},
+    {"FLOPs backward", "flops_backward", ROW_LAST},
+    {"bytes communicated", "comm_bytes", ROW_LAST},
+    {"waiting for data (median)", "data_ms", ROW_MEDIAN},
+    {"forward (median)", "forward_ms", ROW_MEDIAN},
+    {"backward (median)", "backward_ms", ROW_MEDIAN},
+    {"communicating (median)", "comm_ms", ROW_MEDIAN},
+    {"in the optimizer (median)", "optimizer_ms", ROW_MEDIAN},
+    {"step (median)", "step_ms", ROW_MEDIAN},
+    {"images/s (median)", "images_per_s", ROW_MEDIAN},
 };
 
 static double row_value(const Run *run, size_t row) {
@@ -941,25 +943,11 @@ static double row_value(const Run *run, size_t row) {
     case ROW_MODEL_BYTES:
       return last_field(run, "param_bytes") + last_field(run, "grad_bytes") +
              last_field(run, "optimizer_bytes");
-    case ROW_MS:
-    case ROW_RATE:
+    case ROW_MEDIAN:
       return median_field(run, cost_rows[row].field);
     default:
       return last_field(run, cost_rows[row].field);
   }
-}
-
-static void row_text(RowKind kind, double v, char *buf, size_t n) {
-  if (!isfinite(v))
-    snprintf(buf, n, "-");
-  else if (kind == ROW_BYTES || kind == ROW_MODEL_BYTES)
-    format_bytes(v, buf, n);
-  else if (kind == ROW_FLOPS)
-    format_quantity(QTY_FLOPS, v, buf, n);
-  else if (kind == ROW_MS)
-    snprintf(buf, n, "%.1f", v);
-  else
-    snprintf(buf, n, "%.0f", v);
 }
 
 static void question_row(FILE *f, const char *title, int n) {
@@ -996,7 +984,8 @@ static void cost_table(FILE *f, const Run *runs, int n) {
       if (!any) continue;
       fprintf(f, "<tr><th>%s</th>", cost_rows[i].label);
       for (int k = 0; k < n; k++) {
-        row_text(cost_rows[i].kind, row_value(&runs[k], i), buf, sizeof buf);
+        ledger_format_value(ledger_field_info(ledger_field_find(cost_rows[i].field))->unit,
+                            row_value(&runs[k], i), buf, sizeof buf);
         cell(f, buf);
       }
       fputs("</tr>\n", f);

@@ -679,37 +679,6 @@ int plan_parse_size(const char *text, size_t *bytes) {
                  text, end);
 }
 
-static void format_value(const LedgerFieldInfo *fi, double v, char *buf, size_t n) {
-  if (isnan(v)) {
-    snprintf(buf, n, "-");
-    return;
-  }
-  switch (fi->unit) {
-    case UNIT_BYTES:
-      if (v == 0)
-        snprintf(buf, n, "0");
-      else
-        format_bytes(v, buf, n);
-      break;
-    case UNIT_FLOPS: {
-      // Two decimals in every unit, so a column of FLOPs lines up on its decimal point.
-      const char *unit;
-      const double size = quantity_unit(QTY_FLOPS, v, &unit);
-      if (size == 1)
-        snprintf(buf, n, "%.0f", v);
-      else
-        snprintf(buf, n, "%.2f %s", v / size, unit);
-      break;
-    }
-    case UNIT_COUNT:
-      snprintf(buf, n, "%.0f", v);
-      break;
-    default:
-      snprintf(buf, n, "%.4g", v);
-      break;
-  }
-}
-
 enum { LABEL_WIDTH = 30, COLUMN_WIDTH = 17 };
 
 static void print_row(FILE *f, const char *label, int n, char cells[][48]) {
@@ -753,7 +722,7 @@ static void print_own_fields(FILE *f, const LedgerRecord *recs, int n, LedgerGro
         else if (fi->measured_only)
           snprintf(cells[i], 48, "measured only");
         else
-          format_value(fi, ledger_value(&recs[i], fi->name), cells[i], 48);
+          ledger_format_value(fi->unit, ledger_value(&recs[i], fi->name), cells[i], 48);
       }
       print_row(f, fi->name, n, cells);
     }
@@ -809,7 +778,7 @@ static void print_ledger_groups(FILE *f, int n, const LedgerRecord *recs, char c
         if (fi->measured_only && isnan(v))
           snprintf(cells[j], sizeof cells[j], "measured only");
         else
-          format_value(fi, v, cells[j], sizeof cells[j]);
+          ledger_format_value(fi->unit, v, cells[j], sizeof cells[j]);
       }
       // A quantity that is 0 for every column (a CNN's decoder FLOPs) is left out.
       if (nonzero) print_row(f, fi->name, n, cells);
