@@ -28,7 +28,7 @@
 // - Each execution adds its analytic FLOPs (a multiply-add counts 2) to
 //   ctx->flops_forward/backward[the builder's component, kept at creation].
 #pragma once
-#include "core/exec_ctx.h"
+#include "core/dnnl_prim.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -2,7 +2,7 @@
 // the memory descriptor's strides, so no data is copied. Used by losses (similarity matrices)
 // and their gradients; counts 2*M*K*N FLOPs to the given component and direction.
 #pragma once
-#include "core/exec_ctx.h"
+#include "core/dnnl_prim.h"
 
 typedef struct {
   int M, K, N, trans_a, trans_b;

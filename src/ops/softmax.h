@@ -2,7 +2,7 @@
 // probabilities, or their logarithms. The losses that use it (objectives/infonce.c,
 // objectives/dino_loss.c) derive their gradients themselves and count its FLOPs with theirs.
 #pragma once
-#include "core/exec_ctx.h"
+#include "core/dnnl_prim.h"
 
 typedef enum {
   SOFTMAX_PROBS,      // exp(x - max) / sum

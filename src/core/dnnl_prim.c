@@ -1,0 +1,121 @@
+#include "core/dnnl_prim.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+// Primitives run back to back and host code reads an op's output as soon as the op returns, with
+// no stream wait: under these runtimes a CPU stream executes each primitive synchronously (its wait
+// returns at once; measured 3 ns a call). A threadpool or SYCL runtime may run asynchronously and
+// would need a wait before host code reads a result.
+#if DNNL_CPU_RUNTIME != DNNL_RUNTIME_OMP && DNNL_CPU_RUNTIME != DNNL_RUNTIME_SEQ && \
+    DNNL_CPU_RUNTIME != DNNL_RUNTIME_TBB
+#error "Tally needs a oneDNN CPU runtime that executes synchronously (OpenMP, TBB or sequential)"
+#endif
+
+dnnl_primitive_t dnnl_ctx_adopt(ExecCtx *ctx, const_dnnl_primitive_desc_t pd) {
+  if (!pd) TL_DIE("oneDNN has no implementation for a primitive this build needs");
+  dnnl_primitive_t prim;
+  DNNL_CHECK(dnnl_primitive_create(&prim, pd));
+  dnnl_ctx_reserve_scratchpad(ctx, pd);
+  return prim;
+}
+
+void dnnl_ctx_reserve_scratchpad(ExecCtx *ctx, const_dnnl_primitive_desc_t pd) {
+  size_t need = dnnl_pd_md_bytes(pd, dnnl_query_scratchpad_md, 0);
+  if (need <= ctx->scratchpad_bytes) return;
+  tl_free(ctx->scratchpad);
+  ctx->scratchpad = tl_alloc(need, ctx->scratchpad_category, COMP_OTHER);
+  ctx->scratchpad_bytes = need;
+  // One memory object for the buffer, made here rather than at every execution: a primitive
+  // uses the first bytes it asked for.
+  if (ctx->scratchpad_mem) dnnl_memory_destroy(ctx->scratchpad_mem);
+  dnnl_dims_t dims = {(dnnl_dim_t)need};
+  DnnlMd whole = dnnl_md_typed(1, dims, dnnl_u8, dnnl_a);
+  ctx->scratchpad_mem = dnnl_mem_new(ctx, whole);
+  dnnl_md_destroy(whole);
+  dnnl_mem_bind(ctx->scratchpad_mem, ctx->scratchpad);
+}
+
+void dnnl_mem_bind(dnnl_memory_t mem, const void *ptr) {
+  DNNL_CHECK(dnnl_memory_set_data_handle(mem, (void *)ptr));
+}
+
+void dnnl_ctx_exec(ExecCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_desc_t pd, int nargs,
+                   const dnnl_exec_arg_t *args) {
+  if (ctx->dry_run) return;
+  enum { MAX_ARGS = 16 };
+  TL_ASSERT(nargs < MAX_ARGS);
+  dnnl_exec_arg_t all[MAX_ARGS];
+  memcpy(all, args, sizeof(dnnl_exec_arg_t) * (size_t)nargs);
+  size_t scratchpad_bytes = dnnl_pd_md_bytes(pd, dnnl_query_scratchpad_md, 0);
+  if (scratchpad_bytes > 0) {
+    TL_ASSERT(scratchpad_bytes <= ctx->scratchpad_bytes);
+    all[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, ctx->scratchpad_mem};
+  }
+  DNNL_CHECK(dnnl_primitive_execute(prim, ctx->stream, nargs, all));
+}
+
+void dnnl_reorder_init(DnnlReorder *r, ExecCtx *ctx, DnnlMd src_md, DnnlMd dst_md) {
+  memset(r, 0, sizeof *r);
+  if (dnnl_md_equal(src_md, dst_md)) return;
+  r->pd = dnnl_pd_reorder(ctx, src_md, dst_md);
+  r->prim = dnnl_ctx_adopt(ctx, r->pd);
+  r->src = dnnl_mem_new(ctx, src_md);
+  r->dst = dnnl_mem_new(ctx, dst_md);
+}
+
+int dnnl_reorder_needed(const DnnlReorder *r) { return r->prim != NULL; }
+
+void dnnl_reorder_run(DnnlReorder *r, ExecCtx *ctx, const void *src, void *dst) {
+  TL_ASSERT(r->prim);
+  dnnl_mem_bind(r->src, src);
+  dnnl_mem_bind(r->dst, dst);
+  dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, r->src}, {DNNL_ARG_DST, r->dst}};
+  dnnl_ctx_exec(ctx, r->prim, r->pd, 2, args);
+}
+
+void dnnl_reorder_destroy(DnnlReorder *r) {
+  if (r->prim) dnnl_primitive_destroy(r->prim);
+  if (r->pd) dnnl_primitive_desc_destroy(r->pd);
+  if (r->src) dnnl_memory_destroy(r->src);
+  if (r->dst) dnnl_memory_destroy(r->dst);
+  memset(r, 0, sizeof *r);
+}
+
+void dnnl_copy_init_slots(DnnlCopy *c, ExecCtx *ctx, DnnlMd src_md, DnnlMd dst_md,
+                          MemCategory category, MemComponent comp, int slots) {
+  dnnl_reorder_init(&c->reorder, ctx, src_md, dst_md);
+  c->slot_bytes = dnnl_md_bytes(dst_md);
+  c->buf = dnnl_reorder_needed(&c->reorder)
+               ? tl_alloc(c->slot_bytes * (size_t)slots, category, comp)
+               : NULL;
+}
+
+void dnnl_copy_init(DnnlCopy *c, ExecCtx *ctx, DnnlMd src_md, DnnlMd dst_md, MemCategory category,
+                    MemComponent comp) {
+  dnnl_copy_init_slots(c, ctx, src_md, dst_md, category, comp, 1);
+}
+
+const void *dnnl_copy_last_at(const DnnlCopy *c, const void *src, int slot) {
+  return c->buf ? (const char *)c->buf + c->slot_bytes * (size_t)slot : src;
+}
+
+const void *dnnl_copy_run_at(DnnlCopy *c, ExecCtx *ctx, const void *src, int slot) {
+  const void *dst = dnnl_copy_last_at(c, src, slot);
+  if (dst != src) dnnl_reorder_run(&c->reorder, ctx, src, (void *)dst);
+  return dst;
+}
+
+const void *dnnl_copy_run(DnnlCopy *c, ExecCtx *ctx, const void *src) {
+  return dnnl_copy_run_at(c, ctx, src, 0);
+}
+
+const void *dnnl_copy_last(const DnnlCopy *c, const void *src) {
+  return dnnl_copy_last_at(c, src, 0);
+}
+
+void dnnl_copy_destroy(DnnlCopy *c) {
+  dnnl_reorder_destroy(&c->reorder);
+  tl_free(c->buf);
+  c->buf = NULL;
+}
