@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nn/backbone.h"
 #include "ops/add.h"
 #include "ops/batchnorm.h"
 #include "ops/conv.h"
@@ -306,3 +307,54 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
                        .destroy = resnet_destroy};
   return &r->base;
 }
+
+// List entries are at least 1, so the zeros after a list's end mark its length
+// (model_spec_list_length) and config_validate can tell lists of different lengths apart.
+#define STAGE_LIST(name, def, lo, hi, meaning) LIST_KEY(BACKBONE(name), def, lo, hi, meaning)
+
+static const KeySpec resnet_keys[] = {
+    INT_KEY(BACKBONE(stem_channels), "32", 1, 4096, "resnet: channels out of the 3×3 stem"),
+    STAGE_LIST(stage_channels, "32,64,128", 1, 4096, "resnet: channels of each stage"),
+    STAGE_LIST(stage_blocks, "1,1,1", 1, 64,
+               "resnet: basic blocks in each stage (as many entries as `stage_channels`)"),
+    STAGE_LIST(stage_strides, "1,2,2", 1, 4,
+               "resnet: stride of each stage's first block (as many entries as "
+               "`stage_channels`)"),
+};
+
+static int resnet_validate(const void *settings, int image_size, const char *where) {
+  const ModelSpec *m = settings;
+  // config_validate checks next that the lists have one length.
+  if (model_spec_stages(m) < 1)
+    return tl_fail("%s: [backbone] resnet needs at least one stage (stage_channels)", where);
+  if (m->pad_to && (m->pad_to - image_size) % 2)
+    return tl_fail(
+        "%s: [backbone] pad_to = %d: resnet pads evenly on both sides, so it must differ from "
+        "[data] image_size = %d by an even number",
+        where, m->pad_to, image_size);
+  return 0;
+}
+
+static const BackboneSection resnet_section = {
+    .name = "resnet",
+    .help = "3×3 stem, stages of basic residual blocks, global average pool",
+    .keys = resnet_keys,
+    .n_keys = sizeof resnet_keys / sizeof resnet_keys[0],
+    .validate = resnet_validate,
+};
+
+static int resnet_feature_dim(const ModelSpec *spec) {
+  return spec->stage_channels[model_spec_stages(spec) - 1];
+}
+
+static const char *resnet_pool_name(const ModelSpec *spec) {
+  (void)spec;
+  return "avg";
+}
+
+const BackboneDef backbone_resnet = {
+    .settings = &resnet_section,
+    .create = resnet_create,
+    .feature_dim = resnet_feature_dim,
+    .pool_name = resnet_pool_name,
+};

@@ -224,7 +224,7 @@ int export_checkpoint(const char *ckpt, const char *out, int with_head) {
       if (st_get_meta(&f, keep[k])) st_set_meta(&ex, keep[k], st_get_meta(&f, keep[k]));
     st_set_meta(&ex, "format", EXPORT_FORMAT);
     st_set_meta(&ex, "backbone", cfg.model.spec.type);
-    st_set_meta(&ex, "pool", cfg.model.spec.type[0] == 'v' ? cfg.model.spec.pool : "avg");
+    st_set_meta(&ex, "pool", backbone_def(&cfg.model.spec)->pool_name(&cfg.model.spec));
     // The input normalization the encoder expects: (x - mean) / std per channel, x in [0, 1].
     // It also fixes pad_to's frame, normalized black (0 - mean) / std, or 0 with the model's
     // pad_fill = mean: a loader of the export derives it from these two and the model, as
