@@ -1,8 +1,9 @@
 // ResNet-50's parts (models/resnet50.ini, models/resnet18.ini): the bottleneck block and the
 // ImageNet stem (7x7 stride-2 convolution, 3x3 stride-2 max-pool) against finite differences on a
 // tiny network of their shape; the shipped model files' parameter counts against torchvision's
-// published totals; and, through the binary, a tiny ResNet-50-shaped model (3, 4, 6, 3 bottleneck
-// blocks at widths 4 to 32) planned as it runs and resumed bit for bit.
+// published totals; the export's names against torchvision's module tree, written out here; and,
+// through the binary, a tiny ResNet-50-shaped model (3, 4, 6, 3 bottleneck blocks at widths 4 to
+// 32) planned as it runs and resumed bit for bit.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -12,6 +13,7 @@
 #include "core/counting.h"
 #include "gradcheck.h"
 #include "objective_test_util.h"
+#include "train/export.h"
 
 // ---- the blocks, in process ----
 
@@ -128,6 +130,56 @@ static void test_model_files_count_as_torchvision(void **state) {
   expect_model_count("models/resnet18.ini", 11689512, 512, 0, (const int[]){2, 2, 2, 2});
 }
 
+// torchvision's ResNet module tree for 4 stages of `blocks`, in state_dict order (fc left out):
+// conv1, bn1, then each layer's blocks with conv1, bn1, conv2, bn2[, conv3, bn3][, downsample].
+static int torchvision_names(int bottleneck, const int *blocks, char names[][64], int cap) {
+  const char *bn[] = {"weight", "bias", "running_mean", "running_var"};
+  int n = 0;
+#define NAME(...) (n < cap ? snprintf(names[n++], 64, __VA_ARGS__) : 0)
+  NAME("conv1.weight");
+  for (int m = 0; m < 4; m++) NAME("bn1.%s", bn[m]);
+  for (int s = 1; s <= 4; s++)
+    for (int b = 0; b < blocks[s - 1]; b++) {
+      for (int k = 1; k <= (bottleneck ? 3 : 2); k++) {
+        NAME("layer%d.%d.conv%d.weight", s, b, k);
+        for (int m = 0; m < 4; m++) NAME("layer%d.%d.bn%d.%s", s, b, k, bn[m]);
+      }
+      if (b == 0 && (s > 1 || bottleneck)) {
+        NAME("layer%d.%d.downsample.0.weight", s, b);
+        for (int m = 0; m < 4; m++) NAME("layer%d.%d.downsample.1.%s", s, b, bn[m]);
+      }
+    }
+#undef NAME
+  return n;
+}
+
+static void expect_export_names(const char *file, int bottleneck, const int *blocks) {
+  Config cfg;
+  config_defaults(&cfg);
+  if (config_load_model(&cfg, file) != 0) fail_msg("%s", tl_last_error());
+  CountingPass pass;
+  counting_begin(&pass, 0);
+  Builder b = {.ctx = &pass.ctx, .params = &pass.ps, .mode = OP_INFER};
+  Backbone *bb = backbone_create(&cfg.model.spec, &b, 2, 224, 3);
+  bb->destroy(bb);
+  static char want[400][64];
+  const int n = torchvision_names(bottleneck, blocks, want, 400);
+  assert_int_equal(pass.ps.n_entries, n);
+  for (int i = 0; i < n; i++) {
+    const TorchTensor t = torch_tensor_for(&pass.ps.entries[i], &cfg.model.spec, 3);
+    if (strcmp(t.name, want[i]) != 0)
+      fail_msg("%s: %s exports as %s, torchvision's is %s", file, pass.ps.entries[i].name, t.name,
+               want[i]);
+  }
+  counting_end(&pass);
+}
+
+static void test_export_names_are_torchvision(void **state) {
+  (void)state;
+  expect_export_names("models/resnet50.ini", 1, (const int[]){3, 4, 6, 3});
+  expect_export_names("models/resnet18.ini", 0, (const int[]){2, 2, 2, 2});
+}
+
 // ---- through the binary: a tiny ResNet-50 ----
 
 static char tiny50[600], tiny50_args[1024];
@@ -163,6 +215,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bottleneck_and_imagenet_stem_gradient),
       cmocka_unit_test(test_model_files_count_as_torchvision),
+      cmocka_unit_test(test_export_names_are_torchvision),
       cmocka_unit_test(test_tiny50_plan_equals_run),
       cmocka_unit_test(test_tiny50_resume_is_bit_exact),
   };

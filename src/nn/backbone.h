@@ -24,6 +24,10 @@ typedef struct {
   ModelSpec (*spec_at_size)(const ModelSpec *spec, int image_size);
   // What summarizes its output into the feature, as an export states it (`tally export`).
   const char *(*pool_name)(const ModelSpec *spec);
+  // An export's name for the family's parameter `name` under PyTorch's conventions for it
+  // (torchvision's module names), into out (cap bytes); returns 0, out untouched, for a name
+  // that is not its own (a head's) or that it exports as it is. NULL: every name as it is.
+  int (*torch_name)(const char *name, char *out, size_t cap);
 } BackboneDef;
 
 // The family named by spec->type (config_validate has checked it is registered).

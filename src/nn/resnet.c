@@ -410,9 +410,29 @@ static const char *resnet_pool_name(const ModelSpec *spec) {
   return "avg";
 }
 
+// torchvision's ResNet module names: stem.conv/bn -> conv1/bn1, stage S block B -> layerS.(B-1),
+// proj/proj_bn -> downsample.0/1 (its conv1, bn1, ... keep their names).
+static int resnet_torch_name(const char *name, char *out, size_t cap) {
+  static const struct {
+    const char *tally, *torch;
+  } parts[] = {{"proj_bn.", "downsample.1."}, {"proj.", "downsample.0."}};
+  int stage, block, used = 0;
+  if (strncmp(name, "stem.conv.", 10) == 0) return snprintf(out, cap, "conv1.%s", name + 10), 1;
+  if (strncmp(name, "stem.bn.", 8) == 0) return snprintf(out, cap, "bn1.%s", name + 8), 1;
+  if (sscanf(name, "stage%d.block%d.%n", &stage, &block, &used) != 2 || !used) return 0;
+  const char *rest = name + used;
+  for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+    if (strncmp(rest, parts[i].tally, strlen(parts[i].tally)) == 0)
+      return snprintf(out, cap, "layer%d.%d.%s%s", stage, block - 1, parts[i].torch,
+                      rest + strlen(parts[i].tally)),
+             1;
+  return snprintf(out, cap, "layer%d.%d.%s", stage, block - 1, rest), 1;
+}
+
 const BackboneDef backbone_resnet = {
     .settings = &resnet_section,
     .create = resnet_create,
     .feature_dim = resnet_feature_dim,
     .pool_name = resnet_pool_name,
+    .torch_name = resnet_torch_name,
 };
