@@ -210,23 +210,10 @@ static const KeySpec recipe_keys[] = {
             "steps between records in ledger.jsonl and ledger.csv"),
 };
 
-// List entries are at least 1, so the zeros after a list's end mark its length
-// (model_spec_list_length) and config_validate can tell lists of different lengths apart.
-#define STAGE_LIST(name, def, lo, hi, meaning) LIST_KEY(BACKBONE(name), def, lo, hi, meaning)
-
+// The rows every backbone family shares; `type`'s choices and meaning are filled in from the
+// registered families, whose own rows follow (BackboneSection).
 static const KeySpec model_keys[] = {
-    TEXT_KEY(BACKBONE(type), "resnet", "resnet|vit",
-             "`resnet`: 3×3 stem, stages of basic residual blocks, global average pool; `vit`: "
-             "patch embedding, pre-norm transformer blocks, fixed 2-D sin-cos positions"),
-    INT_KEY(BACKBONE(stem_channels), "32", 1, 4096, "resnet: channels out of the 3×3 stem"),
-    STAGE_LIST(stage_channels, "32,64,128", 1, 4096, "resnet: channels of each stage"),
-    STAGE_LIST(stage_blocks, "1,1,1", 1, 64,
-               "resnet: basic blocks in each stage (as many entries as `stage_channels`)"),
-    STAGE_LIST(stage_strides, "1,2,2", 1, 4,
-               "resnet: stride of each stage's first block (as many entries as "
-               "`stage_channels`)"),
-    INT_KEY(BACKBONE(patch_size), "4", 1, 256,
-            "vit: patch side in pixels; must divide the (padded) image side"),
+    TEXT_KEY(BACKBONE(type), "resnet", NULL, NULL),
     INT_KEY(BACKBONE(pad_to), "0", 0, 4096,
             "images are framed (centred) to this side with `pad_fill` (resnet: by an even "
             "margin); 0 = no padding"),
@@ -234,13 +221,6 @@ static const KeySpec model_keys[] = {
              "what `pad_to` frames the images with: `black`, raw 0 padded before normalization "
              "as torchvision's Pad does ((0 - mean) / std once normalized); `mean`, the data's "
              "mean (0 once normalized), a frame that stands apart from a black background"),
-    INT_KEY(BACKBONE(dim), "128", 1, 65536, "vit: token width; a multiple of 4 and of `heads`"),
-    INT_KEY(BACKBONE(depth), "4", 1, 256, "vit: transformer blocks"),
-    INT_KEY(BACKBONE(heads), "4", 1, 256, "vit: attention heads per block"),
-    INT_KEY(BACKBONE(mlp_ratio), "4", 1, 64, "vit: MLP hidden width as a multiple of `dim`"),
-    TEXT_KEY(BACKBONE(pool), "cls", "cls|mean",
-             "vit: `cls`: a cls token, whose output after the final LayerNorm is the "
-             "representation; `mean`: no cls token, the mean of the patch tokens"),
 };
 
 typedef struct {
@@ -248,9 +228,63 @@ typedef struct {
   size_t n_keys;
 } Schema;
 
-#define SCHEMA(table) \
-  { table, sizeof table / sizeof table[0] }
-static const Schema model_schema = SCHEMA(model_keys);
+// The model file's keys: the shared rows, then each registered backbone family's own.
+#define MAX_MODEL_KEYS 64
+static KeySpec all_model_keys[MAX_MODEL_KEYS];
+static Schema model_schema_built;
+static const BackboneSection *backbone_sections[CONFIG_MAX_BACKBONES];
+static int n_backbone_sections = -1;  // -1: not registered yet
+static int model_schema_built_yet;
+static pthread_once_t model_schema_once = PTHREAD_ONCE_INIT;
+
+void config_register_backbones(const BackboneSection *const *families, int n) {
+  if (n < 1 || n > CONFIG_MAX_BACKBONES)
+    TL_DIE("%d backbones registered with config: 1 to %d (raise CONFIG_MAX_BACKBONES)", n,
+           CONFIG_MAX_BACKBONES);
+  int same = n == n_backbone_sections;
+  for (int f = 0; same && f < n; f++) same = families[f] == backbone_sections[f];
+  if (same) return;
+  if (model_schema_built_yet)
+    TL_DIE("backbone sections registered with config after a configuration was read");
+  for (int f = 0; f < n; f++) backbone_sections[f] = families[f];
+  n_backbone_sections = n;
+}
+
+static void build_model_schema(void) {
+  if (n_backbone_sections < 0)
+    TL_DIE(
+        "a configuration was read before the backbones registered their sections with config "
+        "(objective_register_config, at startup)");
+  static char choices[256], help[2048];
+  size_t n = sizeof model_keys / sizeof model_keys[0];
+  memcpy(all_model_keys, model_keys, sizeof model_keys);
+  for (int f = 0; f < n_backbone_sections; f++) {
+    const BackboneSection *sec = backbone_sections[f];
+    snprintf(choices + strlen(choices), sizeof choices - strlen(choices), "%s%s", f ? "|" : "",
+             sec->name);
+    snprintf(help + strlen(help), sizeof help - strlen(help), "%s`%s`: %s", f ? "; " : "",
+             sec->name, sec->help);
+    if (n + sec->n_keys > MAX_MODEL_KEYS) TL_DIE("backbone %s: raise MAX_MODEL_KEYS", sec->name);
+    memcpy(all_model_keys + n, sec->keys, sec->n_keys * sizeof *sec->keys);
+    n += sec->n_keys;
+  }
+  all_model_keys[0].choices = choices;
+  all_model_keys[0].help = help;
+  model_schema_built = (Schema){all_model_keys, n};
+  model_schema_built_yet = 1;
+}
+
+static const Schema *model_schema_get(void) {
+  pthread_once(&model_schema_once, build_model_schema);
+  return &model_schema_built;
+}
+#define model_schema (*model_schema_get())
+
+static const BackboneSection *backbone_section(const char *type) {
+  for (int f = 0; f < n_backbone_sections; f++)
+    if (strcmp(backbone_sections[f]->name, type) == 0) return backbone_sections[f];
+  return NULL;
+}
 
 // The recipe's keys followed by every objective's own section, their offsets moved into the
 // objective's slot of Config.objective_settings: one table, so every walk below sees them all.
@@ -329,7 +363,7 @@ static const Schema *recipe_schema_get(void) {
 // Bounds the per-file "where was this key set" bookkeeping.
 #define MAX_KEYS MAX_RECIPE_KEYS
 _Static_assert(sizeof recipe_keys / sizeof recipe_keys[0] <= MAX_KEYS, "raise MAX_KEYS");
-_Static_assert(sizeof model_keys / sizeof model_keys[0] <= MAX_KEYS, "raise MAX_KEYS");
+_Static_assert(MAX_MODEL_KEYS <= MAX_KEYS, "raise MAX_KEYS");
 
 // ---------------------------------------------------------------------------------------------
 // Suggestions for misspelled names.
@@ -1001,37 +1035,24 @@ static int validate_model(const Config *cfg) {
   if (m->pad_to && m->pad_to < cfg->data.image_size)
     return tl_fail("%s: [backbone] pad_to = %d is smaller than [data] image_size = %d", where,
                    m->pad_to, cfg->data.image_size);
-  // Whatever the type: a vit ignores the stage lists, but a model file whose lists contradict
-  // each other is a mistake worth naming, and it would not describe one network if the type
-  // were switched.
-  int channels = model_spec_list_length(m->stage_channels),
-      blocks = model_spec_list_length(m->stage_blocks),
-      strides = model_spec_list_length(m->stage_strides);
-  if (strcmp(m->type, "vit") != 0 && channels < 1)
-    return tl_fail("%s: [backbone] resnet needs at least one stage (stage_channels)", where);
-  if (channels != blocks || blocks != strides)
-    return tl_fail(
-        "%s: [backbone] stage lists differ in length: stage_channels has %d, "
-        "stage_blocks %d, stage_strides %d",
-        where, channels, blocks, strides);
-  if (strcmp(m->type, "vit") == 0) {
-    int size = m->pad_to ? m->pad_to : cfg->data.image_size;
-    if (size % m->patch_size)
-      return tl_fail("%s: [backbone] patch_size = %d does not divide the image size %d (%s)", where,
-                     m->patch_size, size, m->pad_to ? "pad_to" : "[data] image_size");
-    if (m->dim % m->heads)
-      return tl_fail("%s: [backbone] dim = %d is not divisible by heads = %d", where, m->dim,
-                     m->heads);
-    if (m->dim % 4)
-      return tl_fail("%s: [backbone] dim = %d: must be a multiple of 4 (2-D sin-cos positions)",
-                     where, m->dim);
-    return 0;
+  // The type key accepts only registered names, so the family is there.
+  const BackboneSection *family = backbone_section(m->type);
+  if (family->validate && family->validate(m, cfg->data.image_size, where)) return -1;
+  // Whatever the type: the model file's lists describe one network together, and a file whose
+  // lists contradict each other is a mistake worth naming even for a family that ignores them.
+  const Schema *ms = &model_schema;
+  int first = -1, differ = 0;
+  char lengths[256] = "";
+  for (size_t i = 0; i < ms->n_keys; i++) {
+    const KeySpec *k = &ms->keys[i];
+    if (k->type != KEY_INT_LIST) continue;
+    const int n = model_spec_list_length((const int *)((const char *)m + k->offset));
+    differ |= first >= 0 && n != first;
+    snprintf(lengths + strlen(lengths), sizeof lengths - strlen(lengths),
+             first < 0 ? "%s has %d" : ", %s %d", k->key, n);
+    if (first < 0) first = n;
   }
-  if (m->pad_to && (m->pad_to - cfg->data.image_size) % 2)
-    return tl_fail(
-        "%s: [backbone] pad_to = %d: resnet pads evenly on both sides, so it must differ from "
-        "[data] image_size = %d by an even number",
-        where, m->pad_to, cfg->data.image_size);
+  if (differ) return tl_fail("%s: [backbone] lists differ in length: %s", where, lengths);
   return 0;
 }
 

@@ -79,3 +79,20 @@ typedef struct {
 // error. Registering the same sections again does nothing.
 void config_register_objectives(const char *const *names, const ConfigSection *const *sections,
                                 int n);
+
+// A backbone family's rows of the model file's [backbone] section (offsets into ModelSpec, which
+// every family shares so that one model file format serves them all), and the checks between
+// them for images of side `image_size`. `name` is its `[backbone] type`; `help` says what it is.
+typedef struct {
+  const char *name, *help;
+  const KeySpec *keys;
+  size_t n_keys;
+  int (*validate)(const void *spec, int image_size, const char *where);
+} BackboneSection;
+
+#define CONFIG_MAX_BACKBONES 8
+
+// The backbone families' sections, in the backbones' registry order, given once at startup
+// (backbone_register_config, which objective_register_config calls) under the same rules as
+// the objectives' sections.
+void config_register_backbones(const BackboneSection *const *families, int n);

@@ -45,25 +45,26 @@ static void expect_shape(const StFile *f, const char *name, int ndim, const int6
   for (int d = 0; d < ndim; d++) assert_int_equal(t->shape[d], shape[d]);
 }
 
-// ResNet: PyTorch names, Conv2d (O, I, kh, kw), BatchNorm with num_batches_tracked = steps
-// trained; the head only with --with-head.
+// ResNet: torchvision's names (conv1, bn1, layerS.B, downsample.0/1), Conv2d (O, I, kh, kw),
+// BatchNorm with num_batches_tracked = steps trained; the head only with --with-head.
 static void test_export_resnet_names_and_layouts(void **state) {
   (void)state;
   assert_int_equal(tally("train --objective=inbatch %s --out %s/rn", small, tmpdir), 0);
   assert_int_equal(tally("export %s/rn", tmpdir), 0);
   StFile f = read_st("%s/%s/encoder.safetensors", "rn");
-  expect_shape(&f, "stem.conv.weight", 4, (int64_t[]){32, 1, 3, 3});
-  expect_shape(&f, "stage2.block1.proj.weight", 4, (int64_t[]){64, 32, 1, 1});
-  expect_shape(&f, "stem.bn.weight", 1, (int64_t[]){32});
-  expect_shape(&f, "stem.bn.running_var", 1, (int64_t[]){32});
-  const StTensor *nbt = st_find(&f, "stem.bn.num_batches_tracked");
+  expect_shape(&f, "conv1.weight", 4, (int64_t[]){32, 1, 3, 3});
+  expect_shape(&f, "layer2.0.downsample.0.weight", 4, (int64_t[]){64, 32, 1, 1});
+  expect_shape(&f, "bn1.weight", 1, (int64_t[]){32});
+  expect_shape(&f, "bn1.running_var", 1, (int64_t[]){32});
+  const StTensor *nbt = st_find(&f, "bn1.num_batches_tracked");
   assert_non_null(nbt);
   assert_int_equal(nbt->dtype, ST_I64);
   assert_int_equal(nbt->ndim, 0);
   int64_t batches;
   memcpy(&batches, nbt->data, sizeof batches);
   assert_int_equal(batches, 3);
-  assert_null(st_find(&f, "stem.bn.gamma"));
+  assert_null(st_find(&f, "bn1.gamma"));
+  assert_null(st_find(&f, "stem.conv.weight"));
   assert_null(st_find(&f, "head.fc1.weight"));
   assert_non_null(st_get_meta(&f, "input_mean"));
   assert_non_null(st_get_meta(&f, "config"));
@@ -74,6 +75,13 @@ static void test_export_resnet_names_and_layouts(void **state) {
   expect_shape(&f, "head.fc1.weight", 2, (int64_t[]){256, 128});
   expect_shape(&f, "head.bn.running_mean", 1, (int64_t[]){256});
   st_free(&f);
+  // An export of format tally-export-1 named a ResNet's tensors as Tally does (stem.conv.weight,
+  // stage1.block1.conv1.weight, ...): it is still read.
+  assert_int_equal(tally("embed tests/fuzz/corpus/safetensors/export-resnet --data "
+                         "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz --limit 4 "
+                         "--out %s/old.npy",
+                         tmpdir),
+                   0);
 }
 
 // ViT: the patch embedding becomes a Conv2d weight (D, C, P, P) — a real transpose when C > 1 —

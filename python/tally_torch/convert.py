@@ -1,16 +1,24 @@
-"""A Tally ResNet's weights under torchvision's names.
+"""A Tally ResNet in torchvision.
 
-Tally's resnet (stem, stage{s}.block{b}, proj/proj_bn) is torchvision's ResNet of basic blocks
-with the small-image stem: conv1 a 3x3 convolution of stride 1 without bias, no max-pool. With
-models/resnet18-small-images.ini (64 -> 64, 128, 256, 512 channels, two blocks a stage) that is
+`tally export` (format tally-export-2) names a ResNet's tensors as torchvision's ResNet does:
+conv1, bn1, layer{s}.{b}.conv1 ... and layer{s}.0.downsample.{0,1}, with no fc. With the ImageNet
+stem ([backbone] stem = imagenet: models/resnet18.ini, models/resnet50.ini) the export is
+torchvision's own network without fc:
 
-    net = torchvision.models.resnet18()
+    net = torchvision.models.resnet50()
+    result = net.load_state_dict(tally_torch.torchvision_state_dict("encoder.safetensors"),
+                                 strict=False)      # result.missing_keys: fc.weight, fc.bias
+    net.fc = torch.nn.Identity()                    # the encoder ends at the pooled features
+
+With the small-image stem (models/resnet18-small-images.ini) conv1 is a 3x3 convolution of
+stride 1 and there is no max-pool:
+
     net.conv1 = torch.nn.Conv2d(3, 64, 3, stride=1, padding=1, bias=False)
     net.maxpool = torch.nn.Identity()
-    net.fc = torch.nn.Identity()          # the encoder ends at the pooled features
-    net.load_state_dict(tally_torch.torchvision_state_dict("encoder.safetensors"))
 
-and net(model.preprocess(files)) gives Tally's features. torchvision_resnet() does all of it.
+Either way net(model.preprocess(files)) gives Tally's features; torchvision_resnet() does all of
+it. Exports of format tally-export-1 named the tensors as Tally does (stem.conv,
+stage{s}.block{b}, proj/proj_bn): torchvision_names() renames them.
 """
 
 import re
@@ -20,27 +28,33 @@ import torch
 
 from .model import Spec, read_safetensors
 
-_BN_MEMBERS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
-# torchvision's constructor for each stage_blocks of basic blocks at 64..512 channels.
-_TORCHVISION_BASIC = {(2, 2, 2, 2): "resnet18", (3, 4, 6, 3): "resnet34"}
+# torchvision's constructor for each (block, stage_blocks) at 64 -> 64..512 channels.
+_TORCHVISION = {
+    ("basic", (2, 2, 2, 2)): "resnet18", ("basic", (3, 4, 6, 3)): "resnet34",
+    ("bottleneck", (3, 4, 6, 3)): "resnet50", ("bottleneck", (3, 4, 23, 3)): "resnet101",
+    ("bottleneck", (3, 8, 36, 3)): "resnet152",
+}
 
 
 def _rename(name):
-    """Tally's ResNet parameter name -> torchvision's, or None for what is not the encoder's."""
+    """A tally-export-1 ResNet tensor name -> torchvision's; other names (head.*, decoder.*)
+    as they are."""
     if name.startswith(("head.", "decoder.")):
-        return None
-    m = re.fullmatch(r"stem\.conv\.weight", name)
+        return name
+    m = re.fullmatch(r"stem\.(conv|bn)\.(\w+)", name)
     if m:
-        return "conv1.weight"
-    m = re.fullmatch(r"stem\.bn\.(\w+)", name)
-    if m:
-        return f"bn1.{m[1]}"
-    m = re.fullmatch(r"stage(\d+)\.block(\d+)\.(conv1|bn1|conv2|bn2|proj|proj_bn)\.(\w+)", name)
+        return f"{'conv1' if m[1] == 'conv' else 'bn1'}.{m[2]}"
+    m = re.fullmatch(r"stage(\d+)\.block(\d+)\.(conv\d|bn\d|proj|proj_bn)\.(\w+)", name)
     if not m:
         raise ValueError(f"{name}: not a parameter of Tally's resnet")
     stage, block, part, member = int(m[1]), int(m[2]) - 1, m[3], m[4]
     part = {"proj": "downsample.0", "proj_bn": "downsample.1"}.get(part, part)
     return f"layer{stage}.{block}.{part}.{member}"
+
+
+def torchvision_names(tensors):
+    """A tally-export-1 ResNet state dict under torchvision's names (format 2's)."""
+    return OrderedDict((_rename(name), t) for name, t in tensors.items())
 
 
 def torchvision_state_dict(source):
@@ -57,11 +71,10 @@ def torchvision_state_dict(source):
     if spec.pad_to != spec.image_size:
         raise ValueError(f"the model frames its {spec.image_size}-pixel images to {spec.pad_to} "
                          "(pad_to), which torchvision's ResNet does not do")
-    out = OrderedDict()
-    for name, tensor in tensors.items():
-        new = _rename(name)
-        if new is not None:
-            out[new] = tensor
+    if metadata.get("format") == "tally-export-1":
+        tensors = torchvision_names(tensors)
+    out = OrderedDict((name, t) for name, t in tensors.items()
+                      if not name.startswith(("head.", "decoder.")))
     for name in list(out):  # BatchNorm modules carry a step count torchvision expects
         if name.endswith(".running_var"):
             counted = name[: -len("running_var")] + "num_batches_tracked"
@@ -70,28 +83,32 @@ def torchvision_state_dict(source):
 
 
 def torchvision_name(spec):
-    """"resnet18" or "resnet34" when torchvision's constructor builds this encoder's layout,
-    else None."""
-    basic = spec.stem_channels == 64 and spec.stage_channels == [64, 128, 256, 512] \
+    """"resnet18", "resnet34", "resnet50", "resnet101" or "resnet152" when torchvision's
+    constructor builds this encoder's layout (either stem), else None."""
+    standard = spec.stem_channels == 64 and spec.stage_channels == [64, 128, 256, 512] \
         and spec.stage_strides == [1, 2, 2, 2]
-    return _TORCHVISION_BASIC.get(tuple(spec.stage_blocks)) if basic else None
+    return _TORCHVISION.get((spec.block, tuple(spec.stage_blocks))) if standard else None
 
 
 def torchvision_resnet(path):
-    """torchvision's resnet18/resnet34 with the small-image stem and fc = Identity, the export's
-    weights loaded strictly, in eval() mode: a torch.nn.Module whose output is Tally's features.
-    Needs torchvision (Debian's python3-torchvision)."""
+    """torchvision's resnet the export's layout is (the small-image stem put in when the model
+    has it) with fc = Identity, the export's weights loaded strictly, in eval() mode: a
+    torch.nn.Module whose output is Tally's features. Needs torchvision (Debian's
+    python3-torchvision)."""
     import torchvision  # optional: only this function needs it
 
     tensors, metadata = read_safetensors(path)
     spec = Spec(metadata)
     name = torchvision_name(spec) if spec.backbone == "resnet" else None
     if name is None:
-        raise ValueError(f"{path}: not a layout torchvision's resnet18 or resnet34 builds "
-                         "(models/resnet18-small-images.ini is one)")
+        raise ValueError(f"{path}: not a layout torchvision's resnet18 ... resnet152 builds "
+                         "(models/resnet18.ini, models/resnet50.ini are)")
     net = getattr(torchvision.models, name)()
-    net.conv1 = torch.nn.Conv2d(spec.channels, 64, 3, stride=1, padding=1, bias=False)
-    net.maxpool = torch.nn.Identity()
+    if spec.stem != "imagenet":
+        net.conv1 = torch.nn.Conv2d(spec.channels, 64, 3, stride=1, padding=1, bias=False)
+        net.maxpool = torch.nn.Identity()
+    elif spec.channels != 3:
+        net.conv1 = torch.nn.Conv2d(spec.channels, 64, 7, stride=2, padding=3, bias=False)
     net.fc = torch.nn.Identity()
     net.load_state_dict(torchvision_state_dict((tensors, metadata)), strict=True)
     return net.eval()

@@ -13,10 +13,13 @@ the run, `input_mean` / `input_std` its input normalization), so nothing has to 
 The networks mirror Tally's C code (src/nn/resnet.c, src/nn/vit.c, src/nn/transformer.c,
 src/nn/head.c, src/objectives/mae.c):
 
-resnet  3x3 conv stem (no bias) -> BatchNorm -> ReLU -> stages of basic blocks
-        [conv3x3(stride) -> BN -> ReLU -> conv3x3 -> BN, plus the input or a 1x1 conv + BN
-        projection when the shape changes, summed, ReLU] -> global average pool.
-        BatchNorm eps 1e-5, running statistics at inference.
+resnet  torchvision's ResNet without fc, under its names: a conv stem (no bias; 3x3 stride 1, or
+        with stem = imagenet 7x7 stride 2) -> BatchNorm -> ReLU [-> 3x3 max-pool of stride 2]
+        -> stages of basic blocks [conv3x3(stride) -> BN -> ReLU -> conv3x3 -> BN] or
+        bottleneck blocks [conv1x1 -> BN -> ReLU -> conv3x3(stride) -> BN -> ReLU -> conv1x1 to
+        4x -> BN], plus the input or a 1x1 conv + BN projection (downsample) when the shape
+        changes, summed, ReLU -> global average pool. BatchNorm eps 1e-5, running statistics
+        at inference.
 vit     patches of P x P (a Conv2d with kernel = stride = P) + fixed 2-D sin-cos positions
         [cls token first, with no position, when pool = cls] -> pre-norm blocks
         [x + proj(attn(norm1(x))), x + fc2(GELU(fc1(norm2(x))))] -> LayerNorm -> the cls token
@@ -116,7 +119,9 @@ class Spec:
         self.pad_fill = bb.get("pad_fill", "black")
         # How an image file becomes a view (tally_torch.images): the centred square, or squashed.
         self.crop = "center" if config.getboolean("data", "stream", fallback=True) else "squash"
-        # resnet
+        # resnet (exports from before the stem and block keys have the small stem, basic blocks)
+        self.stem = bb.get("stem", "small")
+        self.block = bb.get("block", "basic")
         self.stem_channels = bb.getint("stem_channels")
         self.stage_channels = _ints(bb.get("stage_channels", ""))
         self.stage_blocks = _ints(bb.get("stage_blocks", ""))
@@ -209,49 +214,74 @@ def frame(x, value, spec):
 # --- ResNet ----------------------------------------------------------------------------------
 
 
-class Stem(nn.Module):
-    def __init__(self, in_ch, out_ch):
-        super().__init__()
-        self.conv = nn.Conv2d(in_ch, out_ch, 3, stride=1, padding=1, bias=False)
-        self.bn = nn.BatchNorm2d(out_ch, eps=BATCHNORM_EPS)
-
-    def forward(self, x):
-        return F.relu(self.bn(self.conv(x)))
-
-
 class BasicBlock(nn.Module):
-    def __init__(self, in_ch, out_ch, stride):
+    expansion = 1
+
+    def __init__(self, in_ch, width, stride):
         super().__init__()
-        self.conv1 = nn.Conv2d(in_ch, out_ch, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(out_ch, eps=BATCHNORM_EPS)
-        self.conv2 = nn.Conv2d(out_ch, out_ch, 3, stride=1, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(out_ch, eps=BATCHNORM_EPS)
-        self.has_projection = stride != 1 or in_ch != out_ch
-        if self.has_projection:
-            self.proj = nn.Conv2d(in_ch, out_ch, 1, stride=stride, padding=0, bias=False)
-            self.proj_bn = nn.BatchNorm2d(out_ch, eps=BATCHNORM_EPS)
+        self.conv1 = nn.Conv2d(in_ch, width, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width, eps=BATCHNORM_EPS)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width, eps=BATCHNORM_EPS)
+        self.downsample = _projection(in_ch, width, stride)
 
     def forward(self, x):
         out = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
-        shortcut = self.proj_bn(self.proj(x)) if self.has_projection else x
-        return F.relu(out + shortcut)
+        return F.relu(out + (self.downsample(x) if self.downsample is not None else x))
+
+
+class Bottleneck(nn.Module):
+    """torchvision's v1.5: the stride in the 3x3."""
+    expansion = 4
+
+    def __init__(self, in_ch, width, stride):
+        super().__init__()
+        out_ch = width * self.expansion
+        self.conv1 = nn.Conv2d(in_ch, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width, eps=BATCHNORM_EPS)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width, eps=BATCHNORM_EPS)
+        self.conv3 = nn.Conv2d(width, out_ch, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out_ch, eps=BATCHNORM_EPS)
+        self.downsample = _projection(in_ch, out_ch, stride)
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn3(self.conv3(F.relu(self.bn2(self.conv2(out)))))
+        return F.relu(out + (self.downsample(x) if self.downsample is not None else x))
+
+
+def _projection(in_ch, out_ch, stride):
+    """The 1x1 convolution + BatchNorm shortcut where the shape changes, else None."""
+    if stride == 1 and in_ch == out_ch:
+        return None
+    return nn.Sequential(nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False),
+                         nn.BatchNorm2d(out_ch, eps=BATCHNORM_EPS))
 
 
 class ResNet(nn.Module):
-    """Tally's resnet: state_dict keys stem.*, stage{s}.block{b}.*, as `tally export` names them."""
+    """Tally's resnet under torchvision's names (conv1, bn1, layer{s}.{b}.*, downsample.{0,1}),
+    as `tally export` writes them: stem = small is a 3x3 conv of stride 1, imagenet torchvision's
+    7x7 of stride 2 and 3x3 max-pool of stride 2."""
 
     def __init__(self, spec):
         super().__init__()
         self.spec = spec
-        self.stem = Stem(spec.channels, spec.stem_channels)
+        imagenet = spec.stem == "imagenet"
+        k, stride = (7, 2) if imagenet else (3, 1)
+        self.conv1 = nn.Conv2d(spec.channels, spec.stem_channels, k, stride=stride,
+                               padding=k // 2, bias=False)
+        self.bn1 = nn.BatchNorm2d(spec.stem_channels, eps=BATCHNORM_EPS)
+        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1) if imagenet else nn.Identity()
+        block = Bottleneck if spec.block == "bottleneck" else BasicBlock
         ch = spec.stem_channels
         for s, (width, blocks, stride) in enumerate(
                 zip(spec.stage_channels, spec.stage_blocks, spec.stage_strides), start=1):
-            stage = OrderedDict()
-            for b in range(1, blocks + 1):
-                stage[f"block{b}"] = BasicBlock(ch, width, stride if b == 1 else 1)
-                ch = width
-            self.add_module(f"stage{s}", nn.Sequential(stage))
+            layer = []
+            for b in range(blocks):
+                layer.append(block(ch, width, stride if b == 0 else 1))
+                ch = width * block.expansion
+            self.add_module(f"layer{s}", nn.Sequential(*layer))
         self.num_stages = len(spec.stage_channels)
         self.feature_dim = ch
         # Derived from input_mean/input_std, not a tensor of the export: not in the state_dict.
@@ -259,10 +289,10 @@ class ResNet(nn.Module):
 
     def forward(self, x):
         """x: normalized images (N, C, S, S) -> features (N, D)."""
-        # The stem's own padding=1 then adds zeros around the frame, as Tally's stem does.
-        x = self.stem(frame(x, self.pad_value, self.spec))
+        # The stem's own zero padding then surrounds the frame, as Tally's stem does.
+        x = self.maxpool(F.relu(self.bn1(self.conv1(frame(x, self.pad_value, self.spec)))))
         for s in range(1, self.num_stages + 1):
-            x = getattr(self, f"stage{s}")(x)
+            x = getattr(self, f"layer{s}")(x)
         return x.mean(dim=(2, 3))
 
 
@@ -454,6 +484,9 @@ def load_export(path, strict=True):
     """Builds the encoder an export describes, loads it (strictly: every tensor in the file has
     its module and every module its tensor) and returns it in eval() mode."""
     tensors, metadata = read_safetensors(path)
+    if metadata.get("format") == "tally-export-1" and Spec(metadata).backbone == "resnet":
+        from .convert import torchvision_names  # a ResNet exported under Tally's own names
+        tensors = torchvision_names(tensors)
     model = build_model(metadata, head=head_kind(tensors))
     model.load_state_dict(tensors, strict=strict)
     return model.eval()

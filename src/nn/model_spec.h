@@ -7,8 +7,10 @@
 typedef struct {
   // [backbone] type = resnet | vit
   char type[16];
-  // resnet: 3x3 stem, stages of basic residual blocks, global average pool.
-  int stem_channels;                      // 32
+  // resnet: a stem, stages of residual blocks, global average pool.
+  char stem[12];      // small (3x3 stride 1) | imagenet (7x7 s2, max-pool)
+  int stem_channels;  // 32
+  char block[12];     // basic | bottleneck
   // Each list ends at its first 0 (entries are at least 1) or at CONFIG_MAX_STAGES; the config
   // rejects lists of different lengths. model_spec_stages: the count.
   int stage_channels[CONFIG_MAX_STAGES];  // 32,64,128

@@ -6,13 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nn/backbone.h"
+
 int vit_patch_count(const ModelSpec *spec, int image_size) {
   int grid = backbone_padded_size(spec, image_size) / spec->patch_size;
   return grid * grid;
 }
 
 int vit_check_spec(const ModelSpec *spec, int image_size, int channels) {
-  if (strcmp(spec->type, "vit") != 0) return tl_fail("vit: backbone type is %s", spec->type);
   if (image_size <= 0 || channels <= 0 || channels > BACKBONE_MAX_CHANNELS)
     return tl_fail("vit: bad image geometry %dx%d with %d channels", image_size, image_size,
                    channels);
@@ -311,3 +312,60 @@ Backbone *vit_create(const ModelSpec *spec, Builder *b, int N, int image_size, i
   Vit *v = vit_create_masked(spec, b, N, image_size, channels, vit_patch_count(spec, image_size));
   return v ? &v->base : NULL;
 }
+
+static const KeySpec vit_keys[] = {
+    INT_KEY(BACKBONE(patch_size), "4", 1, 256,
+            "vit: patch side in pixels; must divide the (padded) image side"),
+    INT_KEY(BACKBONE(dim), "128", 1, 65536, "vit: token width; a multiple of 4 and of `heads`"),
+    INT_KEY(BACKBONE(depth), "4", 1, 256, "vit: transformer blocks"),
+    INT_KEY(BACKBONE(heads), "4", 1, 256, "vit: attention heads per block"),
+    INT_KEY(BACKBONE(mlp_ratio), "4", 1, 64, "vit: MLP hidden width as a multiple of `dim`"),
+    TEXT_KEY(BACKBONE(pool), "cls", "cls|mean",
+             "vit: `cls`: a cls token, whose output after the final LayerNorm is the "
+             "representation; `mean`: no cls token, the mean of the patch tokens"),
+};
+
+static int vit_validate(const void *settings, int image_size, const char *where) {
+  const ModelSpec *m = settings;
+  int size = backbone_padded_size(m, image_size);
+  if (size % m->patch_size)
+    return tl_fail("%s: [backbone] patch_size = %d does not divide the image size %d (%s)", where,
+                   m->patch_size, size, m->pad_to ? "pad_to" : "[data] image_size");
+  if (m->dim % m->heads)
+    return tl_fail("%s: [backbone] dim = %d is not divisible by heads = %d", where, m->dim,
+                   m->heads);
+  if (m->dim % 4)
+    return tl_fail("%s: [backbone] dim = %d: must be a multiple of 4 (2-D sin-cos positions)",
+                   where, m->dim);
+  return 0;
+}
+
+static const BackboneSection vit_section = {
+    .name = "vit",
+    .help = "patch embedding, pre-norm transformer blocks, fixed 2-D sin-cos positions",
+    .keys = vit_keys,
+    .n_keys = sizeof vit_keys / sizeof vit_keys[0],
+    .validate = vit_validate,
+};
+
+static int vit_feature_dim(const ModelSpec *spec) { return spec->dim; }
+
+// An instance that sees smaller images sees them at their own size when its patches tile them:
+// pad_to would frame them back to the full side and spend what they save.
+static ModelSpec vit_spec_at_size(const ModelSpec *spec, int image_size) {
+  ModelSpec at = *spec;
+  if (image_size % spec->patch_size == 0) at.pad_to = 0;
+  return at;
+}
+
+static const char *vit_pool_name(const ModelSpec *spec) { return spec->pool; }
+
+const BackboneDef backbone_vit = {
+    .settings = &vit_section,
+    .create = vit_create,
+    .feature_dim = vit_feature_dim,
+    .patch_count = vit_patch_count,
+    .masks_tokens = 1,
+    .spec_at_size = vit_spec_at_size,
+    .pool_name = vit_pool_name,
+};

@@ -184,9 +184,7 @@ typedef struct {
 // A ViT's local instance sees the local crops at their own size when its patches tile them;
 // pad_to would frame them back to the global side and spend what they save.
 static ModelSpec local_spec(const ModelSpec *spec, int local_size) {
-  ModelSpec local = *spec;
-  if (strcmp(spec->type, "vit") == 0 && local_size % spec->patch_size == 0) local.pad_to = 0;
-  return local;
+  return backbone_spec_at_size(spec, local_size);
 }
 
 static Objective *dino_create(const ObjectiveEnv *env) {

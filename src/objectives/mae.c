@@ -92,7 +92,7 @@ int mae_keep_count(int n_patches, float mask_ratio) {
 static Objective *mae_create(const ObjectiveEnv *env) {
   const Config *cfg = env->cfg;
   const ModelSpec *spec = &cfg->model.spec;
-  if (strcmp(spec->type, "vit") != 0) {
+  if (!backbone_def(spec)->masks_tokens) {
     tl_fail("%s: mae needs a vit backbone (this model is '%s')", cfg->model.file, spec->type);
     return NULL;
   }

@@ -125,4 +125,5 @@ void objective_register_config(void) {
     sections[i] = objective_table[i]->settings;
   }
   config_register_objectives(names, sections, N_OBJECTIVES);
+  backbone_register_config();  // the objectives' encoders: the model file's families
 }

@@ -129,6 +129,7 @@ const void *objective_settings(const Config *cfg, const ObjectiveDef *def);
 // Comma-separated names of all objectives, for help and error messages.
 const char *objective_names(void);
 // Gives config every objective's section (keys and checks), in registry order: config sits below
-// the objectives and reads them from what it was given. Every program calls it at startup, before
+// the objectives and reads them from what it was given; the backbone families' model-file
+// sections with them (backbone_register_config). Every program calls it at startup, before
 // reading a configuration.
 void objective_register_config(void);

@@ -34,11 +34,12 @@ static inline int conv_image_input(const Builder *b, int IC) {
   return builder_layout(b) != dnnl_nhwc && IC % 16 != 0;
 }
 // The same, for a convolution `b` would build over IC channels at `stride`, before it is built:
-// f32 in the layout its kernel reads (not a 3-channel image a blocked network converts), or a
-// strided one, whose weight gradient stays f32 (oneDNN 2.6's bf16 kernel for it is slower here).
+// f32 in the layout its kernel reads (not a 3-channel image a blocked network converts, at any
+// stride: ImageNet's stem), or a strided one under bf16, whose weight gradient stays f32 (oneDNN
+// 2.6's bf16 kernel for it is slower here).
 static inline int conv2d_will_read_input(const Builder *b, int IC, int stride) {
-  return (builder_compute_type(b) == dnnl_f32 && !(conv_image_input(b, IC) && IC != 1)) ||
-         stride > 1;
+  const int f32 = builder_compute_type(b) == dnnl_f32;
+  return (f32 && !(conv_image_input(b, IC) && IC != 1)) || (!f32 && stride > 1);
 }
 void conv2d_destroy(Conv2d *l);
 // [train] conv_algorithm: "auto", "direct" or "winograd" (the config checked the text).

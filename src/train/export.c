@@ -14,14 +14,19 @@ static int ends_with(const char *s, const char *suffix) {
   return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-TorchTensor torch_tensor_for(const ParamEntry *e, const ModelSpec *spec, int channels) {
+// Tally's name, or its family's PyTorch name (torchvision's ResNet names) unless `own_names`
+// (exports written before the families named their parameters).
+static TorchTensor torch_tensor_named(const ParamEntry *e, const ModelSpec *spec, int channels,
+                                      int own_names) {
   TorchTensor t = {.ndim = e->ndim, .layout = TORCH_COPY};
   for (int d = 0; d < e->ndim; d++) t.shape[d] = e->shape[d];
-  snprintf(t.name, sizeof t.name, "%s", e->name);
-  size_t n = strlen(e->name);
-  if (ends_with(e->name, ".gamma")) {
+  const BackboneDef *family = backbone_def(spec);
+  if (own_names || !family->torch_name || !family->torch_name(e->name, t.name, sizeof t.name))
+    snprintf(t.name, sizeof t.name, "%s", e->name);
+  size_t n = strlen(t.name);
+  if (ends_with(t.name, ".gamma")) {
     snprintf(t.name + n - strlen("gamma"), sizeof t.name - (n - strlen("gamma")), "weight");
-  } else if (ends_with(e->name, ".beta")) {
+  } else if (ends_with(t.name, ".beta")) {
     snprintf(t.name + n - strlen("beta"), sizeof t.name - (n - strlen("beta")), "bias");
   } else if (strcmp(e->name, "patch_embed.weight") == 0) {
     int P = spec->patch_size;
@@ -38,6 +43,10 @@ TorchTensor torch_tensor_for(const ParamEntry *e, const ModelSpec *spec, int cha
     t.shape[2] = (int64_t)e->count;
   }
   return t;
+}
+
+TorchTensor torch_tensor_for(const ParamEntry *e, const ModelSpec *spec, int channels) {
+  return torch_tensor_named(e, spec, channels, 0);
 }
 
 // Tally's patch embedding flattens a patch as (py, px, c); a Conv2d weight is (D, c, py, px).
@@ -81,6 +90,8 @@ int weights_find(const StFile *f, const ParamEntry *e, const ModelSpec *spec, in
   int want_ndim = e->ndim, convert = 0;
   if (!t) {
     t = st_find(f, tt.name);
+    // An export of format tally-export-1 named a ResNet's parameters as Tally does.
+    if (!t) t = st_find(f, torch_tensor_named(e, spec, channels, 1).name);
     want = tt.shape;
     want_ndim = tt.ndim;
     convert = tt.layout == TORCH_PATCH_EMBED;
@@ -209,11 +220,11 @@ int export_checkpoint(const char *ckpt, const char *out, int with_head) {
       memcpy(owned[i], t->data, t->bytes);
     }
     st_add(&ex, tt.name, ST_F32, tt.ndim, tt.shape, owned[i]);
-    if (ends_with(e.name, ".running_var")) {
+    if (ends_with(tt.name, ".running_var")) {
       // PyTorch's BatchNorm counts the batches it has seen; the steps trained stand for them.
       char name[ST_NAME_MAX];
       snprintf(name, sizeof name, "%.*snum_batches_tracked",
-               (int)(strlen(e.name) - strlen("running_var")), e.name);
+               (int)(strlen(tt.name) - strlen("running_var")), tt.name);
       batches[i] = steps > 0 ? steps : 0;
       st_add(&ex, name, ST_I64, 0, NULL, &batches[i]);
     }
@@ -224,7 +235,7 @@ int export_checkpoint(const char *ckpt, const char *out, int with_head) {
       if (st_get_meta(&f, keep[k])) st_set_meta(&ex, keep[k], st_get_meta(&f, keep[k]));
     st_set_meta(&ex, "format", EXPORT_FORMAT);
     st_set_meta(&ex, "backbone", cfg.model.spec.type);
-    st_set_meta(&ex, "pool", cfg.model.spec.type[0] == 'v' ? cfg.model.spec.pool : "avg");
+    st_set_meta(&ex, "pool", backbone_def(&cfg.model.spec)->pool_name(&cfg.model.spec));
     // The input normalization the encoder expects: (x - mean) / std per channel, x in [0, 1].
     // It also fixes pad_to's frame, normalized black (0 - mean) / std, or 0 with the model's
     // pad_fill = mean: a loader of the export derives it from these two and the model, as

@@ -1,8 +1,10 @@
 // Encoders that leave: Tally's parameters under PyTorch's names and layouts, so
 // `torch.nn.Module.load_state_dict(strict=True)` takes them (the module tree is in
 // docs/reference.md, "Encoders that leave"). Tally's own names already follow torch.nn's
-// (stem.conv.weight, blocks.0.attn.qkv.weight, ...); what differs is mapped here, in one place,
-// both ways (export, and --init from an export):
+// (blocks.0.attn.qkv.weight, ...); what differs is mapped here, in one place, both ways (export,
+// and --init from an export):
+//   a family's own names          -> its BackboneDef.torch_name (ResNet: torchvision's conv1,
+//                                    bn1, layer1.0.conv1, layer1.0.downsample.0, ...)
 //   normalization gamma/beta      -> weight/bias
 //   BatchNorm                     -> plus num_batches_tracked (I64 scalar: the steps trained)
 //   ViT patch_embed (D, P*P*C)    -> patch_embed.proj, a Conv2d weight (D, C, P, P)
@@ -12,7 +14,8 @@
 #include "core/params.h"
 #include "io/safetensors.h"
 
-#define EXPORT_FORMAT "tally-export-1"
+// 2: a ResNet's parameters under torchvision's names (1: under Tally's, still read).
+#define EXPORT_FORMAT "tally-export-2"
 
 typedef enum { TORCH_COPY, TORCH_PATCH_EMBED } TorchLayout;
 
