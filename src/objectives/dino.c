@@ -28,9 +28,9 @@ extern const ObjectiveDef objective_dino;
 typedef struct {
   int local_crops;              // small crops per image (the paper: 8 with ViT-S, 6 in its tables)
   int local_size;               // their side in pixels (the paper: 96 of 224)
-  int out_dim;                  // outputs of the last layer, the prototypes the softmax is over
   float global_crop_scale_min;  // global crops: [this, augment.crop_scale_max] of the image area
   float local_crop_scale_min;   // local crops: [this, global_crop_scale_min]
+  int out_dim;                  // outputs of the last layer, the prototypes the softmax is over
   float student_temp, teacher_temp, warmup_teacher_temp;
   float teacher_temp_warmup;  // share of the run over which tau_t rises to teacher_temp
   float center_momentum;
@@ -44,16 +44,9 @@ typedef struct {
 // 250 steps outlasts a short run: 0.99, as byol), the local crops' side (96/224 of 28 is 12) and
 // the output dimension (65536 prototypes for ImageNet; 1024 for ten classes of 60,000 images).
 static const KeySpec dino_keys[] = {
-    INT_KEY(OWN(DinoSettings, dino, local_crops), "6", 0, 16,
-            "small crops per image, encoded by the student only"),
-    INT_KEY(OWN(DinoSettings, dino, local_size), "12", 1, 4096,
-            "the small crops' side in pixels (at most data.image_size)"),
+    MULTICROP_KEYS(DinoSettings, dino, "6", "12", "0.4", "0.05"),
     INT_KEY(OWN(DinoSettings, dino, out_dim), "1024", 2, 65536,
             "outputs of the head's weight-normalized last layer (the prototypes)"),
-    FLOAT_KEY(OWN(DinoSettings, dino, global_crop_scale_min), "0.4", 0, 1, 1,
-              "global crops take [this, augment.crop_scale_max] of the image area"),
-    FLOAT_KEY(OWN(DinoSettings, dino, local_crop_scale_min), "0.05", 0, 1, 1,
-              "local crops take [this, global_crop_scale_min] of the image area"),
     FLOAT_KEY(OWN(DinoSettings, dino, student_temp), "0.1", 0, 100, 1, "the student's temperature"),
     FLOAT_KEY(OWN(DinoSettings, dino, teacher_temp), "0.07", 0, 100, 1,
               "the teacher's temperature after its warm-up (sharper than the student's)"),

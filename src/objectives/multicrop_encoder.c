@@ -5,12 +5,12 @@
 void multicrop_views(const MultiCrop *m, const AugmentParams *base, ViewRecipe *out) {
   out->n_groups = m->local_crops > 0 ? 2 : 1;
   out->group[0] = (ViewGroup){.count = MULTICROP_GLOBAL, .aug = *base};
-  out->group[0].aug.crop_scale_min = m->global_scale_min;
+  out->group[0].aug.crop_scale_min = m->global_crop_scale_min;
   if (m->local_crops == 0) return;
   out->group[1] = (ViewGroup){.count = m->local_crops, .aug = *base};
   out->group[1].aug.out_size = m->local_size;
-  out->group[1].aug.crop_scale_min = m->local_scale_min;
-  out->group[1].aug.crop_scale_max = m->global_scale_min;
+  out->group[1].aug.crop_scale_min = m->local_crop_scale_min;
+  out->group[1].aug.crop_scale_max = m->global_crop_scale_min;
 }
 
 int multicrop_check(const MultiCrop *m, const Config *cfg, const char *section) {
@@ -19,16 +19,16 @@ int multicrop_check(const MultiCrop *m, const Config *cfg, const char *section) 
             m->local_size, cfg->data.image_size);
     return 0;
   }
-  if (m->local_crops > 0 && m->local_scale_min >= m->global_scale_min) {
+  if (m->local_crops > 0 && m->local_crop_scale_min >= m->global_crop_scale_min) {
     tl_fail(
         "[%s] local_crop_scale_min = %g must be below global_crop_scale_min = %g (local "
         "crops take the range between them)",
-        section, m->local_scale_min, m->global_scale_min);
+        section, m->local_crop_scale_min, m->global_crop_scale_min);
     return 0;
   }
-  if (m->global_scale_min > cfg->augment.crop_scale_max) {
+  if (m->global_crop_scale_min > cfg->augment.crop_scale_max) {
     tl_fail("[%s] global_crop_scale_min = %g is above [augment] crop_scale_max = %g", section,
-            m->global_scale_min, cfg->augment.crop_scale_max);
+            m->global_crop_scale_min, cfg->augment.crop_scale_max);
     return 0;
   }
   return 1;

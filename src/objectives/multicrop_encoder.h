@@ -5,17 +5,31 @@
 // follows. The local instance leaves BatchNorm's running statistics to the global crops, the
 // size the encoder is evaluated and exported at.
 #pragma once
+#include "config_keys.h"
 #include "objectives/objective.h"
 
-// Multi-crop's views: two global crops at data.image_size taking [global_scale_min,
+// Multi-crop's views: two global crops at data.image_size taking [global_crop_scale_min,
 // augment.crop_scale_max] of the image, then `local_crops` at `local_size` taking
-// [local_scale_min, global_scale_min], both otherwise the recipe's augmentation.
+// [local_crop_scale_min, global_crop_scale_min], both otherwise the recipe's augmentation.
 typedef struct {
   int local_crops, local_size;
-  float global_scale_min, local_scale_min;
+  float global_crop_scale_min, local_crop_scale_min;
 } MultiCrop;
 
 enum { MULTICROP_GLOBAL = 2 };
+
+// Their four keys in an objective's section, read into the members of Type named as MultiCrop's,
+// with the objective's defaults.
+#define MULTICROP_KEYS(Type, sec, local_crops_default, local_size_default, global_min_default, \
+                       local_min_default)                                                      \
+  INT_KEY(OWN(Type, sec, local_crops), local_crops_default, 0, 16,                             \
+          "small crops per image besides the two global ones, encoded with gradient only"),    \
+      INT_KEY(OWN(Type, sec, local_size), local_size_default, 1, 4096,                         \
+              "the small crops' side in pixels (at most data.image_size)"),                    \
+      FLOAT_KEY(OWN(Type, sec, global_crop_scale_min), global_min_default, 0, 1, 1,            \
+                "global crops take [this, augment.crop_scale_max] of the image area"),         \
+      FLOAT_KEY(OWN(Type, sec, local_crop_scale_min), local_min_default, 0, 1, 1,              \
+                "local crops take [this, global_crop_scale_min] of the image area")
 
 // The view groups (one without local crops) from the recipe's augmentation `base`.
 void multicrop_views(const MultiCrop *m, const AugmentParams *base, ViewRecipe *out);
