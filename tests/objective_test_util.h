@@ -43,7 +43,9 @@ static inline void tiny_config(Config *cfg, const char *backbone, const char *co
 // mae's one-block decoder, byol's predictor of 12, dino's two local crops of 4 x 4 and 8
 // prototypes with temperatures closer together than the paper's, and barlow's off-diagonal weight
 // at 0.2 (the paper's 0.0051 is for 8192 dimensions; at 6 its term would hardly reach the
-// gradient), so that finite differences of the loss stay smooth and see every term.
+// gradient), and swav's two local crops, 8 prototypes and an epsilon so large that its codes,
+// which carry no gradient by design, hardly move when finite differences nudge a weight (its
+// codes are test_swav's), so that finite differences of the loss stay smooth and see every term.
 static const char *const tiny_settings[] = {"inbatch.temperature=0.5",
                                             "moco.temperature=0.5",
                                             "moco.queue_size=10",
@@ -63,6 +65,11 @@ static const char *const tiny_settings[] = {"inbatch.temperature=0.5",
                                             "dino.teacher_temp=0.3",
                                             "dino.momentum=0.9",
                                             "barlow.lambda=0.2",
+                                            "swav.local_crops=2",
+                                            "swav.local_size=4",
+                                            "swav.prototypes=8",
+                                            "swav.epsilon=1e4",
+                                            "swav.freeze_prototypes_niters=0",
                                             NULL};
 
 // One objective on the tiny network, one replica, with a fixed batch of random views.

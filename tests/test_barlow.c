@@ -25,65 +25,39 @@ enum { N = BARLOW_REF_N, D = BARLOW_REF_DIM };
 
 // ---- the loss on its own ----
 
-// One replica's part of the fixture: samples [first, first + b) of the N, on `rank` of `group`.
-typedef struct {
-  LocalGroup *group;
-  int rank, first, b;
-  ExecCtx ctx;
-  Comm *comm;
-  BarlowLoss loss;
-  float z[2 * N * D];   // (2b, D): the replica's rows of z1, then of z2 (view-major)
-  float dz[2 * N * D];  // (2b, D)
-  BarlowTerms terms;
-  double value;
-} Replica;
-
-static void replica_open(Replica *r) {
-  r->comm = comm_local_rank(r->group, r->rank);
-  exec_ctx_init(&r->ctx);
-  barlow_loss_init(&r->loss, &r->ctx, N, r->b, D, BARLOW_REF_LAMBDA);
-  memcpy(r->z, barlow_ref_z1 + r->first * D, sizeof(float) * r->b * D);
-  memcpy(r->z + r->b * D, barlow_ref_z2 + r->first * D, sizeof(float) * r->b * D);
+static void loss_init(LossReplica *r) {
+  barlow_loss_init(r->loss, &r->ctx, N, r->b, D, BARLOW_REF_LAMBDA);
 }
 
-static double replica_loss(void *arg) {
-  Replica *r = arg;
-  r->value = barlow_loss_forward_backward(&r->loss, &r->ctx, r->comm, r->z, r->dz, &r->terms);
-  return r->value;
+static double loss_run(LossReplica *r) {
+  return barlow_loss_forward_backward(r->loss, &r->ctx, r->comm, r->z, r->dz, r->terms);
 }
 
-static void replica_close(Replica *r) {
-  barlow_loss_destroy(&r->loss);
-  exec_ctx_destroy(&r->ctx);
-  comm_destroy(r->comm);
-}
+static void loss_destroy(LossReplica *r) { barlow_loss_destroy(r->loss); }
 
-static void *replica_thread(void *arg) {
-  replica_open(arg);
-  replica_loss(arg);
-  replica_close(arg);
-  return NULL;
-}
+static const LossHarness harness = {
+    .n = N,
+    .d = D,
+    .views = 2,
+    .view = (const float *const[]){barlow_ref_z1, barlow_ref_z2},
+    .loss_bytes = sizeof(BarlowLoss),
+    .terms_bytes = sizeof(BarlowTerms),
+    .init = loss_init,
+    .run = loss_run,
+    .destroy = loss_destroy,
+};
 
-// The loss over the fixture's N samples split into `world` consecutive shards of `sizes`, each
-// on its own thread replica.
-static void run_split(int world, const int *sizes, Replica *reps) {
-  LocalGroup *g = comm_local_group_create(world);
-  for (int r = 0, first = 0; r < world; first += sizes[r++])
-    reps[r] = (Replica){.group = g, .rank = r, .first = first, .b = sizes[r]};
-  run_on_threads(world, replica_thread, reps, sizeof reps[0]);
-  comm_local_group_destroy(g);
-}
+#define TERMS(r) ((const BarlowTerms *)(r)->terms)
 
 static void test_barlow_loss_reference(void **state) {
   (void)state;
-  Replica *c = calloc(1, sizeof *c);
-  *c = (Replica){.group = comm_local_group_create(1), .b = N};
-  replica_open(c);
-  double loss = replica_loss(c);
+  LossReplica *c = calloc(1, sizeof *c);
+  *c = (LossReplica){.h = &harness, .group = comm_local_group_create(1), .b = N};
+  loss_replica_open(c);
+  double loss = loss_replica_run(c);
   assert_float_equal(loss, BARLOW_REF_LOSS, 1e-5 * BARLOW_REF_LOSS);
-  assert_float_equal(c->terms.on_diagonal, BARLOW_REF_ON_DIAGONAL, 1e-5);
-  assert_float_equal(c->terms.off_diagonal, BARLOW_REF_OFF_DIAGONAL,
+  assert_float_equal(TERMS(c)->on_diagonal, BARLOW_REF_ON_DIAGONAL, 1e-5);
+  assert_float_equal(TERMS(c)->off_diagonal, BARLOW_REF_OFF_DIAGONAL,
                      1e-5 * BARLOW_REF_OFF_DIAGONAL);
   for (int i = 0; i < N * D; i++) {
     assert_float_equal(c->dz[i], barlow_ref_dz1[i], 1e-5);
@@ -91,10 +65,11 @@ static void test_barlow_loss_reference(void **state) {
   }
   float analytic[2 * N * D];
   memcpy(analytic, c->dz, sizeof analytic);
-  double err =
-      gradcheck(replica_loss, c, c->z, analytic, 2 * N * D, 2 * N * D, 1e-3f, 1e-2, "barlow dz");
+  double err = gradcheck(loss_replica_run, c, c->z, analytic, 2 * N * D, 2 * N * D, 1e-3f, 1e-2,
+                         "barlow dz");
   assert_true(err < 1e-2);
-  replica_close(c);
+  loss_replica_close(c);
+  loss_replica_free(c);
   comm_local_group_destroy(c->group);
   free(c);
 }
@@ -138,19 +113,21 @@ static void test_barlow_identity_correlation_costs_nothing(void **state) {
 // replica that standardized or correlated only its own shard would get neither.
 static void test_barlow_loss_two_replicas_equal_one(void **state) {
   (void)state;
-  Replica *one = calloc(1, sizeof *one), *two = calloc(2, sizeof *two);
-  run_split(1, (const int[]){N}, one);
-  run_split(2, (const int[]){3, N - 3}, two);
+  LossReplica *one = calloc(1, sizeof *one), *two = calloc(2, sizeof *two);
+  loss_replicas_run(&harness, 1, (const int[]){N}, one);
+  loss_replicas_run(&harness, 2, (const int[]){3, N - 3}, two);
   assert_memory_equal(&two[0].value, &two[1].value, sizeof(double));
   assert_float_equal(two[0].value, one->value, 1e-6 * one->value);
-  assert_float_equal(two[0].terms.on_diagonal, one->terms.on_diagonal, 1e-7);
-  assert_float_equal(two[0].terms.off_diagonal, one->terms.off_diagonal, 1e-6);
+  assert_float_equal(TERMS(&two[0])->on_diagonal, TERMS(one)->on_diagonal, 1e-7);
+  assert_float_equal(TERMS(&two[0])->off_diagonal, TERMS(one)->off_diagonal, 1e-6);
   for (int r = 0; r < 2; r++) {
-    const Replica *p = &two[r];
+    const LossReplica *p = &two[r];
     for (int v = 0; v < 2; v++)
       for (int i = 0; i < p->b * D; i++)
         assert_float_equal(p->dz[v * p->b * D + i], one->dz[(v * N + p->first) * D + i], 1e-6);
   }
+  for (int r = 0; r < 2; r++) loss_replica_free(&two[r]);
+  loss_replica_free(one);
   free(one);
   free(two);
 }

@@ -77,7 +77,8 @@ static void test_step_gradient_matches_finite_differences(void **state) {
 // leave a mechanism idle in 6 steps, its settings bring it in: moco's queue of 40 wraps at the
 // second step, its age limit of 1 step leaves only the newest keys usable, and at the stop (step
 // 3: 96 keys pushed) its next slot is 16, not the 0 a queue that restarted would also have; dino's
-// 4 local crops of 12 pixels are a second view group at its own size.
+// 4 local crops of 12 pixels are a second view group at its own size; swav's prototypes start to
+// move at step 2, between the start and the stop.
 static const char *const common =
     "--set train.batch_size=32 --set data.limit=256 --set data.test_limit=128";
 static const struct {
@@ -85,6 +86,7 @@ static const struct {
 } own_settings[] = {
     {"moco", "--set moco.queue_size=40 --set moco.queue_max_age_steps=1"},
     {"dino", "--set dino.local_crops=4 --set dino.local_size=12"},
+    {"swav", "--set swav.local_crops=2 --set swav.freeze_prototypes_niters=2"},
 };
 
 // The table's objectives, and each one's run arguments.

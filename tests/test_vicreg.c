@@ -24,77 +24,52 @@ enum { N = VICREG_REF_N, D = VICREG_REF_DIM };
 
 // ---- the loss on its own ----
 
-// One replica's part of the fixture: samples [first, first + b) of the N, on `rank` of `group`.
-typedef struct {
-  LocalGroup *group;
-  int rank, first, b;
-  ExecCtx ctx;
-  Comm *comm;
-  VicRegLoss loss;
-  float z[2 * N * D];   // (2b, D): the replica's rows of x, then of y (view-major)
-  float dz[2 * N * D];  // (2b, D)
-  VicRegTerms terms;
-  double value;
-} Replica;
-
-static void replica_open(Replica *r) {
-  r->comm = comm_local_rank(r->group, r->rank);
-  exec_ctx_init(&r->ctx);
-  vicreg_loss_init(&r->loss, &r->ctx, N, r->b, D, VICREG_REF_SIM_COEFF, VICREG_REF_STD_COEFF,
+static void loss_init(LossReplica *r) {
+  vicreg_loss_init(r->loss, &r->ctx, N, r->b, D, VICREG_REF_SIM_COEFF, VICREG_REF_STD_COEFF,
                    VICREG_REF_COV_COEFF);
-  memcpy(r->z, vicreg_ref_x + r->first * D, sizeof(float) * r->b * D);
-  memcpy(r->z + r->b * D, vicreg_ref_y + r->first * D, sizeof(float) * r->b * D);
 }
 
-static double replica_loss(void *arg) {
-  Replica *r = arg;
-  r->value = vicreg_loss_forward_backward(&r->loss, &r->ctx, r->comm, r->z, r->dz, &r->terms);
-  return r->value;
+static double loss_run(LossReplica *r) {
+  return vicreg_loss_forward_backward(r->loss, &r->ctx, r->comm, r->z, r->dz, r->terms);
 }
 
-static void replica_close(Replica *r) {
-  vicreg_loss_destroy(&r->loss);
-  exec_ctx_destroy(&r->ctx);
-  comm_destroy(r->comm);
-}
+static void loss_destroy(LossReplica *r) { vicreg_loss_destroy(r->loss); }
 
-static void *replica_thread(void *arg) {
-  replica_open(arg);
-  replica_loss(arg);
-  replica_close(arg);
-  return NULL;
-}
+static const LossHarness harness = {
+    .n = N,
+    .d = D,
+    .views = 2,
+    .view = (const float *const[]){vicreg_ref_x, vicreg_ref_y},
+    .loss_bytes = sizeof(VicRegLoss),
+    .terms_bytes = sizeof(VicRegTerms),
+    .init = loss_init,
+    .run = loss_run,
+    .destroy = loss_destroy,
+};
 
-// The loss over the fixture's N samples split into `world` consecutive shards of `sizes`, each
-// on its own thread replica.
-static void run_split(int world, const int *sizes, Replica *reps) {
-  LocalGroup *g = comm_local_group_create(world);
-  for (int r = 0, first = 0; r < world; first += sizes[r++])
-    reps[r] = (Replica){.group = g, .rank = r, .first = first, .b = sizes[r]};
-  run_on_threads(world, replica_thread, reps, sizeof reps[0]);
-  comm_local_group_destroy(g);
-}
+#define TERMS(r) ((const VicRegTerms *)(r)->terms)
 
 static void test_vicreg_loss_reference(void **state) {
   (void)state;
-  Replica *c = calloc(1, sizeof *c);
-  *c = (Replica){.group = comm_local_group_create(1), .b = N};
-  replica_open(c);
-  double loss = replica_loss(c);
+  LossReplica *c = calloc(1, sizeof *c);
+  *c = (LossReplica){.h = &harness, .group = comm_local_group_create(1), .b = N};
+  loss_replica_open(c);
+  double loss = loss_replica_run(c);
   assert_float_equal(loss, VICREG_REF_LOSS, 1e-5 * VICREG_REF_LOSS);
-  assert_float_equal(c->terms.invariance, VICREG_REF_INVARIANCE, 1e-6);
-  assert_float_equal(c->terms.variance, VICREG_REF_VARIANCE, 1e-6);
-  assert_float_equal(c->terms.covariance, VICREG_REF_COVARIANCE, 1e-5 * VICREG_REF_COVARIANCE);
+  assert_float_equal(TERMS(c)->invariance, VICREG_REF_INVARIANCE, 1e-6);
+  assert_float_equal(TERMS(c)->variance, VICREG_REF_VARIANCE, 1e-6);
+  assert_float_equal(TERMS(c)->covariance, VICREG_REF_COVARIANCE, 1e-5 * VICREG_REF_COVARIANCE);
   for (int i = 0; i < N * D; i++) {
     assert_float_equal(c->dz[i], vicreg_ref_dx[i], 1e-5);
     assert_float_equal(c->dz[N * D + i], vicreg_ref_dy[i], 1e-5);
   }
   float analytic[2 * N * D];
   memcpy(analytic, c->dz, sizeof analytic);
-  double err =
-      gradcheck(replica_loss, c, c->z, analytic, 2 * N * D, 2 * N * D, 1e-3f, 1e-2, "vicreg dz");
+  double err = gradcheck(loss_replica_run, c, c->z, analytic, 2 * N * D, 2 * N * D, 1e-3f, 1e-2,
+                         "vicreg dz");
   assert_true(err < 1e-2);
-  replica_close(c);
+  loss_replica_close(c);
+  loss_replica_free(c);
   comm_local_group_destroy(c->group);
   free(c);
 }
@@ -104,19 +79,21 @@ static void test_vicreg_loss_reference(void **state) {
 // number on both, and for each replica's rows the gradient the single replica gives them.
 static void test_vicreg_loss_two_replicas_equal_one(void **state) {
   (void)state;
-  Replica *one = calloc(1, sizeof *one), *two = calloc(2, sizeof *two);
-  run_split(1, (const int[]){N}, one);
-  run_split(2, (const int[]){3, N - 3}, two);
+  LossReplica *one = calloc(1, sizeof *one), *two = calloc(2, sizeof *two);
+  loss_replicas_run(&harness, 1, (const int[]){N}, one);
+  loss_replicas_run(&harness, 2, (const int[]){3, N - 3}, two);
   assert_memory_equal(&two[0].value, &two[1].value, sizeof(double));
   assert_float_equal(two[0].value, one->value, 1e-6 * one->value);
-  assert_float_equal(two[0].terms.variance, one->terms.variance, 1e-7);
-  assert_float_equal(two[0].terms.covariance, one->terms.covariance, 1e-6);
+  assert_float_equal(TERMS(&two[0])->variance, TERMS(one)->variance, 1e-7);
+  assert_float_equal(TERMS(&two[0])->covariance, TERMS(one)->covariance, 1e-6);
   for (int r = 0; r < 2; r++) {
-    const Replica *p = &two[r];
+    const LossReplica *p = &two[r];
     for (int v = 0; v < 2; v++)
       for (int i = 0; i < p->b * D; i++)
         assert_float_equal(p->dz[v * p->b * D + i], one->dz[(v * N + p->first) * D + i], 1e-6);
   }
+  for (int r = 0; r < 2; r++) loss_replica_free(&two[r]);
+  loss_replica_free(one);
   free(one);
   free(two);
 }

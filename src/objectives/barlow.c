@@ -13,6 +13,7 @@
 #include "nn/head.h"
 #include "objectives/barlow_loss.h"
 #include "objectives/objective.h"
+#include "objectives/two_view_step.h"
 
 extern const ObjectiveDef objective_barlow;
 
@@ -43,13 +44,7 @@ static Objective *barlow_create(const ObjectiveEnv *env) {
   const Config *cfg = env->cfg;
   const BarlowSettings *set = objective_settings(cfg, &objective_barlow);
   // A standard deviation over one sample is undefined.
-  if (env->global_batch < 2) {
-    tl_fail(
-        "the global batch has %d image; standardizing its embeddings needs at least 2 "
-        "(train.batch_size)",
-        env->global_batch);
-    return NULL;
-  }
+  if (!two_view_batch_ok(env, "standardizing its embeddings needs")) return NULL;
   Barlow *o = calloc(1, sizeof *o);
   if (!o) TL_DIE("out of memory");
   o->base.env = *env;
@@ -66,35 +61,14 @@ static Objective *barlow_create(const ObjectiveEnv *env) {
   return &o->base;
 }
 
+static double global_loss(void *loss, ExecCtx *ctx, Comm *comm, const float *z, float *dz) {
+  return barlow_loss_forward_backward(loss, ctx, comm, z, dz, NULL);
+}
+
 static ObjectiveLoss barlow_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Barlow *o = (Barlow *)base;
-  ExecCtx *ctx = base->env.ctx;
-  const int rows = 2 * o->b;
-  TL_ASSERT(batch->n == o->b && batch->n_views == 2);
-
-  // The batch is view-major, so views 0 and 1 of all samples form one 2b-image forward.
-  base->online->forward(base->online, ctx, batch->views);
-  head_forward(&o->projector, ctx, base->online->feature);
-  double loss =
-      barlow_loss_forward_backward(&o->loss, ctx, base->env.comm, o->projector.out, o->dz, NULL);
-  objective_backward_begins(base);
-  // The trainer averages replica gradients weighted by sample count (b / B); B / b turns that
-  // average back into the sum of every replica's part of the global loss's gradient.
-  const float scale = (float)base->env.shard_to_global;
-  for (size_t i = 0; i < (size_t)rows * o->projector.out_dim && !ctx->dry_run; i++)
-    o->dz[i] *= scale;
-  head_backward(&o->projector, ctx, o->dz);
-  base->online->backward(base->online, ctx, o->projector.din);
-
-  rec->views_grad = rows;
-  rec->views_nograd = 0;
-  rec->positives_per_query = 1;  // the other view of the same image
-  rec->negatives_per_query = 0;  // the cross-correlation's statistics take the place of negatives
-  rec->encodings_next_new = rows;
-  rec->encodings_next_reused = 0;
-  // The loss is already the global batch's (its statistics are gathered): weighted by samples,
-  // the replicas' parts average back to it.
-  return (ObjectiveLoss){loss * o->b, o->b};
+  TL_ASSERT(batch->n == o->b);
+  return two_view_step(base, &o->projector, global_loss, &o->loss, o->dz, batch, rec);
 }
 
 static void barlow_destroy(Objective *base) {

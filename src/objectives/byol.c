@@ -10,9 +10,8 @@
 
 #include "nn/head.h"
 #include "objectives/byol_loss.h"
-#include "objectives/ema.h"
 #include "objectives/objective.h"
-#include "io/param_tensors.h"
+#include "objectives/teacher.h"
 
 extern const ObjectiveDef objective_byol;
 
@@ -52,7 +51,7 @@ typedef struct {
   int b;                      // samples on this replica; rows = 2b views
   ProjectionHead projector;   // online: feature -> hidden -> d
   ProjectionHead predictor;   // online: d -> predictor_hidden -> d
-  ParamSet target_params;     // EMA of the online backbone + projector, no gradients
+  MomentumTeacher target;     // EMA of the online backbone + projector
   Backbone *target_backbone;  // OP_FORWARD: batch statistics, nothing kept
   ProjectionHead target_projector;
   ByolLoss loss;
@@ -74,22 +73,18 @@ static Objective *byol_create(const ObjectiveEnv *env) {
   o->base.online = objective_encoder(env, &online, rows, &o->projector, "head");
   o->encoder_act_bytes = (size_t)(tl_mem_thread_net(MEM_ACT, COMP_ENCODER) - act0);
   // Online parameters: backbone, projector ("head", as every objective's), then the predictor;
-  // the target mirrors the part before the predictor.
-  const size_t target_count = env->params->used;
+  // the target mirrors the part before the predictor, the online parameters handed out by now.
+  // It starts as an exact copy of them and then only follows the momentum rule.
+  const ByolSettings *set = settings(cfg);
+  Builder target = momentum_teacher_begin(&o->target, env, set->momentum, set->momentum_schedule);
   head_init(&o->predictor, &online, "predictor", rows, d, settings(cfg)->predictor_hidden_dim, d);
 
-  // The target starts as an exact copy of the online backbone and projector (the online block's
-  // first floats, taken in the same order) and then only follows the momentum rule.
-  paramset_alloc_nograd(&o->target_params, target_count, cfg->train.seed, MEM_MOMENTUM);
-  Builder target = {
-      .ctx = env->ctx, .params = &o->target_params, .mode = OP_FORWARD, .policy = env->policy};
   o->target_backbone = objective_encoder(env, &target, rows, &o->target_projector, "head");
-  if (!env->ctx->dry_run) ema_copy(&o->target_params, env->params);
+  momentum_teacher_ready(&o->target, env);
 
   byol_loss_init(&o->loss, &online, rows, d);
   o->dp = tl_alloc(sizeof(float) * (size_t)rows * d, MEM_ACT_GRAD, COMP_LOSS);
   TL_ASSERT(paramset_complete(env->params));
-  TL_ASSERT(o->target_params.used == o->target_params.count);
   return &o->base;
 }
 
@@ -108,11 +103,6 @@ static void byol_views(const Config *cfg, const AugmentParams *base, ViewRecipe 
   out->group[1].aug.blur_prob = 0.1f;
   out->group[1].aug.solarize_prob = 0.2f;
 }
-
-// The target's drift from the online network after the update, ||theta_t - theta_o|| /
-// ||theta_o|| (LEDGER_CACHED: the target is what is kept between steps); known only in a run.
-static const LedgerOwnFields byol_fields = {1,
-                                            {{"momentum_distance", LEDGER_CACHED, UNIT_RATIO, 1}}};
 
 static ObjectiveLoss byol_step(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Byol *o = (Byol *)base;
@@ -160,14 +150,7 @@ static ObjectiveLoss byol_step(Objective *base, const Batch *batch, LedgerRecord
 
 static void byol_after_update(Objective *base, const Batch *batch, LedgerRecord *rec) {
   Byol *o = (Byol *)base;
-  const ByolSettings *set = settings(base->env.cfg);
-  float tau = ema_momentum_at(set->momentum, set->momentum_schedule, batch->global_step,
-                              base->env.total_steps);
-  // The target mirrors the online entries that come before the predictor's.
-  ParamSet mirrored = *base->env.params;
-  mirrored.n_entries = o->target_params.n_entries;
-  mirrored.count = o->target_params.count;
-  if (!base->env.ctx->dry_run) rec->own[0] = ema_update(&o->target_params, &mirrored, tau);
+  momentum_teacher_update(&o->target, &base->env, batch->global_step, &rec->own[0]);
 }
 
 static void byol_destroy(Objective *base) {
@@ -177,7 +160,7 @@ static void byol_destroy(Objective *base) {
   head_destroy(&o->predictor);
   o->target_backbone->destroy(o->target_backbone);
   head_destroy(&o->target_projector);
-  paramset_free(&o->target_params);
+  momentum_teacher_destroy(&o->target);
   byol_loss_destroy(&o->loss);
   tl_free(o->dp);
   free(o);
@@ -186,18 +169,18 @@ static void byol_destroy(Objective *base) {
 // The momentum schedule is a function of the step the batch carries, so the target's weights
 // (with its own BatchNorm statistics) are all a resumed run needs.
 static void byol_state(Objective *base, StFile *s) {
-  st_add_paramset(s, "byol.target.", &((Byol *)base)->target_params);
+  momentum_teacher_state(&((Byol *)base)->target, s, "byol.target.");
 }
 
 static void byol_params_loaded(Objective *base) {
   Byol *o = (Byol *)base;
-  ema_copy(&o->target_params, base->env.params);
+  momentum_teacher_restart(&o->target, base->env.params);
 }
 
 const ObjectiveDef objective_byol = {
     .name = "byol",
     .settings = &byol_settings,
-    .ledger_fields = &byol_fields,
+    .ledger_fields = &momentum_teacher_fields,  // the target's drift
     .description = "BYOL: predictor regresses onto an EMA target's projection, no negatives",
     .n_views = 2,
     .views = byol_views,

@@ -1,11 +1,11 @@
 #include "objectives/dino_loss.h"
 
+#include "objectives/crop_cross_entropy.h"
+
 #include <math.h>
 #include <string.h>
 
-int dino_loss_pairs(int global, int views) {
-  return global * views - (views < global ? views : global);
-}
+int dino_loss_pairs(int global, int views) { return crop_pairs(global, views); }
 
 void dino_loss_init(DinoLoss *l, ExecCtx *ctx, int b, int global, int views, int K) {
   memset(l, 0, sizeof *l);
@@ -30,30 +30,8 @@ double dino_loss_forward_backward(DinoLoss *l, ExecCtx *ctx, const float *studen
   row_softmax_run(&l->teacher_softmax, ctx, l->q);
   row_softmax_run(&l->student_log_softmax, ctx, l->logp);
   double loss_sum = 0;
-  if (!ctx->dry_run) {
-    // d(mean loss)/d s[v, i, k] = (m_v p[v, i, k] - sum_{g != v} q[g, i, k]) / (pairs tau_s
-    // mean_over), m_v the teacher crops paired with student crop v (the q of each pair sums to 1).
-    const double scale = 1.0 / ((double)pairs * student_temp * mean_over);
-    for (int v = 0; v < V; v++) {
-      const int m_v = G - (v < G);
-      for (int i = 0; i < b; i++) {
-        const float *logp = l->logp + ((size_t)v * b + i) * K;
-        float *ds = dstudent + ((size_t)v * b + i) * K;
-        for (int k = 0; k < K; k++) ds[k] = (float)m_v * expf(logp[k]);
-        for (int g = 0; g < G; g++) {
-          if (g == v) continue;
-          const float *q = l->q + ((size_t)g * b + i) * K;
-          double ce = 0;
-          for (int k = 0; k < K; k++) {
-            ce -= (double)q[k] * logp[k];
-            ds[k] -= q[k];
-          }
-          loss_sum += ce / pairs;
-        }
-        for (int k = 0; k < K; k++) ds[k] = (float)(ds[k] * scale);
-      }
-    }
-  }
+  if (!ctx->dry_run)
+    loss_sum = crop_cross_entropy(l->q, l->logp, b, G, V, K, student_temp, mean_over, dstudent);
   // Centre and scale (2) and softmax (5) per teacher entry; scale (1) and log-softmax (5) per
   // student entry; a multiply-add per entry of each pair. Back: exp and scale (3) per student
   // entry, a subtraction per entry of each pair.

@@ -8,13 +8,12 @@
 #include <string.h>
 
 #include "nn/head.h"
-#include "objectives/ema.h"
 #include "objectives/infonce.h"
 #include "objectives/key_queue.h"
 #include "objectives/moco.h"
 #include "objectives/objective.h"
+#include "objectives/teacher.h"
 #include "ops/l2norm.h"
-#include "io/param_tensors.h"
 
 extern const ObjectiveDef objective_moco;
 
@@ -55,7 +54,7 @@ typedef struct {
   int n_query_global;  // n_query over every replica: the gathers' rows
   int image_floats;    // S*S*C
   ProjectionHead head;
-  ParamSet key_params;  // momentum copy of the online parameters, no gradients
+  MomentumTeacher key;  // momentum copy of every online parameter: the key encoder's
   Backbone *key_backbone;
   ProjectionHead key_head;
   InfoNce loss;
@@ -90,11 +89,9 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   o->base.online = objective_encoder(env, &online, nq, &o->head, "head");
 
   // The key encoder starts as an exact copy and then only follows the momentum rule.
-  paramset_alloc_nograd(&o->key_params, env->params->used, cfg->train.seed, MEM_MOMENTUM);
-  Builder key = {
-      .ctx = env->ctx, .params = &o->key_params, .mode = OP_FORWARD, .policy = env->policy};
+  Builder key = momentum_teacher_begin(&o->key, env, settings(cfg)->momentum,
+                                       settings(cfg)->momentum_schedule);
   o->key_backbone = objective_encoder(env, &key, nq, &o->key_head, "key_head");
-  if (!env->ctx->dry_run) ema_copy(&o->key_params, env->params);
 
   infonce_init(&o->loss, env->ctx, nq, K, d, settings(cfg)->temperature);
   key_queue_init(&o->queue, K, d, cfg->train.seed);
@@ -102,6 +99,7 @@ static Objective *moco_create(const ObjectiveEnv *env) {
   online.component = key.component = COMP_LOSS;
   l2norm_init(&o->query_unit, &online, nq, d, 1);
   l2norm_init(&o->key_unit, &key, nq, d, 0);
+  momentum_teacher_ready(&o->key, env);
   o->dq = tl_alloc(sizeof(float) * qd, MEM_ACT_GRAD, COMP_LOSS);
   o->usable = tl_alloc((size_t)K, MEM_WORKSPACE, COMP_LOSS);
   o->key_images =
@@ -113,7 +111,6 @@ static Objective *moco_create(const ObjectiveEnv *env) {
     o->perm = tl_alloc(sizeof(int) * (size_t)nq_global, MEM_WORKSPACE, COMP_OTHER);
   }
   TL_ASSERT(paramset_complete(env->params));
-  TL_ASSERT(o->key_params.used == o->key_params.count);
   return &o->base;
 }
 
@@ -178,8 +175,7 @@ static const LedgerOwnFields moco_fields = {
         {"queue_random_vectors", LEDGER_CACHED, UNIT_COUNT, 0},
         {"queue_oldest_age_steps", LEDGER_CACHED, UNIT_STEPS, 0},
         {"queue_mean_age_steps", LEDGER_CACHED, UNIT_STEPS, 0},
-        // ||theta_k - theta_q|| / ||theta_q|| after the update
-        {"momentum_distance", LEDGER_CACHED, UNIT_RATIO, 1},
+        MOMENTUM_DISTANCE_FIELD,
     },
 };
 
@@ -243,14 +239,10 @@ static ObjectiveLoss moco_step(Objective *base, const Batch *batch, LedgerRecord
 static void moco_after_update(Objective *base, const Batch *batch, LedgerRecord *rec) {
   (void)batch;
   Moco *o = (Moco *)base;
-  const Config *cfg = base->env.cfg;
   Comm *comm = base->env.comm;
   const int d = o->key_head.out_dim;
-  long total = base->env.total_steps;
-  const MocoSettings *set = settings(cfg);
-  float m = ema_momentum_at(set->momentum, set->momentum_schedule, o->step, total);
   const int dry_run = base->env.ctx->dry_run;
-  if (!dry_run) rec->own[MOCO_MOMENTUM_DISTANCE] = ema_update(&o->key_params, base->env.params, m);
+  momentum_teacher_update(&o->key, &base->env, o->step, &rec->own[MOCO_MOMENTUM_DISTANCE]);
   // Every replica enqueues the keys of the whole global batch, so all queues stay identical.
   if (comm_size(comm) > 1) {
     comm_allgather(comm, o->key_unit.out, (size_t)o->n_query * d, o->all_keys,
@@ -269,7 +261,7 @@ static void moco_destroy(Objective *base) {
   head_destroy(&o->head);
   o->key_backbone->destroy(o->key_backbone);
   head_destroy(&o->key_head);
-  paramset_free(&o->key_params);
+  momentum_teacher_destroy(&o->key);
   infonce_destroy(&o->loss);
   key_queue_destroy(&o->queue);
   l2norm_destroy(&o->query_unit);
@@ -298,12 +290,12 @@ static void moco_plan(const Config *cfg, long step, int global_batch, LedgerReco
 
 static void moco_params_loaded(Objective *base) {
   Moco *o = (Moco *)base;
-  ema_copy(&o->key_params, base->env.params);
+  momentum_teacher_restart(&o->key, base->env.params);
 }
 
 static void moco_state(Objective *base, StFile *s) {
   Moco *o = (Moco *)base;
-  st_add_paramset(s, "moco.key.", &o->key_params);
+  momentum_teacher_state(&o->key, s, "moco.key.");
   int64_t kd[2] = {o->queue.capacity, o->queue.dim};
   st_add(s, "moco.queue.keys", ST_F32, 2, kd, o->queue.keys);
   _Static_assert(sizeof *o->queue.step_of == sizeof(int64_t), "step tags are saved as I64");
@@ -313,7 +305,7 @@ static void moco_state(Objective *base, StFile *s) {
   st_add(s, "moco.step", ST_I64, 0, NULL, &o->step);
 }
 
-const ParamSet *moco_key_params(const Objective *o) { return &((const Moco *)o)->key_params; }
+const ParamSet *moco_key_params(const Objective *o) { return &((const Moco *)o)->key.params; }
 const KeyQueue *moco_queue(const Objective *o) { return &((const Moco *)o)->queue; }
 const float *moco_last_keys(const Objective *o) { return ((const Moco *)o)->key_unit.out; }
 

@@ -15,10 +15,11 @@ extern const ObjectiveDef objective_byol;
 extern const ObjectiveDef objective_vicreg;
 extern const ObjectiveDef objective_dino;
 extern const ObjectiveDef objective_barlow;
+extern const ObjectiveDef objective_swav;
 
 static const ObjectiveDef *const objective_table[] = {
-    &objective_inbatch, &objective_moco, &objective_mae,   &objective_byol,
-    &objective_vicreg,  &objective_dino, &objective_barlow};
+    &objective_inbatch, &objective_moco, &objective_mae,    &objective_byol,
+    &objective_vicreg,  &objective_dino, &objective_barlow, &objective_swav};
 enum { N_OBJECTIVES = sizeof objective_table / sizeof objective_table[0] };
 
 const ObjectiveDef *objective_find(const char *name) {
