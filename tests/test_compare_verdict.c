@@ -13,7 +13,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "train/compare_results.h"
+#include "compare/compare_results.h"
 
 static void put(SeedStats *s, double a, double b) {
   s->values[0] = a, s->values[1] = b, s->n_values = 2;

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "config.h"
-#include "train/plan.h"
+#include "plan/plan.h"
 #include "train/run_layout.h"
 #include "objective_test_util.h"
 

@@ -13,7 +13,7 @@
 #include "core/counting.h"
 #include "gradcheck.h"
 #include "objective_test_util.h"
-#include "train/export.h"
+#include "encoder/export.h"
 
 // ---- the blocks, in process ----
 

@@ -13,7 +13,7 @@
 #include "config.h"
 #include "core/error.h"
 #include "ledger/scaling.h"
-#include "train/plan.h"
+#include "plan/plan.h"
 #include "objectives/objective.h"
 
 // A replica of 64 samples: 10 ms loading, 100 forward, 200 backward, 5 optimizer, no collectives.

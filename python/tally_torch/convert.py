@@ -21,12 +21,12 @@ it. Exports of format tally-export-1 named the tensors as Tally does (stem.conv,
 stage{s}.block{b}, proj/proj_bn): torchvision_names() renames them.
 """
 
-import re
 from collections import OrderedDict
 
 import torch
 
 from .model import Spec, read_safetensors
+from .names import torchvision_names
 
 # torchvision's constructor for each (block, stage_blocks) at 64 -> 64..512 channels.
 _TORCHVISION = {
@@ -34,27 +34,6 @@ _TORCHVISION = {
     ("bottleneck", (3, 4, 6, 3)): "resnet50", ("bottleneck", (3, 4, 23, 3)): "resnet101",
     ("bottleneck", (3, 8, 36, 3)): "resnet152",
 }
-
-
-def _rename(name):
-    """A tally-export-1 ResNet tensor name -> torchvision's; other names (head.*, decoder.*)
-    as they are."""
-    if name.startswith(("head.", "decoder.")):
-        return name
-    m = re.fullmatch(r"stem\.(conv|bn)\.(\w+)", name)
-    if m:
-        return f"{'conv1' if m[1] == 'conv' else 'bn1'}.{m[2]}"
-    m = re.fullmatch(r"stage(\d+)\.block(\d+)\.(conv\d|bn\d|proj|proj_bn)\.(\w+)", name)
-    if not m:
-        raise ValueError(f"{name}: not a parameter of Tally's resnet")
-    stage, block, part, member = int(m[1]), int(m[2]) - 1, m[3], m[4]
-    part = {"proj": "downsample.0", "proj_bn": "downsample.1"}.get(part, part)
-    return f"layer{stage}.{block}.{part}.{member}"
-
-
-def torchvision_names(tensors):
-    """A tally-export-1 ResNet state dict under torchvision's names (format 2's)."""
-    return OrderedDict((_rename(name), t) for name, t in tensors.items())
 
 
 def torchvision_state_dict(source):

@@ -49,6 +49,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import images
+from .names import torchvision_names
 
 BATCHNORM_EPS = 1e-5  # src/ops/batchnorm.c
 LAYERNORM_EPS = 1e-6  # src/ops/layernorm.c
@@ -485,8 +486,7 @@ def load_export(path, strict=True):
     its module and every module its tensor) and returns it in eval() mode."""
     tensors, metadata = read_safetensors(path)
     if metadata.get("format") == "tally-export-1" and Spec(metadata).backbone == "resnet":
-        from .convert import torchvision_names  # a ResNet exported under Tally's own names
-        tensors = torchvision_names(tensors)
+        tensors = torchvision_names(tensors)  # a ResNet exported under Tally's own names
     model = build_model(metadata, head=head_kind(tensors))
     model.load_state_dict(tensors, strict=strict)
     return model.eval()

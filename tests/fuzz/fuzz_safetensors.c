@@ -12,7 +12,7 @@
 #include "objectives/objective.h"
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
-#include "train/export.h"
+#include "encoder/export.h"
 
 // --resume's side: what a replica of the seed checkpoints' tiny models asks for.
 static int restore_into_replica(const StFile *have) {

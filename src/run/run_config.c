@@ -1,4 +1,4 @@
-#include "train/run_config.h"
+#include "run/run_config.h"
 
 #include <errno.h>
 #include <math.h>
@@ -13,8 +13,8 @@
 #include "core/exec_ctx.h"
 #include "ledger/bytes.h"
 #include "train/checkpoint.h"
-#include "train/export.h"
-#include "train/plan.h"
+#include "encoder/export.h"
+#include "plan/plan.h"
 
 // --data PATH: the training data is PATH — a folder of images (ImageFolder, with or without class
 // subfolders) or an IDX file — and no longer the recipe's dataset: its name and its test set go

@@ -1,4 +1,4 @@
-#include "train/plan.h"
+#include "plan/plan.h"
 
 #include <ctype.h>
 #include <math.h>

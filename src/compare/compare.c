@@ -1,4 +1,4 @@
-#include "train/compare.h"
+#include "compare/compare.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,8 +23,8 @@
 #include "io/regular_file.h"
 #include "ledger/bytes.h"
 #include "train/checkpoint.h"
-#include "train/compare_results.h"
-#include "train/plan.h"
+#include "compare/compare_results.h"
+#include "plan/plan.h"
 
 // ---- signals and children ----
 

@@ -1,4 +1,4 @@
-#include "train/compare_spec.h"
+#include "compare/compare_spec.h"
 
 #include <stdio.h>
 #include <string.h>

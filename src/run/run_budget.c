@@ -1,4 +1,4 @@
-#include "train/run_state.h"
+#include "run/run_state.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-#include "train/run_state.h"
+#include "run/run_state.h"
 
 #include <signal.h>
 #include <stdint.h>
@@ -7,7 +7,7 @@
 
 #include "io/atomic_file.h"
 #include "train/checkpoint.h"
-#include "train/export.h"
+#include "encoder/export.h"
 
 // What a checkpoint holds of this replica, as tensors pointing at its live state. The
 // augmentation and mask streams need nothing here: they are keyed by (seed, step, image), so

@@ -15,7 +15,7 @@
 #include "parallel/comm.h"
 #include "train/replica.h"
 #include "train/run_layout.h"
-#include "train/trainer.h"
+#include "run/trainer.h"
 
 // What all replicas share: the read-only data, the plan of steps, and rank 0's outputs.
 typedef struct {

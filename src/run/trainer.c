@@ -1,4 +1,4 @@
-#include "train/trainer.h"
+#include "run/trainer.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "core/timer.h"
-#include "train/run_state.h"
+#include "run/run_state.h"
 
 // The faults the TALLY_INJECT_* variables ask for (Faults, run_state.h); -1: none.
 static Faults faults_from_env(void) {

@@ -5,7 +5,7 @@
 #include <stddef.h>
 
 #include "config.h"
-#include "train/trainer.h"
+#include "run/trainer.h"
 
 // What the command line said about the configuration (train, plan, compare), as given.
 typedef struct {

@@ -1,4 +1,4 @@
-#include "train/export.h"
+#include "encoder/export.h"
 
 #include <stdio.h>
 #include <stdlib.h>

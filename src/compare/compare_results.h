@@ -5,7 +5,7 @@
 #include <stdio.h>
 
 #include "ledger/record.h"
-#include "train/compare_spec.h"
+#include "compare/compare_spec.h"
 
 // The measures, one table for compare.json, compare.html and the verdict.
 typedef enum {

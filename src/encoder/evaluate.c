@@ -1,4 +1,4 @@
-#include "train/evaluate.h"
+#include "encoder/evaluate.h"
 
 #include <errno.h>
 #include <math.h>

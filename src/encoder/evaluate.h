@@ -6,7 +6,7 @@
 #include <stdio.h>
 
 #include "eval/monitor.h"
-#include "train/features.h"
+#include "encoder/features.h"
 
 typedef struct {
   int knn, linear;  // which measures to run

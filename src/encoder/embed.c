@@ -1,4 +1,4 @@
-#include "train/embed.h"
+#include "encoder/embed.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -8,7 +8,7 @@
 #include "io/atomic_file.h"
 #include "io/npy.h"
 #include "io/regular_file.h"
-#include "train/features.h"
+#include "encoder/features.h"
 
 // Which image each row of an embedding is: one line per row, the image's file (ImageFolder) or
 // DATA:INDEX (the index in an IDX file), control bytes written as \xNN so a line is a row.

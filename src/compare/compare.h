@@ -5,7 +5,7 @@
 // ledger's answers, and a verdict. Every step is kept in files, so the same command run again
 // after a crash, a Ctrl-C or a kill -9 skips what finished and resumes the run under way.
 #pragma once
-#include "train/compare_spec.h"
+#include "compare/compare_spec.h"
 
 // Runs the compare. Returns the exit code: 0 with compare.json and compare.html written; 1 when a
 // plan, a run or an evaluation failed (one line says which and why), the code of a training

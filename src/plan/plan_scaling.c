@@ -1,4 +1,4 @@
-#include "train/plan_scaling.h"
+#include "plan/plan_scaling.h"
 
 #include <errno.h>
 #include <math.h>
@@ -8,8 +8,8 @@
 
 #include "core/error.h"
 #include "train/checkpoint.h"
-#include "train/export.h"
-#include "train/plan.h"
+#include "encoder/export.h"
+#include "plan/plan.h"
 
 // What one step sends, from plans: the gradient block every replica averages and the buckets it
 // is averaged in, the other sums' payload (a two-replica ring moves 2 (2-1)/2 = 1 times each

@@ -1,4 +1,4 @@
-#include "train/compare_results.h"
+#include "compare/compare_results.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-#include "train/features.h"
+#include "encoder/features.h"
 
 #include <stdlib.h>
 #include <math.h>
@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "train/checkpoint.h"
-#include "train/export.h"
+#include "encoder/export.h"
 
 // Per-channel values from a tensor (checkpoint) or comma-separated metadata (export).
 static int read_channels(const StFile *f, const char *tensor, const char *meta, int c, float *out) {

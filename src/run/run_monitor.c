@@ -1,4 +1,4 @@
-#include "train/run_state.h"
+#include "run/run_state.h"
 
 #include <errno.h>
 #include <math.h>
@@ -7,7 +7,7 @@
 #include <zlib.h>
 
 #include "io/regular_file.h"
-#include "train/features.h"
+#include "encoder/features.h"
 
 // One evaluation's console line: kNN top-1 (labeled data), the probe, the label-free quality.
 static void print_eval(const char *what, KnnResult r) {
