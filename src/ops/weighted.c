@@ -175,7 +175,10 @@ void weighted_forward(Weighted *w, ExecCtx *ctx, const float *in) {
   op->calls->in[call] = *op->in = in;
   *op->out = op_out_slot(op->calls, *op->out_slots, op->out_bytes, call);
   dnnl_mem_bind(w->src, dnnl_copy_run_at(&w->in, ctx, in, call));
-  dnnl_mem_bind(w->wei_fwd, dnnl_copy_run(&w->fwd_w, ctx, *op->weight));
+  // The weights do not change between a step's forward calls (the optimizer steps after
+  // backward): the first call's copy (bf16 under [train] precision = bf16) serves the others.
+  dnnl_mem_bind(w->wei_fwd, call > 0 ? dnnl_copy_last(&w->fwd_w, *op->weight)
+                                     : dnnl_copy_run(&w->fwd_w, ctx, *op->weight));
   dnnl_mem_bind(w->dst, *op->out);
   dnnl_exec_arg_t args[4] = {
       {DNNL_ARG_SRC, w->src}, {DNNL_ARG_WEIGHTS, w->wei_fwd}, {DNNL_ARG_DST, w->dst}};
