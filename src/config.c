@@ -105,13 +105,15 @@ static const KeySpec recipe_keys[] = {
              "(420s, 7m, 1.5h; evaluation excluded), FLOPs of every replica (5e15flop, 5PFLOP) "
              "or epochs (3epochs); empty = none"),
     TEXT_KEY(RECIPE(train, precision), "fp32", "fp32|bf16|auto",
-             "`bf16`: convolutions and linear layers multiply in bf16 (inputs, weights and "
-             "output gradients converted at each layer), accumulating in fp32 into fp32 "
-             "outputs and gradients of the fp32 weights; normalization, attention, losses and "
-             "evaluation stay fp32. Fast only on a CPU with AVX512-BF16 or AMX; `fp32`: "
-             "everything fp32; `auto`: bf16 on a CPU that computes it natively (AVX512-BF16, "
-             "AMX), fp32 elsewhere, and the run's config.ini records which, so a resumed run "
-             "keeps it"),
+             "`bf16`: convolutions and linear layers multiply in bf16, accumulating in fp32; a "
+             "ResNet keeps its activations and their gradients in bf16 between layers "
+             "(BatchNorm, ReLU, residual sums and pooling read and write bf16 with fp32 "
+             "statistics; the images enter and the feature leaves fp32), other layers convert "
+             "their inputs and output gradients at each layer; weights, their gradients, heads, "
+             "losses and evaluation stay fp32. Fast only on a CPU with AVX512-BF16 or AMX; "
+             "`fp32`: everything fp32; `auto`: bf16 on a CPU that computes it natively "
+             "(AVX512-BF16, AMX), fp32 elsewhere, and the run's config.ini records which, so a "
+             "resumed run keeps it"),
 
     BOOL_KEY(RECIPE(train, recompute), "1",
              "1: outputs cheap to compute again are not kept for backward but computed just "

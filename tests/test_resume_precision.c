@@ -1,7 +1,7 @@
-// train.precision is how a step multiplies, not what a run holds: bf16 copies live only inside a
-// step, and every tensor a checkpoint keeps is f32 in either precision. So --resume may switch it,
-// both ways, and the resumed steps really run in the new precision; the keys that define the run,
-// train.* ones beside it among them, stay refused.
+// train.precision is how a step multiplies, not what a run holds: bf16 activations live only inside
+// a step, and every tensor a checkpoint keeps is f32 in either precision. So --resume may switch
+// it, both ways, and the resumed steps really run in the new precision; the keys that define the
+// run, train.* ones beside it among them, stay refused.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -28,7 +28,8 @@ static int resume(const char *extra, const char *dir) {
 }
 
 // The ledger record of `step` in run `dir`: its loss as written and its activation bytes, which
-// count the bf16 copies a bf16 step keeps (2 bytes an element) and so tell which precision ran.
+// count the ResNet's activations a bf16 step keeps at 2 bytes an element and so tell which
+// precision ran.
 static void ledger_step(const char *dir, int step, char loss[40], double *activation_bytes) {
   char path[512], line[16384];
   snprintf(path, sizeof path, "%s/%s/ledger.jsonl", tmpdir, dir);
@@ -99,7 +100,7 @@ static void test_resume_switches_precision(void **state) {
                   got_loss, want_loss, got_act, want_act);
     int bf16 = step >= 3 && step < 6;
     if (bf16) {
-      if (got_act <= want_act) fail_msg("step %d ran in fp32, not in bf16", step);
+      if (got_act >= want_act) fail_msg("step %d ran in fp32, not in bf16", step);
     } else {
       if (got_act != want_act) fail_msg("step %d ran in bf16, not in fp32", step);
     }

@@ -51,11 +51,11 @@ static BlockShape block_shape(int bottleneck, int width, int stride) {
 // ReLU's gradient. The last BatchNorm's and proj_bn's outputs are read only by the residual
 // sum, and the sum's only by the ReLU: they share the pool's buffers, the sum over the last
 // BatchNorm's output. So does an inner BatchNorm's output when the next convolution's backward
-// reads a copy of its own (bf16), or when [train] recompute writes it again just before that
-// backward (from its input and the batch statistics the BatchNorm keeps anyway). Without
-// backward the BatchNorms, the sum and the ReLU write over their inputs, except a BatchNorm that
-// reads its input again after writing (sync_bn). x: the block input, dout: the gradient at its
-// output, din: where its input gradient goes; returns the output value.
+// reads a copy of its own (bf16 compute on f32 activations), or when [train] recompute writes it
+// again just before that backward (from its input and the batch statistics the BatchNorm keeps
+// anyway). Without backward the BatchNorms, the sum and the ReLU write over their inputs, except a
+// BatchNorm that reads its input again after writing (sync_bn). x: the block input, dout: the
+// gradient at its output, din: where its input gradient goes; returns the output value.
 static BufValue block_init(Block *blk, Builder *b, const char *name, int N, int IC, int IH, int IW,
                            BlockShape shape, BufValue x, BufValue dout, BufValue din) {
   char nm[64];
@@ -269,12 +269,23 @@ static ActLayout resnet_layout(const ModelSpec *spec, const Builder *b) {
   if (!cpu_has_avx512()) return ACT_LAYOUT_NHWC;
   // Winograd is fp32 only, and oneDNN 2.6's AMX bf16 convolutions (brgconv) take nhwc: on
   // nChw16c bf16 ran the older avx512_core_bf16 kernels, and an inbatch step on resnet-small took
-  // 703 ms against 406 in fp32 (Intel Xeon with AMX, 2026-12-05).
+  // 703 ms against 406 in fp32 (Intel Xeon with AMX, 2026-12-05). With bf16 activations between
+  // layers nhwc still wins on both versions (AMD EPYC, 2 cores, AVX512-BF16, no AMX, 2026-12-06,
+  // machine shared, inbatch batch 256, oneDNN primitives' ms per step): oneDNN 2.6.3 953 nhwc
+  // against 1358 nChw16c (its bf16 BatchNorm 396 + 259 there against 167 + 101); 3.7.2 1245
+  // against 7276, the stem's backward weights (a 1-channel nchw bf16 input) falling to reference
+  // code on nChw16c.
   if (builder_policy(b).bf16) return ACT_LAYOUT_NHWC;
   if (spec->stem_channels % 16 != 0) return ACT_LAYOUT_NHWC;
   for (int s = 0; s < model_spec_stages(spec); s++)
     if (spec->stage_channels[s] % 16 != 0) return ACT_LAYOUT_NHWC;
   return ACT_LAYOUT_BLOCKED16;
+}
+
+// Activations and their gradients are bf16 from the stem's output to the pooling's input under
+// [train] precision = bf16 (the images enter f32, the feature leaves f32); evaluation is f32.
+static dnnl_data_type_t resnet_act_type(const Builder *b) {
+  return builder_policy(b).bf16 && b->mode != OP_INFER ? dnnl_bf16 : dnnl_f32;
 }
 
 Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels) {
@@ -297,6 +308,7 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
   Builder pooled = *b;
   pooled.pool = &r->buffers;
   if (!pooled.layout) pooled.layout = resnet_layout(spec, b);
+  if (!pooled.act_type) pooled.act_type = resnet_act_type(b);
   b = &pooled;
   const unsigned bn_flags = OUT_IN_PLACE | (batchnorm_in_place(b) ? 0 : OUT_READS_LATE);
   int C = spec->stem_channels, H = r->padded_size, W = r->padded_size;
@@ -306,9 +318,11 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
   const BufValue g_pool = r->stem_pool ? builder_grad_value(b) : 0;
   const BufValue stem = builder_output(b, 0, 0, 0);  // reads the images or their frame
   builder_grad(b, 0, g_stem, 0);
+  b->input_f32 = 1;  // the images
   const int stem_k = r->stem_pool ? 7 : 3, stem_stride = r->stem_pool ? 2 : 1;
   conv2d_init(&r->stem, b, "stem.conv", N, channels, H, W, C, stem_k, stem_stride, stem_k / 2, 0,
               0);
+  b->input_f32 = 0;
   H = r->stem.OH;
   W = r->stem.OW;
   BufValue x = builder_output(b, stem, 0, bn_flags);

@@ -14,6 +14,7 @@ void add_init(Add *l, Builder *b, size_t n, MemCategory cat, int is_backward) {
   ExecCtx *ctx = b->ctx;
   memset(l, 0, sizeof *l);
   l->n = n;
+  l->bytes = n * builder_act_bytes(b);
   l->comp = b->component;
   l->is_backward = is_backward;
   Builder one_call = *b;
@@ -24,7 +25,7 @@ void add_init(Add *l, Builder *b, size_t n, MemCategory cat, int is_backward) {
   if (!p) TL_DIE("out of memory");
   l->priv = p;
   dnnl_dims_t dims = {(dnnl_dim_t)n};
-  DnnlMd md = dnnl_md_plain(1, dims, dnnl_a);
+  DnnlMd md = dnnl_md_typed(1, dims, builder_act_type(b), dnnl_a);
   p->pd = dnnl_pd_binary(ctx, dnnl_binary_add, md, md, md);
   p->prim = dnnl_ctx_adopt(ctx, p->pd);
   p->a = dnnl_mem_new(ctx, md);
@@ -32,18 +33,17 @@ void add_init(Add *l, Builder *b, size_t n, MemCategory cat, int is_backward) {
   p->out = dnnl_mem_new(ctx, md);
   dnnl_md_destroy(md);
   if (is_backward && cat == MEM_ACT_GRAD)
-    op_din_alloc(b, &l->calls, &l->out_slots, n * sizeof(float), l->comp);
+    op_din_alloc(b, &l->calls, &l->out_slots, l->bytes, l->comp);
   else if (!is_backward && cat == builder_out_category(b))
-    op_out_alloc(b, &l->calls, &l->out_slots, n * sizeof(float), l->comp);
+    op_out_alloc(b, &l->calls, &l->out_slots, l->bytes, l->comp);
   else
-    l->out_slots = op_calls_alloc(&l->calls, n * sizeof(float), cat, l->comp);
+    l->out_slots = op_calls_alloc(&l->calls, l->bytes, cat, l->comp);
   l->out = l->out_slots;
 }
 
 void add_forward(Add *l, ExecCtx *ctx, const float *a, const float *bb) {
   struct AddPrivate *p = l->priv;
-  l->out = op_out_slot(&l->calls, l->out_slots, l->n * sizeof(float),
-                       op_calls_forward(&l->calls, "add"));
+  l->out = op_out_slot(&l->calls, l->out_slots, l->bytes, op_calls_forward(&l->calls, "add"));
   dnnl_mem_bind(p->a, a);
   dnnl_mem_bind(p->b, bb);
   dnnl_mem_bind(p->out, l->out);

@@ -6,6 +6,7 @@
 
 typedef struct {
   size_t n;
+  size_t bytes;  // of one output: n elements of the builder's act_type
   MemComponent comp;
   int is_backward;  // counts its FLOPs as backward (gradient summation)
   OpCalls calls;    // one slot for a gradient sum: it is consumed before the next call's

@@ -1,5 +1,7 @@
 #include "ops/batchnorm.h"
 
+#include "core/bf16.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +51,9 @@ struct BatchNormPrivate {
 };
 
 static size_t bn_elems(const BatchNorm *l) { return (size_t)l->N * l->H * l->W * l->C; }
+
+// Bytes of one (N, H, W, C) activation, in the builder's activation type.
+static size_t bn_bytes(const BatchNorm *l) { return bn_elems(l) * l->elem_bytes; }
 
 static void bn_take_params(BatchNorm *l, Builder *b, const char *name) {
   const int C = l->C;
@@ -118,9 +123,9 @@ static void bn_make_backward(BatchNorm *l, Builder *b, DnnlMd data_md, DnnlMd c_
   p->dscale = dnnl_mem_new(ctx, c_md);
   p->dshift = dnnl_mem_new(ctx, c_md);
   if (l->need_din)
-    op_din_alloc(b, &l->calls, &l->din, bn_elems(l) * sizeof(float), l->comp);
+    op_din_alloc(b, &l->calls, &l->din, bn_bytes(l), l->comp);
   else
-    p->din_discard = tl_alloc(bn_elems(l) * sizeof(float), MEM_WORKSPACE, l->comp);
+    p->din_discard = tl_alloc(bn_bytes(l), MEM_WORKSPACE, l->comp);
 }
 
 void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, int H, int W,
@@ -143,6 +148,7 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
         "of at least 2 values per channel",
         name, l->splits, N);
   l->N = N, l->C = C, l->H = H, l->W = W, l->fuse_relu = fuse_relu;
+  l->elem_bytes = builder_act_bytes(b);
   l->blocked = builder_layout(b) == dnnl_nChw16c;
   if (l->blocked && C % 16 != 0) TL_DIE("batchnorm %s: %d channels, blocked", name, C);
   l->need_din = need_din && b->mode == OP_TRAIN;
@@ -165,7 +171,7 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
 
   // The primitives see one group; forward and backward run once per group.
   dnnl_dims_t data_dims = {N / l->splits, C, H, W}, c_dims = {C};
-  DnnlMd data_md = dnnl_md_plain(4, data_dims, builder_layout(b));
+  DnnlMd data_md = dnnl_md_typed(4, data_dims, builder_act_type(b), builder_layout(b));
   DnnlMd c_md = dnnl_md_plain(1, c_dims, dnnl_a);
   unsigned flags = dnnl_use_scale | dnnl_use_shift | (fuse_relu ? dnnl_fuse_norm_relu : 0u);
 
@@ -180,7 +186,7 @@ void batchnorm_init(BatchNorm *l, Builder *b, const char *name, int N, int C, in
   p->shift = dnnl_mem_new(ctx, c_md);
   p->mean = dnnl_mem_new(ctx, c_md);
   p->var = dnnl_mem_new(ctx, c_md);
-  op_out_alloc(b, &l->calls, &l->out_slots, bn_elems(l) * sizeof(float), l->comp);
+  op_out_alloc(b, &l->calls, &l->out_slots, bn_bytes(l), l->comp);
   l->out = l->out_slots;
   if (!infer) bn_keep_statistics(l, b, data_md, flags);
   if (b->mode == OP_TRAIN) {
@@ -214,9 +220,9 @@ static void bn_update_running(BatchNorm *l) {
   }
 }
 
-// Floats of one group's (N/G, H, W, C) slice.
-static size_t group_elems(const BatchNorm *l) {
-  return (size_t)(l->N / l->splits) * l->H * l->W * l->C;
+// Group g's (N/G, H, W, C) slice of an activation or gradient.
+static const void *group_at(const BatchNorm *l, const float *base, int g) {
+  return (const char *)base + (size_t)g * (bn_bytes(l) / (size_t)l->splits);
 }
 
 // sync_bn: this replica's statistics (batch_mean, batch_var) become the global batch's. The
@@ -245,7 +251,7 @@ static void sync_statistics(BatchNorm *l, ExecCtx *ctx) {
 static void bn_select_call(BatchNorm *l, int call) {
   struct BatchNormPrivate *p = l->priv;
   const size_t stats_bytes = (size_t)l->splits * l->C * sizeof(float);
-  l->out = op_out_slot(&l->calls, l->out_slots, bn_elems(l) * sizeof(float), call);
+  l->out = op_out_slot(&l->calls, l->out_slots, bn_bytes(l), call);
   p->batch_mean = op_slot(p->mean_slots, stats_bytes, call);
   p->batch_var = op_slot(p->var_slots, stats_bytes, call);
   p->relu_ws = op_slot(p->relu_ws_slots, (size_t)l->splits * p->relu_ws_bytes, call);
@@ -257,8 +263,8 @@ static void bn_select_call(BatchNorm *l, int call) {
 static int bn_bind_forward(BatchNorm *l, const float *in, int g, const float *mean,
                            const float *var, dnnl_exec_arg_t args[7]) {
   struct BatchNormPrivate *p = l->priv;
-  dnnl_mem_bind(p->src, in + g * group_elems(l));
-  dnnl_mem_bind(p->dst, l->out + g * group_elems(l));
+  dnnl_mem_bind(p->src, group_at(l, in, g));
+  dnnl_mem_bind(p->dst, group_at(l, l->out, g));
   dnnl_mem_bind(p->mean, mean);
   dnnl_mem_bind(p->var, var);
   const dnnl_exec_arg_t fixed[6] = {{DNNL_ARG_SRC, p->src},     {DNNL_ARG_DST, p->dst},
@@ -354,13 +360,15 @@ static void sync_din(BatchNorm *l, ExecCtx *ctx, float *din, const float *dgamma
   // block of 16, the blocks of an image one after another, each over every pixel.
   const int width = l->blocked ? 16 : C;
   const size_t pixels = (size_t)l->H * l->W, rows = (size_t)l->N * pixels * (C / width);
+  const int bf16 = l->elem_bytes == 2;
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < rows; i++) {
     const int first = l->blocked ? (int)((i / pixels) % (size_t)(C / 16)) * 16 : 0;
-    const float *x = l->in + i * width;
-    float *d = din + i * width;
-    for (int k = 0, c = first; k < width; k++, c++)
-      d[k] -= a[c] * (a[C + c] + (x[k] - p->batch_mean[c]) * a[2 * C + c]);
+    for (size_t k = i * width, c = first; k < (i + 1) * width; k++, c++) {
+      const float x = act_get(l->in, k, bf16);
+      act_set(din, k, bf16,
+              act_get(din, k, bf16) - a[c] * (a[C + c] + (x - p->batch_mean[c]) * a[2 * C + c]));
+    }
   }
 }
 
@@ -378,9 +386,9 @@ void batchnorm_backward(BatchNorm *l, ExecCtx *ctx, const float *dout) {
   dnnl_mem_bind(p->scale, l->gamma);
   dnnl_mem_bind(p->shift, l->beta);
   for (int g = 0; g < G; g++) {
-    dnnl_mem_bind(p->src, l->in + g * group_elems(l));
-    dnnl_mem_bind(p->dst, dout + g * group_elems(l));
-    dnnl_mem_bind(p->diff_src, din + g * group_elems(l));
+    dnnl_mem_bind(p->src, group_at(l, l->in, g));
+    dnnl_mem_bind(p->dst, group_at(l, dout, g));
+    dnnl_mem_bind(p->diff_src, group_at(l, din, g));
     dnnl_mem_bind(p->mean, p->batch_mean + g * l->C);
     dnnl_mem_bind(p->var, p->batch_var + g * l->C);
     dnnl_mem_bind(p->dscale, G > 1 ? p->dgamma_split + g * l->C : dgamma);

@@ -10,10 +10,11 @@
 
 typedef struct {
   int N, C, H, W, fuse_relu, need_din;
-  int splits;      // groups with their own batch statistics (1: the whole batch)
-  int sync;        // statistics of the global batch (the policy's bn_sync), and their gradient
-  BnSync bn_sync;  // with sync: how they are averaged over the replicas
-  int blocked;     // activations in nChw16c (the builder's layout), else nhwc
+  int splits;         // groups with their own batch statistics (1: the whole batch)
+  int sync;           // statistics of the global batch (the policy's bn_sync), and their gradient
+  BnSync bn_sync;     // with sync: how they are averaged over the replicas
+  int blocked;        // activations in nChw16c (the builder's layout), else nhwc
+  size_t elem_bytes;  // of an activation element: 4 (f32) or 2 (bf16, the builder's act_type)
   OpMode mode;
   MemComponent comp;
   float eps, momentum;    // 1e-5, running stats updated as r = (1-momentum) r + momentum batch
@@ -23,6 +24,7 @@ typedef struct {
   float *running_mean;    // (C) buffer in the parameter block (paramset_take_buffer)
   float *running_var;     // (C)
   OpCalls calls;
+  // Activations and their gradients are in the builder's act_type, statistics and parameters f32.
   const float *in;  // (N, H, W, C), the call forward or backward works on
   float *out;       // (N, H, W, C), the same call's; one per call in out_slots
   float *out_slots;

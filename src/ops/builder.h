@@ -60,9 +60,10 @@ typedef struct {
 
 // How a run builds its networks, from its configuration; the same for every op it builds.
 typedef struct {
-  // [train] precision = bf16: convolutions and linear layers multiply bf16 copies of their
-  // inputs, weights and output gradients, accumulating in f32 into f32 outputs and f32 weight
-  // gradients (builder_compute_type). 0: everything f32, as evaluation always is.
+  // [train] precision = bf16: convolutions and linear layers multiply in bf16, accumulating in f32
+  // into f32 weight gradients (builder_compute_type); a network may keep its activations in bf16
+  // too (Builder.act_type: a ResNet's), else the ops convert to bf16 copies of their inputs and
+  // output gradients and write f32. 0: everything f32, as evaluation always is.
   int bf16;
   // [train] recompute: transformer blocks in training recompute their LayerNorm and GELU outputs,
   // ResNet blocks their first BatchNorm-ReLU output, before the f32 op whose backward reads them,
@@ -103,6 +104,14 @@ typedef struct {
   BufValue out_value;   // the next op's output, 0: its own
   BufValue grad_value;  // the next op's input gradient, 0: its own
   ActLayout layout;
+  // The data type of the activations and of their gradients the ops pass each other (bf16 or
+  // f32; 0: f32), chosen by the network (nn/resnet.c). An op reads and writes its activations in
+  // it and sizes their buffers by it (builder_act_bytes); parameters, their gradients and
+  // statistics stay f32. A buffer is a `float *` either way: oneDNN's memory is untyped, and C
+  // code that reads one reads it as the type the op declared.
+  dnnl_data_type_t act_type;
+  // The next op reads f32 from outside the network (the images) whatever act_type is.
+  int input_f32;
   // Training BatchNorms leave their running statistics as they are: a second instance of a
   // network at another input size (DINO's local crops) normalizes with its own batch statistics,
   // and the running ones stay those of the size the network is evaluated and exported at.
@@ -122,6 +131,18 @@ static inline BuildPolicy builder_policy(const Builder *b) {
 // else f32.
 static inline dnnl_data_type_t builder_compute_type(const Builder *b) {
   return b->policy && b->policy->bf16 ? dnnl_bf16 : dnnl_f32;
+}
+
+// The activations' data type, and the bytes of one element of it.
+static inline dnnl_data_type_t builder_act_type(const Builder *b) {
+  return b->act_type == dnnl_bf16 ? dnnl_bf16 : dnnl_f32;
+}
+static inline size_t builder_act_bytes(const Builder *b) {
+  return builder_act_type(b) == dnnl_bf16 ? 2 : sizeof(float);
+}
+// The data type of the next op's input: f32 from outside the network, else the activations'.
+static inline dnnl_data_type_t builder_input_type(const Builder *b) {
+  return b->input_f32 ? dnnl_f32 : builder_act_type(b);
 }
 
 // The activations' layout as oneDNN names it.

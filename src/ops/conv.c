@@ -12,14 +12,23 @@
 // or Ohwi64o) and backward data (jit, OIhw16o16i) have only the reference implementation in each
 // other's layout, and backward weights only the reference one writing oihw.
 //
-// Under [train] precision = bf16 the same reorders also convert the weights to bf16, and the input
-// (in forward) and the output gradient (in backward) get bf16 copies of their own; outputs, input
-// gradients and weight gradients stay f32, so the ops around a convolution never see bf16.
-// Backward weights of a strided convolution stays f32, on the f32 input and output gradient:
-// oneDNN 2.6's bf16 kernel for it is far slower than its f32 one here (batch 512, nhwc, ms per
-// step: 3x3 stride 2 32->64 246 vs 108, 64->128 2397 vs 90; blocked activations no better),
-// while at stride 1 bf16 is 1.6-2.6x faster (32->32 at 32x32: 190 vs 489). The passes, the copies
-// and the gradient's way into the parameter set are those of every weighted op (ops/weighted.h).
+// Under [train] precision = bf16 the same reorders also convert the weights to bf16. In a network
+// whose activations are bf16 (the builder's act_type: a ResNet's) the input, output and their
+// gradients are bf16 already and need no copy; only the images get a bf16 copy (in forward, kept
+// for backward weights). Where the activations are f32 the input (in forward) and the output
+// gradient (in backward) get bf16 copies, and output and input gradient stay f32. Weight gradients
+// are f32 either way.
+//
+// Backward weights of a strided 3x3 convolution runs in f32, on f32 copies of its input and output
+// gradient made just before it: its bf16 kernel is far slower on both oneDNN versions here. AMD
+// EPYC, 2 cores, AVX512-BF16, no AMX, 2026-12-06, machine shared (ratios only), batch 512 nhwc,
+// ms per step, bf16 against f32: oneDNN 2.6.3, 32->64 at 32x32 1290 vs 96, 64->128 at 16x16 1659
+// vs 70; oneDNN 3.7.2, 917 vs 78 and 464 vs 67; the copies cost 20-40 ms a step together. A
+// strided 1x1 (the projection) runs in bf16: 2.6.3 11.8 and 11.9 vs 11.7 and 9.0 in f32 plus the
+// copies, 3.7.2 5.8 and 6.7 vs 16.0 and 12.4. (Earlier, on an Intel Xeon with AMX, 2.6 at 3x3
+// stride 2: 32->64 246 vs 108, 64->128 2397 vs 90; blocked activations no better.) At stride 1
+// bf16 is 1.6-2.6x faster (32->32 at 32x32: 190 vs 489). The passes, the copies and the gradient's
+// way into the parameter set are those of every weighted op (ops/weighted.h).
 
 // Whether to ask oneDNN for Winograd F(4x4, 3x3) (3x3, stride 1, pad 1, f32 — it has no bf16
 // one — on blocked activations; with nhwc it has none). Auto takes it where both channel counts
@@ -58,8 +67,8 @@ static double conv_bias_flops(const Conv2d *l) {
   return l->has_bias ? (double)l->N * l->OH * l->OW * l->OC : 0.0;
 }
 
-static size_t conv_out_bytes(const Conv2d *l) {
-  return (size_t)l->N * l->OH * l->OW * l->OC * sizeof(float);
+static size_t conv_out_bytes(const Conv2d *l, const Builder *b) {
+  return (size_t)l->N * l->OH * l->OW * l->OC * builder_act_bytes(b);
 }
 
 static void conv_take_params(Conv2d *l, Builder *b, const char *name) {
@@ -82,7 +91,7 @@ static void conv_take_params(Conv2d *l, Builder *b, const char *name) {
 // same bytes for one channel; for three, the input's copy converts it). oneDNN describes tensors in
 // NCHW dimension order; the tags give the actual layouts. Each pass chooses its weights' layout.
 static void conv_describe(const Conv2d *l, const Builder *b, WeightedDescs *d) {
-  dnnl_data_type_t type = builder_compute_type(b);
+  const dnnl_data_type_t type = builder_compute_type(b), act_type = builder_act_type(b);
   const dnnl_format_tag_t act = builder_layout(b);
   const int image_input = conv_image_input(b, l->IC);
   const dnnl_format_tag_t in_tag = image_input && l->IC == 1 ? dnnl_nchw
@@ -91,10 +100,12 @@ static void conv_describe(const Conv2d *l, const Builder *b, WeightedDescs *d) {
   const dnnl_format_tag_t src_tag = image_input ? dnnl_nchw : act;
   dnnl_dims_t src_dims = {l->N, l->IC, l->IH, l->IW}, dst_dims = {l->N, l->OC, l->OH, l->OW};
   dnnl_dims_t w_dims = {l->OC, l->IC, l->K, l->K}, b_dims = {l->OC};
-  d->src_f32 = dnnl_md_plain(4, src_dims, in_tag);
+  d->src_in = dnnl_md_typed(4, src_dims, builder_input_type(b), in_tag);
   d->src = dnnl_md_typed(4, src_dims, type, src_tag);
-  d->dst = dnnl_md_plain(4, dst_dims, act);
+  d->dst = dnnl_md_typed(4, dst_dims, act_type, act);
   d->diff_dst = dnnl_md_typed(4, dst_dims, type, act);
+  d->src_f32 = dnnl_md_plain(4, src_dims, in_tag);
+  d->dst_f32 = dnnl_md_plain(4, dst_dims, act);
   d->w_plain = dnnl_md_plain(4, w_dims, dnnl_oihw);
   d->w_fwd = d->w_bwd_data = dnnl_md_typed(4, w_dims, type, dnnl_format_tag_any);
   d->dw = dnnl_md_plain(4, w_dims, dnnl_format_tag_any);
@@ -111,7 +122,7 @@ static WeightedSpec conv_spec(const Conv2d *l, const Builder *b) {
       .strides = {l->stride, l->stride},
       .padding = {l->pad, l->pad},
       .need_din = l->need_din,
-      .bwd_weights_f32 = builder_compute_type(b) != dnnl_f32 && l->stride > 1,
+      .bwd_weights_f32 = conv_bwd_weights_f32(b, l->K, l->stride),
       .pass_flops = conv_pass_flops(l),
       .bias_flops = conv_bias_flops(l),
       .weight_count = (size_t)l->OC * l->IC * l->K * l->K,
@@ -137,13 +148,14 @@ void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH,
   // Backward data is only needed in training, and not for the first layer.
   l->need_din = need_din && b->mode == OP_TRAIN;
   conv_take_params(l, b, name);
-  WeightedDescs d;
+  WeightedDescs d = {0};
   conv_describe(l, b, &d);
   const WeightedSpec spec = conv_spec(l, b);
-  l->passes = weighted_create(b, &spec, &d, &(WeightedOp)WEIGHTED_OP(l, "conv", conv_out_bytes(l)));
+  l->passes =
+      weighted_create(b, &spec, &d, &(WeightedOp)WEIGHTED_OP(l, "conv", conv_out_bytes(l, b)));
   weighted_descs_destroy(&d);
   l->winograd = weighted_winograd(l->passes, WEIGHTED_FWD);
-  TL_ASSERT(conv2d_backward_reads_input(l) == conv2d_will_read_input(b, l->IC, l->stride));
+  TL_ASSERT(conv2d_backward_reads_input(l) == conv2d_will_read_input(b, l->IC, l->K, l->stride));
 }
 
 void conv2d_forward(Conv2d *l, ExecCtx *ctx, const float *in) {

@@ -33,13 +33,20 @@ int conv2d_backward_reads_input(const Conv2d *l);
 static inline int conv_image_input(const Builder *b, int IC) {
   return builder_layout(b) != dnnl_nhwc && IC % 16 != 0;
 }
-// The same, for a convolution `b` would build over IC channels at `stride`, before it is built:
-// f32 in the layout its kernel reads (not a 3-channel image a blocked network converts, at any
-// stride: ImageNet's stem), or a strided one under bf16, whose weight gradient stays f32 (oneDNN
-// 2.6's bf16 kernel for it is slower here).
-static inline int conv2d_will_read_input(const Builder *b, int IC, int stride) {
-  const int f32 = builder_compute_type(b) == dnnl_f32;
-  return (f32 && !(conv_image_input(b, IC) && IC != 1)) || (!f32 && stride > 1);
+// Whether a KxK convolution `b` would build at `stride` computes its weight gradient in f32 under a
+// bf16 compute type: a strided one wider than 1x1, whose bf16 kernel was measured far slower
+// (ops/conv.c).
+static inline int conv_bwd_weights_f32(const Builder *b, int K, int stride) {
+  return builder_compute_type(b) != dnnl_f32 && stride > 1 && K > 1;
+}
+// The same as conv2d_backward_reads_input, for a KxK convolution `b` would build over IC channels
+// at `stride`, before it is built: its input is given in the compute type and the layout its kernel
+// reads (not an f32 image under bf16, nor a 3-channel image a blocked network converts), or its
+// weight gradient is computed in f32 from it.
+static inline int conv2d_will_read_input(const Builder *b, int IC, int K, int stride) {
+  return (builder_input_type(b) == builder_compute_type(b) &&
+          !(conv_image_input(b, IC) && IC != 1)) ||
+         conv_bwd_weights_f32(b, K, stride);
 }
 void conv2d_destroy(Conv2d *l);
 // [train] conv_algorithm: "auto", "direct" or "winograd" (the config checked the text).

@@ -23,6 +23,7 @@ void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_d
   memset(l, 0, sizeof *l);
   l->kind = kind;
   l->n = n;
+  l->bytes = n * builder_act_bytes(b);
   l->need_din = need_din && b->mode == OP_TRAIN;
   l->mode = b->mode;
   l->comp = b->component;
@@ -37,20 +38,20 @@ void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_d
   dnnl_alg_kind_t alg =
       kind == ELTWISE_RELU ? dnnl_eltwise_relu_use_dst_for_bwd : dnnl_eltwise_gelu_erf;
   dnnl_dims_t dims = {(dnnl_dim_t)n};
-  DnnlMd md = dnnl_md_plain(1, dims, dnnl_a);
+  DnnlMd md = dnnl_md_typed(1, dims, builder_act_type(b), dnnl_a);
   p->fwd_pd = dnnl_pd_eltwise_forward(
       ctx, l->need_din ? dnnl_forward_training : dnnl_forward_inference, alg, md);
   p->fwd = dnnl_ctx_adopt(ctx, p->fwd_pd);
   p->src = dnnl_mem_new(ctx, md);
   p->dst = dnnl_mem_new(ctx, md);
-  op_out_alloc(b, &l->calls, &l->out_slots, n * sizeof(float), l->comp);
+  op_out_alloc(b, &l->calls, &l->out_slots, l->bytes, l->comp);
   l->out = l->out_slots;
   if (l->need_din) {
     p->bwd_pd = dnnl_pd_eltwise_backward(ctx, alg, md, p->fwd_pd);
     p->bwd = dnnl_ctx_adopt(ctx, p->bwd_pd);
     p->diff_dst = dnnl_mem_new(ctx, md);
     p->diff_src = dnnl_mem_new(ctx, md);
-    op_din_alloc(b, &l->calls, &l->din, n * sizeof(float), l->comp);
+    op_din_alloc(b, &l->calls, &l->din, l->bytes, l->comp);
   }
   dnnl_md_destroy(md);
 }
@@ -58,7 +59,7 @@ void eltwise_init(Eltwise *l, Builder *b, EltwiseKind kind, size_t n, int need_d
 static void eltwise_run_forward(Eltwise *l, ExecCtx *ctx, int call) {
   struct EltwisePrivate *p = l->priv;
   l->in = l->calls.in[call];
-  l->out = op_out_slot(&l->calls, l->out_slots, l->n * sizeof(float), call);
+  l->out = op_out_slot(&l->calls, l->out_slots, l->bytes, call);
   dnnl_mem_bind(p->src, l->in);
   dnnl_mem_bind(p->dst, l->out);
   dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, p->src}, {DNNL_ARG_DST, p->dst}};
@@ -84,7 +85,7 @@ void eltwise_backward(Eltwise *l, ExecCtx *ctx, const float *dout) {
   if (!l->need_din) return;
   int call = op_calls_backward(&l->calls, "eltwise");
   l->in = l->calls.in[call];
-  l->out = op_out_slot(&l->calls, l->out_slots, l->n * sizeof(float), call);
+  l->out = op_out_slot(&l->calls, l->out_slots, l->bytes, call);
   TL_ASSERT(l->in);
   dnnl_mem_bind(p->diff_dst, dout);
   dnnl_mem_bind(p->diff_src, l->din);

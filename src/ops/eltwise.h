@@ -8,7 +8,8 @@ typedef enum { ELTWISE_RELU, ELTWISE_GELU } EltwiseKind;
 
 typedef struct {
   EltwiseKind kind;
-  size_t n;  // element count; the tensor is treated as flat
+  size_t n;      // element count; the tensor is treated as flat
+  size_t bytes;  // of one output (and the input gradient): n elements of the builder's act_type
   int need_din;
   OpMode mode;
   MemComponent comp;

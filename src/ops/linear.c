@@ -38,7 +38,7 @@ static void linear_describe(const Linear *l, const Builder *b, WeightedDescs *d)
   dnnl_data_type_t type = builder_compute_type(b);
   dnnl_dims_t src_dims = {l->M, l->IC}, weight_dims = {l->OC, l->IC}, bias_dims = {l->OC},
               dst_dims = {l->M, l->OC};
-  d->src_f32 = dnnl_md_plain(2, src_dims, dnnl_ab);
+  d->src_in = dnnl_md_plain(2, src_dims, dnnl_ab);
   d->src = dnnl_md_typed(2, src_dims, type, dnnl_ab);
   d->dst = dnnl_md_plain(2, dst_dims, dnnl_ab);
   d->diff_dst = dnnl_md_typed(2, dst_dims, type, dnnl_ab);
@@ -82,7 +82,7 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
   l->comp = b->component;
   op_calls_init(&l->calls, b);
   linear_take_params(l, b, name, init_std);
-  WeightedDescs d;
+  WeightedDescs d = {0};
   linear_describe(l, b, &d);
   // A multiply-add per weight and row, each pass; the bias add is not counted.
   const WeightedSpec spec = {

@@ -16,8 +16,13 @@ struct Weighted {
   dnnl_memory_t src, wei_fwd, bias, dst;           // forward (bias also for its gradient)
   dnnl_memory_t diff_dst, wei_bwd_data, diff_src;  // backward data (diff_dst: both backwards)
   dnnl_memory_t bw_src, bw_diff_dst, dwei;         // backward weights
-  DnnlCopy in;                 // the input in the compute type, kept for backward weights
-  DnnlCopy dout;               // the output gradient in the compute type
+  DnnlCopy in;    // the input in the compute type, kept for backward weights
+  DnnlCopy dout;  // the output gradient in the compute type
+  // bwd_weights_f32 on a bf16 input and output gradient: their f32 copies, made just before
+  // backward weights into buffers live only over it (op_inner_alloc).
+  DnnlReorder bw_in_to_f32, bw_dout_to_f32;
+  float *bw_in_f32, *bw_dout_f32;
+  int bw_in_pooled, bw_dout_pooled;
   DnnlCopy fwd_w, bwd_data_w;  // the plain f32 weight -> each primitive's layout and type
   int bwd_data_shares_fwd_w;   // backward data's weight layout is forward's: its copy serves
   DnnlReorder dw_to_plain;     // backward weights' gradient layout -> the plain one
@@ -25,8 +30,8 @@ struct Weighted {
 };
 
 void weighted_descs_destroy(WeightedDescs *d) {
-  DnnlMd mds[] = {d->src_f32, d->src,        d->dst, d->diff_dst, d->w_plain,
-                  d->w_fwd,   d->w_bwd_data, d->dw,  d->bias};
+  DnnlMd mds[] = {d->src_in,  d->src,   d->dst,        d->diff_dst, d->src_f32, d->dst_f32,
+                  d->w_plain, d->w_fwd, d->w_bwd_data, d->dw,       d->bias};
   const size_t n = sizeof mds / sizeof mds[0];
   for (size_t i = 0; i < n; i++) {
     int seen = 0;
@@ -42,7 +47,7 @@ static dnnl_primitive_desc_t pass_pd(const Weighted *w, ExecCtx *ctx, WeightedPa
                                      const WeightedDescs *d) {
   const WeightedSpec *s = &w->spec;
   const DnnlMd bw_src = s->bwd_weights_f32 ? d->src_f32 : d->src;
-  const DnnlMd bw_diff_dst = s->bwd_weights_f32 ? d->dst : d->diff_dst;
+  const DnnlMd bw_diff_dst = s->bwd_weights_f32 ? d->dst_f32 : d->diff_dst;
   const_dnnl_primitive_desc_t hint = w->pd[WEIGHTED_FWD];
   switch (pass) {
     case WEIGHTED_FWD:
@@ -50,9 +55,9 @@ static dnnl_primitive_desc_t pass_pd(const Weighted *w, ExecCtx *ctx, WeightedPa
                                             s->strides, s->padding)
                      : dnnl_pd_inner_product_forward(ctx, prop, d->src, d->w_fwd, d->bias, d->dst);
     case WEIGHTED_BWD_DATA:
-      return s->conv ? dnnl_pd_conv_backward_data(ctx, alg, d->src_f32, d->w_bwd_data, d->diff_dst,
+      return s->conv ? dnnl_pd_conv_backward_data(ctx, alg, d->src_in, d->w_bwd_data, d->diff_dst,
                                                   s->strides, s->padding, hint)
-                     : dnnl_pd_inner_product_backward_data(ctx, d->src_f32, d->w_bwd_data,
+                     : dnnl_pd_inner_product_backward_data(ctx, d->src_in, d->w_bwd_data,
                                                            d->diff_dst, hint);
     default:
       return s->conv ? dnnl_pd_conv_backward_weights(ctx, alg, bw_src, d->dw, d->bias, bw_diff_dst,
@@ -83,7 +88,7 @@ static void make_forward(Weighted *w, Builder *b, const WeightedDescs *d, int sl
   dnnl_copy_init(&w->fwd_w, ctx, d->w_plain, w_fwd_md, MEM_WORKSPACE, w->comp);
   // Kept for backward weights unless that reads the f32 input.
   const MemCategory in_category = train && !w->spec.bwd_weights_f32 ? MEM_ACT : MEM_WORKSPACE;
-  dnnl_copy_init_slots(&w->in, ctx, d->src_f32, d->src, in_category, w->comp, slots);
+  dnnl_copy_init_slots(&w->in, ctx, d->src_in, d->src, in_category, w->comp, slots);
   w->src = dnnl_mem_new(ctx, d->src);
   w->wei_fwd = dnnl_mem_new(ctx, w_fwd_md);
   w->dst = dnnl_mem_new(ctx, d->dst);
@@ -91,8 +96,21 @@ static void make_forward(Weighted *w, Builder *b, const WeightedDescs *d, int sl
   dnnl_md_destroy(w_fwd_md);
 }
 
+// With bwd_weights_f32: the f32 copies of a bf16 input and output gradient backward weights reads.
+static void make_backward_weights_f32_copies(Weighted *w, Builder *b, const WeightedDescs *d) {
+  dnnl_reorder_init(&w->bw_in_to_f32, b->ctx, d->src_in, d->src_f32);
+  if (dnnl_reorder_needed(&w->bw_in_to_f32))
+    w->bw_in_pooled = op_inner_alloc(b, PASS_BACKWARD, &w->bw_in_f32, dnnl_md_bytes(d->src_f32),
+                                     MEM_WORKSPACE, w->comp);
+  dnnl_reorder_init(&w->bw_dout_to_f32, b->ctx, d->dst, d->dst_f32);
+  if (dnnl_reorder_needed(&w->bw_dout_to_f32))
+    w->bw_dout_pooled = op_inner_alloc(b, PASS_BACKWARD, &w->bw_dout_f32, dnnl_md_bytes(d->dst_f32),
+                                       MEM_WORKSPACE, w->comp);
+}
+
 // Backward weights, the reorder of its gradient into the plain one, the output gradient's copy.
-static void make_backward_weights(Weighted *w, ExecCtx *ctx, const WeightedDescs *d) {
+static void make_backward_weights(Weighted *w, Builder *b, const WeightedDescs *d) {
+  ExecCtx *ctx = b->ctx;
   make_pass(w, ctx, WEIGHTED_BWD_WEIGHTS, dnnl_backward_weights, d);
   DnnlMd dw_md = dnnl_pd_md(w->pd[WEIGHTED_BWD_WEIGHTS], dnnl_query_diff_weights_md, 0);
   dnnl_reorder_init(&w->dw_to_plain, ctx, dw_md, d->w_plain);
@@ -101,7 +119,8 @@ static void make_backward_weights(Weighted *w, ExecCtx *ctx, const WeightedDescs
   w->dwei = dnnl_mem_new(ctx, dw_md);
   dnnl_md_destroy(dw_md);
   w->bw_src = dnnl_mem_new(ctx, w->spec.bwd_weights_f32 ? d->src_f32 : d->src);
-  w->bw_diff_dst = dnnl_mem_new(ctx, w->spec.bwd_weights_f32 ? d->dst : d->diff_dst);
+  w->bw_diff_dst = dnnl_mem_new(ctx, w->spec.bwd_weights_f32 ? d->dst_f32 : d->diff_dst);
+  if (w->spec.bwd_weights_f32) make_backward_weights_f32_copies(w, b, d);
   // Read in the compute type by backward data, and by backward weights unless that reads f32.
   if (w->spec.need_din || !w->spec.bwd_weights_f32)
     dnnl_copy_init(&w->dout, ctx, d->dst, d->diff_dst, MEM_ACT_GRAD, w->comp);
@@ -120,8 +139,8 @@ static void make_backward_data(Weighted *w, Builder *b, const WeightedDescs *d) 
   w->wei_bwd_data = dnnl_mem_new(ctx, w_bd_md);
   dnnl_md_destroy(w_bd_md);
   dnnl_md_destroy(w_fwd_md);
-  w->diff_src = dnnl_mem_new(ctx, d->src_f32);
-  op_din_alloc(b, w->op.calls, w->op.din, dnnl_md_bytes(d->src_f32), w->comp);
+  w->diff_src = dnnl_mem_new(ctx, d->src_in);
+  op_din_alloc(b, w->op.calls, w->op.din, dnnl_md_bytes(d->src_in), w->comp);
 }
 
 Weighted *weighted_create(Builder *b, const WeightedSpec *spec, const WeightedDescs *d,
@@ -141,7 +160,7 @@ Weighted *weighted_create(Builder *b, const WeightedSpec *spec, const WeightedDe
                     spec->bias_count ? *op->dbias : NULL, spec->bias_count);
   make_forward(w, b, d, op->calls->count);
   if (b->mode != OP_TRAIN) return w;
-  make_backward_weights(w, b->ctx, d);
+  make_backward_weights(w, b, d);
   if (w->spec.need_din) make_backward_data(w, b, d);
   return w;
 }
@@ -156,7 +175,10 @@ void weighted_forward(Weighted *w, ExecCtx *ctx, const float *in) {
   op->calls->in[call] = *op->in = in;
   *op->out = op_out_slot(op->calls, *op->out_slots, op->out_bytes, call);
   dnnl_mem_bind(w->src, dnnl_copy_run_at(&w->in, ctx, in, call));
-  dnnl_mem_bind(w->wei_fwd, dnnl_copy_run(&w->fwd_w, ctx, *op->weight));
+  // The weights do not change between a step's forward calls (the optimizer steps after
+  // backward): the first call's copy (bf16 under [train] precision = bf16) serves the others.
+  dnnl_mem_bind(w->wei_fwd, call > 0 ? dnnl_copy_last(&w->fwd_w, *op->weight)
+                                     : dnnl_copy_run(&w->fwd_w, ctx, *op->weight));
   dnnl_mem_bind(w->dst, *op->out);
   dnnl_exec_arg_t args[4] = {
       {DNNL_ARG_SRC, w->src}, {DNNL_ARG_WEIGHTS, w->wei_fwd}, {DNNL_ARG_DST, w->dst}};
@@ -175,8 +197,10 @@ static void backward_weights(Weighted *w, ExecCtx *ctx, int call, const float *i
                              const float *dout) {
   OpCalls *calls = w->op.calls;
   if (w->spec.bwd_weights_f32) {
-    dnnl_mem_bind(w->bw_src, in);
-    dnnl_mem_bind(w->bw_diff_dst, dout);
+    if (w->bw_in_f32) dnnl_reorder_run(&w->bw_in_to_f32, ctx, in, w->bw_in_f32);
+    if (w->bw_dout_f32) dnnl_reorder_run(&w->bw_dout_to_f32, ctx, dout, w->bw_dout_f32);
+    dnnl_mem_bind(w->bw_src, w->bw_in_f32 ? (const void *)w->bw_in_f32 : in);
+    dnnl_mem_bind(w->bw_diff_dst, w->bw_dout_f32 ? (const void *)w->bw_dout_f32 : dout);
   } else {
     // The input's converted copy from forward is still this call's input.
     dnnl_mem_bind(w->bw_src, dnnl_copy_last_at(&w->in, in, call));
@@ -243,6 +267,10 @@ void weighted_destroy(Weighted *w) {
   DnnlCopy *copies[] = {&w->in, &w->dout, &w->fwd_w, &w->bwd_data_w};
   for (size_t i = 0; i < sizeof copies / sizeof copies[0]; i++) dnnl_copy_destroy(copies[i]);
   dnnl_reorder_destroy(&w->dw_to_plain);
+  dnnl_reorder_destroy(&w->bw_in_to_f32);
+  dnnl_reorder_destroy(&w->bw_dout_to_f32);
+  op_buffer_free(w->bw_in_f32, w->bw_in_pooled);
+  op_buffer_free(w->bw_dout_f32, w->bw_dout_pooled);
   tl_free(w->dw_buf);
   free(w);
 }
