@@ -20,6 +20,11 @@ dnnl_primitive_t dnnl_ctx_adopt(ExecCtx *ctx, const_dnnl_primitive_desc_t pd) {
   return prim;
 }
 
+void dnnl_prim_destroy(dnnl_primitive_t prim, dnnl_primitive_desc_t pd) {
+  if (prim) dnnl_primitive_destroy(prim);
+  if (pd) dnnl_primitive_desc_destroy(pd);
+}
+
 void dnnl_ctx_reserve_scratchpad(ExecCtx *ctx, const_dnnl_primitive_desc_t pd) {
   size_t need = dnnl_pd_md_bytes(pd, dnnl_query_scratchpad_md, 0);
   if (need <= ctx->scratchpad_bytes) return;

@@ -11,6 +11,9 @@
 // core/dnnl_seam.h) ends the run: call it only for what has no fallback.
 dnnl_primitive_t dnnl_ctx_adopt(ExecCtx *ctx, const_dnnl_primitive_desc_t pd);
 
+// Destroys a primitive and its descriptor, either of them NULL (a pass the op did not build).
+void dnnl_prim_destroy(dnnl_primitive_t prim, dnnl_primitive_desc_t pd);
+
 // Grows the shared scratchpad to at least what `pd` asks for (dnnl_ctx_adopt does).
 void dnnl_ctx_reserve_scratchpad(ExecCtx *ctx, const_dnnl_primitive_desc_t pd);
 

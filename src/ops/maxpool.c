@@ -104,10 +104,8 @@ void maxpool_backward(MaxPool *l, ExecCtx *ctx, const float *dout) {
 void maxpool_destroy(MaxPool *l) {
   struct MaxPoolPrivate *p = l->priv;
   if (p) {
-    dnnl_primitive_destroy(p->fwd);
-    dnnl_primitive_desc_destroy(p->fwd_pd);
-    if (p->bwd) dnnl_primitive_destroy(p->bwd);
-    if (p->bwd_pd) dnnl_primitive_desc_destroy(p->bwd_pd);
+    dnnl_prim_destroy(p->fwd, p->fwd_pd);
+    dnnl_prim_destroy(p->bwd, p->bwd_pd);
     dnnl_memory_destroy(p->src);
     dnnl_memory_destroy(p->dst);
     if (p->workspace) dnnl_memory_destroy(p->workspace);
