@@ -474,16 +474,27 @@ tally_onednn() {
     sed -n 's/.*info,oneDNN v\([0-9][0-9.]*\).*/\1/p' | head -n 1
 }
 
+# row_args PRECISION: the current row's Tally training arguments, into the caller's `args`.
+row_args() {
+  args=(train --objective="$objective" --config "$config" --steps $((WARMUP + STEPS)) --no-knn
+    --quiet "${row_set[@]}" --set "train.precision=$1")
+}
+
+# root_row_dir: the current row's results folder inside the Debian 13 root's checkout (made),
+# relative to it.
+root_row_dir() {
+  mkdir -p "$DEBIAN13_ROOT$BENCH_DIR/bench-results/$STAMP/$slug"
+  echo "bench-results/$STAMP/$slug"
+}
+
 # run_tally NAME PRECISION [root]: one measured Tally run of the current row into $dir/NAME, built
 # on the host or (root) in the Debian 13 root, whose run folder is then moved out beside the rest.
 run_tally() {
-  local name=$1 precision=$2 where=${3:-host}
-  local args=(train --objective="$objective" --config "$config" --steps $((WARMUP + STEPS)) --no-knn
-    --quiet "${row_set[@]}" --set "train.precision=$precision")
+  local name=$1 precision=$2 where=${3:-host} args inside
+  row_args "$precision"
   echo "bench: $slug: Tally $name"
   if [ "$where" = root ]; then
-    local inside=bench-results/$STAMP/$slug
-    mkdir -p "$DEBIAN13_ROOT$BENCH_DIR/$inside"
+    inside=$(root_row_dir)
     "$PY" scripts/bench_torch.py exec --json "$dir/$name.exec.json" --log "$dir/$name.log" -- \
       "${DEBIAN13_CHROOT[@]}" /bin/bash -c 'cd "$1" && shift && exec "$@"' bash "$BENCH_DIR" \
       build/tally "${args[@]}" --out "$inside/$name" || echo "bench: Tally failed on $slug, see $dir/$name.log" >&2
@@ -725,13 +736,11 @@ stacks() {
 # --- --profile: each primitive's share of a step and fraction of the peak, per row and precision.
 # profile_run NAME PRECISION [root]: one DNNL_VERBOSE run of the current row, its log beside it.
 profile_run() {
-  local name=$1 precision=$2 where=${3:-host}
-  local args=(train --objective="$objective" --config "$config" --steps $((WARMUP + STEPS)) --no-knn
-    --quiet "${row_set[@]}" --set "train.precision=$precision")
+  local name=$1 precision=$2 where=${3:-host} args inside
+  row_args "$precision"
   echo "bench: $slug: $name"
   if [ "$where" = root ]; then
-    local inside=bench-results/$STAMP/$slug
-    mkdir -p "$DEBIAN13_ROOT$BENCH_DIR/$inside"
+    inside=$(root_row_dir)
     "${DEBIAN13_CHROOT[@]}" DNNL_VERBOSE=1 /bin/bash -c 'cd "$1" && shift && exec "$@"' bash "$BENCH_DIR" \
       build/tally "${args[@]}" --out "$inside/$name" > "$dir/$name.verbose" 2>&1 || return 1
     mv "$DEBIAN13_ROOT$BENCH_DIR/$inside/$name" "$dir/$name"
