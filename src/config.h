@@ -129,10 +129,6 @@ int config_objectives_set(const Config *cfg, const char **names, int cap);
 // returns -1 with tl_last_error() = "FILE:LINE: message" (with the closest known key when the
 // key is unknown).
 int config_load(Config *cfg, const char *path);
-// Sets up inih to read lines long enough for any value a Config holds (a path of PATH_MAX - 1
-// characters and its key) and returns that length; every reader of a recipe or a config.ini
-// calls it first (config_load and config_load_text do).
-int config_ini_max_line(void);
 
 // Reads a configuration from texts written by config_write and config_write_model (a
 // checkpoint's own copy): the model comes from `model`, not from the file [model] names. `name`
