@@ -21,7 +21,7 @@
 #include "io/dir_lock.h"
 #include "io/json_read.h"
 #include "io/regular_file.h"
-#include "ledger/bytes.h"
+#include "ledger/record.h"
 #include "train/checkpoint.h"
 #include "compare/compare_results.h"
 #include "plan/plan.h"
@@ -336,16 +336,16 @@ static void print_estimate(const CompareSpec *spec, CellPlan plans[][COMPARE_MAX
   printf("time left: %d run%s to train, %d to evaluate:", runs_left, runs_left == 1 ? "" : "s",
          evals_left);
   if (budget_seconds > 0) {
-    format_quantity(QTY_SECONDS, budget_seconds, text, sizeof text);
+    ledger_format_value(UNIT_SECONDS, budget_seconds, text, sizeof text);
     printf(" %s of time budgets;", text);
   }
   if (flop_seconds > 0) {
-    format_quantity(QTY_SECONDS, flop_seconds, text, sizeof text);
+    ledger_format_value(UNIT_SECONDS, flop_seconds, text, sizeof text);
     printf(" %s for planned FLOPs at the rate measured on finished runs%s;", text,
            other_rate_runs ? " (another objective's for some)" : "");
   }
   if (probe_seconds > 0) {
-    format_quantity(QTY_SECONDS, probe_seconds, text, sizeof text);
+    ledger_format_value(UNIT_SECONDS, probe_seconds, text, sizeof text);
     printf(" %s for planned steps at a timed probe's pace (5 steps here, before any run);", text);
   }
   if (unknown_runs)
@@ -355,13 +355,13 @@ static void print_estimate(const CompareSpec *spec, CellPlan plans[][COMPARE_MAX
         unknown_runs, unknown_runs == 1 ? "" : "s");
   if (all.evals) {
     double eval_seconds = evals_left * all.eval_seconds / all.evals;
-    format_quantity(QTY_SECONDS, eval_seconds, text, sizeof text);
+    ledger_format_value(UNIT_SECONDS, eval_seconds, text, sizeof text);
     printf(" evaluations about %s (measured);", text);
     seconds += eval_seconds;
   } else {
     printf(" evaluations not yet timed;");
   }
-  format_quantity(QTY_SECONDS, seconds, text, sizeof text);
+  ledger_format_value(UNIT_SECONDS, seconds, text, sizeof text);
   printf(" %s%s in all\n", unknown_runs || !all.evals ? "at least " : "about ", text);
 }
 
@@ -370,13 +370,13 @@ static void print_estimate(const CompareSpec *spec, CellPlan plans[][COMPARE_MAX
 static int print_plan(const CompareSpec *spec, CellPlan plans[][COMPARE_MAX_BUDGETS]) {
   const double machine = tl_machine_memory_bytes();
   char have[32];
-  format_bytes(machine, have, sizeof have);
+  ledger_format_value(UNIT_BYTES, machine, have, sizeof have);
   printf("tally compare: %d objective%s x %d budget%s x %d seed%s = %d runs in %s\n",
          spec->n_objectives, spec->n_objectives == 1 ? "" : "s", spec->n_budgets,
          spec->n_budgets == 1 ? "" : "s", spec->n_seeds, spec->n_seeds == 1 ? "" : "s",
          spec->n_objectives * spec->n_budgets * spec->n_seeds, spec->out_dir);
   printf("%-10s %-10s %-16s %10s %14s %14s %s\n", "objective", "budget", "backbone", "steps",
-         "PFLOP/run", "planned peak", "fits ");
+         "FLOP/run", "planned peak", "fits ");
   int refused = 0;
   for (int o = 0; o < spec->n_objectives; o++)
     for (int b = 0; b < spec->n_budgets; b++) {
@@ -388,11 +388,8 @@ static int print_plan(const CompareSpec *spec, CellPlan plans[][COMPARE_MAX_BUDG
         snprintf(steps, sizeof steps, "%ld", p->totals.total_steps);
       else
         snprintf(steps, sizeof steps, "timed");
-      if (isfinite(p->run_flops))
-        snprintf(flops, sizeof flops, "%.4g", p->run_flops / 1e15);
-      else
-        snprintf(flops, sizeof flops, "-");
-      format_bytes((double)p->totals.total_bytes, peak, sizeof peak);
+      ledger_format_value(UNIT_FLOPS, p->run_flops, flops, sizeof flops);
+      ledger_format_value(UNIT_BYTES, (double)p->totals.total_bytes, peak, sizeof peak);
       printf("%-10s %-10s %-16s %10s %14s %14s %s\n", spec->objectives[o], spec->budgets[b],
              p->totals.backbone, steps, flops, peak,
              !checked ? "(not checked: each rank's machine)"

@@ -11,15 +11,12 @@
 #include "io/json_read.h"
 #include "io/json_write.h"
 #include "io/regular_file.h"
-#include "ledger/bytes.h"
 #include "ledger/chart.h"
 #include "ledger/record.h"
 #include "objectives/objective.h"
 #include "train/checkpoint.h"
 
 typedef enum { FROM_EVAL, FROM_SUMMARY, FROM_LEDGER } Source;
-// SHOW_COUNT: how many seeds of n had it ("1 of 3"), for a 0/1 measure.
-typedef enum { SHOW_FRACTION, SHOW_NUMBER, SHOW_BYTES, SHOW_PFLOP, SHOW_COUNT } Show;
 
 // Where each measure is read and how compare.json groups it: at the cell's top, under
 // "per_step" (the ledger's answers for one step) or under "raw_pixels" (the baselines).
@@ -30,42 +27,43 @@ static const struct {
   Source source;
   const char *field;  // in tally eval --json, summary.json or the ledger
   int first_seed_only;
-  Show show;
+  LedgerUnit unit;  // how the terminal and compare.html show it (ledger_format_value)
 } measures[N_MEASURES] = {
-    [M_KNN] = {"knn_top1", NULL, "kNN top-1", FROM_EVAL, "knn_top1", 0, SHOW_FRACTION},
-    [M_KNN_K] = {"knn_k", NULL, "kNN k", FROM_EVAL, "knn_k", 0, SHOW_NUMBER},
+    [M_KNN] = {"knn_top1", NULL, "kNN top-1", FROM_EVAL, "knn_top1", 0, UNIT_FRACTION},
+    [M_KNN_K] = {"knn_k", NULL, "kNN k", FROM_EVAL, "knn_k", 0, UNIT_RATIO},
     [M_KNN20] = {"knn_top1_k20", NULL, "kNN top-1 (k=20)", FROM_EVAL, "knn_top1_k20", 0,
-                 SHOW_FRACTION},
-    [M_LINEAR] = {"linear_top1", NULL, "linear probe", FROM_EVAL, "linear_top1", 0, SHOW_FRACTION},
-    [M_COLLAPSED] = {"collapsed", NULL, "collapsed", FROM_EVAL, "collapsed", 0, SHOW_COUNT},
-    [M_RANKME] = {"rankme", NULL, "rankme", FROM_EVAL, "rankme", 0, SHOW_NUMBER},
+                 UNIT_FRACTION},
+    [M_LINEAR] = {"linear_top1", NULL, "linear probe", FROM_EVAL, "linear_top1", 0, UNIT_FRACTION},
+    [M_COLLAPSED] = {"collapsed", NULL, "collapsed", FROM_EVAL, "collapsed", 0, UNIT_FLAG},
+    [M_RANKME] = {"rankme", NULL, "rankme", FROM_EVAL, "rankme", 0, UNIT_RATIO},
     [M_EMBEDDING_STD] = {"embedding_std", NULL, "embedding std", FROM_EVAL, "embedding_std", 0,
-                         SHOW_NUMBER},
+                         UNIT_RATIO},
     // The ledger's cumulative count, to 9 digits (summary.json's has 6).
-    [M_FLOPS] = {"flops_total", NULL, "training PFLOP", FROM_LEDGER, "flops_total", 0, SHOW_PFLOP},
+    [M_FLOPS] = {"flops_total", NULL, "training FLOP", FROM_LEDGER, "flops_total", 0, UNIT_FLOPS},
     [M_SECONDS] = {"train_seconds", NULL, "training s", FROM_SUMMARY, "train_seconds", 0,
-                   SHOW_NUMBER},
+                   UNIT_SECONDS},
     [M_PEAK_RSS] = {"peak_rss_bytes", NULL, "peak RSS", FROM_SUMMARY, "peak_rss_bytes", 0,
-                    SHOW_BYTES},
+                    UNIT_BYTES},
     [M_VIEWS_GRAD] = {"views_grad", "per_step", "views with gradient", FROM_LEDGER, "views_grad", 0,
-                      SHOW_NUMBER},
+                      UNIT_COUNT},
     [M_VIEWS_NOGRAD] = {"views_nograd", "per_step", "views without", FROM_LEDGER, "views_nograd", 0,
-                        SHOW_NUMBER},
+                        UNIT_COUNT},
     [M_ACTIVATION_BYTES] = {"activation_bytes", "per_step", "activations", FROM_LEDGER,
-                            "activation_bytes", 0, SHOW_BYTES},
+                            "activation_bytes", 0, UNIT_BYTES},
     [M_QUEUE_VECTORS] = {"queue_vectors", "per_step", "cached vectors", FROM_LEDGER,
-                         "queue_vectors", 0, SHOW_NUMBER},
+                         "queue_vectors", 0, UNIT_COUNT},
     [M_ENCODINGS_NEW] = {"encodings_next_new", "per_step", "encodings anew", FROM_LEDGER,
-                         "encodings_next_new", 0, SHOW_NUMBER},
+                         "encodings_next_new", 0, UNIT_COUNT},
     [M_ENCODINGS_REUSED] = {"encodings_next_reused", "per_step", "encodings reused", FROM_LEDGER,
-                            "encodings_next_reused", 0, SHOW_NUMBER},
+                            "encodings_next_reused", 0, UNIT_COUNT},
     [M_KNN_RAW] = {"knn_top1", "raw_pixels", "kNN on raw pixels", FROM_EVAL, "knn_top1_raw_pixels",
-                   1, SHOW_FRACTION},
+                   1, UNIT_FRACTION},
     [M_KNN20_RAW] = {"knn_top1_k20", "raw_pixels", "kNN (k=20) on raw pixels", FROM_EVAL,
-                     "knn_top1_k20_raw_pixels", 1, SHOW_FRACTION},
+                     "knn_top1_k20_raw_pixels", 1, UNIT_FRACTION},
     [M_LINEAR_RAW] = {"linear_top1", "raw_pixels", "linear probe on raw pixels", FROM_EVAL,
-                      "linear_top1_raw_pixels", 1, SHOW_FRACTION},
-    [M_EVAL_SECONDS] = {"eval_seconds", NULL, "evaluation s", FROM_EVAL, "seconds", 0, SHOW_NUMBER},
+                      "linear_top1_raw_pixels", 1, UNIT_FRACTION},
+    [M_EVAL_SECONDS] = {"eval_seconds", NULL, "evaluation s", FROM_EVAL, "seconds", 0,
+                        UNIT_SECONDS},
 };
 
 // ---- statistics ----
@@ -251,7 +249,7 @@ int compare_collect(const CompareSpec *spec, CompareCell *cells) {
         free(eval);
         free(summary);
       }
-      for (int m = 0; m < N_MEASURES; m++) seed_stats(&c->m[m], measures[m].show == SHOW_FRACTION);
+      for (int m = 0; m < N_MEASURES; m++) seed_stats(&c->m[m], measures[m].unit == UNIT_FRACTION);
     }
   return 0;
 }
@@ -534,33 +532,33 @@ int compare_write_json(const CompareSpec *spec, const CompareCell *cells, const 
 
 // ---- the terminal's table and compare.html ----
 
-// "81.2% [79.5-82.9]" / "2.41 ± 0.08" / "1.20 GiB" / "1 of 3": the mean, and the 95% interval
+// "81.2% [79.5-82.9]" / "2.41 ± 0.08" / "1.20 GiB ± 12.0 MiB" / "1 of 3": the mean in its unit
+// (ledger_format_value, as the plan and the report show values), and the 95% interval
 // (accuracies) or half of it (other measures) when there is one.
-static void show(const SeedStats *s, Show how, char *out, size_t n) {
+static void show(const SeedStats *s, LedgerUnit unit, char *out, size_t n) {
   if (s->n == 0) {
     snprintf(out, n, "-");
     return;
   }
-  double half = s->n >= 2 ? (s->hi - s->lo) / 2 : NAN;
-  size_t at;
-  switch (how) {
-    case SHOW_FRACTION:
-      at = (size_t)snprintf(out, n, "%.1f%%", 100 * s->mean);
-      if (s->n >= 2 && at < n) snprintf(out + at, n - at, " [%.1f-%.1f]", 100 * s->lo, 100 * s->hi);
-      break;
-    case SHOW_COUNT:
-      snprintf(out, n, "%.0f of %d", s->mean * s->n, s->n);
-      break;
-    case SHOW_BYTES:
-      format_bytes(s->mean, out, n);
-      break;
-    case SHOW_PFLOP:
-      snprintf(out, n, "%.4g", s->mean / 1e15);
-      break;
-    default:
-      at = (size_t)snprintf(out, n, "%.4g", s->mean);
-      if (isfinite(half) && half > 0 && at < n) snprintf(out + at, n - at, " ± %.2g", half);
+  if (unit == UNIT_FLAG) {
+    snprintf(out, n, "%.0f of %d", s->mean * s->n, s->n);
+    return;
   }
+  ledger_format_value(unit, s->mean, out, n);
+  if (s->n < 2) return;
+  size_t at = strlen(out);
+  if (unit == UNIT_FRACTION) {
+    if (at < n) snprintf(out + at, n - at, " [%.1f-%.1f]", 100 * s->lo, 100 * s->hi);
+    return;
+  }
+  const double half = (s->hi - s->lo) / 2;
+  if (!isfinite(half) || !(half > 0)) return;
+  char h[48];
+  if (unit == UNIT_RATIO || unit == UNIT_COUNT)  // a plain number: two significant digits
+    snprintf(h, sizeof h, "%.2g", half);
+  else
+    ledger_format_value(unit, half, h, sizeof h);
+  if (at < n) snprintf(out + at, n - at, " ± %s", h);
 }
 
 // A measure's column label; kNN's names its k when every run voted with the same one.
@@ -595,7 +593,7 @@ void compare_print_table(FILE *f, const CompareSpec *spec, const CompareCell *ce
       fprintf(f, "%-10s %-10s", spec->objectives[o], spec->budgets[b]);
       for (size_t k = 0; k < sizeof shown / sizeof *shown; k++) {
         char text[64];
-        show(&cells[o * spec->n_budgets + b].m[shown[k]], measures[shown[k]].show, text,
+        show(&cells[o * spec->n_budgets + b].m[shown[k]], measures[shown[k]].unit, text,
              sizeof text);
         fprintf(f, " %18s", text);
       }
@@ -603,7 +601,7 @@ void compare_print_table(FILE *f, const CompareSpec *spec, const CompareCell *ce
     }
   fprintf(f,
           "accuracies: mean over seeds [95%% interval, on the logit scale so inside 0-100%%]; "
-          "other measures: mean ± half the 95%% interval; training PFLOP of every replica\n");
+          "other measures: mean ± half the 95%% interval; training FLOP of every replica\n");
 }
 
 // One point per (objective, budget): x the mean of a cost, y the mean accuracy.
@@ -743,7 +741,7 @@ static void html_table(FILE *f, const CompareSpec *spec, const CompareCell *cell
       fprintf(f, "</td><td>%d</td>", spec->n_seeds);
       for (int k = 0; k < n_columns; k++) {
         char text[64];
-        show(&c->m[columns[k]], measures[columns[k]].show, text, sizeof text);
+        show(&c->m[columns[k]], measures[columns[k]].unit, text, sizeof text);
         fputs("<td>", f);
         html_put_text(f, text);
         fputs("</td>", f);

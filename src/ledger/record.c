@@ -282,6 +282,12 @@ void ledger_format_value(LedgerUnit unit, double v, char *buf, size_t n) {
     case UNIT_RATE:
       snprintf(buf, n, "%.*f", fabs(v) >= 100 ? 0 : fabs(v) >= 10 ? 1 : 2, v);
       break;
+    case UNIT_FRACTION:
+      snprintf(buf, n, "%.1f%%", 100 * v);
+      break;
+    case UNIT_FLAG:
+      snprintf(buf, n, "%s", v >= 0.5 ? "yes" : "no");
+      break;
     default:
       snprintf(buf, n, "%.4g", v);
       break;

@@ -41,7 +41,9 @@ typedef enum {
   UNIT_STEPS,
   UNIT_RATIO,
   UNIT_RATE,
-  UNIT_TEXT
+  UNIT_TEXT,
+  UNIT_FRACTION,  // a share in [0, 1], shown as a percentage (an accuracy)
+  UNIT_FLAG,      // 0 or 1 (a collapsed encoder); its mean over seeds is the share that had it
 } LedgerUnit;
 
 typedef struct {
