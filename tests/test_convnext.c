@@ -177,7 +177,7 @@ static void test_model_file_checks(void **state) {
   if (config_load_model(&cfg, "models/convnext_tiny.ini") != 0) fail_msg("%s", tl_last_error());
   cfg.data.image_size = 28;
   assert_int_equal(config_validate(&cfg), -1);
-  assert_non_null(strstr(tl_last_error(), "at least 32 px"));
+  assert_non_null(strstr(tl_last_error(), "at least 32 px, not 28"));
   cfg.data.image_size = 32;
   assert_int_equal(config_validate(&cfg), 0);
   cfg.model.spec.stage_depths[3] = 0;

@@ -222,8 +222,23 @@ static BufValue downsample_init(CnDownsample *d, Builder *b, int stage, int N, i
   return out;
 }
 
+// The stem divides the side by 4 and each later stage by 2 (rounding down, as torchvision's
+// convolutions do): the last stage must keep at least a pixel. Also checked when an instance is
+// built, for the sizes the model file does not name (dino's and swav's local crops).
+static int convnext_check_size(const ModelSpec *m, int image_size, const char *where) {
+  const int stages = model_spec_list_length(m->stage_dims);
+  int side = image_size / CN_STEM;
+  for (int s = 1; s < stages && side > 0; s++) side /= 2;
+  if (side >= 1) return 0;
+  return tl_fail(
+      "%s: [backbone] convnext with %d stages needs images of at least %d px, not %d: the "
+      "stem divides the side by %d and each later stage by 2",
+      where, stages, CN_STEM << (stages - 1), image_size, CN_STEM);
+}
+
 Backbone *convnext_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels) {
   TL_ASSERT(channels <= BACKBONE_MAX_CHANNELS);
+  if (convnext_check_size(spec, image_size, "an instance of the model")) return NULL;
   ConvNeXt *r = calloc(1, sizeof *r);
   if (!r) TL_DIE("out of memory");
   r->mode = b->mode;
@@ -295,24 +310,14 @@ static const KeySpec convnext_keys[] = {
                "convnext: blocks in each stage (as many entries as `stage_dims`)"),
 };
 
-// The stem divides the side by 4 and each later stage by 2 (rounding down, as torchvision's
-// convolutions do): the last stage must keep at least a pixel.
 static int convnext_validate(const void *settings, int image_size, const char *where) {
   const ModelSpec *m = settings;
-  const int stages = model_spec_list_length(m->stage_dims);
-  if (stages < 1)
+  if (model_spec_list_length(m->stage_dims) < 1)
     return tl_fail("%s: [backbone] convnext needs at least one stage (stage_dims)", where);
   if (m->pad_to)
     return tl_fail("%s: [backbone] pad_to = %d: convnext does not frame its images", where,
                    m->pad_to);
-  int side = image_size / CN_STEM;
-  for (int s = 1; s < stages && side > 0; s++) side /= 2;
-  if (side < 1)
-    return tl_fail(
-        "%s: [backbone] convnext with %d stages needs images of at least %d px ([data] "
-        "image_size = %d): the stem divides the side by %d and each later stage by 2",
-        where, stages, CN_STEM << (stages - 1), image_size, CN_STEM);
-  return 0;
+  return convnext_check_size(m, image_size, where);
 }
 
 static const BackboneSection convnext_section = {
