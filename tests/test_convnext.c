@@ -45,12 +45,13 @@ static int ends_with(const char *s, const char *tail) {
 // The tiny network built on identical parameters (seed 3) under `policy`. The layer scales are
 // set to 0.5-1.5 and the biases and shifts away from 0: at torchvision's 1e-6 a block's branch
 // would hardly reach the feature, and finite differences could not see a wrong gradient in it.
-static void case_open(GradCase *c, int bf16) {
+static void case_open(GradCase *c, int bf16, int recompute) {
   const ModelSpec spec = tiny_convnext_spec();
   exec_ctx_init(&c->ctx);
   paramset_alloc(&c->ps, backbone_param_count(&spec, GRAD_S, GRAD_C), 3);
   c->policy = build_policy_default();
   c->policy.bf16 = bf16;
+  c->policy.recompute = recompute;
   Builder b = {.ctx = &c->ctx, .params = &c->ps, .mode = OP_TRAIN, .policy = &c->policy};
   c->bb = backbone_create(&spec, &b, GRAD_N, GRAD_S, GRAD_C);
   Rng r = rng_stream(11, RNG_TEST, 0, 0);
@@ -89,11 +90,11 @@ static void case_backward(GradCase *c) {
 }
 
 // Every parameter tensor's gradient, sampled, against central differences: LayerNorm and GELU
-// are smooth, so a tight tolerance holds.
-static void test_tiny_convnext_gradient(void **state) {
-  (void)state;
+// are smooth, so a tight tolerance holds. With [train] recompute the blocks' norm and GELU
+// outputs are written again before the linear layers' backward reads them; without, kept.
+static void check_gradient(int recompute) {
   GradCase *c = calloc(1, sizeof *c);
-  case_open(c, 0);
+  case_open(c, 0, recompute);
   assert_int_equal(c->bb->feature_dim, 16);
   assert_int_equal(backbone_feature_dim(&(ModelSpec){.type = "convnext", .stage_dims = {8, 16}}),
                    16);
@@ -118,6 +119,16 @@ static void test_tiny_convnext_gradient(void **state) {
   free(c);
 }
 
+static void test_tiny_convnext_gradient(void **state) {
+  (void)state;
+  check_gradient(1);
+}
+
+static void test_tiny_convnext_gradient_kept(void **state) {
+  (void)state;
+  check_gradient(0);
+}
+
 // bf16 compute (f32 activations) gives the f32 features and gradients to bf16's precision.
 static double relative_error(const float *got, const float *want, size_t n) {
   double diff = 0, norm = 0;
@@ -131,8 +142,8 @@ static double relative_error(const float *got, const float *want, size_t n) {
 static void test_bf16_runs_like_f32(void **state) {
   (void)state;
   GradCase *f = calloc(1, sizeof *f), *h = calloc(1, sizeof *h);
-  case_open(f, 0);
-  case_open(h, 1);
+  case_open(f, 0, 1);
+  case_open(h, 1, 1);
   case_backward(f);
   case_backward(h);
   const size_t nf = (size_t)GRAD_N * f->bb->feature_dim;
@@ -304,6 +315,7 @@ int main(void) {
   write_tiny();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_tiny_convnext_gradient),
+      cmocka_unit_test(test_tiny_convnext_gradient_kept),
       cmocka_unit_test(test_bf16_runs_like_f32),
       cmocka_unit_test(test_model_file_counts_as_torchvision),
       cmocka_unit_test(test_model_file_checks),

@@ -48,9 +48,12 @@ typedef struct {
 // A block's ops in the order forward runs them (backward runs them in reverse), each declared to
 // the builder's pool before it is built (ops/builder.h). Backward reads: the depthwise
 // convolution's and the linear layers' inputs (weight gradients), the LayerNorm's input, GELU's
-// input and the layer scale's input (its gamma's gradient). The sum writes over the layer
-// scale's output, read by nothing else. x: the block input, dout: the gradient at its output,
-// din: where its input gradient goes; returns the output value.
+// input and the layer scale's input (its gamma's gradient). Under [train] recompute the norm's
+// and GELU's outputs (the linear layers' inputs: C and 4C a pixel) are written again just before
+// the linear layer's backward reads them (block_backward), from the inputs kept anyway, as a
+// transformer block's are; in bf16 the linear layers read copies of their own. The sum writes
+// over the layer scale's output, read by nothing else. x: the block input, dout: the gradient at
+// its output, din: where its input gradient goes; returns the output value.
 static BufValue block_init(CnBlock *blk, Builder *b, const char *name, int N, int H, int W, int C,
                            BufValue x, BufValue dout, BufValue din) {
   char nm[64];
@@ -71,7 +74,7 @@ static BufValue block_init(CnBlock *blk, Builder *b, const char *name, int N, in
   conv2d_init_grouped(&blk->dw, b, nm, N, C, H, W, C, CN_KERNEL, 1, CN_KERNEL / 2, C, 1, train);
   if (conv2d_backward_reads_input(&blk->dw)) builder_backward_reads(b, x);
   snprintf(nm, sizeof nm, "%s.norm", name);
-  const BufValue nv = builder_output(b, c, 0, 0);
+  const BufValue nv = builder_output(b, c, 0, OUT_RECOMPUTED);
   builder_grad(b, g_c, g_n, 0);
   builder_backward_reads(b, c);
   layernorm_init(&blk->norm, b, nm, M, C);
@@ -80,7 +83,7 @@ static BufValue block_init(CnBlock *blk, Builder *b, const char *name, int N, in
   builder_grad(b, g_n, g_h, 0);
   linear_init(&blk->fc1, b, nm, M, C, hidden, 1, train, CN_LINEAR_STD);
   if (linear_backward_reads_input(&blk->fc1)) builder_backward_reads(b, nv);
-  const BufValue g = builder_output(b, h, 0, OUT_IN_PLACE);
+  const BufValue g = builder_output(b, h, 0, OUT_IN_PLACE | OUT_RECOMPUTED);
   builder_grad(b, g_h, g_g, 0);
   builder_backward_reads(b, h);
   eltwise_init(&blk->gelu, b, ELTWISE_GELU, (size_t)M * hidden, train);
@@ -113,8 +116,12 @@ static const float *block_forward(CnBlock *blk, ExecCtx *ctx, const float *in) {
 // The sum passes dout to both paths; returns the gradient at the block input.
 static const float *block_backward(CnBlock *blk, ExecCtx *ctx, const float *dout) {
   layerscale_backward(&blk->scale, ctx, dout);
+  if (blk->gelu.calls.out_shared && linear_backward_reads_input(&blk->fc2))
+    eltwise_recompute(&blk->gelu, ctx);
   linear_backward(&blk->fc2, ctx, blk->scale.din);
   eltwise_backward(&blk->gelu, ctx, blk->fc2.din);
+  if (blk->norm.calls.out_shared && linear_backward_reads_input(&blk->fc1))
+    layernorm_recompute(&blk->norm, ctx);
   linear_backward(&blk->fc1, ctx, blk->gelu.din);
   layernorm_backward(&blk->norm, ctx, blk->fc1.din);
   conv2d_backward(&blk->dw, ctx, blk->norm.din);
