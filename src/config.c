@@ -544,6 +544,23 @@ static int validate_shard_weights(const Config *cfg, const char *where) {
   return 0;
 }
 
+// Whether a family's list keys in m have different lengths (tl_fail says which).
+static int family_lists_differ(const BackboneSection *family, const ModelSpec *m,
+                               const char *where) {
+  int first = -1, differ = 0;
+  char lengths[256] = "";
+  for (size_t i = 0; i < family->n_keys; i++) {
+    const KeySpec *k = &family->keys[i];
+    if (k->type != KEY_INT_LIST) continue;
+    const int n = model_spec_list_length((const int *)((const char *)m + k->offset));
+    differ |= first >= 0 && n != first;
+    snprintf(lengths + strlen(lengths), sizeof lengths - strlen(lengths),
+             first < 0 ? "%s has %d" : ", %s %d", k->key, n);
+    if (first < 0) first = n;
+  }
+  return differ ? tl_fail("%s: [backbone] lists differ in length: %s", where, lengths) : 0;
+}
+
 static int validate_model(const Config *cfg) {
   const ModelSpec *m = &cfg->model.spec;
   const char *where = cfg->model.file;
@@ -553,21 +570,11 @@ static int validate_model(const Config *cfg) {
   // The type key accepts only registered names, so the family is there.
   const BackboneSection *family = backbone_section(m->type);
   if (family->validate && family->validate(m, cfg->data.image_size, where)) return -1;
-  // Whatever the type: the model file's lists describe one network together, and a file whose
-  // lists contradict each other is a mistake worth naming even for a family that ignores them.
-  const Schema *ms = &model_schema;
-  int first = -1, differ = 0;
-  char lengths[256] = "";
-  for (size_t i = 0; i < ms->n_keys; i++) {
-    const KeySpec *k = &ms->keys[i];
-    if (k->type != KEY_INT_LIST) continue;
-    const int n = model_spec_list_length((const int *)((const char *)m + k->offset));
-    differ |= first >= 0 && n != first;
-    snprintf(lengths + strlen(lengths), sizeof lengths - strlen(lengths),
-             first < 0 ? "%s has %d" : ", %s %d", k->key, n);
-    if (first < 0) first = n;
-  }
-  if (differ) return tl_fail("%s: [backbone] lists differ in length: %s", where, lengths);
+  // Whatever the type: a family's lists describe one network together, and a file whose lists
+  // contradict each other is a mistake worth naming even for a family that ignores them. Each
+  // family's lists agree among themselves: their defaults need not have another family's length.
+  for (int f = 0; f < n_backbone_sections; f++)
+    if (family_lists_differ(backbone_sections[f], m, where)) return -1;
   return 0;
 }
 

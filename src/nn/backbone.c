@@ -7,8 +7,10 @@
 // The registry: a family is its files and its row here.
 extern const BackboneDef backbone_resnet;
 extern const BackboneDef backbone_vit;
+extern const BackboneDef backbone_convnext;
 
-static const BackboneDef *const backbone_table[] = {&backbone_resnet, &backbone_vit};
+static const BackboneDef *const backbone_table[] = {&backbone_resnet, &backbone_vit,
+                                                    &backbone_convnext};
 enum { N_BACKBONES = sizeof backbone_table / sizeof backbone_table[0] };
 
 const BackboneDef *backbone_def(const ModelSpec *spec) {

@@ -5,7 +5,7 @@
 #define CONFIG_MAX_STAGES 8
 
 typedef struct {
-  // [backbone] type = resnet | vit
+  // [backbone] type = resnet | vit | convnext
   char type[16];
   // resnet: a stem, stages of residual blocks, global average pool.
   char stem[12];      // small (3x3 stride 1) | imagenet (7x7 s2, max-pool)
@@ -25,6 +25,10 @@ typedef struct {
   int heads;         // 4
   int mlp_ratio;     // 4
   char pool[8];      // cls | mean: which token summary is the representation
+  // convnext: a patchify stem, stages of ConvNeXt blocks, global average pool, LayerNorm. Lists
+  // as the resnet's, of their own length (one entry a stage).
+  int stage_dims[CONFIG_MAX_STAGES];    // 96,192,384,768: channels of each stage
+  int stage_depths[CONFIG_MAX_STAGES];  // 3,3,9,3: blocks in each stage
 } ModelSpec;
 
 // Entries of a stage list before its first 0.

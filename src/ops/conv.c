@@ -42,7 +42,7 @@
 // of inbatch on resnet-small-32 (batch 256), Winograd on the 32-channel stage too took the median
 // step from 591 to 526 ms.
 static int conv_winograd_wanted(const Conv2d *l, const Builder *b, dnnl_format_tag_t act) {
-  if (l->K != 3 || l->stride != 1 || l->pad != 1 || act != dnnl_nChw16c ||
+  if (l->K != 3 || l->stride != 1 || l->pad != 1 || l->groups != 1 || act != dnnl_nChw16c ||
       builder_compute_type(b) != dnnl_f32)
     return 0;
   switch (builder_policy(b).conv_algorithm) {
@@ -57,9 +57,14 @@ static int conv_winograd_wanted(const Conv2d *l, const Builder *b, dnnl_format_t
 }
 
 // FLOPs of one pass (forward, backward-data or backward-weights): a multiply-add per output element
-// per kernel tap and input channel.
+// per kernel tap and input channel of its group.
 static double conv_pass_flops(const Conv2d *l) {
-  return 2.0 * l->N * l->OH * l->OW * (double)l->OC * l->IC * l->K * l->K;
+  return 2.0 * l->N * l->OH * l->OW * (double)l->OC * (l->IC / l->groups) * l->K * l->K;
+}
+
+// Weights of one group's output channels over its input channels, all groups: (OC, IC/G, K, K).
+static size_t conv_weight_count(const Conv2d *l) {
+  return (size_t)l->OC * (l->IC / l->groups) * l->K * l->K;
 }
 
 // Bias add forward and bias-gradient reduction backward: one add per output element.
@@ -72,12 +77,12 @@ static size_t conv_out_bytes(const Conv2d *l, const Builder *b) {
 }
 
 static void conv_take_params(Conv2d *l, Builder *b, const char *name) {
-  const int OC = l->OC, IC = l->IC, K = l->K;
+  const int OC = l->OC, IC = l->IC / l->groups, K = l->K;
   char pname[96];
   snprintf(pname, sizeof pname, "%s.weight", name);
-  l->weight = paramset_take(b->params, pname, (size_t)OC * IC * K * K, 0, &l->dweight);
+  l->weight = paramset_take(b->params, pname, conv_weight_count(l), 0, &l->dweight);
   paramset_set_shape(b->params, 4, (long[]){OC, IC, K, K});
-  paramset_init_normal(b->params, l->weight, (size_t)OC * IC * K * K,
+  paramset_init_normal(b->params, l->weight, conv_weight_count(l),
                        sqrtf(2.0f / (float)(IC * K * K)));
   if (l->has_bias) {
     snprintf(pname, sizeof pname, "%s.bias", name);
@@ -90,6 +95,8 @@ static void conv_take_params(Conv2d *l, Builder *b, const char *name) {
 // cannot hold (the images), which arrives nhwc and which the blocked kernels read as nchw (the
 // same bytes for one channel; for three, the input's copy converts it). oneDNN describes tensors in
 // NCHW dimension order; the tags give the actual layouts. Each pass chooses its weights' layout.
+// Grouped weights are oneDNN's 5-D (G, OC/G, IC/G, K, K), plain goihw: the bytes of PyTorch's
+// (OC, IC/G, K, K).
 static void conv_describe(const Conv2d *l, const Builder *b, WeightedDescs *d) {
   const dnnl_data_type_t type = builder_compute_type(b), act_type = builder_act_type(b);
   const dnnl_format_tag_t act = builder_layout(b);
@@ -99,16 +106,19 @@ static void conv_describe(const Conv2d *l, const Builder *b, WeightedDescs *d) {
                                                              : act;
   const dnnl_format_tag_t src_tag = image_input ? dnnl_nchw : act;
   dnnl_dims_t src_dims = {l->N, l->IC, l->IH, l->IW}, dst_dims = {l->N, l->OC, l->OH, l->OW};
+  const int G = l->groups, w_nd = G > 1 ? 5 : 4;
   dnnl_dims_t w_dims = {l->OC, l->IC, l->K, l->K}, b_dims = {l->OC};
+  if (G > 1) memcpy(w_dims, (dnnl_dims_t){G, l->OC / G, l->IC / G, l->K, l->K}, sizeof w_dims);
+  const dnnl_format_tag_t w_tag = G > 1 ? dnnl_goihw : dnnl_oihw;
   d->src_in = dnnl_md_typed(4, src_dims, builder_input_type(b), in_tag);
   d->src = dnnl_md_typed(4, src_dims, type, src_tag);
   d->dst = dnnl_md_typed(4, dst_dims, act_type, act);
   d->diff_dst = dnnl_md_typed(4, dst_dims, type, act);
   d->src_f32 = dnnl_md_plain(4, src_dims, in_tag);
   d->dst_f32 = dnnl_md_plain(4, dst_dims, act);
-  d->w_plain = dnnl_md_plain(4, w_dims, dnnl_oihw);
-  d->w_fwd = d->w_bwd_data = dnnl_md_typed(4, w_dims, type, dnnl_format_tag_any);
-  d->dw = dnnl_md_plain(4, w_dims, dnnl_format_tag_any);
+  d->w_plain = dnnl_md_plain(w_nd, w_dims, w_tag);
+  d->w_fwd = d->w_bwd_data = dnnl_md_typed(w_nd, w_dims, type, dnnl_format_tag_any);
+  d->dw = dnnl_md_plain(w_nd, w_dims, dnnl_format_tag_any);
   d->bias = l->has_bias ? dnnl_md_plain(1, b_dims, dnnl_a) : NULL;
 }
 
@@ -125,7 +135,7 @@ static WeightedSpec conv_spec(const Conv2d *l, const Builder *b) {
       .bwd_weights_f32 = conv_bwd_weights_f32(b, l->K, l->stride),
       .pass_flops = conv_pass_flops(l),
       .bias_flops = conv_bias_flops(l),
-      .weight_count = (size_t)l->OC * l->IC * l->K * l->K,
+      .weight_count = conv_weight_count(l),
       .bias_count = l->has_bias ? (size_t)l->OC : 0,
   };
   return s;
@@ -133,12 +143,18 @@ static WeightedSpec conv_spec(const Conv2d *l, const Builder *b) {
 
 void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH, int IW, int OC,
                  int K, int stride, int pad, int has_bias, int need_din) {
+  conv2d_init_grouped(l, b, name, N, IC, IH, IW, OC, K, stride, pad, 1, has_bias, need_din);
+}
+
+void conv2d_init_grouped(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH, int IW,
+                         int OC, int K, int stride, int pad, int groups, int has_bias,
+                         int need_din) {
   if (N <= 0 || IC <= 0 || OC <= 0 || K <= 0 || stride <= 0 || pad < 0 || IH + 2 * pad < K ||
-      IW + 2 * pad < K)
-    TL_DIE("conv %s: invalid shape N=%d IC=%d IH=%d IW=%d OC=%d K=%d stride=%d pad=%d", name, N, IC,
-           IH, IW, OC, K, stride, pad);
+      IW + 2 * pad < K || groups <= 0 || IC % groups || OC % groups)
+    TL_DIE("conv %s: invalid shape N=%d IC=%d IH=%d IW=%d OC=%d K=%d stride=%d pad=%d groups=%d",
+           name, N, IC, IH, IW, OC, K, stride, pad, groups);
   memset(l, 0, sizeof *l);
-  l->N = N, l->IC = IC, l->IH = IH, l->IW = IW, l->OC = OC, l->K = K;
+  l->N = N, l->IC = IC, l->IH = IH, l->IW = IW, l->OC = OC, l->K = K, l->groups = groups;
   l->OH = (IH + 2 * pad - K) / stride + 1;
   l->OW = (IW + 2 * pad - K) / stride + 1;
   l->stride = stride, l->pad = pad, l->has_bias = has_bias;

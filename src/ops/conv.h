@@ -1,15 +1,17 @@
 // 2-D convolution (oneDNN convolution, forward + backward data + backward weights).
-// N = batch, IC/OC = channels, IH/IW and OH/OW = spatial sizes, K = square kernel.
+// N = batch, IC/OC = channels, IH/IW and OH/OW = spatial sizes, K = square kernel, groups: the
+// channels split into that many groups convolved apart (IC = OC = groups: depthwise).
 #pragma once
 #include "ops/builder.h"
 #include "ops/weighted.h"
 
 typedef struct {
   int N, IC, IH, IW, OC, OH, OW, K, stride, pad, has_bias, need_din;
+  int groups;    // 1, or oneDNN's grouped convolution (both channel counts divisible by it)
   int winograd;  // forward runs oneDNN's Winograd kernel ([train] conv_algorithm, ops/conv.c)
   OpMode mode;
   MemComponent comp;
-  float *weight, *dweight;  // (OC, IC, K, K) plain oihw
+  float *weight, *dweight;  // (OC, IC / groups, K, K) plain oihw (goihw: the same bytes)
   float *bias, *dbias;      // (OC), when has_bias
   OpCalls calls;
   const float *in;  // (N, IH, IW, IC), the call forward or backward works on
@@ -23,6 +25,11 @@ typedef struct {
 // + 1.
 void conv2d_init(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH, int IW, int OC,
                  int K, int stride, int pad, int has_bias, int need_din);
+// The same over `groups` groups of channels (PyTorch's Conv2d groups): output channel o sees input
+// channels g IC/G ... (g + 1) IC/G - 1 of its group g = o / (OC/G); Kaiming's fan_in is IC/G K K.
+void conv2d_init_grouped(Conv2d *l, Builder *b, const char *name, int N, int IC, int IH, int IW,
+                         int OC, int K, int stride, int pad, int groups, int has_bias,
+                         int need_din);
 void conv2d_forward(Conv2d *l, ExecCtx *ctx, const float *in);
 void conv2d_backward(Conv2d *l, ExecCtx *ctx, const float *dout);  // dweight, dbias, din
 // Whether backward reads the f32 input forward was given (its weight gradient's source), rather
