@@ -18,7 +18,7 @@ static double maxpool_backward_flops(const MaxPool *l) {
 }
 
 static size_t out_bytes(const MaxPool *l) {
-  return sizeof(float) * (size_t)l->N * l->OH * l->OW * l->C;
+  return l->act_bytes * (size_t)l->N * l->OH * l->OW * l->C;
 }
 
 void maxpool_init(MaxPool *l, Builder *b, int N, int H, int W, int C, int K, int S, int P,
@@ -34,6 +34,8 @@ void maxpool_init(MaxPool *l, Builder *b, int N, int H, int W, int C, int K, int
   l->need_din = need_din && b->mode == OP_TRAIN;
   l->mode = b->mode;
   l->comp = b->component;
+  // Pooling reads and writes the network's activation type (bf16 or f32), its gradients too.
+  l->act_bytes = builder_act_bytes(b);
   op_calls_init(&l->calls, b);
 
   struct MaxPoolPrivate *p = calloc(1, sizeof *p);
@@ -41,8 +43,8 @@ void maxpool_init(MaxPool *l, Builder *b, int N, int H, int W, int C, int K, int
   l->priv = p;
   dnnl_dims_t src_dims = {N, C, H, W}, dst_dims = {N, C, l->OH, l->OW};
   dnnl_dims_t kernel = {K, K}, strides = {S, S}, padding = {P, P};
-  DnnlMd src_md = dnnl_md_plain(4, src_dims, builder_layout(b));
-  DnnlMd dst_md = dnnl_md_plain(4, dst_dims, builder_layout(b));
+  DnnlMd src_md = dnnl_md_typed(4, src_dims, builder_act_type(b), builder_layout(b));
+  DnnlMd dst_md = dnnl_md_typed(4, dst_dims, builder_act_type(b), builder_layout(b));
   // Training keeps the workspace backward needs; a forward without backward asks for none.
   const int train = b->mode == OP_TRAIN;
   p->fwd_pd = dnnl_pd_pooling_forward(ctx, train ? dnnl_forward_training : dnnl_forward_inference,
@@ -63,7 +65,7 @@ void maxpool_init(MaxPool *l, Builder *b, int N, int H, int W, int C, int K, int
     p->bwd_pd = dnnl_pd_pooling_backward(ctx, dnnl_pooling_max, src_md, dst_md, strides, kernel,
                                          padding, p->fwd_pd);
     p->bwd = dnnl_ctx_adopt(ctx, p->bwd_pd);
-    op_din_alloc(b, &l->calls, &l->din, sizeof(float) * (size_t)N * H * W * C, l->comp);
+    op_din_alloc(b, &l->calls, &l->din, l->act_bytes * (size_t)N * H * W * C, l->comp);
   }
   dnnl_md_destroy(src_md);
   dnnl_md_destroy(dst_md);

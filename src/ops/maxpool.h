@@ -17,6 +17,7 @@ typedef struct {
   float *din;             // (N, H, W, C)
   void *workspace_slots;  // one per call (OP_TRAIN): the argmax of each window
   size_t workspace_bytes;
+  size_t act_bytes;  // of an activation element: 2 in bf16, 4 in f32 (builder_act_bytes)
   struct MaxPoolPrivate *priv;
 } MaxPool;
 
