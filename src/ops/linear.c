@@ -9,13 +9,16 @@
 // brgemm) than with plain `oi` (gemm:jit), even counting the per-step reorder of the weights
 // (about 0.01 ms; one thread, M = 4352..16640, IC/OC = 128..512, the vit-tiny shapes), so forward
 // reads a blocked copy made from the plain parameters at each call. Backward data is no faster
-// that way and works on the plain (OC, IC) parameter. Backward weights depends on the shape (Intel
-// Xeon with AVX-512, 2 threads, M = 33280, best of 7, ms, plain gemm:jit against blocked
-// brgemm_bwd_w): widening layers run faster blocked (128->512: 29.2 against 20.2; 128->384: 20.5
-// against 14.9), a narrowing one slower (512->128: 18.5 against 26.7), square ones the same
-// (128->128: 5.3 against 5.2). So a layer with more outputs than inputs writes its weight gradient
-// blocked and reorders it into the plain gradient (a few hundred KiB a step); the others write the
-// plain gradient directly.
+// that way in f32 and works on the plain (OC, IC) parameter; in bf16 it reads a copy in the layout
+// it picks too, as its brgemm_bwd_d kernel is faster than gemm:jit on plain bf16 weights (AMD EPYC,
+// 2 cores, AVX512-BF16, 2026-12-06, machine shared, mae/vit-tiny at batch 256, its share of a
+// step: oneDNN 2.6.3 15-35% against 9-14%, 3.7.2 15% against 11%). Backward weights depends on the
+// shape (Intel Xeon with AVX-512, 2 threads, M = 33280, best of 7, ms, plain gemm:jit against
+// blocked brgemm_bwd_w): widening layers run faster blocked (128->512: 29.2 against 20.2;
+// 128->384: 20.5 against 14.9), a narrowing one slower (512->128: 18.5 against 26.7), square ones
+// the same (128->128: 5.3 against 5.2). So a layer with more outputs than inputs writes its weight
+// gradient blocked and reorders it into the plain gradient (a few hundred KiB a step); the others
+// write the plain gradient directly.
 //
 // Under [train] precision = bf16 the primitives read bf16 weights (forward's blocked copy, and a
 // plain one for backward data). On f32 activations they read bf16 copies of the input (made in
@@ -50,7 +53,8 @@ static void linear_describe(const Linear *l, const Builder *b, WeightedDescs *d)
   d->diff_dst = dnnl_md_typed(2, dst_dims, type, dnnl_ab);
   d->w_plain = dnnl_md_plain(2, weight_dims, dnnl_oi);
   d->w_fwd = dnnl_md_typed(2, weight_dims, type, dnnl_format_tag_any);
-  d->w_bwd_data = dnnl_md_typed(2, weight_dims, type, dnnl_oi);
+  d->w_bwd_data =
+      dnnl_md_typed(2, weight_dims, type, type == dnnl_bf16 ? dnnl_format_tag_any : dnnl_oi);
   d->dw = linear_grad_blocked_wanted(l->IC, l->OC)
               ? dnnl_md_plain(2, weight_dims, dnnl_format_tag_any)
               : d->w_plain;
