@@ -233,18 +233,13 @@ static void vit_build_stack(Vit *v, const ModelSpec *spec, const Builder *b) {
   Builder pooled = *b;
   pooled.pool = &v->buffers;
   pooled.act_type = v->act_type;
-  const int convert = v->act_type != dnnl_f32, train = b->mode == OP_TRAIN;
+  const int convert = v->act_type != dnnl_f32;
   const size_t n = (size_t)v->N * v->T * v->D;
   const BufValue g_embedded = builder_grad_value(&pooled), g_tokens = builder_grad_value(&pooled);
   builder_output(&pooled, 0, 0, OUT_NONE);
   builder_grad(&pooled, 0, g_embedded, 0);
   BufValue x = 0, g_x = g_embedded;
-  if (convert) {
-    g_x = builder_grad_value(&pooled);
-    x = builder_output(&pooled, 0, 0, 0);  // reads `embedded`
-    builder_grad(&pooled, g_embedded, g_x, 0);
-    convert_init(&v->to_blocks, &pooled, n, dnnl_f32, v->act_type, train);
-  }
+  if (convert) x = convert_in_init(&v->to_blocks, &pooled, n, g_embedded, &g_x);
   x = transformer_stack_init(v->blocks, v->depth, &pooled, "blocks", v->N, v->T, v->D, spec->heads,
                              spec->mlp_ratio, x, g_tokens, g_x);
   const BufValue g_normed = convert ? builder_grad_value(&pooled) : 0;
@@ -252,11 +247,7 @@ static void vit_build_stack(Vit *v, const ModelSpec *spec, const Builder *b) {
   builder_grad(&pooled, g_tokens, g_normed, 0);
   builder_backward_reads(&pooled, x);
   layernorm_init(&v->norm, &pooled, "norm", v->N * v->T, v->D);
-  if (convert) {
-    builder_output(&pooled, normed, 0, OUT_OWN);
-    builder_grad(&pooled, g_normed, 0, 0);
-    convert_init(&v->from_norm, &pooled, n, v->act_type, dnnl_f32, train);
-  }
+  if (convert) convert_out_init(&v->from_norm, &pooled, n, normed, g_normed);
   buffer_pool_finish(&v->buffers, v->comp);
   v->tokens = convert ? v->from_norm.out : v->norm.out;
 }

@@ -145,12 +145,7 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   builder_output(&pooled, 0, 0, OUT_NONE);
   builder_grad(&pooled, 0, g_in, 0);
   BufValue x = 0, g_x = g_in;
-  if (convert) {
-    g_x = builder_grad_value(&pooled);
-    x = builder_output(&pooled, 0, 0, 0);  // reads dec_in
-    builder_grad(&pooled, g_in, g_x, 0);
-    convert_init(&o->to_blocks, &pooled, (size_t)b * o->Td * o->Dd, dnnl_f32, pooled.act_type, 1);
-  }
+  if (convert) x = convert_in_init(&o->to_blocks, &pooled, (size_t)b * o->Td * o->Dd, g_in, &g_x);
   x = transformer_stack_init(o->blocks, o->depth, &pooled, "decoder.blocks", b, o->Td, o->Dd,
                              settings(cfg)->decoder_heads, spec->mlp_ratio, x, g_blocks, g_x);
   const BufValue normed = builder_output(&pooled, x, 0, 0);
@@ -162,12 +157,8 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   builder_grad(&pooled, g_normed, g_pred, 0);
   linear_init(&o->pred, &pooled, "decoder.pred", b * o->Td, o->Dd, o->patch_dim, 1, 1, 0.0f);
   if (linear_backward_reads_input(&o->pred)) builder_backward_reads(&pooled, normed);
-  if (convert) {
-    builder_output(&pooled, pred, 0, OUT_OWN);
-    builder_grad(&pooled, g_pred, 0, 0);
-    convert_init(&o->from_pred, &pooled, (size_t)b * o->Td * o->patch_dim, pooled.act_type,
-                 dnnl_f32, 1);
-  }
+  if (convert)
+    convert_out_init(&o->from_pred, &pooled, (size_t)b * o->Td * o->patch_dim, pred, g_pred);
   buffer_pool_finish(&o->buffers, COMP_DECODER);
   o->dec_pos = tl_alloc(sizeof(float) * (size_t)o->P * o->Dd, MEM_PARAM, COMP_DECODER);
   vit_sincos_pos_embed(o->dec_pos, o->encoder->grid, o->Dd);

@@ -26,6 +26,20 @@ void convert_init(Convert *l, Builder *b, size_t n, dnnl_data_type_t from, dnnl_
   dnnl_md_destroy(out_md);
 }
 
+BufValue convert_in_init(Convert *l, Builder *b, size_t n, BufValue din, BufValue *dout) {
+  *dout = builder_grad_value(b);
+  const BufValue out = builder_output(b, 0, 0, 0);
+  builder_grad(b, din, *dout, 0);
+  convert_init(l, b, n, dnnl_f32, builder_act_type(b), 1);
+  return out;
+}
+
+void convert_out_init(Convert *l, Builder *b, size_t n, BufValue in, BufValue din) {
+  builder_output(b, in, 0, OUT_OWN);
+  builder_grad(b, din, 0, 0);
+  convert_init(l, b, n, builder_act_type(b), dnnl_f32, 1);
+}
+
 const float *convert_forward(Convert *l, ExecCtx *ctx, const float *in) {
   if (!l->n) return in;
   l->out =

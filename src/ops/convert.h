@@ -22,6 +22,15 @@ typedef struct {
 
 void convert_init(Convert *l, Builder *b, size_t n, dnnl_data_type_t from, dnnl_data_type_t to,
                   int need_din);
+// Declared to b's pool as its next op and built: the conversion of a network's f32 input (a
+// buffer outside the pool) into b->act_type, whose input gradient is the value `din` and whose
+// backward reads the value it sets *dout to (the next op's input gradient). Returns its output
+// value.
+BufValue convert_in_init(Convert *l, Builder *b, size_t n, BufValue din, BufValue *dout);
+// Declared and built likewise: the conversion of the value `in` (b->act_type) into an f32 output
+// of its own, read outside the pool; its backward reads the f32 gradient given it and writes the
+// value `din`.
+void convert_out_init(Convert *l, Builder *b, size_t n, BufValue in, BufValue din);
 // Returns the converted output (l->out), or `in` when the op was never built.
 const float *convert_forward(Convert *l, ExecCtx *ctx, const float *in);
 // Returns the input gradient (l->din), or `dout` when the op was never built.
