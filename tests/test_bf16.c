@@ -43,6 +43,12 @@ static void pair_init(Pair *p, size_t n_params) {
   p->bf16.policy.bf16 = 1;
 }
 
+// The same, the bf16 one on bf16 activations (a network's act_type).
+static void pair_init_bf16_activations(Pair *p, size_t n_params) {
+  pair_init(p, n_params);
+  p->bf16.b.act_type = dnnl_bf16;
+}
+
 static void pair_destroy(Pair *p) {
   env_destroy(&p->f32);
   env_destroy(&p->bf16);
@@ -273,16 +279,13 @@ static void test_layernorm_bf16_matches_reference(void **state) {
   (void)state;
   enum { M = 96, D = 128 };
   const size_t n = (size_t)M * D;
-  Env e32, e16;
-  env_init(&e32, layernorm_floats(D), OP_TRAIN);
-  env_init(&e16, layernorm_floats(D), OP_TRAIN);
-  e16.policy.bf16 = 1;
-  e16.b.act_type = dnnl_bf16;
+  Pair p;
+  pair_init_bf16_activations(&p, layernorm_floats(D));
   LayerNorm l32, l16;
   size_t before = act_bytes_live();
-  layernorm_init(&l32, &e32.b, "ln", M, D);
+  layernorm_init(&l32, &p.f32.b, "ln", M, D);
   size_t mid = act_bytes_live();
-  layernorm_init(&l16, &e16.b, "ln", M, D);
+  layernorm_init(&l16, &p.bf16.b, "ln", M, D);
   size_t after = act_bytes_live();
   // f32: output and input gradient (4 bytes an element each), mean and variance (4 a row each).
   assert_int_equal(mid - before, 2 * n * 4 + 2 * (size_t)M * 4);
@@ -296,8 +299,8 @@ static void test_layernorm_bf16_matches_reference(void **state) {
   fill_uniform(dy, n, -1, 1, 24);
   for (size_t i = 0; i < n; i++) x[i] += 0.05f * (float)(i / D);  // rows of their own mean
   float *x16 = to_bf16(x, n), *dy16 = to_bf16(dy, n);
-  layernorm_forward(&l16, &e16.ctx, x16);
-  layernorm_backward(&l16, &e16.ctx, dy16);
+  layernorm_forward(&l16, &p.bf16.ctx, x16);
+  layernorm_backward(&l16, &p.bf16.ctx, dy16);
 
   double *y = calloc(n, sizeof *y), *dx = calloc(n, sizeof *dx), *xhat = calloc(D, sizeof *xhat);
   double dgamma[D] = {0}, dbeta[D] = {0};
@@ -325,8 +328,7 @@ static void test_layernorm_bf16_matches_reference(void **state) {
   tl_free(x), tl_free(dy), tl_free(x16), tl_free(dy16);
   layernorm_destroy(&l32);
   layernorm_destroy(&l16);
-  env_destroy(&e32);
-  env_destroy(&e16);
+  pair_destroy(&p);
 }
 
 // GELU (erf form) on bf16 activations against double: y = x Phi(x), dx = dy (Phi(x) + x phi(x))
@@ -334,16 +336,13 @@ static void test_layernorm_bf16_matches_reference(void **state) {
 static void test_gelu_bf16_matches_reference(void **state) {
   (void)state;
   enum { N = 6000 };
-  Env e32, e16;
-  env_init(&e32, 1, OP_TRAIN);
-  env_init(&e16, 1, OP_TRAIN);
-  e16.policy.bf16 = 1;
-  e16.b.act_type = dnnl_bf16;
+  Pair p;
+  pair_init_bf16_activations(&p, 1);
   Eltwise l32, l16;
   size_t before = act_bytes_live();
-  eltwise_init(&l32, &e32.b, ELTWISE_GELU, N, 1);
+  eltwise_init(&l32, &p.f32.b, ELTWISE_GELU, N, 1);
   size_t mid = act_bytes_live();
-  eltwise_init(&l16, &e16.b, ELTWISE_GELU, N, 1);
+  eltwise_init(&l16, &p.bf16.b, ELTWISE_GELU, N, 1);
   size_t after = act_bytes_live();
   assert_int_equal(mid - before, (size_t)N * 4 * 2);  // output and input gradient
   assert_int_equal(after - mid, (size_t)N * 2 * 2);
@@ -352,8 +351,8 @@ static void test_gelu_bf16_matches_reference(void **state) {
   fill_uniform(x, N, -4, 4, 25);
   fill_uniform(dy, N, -1, 1, 26);
   float *x16 = to_bf16(x, N), *dy16 = to_bf16(dy, N);
-  eltwise_forward(&l16, &e16.ctx, x16);
-  eltwise_backward(&l16, &e16.ctx, dy16);
+  eltwise_forward(&l16, &p.bf16.ctx, x16);
+  eltwise_backward(&l16, &p.bf16.ctx, dy16);
   double *y = calloc(N, sizeof *y), *dx = calloc(N, sizeof *dx);
   for (int i = 0; i < N; i++) {
     const double cdf = 0.5 * (1 + erf(x[i] / sqrt(2.0)));
@@ -367,8 +366,7 @@ static void test_gelu_bf16_matches_reference(void **state) {
   tl_free(x), tl_free(dy), tl_free(x16), tl_free(dy16);
   eltwise_destroy(&l32);
   eltwise_destroy(&l16);
-  env_destroy(&e32);
-  env_destroy(&e16);
+  pair_destroy(&p);
 }
 
 // n bf16 values as f32, in a buffer of their own.
@@ -387,16 +385,13 @@ static void check_attention_bf16(int T) {
   enum { N = 6, D = 64, H = 4 };
   const size_t n_qkv = (size_t)N * T * 3 * D, n_out = (size_t)N * T * D;
   const size_t scores = (size_t)N * H * T * T, heads = T < 32 ? 3 * n_out : 0;
-  Env e32, e16;
-  env_init(&e32, 1, OP_TRAIN);
-  env_init(&e16, 1, OP_TRAIN);
-  e16.policy.bf16 = 1;
-  e16.b.act_type = dnnl_bf16;
+  Pair p;
+  pair_init_bf16_activations(&p, 1);
   Attention a32, a16;
   size_t before = act_bytes_live();
-  attention_init(&a32, &e32.b, N, T, D, H);
+  attention_init(&a32, &p.f32.b, N, T, D, H);
   size_t mid = act_bytes_live();
-  attention_init(&a16, &e16.b, N, T, D, H);
+  attention_init(&a16, &p.bf16.b, N, T, D, H);
   size_t after = act_bytes_live();
   const size_t f32_floats = (n_out + scores + heads) + (n_qkv + scores + heads);
   assert_int_equal(mid - before, f32_floats * 4);
@@ -406,12 +401,12 @@ static void check_attention_bf16(int T) {
   fill_uniform(qkv, n_qkv, -2, 2, 27);
   fill_uniform(dout, n_out, -1, 1, 28);
   float *qkv16 = to_bf16(qkv, n_qkv), *dout16 = to_bf16(dout, n_out);
-  attention_forward(&a32, &e32.ctx, qkv);
-  attention_forward(&a16, &e16.ctx, qkv16);
+  attention_forward(&a32, &p.f32.ctx, qkv);
+  attention_forward(&a16, &p.bf16.ctx, qkv16);
   float *out = from_bf16(a16.out, n_out);
   expect_bf16_close("attention out", out, a32.out, n_out);
-  attention_backward(&a32, &e32.ctx, dout);
-  attention_backward(&a16, &e16.ctx, dout16);
+  attention_backward(&a32, &p.f32.ctx, dout);
+  attention_backward(&a16, &p.bf16.ctx, dout16);
   float *din = from_bf16(a16.din, n_qkv);
   expect_bf16_close("attention din", din, a32.din, n_qkv);
 
@@ -419,8 +414,7 @@ static void check_attention_bf16(int T) {
   tl_free(qkv), tl_free(dout), tl_free(qkv16), tl_free(dout16);
   attention_destroy(&a32);
   attention_destroy(&a16);
-  env_destroy(&e32);
-  env_destroy(&e16);
+  pair_destroy(&p);
 }
 
 static void test_attention_bf16_short_matches_f32(void **state) {
@@ -440,8 +434,7 @@ static void test_linear_on_bf16_activations_copies_nothing(void **state) {
   (void)state;
   enum { M = 520, IC = 128, OC = 384 };
   Pair p;
-  pair_init(&p, linear_floats(IC, OC, 1));
-  p.bf16.b.act_type = dnnl_bf16;
+  pair_init_bf16_activations(&p, linear_floats(IC, OC, 1));
   Linear a, b;
   linear_init(&a, &p.f32.b, "fc", M, IC, OC, 1, 1, 0.0f);
   size_t before_act = tl_mem_live(MEM_ACT), before_grad = tl_mem_live(MEM_ACT_GRAD);
