@@ -109,23 +109,24 @@ static const KeySpec recipe_keys[] = {
              "or epochs (3epochs); empty = none"),
     TEXT_KEY(RECIPE(train, precision), "fp32", "fp32|bf16|auto",
              "`bf16`: convolutions and linear layers multiply in bf16, accumulating in fp32; a "
-             "ResNet keeps its activations and their gradients in bf16 between layers "
-             "(BatchNorm, ReLU, residual sums and pooling read and write bf16 with fp32 "
-             "statistics; the images enter and the feature leaves fp32), other layers convert "
-             "their inputs and output gradients at each layer; weights, their gradients, heads, "
-             "losses and evaluation stay fp32. Fast only on a CPU with AVX512-BF16 or AMX; "
+             "ResNet and a ViT keep their activations and their gradients in bf16 between "
+             "layers (BatchNorm, ReLU, LayerNorm, GELU, attention, residual sums and pooling "
+             "read and write bf16 with fp32 statistics; the images or tokens enter and the "
+             "feature leaves fp32), other layers convert their inputs and output gradients at "
+             "each layer; weights, their gradients, heads, losses and evaluation stay fp32. Fast "
+             "only on a CPU with AVX512-BF16 or AMX; "
              "`fp32`: everything fp32; `auto`: bf16 on a CPU that computes it natively "
              "(AVX512-BF16, AMX), fp32 elsewhere, and the run's config.ini records which, so a "
              "resumed run keeps it"),
 
     BOOL_KEY(RECIPE(train, recompute), "1",
              "1: outputs cheap to compute again are not kept for backward but computed just "
-             "before the fp32 op whose backward reads them: each transformer block's LayerNorm "
+             "before the op whose backward reads them: each transformer block's LayerNorm "
              "and GELU outputs (28-32% less activation memory on the shipped ViT recipes for "
              "1-8% more step time), each ResNet block's first BatchNorm-ReLU output (18% less "
              "on resnet-small-32 for 1-2% more step time); the same gradients. 0: kept (faster, "
-             "more memory). bf16 "
-             "matmuls and convolutions keep their own copies either way"),
+             "more memory). bf16 matmuls and convolutions on fp32 activations keep their own "
+             "copies either way"),
 
     TEXT_KEY(RECIPE(train, conv_algorithm), "auto", "auto|direct|winograd",
              "how 3x3 stride-1 fp32 convolutions of a ResNet whose channel counts are multiples "

@@ -54,16 +54,21 @@ DnnlMd dnnl_md_plain(int ndims, const dnnl_dims_t dims, dnnl_format_tag_t tag) {
   return dnnl_md_typed(ndims, dims, dnnl_f32, tag);
 }
 
-DnnlMd dnnl_md_strided(int ndims, const dnnl_dims_t dims, const dnnl_dims_t strides) {
+DnnlMd dnnl_md_strided_typed(int ndims, const dnnl_dims_t dims, const dnnl_dims_t strides,
+                             dnnl_data_type_t type) {
 #if DNNL_VERSION_MAJOR >= 3
   dnnl_memory_desc_t md;
-  DNNL_CHECK(dnnl_memory_desc_create_with_strides(&md, ndims, dims, dnnl_f32, strides));
+  DNNL_CHECK(dnnl_memory_desc_create_with_strides(&md, ndims, dims, type, strides));
   return md_own(md);
 #else
   dnnl_memory_desc_t md;
-  DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md, ndims, dims, dnnl_f32, strides));
+  DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md, ndims, dims, type, strides));
   return md_own(&md);
 #endif
+}
+
+DnnlMd dnnl_md_strided(int ndims, const dnnl_dims_t dims, const dnnl_dims_t strides) {
+  return dnnl_md_strided_typed(ndims, dims, strides, dnnl_f32);
 }
 
 DnnlMd dnnl_pd_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what, int index) {

@@ -29,6 +29,9 @@ DnnlMd dnnl_md_typed(int ndims, const dnnl_dims_t dims, dnnl_data_type_t type,
 DnnlMd dnnl_md_plain(int ndims, const dnnl_dims_t dims, dnnl_format_tag_t tag);
 // f32 with explicit strides (in elements): views with gaps or transposed.
 DnnlMd dnnl_md_strided(int ndims, const dnnl_dims_t dims, const dnnl_dims_t strides);
+// The same in `type` (bf16 views of bf16 activations).
+DnnlMd dnnl_md_strided_typed(int ndims, const dnnl_dims_t dims, const dnnl_dims_t strides,
+                             dnnl_data_type_t type);
 // A copy of a primitive descriptor's memory descriptor (e.g. dnnl_query_weights_md, index 0).
 DnnlMd dnnl_pd_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what, int index);
 // Bytes of a primitive descriptor's memory descriptor (0 when it has none: no scratchpad).

@@ -134,10 +134,10 @@ void vit_forward_visible(Vit *v, ExecCtx *ctx, const float *images, const int *k
   if (!ctx->dry_run) add_positions(v, keep_idx);
   ctx->flops_forward[v->comp] += (double)n_idx * v->D;  // position embedding adds
 
-  const float *x = v->embedded;
+  const float *x = convert_forward(&v->to_blocks, ctx, v->embedded);
   for (int i = 0; i < v->depth; i++) x = transformer_block_forward(&v->blocks[i], ctx, x);
   layernorm_forward(&v->norm, ctx, x);
-  v->tokens = v->norm.out;
+  v->tokens = (float *)convert_forward(&v->from_norm, ctx, v->norm.out);
 
   if (!ctx->dry_run) pool_feature(v);
   if (!v->has_cls) ctx->flops_forward[v->comp] += (double)v->N * v->T * v->D;
@@ -147,9 +147,10 @@ void vit_backward_tokens(Vit *v, ExecCtx *ctx, const float *dtokens) {
   if (v->mode != OP_TRAIN) TL_DIE("vit_backward_tokens on a ViT built without backward");
   int D = v->D, T = v->T;
   op_calls_backward(&v->calls, "vit");
-  layernorm_backward(&v->norm, ctx, dtokens);
+  layernorm_backward(&v->norm, ctx, convert_backward(&v->from_norm, ctx, dtokens));
   const float *d = v->norm.din;
   for (int i = v->depth - 1; i >= 0; i--) d = transformer_block_backward(&v->blocks[i], ctx, d);
+  d = convert_backward(&v->to_blocks, ctx, d);
   // d: (N, T, D) gradient of the embedded tokens. The position table is fixed, so the patch
   // rows go straight to the patch embedding; the cls rows sum into the cls token.
   const float *dpatch = d;
@@ -210,11 +211,45 @@ static void vit_destroy(Backbone *bb) {
   for (int i = 0; i < v->depth; i++) transformer_block_destroy(&v->blocks[i]);
   free(v->blocks);
   layernorm_destroy(&v->norm);
+  convert_destroy(&v->to_blocks);
+  convert_destroy(&v->from_norm);
   buffer_pool_free(&v->buffers);
   tl_free(v->feature_slots);
   tl_free(v->dtokens_from_feature);
   tl_free(v->dpatch_tokens);
   free(v);
+}
+
+// Activations and their gradients are bf16 from the first block's input to the final norm's output
+// under [train] precision = bf16 (the tokens enter and leave f32); evaluation is f32.
+static dnnl_data_type_t vit_act_type(const Builder *b) {
+  return builder_policy(b).bf16 && b->mode != OP_INFER ? dnnl_bf16 : dnnl_f32;
+}
+
+// The op list: the embedding (whose backward reads the first block's input gradient), under bf16
+// the conversion into the blocks' type, the blocks, the final norm (its output, the tokens,
+// outlives the pass; under bf16 its f32 conversion does, and the norm's own output is the pool's).
+static void vit_build_stack(Vit *v, const ModelSpec *spec, const Builder *b) {
+  Builder pooled = *b;
+  pooled.pool = &v->buffers;
+  pooled.act_type = v->act_type;
+  const int convert = v->act_type != dnnl_f32;
+  const size_t n = (size_t)v->N * v->T * v->D;
+  const BufValue g_embedded = builder_grad_value(&pooled), g_tokens = builder_grad_value(&pooled);
+  builder_output(&pooled, 0, 0, OUT_NONE);
+  builder_grad(&pooled, 0, g_embedded, 0);
+  BufValue x = 0, g_x = g_embedded;
+  if (convert) x = convert_in_init(&v->to_blocks, &pooled, n, g_embedded, &g_x);
+  x = transformer_stack_init(v->blocks, v->depth, &pooled, "blocks", v->N, v->T, v->D, spec->heads,
+                             spec->mlp_ratio, x, g_tokens, g_x);
+  const BufValue g_normed = convert ? builder_grad_value(&pooled) : 0;
+  const BufValue normed = builder_output(&pooled, x, 0, convert ? 0 : OUT_OWN);
+  builder_grad(&pooled, g_tokens, g_normed, 0);
+  builder_backward_reads(&pooled, x);
+  layernorm_init(&v->norm, &pooled, "norm", v->N * v->T, v->D);
+  if (convert) convert_out_init(&v->from_norm, &pooled, n, normed, g_normed);
+  buffer_pool_finish(&v->buffers, v->comp);
+  v->tokens = convert ? v->from_norm.out : v->norm.out;
 }
 
 Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size, int channels,
@@ -256,6 +291,7 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
   v->mode = b->mode;
   v->params = b->params;
   v->comp = b->component;
+  v->act_type = vit_act_type(b);
   size_t D = (size_t)v->D, tokens = (size_t)N * v->T;
 
   v->pos_embed = tl_alloc((size_t)v->n_patches * D * sizeof(float), MEM_WORKSPACE, v->comp);
@@ -274,21 +310,7 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
       op_calls_alloc(&v->calls, tokens * D * sizeof(float), out_cat, v->comp);
   v->blocks = calloc((size_t)v->depth, sizeof *v->blocks);
   if (!v->blocks && v->depth) TL_DIE("out of memory");
-  // The op list: the embedding (whose backward reads the first block's input gradient), the
-  // blocks, the final norm (its output, the tokens, outlives the pass).
-  Builder pooled = *b;
-  pooled.pool = &v->buffers;
-  const BufValue g_embedded = builder_grad_value(&pooled), g_tokens = builder_grad_value(&pooled);
-  builder_output(&pooled, 0, 0, OUT_NONE);
-  builder_grad(&pooled, 0, g_embedded, 0);
-  const BufValue x = transformer_stack_init(v->blocks, v->depth, &pooled, "blocks", N, v->T, v->D,
-                                            spec->heads, spec->mlp_ratio, 0, g_tokens, g_embedded);
-  builder_output(&pooled, x, 0, OUT_OWN);
-  builder_grad(&pooled, g_tokens, 0, 0);
-  builder_backward_reads(&pooled, x);
-  layernorm_init(&v->norm, &pooled, "norm", N * v->T, v->D);
-  buffer_pool_finish(&v->buffers, v->comp);
-  v->tokens = v->norm.out;
+  vit_build_stack(v, spec, b);
   v->feature = v->feature_slots =
       op_calls_alloc(&v->calls, (size_t)N * D * sizeof(float), out_cat, v->comp);
   if (train) {

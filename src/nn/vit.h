@@ -18,6 +18,11 @@
 // hence every op in the encoder runs on T = has_cls + n_keep tokens and never sees a masked
 // patch.
 //
+// Precision: under [train] precision = bf16 the blocks and the final LayerNorm keep their
+// activations and gradients in bf16 (act_type; f32 in evaluation). The embedded tokens are
+// converted into it before the first block, the final LayerNorm's output back to f32 `tokens`
+// (ops/convert.h): patch embedding, positions, cls token and pooling stay f32.
+//
 // FLOPs: the ops' own counts, plus N*n_keep*D position adds (forward), N*T*D for mean pooling
 // (each way) and N*D for the cls token's gradient sum.
 //
@@ -26,6 +31,7 @@
 #pragma once
 #include "nn/backbone_type.h"
 #include "nn/transformer.h"
+#include "ops/convert.h"
 
 typedef struct {
   Backbone base;  // first member: a Vit * is a Backbone *
@@ -40,20 +46,23 @@ typedef struct {
   int D, depth;
   OpMode mode;
   MemComponent comp;
-  float *pos_embed;        // (G*G, D) fixed sin-cos table, not a parameter
-  float *cls, *dcls;       // (D), when has_cls
-  const ParamSet *params;  // the block cls comes from: told when dcls is ready
+  dnnl_data_type_t act_type;  // of the blocks' and the final norm's activations and gradients
+  float *pos_embed;           // (G*G, D) fixed sin-cos table, not a parameter
+  float *cls, *dcls;          // (D), when has_cls
+  const ParamSet *params;     // the block cls comes from: told when dcls is ready
   // The last forward call's patches, embedded tokens and feature; one of each per call (the
   // module's OpCalls, ops/builder.h) in the *_slots buffers.
   OpCalls calls;
   float *patches;      // (N, n_keep, P*P*C) the patches encoded by the last forward
   Linear patch_embed;  // (N*n_keep, P*P*C) -> (N*n_keep, D)
-  float *embedded;     // (N, T, D) input of the first block
+  float *embedded;     // (N, T, D) the tokens, f32
+  Convert to_blocks;   // embedded in act_type, the first block's input (bf16 only)
   float *patches_slots, *embedded_slots, *feature_slots;
   TransformerBlock *blocks;  // (depth)
   BufferPool buffers;        // the blocks' and final norm's planned buffers (ops/buffer_pool.h)
   LayerNorm norm;
-  float *tokens;                // (N, T, D) final-LN output = norm.out; cls first when has_cls
+  Convert from_norm;            // norm.out in f32 (bf16 only)
+  float *tokens;                // (N, T, D) final-LN output in f32; cls first when has_cls
   float *feature;               // (N, D) = base.feature
   float *dtokens_from_feature;  // (N, T, D) OP_TRAIN: the Backbone backward's token gradient
   float *dpatch_tokens;         // (N*n_keep, D) OP_TRAIN with cls: patch rows of the gradient

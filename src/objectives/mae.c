@@ -25,10 +25,13 @@ typedef struct {
   Linear embed;                     // (b*Te, D) -> (b*Te, Dd)
   float *mask_token, *dmask_token;  // (Dd) parameter
   float *dec_pos;                   // (P, Dd) fixed sin-cos
+  Convert to_blocks;                // dec_in in the encoder's act_type (bf16 only)
   TransformerBlock *blocks;         // (depth) on (b, Td, Dd)
   BufferPool buffers;               // the decoder's planned buffers (ops/buffer_pool.h)
   LayerNorm norm;                   // (b*Td, Dd)
   Linear pred;                      // (b*Td, Dd) -> (b*Td, patch_dim)
+  Convert from_pred;                // pred.out in f32 (bf16 only)
+  const float *prediction;          // (b, Td, patch_dim) f32: the last step's pred.out
   int *keep;                        // (b, n_keep) visible patch indices
   int *visible_at;                  // (b, P) position of patch p among the visible tokens, or -1
   unsigned char *masked;            // (b, P)
@@ -130,24 +133,32 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   paramset_grad_expect(env->params, o->dmask_token, 1);  // written whole by each backward
   o->blocks = calloc((size_t)o->depth, sizeof *o->blocks);
   // The decoder's op list: the scatter into its input (whose backward reads the first block's
-  // input gradient), the blocks, the final norm, the prediction (read by the loss).
+  // input gradient), the blocks, the final norm, the prediction (read by the loss). Blocks, norm
+  // and prediction keep their activations in the encoder's type, converted from the scattered
+  // input and, the prediction, back to f32 for the loss.
   Builder pooled = bld;
   pooled.pool = &o->buffers;
+  pooled.act_type = o->encoder->act_type;
+  const int convert = pooled.act_type != dnnl_f32;
   const BufValue g_in = builder_grad_value(&pooled), g_blocks = builder_grad_value(&pooled),
                  g_normed = builder_grad_value(&pooled);
   builder_output(&pooled, 0, 0, OUT_NONE);
   builder_grad(&pooled, 0, g_in, 0);
-  const BufValue x =
-      transformer_stack_init(o->blocks, o->depth, &pooled, "decoder.blocks", b, o->Td, o->Dd,
-                             settings(cfg)->decoder_heads, spec->mlp_ratio, 0, g_blocks, g_in);
+  BufValue x = 0, g_x = g_in;
+  if (convert) x = convert_in_init(&o->to_blocks, &pooled, (size_t)b * o->Td * o->Dd, g_in, &g_x);
+  x = transformer_stack_init(o->blocks, o->depth, &pooled, "decoder.blocks", b, o->Td, o->Dd,
+                             settings(cfg)->decoder_heads, spec->mlp_ratio, x, g_blocks, g_x);
   const BufValue normed = builder_output(&pooled, x, 0, 0);
   builder_grad(&pooled, g_blocks, g_normed, 0);
   builder_backward_reads(&pooled, x);
   layernorm_init(&o->norm, &pooled, "decoder.norm", b * o->Td, o->Dd);
-  builder_output(&pooled, normed, 0, OUT_OWN);
-  builder_grad(&pooled, g_normed, 0, 0);
+  const BufValue g_pred = convert ? builder_grad_value(&pooled) : 0;
+  const BufValue pred = builder_output(&pooled, normed, 0, convert ? 0 : OUT_OWN);
+  builder_grad(&pooled, g_normed, g_pred, 0);
   linear_init(&o->pred, &pooled, "decoder.pred", b * o->Td, o->Dd, o->patch_dim, 1, 1, 0.0f);
   if (linear_backward_reads_input(&o->pred)) builder_backward_reads(&pooled, normed);
+  if (convert)
+    convert_out_init(&o->from_pred, &pooled, (size_t)b * o->Td * o->patch_dim, pred, g_pred);
   buffer_pool_finish(&o->buffers, COMP_DECODER);
   o->dec_pos = tl_alloc(sizeof(float) * (size_t)o->P * o->Dd, MEM_PARAM, COMP_DECODER);
   vit_sincos_pos_embed(o->dec_pos, o->encoder->grid, o->Dd);
@@ -239,7 +250,7 @@ static void write_reconstruction_grid(Mae *o, const Batch *batch, long step) {
     for (int k = 0; k < P * pd; k++) lo = fminf(lo, orig[k]), hi = fmaxf(hi, orig[k]);
     for (int p = 0; p < P; p++) {
       const float *src = orig + (size_t)p * pd;
-      const float *pred = o->pred.out + ((size_t)i * o->Td + o->has_cls + p) * pd;
+      const float *pred = o->prediction + ((size_t)i * o->Td + o->has_cls + p) * pd;
       int is_masked = o->masked[(size_t)i * P + p];
       double mean = 0, var = 0;
       for (int c = 0; c < pd; c++) mean += src[c];
@@ -375,26 +386,28 @@ static ObjectiveLoss mae_step(Objective *base, const Batch *batch, LedgerRecord 
 
   linear_forward(&o->embed, ctx, o->encoder->tokens);
   if (!ctx->dry_run) fill_decoder_input(o);
-  const float *x = o->dec_in;
+  const float *x = convert_forward(&o->to_blocks, ctx, o->dec_in);
   for (int i = 0; i < o->depth; i++) x = transformer_block_forward(&o->blocks[i], ctx, x);
   layernorm_forward(&o->norm, ctx, x);
   linear_forward(&o->pred, ctx, o->norm.out);
+  o->prediction = convert_forward(&o->from_pred, ctx, o->pred.out);
 
   // Every image has exactly P - n_keep patches masked.
   long n_masked = (long)b * (P - o->n_keep);
   double loss_sum = 0;
   if (!ctx->dry_run) {
     vit_patchify(o->encoder, batch->views, o->target);
-    loss_sum = mae_masked_mse(o->pred.out, Td, o->has_cls, o->target, o->masked, b, P, pd,
+    loss_sum = mae_masked_mse(o->prediction, Td, o->has_cls, o->target, o->masked, b, P, pd,
                               settings(cfg)->norm_pix_loss, o->dpred, &n_masked);
   }
   ctx->flops_forward[COMP_LOSS] += 3.0 * n_masked * pd;
   objective_backward_begins(base);
 
-  linear_backward(&o->pred, ctx, o->dpred);
+  linear_backward(&o->pred, ctx, convert_backward(&o->from_pred, ctx, o->dpred));
   layernorm_backward(&o->norm, ctx, o->pred.din);
   const float *d = o->norm.din;
   for (int i = o->depth - 1; i >= 0; i--) d = transformer_block_backward(&o->blocks[i], ctx, d);
+  d = convert_backward(&o->to_blocks, ctx, d);
   if (!ctx->dry_run) scatter_decoder_grad(o, d);
   paramset_grad_contributed(base->env.params, o->dmask_token, (size_t)Dd);
   linear_backward(&o->embed, ctx, o->dembed);
@@ -426,6 +439,8 @@ static void mae_destroy(Objective *base) {
   for (int i = 0; i < o->depth; i++) transformer_block_destroy(&o->blocks[i]);
   free(o->blocks);
   layernorm_destroy(&o->norm);
+  convert_destroy(&o->to_blocks);
+  convert_destroy(&o->from_pred);
   linear_destroy(&o->pred);
   buffer_pool_free(&o->buffers);
   tl_free(o->dec_pos);

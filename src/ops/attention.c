@@ -40,7 +40,8 @@ struct AttentionPrivate {
   float *dprobs_buf;
   // T < DENSE_HEADS_MAX_T: Q, K, V as dense (3, N, H, T, Dh) heads, and their gradients.
   int dense_heads;
-  dnnl_dim_t part_offset;  // floats from Q to K to V in whichever buffer holds them
+  dnnl_dim_t part_offset;  // elements from Q to K to V in whichever buffer holds them
+  size_t elem_bytes;       // of every tensor above: the builder's act_type
   DnnlReorder to_heads, from_heads;
   float *heads;   // (calls, 3, N, H, T, Dh), kept for backward
   float *dheads;  // (3, N, H, T, Dh), OP_TRAIN only
@@ -59,12 +60,18 @@ double attention_flops_backward(int N, int T, int D, int heads) {
   return 4 * (2.0 * N * T * (double)T * D) + SOFTMAX_BWD_FLOPS_PER_ELEM * scores;
 }
 
-// A (N, H, rows, cols) view with explicit strides (in floats).
-static DnnlMd head_view(int N, int H, int rows, int cols, dnnl_dim_t batch_stride,
-                        dnnl_dim_t head_stride, dnnl_dim_t row_stride, dnnl_dim_t col_stride) {
+// A (N, H, rows, cols) view of `type` elements with explicit strides (in elements).
+static DnnlMd head_view(dnnl_data_type_t type, int N, int H, int rows, int cols,
+                        dnnl_dim_t batch_stride, dnnl_dim_t head_stride, dnnl_dim_t row_stride,
+                        dnnl_dim_t col_stride) {
   dnnl_dims_t dims = {N, H, rows, cols};
   dnnl_dims_t strides = {batch_stride, head_stride, row_stride, col_stride};
-  return dnnl_md_strided(4, dims, strides);
+  return dnnl_md_strided_typed(4, dims, strides, type);
+}
+
+// Part `part` (0: Q, 1: K, 2: V) of the heads or their gradients starting at `base`.
+static void *part_at(const struct AttentionPrivate *p, const void *base, int part) {
+  return (char *)base + (size_t)part * (size_t)p->part_offset * p->elem_bytes;
 }
 
 static void head_matmul_init(HeadMatmul *m, ExecCtx *ctx, DnnlMd src, DnnlMd weights, DnnlMd dst,
@@ -111,6 +118,10 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   a->priv = p;
 
   int H = heads, Dh = D / heads, train = b->mode == OP_TRAIN;
+  // Every tensor in the activations' type: under bf16 the matmuls multiply bf16 with f32
+  // accumulation and the softmax computes in f32 between a bf16 input and output.
+  const dnnl_data_type_t type = builder_act_type(b);
+  const size_t eb = p->elem_bytes = builder_act_bytes(b);
   dnnl_dim_t qkv_row = 3 * (dnnl_dim_t)D, qkv_image = (dnnl_dim_t)T * qkv_row;
   dnnl_dim_t out_image = (dnnl_dim_t)T * D, probs_head = (dnnl_dim_t)T * T;
   dnnl_dim_t probs_image = H * probs_head;
@@ -121,33 +132,33 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   DnnlMd qkv_head, qkv_head_t;
   if (p->dense_heads) {
     dnnl_dim_t head = (dnnl_dim_t)T * Dh;
-    qkv_head = head_view(N, H, T, Dh, H * head, head, Dh, 1);
-    qkv_head_t = head_view(N, H, Dh, T, H * head, head, 1, Dh);
+    qkv_head = head_view(type, N, H, T, Dh, H * head, head, Dh, 1);
+    qkv_head_t = head_view(type, N, H, Dh, T, H * head, head, 1, Dh);
     p->part_offset = (dnnl_dim_t)N * out_image;
     dnnl_dims_t dims = {3, N, H, T, Dh}, fused_strides = {D, qkv_image, Dh, qkv_row, 1};
-    DnnlMd fused = dnnl_md_strided(5, dims, fused_strides);
-    DnnlMd split = dnnl_md_plain(5, dims, dnnl_abcde);
+    DnnlMd fused = dnnl_md_strided_typed(5, dims, fused_strides, type);
+    DnnlMd split = dnnl_md_typed(5, dims, type, dnnl_abcde);
     dnnl_reorder_init(&p->to_heads, ctx, fused, split);
     if (train)
-      p->heads = op_calls_alloc(&a->calls, qkv_count * sizeof(float), MEM_ACT, a->comp);
+      p->heads = op_calls_alloc(&a->calls, qkv_count * eb, MEM_ACT, a->comp);
     else
-      p->heads_pooled = op_inner_alloc(b, PASS_FORWARD, &p->heads, qkv_count * sizeof(float),
-                                       MEM_WORKSPACE, a->comp);
+      p->heads_pooled =
+          op_inner_alloc(b, PASS_FORWARD, &p->heads, qkv_count * eb, MEM_WORKSPACE, a->comp);
     if (train) {
       dnnl_reorder_init(&p->from_heads, ctx, split, fused);
-      p->dheads_pooled = op_inner_alloc(b, PASS_BACKWARD, &p->dheads, qkv_count * sizeof(float),
-                                        MEM_ACT_GRAD, a->comp);
+      p->dheads_pooled =
+          op_inner_alloc(b, PASS_BACKWARD, &p->dheads, qkv_count * eb, MEM_ACT_GRAD, a->comp);
     }
     dnnl_md_destroy(fused);
     dnnl_md_destroy(split);
   } else {
-    qkv_head = head_view(N, H, T, Dh, qkv_image, Dh, qkv_row, 1);
-    qkv_head_t = head_view(N, H, Dh, T, qkv_image, Dh, 1, qkv_row);
+    qkv_head = head_view(type, N, H, T, Dh, qkv_image, Dh, qkv_row, 1);
+    qkv_head_t = head_view(type, N, H, Dh, T, qkv_image, Dh, 1, qkv_row);
     p->part_offset = D;
   }
-  DnnlMd out_head = head_view(N, H, T, Dh, out_image, Dh, D, 1);
-  DnnlMd probs = head_view(N, H, T, T, probs_image, probs_head, T, 1);
-  DnnlMd probs_t = head_view(N, H, T, T, probs_image, probs_head, 1, T);
+  DnnlMd out_head = head_view(type, N, H, T, Dh, out_image, Dh, D, 1);
+  DnnlMd probs = head_view(type, N, H, T, T, probs_image, probs_head, T, 1);
+  DnnlMd probs_t = head_view(type, N, H, T, T, probs_image, probs_head, 1, T);
   float scale = 1.0f / sqrtf((float)Dh);
 
   head_matmul_init(&p->scores, ctx, qkv_head, qkv_head_t, probs, scale);
@@ -158,11 +169,11 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
   p->probs_mem = dnnl_mem_new(ctx, probs);
   size_t probs_count = (size_t)N * (size_t)probs_image;
   if (train)
-    p->probs = op_calls_alloc(&a->calls, probs_count * sizeof(float), MEM_ACT, a->comp);
+    p->probs = op_calls_alloc(&a->calls, probs_count * eb, MEM_ACT, a->comp);
   else
-    p->probs_pooled = op_inner_alloc(b, PASS_FORWARD, &p->probs, probs_count * sizeof(float),
-                                     MEM_WORKSPACE, a->comp);
-  op_out_alloc(b, &a->calls, &a->out_slots, (size_t)N * (size_t)out_image * sizeof(float), a->comp);
+    p->probs_pooled =
+        op_inner_alloc(b, PASS_FORWARD, &p->probs, probs_count * eb, MEM_WORKSPACE, a->comp);
+  op_out_alloc(b, &a->calls, &a->out_slots, (size_t)N * (size_t)out_image * eb, a->comp);
   a->out = a->out_slots;
   if (train) {
     head_matmul_init(&p->dprobs, ctx, out_head, qkv_head_t, probs, 1.0f);
@@ -173,9 +184,9 @@ void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads) {
         dnnl_pd_softmax_backward(ctx, dnnl_softmax_accurate, probs, 3, p->softmax_fwd_pd);
     p->softmax_bwd = dnnl_ctx_adopt(ctx, p->softmax_bwd_pd);
     p->dprobs_mem = dnnl_mem_new(ctx, probs);
-    p->dprobs_pooled = op_inner_alloc(b, PASS_BACKWARD, &p->dprobs_buf, probs_count * sizeof(float),
-                                      MEM_ACT_GRAD, a->comp);
-    op_din_alloc(b, &a->calls, &a->din, qkv_count * sizeof(float), a->comp);
+    p->dprobs_pooled =
+        op_inner_alloc(b, PASS_BACKWARD, &p->dprobs_buf, probs_count * eb, MEM_ACT_GRAD, a->comp);
+    op_din_alloc(b, &a->calls, &a->din, qkv_count * eb, a->comp);
   }
   DnnlMd mds[] = {qkv_head, qkv_head_t, out_head, probs, probs_t};
   for (size_t i = 0; i < sizeof mds / sizeof mds[0]; i++) dnnl_md_destroy(mds[i]);
@@ -188,9 +199,9 @@ typedef struct {
 
 static AttentionCall attention_call(Attention *a, int call) {
   struct AttentionPrivate *p = a->priv;
-  size_t qkv_bytes = (size_t)a->N * a->T * 3 * a->D * sizeof(float);
-  size_t probs_bytes = (size_t)a->N * a->H * a->T * a->T * sizeof(float);
-  a->out = op_out_slot(&a->calls, a->out_slots, (size_t)a->N * a->T * a->D * sizeof(float), call);
+  size_t qkv_bytes = (size_t)a->N * a->T * 3 * a->D * p->elem_bytes;
+  size_t probs_bytes = (size_t)a->N * a->H * a->T * a->T * p->elem_bytes;
+  a->out = op_out_slot(&a->calls, a->out_slots, (size_t)a->N * a->T * a->D * p->elem_bytes, call);
   return (AttentionCall){op_slot(p->probs, probs_bytes, call), op_slot(p->heads, qkv_bytes, call)};
 }
 
@@ -201,7 +212,7 @@ void attention_forward(Attention *a, ExecCtx *ctx, const float *qkv) {
   AttentionCall c = attention_call(a, call);
   if (p->dense_heads) dnnl_reorder_run(&p->to_heads, ctx, qkv, c.heads);
   const float *q = p->dense_heads ? c.heads : qkv;
-  const float *k = q + p->part_offset, *v = q + 2 * p->part_offset;
+  const float *k = part_at(p, q, 1), *v = part_at(p, q, 2);
   head_matmul_run(&p->scores, ctx, q, k, c.probs);
   dnnl_mem_bind(p->probs_mem, c.probs);
   dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, p->probs_mem}, {DNNL_ARG_DST, p->probs_mem}};
@@ -218,9 +229,9 @@ void attention_backward(Attention *a, ExecCtx *ctx, const float *dout) {
   AttentionCall c = attention_call(a, call);
   TL_ASSERT(a->qkv);
   const float *q = p->dense_heads ? c.heads : a->qkv;
-  const float *k = q + p->part_offset, *v = q + 2 * p->part_offset;
+  const float *k = part_at(p, q, 1), *v = part_at(p, q, 2);
   float *dq = p->dense_heads ? p->dheads : a->din;
-  float *dk = dq + p->part_offset, *dv = dq + 2 * p->part_offset;
+  float *dk = part_at(p, dq, 1), *dv = part_at(p, dq, 2);
   head_matmul_run(&p->dprobs, ctx, dout, v, p->dprobs_buf);
   head_matmul_run(&p->dvalue, ctx, c.probs, dout, dv);
   dnnl_mem_bind(p->probs_mem, c.probs);

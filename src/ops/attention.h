@@ -5,7 +5,9 @@
 // The per-head (N, H, T, Dh) operands are strided views into qkv for long sequences, or one
 // reorder into dense (3, N, H, T, Dh) heads for short ones (whichever oneDNN 2.6 runs faster,
 // see attention.c); the head slices of out (N, T, D) are always strided views. The attention
-// matrix (N, H, T, T) is a buffer of its own.
+// matrix (N, H, T, T) is a buffer of its own. Every tensor is in the builder's act_type: under
+// bf16 the matmuls multiply bf16 and accumulate in f32, the softmax computes in f32 and keeps its
+// probabilities in bf16 for backward.
 #pragma once
 #include "ops/builder.h"
 

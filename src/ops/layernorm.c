@@ -21,7 +21,7 @@ struct LayerNormPrivate {
 double layernorm_flops_forward(int M, int D) { return LN_FWD_FLOPS_PER_ELEM * (double)M * D; }
 double layernorm_flops_backward(int M, int D) { return LN_BWD_FLOPS_PER_ELEM * (double)M * D; }
 
-static size_t ln_data_bytes(const LayerNorm *l) { return (size_t)l->M * l->D * sizeof(float); }
+static size_t ln_data_bytes(const LayerNorm *l) { return (size_t)l->M * l->D * l->elem_bytes; }
 static size_t ln_stat_bytes(const LayerNorm *l) { return (size_t)l->M * sizeof(float); }
 
 // What training adds: the statistics kept per call, backward and its gradient memories.
@@ -49,6 +49,7 @@ void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   memset(l, 0, sizeof *l);
   l->M = M;
   l->D = D;
+  l->elem_bytes = builder_act_bytes(b);
   l->mode = b->mode;
   l->comp = b->component;
   l->eps = 1e-6f;
@@ -61,7 +62,7 @@ void layernorm_init(LayerNorm *l, Builder *b, const char *name, int M, int D) {
   l->priv = p;
   p->params = b->params;
   dnnl_dims_t data_dims = {M, D}, param_dims = {D}, stat_dims = {M};
-  DnnlMd data_md = dnnl_md_plain(2, data_dims, dnnl_ab);
+  DnnlMd data_md = dnnl_md_typed(2, data_dims, builder_act_type(b), dnnl_ab);
   DnnlMd param_md = dnnl_md_plain(1, param_dims, dnnl_a);
   DnnlMd stat_md = dnnl_md_plain(1, stat_dims, dnnl_a);
   // Separate scale and shift (not the older packed dnnl_use_scaleshift), so gamma and beta are

@@ -1,10 +1,13 @@
 // Layer normalization over the last dimension of (M, D) rows (oneDNN layer_normalization with
-// separate scale and shift): out = gamma * (in - mean) / sqrt(var + eps) + beta, per row.
+// separate scale and shift): out = gamma * (in - mean) / sqrt(var + eps) + beta, per row. Input,
+// output and their gradients in the builder's act_type (bf16 or f32); the statistics, gamma, beta
+// and their gradients f32.
 #pragma once
 #include "ops/builder.h"
 
 typedef struct {
   int M, D;
+  size_t elem_bytes;  // of one input or output element: the builder's act_type
   OpMode mode;
   MemComponent comp;
   float eps;              // 1e-6

@@ -9,18 +9,24 @@
 // brgemm) than with plain `oi` (gemm:jit), even counting the per-step reorder of the weights
 // (about 0.01 ms; one thread, M = 4352..16640, IC/OC = 128..512, the vit-tiny shapes), so forward
 // reads a blocked copy made from the plain parameters at each call. Backward data is no faster
-// that way and works on the plain (OC, IC) parameter. Backward weights depends on the shape (Intel
-// Xeon with AVX-512, 2 threads, M = 33280, best of 7, ms, plain gemm:jit against blocked
-// brgemm_bwd_w): widening layers run faster blocked (128->512: 29.2 against 20.2; 128->384: 20.5
-// against 14.9), a narrowing one slower (512->128: 18.5 against 26.7), square ones the same
-// (128->128: 5.3 against 5.2). So a layer with more outputs than inputs writes its weight gradient
-// blocked and reorders it into the plain gradient (a few hundred KiB a step); the others write the
-// plain gradient directly.
+// that way in f32 and works on the plain (OC, IC) parameter; in bf16 it reads a copy in the layout
+// it picks too, as its brgemm_bwd_d kernel is faster than gemm:jit on plain bf16 weights (AMD EPYC,
+// 2 cores, AVX512-BF16, 2026-12-06, machine shared, mae/vit-tiny at batch 256, its share of a
+// step: oneDNN 2.6.3 15-35% against 9-14%, 3.7.2 15% against 11%). Backward weights depends on the
+// shape (Intel Xeon with AVX-512, 2 threads, M = 33280, best of 7, ms, plain gemm:jit against
+// blocked brgemm_bwd_w): widening layers run faster blocked (128->512: 29.2 against 20.2;
+// 128->384: 20.5 against 14.9), a narrowing one slower (512->128: 18.5 against 26.7), square ones
+// the same (128->128: 5.3 against 5.2). So a layer with more outputs than inputs writes its weight
+// gradient blocked and reorders it into the plain gradient (a few hundred KiB a step); the others
+// write the plain gradient directly.
 //
-// Under [train] precision = bf16 the primitives read bf16 copies of the input (made in forward,
-// kept for backward weights), of the weights (forward's blocked copy, and a plain one for backward
-// data) and of the output gradient; outputs and all gradients stay f32. The passes, the copies and
-// the gradient's way into the parameter set are those of every weighted op (ops/weighted.h).
+// Under [train] precision = bf16 the primitives read bf16 weights (forward's blocked copy, and a
+// plain one for backward data). On f32 activations they read bf16 copies of the input (made in
+// forward, kept for backward weights) and of the output gradient, and write f32 outputs and input
+// gradients; on a network's bf16 activations (the builder's act_type: a transformer stack's) they
+// read the input and output gradient where they are and write bf16, no copy made. Weight and bias
+// gradients stay f32. The passes, the copies and the gradient's way into the parameter set are
+// those of every weighted op (ops/weighted.h).
 // Whether backward weights writes a blocked gradient (see above): widening layers whose channel
 // counts are whole blocks of 64 (vit-tiny's). Taken for any widening layer, the AddressSanitizer
 // build of test_dino (a small head with partial blocks) crashed inside the sanitizer's allocator
@@ -30,7 +36,10 @@ static int linear_grad_blocked_wanted(int IC, int OC) {
   return OC > IC && IC % 64 == 0 && OC % 64 == 0;
 }
 
-static size_t linear_out_bytes(const Linear *l) { return (size_t)l->M * l->OC * sizeof(float); }
+// One output (M, OC) in the builder's activation type.
+static size_t linear_out_bytes(const Linear *l, const Builder *b) {
+  return (size_t)l->M * l->OC * builder_act_bytes(b);
+}
 
 // The forward's weights in the layout it chooses; backward data's plain (OC, IC); backward weights'
 // gradient blocked where that is faster, else written into the plain gradient (see above).
@@ -38,13 +47,14 @@ static void linear_describe(const Linear *l, const Builder *b, WeightedDescs *d)
   dnnl_data_type_t type = builder_compute_type(b);
   dnnl_dims_t src_dims = {l->M, l->IC}, weight_dims = {l->OC, l->IC}, bias_dims = {l->OC},
               dst_dims = {l->M, l->OC};
-  d->src_in = dnnl_md_plain(2, src_dims, dnnl_ab);
+  d->src_in = dnnl_md_typed(2, src_dims, builder_input_type(b), dnnl_ab);
   d->src = dnnl_md_typed(2, src_dims, type, dnnl_ab);
-  d->dst = dnnl_md_plain(2, dst_dims, dnnl_ab);
+  d->dst = dnnl_md_typed(2, dst_dims, builder_act_type(b), dnnl_ab);
   d->diff_dst = dnnl_md_typed(2, dst_dims, type, dnnl_ab);
   d->w_plain = dnnl_md_plain(2, weight_dims, dnnl_oi);
   d->w_fwd = dnnl_md_typed(2, weight_dims, type, dnnl_format_tag_any);
-  d->w_bwd_data = dnnl_md_typed(2, weight_dims, type, dnnl_oi);
+  d->w_bwd_data =
+      dnnl_md_typed(2, weight_dims, type, type == dnnl_bf16 ? dnnl_format_tag_any : dnnl_oi);
   d->dw = linear_grad_blocked_wanted(l->IC, l->OC)
               ? dnnl_md_plain(2, weight_dims, dnnl_format_tag_any)
               : d->w_plain;
@@ -92,7 +102,7 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
       .bias_count = has_bias ? (size_t)OC : 0,
   };
   l->passes =
-      weighted_create(b, &spec, &d, &(WeightedOp)WEIGHTED_OP(l, "linear", linear_out_bytes(l)));
+      weighted_create(b, &spec, &d, &(WeightedOp)WEIGHTED_OP(l, "linear", linear_out_bytes(l, b)));
   weighted_descs_destroy(&d);
 }
 

@@ -24,7 +24,7 @@ void linear_init(Linear *l, Builder *b, const char *name, int M, int IC, int OC,
 void linear_forward(Linear *l, ExecCtx *ctx, const float *in);
 void linear_backward(Linear *l, ExecCtx *ctx, const float *dout);
 // Whether backward reads the forward input where it was (1), or a converted copy of its own (0:
-// bf16 compute), so the input's buffer may be reused once forward has read it.
+// bf16 compute on f32 activations), so the input's buffer may be reused once forward has read it.
 int linear_backward_reads_input(const Linear *l);
 // Whether backward writes the weight gradient in a blocked layout of oneDNN's and reorders it into
 // the plain (OC, IC) gradient (layers with more outputs than inputs, where that is faster).
