@@ -362,8 +362,8 @@ static void check_vit(const char *pool) {
   check_grad(vit_feature_loss, &c, blk->norm1->gamma, blk->norm1->dgamma, VD, "vit norm1.gamma");
   check_grad(vit_feature_loss, &c, blk->qkv->weight, blk->qkv->dweight, 3 * VD * VD, "vit qkv.w");
   check_grad(vit_feature_loss, &c, blk->fc2->weight, blk->fc2->dweight, VR * VD * VD, "vit fc2.w");
-  check_grad(vit_feature_loss, &c, v->norm.gamma, v->norm.dgamma, VD, "vit norm.gamma");
-  check_grad(vit_feature_loss, &c, v->norm.beta, v->norm.dbeta, VD, "vit norm.beta");
+  check_grad(vit_feature_loss, &c, v->norm->gamma, v->norm->dgamma, VD, "vit norm.gamma");
+  check_grad(vit_feature_loss, &c, v->norm->beta, v->norm->dbeta, VD, "vit norm.beta");
   vit_case_destroy(&c);
 }
 
@@ -411,7 +411,7 @@ static void test_masked_token_count_and_grads(void **state) {
   assert_int_equal(v->T, TK);
   assert_int_equal(v->blocks[0].attn->T, TK);
   assert_int_equal(v->patch_embed.M, VN * N_KEEP);
-  assert_int_equal(v->norm.M, VN * TK);
+  assert_int_equal(v->norm->M, VN * TK);
   const int keep[VN * N_KEEP] = {3, 0, 2, 1, 2, 3};
   memcpy(m.keep, keep, sizeof keep);
 

@@ -136,8 +136,7 @@ void vit_forward_visible(Vit *v, ExecCtx *ctx, const float *images, const int *k
 
   const float *x = v->embedded;
   for (int i = 0; i < v->depth; i++) x = transformer_block_forward(&v->blocks[i], ctx, x);
-  layernorm_forward(&v->norm, ctx, x);
-  v->tokens = v->norm.out;
+  v->tokens = (float *)oplist_forward(&v->head, ctx, x);
 
   if (!ctx->dry_run) pool_feature(v);
   if (!v->has_cls) ctx->flops_forward[v->comp] += (double)v->N * v->T * v->D;
@@ -147,8 +146,7 @@ void vit_backward_tokens(Vit *v, ExecCtx *ctx, const float *dtokens) {
   if (v->mode != OP_TRAIN) TL_DIE("vit_backward_tokens on a ViT built without backward");
   int D = v->D, T = v->T;
   op_calls_backward(&v->calls, "vit");
-  layernorm_backward(&v->norm, ctx, dtokens);
-  const float *d = v->norm.din;
+  const float *d = oplist_backward(&v->head, ctx, dtokens);
   for (int i = v->depth - 1; i >= 0; i--) d = transformer_block_backward(&v->blocks[i], ctx, d);
   // d: (N, T, D) gradient of the embedded tokens. The position table is fixed, so the patch
   // rows go straight to the patch embedding; the cls rows sum into the cls token.
@@ -209,7 +207,7 @@ static void vit_destroy(Backbone *bb) {
   tl_free(v->embedded_slots);
   for (int i = 0; i < v->depth; i++) transformer_block_destroy(&v->blocks[i]);
   free(v->blocks);
-  layernorm_destroy(&v->norm);
+  oplist_destroy(&v->head);
   buffer_pool_free(&v->buffers);
   tl_free(v->feature_slots);
   tl_free(v->dtokens_from_feature);
@@ -274,21 +272,20 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
       op_calls_alloc(&v->calls, tokens * D * sizeof(float), out_cat, v->comp);
   v->blocks = calloc((size_t)v->depth, sizeof *v->blocks);
   if (!v->blocks && v->depth) TL_DIE("out of memory");
-  // The op list: the embedding (whose backward reads the first block's input gradient), the
-  // blocks, the final norm (its output, the tokens, outlives the pass).
+  // The embedding (whose backward reads the first block's input gradient), the blocks, the final
+  // norm (its output, the tokens, outlives the pass).
   Builder pooled = *b;
   pooled.pool = &v->buffers;
   const BufValue g_embedded = builder_grad_value(&pooled), g_tokens = builder_grad_value(&pooled);
-  builder_output(&pooled, 0, 0, OUT_NONE);
-  builder_grad(&pooled, 0, g_embedded, 0);
+  builder_input(&pooled, g_embedded);
   const BufValue x = transformer_stack_init(v->blocks, v->depth, &pooled, "blocks", N, v->T, v->D,
                                             spec->heads, spec->mlp_ratio, 0, g_tokens, g_embedded);
-  builder_output(&pooled, x, 0, OUT_OWN);
-  builder_grad(&pooled, g_tokens, 0, 0);
-  builder_backward_reads(&pooled, x);
-  layernorm_init(&v->norm, &pooled, "norm", N * v->T, v->D);
+  oplist_add(&v->head, &op_layernorm, OPLIST_INPUT, 0,
+             (OpArgs){.name = "norm", .flags = OP_ARG_OWN_OUTPUT});
+  oplist_build(&v->head, &pooled, (OpShape){N, v->T, 1, v->D}, 1, (OpListValues){x, 0, g_tokens});
+  v->norm = oplist_op(&v->head, 1);
   buffer_pool_finish(&v->buffers, v->comp);
-  v->tokens = v->norm.out;
+  v->tokens = v->norm->out;
   v->feature = v->feature_slots =
       op_calls_alloc(&v->calls, (size_t)N * D * sizeof(float), out_cat, v->comp);
   if (train) {

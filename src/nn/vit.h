@@ -50,9 +50,10 @@ typedef struct {
   Linear patch_embed;  // (N*n_keep, P*P*C) -> (N*n_keep, D)
   float *embedded;     // (N, T, D) input of the first block
   float *patches_slots, *embedded_slots, *feature_slots;
-  TransformerBlock *blocks;  // (depth)
-  BufferPool buffers;        // the blocks' and final norm's planned buffers (ops/buffer_pool.h)
-  LayerNorm norm;
+  TransformerBlock *blocks;     // (depth)
+  BufferPool buffers;           // the blocks' and final norm's planned buffers (ops/buffer_pool.h)
+  OpList head;                  // the final LayerNorm, after the blocks
+  LayerNorm *norm;              // head's
   float *tokens;                // (N, T, D) final-LN output = norm.out; cls first when has_cls
   float *feature;               // (N, D) = base.feature
   float *dtokens_from_feature;  // (N, T, D) OP_TRAIN: the Backbone backward's token gradient

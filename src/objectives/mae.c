@@ -27,8 +27,8 @@ typedef struct {
   float *dec_pos;                   // (P, Dd) fixed sin-cos
   TransformerBlock *blocks;         // (depth) on (b, Td, Dd)
   BufferPool buffers;               // the decoder's planned buffers (ops/buffer_pool.h)
-  LayerNorm norm;                   // (b*Td, Dd)
-  Linear pred;                      // (b*Td, Dd) -> (b*Td, patch_dim)
+  OpList tail;                      // the final LayerNorm and the prediction, after the blocks
+  Linear *pred;                     // tail's: (b*Td, Dd) -> (b*Td, patch_dim)
   int *keep;                        // (b, n_keep) visible patch indices
   int *visible_at;                  // (b, P) position of patch p among the visible tokens, or -1
   unsigned char *masked;            // (b, P)
@@ -133,21 +133,20 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   // input gradient), the blocks, the final norm, the prediction (read by the loss).
   Builder pooled = bld;
   pooled.pool = &o->buffers;
-  const BufValue g_in = builder_grad_value(&pooled), g_blocks = builder_grad_value(&pooled),
-                 g_normed = builder_grad_value(&pooled);
-  builder_output(&pooled, 0, 0, OUT_NONE);
-  builder_grad(&pooled, 0, g_in, 0);
+  const BufValue g_in = builder_grad_value(&pooled), g_blocks = builder_grad_value(&pooled);
+  builder_input(&pooled, g_in);
   const BufValue x =
       transformer_stack_init(o->blocks, o->depth, &pooled, "decoder.blocks", b, o->Td, o->Dd,
                              settings(cfg)->decoder_heads, spec->mlp_ratio, 0, g_blocks, g_in);
-  const BufValue normed = builder_output(&pooled, x, 0, 0);
-  builder_grad(&pooled, g_blocks, g_normed, 0);
-  builder_backward_reads(&pooled, x);
-  layernorm_init(&o->norm, &pooled, "decoder.norm", b * o->Td, o->Dd);
-  builder_output(&pooled, normed, 0, OUT_OWN);
-  builder_grad(&pooled, g_normed, 0, 0);
-  linear_init(&o->pred, &pooled, "decoder.pred", b * o->Td, o->Dd, o->patch_dim, 1, 1, 0.0f);
-  if (linear_backward_reads_input(&o->pred)) builder_backward_reads(&pooled, normed);
+  const int norm = oplist_add(&o->tail, &op_layernorm, OPLIST_INPUT, 0,
+                              (OpArgs){.name = "decoder.norm", .flags = OP_ARG_KEEP});
+  oplist_add(&o->tail, &op_linear, norm, 0,
+             (OpArgs){.name = "decoder.pred",
+                      .channels = o->patch_dim,
+                      .has_bias = 1,
+                      .flags = OP_ARG_OWN_OUTPUT});
+  oplist_build(&o->tail, &pooled, (OpShape){b, o->Td, 1, o->Dd}, 1, (OpListValues){x, 0, g_blocks});
+  o->pred = oplist_op(&o->tail, norm + 1);
   buffer_pool_finish(&o->buffers, COMP_DECODER);
   o->dec_pos = tl_alloc(sizeof(float) * (size_t)o->P * o->Dd, MEM_PARAM, COMP_DECODER);
   vit_sincos_pos_embed(o->dec_pos, o->encoder->grid, o->Dd);
@@ -239,7 +238,7 @@ static void write_reconstruction_grid(Mae *o, const Batch *batch, long step) {
     for (int k = 0; k < P * pd; k++) lo = fminf(lo, orig[k]), hi = fmaxf(hi, orig[k]);
     for (int p = 0; p < P; p++) {
       const float *src = orig + (size_t)p * pd;
-      const float *pred = o->pred.out + ((size_t)i * o->Td + o->has_cls + p) * pd;
+      const float *pred = o->pred->out + ((size_t)i * o->Td + o->has_cls + p) * pd;
       int is_masked = o->masked[(size_t)i * P + p];
       double mean = 0, var = 0;
       for (int c = 0; c < pd; c++) mean += src[c];
@@ -377,23 +376,20 @@ static ObjectiveLoss mae_step(Objective *base, const Batch *batch, LedgerRecord 
   if (!ctx->dry_run) fill_decoder_input(o);
   const float *x = o->dec_in;
   for (int i = 0; i < o->depth; i++) x = transformer_block_forward(&o->blocks[i], ctx, x);
-  layernorm_forward(&o->norm, ctx, x);
-  linear_forward(&o->pred, ctx, o->norm.out);
+  oplist_forward(&o->tail, ctx, x);
 
   // Every image has exactly P - n_keep patches masked.
   long n_masked = (long)b * (P - o->n_keep);
   double loss_sum = 0;
   if (!ctx->dry_run) {
     vit_patchify(o->encoder, batch->views, o->target);
-    loss_sum = mae_masked_mse(o->pred.out, Td, o->has_cls, o->target, o->masked, b, P, pd,
+    loss_sum = mae_masked_mse(o->pred->out, Td, o->has_cls, o->target, o->masked, b, P, pd,
                               settings(cfg)->norm_pix_loss, o->dpred, &n_masked);
   }
   ctx->flops_forward[COMP_LOSS] += 3.0 * n_masked * pd;
   objective_backward_begins(base);
 
-  linear_backward(&o->pred, ctx, o->dpred);
-  layernorm_backward(&o->norm, ctx, o->pred.din);
-  const float *d = o->norm.din;
+  const float *d = oplist_backward(&o->tail, ctx, o->dpred);
   for (int i = o->depth - 1; i >= 0; i--) d = transformer_block_backward(&o->blocks[i], ctx, d);
   if (!ctx->dry_run) scatter_decoder_grad(o, d);
   paramset_grad_contributed(base->env.params, o->dmask_token, (size_t)Dd);
@@ -425,8 +421,7 @@ static void mae_destroy(Objective *base) {
   linear_destroy(&o->embed);
   for (int i = 0; i < o->depth; i++) transformer_block_destroy(&o->blocks[i]);
   free(o->blocks);
-  layernorm_destroy(&o->norm);
-  linear_destroy(&o->pred);
+  oplist_destroy(&o->tail);
   buffer_pool_free(&o->buffers);
   tl_free(o->dec_pos);
   tl_free(o->dec_in);

@@ -211,6 +211,14 @@ static inline void builder_grad(Builder *b, BufValue din, BufValue dout0, BufVal
   b->grad_value = din;
 }
 
+// The module's first op reads a value made by code before it (an embedding, a scatter) whose
+// backward reads that value's gradient `g`: declared as an op of its own, first, so that `g`
+// lives until then.
+static inline void builder_input(Builder *b, BufValue g) {
+  builder_output(b, 0, 0, OUT_NONE);
+  builder_grad(b, 0, g, 0);
+}
+
 // The current op's backward reads the forward value v (its input for a weight gradient, its own
 // output for ReLU's): kept for it, or written again just before it when recomputed.
 static inline void builder_backward_reads(Builder *b, BufValue v) {

@@ -287,7 +287,7 @@ static void declare_sum(OpList *l, Builder *b, int v, OpShape shape, const BufVa
 
 // Recomputing an output pays when a reader in the list may read it in backward.
 static int may_recompute(const OpList *l, int k) {
-  if (!l->nodes[k].kind->recompute) return 0;
+  if (!l->nodes[k].kind->recompute || (l->nodes[k].args.flags & OP_ARG_KEEP)) return 0;
   const OpValue *val = &l->values[k];
   for (int r = 0; r < val->readers; r++)
     if (l->nodes[val->reader[r]].kind->may_read_input) return 1;

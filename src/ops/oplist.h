@@ -26,6 +26,7 @@ static inline size_t op_shape_elems(OpShape s) { return (size_t)s.N * s.H * s.W 
 enum {
   OP_ARG_OWN_OUTPUT = 1,  // the output outlives the list's pass (or is read outside it)
   OP_ARG_INPUT_F32 = 2,   // the node reads f32 from outside the network (the images)
+  OP_ARG_KEEP = 4,        // a reader's backward reads the output kept, never written again
 };
 
 // What a node is built with besides its input shapes; each kind reads the fields it names.
