@@ -100,7 +100,7 @@ static void resnet_forward(Backbone *bb, ExecCtx *ctx, const float *images) {
   }
   const float *x = r->padded ? r->padded : images;
   for (int i = 0; i < r->n_lists; i++) x = oplist_forward(&r->lists[i], ctx, x);
-  bb->feature = (float *)x;
+  bb->feature = oplist_out(&r->lists[r->n_lists - 1]);
 }
 
 static void resnet_backward(Backbone *bb, ExecCtx *ctx, const float *dfeature) {

@@ -73,7 +73,7 @@ BufValue transformer_stack_init(TransformerBlock *blocks, int depth, Builder *b,
 
 const float *transformer_block_forward(TransformerBlock *blk, ExecCtx *ctx, const float *in) {
   blk->in = in;
-  return blk->out = (float *)oplist_forward(&blk->ops, ctx, in);
+  return blk->out = oplist_forward(&blk->ops, ctx, in);
 }
 
 const float *transformer_block_backward(TransformerBlock *blk, ExecCtx *ctx, const float *dout) {

@@ -136,7 +136,7 @@ void vit_forward_visible(Vit *v, ExecCtx *ctx, const float *images, const int *k
 
   const float *x = v->embedded;
   for (int i = 0; i < v->depth; i++) x = transformer_block_forward(&v->blocks[i], ctx, x);
-  v->tokens = (float *)oplist_forward(&v->head, ctx, x);
+  v->tokens = oplist_forward(&v->head, ctx, x);
 
   if (!ctx->dry_run) pool_feature(v);
   if (!v->has_cls) ctx->flops_forward[v->comp] += (double)v->N * v->T * v->D;

@@ -210,7 +210,6 @@ int oplist_add(OpList *l, const OpKind *kind, int in0, int in1, OpArgs args) {
   OpNode *nd = &l->nodes[id];
   *nd = (OpNode){.kind = kind, .in = {in0, kind->inputs > 1 ? in1 : -1}, .args = args};
   if (args.name) snprintf(nd->name, sizeof nd->name, "%s", args.name);
-  nd->args.name = nd->name;
   return id;
 }
 
@@ -304,6 +303,7 @@ static BufValue declare_node(OpList *l, Builder *b, int k, const OpShape *shapes
   if (nd->args.flags & OP_ARG_OWN_OUTPUT) flags |= OUT_OWN;
   const BufValue out = builder_output(b, value[nd->in[0]], two ? value[nd->in[1]] : 0, flags);
   if (kind->backward) builder_grad(b, partial[k][0], grad[k], 0);
+  if (nd->args.name) nd->args.name = nd->name;  // the nodes no longer move
   const int input_f32 = b->input_f32;
   if (nd->args.flags & OP_ARG_INPUT_F32) b->input_f32 = 1;
   nd->op = calloc(1, kind->size);
@@ -369,14 +369,14 @@ static const float *value_out(const OpList *l, int v) {
   return v ? l->nodes[v].kind->out(l->nodes[v].op) : l->in;
 }
 
-const float *oplist_forward(OpList *l, ExecCtx *ctx, const float *in) {
+float *oplist_forward(OpList *l, ExecCtx *ctx, const float *in) {
   l->in = in;
   for (int k = 1; k <= l->n; k++) {
     const OpNode *nd = &l->nodes[k];
     nd->kind->forward(nd->op, ctx, value_out(l, nd->in[0]),
                       nd->kind->inputs > 1 ? value_out(l, nd->in[1]) : NULL);
   }
-  return value_out(l, l->n);
+  return oplist_out(l);
 }
 
 // The gradient reaching value v once its readers' backwards ran (dout at the output).

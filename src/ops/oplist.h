@@ -117,7 +117,7 @@ OpShape oplist_shape(const OpList *l);  // the output's
 float *oplist_out(const OpList *l);     // the output of the last forward call
 void *oplist_op(const OpList *l, int node);
 // Runs the nodes in order; returns the output (the last node's).
-const float *oplist_forward(OpList *l, ExecCtx *ctx, const float *in);
+float *oplist_forward(OpList *l, ExecCtx *ctx, const float *in);
 // Runs the nodes' backwards in reverse from dout at the output; returns the input's gradient
 // (NULL when not wanted).
 const float *oplist_backward(OpList *l, ExecCtx *ctx, const float *dout);
