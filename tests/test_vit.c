@@ -17,6 +17,7 @@
 #include "op_test_util.h"
 #include "nn/backbone.h"
 #include "nn/transformer.h"
+#include "ops/eltwise.h"
 #include "nn/vit.h"
 
 #define FWD_ATOL 1e-5
@@ -119,8 +120,8 @@ static void test_transformer_block(void **state) {
   assert_int_equal(c.ps.used, count);
   // Xavier-uniform weights (qkv as one (3D, D) matrix, as MAE does), zero biases, unit gamma.
   float qkv_bound = sqrtf(6.0f / (BD + 3 * BD));
-  for (int i = 0; i < 3 * BD * BD; i++) assert_true(fabsf(c.blk.qkv.weight[i]) <= qkv_bound);
-  for (int i = 0; i < BD; i++) assert_true(c.blk.fc2.bias[i] == 0 && c.blk.norm1.gamma[i] == 1);
+  for (int i = 0; i < 3 * BD * BD; i++) assert_true(fabsf(c.blk.qkv->weight[i]) <= qkv_bound);
+  for (int i = 0; i < BD; i++) assert_true(c.blk.fc2->bias[i] == 0 && c.blk.norm1->gamma[i] == 1);
   perturb_params(&c.ps);
 
   size_t n = BN * BT * BD;
@@ -135,13 +136,13 @@ static void test_transformer_block(void **state) {
 
   transformer_block_backward(&c.blk, &c.ctx, c.r);
   check_grad(block_loss, &c, c.in, c.blk.din, n, "block din");
-  check_grad(block_loss, &c, c.blk.norm1.gamma, c.blk.norm1.dgamma, BD, "block norm1.gamma");
-  check_grad(block_loss, &c, c.blk.qkv.weight, c.blk.qkv.dweight, 3 * BD * BD, "block qkv.w");
-  check_grad(block_loss, &c, c.blk.qkv.bias, c.blk.qkv.dbias, 3 * BD, "block qkv.b");
-  check_grad(block_loss, &c, c.blk.proj.weight, c.blk.proj.dweight, BD * BD, "block proj.w");
-  check_grad(block_loss, &c, c.blk.norm2.beta, c.blk.norm2.dbeta, BD, "block norm2.beta");
-  check_grad(block_loss, &c, c.blk.fc1.weight, c.blk.fc1.dweight, BR * BD * BD, "block fc1.w");
-  check_grad(block_loss, &c, c.blk.fc2.bias, c.blk.fc2.dbias, BD, "block fc2.b");
+  check_grad(block_loss, &c, c.blk.norm1->gamma, c.blk.norm1->dgamma, BD, "block norm1.gamma");
+  check_grad(block_loss, &c, c.blk.qkv->weight, c.blk.qkv->dweight, 3 * BD * BD, "block qkv.w");
+  check_grad(block_loss, &c, c.blk.qkv->bias, c.blk.qkv->dbias, 3 * BD, "block qkv.b");
+  check_grad(block_loss, &c, c.blk.proj->weight, c.blk.proj->dweight, BD * BD, "block proj.w");
+  check_grad(block_loss, &c, c.blk.norm2->beta, c.blk.norm2->dbeta, BD, "block norm2.beta");
+  check_grad(block_loss, &c, c.blk.fc1->weight, c.blk.fc1->dweight, BR * BD * BD, "block fc1.w");
+  check_grad(block_loss, &c, c.blk.fc2->bias, c.blk.fc2->dbias, BD, "block fc2.b");
 
   transformer_block_destroy(&c.blk);
   tl_free(c.in);
@@ -358,11 +359,11 @@ static void check_vit(const char *pool) {
   check_grad(vit_feature_loss, &c, v->patch_embed.bias, v->patch_embed.dbias, VD,
              "vit patch_embed.b");
   if (has_cls) check_grad(vit_feature_loss, &c, v->cls, v->dcls, VD, "vit cls_token");
-  check_grad(vit_feature_loss, &c, blk->norm1.gamma, blk->norm1.dgamma, VD, "vit norm1.gamma");
-  check_grad(vit_feature_loss, &c, blk->qkv.weight, blk->qkv.dweight, 3 * VD * VD, "vit qkv.w");
-  check_grad(vit_feature_loss, &c, blk->fc2.weight, blk->fc2.dweight, VR * VD * VD, "vit fc2.w");
-  check_grad(vit_feature_loss, &c, v->norm.gamma, v->norm.dgamma, VD, "vit norm.gamma");
-  check_grad(vit_feature_loss, &c, v->norm.beta, v->norm.dbeta, VD, "vit norm.beta");
+  check_grad(vit_feature_loss, &c, blk->norm1->gamma, blk->norm1->dgamma, VD, "vit norm1.gamma");
+  check_grad(vit_feature_loss, &c, blk->qkv->weight, blk->qkv->dweight, 3 * VD * VD, "vit qkv.w");
+  check_grad(vit_feature_loss, &c, blk->fc2->weight, blk->fc2->dweight, VR * VD * VD, "vit fc2.w");
+  check_grad(vit_feature_loss, &c, v->norm->gamma, v->norm->dgamma, VD, "vit norm.gamma");
+  check_grad(vit_feature_loss, &c, v->norm->beta, v->norm->dbeta, VD, "vit norm.beta");
   vit_case_destroy(&c);
 }
 
@@ -408,9 +409,9 @@ static void test_masked_token_count_and_grads(void **state) {
   m.masked = masked_on(&m.full, N_KEEP, OP_TRAIN, &bound);
   Vit *v = m.masked;
   assert_int_equal(v->T, TK);
-  assert_int_equal(v->blocks[0].attn.T, TK);
+  assert_int_equal(v->blocks[0].attn->T, TK);
   assert_int_equal(v->patch_embed.M, VN * N_KEEP);
-  assert_int_equal(v->norm.M, VN * TK);
+  assert_int_equal(v->norm->M, VN * TK);
   const int keep[VN * N_KEEP] = {3, 0, 2, 1, 2, 3};
   memcpy(m.keep, keep, sizeof keep);
 
@@ -440,7 +441,7 @@ static void test_masked_token_count_and_grads(void **state) {
   check_grad(masked_loss, &m, v->patch_embed.weight, v->patch_embed.dweight, (size_t)VD * PATCH_DIM,
              "masked patch_embed.w");
   check_grad(masked_loss, &m, v->cls, v->dcls, VD, "masked cls_token");
-  check_grad(masked_loss, &m, v->blocks[0].proj.weight, v->blocks[0].proj.dweight, VD * VD,
+  check_grad(masked_loss, &m, v->blocks[0].proj->weight, v->blocks[0].proj->dweight, VD * VD,
              "masked proj.w");
   v->base.destroy(&v->base);
   paramset_free(&bound);

@@ -5,32 +5,12 @@
 #include <string.h>
 
 #include "nn/backbone.h"
-#include "ops/add.h"
-#include "ops/batchnorm.h"
-#include "ops/conv.h"
-#include "ops/eltwise.h"
-#include "ops/maxpool.h"
-#include "ops/pool.h"
+#include "ops/oplist.h"
 
 // N = images, H/W = spatial size at the block's output, IC/OC = channels in/out.
 // basic: 3x3 (stride s), 3x3 -> OC. bottleneck (torchvision's v1.5): 1x1 to the width w, 3x3
 // (stride s), 1x1 to OC = BOTTLENECK_EXPANSION w.
 enum { BLOCK_MAX_CONVS = 3, BOTTLENECK_EXPANSION = 4 };
-
-typedef struct {
-  int n_convs;                    // 2 (basic) or 3 (bottleneck)
-  Conv2d conv[BLOCK_MAX_CONVS];   // conv1, conv2[, conv3]
-  BatchNorm bn[BLOCK_MAX_CONVS];  // each with fused ReLU but the last, whose ReLU comes after
-                                  // the residual sum
-  int has_projection;
-  Conv2d proj;  // 1x1 stride s, when the shape changes
-  BatchNorm proj_bn;
-  Add sum;       // (N, H, W, OC) residual sum
-  Eltwise relu;  // (N, H, W, OC) block output
-  Add dsum;      // (N, IH, IW, IC) gradient reaching the block input from both paths
-  int train;
-  const float *in;
-} Block;
 
 // A block's convolutions: kernel, stride and output channels of each.
 typedef struct {
@@ -43,136 +23,38 @@ static BlockShape block_shape(int bottleneck, int width, int stride) {
       3, stride, {1, 3, 1}, {1, stride, 1}, {width, width, BOTTLENECK_EXPANSION * width}};
 }
 
-// A block's ops in the order forward runs them (backward runs them in reverse), each declared to
-// the builder's pool before it is built (ops/builder.h): what it reads, where its output goes,
-// which gradient its backward reads and writes. The planner (ops/buffer_pool.h) keeps what a
-// backward reads: the convolutions' inputs (the block input, the inner BatchNorm-ReLUs' outputs)
-// for their weight gradients, the BatchNorms' inputs and the output, whose sign is the final
-// ReLU's gradient. The last BatchNorm's and proj_bn's outputs are read only by the residual
-// sum, and the sum's only by the ReLU: they share the pool's buffers, the sum over the last
-// BatchNorm's output. So does an inner BatchNorm's output when the next convolution's backward
-// reads a copy of its own (bf16 compute on f32 activations), or when [train] recompute writes it
-// again just before that backward (from its input and the batch statistics the BatchNorm keeps
-// anyway). Without backward the BatchNorms, the sum and the ReLU write over their inputs, except a
-// BatchNorm that reads its input again after writing (sync_bn). x: the block input, dout: the
-// gradient at its output, din: where its input gradient goes; returns the output value.
-static BufValue block_init(Block *blk, Builder *b, const char *name, int N, int IC, int IH, int IW,
-                           BlockShape shape, BufValue x, BufValue dout, BufValue din) {
+// A block's op list (ops/oplist.h) on (N, IH, IW, IC): each convolution followed by its
+// BatchNorm (ReLU fused but in the last), a 1x1 projection and its BatchNorm on the shortcut when
+// the shape changes, the residual sum (over the last BatchNorm's output) and the ReLU. The list
+// plans the rest: it keeps what a backward reads (the convolutions' inputs for their weight
+// gradients, the BatchNorms' inputs, the output whose sign is the last ReLU's gradient), writes
+// the inner BatchNorm-ReLUs' outputs again before the next convolution's backward under [train]
+// recompute, and sums the gradients reaching the block input from both paths.
+static void block_list(OpList *l, const char *name, int IC, BlockShape shape) {
   char nm[64];
-  int train = b->mode == OP_TRAIN;
-  const unsigned bn_flags = OUT_IN_PLACE | (batchnorm_in_place(b) ? 0 : OUT_READS_LATE);
-  const int n = blk->n_convs = shape.n, OC = shape.channels[n - 1];
-  blk->train = train;
-  blk->has_projection = shape.stride != 1 || IC != OC;
-  // g[2i]: conv i's input gradient, g[2i + 1]: bn i's (conv i's output gradient).
-  BufValue g[2 * BLOCK_MAX_CONVS];
-  const BufValue g_sum = builder_grad_value(b);
-  for (int i = 0; i < 2 * n; i++) g[i] = builder_grad_value(b);
-  const BufValue g_p = builder_grad_value(b),
-                 g_shortcut = blk->has_projection ? builder_grad_value(b) : g_sum;
-  size_t in_n = (size_t)N * IH * IW * IC;
-  if (train) {  // the gradient reaching the block input from both paths
-    builder_output(b, 0, 0, OUT_NONE);
-    builder_grad(b, din, g[0], g_shortcut);
-    add_init(&blk->dsum, b, in_n, MEM_ACT_GRAD, 1);
-  }
-  BufValue v = x;
-  int C = IC, H = IH, W = IW;
+  const int n = shape.n, OC = shape.channels[n - 1];
+  int x = OPLIST_INPUT;
   for (int i = 0; i < n; i++) {
     snprintf(nm, sizeof nm, "%s.conv%d", name, i + 1);
-    const BufValue c = builder_output(b, v, 0, 0);
-    builder_grad(b, g[2 * i], g[2 * i + 1], 0);
-    conv2d_init(&blk->conv[i], b, nm, N, C, H, W, shape.channels[i], shape.kernel[i],
-                shape.strides[i], shape.kernel[i] / 2, 0, train);
-    if (conv2d_backward_reads_input(&blk->conv[i])) builder_backward_reads(b, v);
-    C = shape.channels[i];
-    H = blk->conv[i].OH;
-    W = blk->conv[i].OW;
-    const int inner = i < n - 1;
+    x = oplist_add(l, &op_conv, x, 0,
+                   (OpArgs){.name = nm,
+                            .channels = shape.channels[i],
+                            .kernel = shape.kernel[i],
+                            .stride = shape.strides[i],
+                            .pad = shape.kernel[i] / 2});
     snprintf(nm, sizeof nm, "%s.bn%d", name, i + 1);
-    v = builder_output(b, c, 0, bn_flags | (inner ? OUT_RECOMPUTED : 0));
-    builder_grad(b, g[2 * i + 1], inner ? g[2 * i + 2] : g_sum, 0);
-    builder_backward_reads(b, c);
-    batchnorm_init(&blk->bn[i], b, nm, N, C, H, W, inner, train);
+    x = oplist_add(l, &op_batchnorm, x, 0, (OpArgs){.name = nm, .fuse_relu = i < n - 1});
   }
-  BufValue shortcut = x;
-  if (blk->has_projection) {
+  int shortcut = OPLIST_INPUT;
+  if (shape.stride != 1 || IC != OC) {
     snprintf(nm, sizeof nm, "%s.proj", name);
-    const BufValue pj = builder_output(b, x, 0, 0);
-    builder_grad(b, g_shortcut, g_p, 0);
-    conv2d_init(&blk->proj, b, nm, N, IC, IH, IW, OC, 1, shape.stride, 0, 0, train);
-    if (conv2d_backward_reads_input(&blk->proj)) builder_backward_reads(b, x);
+    shortcut =
+        oplist_add(l, &op_conv, OPLIST_INPUT, 0,
+                   (OpArgs){.name = nm, .channels = OC, .kernel = 1, .stride = shape.stride});
     snprintf(nm, sizeof nm, "%s.proj_bn", name);
-    shortcut = builder_output(b, pj, 0, bn_flags);
-    builder_grad(b, g_p, g_sum, 0);
-    builder_backward_reads(b, pj);
-    batchnorm_init(&blk->proj_bn, b, nm, N, OC, H, W, 0, train);
+    shortcut = oplist_add(l, &op_batchnorm, shortcut, 0, (OpArgs){.name = nm});
   }
-  size_t out_n = (size_t)N * H * W * OC;
-  const BufValue sum = builder_output(b, v, shortcut, OUT_IN_PLACE);
-  add_init(&blk->sum, b, out_n, builder_out_category(b), 0);
-  const BufValue out = builder_output(b, sum, 0, OUT_IN_PLACE);
-  builder_grad(b, g_sum, dout, 0);
-  builder_backward_reads(b, out);
-  eltwise_init(&blk->relu, b, ELTWISE_RELU, out_n, train);
-  return out;
-}
-
-static const Conv2d *block_last_conv(const Block *blk) { return &blk->conv[blk->n_convs - 1]; }
-
-static const float *block_forward(Block *blk, ExecCtx *ctx, const float *in) {
-  blk->in = in;
-  const float *x = in;
-  for (int i = 0; i < blk->n_convs; i++) {
-    conv2d_forward(&blk->conv[i], ctx, x);
-    batchnorm_forward(&blk->bn[i], ctx, blk->conv[i].out);
-    x = blk->bn[i].out;
-  }
-  const float *shortcut = in;
-  if (blk->has_projection) {
-    conv2d_forward(&blk->proj, ctx, in);
-    batchnorm_forward(&blk->proj_bn, ctx, blk->proj.out);
-    shortcut = blk->proj_bn.out;
-  }
-  add_forward(&blk->sum, ctx, x, shortcut);
-  eltwise_forward(&blk->relu, ctx, blk->sum.out);
-  return blk->relu.out;
-}
-
-// Returns the gradient with respect to the block input.
-static const float *block_backward(Block *blk, ExecCtx *ctx, const float *dout) {
-  eltwise_backward(&blk->relu, ctx, dout);
-  const float *dsum = blk->relu.din;  // reaches both the residual branch and the shortcut
-  const float *dshortcut = dsum;
-  if (blk->has_projection) {
-    batchnorm_backward(&blk->proj_bn, ctx, dsum);
-    conv2d_backward(&blk->proj, ctx, blk->proj_bn.din);
-    dshortcut = blk->proj.din;
-  }
-  const float *d = dsum;
-  for (int i = blk->n_convs - 1; i >= 0; i--) {
-    batchnorm_backward(&blk->bn[i], ctx, d);
-    if (i > 0 && blk->bn[i - 1].calls.out_shared && conv2d_backward_reads_input(&blk->conv[i]))
-      batchnorm_recompute(&blk->bn[i - 1], ctx);
-    conv2d_backward(&blk->conv[i], ctx, blk->bn[i].din);
-    d = blk->conv[i].din;
-  }
-  add_forward(&blk->dsum, ctx, d, dshortcut);
-  return blk->dsum.out;
-}
-
-static void block_destroy(Block *blk) {
-  for (int i = 0; i < blk->n_convs; i++) {
-    conv2d_destroy(&blk->conv[i]);
-    batchnorm_destroy(&blk->bn[i]);
-  }
-  if (blk->has_projection) {
-    conv2d_destroy(&blk->proj);
-    batchnorm_destroy(&blk->proj_bn);
-  }
-  add_destroy(&blk->sum);
-  eltwise_destroy(&blk->relu);
-  if (blk->train) add_destroy(&blk->dsum);
+  oplist_add(l, &op_relu, oplist_add(l, &op_add, x, shortcut, (OpArgs){0}), 0, (OpArgs){0});
 }
 
 typedef struct {
@@ -182,14 +64,12 @@ typedef struct {
   float *padded;                // (N, P_S, P_S, C) the stem's input when pad_to frames the images
   float *padded_slots;          // one per forward call (ops/builder.h)
   OpCalls pad_calls;
-  BufferPool buffers;  // planned buffers: outputs but the feature, input gradients (block_init)
-  Conv2d stem;         // 3x3 stride 1 ([backbone] stem = small) or 7x7 stride 2 (imagenet)
-  BatchNorm stem_bn;   // with fused ReLU
-  int stem_pool;       // stem = imagenet: a 3x3 stride-2 max-pool follows
-  MaxPool stem_maxpool;
-  int n_blocks;
-  Block *blocks;
-  GlobalAvgPool pool;
+  BufferPool buffers;  // planned buffers: outputs but the feature, input gradients
+  // The op lists one after another: the stem (3x3 stride 1 convolution, [backbone] stem = small,
+  // or 7x7 stride 2 and a 3x3 stride-2 max-pool, imagenet; BatchNorm-ReLU), the blocks, the
+  // global average pooling.
+  int n_lists;
+  OpList *lists;
 } ResNet;
 
 // padded (N, P_S, P_S, C) = images (N, S, S, C) centred in a frame of pad_value.
@@ -218,41 +98,23 @@ static void resnet_forward(Backbone *bb, ExecCtx *ctx, const float *images) {
     r->padded = op_slot(r->padded_slots, padded_bytes(r), op_calls_forward(&r->pad_calls, "pad"));
     if (!ctx->dry_run) pad_images(r, images);
   }
-  conv2d_forward(&r->stem, ctx, r->padded ? r->padded : images);
-  batchnorm_forward(&r->stem_bn, ctx, r->stem.out);
-  const float *x = r->stem_bn.out;
-  if (r->stem_pool) {
-    maxpool_forward(&r->stem_maxpool, ctx, x);
-    x = r->stem_maxpool.out;
-  }
-  for (int i = 0; i < r->n_blocks; i++) x = block_forward(&r->blocks[i], ctx, x);
-  gap_forward(&r->pool, ctx, x);
-  bb->feature = r->pool.out;
+  const float *x = r->padded ? r->padded : images;
+  for (int i = 0; i < r->n_lists; i++) x = oplist_forward(&r->lists[i], ctx, x);
+  bb->feature = oplist_out(&r->lists[r->n_lists - 1]);
 }
 
 static void resnet_backward(Backbone *bb, ExecCtx *ctx, const float *dfeature) {
   ResNet *r = (ResNet *)bb;
   TL_ASSERT(r->mode == OP_TRAIN);
-  gap_backward(&r->pool, ctx, dfeature);
-  const float *d = r->pool.din;
-  for (int i = r->n_blocks - 1; i >= 0; i--) d = block_backward(&r->blocks[i], ctx, d);
-  if (r->stem_pool) {
-    maxpool_backward(&r->stem_maxpool, ctx, d);
-    d = r->stem_maxpool.din;
-  }
-  batchnorm_backward(&r->stem_bn, ctx, d);
-  conv2d_backward(&r->stem, ctx, r->stem_bn.din);
+  const float *d = dfeature;
+  for (int i = r->n_lists - 1; i >= 0; i--) d = oplist_backward(&r->lists[i], ctx, d);
 }
 
 static void resnet_destroy(Backbone *bb) {
   ResNet *r = (ResNet *)bb;
   tl_free(r->padded_slots);
-  conv2d_destroy(&r->stem);
-  batchnorm_destroy(&r->stem_bn);
-  if (r->stem_pool) maxpool_destroy(&r->stem_maxpool);
-  for (int i = 0; i < r->n_blocks; i++) block_destroy(&r->blocks[i]);
-  free(r->blocks);
-  gap_destroy(&r->pool);
+  for (int i = 0; i < r->n_lists; i++) oplist_destroy(&r->lists[i]);
+  free(r->lists);
   buffer_pool_free(&r->buffers);
   free(r);
 }
@@ -288,12 +150,43 @@ static dnnl_data_type_t resnet_act_type(const Builder *b) {
   return builder_policy(b).bf16 && b->mode != OP_INFER ? dnnl_bf16 : dnnl_f32;
 }
 
+// The stem's list, each block's, the pooling's.
+static void resnet_lists(ResNet *r, const ModelSpec *spec) {
+  const int stages = model_spec_stages(spec), imagenet = strcmp(spec->stem, "imagenet") == 0;
+  const int bottleneck = strcmp(spec->block, "bottleneck") == 0;
+  r->n_lists = 2;
+  for (int s = 0; s < stages; s++) r->n_lists += spec->stage_blocks[s];
+  r->lists = calloc((size_t)r->n_lists, sizeof *r->lists);
+  if (!r->lists) TL_DIE("out of memory");
+  OpList *stem = &r->lists[0];
+  const int stem_k = imagenet ? 7 : 3;
+  int x = oplist_add(stem, &op_conv, OPLIST_INPUT, 0,
+                     (OpArgs){.name = "stem.conv",
+                              .channels = spec->stem_channels,
+                              .kernel = stem_k,
+                              .stride = imagenet ? 2 : 1,
+                              .pad = stem_k / 2,
+                              .flags = OP_ARG_INPUT_F32});
+  x = oplist_add(stem, &op_batchnorm, x, 0, (OpArgs){.name = "stem.bn", .fuse_relu = 1});
+  if (imagenet) oplist_add(stem, &op_maxpool, x, 0, (OpArgs){.kernel = 3, .stride = 2, .pad = 1});
+  int k = 1, C = spec->stem_channels;
+  for (int s = 0; s < stages; s++)
+    for (int i = 0; i < spec->stage_blocks[s]; i++, k++) {
+      char name[32];
+      snprintf(name, sizeof name, "stage%d.block%d", s + 1, i + 1);
+      const BlockShape shape =
+          block_shape(bottleneck, spec->stage_channels[s], i == 0 ? spec->stage_strides[s] : 1);
+      block_list(&r->lists[k], name, C, shape);
+      C = shape.channels[shape.n - 1];
+    }
+  oplist_add(&r->lists[k], &op_avgpool, OPLIST_INPUT, 0, (OpArgs){.flags = OP_ARG_OWN_OUTPUT});
+}
+
 Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels) {
   TL_ASSERT(channels <= BACKBONE_MAX_CHANNELS);
   ResNet *r = calloc(1, sizeof *r);
   if (!r) TL_DIE("out of memory");
   r->mode = b->mode;
-  int train = b->mode == OP_TRAIN;
   r->image_size = image_size;
   r->padded_size = backbone_padded_size(spec, image_size);
   // The frame is materialized once per forward: the stem's own zero padding still surrounds it,
@@ -309,61 +202,17 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
   pooled.pool = &r->buffers;
   if (!pooled.layout) pooled.layout = resnet_layout(spec, b);
   if (!pooled.act_type) pooled.act_type = resnet_act_type(b);
-  b = &pooled;
-  const unsigned bn_flags = OUT_IN_PLACE | (batchnorm_in_place(b) ? 0 : OUT_READS_LATE);
-  int C = spec->stem_channels, H = r->padded_size, W = r->padded_size;
-  const BufValue g_stem = builder_grad_value(b);
-  BufValue g_x = builder_grad_value(b);
-  r->stem_pool = strcmp(spec->stem, "imagenet") == 0;
-  const BufValue g_pool = r->stem_pool ? builder_grad_value(b) : 0;
-  const BufValue stem = builder_output(b, 0, 0, 0);  // reads the images or their frame
-  builder_grad(b, 0, g_stem, 0);
-  b->input_f32 = 1;  // the images
-  const int stem_k = r->stem_pool ? 7 : 3, stem_stride = r->stem_pool ? 2 : 1;
-  conv2d_init(&r->stem, b, "stem.conv", N, channels, H, W, C, stem_k, stem_stride, stem_k / 2, 0,
-              0);
-  b->input_f32 = 0;
-  H = r->stem.OH;
-  W = r->stem.OW;
-  BufValue x = builder_output(b, stem, 0, bn_flags);
-  builder_grad(b, g_stem, r->stem_pool ? g_pool : g_x, 0);
-  builder_backward_reads(b, stem);
-  batchnorm_init(&r->stem_bn, b, "stem.bn", N, C, H, W, 1, train);
-  if (r->stem_pool) {  // its backward reads the argmax it keeps, not its input or output
-    x = builder_output(b, x, 0, 0);
-    builder_grad(b, g_pool, g_x, 0);
-    maxpool_init(&r->stem_maxpool, b, N, H, W, C, 3, 2, 1, train);
-    H = r->stem_maxpool.OH;
-    W = r->stem_maxpool.OW;
-  }
-  const int stages = model_spec_stages(spec);
-  const int bottleneck = strcmp(spec->block, "bottleneck") == 0;
-  for (int s = 0; s < stages; s++) r->n_blocks += spec->stage_blocks[s];
-  r->blocks = calloc((size_t)r->n_blocks, sizeof *r->blocks);
-  if (!r->blocks) TL_DIE("out of memory");
-  int k = 0;
-  for (int s = 0; s < stages; s++)
-    for (int i = 0; i < spec->stage_blocks[s]; i++, k++) {
-      char name[32];
-      snprintf(name, sizeof name, "stage%d.block%d", s + 1, i + 1);
-      int stride = i == 0 ? spec->stage_strides[s] : 1;
-      const BufValue g_out = builder_grad_value(b);
-      const BlockShape shape = block_shape(bottleneck, spec->stage_channels[s], stride);
-      x = block_init(&r->blocks[k], b, name, N, C, H, W, shape, x, g_out, g_x);
-      g_x = g_out;
-      C = shape.channels[shape.n - 1];
-      H = block_last_conv(&r->blocks[k])->OH;
-      W = block_last_conv(&r->blocks[k])->OW;
-    }
-  builder_output(b, x, 0, OUT_OWN);  // the feature outlives the pass
-  builder_grad(b, g_x, 0, 0);
-  gap_init(&r->pool, b, N, H, W, C, train);
+  resnet_lists(r, spec);
+  OpShape shape = {N, r->padded_size, r->padded_size, channels};
+  // The stem reads the images or their frame, from outside the pool; the feature outlives the
+  // pass.
+  oplist_build_chain(r->lists, r->n_lists, &pooled, &shape, 0, (OpListValues){0, 0, 0});
   buffer_pool_finish(&r->buffers, b->component);
   r->base = (Backbone){.pad_mean = strcmp(spec->pad_fill, "mean") == 0,
                        .N = N,
                        .channels = channels,
-                       .feature_dim = C,
-                       .feature = r->pool.out,
+                       .feature_dim = shape.C,
+                       .feature = oplist_out(&r->lists[r->n_lists - 1]),
                        .forward = resnet_forward,
                        .backward = resnet_backward,
                        .destroy = resnet_destroy};

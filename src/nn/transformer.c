@@ -3,92 +3,52 @@
 #include <stdio.h>
 #include <string.h>
 
-// The block's ops in the order forward runs them, each declared to the builder's pool before it is
-// built (ops/builder.h): what it reads, where its output goes, which gradient its backward reads
-// and writes. The planner decides the rest (ops/buffer_pool.h): outputs no backward reads share
-// the pool's buffers (proj and fc2, read once by the residual sums; the norms' and GELU's when
-// their readers' backward reads a converted copy, or when [train] recompute writes them again
-// first, transformer_block_backward), the sums and GELU write over their input where nothing
-// reads it later (without backward), and gradients share buffers by lifetime. x: the block's
-// input value, dout: the gradient reaching its output, din: where its input gradient goes.
+// The block's op list (ops/oplist.h) on tokens (N, T, 1, D). The list plans the rest: outputs
+// no backward reads share the pool's buffers (proj and fc2, read once by the residual sums; the
+// norms' and GELU's when their readers' backward reads a converted copy, or when [train]
+// recompute writes them again before that backward), the sums and GELU write over their input
+// where nothing reads it later (without backward), the gradients reaching x and x1 by two paths
+// are summed, and gradients share buffers by lifetime. x: the block's input value, dout: the
+// gradient reaching its output, din: where its input gradient goes.
 static BufValue block_build(TransformerBlock *blk, Builder *b, const char *name, int N, int T,
                             int D, int heads, int mlp_ratio, int need_din, BufValue x,
                             BufValue dout, BufValue din) {
-  memset(blk, 0, sizeof *blk);
-  int train = b->mode == OP_TRAIN;
-  blk->N = N;
-  blk->T = T;
-  blk->D = D;
-  blk->heads = heads;
-  blk->mlp_ratio = mlp_ratio;
-  blk->need_din = need_din && train;
-  blk->mode = b->mode;
-  int M = N * T, hidden = mlp_ratio * D;
-  size_t n = (size_t)M * (size_t)D;
+  *blk = (TransformerBlock){.N = N,
+                            .T = T,
+                            .D = D,
+                            .heads = heads,
+                            .mlp_ratio = mlp_ratio,
+                            .need_din = need_din && b->mode == OP_TRAIN,
+                            .mode = b->mode};
+  OpList *l = &blk->ops;
   char nm[64];
-  // Gradients: at x through the attention branch, at x1 through the MLP branch and in all, at
-  // the norms', qkv's, attention's and GELU's and fc1's inputs.
-  const BufValue g_xa = builder_grad_value(b), g_x1m = builder_grad_value(b),
-                 g_x1 = builder_grad_value(b), g_n1 = builder_grad_value(b),
-                 g_q = builder_grad_value(b), g_at = builder_grad_value(b),
-                 g_n2 = builder_grad_value(b), g_h = builder_grad_value(b),
-                 g_g = builder_grad_value(b);
-  if (blk->need_din) {
-    builder_output(b, 0, 0, OUT_NONE);
-    builder_grad(b, din, g_x1, g_xa);
-    add_init(&blk->dx_sum, b, n, MEM_ACT_GRAD, 1);
-  }
-  snprintf(nm, sizeof nm, "%s.norm1", name);
-  const BufValue n1 = builder_output(b, x, 0, OUT_RECOMPUTED);
-  builder_grad(b, g_xa, g_n1, 0);
-  builder_backward_reads(b, x);
-  layernorm_init(&blk->norm1, b, nm, M, D);
-  // qkv's input gradient is needed even without need_din: norm1's scale and shift gradients
-  // come from it.
-  snprintf(nm, sizeof nm, "%s.attn.qkv", name);
-  const BufValue q = builder_output(b, n1, 0, 0);
-  builder_grad(b, g_n1, g_q, 0);
-  linear_init(&blk->qkv, b, nm, M, D, 3 * D, 1, train, 0.0f);
-  if (linear_backward_reads_input(&blk->qkv)) builder_backward_reads(b, n1);
-  const BufValue at = builder_output(b, q, 0, 0);
-  builder_grad(b, g_q, g_at, 0);
-  builder_backward_reads(b, q);
-  attention_init(&blk->attn, b, N, T, D, heads);
-  snprintf(nm, sizeof nm, "%s.attn.proj", name);
-  const BufValue pr = builder_output(b, at, 0, 0);
-  builder_grad(b, g_at, g_x1, 0);
-  linear_init(&blk->proj, b, nm, M, D, D, 1, train, 0.0f);
-  if (linear_backward_reads_input(&blk->proj)) builder_backward_reads(b, at);
-  const BufValue x1 = builder_output(b, pr, x, OUT_IN_PLACE);
-  add_init(&blk->attn_residual, b, n, builder_out_category(b), 0);
-  if (train) {
-    builder_output(b, 0, 0, OUT_NONE);
-    builder_grad(b, g_x1, dout, g_x1m);
-    add_init(&blk->dx1_sum, b, n, MEM_ACT_GRAD, 1);
-  }
-  snprintf(nm, sizeof nm, "%s.norm2", name);
-  const BufValue n2 = builder_output(b, x1, 0, OUT_RECOMPUTED);
-  builder_grad(b, g_x1m, g_n2, 0);
-  builder_backward_reads(b, x1);
-  layernorm_init(&blk->norm2, b, nm, M, D);
-  snprintf(nm, sizeof nm, "%s.mlp.fc1", name);
-  const BufValue h = builder_output(b, n2, 0, 0);
-  builder_grad(b, g_n2, g_h, 0);
-  linear_init(&blk->fc1, b, nm, M, D, hidden, 1, train, 0.0f);
-  if (linear_backward_reads_input(&blk->fc1)) builder_backward_reads(b, n2);
-  const BufValue g = builder_output(b, h, 0, OUT_IN_PLACE | OUT_RECOMPUTED);
-  builder_grad(b, g_h, g_g, 0);
-  builder_backward_reads(b, h);
-  eltwise_init(&blk->gelu, b, ELTWISE_GELU, (size_t)M * (size_t)hidden, train);
-  snprintf(nm, sizeof nm, "%s.mlp.fc2", name);
-  const BufValue f = builder_output(b, g, 0, 0);
-  builder_grad(b, g_g, dout, 0);
-  linear_init(&blk->fc2, b, nm, M, hidden, D, 1, train, 0.0f);
-  if (linear_backward_reads_input(&blk->fc2)) builder_backward_reads(b, g);
-  const BufValue out = builder_output(b, f, x1, OUT_IN_PLACE);
-  add_init(&blk->mlp_residual, b, n, builder_out_category(b), 0);
-  blk->out = blk->mlp_residual.out;
-  b->out_value = b->grad_value = 0;
+#define PART(part) (snprintf(nm, sizeof nm, "%s.%s", name, part), nm)
+  const int n1 = oplist_add(l, &op_layernorm, OPLIST_INPUT, 0, (OpArgs){.name = PART("norm1")});
+  const int qkv = oplist_add(l, &op_linear, n1, 0,
+                             (OpArgs){.name = PART("attn.qkv"), .channels = 3 * D, .has_bias = 1});
+  const int at = oplist_add(l, &op_attention, qkv, 0, (OpArgs){.heads = heads});
+  const int proj = oplist_add(l, &op_linear, at, 0,
+                              (OpArgs){.name = PART("attn.proj"), .channels = D, .has_bias = 1});
+  const int x1 = oplist_add(l, &op_add, proj, OPLIST_INPUT, (OpArgs){0});
+  const int n2 = oplist_add(l, &op_layernorm, x1, 0, (OpArgs){.name = PART("norm2")});
+  const int fc1 =
+      oplist_add(l, &op_linear, n2, 0,
+                 (OpArgs){.name = PART("mlp.fc1"), .channels = mlp_ratio * D, .has_bias = 1});
+  const int gelu = oplist_add(l, &op_gelu, fc1, 0, (OpArgs){0});
+  const int fc2 = oplist_add(l, &op_linear, gelu, 0,
+                             (OpArgs){.name = PART("mlp.fc2"), .channels = D, .has_bias = 1});
+  oplist_add(l, &op_add, fc2, x1, (OpArgs){0});
+#undef PART
+  const BufValue out =
+      oplist_build(l, b, (OpShape){N, T, 1, D}, need_din, (OpListValues){x, dout, din});
+  blk->norm1 = oplist_op(l, n1);
+  blk->qkv = oplist_op(l, qkv);
+  blk->attn = oplist_op(l, at);
+  blk->proj = oplist_op(l, proj);
+  blk->norm2 = oplist_op(l, n2);
+  blk->fc1 = oplist_op(l, fc1);
+  blk->fc2 = oplist_op(l, fc2);
+  blk->out = oplist_out(l);
   return out;
 }
 
@@ -113,57 +73,16 @@ BufValue transformer_stack_init(TransformerBlock *blocks, int depth, Builder *b,
 
 const float *transformer_block_forward(TransformerBlock *blk, ExecCtx *ctx, const float *in) {
   blk->in = in;
-  layernorm_forward(&blk->norm1, ctx, in);
-  linear_forward(&blk->qkv, ctx, blk->norm1.out);
-  attention_forward(&blk->attn, ctx, blk->qkv.out);
-  linear_forward(&blk->proj, ctx, blk->attn.out);
-  add_forward(&blk->attn_residual, ctx, blk->proj.out, in);
-  const float *x1 = blk->attn_residual.out;
-  layernorm_forward(&blk->norm2, ctx, x1);
-  linear_forward(&blk->fc1, ctx, blk->norm2.out);
-  eltwise_forward(&blk->gelu, ctx, blk->fc1.out);
-  linear_forward(&blk->fc2, ctx, blk->gelu.out);
-  add_forward(&blk->mlp_residual, ctx, blk->fc2.out, x1);
-  return blk->out = blk->mlp_residual.out;
+  return blk->out = oplist_forward(&blk->ops, ctx, in);
 }
 
 const float *transformer_block_backward(TransformerBlock *blk, ExecCtx *ctx, const float *dout) {
   if (blk->mode != OP_TRAIN) TL_DIE("transformer_block_backward on a block built without backward");
-  // A scratch output a linear layer's backward reads is written again first (fp32; in bf16 the
-  // layer reads the copy it kept).
-  if (blk->gelu.calls.out_shared && linear_backward_reads_input(&blk->fc2))
-    eltwise_recompute(&blk->gelu, ctx);
-  linear_backward(&blk->fc2, ctx, dout);
-  eltwise_backward(&blk->gelu, ctx, blk->fc2.din);
-  if (blk->norm2.calls.out_shared && linear_backward_reads_input(&blk->fc1))
-    layernorm_recompute(&blk->norm2, ctx);
-  linear_backward(&blk->fc1, ctx, blk->gelu.din);
-  layernorm_backward(&blk->norm2, ctx, blk->fc1.din);
-  add_forward(&blk->dx1_sum, ctx, dout, blk->norm2.din);
-  const float *dx1 = blk->dx1_sum.out;
-  linear_backward(&blk->proj, ctx, dx1);
-  attention_backward(&blk->attn, ctx, blk->proj.din);
-  if (blk->norm1.calls.out_shared && linear_backward_reads_input(&blk->qkv))
-    layernorm_recompute(&blk->norm1, ctx);
-  linear_backward(&blk->qkv, ctx, blk->attn.din);
-  layernorm_backward(&blk->norm1, ctx, blk->qkv.din);
-  if (!blk->need_din) return NULL;
-  add_forward(&blk->dx_sum, ctx, dx1, blk->norm1.din);
-  return blk->din = blk->dx_sum.out;
+  const float *din = oplist_backward(&blk->ops, ctx, dout);
+  return blk->need_din ? (blk->din = (float *)din) : NULL;
 }
 
 void transformer_block_destroy(TransformerBlock *blk) {
-  layernorm_destroy(&blk->norm1);
-  linear_destroy(&blk->qkv);
-  attention_destroy(&blk->attn);
-  linear_destroy(&blk->proj);
-  add_destroy(&blk->attn_residual);
-  layernorm_destroy(&blk->norm2);
-  linear_destroy(&blk->fc1);
-  eltwise_destroy(&blk->gelu);
-  linear_destroy(&blk->fc2);
-  add_destroy(&blk->mlp_residual);
-  add_destroy(&blk->dx1_sum);  // no-ops when never created (zeroed)
-  add_destroy(&blk->dx_sum);
+  oplist_destroy(&blk->ops);
   memset(blk, 0, sizeof *blk);
 }

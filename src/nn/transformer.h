@@ -5,26 +5,22 @@
 // with zero biases. Parameters are taken in the order norm1, attn.qkv, attn.proj, norm2, mlp.fc1,
 // mlp.fc2 under "<name>.".
 #pragma once
-#include "ops/add.h"
 #include "ops/attention.h"
-#include "ops/eltwise.h"
 #include "ops/layernorm.h"
 #include "ops/linear.h"
+#include "ops/oplist.h"
 
 typedef struct {
   int N, T, D, heads, mlp_ratio, need_din;
   OpMode mode;
-  LayerNorm norm1, norm2;
-  Linear qkv, proj, fc1, fc2;
-  Attention attn;
-  Eltwise gelu;
-  Add attn_residual;  // x1 (N, T, D)
-  Add mlp_residual;   // out (N, T, D)
-  Add dx1_sum;        // gradient at x1: from the output directly and through the MLP branch
-  Add dx_sum;         // gradient at x: directly and through the attention branch (need_din)
-  const float *in;    // (N, T, D), the last forward's
-  float *out;         // (N, T, D) = mlp_residual.out of the last forward
-  float *din;         // (N, T, D) = dx_sum.out after backward, when need_din (OP_TRAIN)
+  OpList ops;  // norm1, qkv, attention, proj, x1 = x + proj, norm2, fc1, GELU, fc2, out = x1 + fc2
+  // The list's ops that hold the block's parameters, by name (tests, vit's checks).
+  LayerNorm *norm1, *norm2;
+  Linear *qkv, *proj, *fc1, *fc2;
+  Attention *attn;
+  const float *in;  // (N, T, D), the last forward's
+  float *out;       // (N, T, D), the last forward's output
+  float *din;       // (N, T, D), the input gradient after backward, when need_din (OP_TRAIN)
 } TransformerBlock;
 
 // A block whose ops own their buffers (no pool): the pool's values come with

@@ -134,10 +134,9 @@ void vit_forward_visible(Vit *v, ExecCtx *ctx, const float *images, const int *k
   if (!ctx->dry_run) add_positions(v, keep_idx);
   ctx->flops_forward[v->comp] += (double)n_idx * v->D;  // position embedding adds
 
-  const float *x = convert_forward(&v->to_blocks, ctx, v->embedded);
+  const float *x = v->entry.n ? oplist_forward(&v->entry, ctx, v->embedded) : v->embedded;
   for (int i = 0; i < v->depth; i++) x = transformer_block_forward(&v->blocks[i], ctx, x);
-  layernorm_forward(&v->norm, ctx, x);
-  v->tokens = (float *)convert_forward(&v->from_norm, ctx, v->norm.out);
+  v->tokens = (float *)oplist_forward(&v->head, ctx, x);
 
   if (!ctx->dry_run) pool_feature(v);
   if (!v->has_cls) ctx->flops_forward[v->comp] += (double)v->N * v->T * v->D;
@@ -147,10 +146,9 @@ void vit_backward_tokens(Vit *v, ExecCtx *ctx, const float *dtokens) {
   if (v->mode != OP_TRAIN) TL_DIE("vit_backward_tokens on a ViT built without backward");
   int D = v->D, T = v->T;
   op_calls_backward(&v->calls, "vit");
-  layernorm_backward(&v->norm, ctx, convert_backward(&v->from_norm, ctx, dtokens));
-  const float *d = v->norm.din;
+  const float *d = oplist_backward(&v->head, ctx, dtokens);
   for (int i = v->depth - 1; i >= 0; i--) d = transformer_block_backward(&v->blocks[i], ctx, d);
-  d = convert_backward(&v->to_blocks, ctx, d);
+  if (v->entry.n) d = oplist_backward(&v->entry, ctx, d);
   // d: (N, T, D) gradient of the embedded tokens. The position table is fixed, so the patch
   // rows go straight to the patch embedding; the cls rows sum into the cls token.
   const float *dpatch = d;
@@ -210,9 +208,8 @@ static void vit_destroy(Backbone *bb) {
   tl_free(v->embedded_slots);
   for (int i = 0; i < v->depth; i++) transformer_block_destroy(&v->blocks[i]);
   free(v->blocks);
-  layernorm_destroy(&v->norm);
-  convert_destroy(&v->to_blocks);
-  convert_destroy(&v->from_norm);
+  oplist_destroy(&v->entry);
+  oplist_destroy(&v->head);
   buffer_pool_free(&v->buffers);
   tl_free(v->feature_slots);
   tl_free(v->dtokens_from_feature);
@@ -234,22 +231,29 @@ static void vit_build_stack(Vit *v, const ModelSpec *spec, const Builder *b) {
   pooled.pool = &v->buffers;
   pooled.act_type = v->act_type;
   const int convert = v->act_type != dnnl_f32;
-  const size_t n = (size_t)v->N * v->T * v->D;
+  const OpShape tokens = {v->N, v->T, 1, v->D};
+  // The embedding (whose backward reads the first block's input gradient), in bf16 the
+  // conversion of its f32 tokens, the blocks, the final norm, in bf16 the conversion of its output
+  // back to f32; the tokens outlive the pass.
   const BufValue g_embedded = builder_grad_value(&pooled), g_tokens = builder_grad_value(&pooled);
-  builder_output(&pooled, 0, 0, OUT_NONE);
-  builder_grad(&pooled, 0, g_embedded, 0);
+  builder_input(&pooled, g_embedded);
   BufValue x = 0, g_x = g_embedded;
-  if (convert) x = convert_in_init(&v->to_blocks, &pooled, n, g_embedded, &g_x);
+  if (convert) {
+    g_x = builder_grad_value(&pooled);
+    oplist_add(&v->entry, &op_convert, OPLIST_INPUT, 0, (OpArgs){.flags = OP_ARG_INPUT_F32});
+    x = oplist_build(&v->entry, &pooled, tokens, 1, (OpListValues){0, g_x, g_embedded});
+  }
   x = transformer_stack_init(v->blocks, v->depth, &pooled, "blocks", v->N, v->T, v->D, spec->heads,
                              spec->mlp_ratio, x, g_tokens, g_x);
-  const BufValue g_normed = convert ? builder_grad_value(&pooled) : 0;
-  const BufValue normed = builder_output(&pooled, x, 0, convert ? 0 : OUT_OWN);
-  builder_grad(&pooled, g_tokens, g_normed, 0);
-  builder_backward_reads(&pooled, x);
-  layernorm_init(&v->norm, &pooled, "norm", v->N * v->T, v->D);
-  if (convert) convert_out_init(&v->from_norm, &pooled, n, normed, g_normed);
+  const int norm = oplist_add(&v->head, &op_layernorm, OPLIST_INPUT, 0,
+                              (OpArgs){.name = "norm", .flags = convert ? 0 : OP_ARG_OWN_OUTPUT});
+  if (convert)
+    oplist_add(&v->head, &op_convert, norm, 0,
+               (OpArgs){.flags = OP_ARG_OUTPUT_F32 | OP_ARG_OWN_OUTPUT});
+  oplist_build(&v->head, &pooled, tokens, 1, (OpListValues){x, 0, g_tokens});
+  v->norm = oplist_op(&v->head, norm);
   buffer_pool_finish(&v->buffers, v->comp);
-  v->tokens = convert ? v->from_norm.out : v->norm.out;
+  v->tokens = oplist_out(&v->head);
 }
 
 Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size, int channels,

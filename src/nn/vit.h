@@ -31,7 +31,7 @@
 #pragma once
 #include "nn/backbone_type.h"
 #include "nn/transformer.h"
-#include "ops/convert.h"
+#include "ops/oplist.h"
 
 typedef struct {
   Backbone base;  // first member: a Vit * is a Backbone *
@@ -56,14 +56,14 @@ typedef struct {
   float *patches;      // (N, n_keep, P*P*C) the patches encoded by the last forward
   Linear patch_embed;  // (N*n_keep, P*P*C) -> (N*n_keep, D)
   float *embedded;     // (N, T, D) the tokens, f32
-  Convert to_blocks;   // embedded in act_type, the first block's input (bf16 only)
+  OpList entry;        // embedded converted into act_type, the first block's input (bf16 only)
   float *patches_slots, *embedded_slots, *feature_slots;
   TransformerBlock *blocks;  // (depth)
   BufferPool buffers;        // the blocks' and final norm's planned buffers (ops/buffer_pool.h)
-  LayerNorm norm;
-  Convert from_norm;            // norm.out in f32 (bf16 only)
-  float *tokens;                // (N, T, D) final-LN output in f32; cls first when has_cls
-  float *feature;               // (N, D) = base.feature
+  OpList head;      // the final LayerNorm after the blocks (and, in bf16, its output into f32)
+  LayerNorm *norm;  // head's
+  float *tokens;    // (N, T, D) final-LN output in f32 = head's output; cls first when has_cls
+  float *feature;   // (N, D) = base.feature
   float *dtokens_from_feature;  // (N, T, D) OP_TRAIN: the Backbone backward's token gradient
   float *dpatch_tokens;         // (N*n_keep, D) OP_TRAIN with cls: patch rows of the gradient
 } Vit;

@@ -25,20 +25,19 @@ typedef struct {
   Linear embed;                     // (b*Te, D) -> (b*Te, Dd)
   float *mask_token, *dmask_token;  // (Dd) parameter
   float *dec_pos;                   // (P, Dd) fixed sin-cos
-  Convert to_blocks;                // dec_in in the encoder's act_type (bf16 only)
+  OpList entry;                     // dec_in in the encoder's act_type (bf16 only)
   TransformerBlock *blocks;         // (depth) on (b, Td, Dd)
   BufferPool buffers;               // the decoder's planned buffers (ops/buffer_pool.h)
-  LayerNorm norm;                   // (b*Td, Dd)
-  Linear pred;                      // (b*Td, Dd) -> (b*Td, patch_dim)
-  Convert from_pred;                // pred.out in f32 (bf16 only)
-  const float *prediction;          // (b, Td, patch_dim) f32: the last step's pred.out
-  int *keep;                        // (b, n_keep) visible patch indices
-  int *visible_at;                  // (b, P) position of patch p among the visible tokens, or -1
-  unsigned char *masked;            // (b, P)
-  float *dec_in;                    // (b, Td, Dd) decoder input, MEM_ACT decoder
-  float *target;                    // (b, P, patch_dim) MEM_ACT loss
-  float *dpred;                     // (b, Td, patch_dim) MEM_ACT_GRAD
-  float *dembed;                    // (b, Te, Dd) MEM_ACT_GRAD
+  OpList tail;  // the final LayerNorm, the prediction (b*Td, Dd) -> (b*Td, patch_dim), in bf16
+                // converted into f32
+  const float *prediction;  // (b, Td, patch_dim) f32: the last step's, tail's output
+  int *keep;                // (b, n_keep) visible patch indices
+  int *visible_at;          // (b, P) position of patch p among the visible tokens, or -1
+  unsigned char *masked;    // (b, P)
+  float *dec_in;            // (b, Td, Dd) decoder input, MEM_ACT decoder
+  float *target;            // (b, P, patch_dim) MEM_ACT loss
+  float *dpred;             // (b, Td, patch_dim) MEM_ACT_GRAD
+  float *dembed;            // (b, Te, Dd) MEM_ACT_GRAD
 } Mae;
 
 extern const ObjectiveDef objective_mae;
@@ -140,25 +139,28 @@ static Objective *mae_create(const ObjectiveEnv *env) {
   pooled.pool = &o->buffers;
   pooled.act_type = o->encoder->act_type;
   const int convert = pooled.act_type != dnnl_f32;
-  const BufValue g_in = builder_grad_value(&pooled), g_blocks = builder_grad_value(&pooled),
-                 g_normed = builder_grad_value(&pooled);
-  builder_output(&pooled, 0, 0, OUT_NONE);
-  builder_grad(&pooled, 0, g_in, 0);
+  const OpShape dec = {b, o->Td, 1, o->Dd};
+  const BufValue g_in = builder_grad_value(&pooled), g_blocks = builder_grad_value(&pooled);
+  builder_input(&pooled, g_in);
   BufValue x = 0, g_x = g_in;
-  if (convert) x = convert_in_init(&o->to_blocks, &pooled, (size_t)b * o->Td * o->Dd, g_in, &g_x);
+  if (convert) {
+    g_x = builder_grad_value(&pooled);
+    oplist_add(&o->entry, &op_convert, OPLIST_INPUT, 0, (OpArgs){.flags = OP_ARG_INPUT_F32});
+    x = oplist_build(&o->entry, &pooled, dec, 1, (OpListValues){0, g_x, g_in});
+  }
   x = transformer_stack_init(o->blocks, o->depth, &pooled, "decoder.blocks", b, o->Td, o->Dd,
                              settings(cfg)->decoder_heads, spec->mlp_ratio, x, g_blocks, g_x);
-  const BufValue normed = builder_output(&pooled, x, 0, 0);
-  builder_grad(&pooled, g_blocks, g_normed, 0);
-  builder_backward_reads(&pooled, x);
-  layernorm_init(&o->norm, &pooled, "decoder.norm", b * o->Td, o->Dd);
-  const BufValue g_pred = convert ? builder_grad_value(&pooled) : 0;
-  const BufValue pred = builder_output(&pooled, normed, 0, convert ? 0 : OUT_OWN);
-  builder_grad(&pooled, g_normed, g_pred, 0);
-  linear_init(&o->pred, &pooled, "decoder.pred", b * o->Td, o->Dd, o->patch_dim, 1, 1, 0.0f);
-  if (linear_backward_reads_input(&o->pred)) builder_backward_reads(&pooled, normed);
+  const int norm = oplist_add(&o->tail, &op_layernorm, OPLIST_INPUT, 0,
+                              (OpArgs){.name = "decoder.norm", .flags = OP_ARG_KEEP});
+  const int pred = oplist_add(&o->tail, &op_linear, norm, 0,
+                              (OpArgs){.name = "decoder.pred",
+                                       .channels = o->patch_dim,
+                                       .has_bias = 1,
+                                       .flags = convert ? 0 : OP_ARG_OWN_OUTPUT});
   if (convert)
-    convert_out_init(&o->from_pred, &pooled, (size_t)b * o->Td * o->patch_dim, pred, g_pred);
+    oplist_add(&o->tail, &op_convert, pred, 0,
+               (OpArgs){.flags = OP_ARG_OUTPUT_F32 | OP_ARG_OWN_OUTPUT});
+  oplist_build(&o->tail, &pooled, dec, 1, (OpListValues){x, 0, g_blocks});
   buffer_pool_finish(&o->buffers, COMP_DECODER);
   o->dec_pos = tl_alloc(sizeof(float) * (size_t)o->P * o->Dd, MEM_PARAM, COMP_DECODER);
   vit_sincos_pos_embed(o->dec_pos, o->encoder->grid, o->Dd);
@@ -386,11 +388,9 @@ static ObjectiveLoss mae_step(Objective *base, const Batch *batch, LedgerRecord 
 
   linear_forward(&o->embed, ctx, o->encoder->tokens);
   if (!ctx->dry_run) fill_decoder_input(o);
-  const float *x = convert_forward(&o->to_blocks, ctx, o->dec_in);
+  const float *x = o->entry.n ? oplist_forward(&o->entry, ctx, o->dec_in) : o->dec_in;
   for (int i = 0; i < o->depth; i++) x = transformer_block_forward(&o->blocks[i], ctx, x);
-  layernorm_forward(&o->norm, ctx, x);
-  linear_forward(&o->pred, ctx, o->norm.out);
-  o->prediction = convert_forward(&o->from_pred, ctx, o->pred.out);
+  o->prediction = oplist_forward(&o->tail, ctx, x);
 
   // Every image has exactly P - n_keep patches masked.
   long n_masked = (long)b * (P - o->n_keep);
@@ -403,11 +403,9 @@ static ObjectiveLoss mae_step(Objective *base, const Batch *batch, LedgerRecord 
   ctx->flops_forward[COMP_LOSS] += 3.0 * n_masked * pd;
   objective_backward_begins(base);
 
-  linear_backward(&o->pred, ctx, convert_backward(&o->from_pred, ctx, o->dpred));
-  layernorm_backward(&o->norm, ctx, o->pred.din);
-  const float *d = o->norm.din;
+  const float *d = oplist_backward(&o->tail, ctx, o->dpred);
   for (int i = o->depth - 1; i >= 0; i--) d = transformer_block_backward(&o->blocks[i], ctx, d);
-  d = convert_backward(&o->to_blocks, ctx, d);
+  if (o->entry.n) d = oplist_backward(&o->entry, ctx, d);
   if (!ctx->dry_run) scatter_decoder_grad(o, d);
   paramset_grad_contributed(base->env.params, o->dmask_token, (size_t)Dd);
   linear_backward(&o->embed, ctx, o->dembed);
@@ -438,10 +436,8 @@ static void mae_destroy(Objective *base) {
   linear_destroy(&o->embed);
   for (int i = 0; i < o->depth; i++) transformer_block_destroy(&o->blocks[i]);
   free(o->blocks);
-  layernorm_destroy(&o->norm);
-  convert_destroy(&o->to_blocks);
-  convert_destroy(&o->from_pred);
-  linear_destroy(&o->pred);
+  oplist_destroy(&o->entry);
+  oplist_destroy(&o->tail);
   buffer_pool_free(&o->buffers);
   tl_free(o->dec_pos);
   tl_free(o->dec_in);

@@ -97,9 +97,9 @@ typedef struct {
   // NULL: the defaults (build_policy_default), what evaluation and tests build with.
   const BuildPolicy *policy;
   int calls;  // forward calls before backward, OP_TRAIN only; 0 means 1
-  // With a pool (ops/buffer_pool.h), the module declares each op before building it
-  // (builder_output, builder_grad), which points the op at its planned values; NULL: every op
-  // owns its buffers.
+  // With a pool (ops/buffer_pool.h), the module's op list (ops/oplist.h) declares each op before
+  // building it (builder_output, builder_grad), which points the op at its planned values; NULL:
+  // every op owns its buffers.
   BufferPool *pool;
   BufValue out_value;   // the next op's output, 0: its own
   BufValue grad_value;  // the next op's input gradient, 0: its own
@@ -156,8 +156,8 @@ static inline MemCategory builder_out_category(const Builder *b) {
 }
 
 // Declaring a module's ops to its pool (ops/buffer_pool.h), each just before it is built, in the
-// order forward runs them; without a pool (or, for gradients, without backward) these do nothing
-// and return 0, and every op owns its buffers.
+// order forward runs them — an op list (ops/oplist.h) does it for its nodes; without a pool (or,
+// for gradients, without backward) these do nothing and return 0, and every op owns its buffers.
 enum {
   OUT_OWN = 1,          // the output outlives the module's pass (or is read outside it): its own
   OUT_NONE = 2,         // the op writes nothing in forward (a gradient sum)
@@ -209,6 +209,14 @@ static inline void builder_grad(Builder *b, BufValue din, BufValue dout0, BufVal
   buffer_pool_write(b->pool, din, PASS_BACKWARD);
   buffer_pool_touch(b->pool, din, PASS_BACKWARD, pool_read_time(PASS_BACKWARD, b->pool->ops - 1));
   b->grad_value = din;
+}
+
+// The module's first op reads a value made by code before it (an embedding, a scatter) whose
+// backward reads that value's gradient `g`: declared as an op of its own, first, so that `g`
+// lives until then.
+static inline void builder_input(Builder *b, BufValue g) {
+  builder_output(b, 0, 0, OUT_NONE);
+  builder_grad(b, 0, g, 0);
 }
 
 // The current op's backward reads the forward value v (its input for a weight gradient, its own

@@ -1,0 +1,157 @@
+// An op list (ops/oplist.h) on small lists: what it makes itself (the sum of the gradients
+// reaching a value two nodes read), what it lets the planner decide (an op over its input when
+// nothing reads the input later), and that recomputing an output before the backward that reads
+// it gives that backward the same bits as keeping it. Expected values are worked out by hand.
+#include "op_test_util.h"
+
+#include <string.h>
+
+#include "ops/eltwise.h"
+#include "ops/layernorm.h"
+#include "ops/linear.h"
+#include "ops/oplist.h"
+
+enum { N = 2, T = 3, D = 8, OUT = 5 };
+
+// out = relu(x) + x: x is read by the ReLU and the sum, so its gradient is the sum of the two
+// paths: dout (x > 0) + dout.
+static void test_two_readers_sum_their_gradients(void **state) {
+  (void)state;
+  Env e;
+  env_init(&e, 1, OP_TRAIN);
+  BufferPool pool = {0};
+  e.b.pool = &pool;
+  OpList l = {0};
+  const int relu = oplist_add(&l, &op_relu, OPLIST_INPUT, 0, (OpArgs){0});
+  oplist_add(&l, &op_add, relu, OPLIST_INPUT, (OpArgs){.flags = OP_ARG_OWN_OUTPUT});
+  const BufValue din = buffer_pool_value(&pool, VALUE_GRAD);
+  oplist_build(&l, &e.b, (OpShape){N, T, 1, D}, 1, (OpListValues){0, 0, din});
+  buffer_pool_finish(&pool, COMP_OTHER);
+  assert_non_null(l.values[0].sum);  // the list made the sum; the ReLU's output has one reader
+  assert_null(l.values[relu].sum);
+  const size_t n = (size_t)N * T * D;
+  float *x = new_tensor(n), *dout = new_tensor(n);
+  fill_uniform(x, n, -1, 1, 1);
+  fill_uniform(dout, n, -1, 1, 2);
+  const float *out = oplist_forward(&l, &e.ctx, x);
+  for (size_t i = 0; i < n; i++) assert_true(out[i] == (x[i] > 0 ? x[i] : 0) + x[i]);
+  paramset_zero_grad(&e.ps, 0);
+  const float *dx = oplist_backward(&l, &e.ctx, dout);
+  for (size_t i = 0; i < n; i++) assert_true(dx[i] == (x[i] > 0 ? dout[i] : 0) + dout[i]);
+  oplist_destroy(&l);
+  buffer_pool_free(&pool);
+  tl_free(x);
+  tl_free(dout);
+  env_destroy(&e);
+}
+
+// Without the input's gradient wanted there is no sum and backward hands back nothing.
+static void test_unwanted_input_gradient_has_no_sum(void **state) {
+  (void)state;
+  Env e;
+  env_init(&e, 1, OP_TRAIN);
+  OpList l = {0};
+  oplist_add(&l, &op_add, oplist_add(&l, &op_relu, OPLIST_INPUT, 0, (OpArgs){0}), OPLIST_INPUT,
+             (OpArgs){0});
+  oplist_build(&l, &e.b, (OpShape){N, T, 1, D}, 0, (OpListValues){0, 0, 0});
+  assert_null(l.values[0].sum);
+  const size_t n = (size_t)N * T * D;
+  float *x = new_tensor(n), *dout = new_tensor(n);
+  fill_uniform(x, n, -1, 1, 1);
+  fill_uniform(dout, n, -1, 1, 2);
+  oplist_forward(&l, &e.ctx, x);
+  paramset_zero_grad(&e.ps, 0);
+  assert_null(oplist_backward(&l, &e.ctx, dout));
+  oplist_destroy(&l);
+  tl_free(x);
+  tl_free(dout);
+  env_destroy(&e);
+}
+
+// Without backward, relu(relu(x)): the second ReLU may write over the first's output, which
+// nothing reads after it, so both outputs are one buffer of the pool.
+static void test_forward_only_chain_runs_in_place(void **state) {
+  (void)state;
+  Env e;
+  env_init(&e, 1, OP_FORWARD);
+  BufferPool pool = {0};
+  e.b.pool = &pool;
+  OpList l = {0};
+  const int first = oplist_add(&l, &op_relu, OPLIST_INPUT, 0, (OpArgs){0});
+  const int second = oplist_add(&l, &op_relu, first, 0, (OpArgs){0});
+  oplist_build(&l, &e.b, (OpShape){N, T, 1, D}, 0, (OpListValues){0, 0, 0});
+  buffer_pool_finish(&pool, COMP_OTHER);
+  assert_int_equal(pool.n_buffers[0], 1);
+  assert_ptr_equal(((Eltwise *)oplist_op(&l, first))->out, ((Eltwise *)oplist_op(&l, second))->out);
+  oplist_destroy(&l);
+  buffer_pool_free(&pool);
+  env_destroy(&e);
+}
+
+// linear(layernorm(x)) in training, built with [train] recompute on and off: the norm's output,
+// which the linear layer's weight gradient reads, is a pool buffer written again before that
+// backward (on) or kept (off), and both give the same gradients to the bit.
+typedef struct {
+  Env e;
+  BufferPool pool;
+  OpList l;
+  int norm;
+} Pair;
+
+static void pair_build(Pair *p, int recompute) {
+  memset(p, 0, sizeof *p);
+  env_init(&p->e, layernorm_floats(D) + linear_floats(D, OUT, 1), OP_TRAIN);
+  p->e.policy.recompute = recompute;
+  p->e.b.pool = &p->pool;
+  p->norm = oplist_add(&p->l, &op_layernorm, OPLIST_INPUT, 0, (OpArgs){.name = "norm"});
+  oplist_add(&p->l, &op_linear, p->norm, 0,
+             (OpArgs){.name = "fc", .channels = OUT, .has_bias = 1, .flags = OP_ARG_OWN_OUTPUT});
+  const BufValue din = buffer_pool_value(&p->pool, VALUE_GRAD);
+  oplist_build(&p->l, &p->e.b, (OpShape){N, T, 1, D}, 1, (OpListValues){0, 0, din});
+  buffer_pool_finish(&p->pool, COMP_OTHER);
+}
+
+static void pair_destroy(Pair *p) {
+  oplist_destroy(&p->l);
+  buffer_pool_free(&p->pool);
+  env_destroy(&p->e);
+}
+
+static void test_recomputed_output_gives_the_kept_ones_gradients(void **state) {
+  (void)state;
+  Pair on, off;
+  pair_build(&on, 1);
+  pair_build(&off, 0);
+  const LayerNorm *norm_on = oplist_op(&on.l, on.norm), *norm_off = oplist_op(&off.l, off.norm);
+  assert_true(norm_on->calls.out_shared);
+  assert_false(norm_off->calls.out_shared);
+  const size_t n = (size_t)N * T * D, n_out = (size_t)N * T * OUT;
+  float *x = new_tensor(n), *dout = new_tensor(n_out);
+  fill_uniform(x, n, -1, 1, 3);
+  fill_uniform(dout, n_out, -1, 1, 5);
+  Pair *pairs[] = {&on, &off};
+  const float *dx[2];
+  for (int i = 0; i < 2; i++) {
+    oplist_forward(&pairs[i]->l, &pairs[i]->e.ctx, x);
+    // A pool buffer belongs to whatever the planner puts there next: scribble over it.
+    if (i == 0) memset(norm_on->out, 0xff, n * sizeof(float));
+    paramset_zero_grad(&pairs[i]->e.ps, 0);
+    dx[i] = oplist_backward(&pairs[i]->l, &pairs[i]->e.ctx, dout);
+  }
+  assert_memory_equal(dx[0], dx[1], n * sizeof(float));
+  assert_memory_equal(on.e.ps.grad, off.e.ps.grad, on.e.ps.count * sizeof(float));
+  tl_free(x);
+  tl_free(dout);
+  pair_destroy(&on);
+  pair_destroy(&off);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_two_readers_sum_their_gradients),
+      cmocka_unit_test(test_unwanted_input_gradient_has_no_sum),
+      cmocka_unit_test(test_forward_only_chain_runs_in_place),
+      cmocka_unit_test(test_recomputed_output_gives_the_kept_ones_gradients),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
