@@ -42,4 +42,4 @@ run=$TMP/convnext_tiny
 "$TALLY_BIN" embed "$run" --data "$IMAGES" --limit 32 --out "$run/run.npy"
 "$PYTHON" tests/interop/torchvision_convnext.py check "$run/encoder.safetensors" "$run/run.npy" \
   "$IMAGES"
-echo "OK: torchvision's convnext_tiny loads Tally's export (only classifier.2 missing) and gives its features"
+echo "OK: torchvision's convnext_tiny and tally_torch.load_export load Tally's export and give its features"

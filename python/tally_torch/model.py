@@ -25,6 +25,11 @@ vit     patches of P x P (a Conv2d with kernel = stride = P) + fixed 2-D sin-cos
         [x + proj(attn(norm1(x))), x + fc2(GELU(fc1(norm2(x))))] -> LayerNorm -> the cls token
         or the mean of all tokens. LayerNorm eps 1e-6, exact (erf) GELU, qkv laid out
         [q | k | v], each split into heads as [head 0 | head 1 | ...], scores scaled 1/sqrt(Dh).
+convnext torchvision's ConvNeXt (v1) without the classifier's Linear, under its names: a 4x4
+        stride-4 conv + LayerNorm over channels -> stages of blocks [x + layer_scale *
+        fc2(GELU(fc1(LayerNorm(depthwise 7x7 conv(x)))))], a LayerNorm + 2x2 stride-2 conv
+        between stages -> global average pool -> LayerNorm (classifier.0). LayerNorm eps 1e-6,
+        exact GELU, no stochastic depth (as in eval()).
 
 Both see the normalized image framed to `pad_to` when the model file sets it (floor((pad_to - S)
 / 2) rows/columns above/left, the rest below/right) with black as the normalization maps it,
@@ -134,6 +139,9 @@ class Spec:
         self.heads = bb.getint("heads")
         self.mlp_ratio = bb.getint("mlp_ratio")
         self.pool = bb.get("pool") if self.backbone == "vit" else "avg"
+        # convnext
+        self.stage_dims = _ints(bb.get("stage_dims", ""))
+        self.stage_depths = _ints(bb.get("stage_depths", ""))
         # projection head (inbatch, moco) and MAE decoder (mae): present with --with-head
         self.head_hidden_dim = config.getint("model", "head_hidden_dim", fallback=0)
         self.head_out_dim = config.getint("model", "head_out_dim", fallback=0)
@@ -402,6 +410,62 @@ class ViT(nn.Module):
 # --- What --with-head adds -------------------------------------------------------------------
 
 
+class _LayerNorm2d(nn.LayerNorm):
+    """LayerNorm over the channels of (N, C, H, W), torchvision's LayerNorm2d."""
+
+    def forward(self, x):
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class _Permute(nn.Module):
+    def __init__(self, dims):
+        super().__init__()
+        self.dims = dims
+
+    def forward(self, x):
+        return x.permute(*self.dims)
+
+
+class ConvNeXtBlock(nn.Module):
+    """torchvision's CNBlock in eval(): block.{0, 2, 3, 5} are the depthwise conv, the norm and
+    the two linear layers (on channels-last rows), layer_scale is (C, 1, 1)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.block = nn.Sequential(
+            nn.Conv2d(dim, dim, 7, padding=3, groups=dim), _Permute((0, 2, 3, 1)),
+            nn.LayerNorm(dim, eps=1e-6), nn.Linear(dim, 4 * dim), nn.GELU(),
+            nn.Linear(4 * dim, dim), _Permute((0, 3, 1, 2)))
+        self.layer_scale = nn.Parameter(torch.full((dim, 1, 1), 1e-6))
+
+    def forward(self, x):
+        return x + self.layer_scale * self.block(x)
+
+
+class ConvNeXt(nn.Module):
+    """Tally's convnext: state_dict keys features.*, classifier.0.* (torchvision's)."""
+
+    def __init__(self, spec):
+        super().__init__()
+        dims, depths = spec.stage_dims, spec.stage_depths
+        if not dims or len(dims) != len(depths):
+            raise ValueError("a convnext model needs stage_dims and stage_depths of one length")
+        layers = [nn.Sequential(nn.Conv2d(spec.channels, dims[0], 4, stride=4),
+                                _LayerNorm2d(dims[0], eps=1e-6))]
+        for s, (dim, depth) in enumerate(zip(dims, depths)):
+            if s:
+                layers.append(nn.Sequential(_LayerNorm2d(dims[s - 1], eps=1e-6),
+                                            nn.Conv2d(dims[s - 1], dim, 2, stride=2)))
+            layers.append(nn.Sequential(*[ConvNeXtBlock(dim) for _ in range(depth)]))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(_LayerNorm2d(dims[-1], eps=1e-6))
+        self.feature_dim = dims[-1]
+
+    def forward(self, x):
+        x = self.features(x).mean(dim=(2, 3), keepdim=True)
+        return self.classifier(x).flatten(1)
+
+
 class ProjectionHead(nn.Module):
     """inbatch/moco: Linear -> BatchNorm1d -> ReLU -> Linear (src/nn/head.c)."""
 
@@ -460,6 +524,8 @@ def build_model(metadata, head=None):
         model = ResNet(spec)
     elif spec.backbone == "vit":
         model = ViT(spec)
+    elif spec.backbone == "convnext":
+        model = ConvNeXt(spec)
     else:
         raise ValueError(f"unknown backbone type {spec.backbone!r}")
     model.preprocess = Preprocess(spec)

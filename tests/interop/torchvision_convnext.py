@@ -14,7 +14,8 @@ classifier.2 (the Linear) and nothing unexpected; with classifier.2 = Identity i
 gives the features Tally gave the same images (`tally embed ... --out FILE.npy`), within the
 tolerance relative to the largest feature (or 1). The layer scales must have left 1e-6 (Tally's
 training moved them), or a block's branch would hardly reach the features and a mistake in it
-could pass. Prints the largest absolute difference; exits 1 on any failure.
+could pass. tally_torch.load_export must load the same file strictly and give the same features.
+Prints the largest absolute difference; exits 1 on any failure.
 """
 
 import argparse
@@ -93,6 +94,16 @@ def check(args):
           f"{args.tol:g} x {scale:.3g})")
     if not np.isfinite(got).all() or not diff <= args.tol * scale:
         print("FAIL: torchvision's features differ from Tally's", file=sys.stderr)
+        return 1
+    # tally_torch builds the same network from the file's metadata and loads it strictly.
+    model = tally_torch.load_export(args.export)
+    with torch.no_grad():
+        mine = model(model.preprocess(rgb)).numpy()
+    diff = float(np.abs(mine.astype(np.float64) - expected.astype(np.float64)).max())
+    print(f"tally_torch.load_export: max |tally_torch - tally| = {diff:.3g}")
+    if mine.shape != expected.shape or not np.isfinite(mine).all() or \
+            not diff <= args.tol * scale:
+        print("FAIL: tally_torch's ConvNeXt differs from Tally's features", file=sys.stderr)
         return 1
     return 0
 
