@@ -6,8 +6,10 @@
 
 #include <string.h>
 
+#include "ops/conv.h"
 #include "ops/eltwise.h"
 #include "ops/layernorm.h"
+#include "ops/layerscale.h"
 #include "ops/linear.h"
 #include "ops/oplist.h"
 
@@ -146,12 +148,65 @@ static void test_recomputed_output_gives_the_kept_ones_gradients(void **state) {
   pair_destroy(&off);
 }
 
+// ConvNeXt's kinds: a depthwise 1x1 convolution (groups = channels, no bias) then a layer scale
+// starting at 1/2, on (N, T, 1, D): out = w_c x / 2 per channel c. Backward: dx = dout w_c / 2,
+// dw_c = the sum over rows of dout x / 2, dgamma_c = of dout w_c x. The layer scale's backward
+// reads its input, so in training it writes elsewhere.
+static void test_depthwise_conv_and_layer_scale(void **state) {
+  (void)state;
+  Env e;
+  env_init(&e, conv_floats(1, D, 1, 0) + D, OP_TRAIN);
+  BufferPool pool = {0};
+  e.b.pool = &pool;
+  e.b.layout = ACT_LAYOUT_NHWC;
+  OpList l = {0};
+  const int conv =
+      oplist_add(&l, &op_conv, OPLIST_INPUT, 0,
+                 (OpArgs){.name = "dw", .channels = D, .kernel = 1, .stride = 1, .groups = D});
+  const int scale =
+      oplist_add(&l, &op_layerscale, conv, 0,
+                 (OpArgs){.name = "scale", .scale_init = 0.5f, .flags = OP_ARG_OWN_OUTPUT});
+  const BufValue din = buffer_pool_value(&pool, VALUE_GRAD);
+  oplist_build(&l, &e.b, (OpShape){N, T, 1, D}, 1, (OpListValues){0, 0, din});
+  buffer_pool_finish(&pool, COMP_OTHER);
+  const Conv2d *dw = oplist_op(&l, conv);
+  const LayerScale *ls = oplist_op(&l, scale);
+  assert_int_equal(dw->groups, D);
+  const size_t rows = (size_t)N * T, n = rows * D;
+  float *x = new_tensor(n), *dout = new_tensor(n);
+  fill_uniform(x, n, -1, 1, 7);
+  fill_uniform(dout, n, -1, 1, 8);
+  const float *out = oplist_forward(&l, &e.ctx, x);
+  assert_ptr_not_equal(out, dw->out);
+  double want[N * T * D], dx_want[N * T * D], dw_want[D] = {0}, dg_want[D] = {0};
+  for (size_t m = 0; m < rows; m++)
+    for (int c = 0; c < D; c++) {
+      const size_t i = m * D + c;
+      want[i] = 0.5 * dw->weight[c] * x[i];
+      dx_want[i] = 0.5 * dw->weight[c] * dout[i];
+      dw_want[c] += 0.5 * dout[i] * x[i];
+      dg_want[c] += (double)dout[i] * dw->weight[c] * x[i];
+    }
+  expect_close(out, want, n, 1e-6);
+  paramset_zero_grad(&e.ps, 0);
+  const float *dx = oplist_backward(&l, &e.ctx, dout);
+  expect_close(dx, dx_want, n, 1e-6);
+  expect_close(dw->dweight, dw_want, D, 1e-5);
+  expect_close(ls->dgamma, dg_want, D, 1e-5);
+  oplist_destroy(&l);
+  buffer_pool_free(&pool);
+  tl_free(x);
+  tl_free(dout);
+  env_destroy(&e);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_two_readers_sum_their_gradients),
       cmocka_unit_test(test_unwanted_input_gradient_has_no_sum),
       cmocka_unit_test(test_forward_only_chain_runs_in_place),
       cmocka_unit_test(test_recomputed_output_gives_the_kept_ones_gradients),
+      cmocka_unit_test(test_depthwise_conv_and_layer_scale),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

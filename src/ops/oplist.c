@@ -9,6 +9,7 @@
 #include "ops/convert.h"
 #include "ops/eltwise.h"
 #include "ops/layernorm.h"
+#include "ops/layerscale.h"
 #include "ops/linear.h"
 #include "ops/maxpool.h"
 #include "ops/pool.h"
@@ -38,8 +39,8 @@ static unsigned in_place(const Builder *b) { return (void)b, OUT_IN_PLACE; }
 OP_ADAPTERS(Conv2d, conv2d)
 static OpShape conv_init(void *op, Builder *b, const OpArgs *a, const OpShape *in, int need_din) {
   Conv2d *l = op;
-  conv2d_init(l, b, a->name, in->N, in->C, in->H, in->W, a->channels, a->kernel, a->stride, a->pad,
-              a->has_bias, need_din);
+  conv2d_init_grouped(l, b, a->name, in->N, in->C, in->H, in->W, a->channels, a->kernel, a->stride,
+                      a->pad, a->groups ? a->groups : 1, a->has_bias, need_din);
   return (OpShape){in->N, l->OH, l->OW, l->OC};
 }
 static int conv_reads_input(const void *op) { return conv2d_backward_reads_input(op); }
@@ -157,6 +158,21 @@ const OpKind op_linear = {.name = "linear",
                           OP_TABLE(linear),
                           .backward_reads_input = linear_reads_input,
                           .may_read_input = 1};
+
+// Each channel times its own factor. Its backward reads its input (the factors' gradient), so it
+// cannot write over it; its output cannot be written again (no recompute).
+OP_ADAPTERS(LayerScale, layerscale)
+static OpShape ls_init(void *op, Builder *b, const OpArgs *a, const OpShape *in, int need_din) {
+  layerscale_init(op, b, a->name, in->N * in->H * in->W, in->C, a->scale_init, need_din);
+  return *in;
+}
+
+const OpKind op_layerscale = {.name = "layerscale",
+                              .size = sizeof(LayerScale),
+                              .init = ls_init,
+                              OP_TABLE(layerscale),
+                              .backward_reads_input = reads_always,
+                              .may_read_input = 1};
 
 // Tokens (N, T, 1, 3D) = [Q | K | V] -> (N, T, 1, D).
 OP_ADAPTERS(Attention, attention)

@@ -35,10 +35,12 @@ typedef struct {
   const char *name;         // its parameters' prefix (conv, batchnorm, layernorm, linear)
   int channels;             // output channels (conv) or features (linear)
   int kernel, stride, pad;  // conv, maxpool
+  int groups;               // conv: channels convolved in that many groups apart (0: 1)
   int has_bias;             // conv, linear
   int fuse_relu;            // batchnorm
   int heads;                // attention
   float init_std;           // linear (0: Xavier-uniform)
+  float scale_init;         // layerscale: every channel's factor at the start
   unsigned flags;           // OP_ARG_*
 } OpArgs;
 
@@ -67,7 +69,7 @@ typedef struct OpKind {
 } OpKind;
 
 extern const OpKind op_conv, op_batchnorm, op_relu, op_gelu, op_add, op_layernorm, op_linear,
-    op_attention, op_maxpool, op_avgpool, op_convert;
+    op_layerscale, op_attention, op_maxpool, op_avgpool, op_convert;
 
 enum { OPLIST_INPUT = 0 };  // a node's input: the list's input; nodes are 1, 2, ... in order
 
