@@ -84,22 +84,19 @@ typedef struct {
 
 static void convnext_forward(Backbone *bb, ExecCtx *ctx, const float *images) {
   ConvNeXt *r = (ConvNeXt *)bb;
-  const float *x = images;
-  for (int i = 0; i < r->n_lists; i++) x = oplist_forward(&r->lists[i], ctx, x);
+  oplist_chain_forward(r->lists, r->n_lists, ctx, images);
   bb->feature = oplist_out(&r->lists[r->n_lists - 1]);
 }
 
 static void convnext_backward(Backbone *bb, ExecCtx *ctx, const float *dfeature) {
   ConvNeXt *r = (ConvNeXt *)bb;
   TL_ASSERT(r->mode == OP_TRAIN);
-  const float *d = dfeature;
-  for (int i = r->n_lists - 1; i >= 0; i--) d = oplist_backward(&r->lists[i], ctx, d);
+  oplist_chain_backward(r->lists, r->n_lists, ctx, dfeature);
 }
 
 static void convnext_destroy(Backbone *bb) {
   ConvNeXt *r = (ConvNeXt *)bb;
-  for (int i = 0; i < r->n_lists; i++) oplist_destroy(&r->lists[i]);
-  free(r->lists);
+  oplist_chain_destroy(r->lists, r->n_lists);
   buffer_pool_free(&r->buffers);
   free(r);
 }

@@ -99,22 +99,20 @@ static void resnet_forward(Backbone *bb, ExecCtx *ctx, const float *images) {
     if (!ctx->dry_run) pad_images(r, images);
   }
   const float *x = r->padded ? r->padded : images;
-  for (int i = 0; i < r->n_lists; i++) x = oplist_forward(&r->lists[i], ctx, x);
+  oplist_chain_forward(r->lists, r->n_lists, ctx, x);
   bb->feature = oplist_out(&r->lists[r->n_lists - 1]);
 }
 
 static void resnet_backward(Backbone *bb, ExecCtx *ctx, const float *dfeature) {
   ResNet *r = (ResNet *)bb;
   TL_ASSERT(r->mode == OP_TRAIN);
-  const float *d = dfeature;
-  for (int i = r->n_lists - 1; i >= 0; i--) d = oplist_backward(&r->lists[i], ctx, d);
+  oplist_chain_backward(r->lists, r->n_lists, ctx, dfeature);
 }
 
 static void resnet_destroy(Backbone *bb) {
   ResNet *r = (ResNet *)bb;
   tl_free(r->padded_slots);
-  for (int i = 0; i < r->n_lists; i++) oplist_destroy(&r->lists[i]);
-  free(r->lists);
+  oplist_chain_destroy(r->lists, r->n_lists);
   buffer_pool_free(&r->buffers);
   free(r);
 }

@@ -466,3 +466,18 @@ void oplist_destroy(OpList *l) {
   free(l->values);
   memset(l, 0, sizeof *l);
 }
+
+const float *oplist_chain_forward(OpList *lists, int n, ExecCtx *ctx, const float *in) {
+  for (int i = 0; i < n; i++) in = oplist_forward(&lists[i], ctx, in);
+  return in;
+}
+
+const float *oplist_chain_backward(OpList *lists, int n, ExecCtx *ctx, const float *dout) {
+  for (int i = n - 1; i >= 0; i--) dout = oplist_backward(&lists[i], ctx, dout);
+  return dout;
+}
+
+void oplist_chain_destroy(OpList *lists, int n) {
+  for (int i = 0; i < n; i++) oplist_destroy(&lists[i]);
+  free(lists);
+}

@@ -125,3 +125,10 @@ float *oplist_forward(OpList *l, ExecCtx *ctx, const float *in);
 // (NULL when not wanted).
 const float *oplist_backward(OpList *l, ExecCtx *ctx, const float *dout);
 void oplist_destroy(OpList *l);
+
+// A chain of `n` lists built by oplist_build_chain, each reading the previous one's output: forward
+// through all of them (returns the last output), backward through them in reverse (returns the
+// first input's gradient, NULL when not wanted), and destroy.
+const float *oplist_chain_forward(OpList *lists, int n, ExecCtx *ctx, const float *in);
+const float *oplist_chain_backward(OpList *lists, int n, ExecCtx *ctx, const float *dout);
+void oplist_chain_destroy(OpList *lists, int n);
