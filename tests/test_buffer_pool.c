@@ -52,7 +52,7 @@ static void test_chain_alternates_two_buffers(void **state) {
     use(&c, &u[i], prev, 100 * (size_t)(i + 1));
   }
   buffer_pool_finish(&c.pool, COMP_OTHER);
-  assert_int_equal(c.pool.n_buffers[0], 2);
+  assert_int_equal(buffer_pool_count(&c.pool, 0), 2);
   assert_int_equal(buffer_pool_bytes(&c.pool, 0), 700);
   assert_ptr_equal(u[0].field, u[2].field);
   assert_ptr_equal(u[1].field, u[3].field);
@@ -186,7 +186,7 @@ static void test_gradients_by_lifetime(void **state) {
   use(&c, &us, g_s, 100);
   const long long grad_before = tl_mem_thread_net(MEM_ACT_GRAD, COMP_OTHER);
   buffer_pool_finish(&c.pool, COMP_OTHER);
-  assert_int_equal(c.pool.n_buffers[1], 3);
+  assert_int_equal(buffer_pool_count(&c.pool, 1), 3);
   assert_int_equal(buffer_pool_bytes(&c.pool, 1), 600);
   assert_int_equal(buffer_pool_bytes(&c.pool, 0), 0);
   assert_int_equal(tl_mem_thread_net(MEM_ACT_GRAD, COMP_OTHER) - grad_before, 600);
@@ -197,6 +197,36 @@ static void test_gradients_by_lifetime(void **state) {
   buffer_pool_free(&c.pool);
 }
 
+// A forward temporary and a gradient share a buffer: x (op 0's output, read only by op 1's
+// forward) lives [0, 2] in forward; the gradient g op 1's backward writes for op 0's lives [1, 2]
+// in backward only. One buffer holds both, as large as the larger (100 or 200 bytes), counted as
+// the gradients' since one uses it; no workspace buffer.
+static void test_forward_temporary_shares_a_gradient_buffer(void **state) {
+  (void)state;
+  for (size_t x_bytes = 100; x_bytes <= 200; x_bytes += 100) {
+    Case c;
+    case_init(&c, OP_TRAIN, 0);
+    Use ux, ug;
+    BufValue g = builder_grad_value(&c.b);
+    BufValue x = builder_output(&c.b, 0, 0, 0);
+    builder_grad(&c.b, 0, g, 0);
+    use(&c, &ux, x, x_bytes);
+    builder_output(&c.b, x, 0, OUT_OWN);
+    builder_grad(&c.b, g, 0, 0);
+    use(&c, &ug, g, 100);
+    const long long ws_before = tl_mem_thread_net(MEM_WORKSPACE, COMP_OTHER),
+                    grad_before = tl_mem_thread_net(MEM_ACT_GRAD, COMP_OTHER);
+    buffer_pool_finish(&c.pool, COMP_OTHER);
+    assert_int_equal(buffer_pool_count(&c.pool, 1), 1);
+    assert_int_equal(buffer_pool_bytes(&c.pool, 1), x_bytes);
+    assert_int_equal(buffer_pool_count(&c.pool, 0), 0);
+    assert_int_equal(tl_mem_thread_net(MEM_WORKSPACE, COMP_OTHER) - ws_before, 0);
+    assert_int_equal(tl_mem_thread_net(MEM_ACT_GRAD, COMP_OTHER) - grad_before, (long long)x_bytes);
+    assert_ptr_equal(ux.field, ug.field);
+    buffer_pool_free(&c.pool);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chain_alternates_two_buffers),
@@ -205,6 +235,7 @@ int main(void) {
       cmocka_unit_test(test_residual_outlives_the_branch),
       cmocka_unit_test(test_sync_batchnorm_not_in_place),
       cmocka_unit_test(test_gradients_by_lifetime),
+      cmocka_unit_test(test_forward_temporary_shares_a_gradient_buffer),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -128,75 +128,86 @@ static int larger_first(const void *a, const void *b) {
   return x->v - y->v;
 }
 
-static int pool_of(const PoolValue *p) { return p->kind == VALUE_GRAD; }
+static int is_grad(const PoolValue *p) { return p->kind == VALUE_GRAD; }
+
+// Whether buffer `buf` is free over the value's lifetime in both passes (busy:
+// [buffer][pass][time]).
+static int free_over(const unsigned char *busy, int buf, const PoolValue *p, int times) {
+  for (int pass = 0; pass < 2; pass++)
+    for (int t = p->lo[pass]; t <= p->hi[pass]; t++)
+      if (busy[((size_t)buf * 2 + pass) * times + t]) return 0;
+  return 1;
+}
 
 // Largest first, each value into the first buffer not in use over its lifetime in either pass
-// (a busy map per buffer and pass over the op clock), else a new buffer of its size.
-static void assign_buffers(BufferPool *pool, int which) {
+// (a busy map per buffer and pass over the op clock), else a new buffer of its size: forward
+// values and gradients alike, so a forward temporary and a gradient share a buffer (gradients
+// live only in backward), as TFLite's greedy-by-size and ggml's allocator share one arena
+// across a graph's tensors.
+static void assign_buffers(BufferPool *pool) {
   const int times = 2 * pool->ops + 2;
   BySize *order = malloc(sizeof *order * (size_t)(pool->n_values + 1));
   if (!order) TL_DIE("out of memory");
   int n = 0;
   for (BufValue v = 1; v <= pool->n_values; v++) {
     const PoolValue *p = &pool->values[v];
-    if (pool_of(p) == which && !p->kept && !p->merged_into) order[n++] = (BySize){v, p->bytes};
+    if (!p->kept && !p->merged_into) order[n++] = (BySize){v, p->bytes};
   }
   qsort(order, (size_t)n, sizeof *order, larger_first);
-  unsigned char *busy = NULL;  // [buffer][pass][time]
+  unsigned char *busy = NULL;
+  PoolBuffer *buffers = NULL;
   int n_buffers = 0;
-  size_t *bytes = NULL;
   for (int i = 0; i < n; i++) {
     PoolValue *p = &pool->values[order[i].v];
     int chosen = -1;
-    for (int buf = 0; buf < n_buffers && chosen < 0; buf++) {
-      int clash = 0;
-      for (int pass = 0; pass < 2 && !clash; pass++)
-        for (int t = p->lo[pass]; t <= p->hi[pass] && !clash; t++)
-          clash = busy[((size_t)buf * 2 + pass) * times + t];
-      if (!clash) chosen = buf;
-    }
+    for (int buf = 0; buf < n_buffers && chosen < 0; buf++)
+      if (free_over(busy, buf, p, times)) chosen = buf;
     if (chosen < 0) {
       chosen = n_buffers++;
       busy = realloc(busy, (size_t)n_buffers * 2 * times);
-      bytes = realloc(bytes, sizeof *bytes * (size_t)n_buffers);
-      if (!busy || !bytes) TL_DIE("out of memory for %d pool buffers", n_buffers);
+      buffers = realloc(buffers, sizeof *buffers * (size_t)n_buffers);
+      if (!busy || !buffers) TL_DIE("out of memory for %d pool buffers", n_buffers);
       memset(busy + (size_t)chosen * 2 * times, 0, 2 * (size_t)times);
-      bytes[chosen] = p->bytes;
+      buffers[chosen] = (PoolBuffer){.bytes = p->bytes};
     }
     for (int pass = 0; pass < 2; pass++)
       for (int t = p->lo[pass]; t <= p->hi[pass]; t++)
         busy[((size_t)chosen * 2 + pass) * times + t] = 1;
+    buffers[chosen].grads |= is_grad(p);
     p->buffer = chosen;
   }
   free(busy);
   free(order);
-  pool->n_buffers[which] = n_buffers;
-  pool->buffer_bytes[which] = bytes;
+  pool->n_buffers = n_buffers;
+  pool->buffers = buffers;
+  pool->planned = 1;
 }
 
 void buffer_pool_plan(BufferPool *pool) {
-  if (pool->buffer_bytes[0] || pool->buffer_bytes[1]) return;
+  if (pool->planned) return;
   decide_kept(pool);
   decide_in_place(pool);
-  assign_buffers(pool, 0);
-  assign_buffers(pool, 1);
+  assign_buffers(pool);
 }
 
 size_t buffer_pool_bytes(const BufferPool *pool, int gradients) {
   size_t total = 0;
-  for (int i = 0; i < pool->n_buffers[gradients]; i++) total += pool->buffer_bytes[gradients][i];
+  for (int i = 0; i < pool->n_buffers; i++)
+    if (pool->buffers[i].grads == gradients) total += pool->buffers[i].bytes;
   return total;
+}
+
+int buffer_pool_count(const BufferPool *pool, int gradients) {
+  int n = 0;
+  for (int i = 0; i < pool->n_buffers; i++) n += pool->buffers[i].grads == gradients;
+  return n;
 }
 
 void buffer_pool_finish(BufferPool *pool, MemComponent comp) {
   buffer_pool_plan(pool);
-  for (int which = 0; which < 2; which++) {
-    const int n = pool->n_buffers[which];
-    pool->buf[which] = calloc((size_t)(n ? n : 1), sizeof *pool->buf[which]);
-    if (!pool->buf[which]) TL_DIE("out of memory");
-    for (int i = 0; i < n; i++)
-      pool->buf[which][i] =
-          tl_alloc(pool->buffer_bytes[which][i], which ? MEM_ACT_GRAD : MEM_WORKSPACE, comp);
+  for (int i = 0; i < pool->n_buffers; i++) {
+    PoolBuffer *b = &pool->buffers[i];
+    b->data = tl_alloc(b->bytes, b->grads ? MEM_ACT_GRAD : MEM_WORKSPACE, comp);
   }
   for (int u = 0; u < pool->n_users; u++) {
     const PoolUser *user = &pool->users[u];
@@ -204,7 +215,7 @@ void buffer_pool_finish(BufferPool *pool, MemComponent comp) {
     if (p->kept) {
       *user->field = tl_alloc(user->bytes * (size_t)user->calls, MEM_ACT, user->comp);
     } else {
-      *user->field = pool->buf[pool_of(p)][p->buffer];
+      *user->field = pool->buffers[p->buffer].data;
     }
     if (user->pooled) *user->pooled = !p->kept;
     if (user->shared) *user->shared = !p->kept;
@@ -212,12 +223,8 @@ void buffer_pool_finish(BufferPool *pool, MemComponent comp) {
 }
 
 void buffer_pool_free(BufferPool *pool) {
-  for (int which = 0; which < 2; which++) {
-    for (int i = 0; i < pool->n_buffers[which] && pool->buf[which]; i++)
-      tl_free(pool->buf[which][i]);
-    free(pool->buf[which]);
-    free(pool->buffer_bytes[which]);
-  }
+  for (int i = 0; i < pool->n_buffers; i++) tl_free(pool->buffers[i].data);
+  free(pool->buffers);
   free(pool->values);
   free(pool->users);
   memset(pool, 0, sizeof *pool);

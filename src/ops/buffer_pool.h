@@ -20,8 +20,10 @@
 // - VALUE_GRAD: an input gradient (MEM_ACT_GRAD), live in backward from the op that writes it to
 //   the last op whose backward reads it.
 // - VALUE_INNER: what lives only inside one pass of one op (attention's probabilities).
-// Outputs, activations and inner values share the workspace buffers (MEM_WORKSPACE); gradients
-// have their own.
+// Every value the pool holds (outputs, activations not kept, inner values, gradients) shares one
+// set of buffers by lifetime, so a forward temporary and a gradient (live only in backward) can
+// take the same buffer. A buffer some gradient uses is counted as MEM_ACT_GRAD, any other as
+// MEM_WORKSPACE.
 #pragma once
 #include <stddef.h>
 
@@ -45,6 +47,14 @@ typedef struct {
   int buffer;       // after planning: its pool buffer (-1: none)
 } PoolValue;
 
+// A buffer of the pool: the largest value it holds, whether a gradient is one of them (it is
+// then counted as MEM_ACT_GRAD, otherwise MEM_WORKSPACE), and its memory once finished.
+typedef struct {
+  size_t bytes;
+  int grads;
+  float *data;
+} PoolBuffer;
+
 // An op's field that points at a value's buffer once planned.
 typedef struct {
   BufValue value;
@@ -62,10 +72,10 @@ typedef struct {
   PoolValue *values;  // [1..n_values]
   int n_users, cap_users;
   PoolUser *users;
-  // After buffer_pool_finish: the buffers of each pool (0: workspace, 1: gradients).
-  int n_buffers[2];
-  size_t *buffer_bytes[2];
-  float **buf[2];
+  // After planning: the buffers, each allocated by buffer_pool_finish.
+  int planned;
+  int n_buffers;
+  PoolBuffer *buffers;
 } BufferPool;
 
 // Times in a pass: an op k reads at 2k and writes at 2k + 1 in forward; backward runs the ops
@@ -98,6 +108,8 @@ void buffer_pool_record(BufferPool *pool, BufValue v, float **field, size_t byte
 void buffer_pool_plan(BufferPool *pool);
 // Plans, allocates the buffers (tagged `comp`) and points every recorded field at its own.
 void buffer_pool_finish(BufferPool *pool, MemComponent comp);
-// The bytes of the pool's buffers of one kind after planning (0: workspace, 1: gradients).
+// The bytes and the number of the pool's buffers of one kind after planning (0: those only
+// forward values and inner values use, MEM_WORKSPACE; 1: those a gradient uses, MEM_ACT_GRAD).
 size_t buffer_pool_bytes(const BufferPool *pool, int gradients);
+int buffer_pool_count(const BufferPool *pool, int gradients);
 void buffer_pool_free(BufferPool *pool);
