@@ -1,6 +1,7 @@
 #include "ops/buffer_pool.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -120,15 +121,34 @@ static void decide_in_place(BufferPool *pool) {
 typedef struct {
   BufValue v;
   size_t bytes;
+  int tie;  // among values of one size, the smaller goes first
 } BySize;
 
 static int larger_first(const void *a, const void *b) {
   const BySize *x = a, *y = b;
   if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+  if (x->tie != y->tie) return x->tie - y->tie;
   return x->v - y->v;
 }
 
 static int is_grad(const PoolValue *p) { return p->kind == VALUE_GRAD; }
+
+// The orders tried among values of one size: as declared, gradients first, longer lives first.
+// A value lives in two intervals (one per pass), so no one order is best for every module: a
+// ResNet's stem output, live through the first block's forward and written again in its
+// backward, packs better after the gradients than before them.
+enum { ORDER_DECLARED, ORDER_GRADIENTS_FIRST, ORDER_LONGER_FIRST, N_ORDERS };
+
+static int tie_of(const PoolValue *p, int order) {
+  if (order == ORDER_GRADIENTS_FIRST) return !is_grad(p);
+  if (order == ORDER_LONGER_FIRST) {
+    int life = 0;
+    for (int pass = 0; pass < 2; pass++)
+      if (p->lo[pass] <= p->hi[pass]) life += p->hi[pass] - p->lo[pass] + 1;
+    return -life;
+  }
+  return 0;
+}
 
 // Whether buffer `buf` is free over the value's lifetime in both passes (busy:
 // [buffer][pass][time]).
@@ -144,14 +164,14 @@ static int free_over(const unsigned char *busy, int buf, const PoolValue *p, int
 // values and gradients alike, so a forward temporary and a gradient share a buffer (gradients
 // live only in backward), as TFLite's greedy-by-size and ggml's allocator share one arena
 // across a graph's tensors.
-static void assign_buffers(BufferPool *pool) {
+static size_t assign_buffers(BufferPool *pool, int tie_order) {
   const int times = 2 * pool->ops + 2;
   BySize *order = malloc(sizeof *order * (size_t)(pool->n_values + 1));
   if (!order) TL_DIE("out of memory");
   int n = 0;
   for (BufValue v = 1; v <= pool->n_values; v++) {
     const PoolValue *p = &pool->values[v];
-    if (!p->kept && !p->merged_into) order[n++] = (BySize){v, p->bytes};
+    if (!p->kept && !p->merged_into) order[n++] = (BySize){v, p->bytes, tie_of(p, tie_order)};
   }
   qsort(order, (size_t)n, sizeof *order, larger_first);
   unsigned char *busy = NULL;
@@ -178,16 +198,29 @@ static void assign_buffers(BufferPool *pool) {
   }
   free(busy);
   free(order);
+  free(pool->buffers);
   pool->n_buffers = n_buffers;
   pool->buffers = buffers;
-  pool->planned = 1;
+  size_t total = 0;
+  for (int i = 0; i < n_buffers; i++) total += buffers[i].bytes;
+  return total;
 }
 
 void buffer_pool_plan(BufferPool *pool) {
   if (pool->planned) return;
   decide_kept(pool);
   decide_in_place(pool);
-  assign_buffers(pool);
+  int best = 0;
+  size_t least = SIZE_MAX;
+  for (int order = 0; order < N_ORDERS; order++) {
+    const size_t total = assign_buffers(pool, order);
+    if (total < least) {
+      least = total;
+      best = order;
+    }
+  }
+  if (best != N_ORDERS - 1) assign_buffers(pool, best);
+  pool->planned = 1;
 }
 
 size_t buffer_pool_bytes(const BufferPool *pool, int gradients) {
