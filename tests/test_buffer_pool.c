@@ -227,6 +227,43 @@ static void test_forward_temporary_shares_a_gradient_buffer(void **state) {
   }
 }
 
+// Two networks that never run at once share an arena: A's chain x (100 bytes) -> y (300), live
+// together at 2, needs buffers of 300 and 100; B's one value z (200) one of 200. The arena's
+// buffer 0 is max(300, 200), its buffer 1 A's 100: 400 bytes where the pools' own would be
+// 600. The pooled fields stay NULL until the arena is allocated, then y and z share memory.
+static void test_arena_shares_the_largest(void **state) {
+  (void)state;
+  BufferArena arena = {0};
+  Case a, b;
+  case_init(&a, OP_FORWARD, 0);
+  case_init(&b, OP_FORWARD, 0);
+  a.pool.arena = b.pool.arena = &arena;
+  Use ux, uy, uz;
+  BufValue x = builder_output(&a.b, 0, 0, 0);
+  use(&a, &ux, x, 100);
+  BufValue y = builder_output(&a.b, x, 0, 0);
+  use(&a, &uy, y, 300);
+  builder_output(&a.b, y, 0, OUT_OWN);
+  BufValue z = builder_output(&b.b, 0, 0, 0);
+  use(&b, &uz, z, 200);
+  builder_output(&b.b, z, 0, OUT_OWN);
+  const long long ws_before = tl_mem_thread_net(MEM_WORKSPACE, COMP_OTHER);
+  buffer_pool_finish(&a.pool, COMP_OTHER);
+  buffer_pool_finish(&b.pool, COMP_OTHER);
+  assert_null(ux.field);
+  assert_null(uz.field);
+  assert_int_equal(tl_mem_thread_net(MEM_WORKSPACE, COMP_OTHER) - ws_before, 0);
+  buffer_arena_finish(&arena);
+  assert_int_equal(tl_mem_thread_net(MEM_WORKSPACE, COMP_OTHER) - ws_before, 400);
+  assert_non_null(ux.field);
+  assert_ptr_equal(uy.field, uz.field);
+  assert_ptr_not_equal(ux.field, uy.field);
+  buffer_pool_free(&a.pool);
+  buffer_pool_free(&b.pool);
+  buffer_arena_free(&arena);
+  assert_int_equal(tl_mem_thread_net(MEM_WORKSPACE, COMP_OTHER) - ws_before, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chain_alternates_two_buffers),
@@ -236,6 +273,7 @@ int main(void) {
       cmocka_unit_test(test_sync_batchnorm_not_in_place),
       cmocka_unit_test(test_gradients_by_lifetime),
       cmocka_unit_test(test_forward_temporary_shares_a_gradient_buffer),
+      cmocka_unit_test(test_arena_shares_the_largest),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

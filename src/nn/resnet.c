@@ -210,6 +210,7 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
   // The stem reads the images or their frame, from outside the pool; the feature outlives the
   // pass.
   oplist_build_chain(r->lists, r->n_lists, &pooled, &shape, 0, (OpListValues){0, 0, 0});
+  r->buffers.arena = b->arena;
   buffer_pool_finish(&r->buffers, b->component);
   r->base = (Backbone){.pad_mean = strcmp(spec->pad_fill, "mean") == 0,
                        .N = N,

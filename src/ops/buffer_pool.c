@@ -236,27 +236,78 @@ int buffer_pool_count(const BufferPool *pool, int gradients) {
   return n;
 }
 
+static void allocate(PoolBuffer *buffers, int n, MemComponent comp) {
+  for (int i = 0; i < n; i++)
+    buffers[i].data =
+        tl_alloc(buffers[i].bytes, buffers[i].grads ? MEM_ACT_GRAD : MEM_WORKSPACE, comp);
+}
+
+// Points the pool's users that are not kept at `buffers` (the pool's own or its arena's).
+static void point_users(BufferPool *pool, const PoolBuffer *buffers) {
+  for (int u = 0; u < pool->n_users; u++) {
+    const PoolUser *user = &pool->users[u];
+    const PoolValue *p = &pool->values[root_of(pool, user->value)];
+    if (!p->kept) *user->field = buffers[p->buffer].data;
+  }
+}
+
+// A pool joining an arena: the arena's buffer i grows to the pool's buffer i.
+static void arena_join(BufferArena *arena, BufferPool *pool, MemComponent comp) {
+  if (arena->finished) TL_DIE("buffer arena: a network built after the arena was allocated");
+  if (arena->n_pools == arena->cap_pools) {
+    arena->cap_pools = arena->cap_pools ? 2 * arena->cap_pools : 4;
+    arena->pools = realloc(arena->pools, sizeof *arena->pools * (size_t)arena->cap_pools);
+    if (!arena->pools) TL_DIE("out of memory");
+  }
+  if (!arena->n_pools) arena->comp = comp;
+  arena->pools[arena->n_pools++] = pool;
+  if (pool->n_buffers > arena->n_buffers) {
+    arena->buffers = realloc(arena->buffers, sizeof *arena->buffers * (size_t)pool->n_buffers);
+    if (!arena->buffers) TL_DIE("out of memory");
+    memset(arena->buffers + arena->n_buffers, 0,
+           sizeof *arena->buffers * (size_t)(pool->n_buffers - arena->n_buffers));
+    arena->n_buffers = pool->n_buffers;
+  }
+  for (int i = 0; i < pool->n_buffers; i++) {
+    PoolBuffer *b = &arena->buffers[i];
+    if (pool->buffers[i].bytes > b->bytes) b->bytes = pool->buffers[i].bytes;
+    b->grads |= pool->buffers[i].grads;
+  }
+}
+
 void buffer_pool_finish(BufferPool *pool, MemComponent comp) {
   buffer_pool_plan(pool);
-  for (int i = 0; i < pool->n_buffers; i++) {
-    PoolBuffer *b = &pool->buffers[i];
-    b->data = tl_alloc(b->bytes, b->grads ? MEM_ACT_GRAD : MEM_WORKSPACE, comp);
+  if (pool->arena) {
+    arena_join(pool->arena, pool, comp);
+  } else {
+    allocate(pool->buffers, pool->n_buffers, comp);
+    point_users(pool, pool->buffers);
   }
   for (int u = 0; u < pool->n_users; u++) {
     const PoolUser *user = &pool->users[u];
     const PoolValue *p = &pool->values[root_of(pool, user->value)];
-    if (p->kept) {
-      *user->field = tl_alloc(user->bytes * (size_t)user->calls, MEM_ACT, user->comp);
-    } else {
-      *user->field = pool->buffers[p->buffer].data;
-    }
+    if (p->kept) *user->field = tl_alloc(user->bytes * (size_t)user->calls, MEM_ACT, user->comp);
     if (user->pooled) *user->pooled = !p->kept;
     if (user->shared) *user->shared = !p->kept;
   }
 }
 
+void buffer_arena_finish(BufferArena *arena) {
+  if (arena->finished) return;
+  arena->finished = 1;
+  allocate(arena->buffers, arena->n_buffers, arena->comp);
+  for (int i = 0; i < arena->n_pools; i++) point_users(arena->pools[i], arena->buffers);
+}
+
+void buffer_arena_free(BufferArena *arena) {
+  for (int i = 0; i < arena->n_buffers && arena->finished; i++) tl_free(arena->buffers[i].data);
+  free(arena->buffers);
+  free(arena->pools);
+  memset(arena, 0, sizeof *arena);
+}
+
 void buffer_pool_free(BufferPool *pool) {
-  for (int i = 0; i < pool->n_buffers; i++) tl_free(pool->buffers[i].data);
+  for (int i = 0; i < pool->n_buffers && !pool->arena; i++) tl_free(pool->buffers[i].data);
   free(pool->buffers);
   free(pool->values);
   free(pool->users);
