@@ -79,6 +79,7 @@ typedef struct {
   LocalGroup *group;
   Comm *comm;
   ParamSet ps;
+  BufferArena arena;  // the backbones' pooled buffers, shared as a replica's are
   const ObjectiveDef *def;
   Objective *obj;
   Batch batch;
@@ -97,8 +98,8 @@ static inline Fixture *fixture_new(const char *objective, const char *backbone,
   f->def = objective_find(objective);
   assert_non_null(f->def);
   paramset_alloc(&f->ps, objective_param_count(f->def, &f->cfg), 3);
-  ObjectiveEnv env = {&f->cfg, &f->ctx,     f->comm, &f->ps, B,    B,
-                      1.0,     TOTAL_STEPS, NULL,    NULL,   NULL, NULL};
+  ObjectiveEnv env = {&f->cfg,     &f->ctx, f->comm, &f->ps, B,    B,        1.0,
+                      TOTAL_STEPS, NULL,    NULL,    NULL,   NULL, &f->arena};
   f->obj = objective_create(f->def, &env);
   assert_non_null(f->obj);
   const AugmentParams base = {.out_size = S};
@@ -114,6 +115,7 @@ static inline Fixture *fixture_new(const char *objective, const char *backbone,
 
 static inline void fixture_free(Fixture *f) {
   f->def->destroy(f->obj);
+  buffer_arena_free(&f->arena);
   free(f->views);
   paramset_free(&f->ps);
   comm_destroy(f->comm);

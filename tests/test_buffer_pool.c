@@ -52,7 +52,7 @@ static void test_chain_alternates_two_buffers(void **state) {
     use(&c, &u[i], prev, 100 * (size_t)(i + 1));
   }
   buffer_pool_finish(&c.pool, COMP_OTHER);
-  assert_int_equal(c.pool.n_buffers[0], 2);
+  assert_int_equal(buffer_pool_count(&c.pool, 0), 2);
   assert_int_equal(buffer_pool_bytes(&c.pool, 0), 700);
   assert_ptr_equal(u[0].field, u[2].field);
   assert_ptr_equal(u[1].field, u[3].field);
@@ -186,7 +186,7 @@ static void test_gradients_by_lifetime(void **state) {
   use(&c, &us, g_s, 100);
   const long long grad_before = tl_mem_thread_net(MEM_ACT_GRAD, COMP_OTHER);
   buffer_pool_finish(&c.pool, COMP_OTHER);
-  assert_int_equal(c.pool.n_buffers[1], 3);
+  assert_int_equal(buffer_pool_count(&c.pool, 1), 3);
   assert_int_equal(buffer_pool_bytes(&c.pool, 1), 600);
   assert_int_equal(buffer_pool_bytes(&c.pool, 0), 0);
   assert_int_equal(tl_mem_thread_net(MEM_ACT_GRAD, COMP_OTHER) - grad_before, 600);
@@ -197,6 +197,73 @@ static void test_gradients_by_lifetime(void **state) {
   buffer_pool_free(&c.pool);
 }
 
+// A forward temporary and a gradient share a buffer: x (op 0's output, read only by op 1's
+// forward) lives [0, 2] in forward; the gradient g op 1's backward writes for op 0's lives [1, 2]
+// in backward only. One buffer holds both, as large as the larger (100 or 200 bytes), counted as
+// the gradients' since one uses it; no workspace buffer.
+static void test_forward_temporary_shares_a_gradient_buffer(void **state) {
+  (void)state;
+  for (size_t x_bytes = 100; x_bytes <= 200; x_bytes += 100) {
+    Case c;
+    case_init(&c, OP_TRAIN, 0);
+    Use ux, ug;
+    BufValue g = builder_grad_value(&c.b);
+    BufValue x = builder_output(&c.b, 0, 0, 0);
+    builder_grad(&c.b, 0, g, 0);
+    use(&c, &ux, x, x_bytes);
+    builder_output(&c.b, x, 0, OUT_OWN);
+    builder_grad(&c.b, g, 0, 0);
+    use(&c, &ug, g, 100);
+    const long long ws_before = tl_mem_thread_net(MEM_WORKSPACE, COMP_OTHER),
+                    grad_before = tl_mem_thread_net(MEM_ACT_GRAD, COMP_OTHER);
+    buffer_pool_finish(&c.pool, COMP_OTHER);
+    assert_int_equal(buffer_pool_count(&c.pool, 1), 1);
+    assert_int_equal(buffer_pool_bytes(&c.pool, 1), x_bytes);
+    assert_int_equal(buffer_pool_count(&c.pool, 0), 0);
+    assert_int_equal(tl_mem_thread_net(MEM_WORKSPACE, COMP_OTHER) - ws_before, 0);
+    assert_int_equal(tl_mem_thread_net(MEM_ACT_GRAD, COMP_OTHER) - grad_before, (long long)x_bytes);
+    assert_ptr_equal(ux.field, ug.field);
+    buffer_pool_free(&c.pool);
+  }
+}
+
+// Two networks that never run at once share an arena: A's chain x (100 bytes) -> y (300), live
+// together at 2, needs buffers of 300 and 100; B's one value z (200) one of 200. The arena's
+// buffer 0 is max(300, 200), its buffer 1 A's 100: 400 bytes where the pools' own would be
+// 600. The pooled fields stay NULL until the arena is allocated, then y and z share memory.
+static void test_arena_shares_the_largest(void **state) {
+  (void)state;
+  BufferArena arena = {0};
+  Case a, b;
+  case_init(&a, OP_FORWARD, 0);
+  case_init(&b, OP_FORWARD, 0);
+  a.pool.arena = b.pool.arena = &arena;
+  Use ux, uy, uz;
+  BufValue x = builder_output(&a.b, 0, 0, 0);
+  use(&a, &ux, x, 100);
+  BufValue y = builder_output(&a.b, x, 0, 0);
+  use(&a, &uy, y, 300);
+  builder_output(&a.b, y, 0, OUT_OWN);
+  BufValue z = builder_output(&b.b, 0, 0, 0);
+  use(&b, &uz, z, 200);
+  builder_output(&b.b, z, 0, OUT_OWN);
+  const long long ws_before = tl_mem_thread_net(MEM_WORKSPACE, COMP_OTHER);
+  buffer_pool_finish(&a.pool, COMP_OTHER);
+  buffer_pool_finish(&b.pool, COMP_OTHER);
+  assert_null(ux.field);
+  assert_null(uz.field);
+  assert_int_equal(tl_mem_thread_net(MEM_WORKSPACE, COMP_OTHER) - ws_before, 0);
+  buffer_arena_finish(&arena);
+  assert_int_equal(tl_mem_thread_net(MEM_WORKSPACE, COMP_OTHER) - ws_before, 400);
+  assert_non_null(ux.field);
+  assert_ptr_equal(uy.field, uz.field);
+  assert_ptr_not_equal(ux.field, uy.field);
+  buffer_pool_free(&a.pool);
+  buffer_pool_free(&b.pool);
+  buffer_arena_free(&arena);
+  assert_int_equal(tl_mem_thread_net(MEM_WORKSPACE, COMP_OTHER) - ws_before, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chain_alternates_two_buffers),
@@ -205,6 +272,8 @@ int main(void) {
       cmocka_unit_test(test_residual_outlives_the_branch),
       cmocka_unit_test(test_sync_batchnorm_not_in_place),
       cmocka_unit_test(test_gradients_by_lifetime),
+      cmocka_unit_test(test_forward_temporary_shares_a_gradient_buffer),
+      cmocka_unit_test(test_arena_shares_the_largest),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -65,10 +65,10 @@ static void test_resnet_input_gradients_share_three_buffers(void **state) {
 // A block keeps four tensors of its output's size for backward (with [train] recompute = 0):
 // conv1's and conv2's outputs (the BatchNorms' inputs), bn1's (conv2's input) and the block's
 // output (the next convolutions' input, and the final ReLU's gradient from its sign). bn2's output
-// and the residual sum, read only on the way forward, share one scratch buffer with every block's;
-// so does the projection BatchNorm's output (a second buffer). Besides the tensors, a block keeps
-// BatchNorm statistics (mean and variance per channel for bn1 and bn2) and bn1's fused-ReLU mask,
-// at most a byte an element (oneDNN's is a byte).
+// and the residual sum, read only on the way forward, share a pool buffer with every block's; so
+// does the projection BatchNorm's output (a second one). Besides
+// the tensors, a block keeps BatchNorm statistics (mean and variance per channel for bn1 and bn2)
+// and bn1's fused-ReLU mask, at most a byte an element (oneDNN's is a byte).
 static void test_resnet_block_keeps_four_tensors(void **state) {
   (void)state;
   const size_t tensor = (size_t)N * P * P * 4 * sizeof(float);  // a stage-1 block's output
@@ -85,11 +85,20 @@ static void test_resnet_block_keeps_four_tensors(void **state) {
   assert_int_equal(
       bytes_held_r(2 * N, 2, MEM_WORKSPACE, 0) - bytes_held_r(2 * N, 1, MEM_WORKSPACE, 0),
       ws_block);
-  // Recomputing bn1's output before conv2's backward (the default) keeps one tensor fewer; the
-  // output goes to the scratch bn2 uses, which adds nothing.
+  // Recomputing (the default) writes each block's bn1 output again before conv2's backward and
+  // the stem's output before the first block's conv1 backward instead of keeping them: a
+  // stage-1 tensor a block fewer, plus the stem's (stage 1's size) and the stage-2 block's bn1
+  // output (8 channels at P / 2).
+  const size_t tensor2 = (size_t)N * (P / 2) * (P / 2) * 8 * sizeof(float);
   assert_int_equal(bytes_held_r(N, 2, MEM_ACT, 1) - bytes_held_r(N, 1, MEM_ACT, 1),
                    per_block - tensor);
-  assert_int_equal(bytes_held_r(N, 2, MEM_WORKSPACE, 1), bytes_held(2, MEM_WORKSPACE));
+  assert_int_equal(bytes_held(1, MEM_ACT) - bytes_held_r(N, 1, MEM_ACT, 1), 2 * tensor + tensor2);
+  // What is written again lives in backward beside the gradients: the pool's buffers (workspace
+  // and gradients together) grow by one stage-1 tensor, whatever the depth.
+  for (int blocks = 2; blocks <= 4; blocks += 2)
+    assert_int_equal(
+        bytes_held_r(N, blocks, MEM_WORKSPACE, 1) + bytes_held_r(N, blocks, MEM_ACT_GRAD, 1),
+        bytes_held(blocks, MEM_WORKSPACE) + bytes_held(blocks, MEM_ACT_GRAD) + tensor);
 }
 
 // The parameter gradients of two views (two forward calls, backward in reverse), with and

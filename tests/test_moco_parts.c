@@ -218,7 +218,7 @@ static void *shuffle_replica_thread(void *arg) {
   ParamSet ps;
   paramset_alloc(&ps, objective_param_count(def, r->cfg), 3);
   ObjectiveEnv env = {r->cfg, &ctx, comm, &ps,  r->b, SB_N, (double)SB_N / r->b,
-                      SB_N,   NULL, NULL, NULL, NULL};
+                      SB_N,   NULL, NULL, NULL, NULL, NULL};
   Objective *o = objective_create(def, &env);
   float *views = calloc((size_t)2 * r->b * SB_S * SB_S, sizeof(float));
   int indices[SB_N] = {0}, labels[SB_N] = {0};

@@ -158,6 +158,7 @@ Backbone *convnext_create(const ModelSpec *spec, Builder *b, int N, int image_si
   convnext_lists(r, spec);
   OpShape shape = {N, image_size, image_size, channels};
   oplist_build_chain(r->lists, r->n_lists, b, &shape, 0, (OpListValues){0});
+  r->buffers.arena = b->arena;
   buffer_pool_finish(&r->buffers, b->component);
   r->base = (Backbone){.pad_mean = strcmp(spec->pad_fill, "mean") == 0,
                        .N = N,

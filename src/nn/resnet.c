@@ -30,10 +30,10 @@ static BlockShape block_shape(int bottleneck, int width, int stride) {
 // gradients, the BatchNorms' inputs, the output whose sign is the last ReLU's gradient), writes
 // the inner BatchNorm-ReLUs' outputs again before the next convolution's backward under [train]
 // recompute, and sums the gradients reaching the block input from both paths.
-static void block_list(OpList *l, const char *name, int IC, BlockShape shape) {
+static void block_list(OpList *l, int in, const char *name, int IC, BlockShape shape) {
   char nm[64];
   const int n = shape.n, OC = shape.channels[n - 1];
-  int x = OPLIST_INPUT;
+  int x = in;
   for (int i = 0; i < n; i++) {
     snprintf(nm, sizeof nm, "%s.conv%d", name, i + 1);
     x = oplist_add(l, &op_conv, x, 0,
@@ -45,11 +45,11 @@ static void block_list(OpList *l, const char *name, int IC, BlockShape shape) {
     snprintf(nm, sizeof nm, "%s.bn%d", name, i + 1);
     x = oplist_add(l, &op_batchnorm, x, 0, (OpArgs){.name = nm, .fuse_relu = i < n - 1});
   }
-  int shortcut = OPLIST_INPUT;
+  int shortcut = in;
   if (shape.stride != 1 || IC != OC) {
     snprintf(nm, sizeof nm, "%s.proj", name);
     shortcut =
-        oplist_add(l, &op_conv, OPLIST_INPUT, 0,
+        oplist_add(l, &op_conv, in, 0,
                    (OpArgs){.name = nm, .channels = OC, .kernel = 1, .stride = shape.stride});
     snprintf(nm, sizeof nm, "%s.proj_bn", name);
     shortcut = oplist_add(l, &op_batchnorm, shortcut, 0, (OpArgs){.name = nm});
@@ -66,8 +66,8 @@ typedef struct {
   OpCalls pad_calls;
   BufferPool buffers;  // planned buffers: outputs but the feature, input gradients
   // The op lists one after another: the stem (3x3 stride 1 convolution, [backbone] stem = small,
-  // or 7x7 stride 2 and a 3x3 stride-2 max-pool, imagenet; BatchNorm-ReLU), the blocks, the
-  // global average pooling.
+  // or 7x7 stride 2 and a 3x3 stride-2 max-pool, imagenet; BatchNorm-ReLU) with the first block,
+  // each further block, the global average pooling.
   int n_lists;
   OpList *lists;
 } ResNet;
@@ -152,7 +152,7 @@ static dnnl_data_type_t resnet_act_type(const Builder *b) {
 static void resnet_lists(ResNet *r, const ModelSpec *spec) {
   const int stages = model_spec_stages(spec), imagenet = strcmp(spec->stem, "imagenet") == 0;
   const int bottleneck = strcmp(spec->block, "bottleneck") == 0;
-  r->n_lists = 2;
+  r->n_lists = 1;
   for (int s = 0; s < stages; s++) r->n_lists += spec->stage_blocks[s];
   r->lists = calloc((size_t)r->n_lists, sizeof *r->lists);
   if (!r->lists) TL_DIE("out of memory");
@@ -166,15 +166,20 @@ static void resnet_lists(ResNet *r, const ModelSpec *spec) {
                               .pad = stem_k / 2,
                               .flags = OP_ARG_INPUT_F32});
   x = oplist_add(stem, &op_batchnorm, x, 0, (OpArgs){.name = "stem.bn", .fuse_relu = 1});
-  if (imagenet) oplist_add(stem, &op_maxpool, x, 0, (OpArgs){.kernel = 3, .stride = 2, .pad = 1});
-  int k = 1, C = spec->stem_channels;
+  if (imagenet)
+    x = oplist_add(stem, &op_maxpool, x, 0, (OpArgs){.kernel = 3, .stride = 2, .pad = 1});
+  // The first block goes on in the stem's list: the stem's output, which that block's
+  // convolutions read in backward, is then written again before them under [train] recompute
+  // rather than kept (a list recomputes only what its own nodes read), one tensor of the
+  // largest size fewer.
+  int k = 0, C = spec->stem_channels;
   for (int s = 0; s < stages; s++)
     for (int i = 0; i < spec->stage_blocks[s]; i++, k++) {
       char name[32];
       snprintf(name, sizeof name, "stage%d.block%d", s + 1, i + 1);
       const BlockShape shape =
           block_shape(bottleneck, spec->stage_channels[s], i == 0 ? spec->stage_strides[s] : 1);
-      block_list(&r->lists[k], name, C, shape);
+      block_list(&r->lists[k], k == 0 ? x : OPLIST_INPUT, name, C, shape);
       C = shape.channels[shape.n - 1];
     }
   oplist_add(&r->lists[k], &op_avgpool, OPLIST_INPUT, 0, (OpArgs){.flags = OP_ARG_OWN_OUTPUT});
@@ -205,6 +210,7 @@ Backbone *resnet_create(const ModelSpec *spec, Builder *b, int N, int image_size
   // The stem reads the images or their frame, from outside the pool; the feature outlives the
   // pass.
   oplist_build_chain(r->lists, r->n_lists, &pooled, &shape, 0, (OpListValues){0, 0, 0});
+  r->buffers.arena = b->arena;
   buffer_pool_finish(&r->buffers, b->component);
   r->base = (Backbone){.pad_mean = strcmp(spec->pad_fill, "mean") == 0,
                        .N = N,

@@ -252,6 +252,7 @@ static void vit_build_stack(Vit *v, const ModelSpec *spec, const Builder *b) {
                (OpArgs){.flags = OP_ARG_OUTPUT_F32 | OP_ARG_OWN_OUTPUT});
   oplist_build(&v->head, &pooled, tokens, 1, (OpListValues){x, 0, g_tokens});
   v->norm = oplist_op(&v->head, norm);
+  v->buffers.arena = b->arena;
   buffer_pool_finish(&v->buffers, v->comp);
   v->tokens = oplist_out(&v->head);
 }

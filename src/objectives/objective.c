@@ -31,6 +31,7 @@ const ObjectiveDef *objective_find(const char *name) {
 Objective *objective_create(const ObjectiveDef *def, const ObjectiveEnv *env) {
   Objective *o = def->create(env);
   if (o) o->def = def;
+  if (o && env->arena) buffer_arena_finish(env->arena);
   return o;
 }
 
@@ -59,6 +60,7 @@ Backbone *objective_encoder(const ObjectiveEnv *env, Builder *bld, int rows, Pro
   TL_ASSERT(bld->policy == env->policy);
   Builder encoder = *bld;
   encoder.component = COMP_ENCODER;
+  encoder.arena = env->arena;
   Backbone *b =
       backbone_create(&cfg->model.spec, &encoder, rows, cfg->data.image_size, cfg->data.channels);
   backbone_set_input_normalization(b, env->input_mean, env->input_std);
@@ -89,7 +91,8 @@ size_t objective_param_count(const ObjectiveDef *def, const Config *cfg) {
   Comm *comm = comm_local_rank(group, 0);
   comm_set_dry_run(comm, 1);
   const int batch = cfg->train.batch_size;
-  ObjectiveEnv env = {cfg, &pass.ctx, comm, &pass.ps, batch, batch, 1.0, 1, NULL, NULL, NULL, NULL};
+  ObjectiveEnv env = {cfg, &pass.ctx, comm, &pass.ps, batch, batch, 1.0,
+                      1,   NULL,      NULL, NULL,     NULL,  NULL};
   Objective *o = objective_create(def, &env);
   if (o) def->destroy(o);
   comm_destroy(comm);

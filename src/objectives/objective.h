@@ -32,6 +32,9 @@ typedef struct {
   // How the objective's networks are built (bf16, recompute, ...): every Builder it makes takes
   // it. NULL: the defaults (ops/builder.h).
   const BuildPolicy *policy;
+  // Where the backbones' pooled buffers come from (objective_encoder): one arena they all share,
+  // allocated by objective_create once the objective is built. NULL: each backbone's own.
+  BufferArena *arena;
 } ObjectiveEnv;
 
 typedef struct ObjectiveDef ObjectiveDef;

@@ -1,6 +1,7 @@
 #include "ops/buffer_pool.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -120,104 +121,194 @@ static void decide_in_place(BufferPool *pool) {
 typedef struct {
   BufValue v;
   size_t bytes;
+  int tie;  // among values of one size, the smaller goes first
 } BySize;
 
 static int larger_first(const void *a, const void *b) {
   const BySize *x = a, *y = b;
   if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+  if (x->tie != y->tie) return x->tie - y->tie;
   return x->v - y->v;
 }
 
-static int pool_of(const PoolValue *p) { return p->kind == VALUE_GRAD; }
+static int is_grad(const PoolValue *p) { return p->kind == VALUE_GRAD; }
+
+// The orders tried among values of one size: as declared, gradients first, longer lives first.
+// A value lives in two intervals (one per pass), so no one order is best for every module: a
+// ResNet's stem output, live through the first block's forward and written again in its
+// backward, packs better after the gradients than before them.
+enum { ORDER_DECLARED, ORDER_GRADIENTS_FIRST, ORDER_LONGER_FIRST, N_ORDERS };
+
+static int tie_of(const PoolValue *p, int order) {
+  if (order == ORDER_GRADIENTS_FIRST) return !is_grad(p);
+  if (order == ORDER_LONGER_FIRST) {
+    int life = 0;
+    for (int pass = 0; pass < 2; pass++)
+      if (p->lo[pass] <= p->hi[pass]) life += p->hi[pass] - p->lo[pass] + 1;
+    return -life;
+  }
+  return 0;
+}
+
+// Whether buffer `buf` is free over the value's lifetime in both passes (busy:
+// [buffer][pass][time]).
+static int free_over(const unsigned char *busy, int buf, const PoolValue *p, int times) {
+  for (int pass = 0; pass < 2; pass++)
+    for (int t = p->lo[pass]; t <= p->hi[pass]; t++)
+      if (busy[((size_t)buf * 2 + pass) * times + t]) return 0;
+  return 1;
+}
 
 // Largest first, each value into the first buffer not in use over its lifetime in either pass
-// (a busy map per buffer and pass over the op clock), else a new buffer of its size.
-static void assign_buffers(BufferPool *pool, int which) {
+// (a busy map per buffer and pass over the op clock), else a new buffer of its size: forward
+// values and gradients alike, so a forward temporary and a gradient share a buffer (gradients
+// live only in backward), as TFLite's greedy-by-size and ggml's allocator share one arena
+// across a graph's tensors.
+static size_t assign_buffers(BufferPool *pool, int tie_order) {
   const int times = 2 * pool->ops + 2;
   BySize *order = malloc(sizeof *order * (size_t)(pool->n_values + 1));
   if (!order) TL_DIE("out of memory");
   int n = 0;
   for (BufValue v = 1; v <= pool->n_values; v++) {
     const PoolValue *p = &pool->values[v];
-    if (pool_of(p) == which && !p->kept && !p->merged_into) order[n++] = (BySize){v, p->bytes};
+    if (!p->kept && !p->merged_into) order[n++] = (BySize){v, p->bytes, tie_of(p, tie_order)};
   }
   qsort(order, (size_t)n, sizeof *order, larger_first);
-  unsigned char *busy = NULL;  // [buffer][pass][time]
+  unsigned char *busy = NULL;
+  PoolBuffer *buffers = NULL;
   int n_buffers = 0;
-  size_t *bytes = NULL;
   for (int i = 0; i < n; i++) {
     PoolValue *p = &pool->values[order[i].v];
     int chosen = -1;
-    for (int buf = 0; buf < n_buffers && chosen < 0; buf++) {
-      int clash = 0;
-      for (int pass = 0; pass < 2 && !clash; pass++)
-        for (int t = p->lo[pass]; t <= p->hi[pass] && !clash; t++)
-          clash = busy[((size_t)buf * 2 + pass) * times + t];
-      if (!clash) chosen = buf;
-    }
+    for (int buf = 0; buf < n_buffers && chosen < 0; buf++)
+      if (free_over(busy, buf, p, times)) chosen = buf;
     if (chosen < 0) {
       chosen = n_buffers++;
       busy = realloc(busy, (size_t)n_buffers * 2 * times);
-      bytes = realloc(bytes, sizeof *bytes * (size_t)n_buffers);
-      if (!busy || !bytes) TL_DIE("out of memory for %d pool buffers", n_buffers);
+      buffers = realloc(buffers, sizeof *buffers * (size_t)n_buffers);
+      if (!busy || !buffers) TL_DIE("out of memory for %d pool buffers", n_buffers);
       memset(busy + (size_t)chosen * 2 * times, 0, 2 * (size_t)times);
-      bytes[chosen] = p->bytes;
+      buffers[chosen] = (PoolBuffer){.bytes = p->bytes};
     }
     for (int pass = 0; pass < 2; pass++)
       for (int t = p->lo[pass]; t <= p->hi[pass]; t++)
         busy[((size_t)chosen * 2 + pass) * times + t] = 1;
+    buffers[chosen].grads |= is_grad(p);
     p->buffer = chosen;
   }
   free(busy);
   free(order);
-  pool->n_buffers[which] = n_buffers;
-  pool->buffer_bytes[which] = bytes;
+  free(pool->buffers);
+  pool->n_buffers = n_buffers;
+  pool->buffers = buffers;
+  size_t total = 0;
+  for (int i = 0; i < n_buffers; i++) total += buffers[i].bytes;
+  return total;
 }
 
 void buffer_pool_plan(BufferPool *pool) {
-  if (pool->buffer_bytes[0] || pool->buffer_bytes[1]) return;
+  if (pool->planned) return;
   decide_kept(pool);
   decide_in_place(pool);
-  assign_buffers(pool, 0);
-  assign_buffers(pool, 1);
+  int best = 0;
+  size_t least = SIZE_MAX;
+  for (int order = 0; order < N_ORDERS; order++) {
+    const size_t total = assign_buffers(pool, order);
+    if (total < least) {
+      least = total;
+      best = order;
+    }
+  }
+  if (best != N_ORDERS - 1) assign_buffers(pool, best);
+  pool->planned = 1;
 }
 
 size_t buffer_pool_bytes(const BufferPool *pool, int gradients) {
   size_t total = 0;
-  for (int i = 0; i < pool->n_buffers[gradients]; i++) total += pool->buffer_bytes[gradients][i];
+  for (int i = 0; i < pool->n_buffers; i++)
+    if (pool->buffers[i].grads == gradients) total += pool->buffers[i].bytes;
   return total;
+}
+
+int buffer_pool_count(const BufferPool *pool, int gradients) {
+  int n = 0;
+  for (int i = 0; i < pool->n_buffers; i++) n += pool->buffers[i].grads == gradients;
+  return n;
+}
+
+static void allocate(PoolBuffer *buffers, int n, MemComponent comp) {
+  for (int i = 0; i < n; i++)
+    buffers[i].data =
+        tl_alloc(buffers[i].bytes, buffers[i].grads ? MEM_ACT_GRAD : MEM_WORKSPACE, comp);
+}
+
+// Points the pool's users that are not kept at `buffers` (the pool's own or its arena's).
+static void point_users(BufferPool *pool, const PoolBuffer *buffers) {
+  for (int u = 0; u < pool->n_users; u++) {
+    const PoolUser *user = &pool->users[u];
+    const PoolValue *p = &pool->values[root_of(pool, user->value)];
+    if (!p->kept) *user->field = buffers[p->buffer].data;
+  }
+}
+
+// A pool joining an arena: the arena's buffer i grows to the pool's buffer i.
+static void arena_join(BufferArena *arena, BufferPool *pool, MemComponent comp) {
+  if (arena->finished) TL_DIE("buffer arena: a network built after the arena was allocated");
+  if (arena->n_pools == arena->cap_pools) {
+    arena->cap_pools = arena->cap_pools ? 2 * arena->cap_pools : 4;
+    arena->pools = realloc(arena->pools, sizeof *arena->pools * (size_t)arena->cap_pools);
+    if (!arena->pools) TL_DIE("out of memory");
+  }
+  if (!arena->n_pools) arena->comp = comp;
+  arena->pools[arena->n_pools++] = pool;
+  if (pool->n_buffers > arena->n_buffers) {
+    arena->buffers = realloc(arena->buffers, sizeof *arena->buffers * (size_t)pool->n_buffers);
+    if (!arena->buffers) TL_DIE("out of memory");
+    memset(arena->buffers + arena->n_buffers, 0,
+           sizeof *arena->buffers * (size_t)(pool->n_buffers - arena->n_buffers));
+    arena->n_buffers = pool->n_buffers;
+  }
+  for (int i = 0; i < pool->n_buffers; i++) {
+    PoolBuffer *b = &arena->buffers[i];
+    if (pool->buffers[i].bytes > b->bytes) b->bytes = pool->buffers[i].bytes;
+    b->grads |= pool->buffers[i].grads;
+  }
 }
 
 void buffer_pool_finish(BufferPool *pool, MemComponent comp) {
   buffer_pool_plan(pool);
-  for (int which = 0; which < 2; which++) {
-    const int n = pool->n_buffers[which];
-    pool->buf[which] = calloc((size_t)(n ? n : 1), sizeof *pool->buf[which]);
-    if (!pool->buf[which]) TL_DIE("out of memory");
-    for (int i = 0; i < n; i++)
-      pool->buf[which][i] =
-          tl_alloc(pool->buffer_bytes[which][i], which ? MEM_ACT_GRAD : MEM_WORKSPACE, comp);
+  if (pool->arena) {
+    arena_join(pool->arena, pool, comp);
+  } else {
+    allocate(pool->buffers, pool->n_buffers, comp);
+    point_users(pool, pool->buffers);
   }
   for (int u = 0; u < pool->n_users; u++) {
     const PoolUser *user = &pool->users[u];
     const PoolValue *p = &pool->values[root_of(pool, user->value)];
-    if (p->kept) {
-      *user->field = tl_alloc(user->bytes * (size_t)user->calls, MEM_ACT, user->comp);
-    } else {
-      *user->field = pool->buf[pool_of(p)][p->buffer];
-    }
+    if (p->kept) *user->field = tl_alloc(user->bytes * (size_t)user->calls, MEM_ACT, user->comp);
     if (user->pooled) *user->pooled = !p->kept;
     if (user->shared) *user->shared = !p->kept;
   }
 }
 
+void buffer_arena_finish(BufferArena *arena) {
+  if (arena->finished) return;
+  arena->finished = 1;
+  allocate(arena->buffers, arena->n_buffers, arena->comp);
+  for (int i = 0; i < arena->n_pools; i++) point_users(arena->pools[i], arena->buffers);
+}
+
+void buffer_arena_free(BufferArena *arena) {
+  for (int i = 0; i < arena->n_buffers && arena->finished; i++) tl_free(arena->buffers[i].data);
+  free(arena->buffers);
+  free(arena->pools);
+  memset(arena, 0, sizeof *arena);
+}
+
 void buffer_pool_free(BufferPool *pool) {
-  for (int which = 0; which < 2; which++) {
-    for (int i = 0; i < pool->n_buffers[which] && pool->buf[which]; i++)
-      tl_free(pool->buf[which][i]);
-    free(pool->buf[which]);
-    free(pool->buffer_bytes[which]);
-  }
+  for (int i = 0; i < pool->n_buffers && !pool->arena; i++) tl_free(pool->buffers[i].data);
+  free(pool->buffers);
   free(pool->values);
   free(pool->users);
   memset(pool, 0, sizeof *pool);

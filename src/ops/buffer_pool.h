@@ -20,8 +20,10 @@
 // - VALUE_GRAD: an input gradient (MEM_ACT_GRAD), live in backward from the op that writes it to
 //   the last op whose backward reads it.
 // - VALUE_INNER: what lives only inside one pass of one op (attention's probabilities).
-// Outputs, activations and inner values share the workspace buffers (MEM_WORKSPACE); gradients
-// have their own.
+// Every value the pool holds (outputs, activations not kept, inner values, gradients) shares one
+// set of buffers by lifetime, so a forward temporary and a gradient (live only in backward) can
+// take the same buffer. A buffer some gradient uses is counted as MEM_ACT_GRAD, any other as
+// MEM_WORKSPACE.
 #pragma once
 #include <stddef.h>
 
@@ -45,6 +47,31 @@ typedef struct {
   int buffer;       // after planning: its pool buffer (-1: none)
 } PoolValue;
 
+// A buffer of the pool: the largest value it holds, whether a gradient is one of them (it is
+// then counted as MEM_ACT_GRAD, otherwise MEM_WORKSPACE), and its memory once finished.
+typedef struct {
+  size_t bytes;
+  int grads;
+  float *data;
+} PoolBuffer;
+
+typedef struct BufferPool BufferPool;
+
+// Pools that are never live at the same time can share their buffers: the arena's buffer i is as
+// large as the largest of the pools' buffers i, allocated once every pool has joined. A network
+// whose pooled values live only within its own forward and backward calls (a backbone: its
+// feature is its own buffer, what crosses from forward to backward is kept or written again)
+// qualifies, so a replica's backbones share one arena: the momentum teacher's forward runs in
+// the buffers the student's backward uses.
+typedef struct {
+  int n_buffers;
+  PoolBuffer *buffers;
+  int n_pools, cap_pools;
+  BufferPool **pools;
+  MemComponent comp;
+  int finished;
+} BufferArena;
+
 // An op's field that points at a value's buffer once planned.
 typedef struct {
   BufValue value;
@@ -56,17 +83,20 @@ typedef struct {
   MemComponent comp;
 } PoolUser;
 
-typedef struct {
+struct BufferPool {
   int ops;  // ops declared so far: the clock of both passes
   int n_values, cap_values;
   PoolValue *values;  // [1..n_values]
   int n_users, cap_users;
   PoolUser *users;
-  // After buffer_pool_finish: the buffers of each pool (0: workspace, 1: gradients).
-  int n_buffers[2];
-  size_t *buffer_bytes[2];
-  float **buf[2];
-} BufferPool;
+  // After planning: the buffers, each allocated by buffer_pool_finish.
+  int planned;
+  int n_buffers;
+  PoolBuffer *buffers;
+  // NULL: the buffers are the pool's own. Otherwise buffer_pool_finish joins the arena, and the
+  // pooled values' fields are set by buffer_arena_finish.
+  BufferArena *arena;
+};
 
 // Times in a pass: an op k reads at 2k and writes at 2k + 1 in forward; backward runs the ops
 // in reverse, so there op k reads at 2k + 1 and writes at 2k. A value written by an op is live
@@ -96,8 +126,16 @@ void buffer_pool_record(BufferPool *pool, BufValue v, float **field, size_t byte
                         int *pooled, int *shared, MemComponent comp);
 // Plans every value (kept, merged in place, or its buffer) without allocating; idempotent.
 void buffer_pool_plan(BufferPool *pool);
-// Plans, allocates the buffers (tagged `comp`) and points every recorded field at its own.
+// Plans, allocates the buffers (tagged `comp`) and points every recorded field at its own; with
+// an arena, joins it instead, and the pooled fields stay NULL until buffer_arena_finish.
 void buffer_pool_finish(BufferPool *pool, MemComponent comp);
-// The bytes of the pool's buffers of one kind after planning (0: workspace, 1: gradients).
+// Allocates the arena's buffers and points every joined pool's fields at them (once; later calls
+// do nothing). A pool joining after it dies.
+void buffer_arena_finish(BufferArena *arena);
+// After every joined pool was freed.
+void buffer_arena_free(BufferArena *arena);
+// The bytes and the number of the pool's buffers of one kind after planning (0: those only
+// forward values and inner values use, MEM_WORKSPACE; 1: those a gradient uses, MEM_ACT_GRAD).
 size_t buffer_pool_bytes(const BufferPool *pool, int gradients);
+int buffer_pool_count(const BufferPool *pool, int gradients);
 void buffer_pool_free(BufferPool *pool);

@@ -101,6 +101,9 @@ typedef struct {
   // building it (builder_output, builder_grad), which points the op at its planned values; NULL:
   // every op owns its buffers.
   BufferPool *pool;
+  // A network that makes a pool of its own joins it to this arena (ops/buffer_pool.h) when set:
+  // what a replica's backbones are built with. NULL: the pool's buffers are its own.
+  BufferArena *arena;
   BufValue out_value;   // the next op's output, 0: its own
   BufValue grad_value;  // the next op's input gradient, 0: its own
   ActLayout layout;

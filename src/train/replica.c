@@ -85,7 +85,8 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
                       spec->rank == 0 ? spec->out_dir : NULL,
                       spec->input_mean,
                       spec->input_std,
-                      &r->policy};
+                      &r->policy,
+                      &r->arena};
   // This thread's own: several local replicas build at once.
   const long long act0 = tl_mem_thread_net(MEM_ACT, COMP_ENCODER);
   r->obj = objective_create(r->def, &env);
@@ -109,6 +110,7 @@ void replica_destroy(Replica *r) {
   tl_free(r->buffer_pack);
   if (r->optim) optim_destroy(r->optim);
   if (r->obj) r->def->destroy(r->obj);
+  buffer_arena_free(&r->arena);  // the backbones' pools, freed with the objective, joined it
   paramset_free(&r->ps);
   exec_ctx_destroy(&r->ctx);
   memset(r, 0, sizeof *r);

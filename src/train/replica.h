@@ -23,6 +23,7 @@ typedef struct {
   Comm *comm;
   ExecCtx ctx;
   BuildPolicy policy;  // how its networks are built, from the configuration
+  BufferArena arena;   // the pooled buffers its backbones share (ops/buffer_pool.h)
   ParamSet ps;
   Objective *obj;
   Optimizer *optim;
