@@ -1,5 +1,6 @@
 #include "train/replica.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "core/timer.h"
@@ -103,6 +104,11 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
     // window is far beyond any model): that build's later slices aliased and hold nothing. It
     // goes, and the model is built again on a set of exactly the size it took, counted first as
     // before the sets grew. Costs a build; a run under a tight limit still trains.
+    if (r->rank == 0)
+      fprintf(stderr,
+              "tally: note: the parameters outgrew the address space an address-space limit "
+              "(ulimit -v) leaves them while the network is built; built again at their counted "
+              "size\n");
     r->def->destroy(r->obj);
     r->obj = NULL;
     paramset_free(&r->ps);
