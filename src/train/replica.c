@@ -81,7 +81,7 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
   if (cfg->model.sync_bn && r->world > 1)
     r->policy.bn_sync = (BnSync){sync_bn_average, comm, run_shard_to_global(&r->shard, 1.0)};
   // One build: the parameter set grows as the builders take their slices, and is sealed at the
-  // size they took. NULL window (an address space too small to reserve one): counted first.
+  // size they took. No window (an address space too small to reserve one): counted first.
   const int growing = paramset_alloc_growing(&r->ps, cfg->train.seed) == 0;
   if (!growing && replica_alloc_exact(r) != 0) return -1;
   ObjectiveEnv env = {cfg,
