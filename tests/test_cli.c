@@ -34,6 +34,18 @@ static int run(char *out, size_t cap, const char *fmt, ...) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// As run, under an address-space limit of `limit_kib` (the shell's ulimit -v).
+static int run_limited(char *out, size_t cap, long limit_kib, const char *args) {
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "ulimit -v %ld && exec %s %s 2>&1", limit_kib, bin, args);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t n = fread(out, 1, cap - 1, p);
+  out[n] = 0;
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 static int exists(const char *fmt, const char *dir) {
   char path[1024];
   snprintf(path, sizeof path, fmt, dir);
@@ -566,6 +578,55 @@ static void test_options_not_ignored(void **state) {
   assert_non_null(strstr(out, "too long"));
 }
 
+// Under an address-space limit (ulimit -v) that leaves a network's parameters less than their
+// growing set's window, the build is detected as outgrown and done again at the counted size:
+// the run trains to the same parameters, bit for bit, as without the limit. The limit that does
+// it depends on the process's size (libraries, threads), so a few are tried: at least one must
+// take that path and train, and every run that trains must match.
+static void test_address_space_limit_builds_again(void **state) {
+  (void)state;
+  if (access(fmnist, R_OK) != 0) skip();
+  if (sh("ldd %s 2>/dev/null | grep -q libasan", bin) == 0) skip();  // its shadow needs more
+  char model[300], out[16384], dir[300];
+  snprintf(model, sizeof model, "%s/vit-wide.ini", tmpdir);
+  // 25.3 M floats: 101 MB of parameters, 8 x that a window, at a small step's cost.
+  write_file(model,
+             "[backbone]\ntype = vit\npatch_size = 7\ndim = 512\ndepth = 8\nheads = 8\n"
+             "mlp_ratio = 4\npool = cls\n");
+  const char *args =
+      "train --objective=inbatch --steps 1 --no-knn --quiet --set train.batch_size=8 "
+      "--set data.limit=16";
+  snprintf(dir, sizeof dir, "%s/unlimited", tmpdir);
+  int rc = run(out, sizeof out, "%s --set model.file=%s --out %s", args, model, dir);
+  if (rc != 0) fprintf(stderr, "%s", out);
+  assert_int_equal(rc, 0);
+  assert_null(strstr(out, "built again"));
+  char path[1024];
+  snprintf(path, sizeof path, "%s/checkpoint.safetensors", dir);
+  size_t count;
+  long steps;
+  float *want = checkpoint_params(path, &count, &steps);
+  assert_non_null(want);
+  int again = 0;
+  for (int limit_mb = 650; limit_mb <= 950; limit_mb += 100) {
+    snprintf(dir, sizeof dir, "%s/limit%d", tmpdir, limit_mb);
+    char limited[2048];
+    snprintf(limited, sizeof limited, "%s --set model.file=%s --out %s", args, model, dir);
+    rc = run_limited(out, sizeof out, limit_mb * 1024L, limited);
+    if (rc != 0) continue;  // too tight for the run itself here
+    snprintf(path, sizeof path, "%s/checkpoint.safetensors", dir);
+    size_t n;
+    float *got = checkpoint_params(path, &n, &steps);
+    assert_non_null(got);
+    assert_int_equal(n, count);
+    assert_memory_equal(got, want, sizeof(float) * count);
+    free(got);
+    again += strstr(out, "built again") != NULL;
+  }
+  assert_true(again > 0);
+  free(want);
+}
+
 int main(void) {
   if (cli_test_init("cli") != 0) return 1;
   const struct CMUnitTest tests[] = {
@@ -586,6 +647,7 @@ int main(void) {
       cmocka_unit_test(test_unreadable_image),
       cmocka_unit_test(test_imagefolder_training),
       cmocka_unit_test(test_nan_loss_stops_and_keeps_checkpoint),
+      cmocka_unit_test(test_address_space_limit_builds_again),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   char cmd[300];

@@ -66,6 +66,21 @@ long long tl_mem_thread_net(MemCategory cat, MemComponent comp) {
   return thread_live_bytes[cat][comp];
 }
 
+static void count_in(size_t bytes, MemCategory cat, MemComponent comp) {
+  atomic_fetch_add(&live_bytes[cat][comp], bytes);
+  thread_live_bytes[cat][comp] += (long long)bytes;
+  size_t now = atomic_fetch_add(&live_total, bytes) + bytes;
+  size_t peak = atomic_load(&peak_total);
+  while (now > peak && !atomic_compare_exchange_weak(&peak_total, &peak, now)) {
+  }
+}
+
+static void count_out(size_t bytes, MemCategory cat, MemComponent comp) {
+  atomic_fetch_sub(&live_bytes[cat][comp], bytes);
+  thread_live_bytes[cat][comp] -= (long long)bytes;
+  atomic_fetch_sub(&live_total, bytes);
+}
+
 void *tl_alloc(size_t bytes, MemCategory cat, MemComponent comp) {
   if (scope_category >= 0) cat = (MemCategory)scope_category;
   const int planned = untouched && bytes >= PLANNED_RESERVE_BYTES;
@@ -93,22 +108,23 @@ void *tl_alloc(size_t bytes, MemCategory cat, MemComponent comp) {
   h->mapped_bytes = mapped;
   h->cat = cat;
   h->comp = comp;
-  atomic_fetch_add(&live_bytes[cat][comp], bytes);
-  thread_live_bytes[cat][comp] += (long long)bytes;
-  size_t now = atomic_fetch_add(&live_total, bytes) + bytes;
-  size_t peak = atomic_load(&peak_total);
-  while (now > peak && !atomic_compare_exchange_weak(&peak_total, &peak, now)) {
-  }
+  count_in(bytes, cat, comp);
   return raw + ALIGN;
 }
+
+MemCategory tl_account(size_t bytes, MemCategory cat, MemComponent comp) {
+  if (scope_category >= 0) cat = (MemCategory)scope_category;
+  count_in(bytes, cat, comp);
+  return cat;
+}
+
+void tl_unaccount(size_t bytes, MemCategory cat, MemComponent comp) { count_out(bytes, cat, comp); }
 
 void tl_free(void *p) {
   if (!p) return;
   char *raw = (char *)p - ALIGN;
   BlockHeader *h = (BlockHeader *)raw;
-  atomic_fetch_sub(&live_bytes[h->cat][h->comp], h->bytes);
-  thread_live_bytes[h->cat][h->comp] -= (long long)h->bytes;
-  atomic_fetch_sub(&live_total, h->bytes);
+  count_out(h->bytes, (MemCategory)h->cat, (MemComponent)h->comp);
   if (h->mapped_bytes)
     munmap((char *)p - (size_t)sysconf(_SC_PAGESIZE), h->mapped_bytes);
   else

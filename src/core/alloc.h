@@ -33,6 +33,12 @@ const char *mem_component_name(MemComponent c);
 void *tl_alloc(size_t bytes, MemCategory cat, MemComponent comp);
 void tl_free(void *p);
 
+// Memory mapped outside tl_alloc (a parameter block grown in place, core/params.h) counted
+// exactly as tl_alloc(bytes, cat, comp) counts a block, an open scope included. Returns the
+// category it was counted as: tl_unaccount, when the mapping goes, must be given that one.
+MemCategory tl_account(size_t bytes, MemCategory cat, MemComponent comp);
+void tl_unaccount(size_t bytes, MemCategory cat, MemComponent comp);
+
 // Planning (this thread only): while set, new blocks are not zero-filled, and blocks of a page or
 // more are address space only (never committed; touching one faults), so a model of any size can be
 // built to be measured (`tally plan`) in a few megabytes. Code that runs during a plan must not

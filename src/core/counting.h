@@ -1,6 +1,8 @@
 // A counting pass: a model built once in dry run (oneDNN primitives created, nothing executed,
 // large buffers only reserved) on a counting ParamSet, so its parameter count is what its
-// builders take. objective_param_count and backbone_param_count are built on it.
+// builders take. objective_param_count and backbone_param_count are built on it: for a count
+// without the model (an export, an evaluation copy, the kNN monitor) and for a replica whose
+// build outgrew its growing set. A replica's own build counts as it allocates (core/params.h).
 #pragma once
 #include <stdint.h>
 

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "core/error.h"
 
@@ -70,16 +72,125 @@ void paramset_alloc_counting(ParamSet *ps, uint64_t seed) {
   exit(1);
 }
 
-int paramset_complete(const ParamSet *ps) { return ps->counting || ps->used == ps->count; }
+// A growing set's window: 1 Gi floats (4 GiB of address space) each for data and grad, beyond any
+// model Tally trains, when the address space is unlimited. Under a limit (ulimit -v) an eighth of
+// the headroom left each: the build's own buffers need the rest while the window is held, and the
+// tail is released at the seal. A model larger than that overflows and is built again exactly
+// (paramset_alloc_growing), which is what a run under a tight limit pays, and all it pays.
+#define GROWING_WINDOW_FLOATS ((size_t)1 << 30)
+#define GROWING_WINDOW_FLOATS_LEAST COUNTING_WINDOW_FLOATS_LEAST
+
+static size_t page_bytes(void) { return (size_t)sysconf(_SC_PAGESIZE); }
+
+static size_t round_to_page(size_t bytes) {
+  const size_t page = page_bytes();
+  return (bytes + page - 1) / page * page;
+}
+
+// The floats of each window: the fixed one, or an eighth of an address-space limit's headroom
+// (the limit less the process's size now, /proc/self/statm), whole pages.
+static size_t growing_window(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return GROWING_WINDOW_FLOATS;
+  FILE *f = fopen("/proc/self/statm", "r");
+  size_t pages = 0;
+  const int read = f && fscanf(f, "%zu", &pages) == 1;
+  if (f) fclose(f);
+  const size_t size = pages * page_bytes();
+  if (!read || size >= (size_t)rl.rlim_cur) return GROWING_WINDOW_FLOATS_LEAST;
+  size_t floats = ((size_t)rl.rlim_cur - size) / 8 / page_bytes() * page_bytes() / sizeof(float);
+  if (floats > GROWING_WINDOW_FLOATS) floats = GROWING_WINDOW_FLOATS;
+  return floats < GROWING_WINDOW_FLOATS_LEAST ? GROWING_WINDOW_FLOATS_LEAST : floats;
+}
+
+int paramset_alloc_growing(ParamSet *ps, uint64_t seed) {
+  paramset_reset(ps, SIZE_MAX / 2, seed);
+  for (size_t n = growing_window(); n >= GROWING_WINDOW_FLOATS_LEAST; n /= 2) {
+    void *data = reserve(n), *grad = data ? reserve(n) : NULL;
+    if (data && grad) {
+      ps->data = data;
+      ps->grad = grad;
+      ps->window = n;
+      ps->growing = 1;
+      ps->owns = 1;
+      return 0;
+    }
+    if (data) munmap(data, n * sizeof(float));
+  }
+  memset(ps, 0, sizeof *ps);
+  return -1;
+}
+
+// Makes the pages under [0, bytes) of data and grad writable (fresh anonymous pages: zeros, as
+// tl_alloc's). Not in a plan: nothing touches a plan's parameters, so nothing is committed.
+static void grow_commit(ParamSet *ps, size_t bytes) {
+  if (tl_alloc_untouched()) return;
+  bytes = round_to_page(bytes);
+  if (bytes <= ps->committed) return;
+  char *data = (char *)ps->data + ps->committed, *grad = (char *)ps->grad + ps->committed;
+  if (mprotect(data, bytes - ps->committed, PROT_READ | PROT_WRITE) != 0 ||
+      mprotect(grad, bytes - ps->committed, PROT_READ | PROT_WRITE) != 0) {
+    fprintf(stderr, "tally: out of memory growing the parameter block to %zu bytes\n", bytes);
+    exit(1);
+  }
+  ps->committed = bytes;
+}
+
+// A take that does not fit the window: the set goes on as a counting set (slices wrap round the
+// window, alias, and hold nothing: initializers and copies skip a counting set), so the build
+// completes harmlessly and its caller learns it must build again.
+static void grow_take(ParamSet *ps, size_t n) {
+  if (ps->overflowed) return;
+  if (ps->used + n > ps->window) {
+    ps->overflowed = 1;
+    ps->counting = 1;
+    ps->counting_window = ps->window;
+    ps->owns = 0;
+    return;
+  }
+  grow_commit(ps, (ps->used + n) * sizeof(float));
+}
+
+void paramset_seal(ParamSet *ps) {
+  TL_ASSERT(ps->growing && !ps->overflowed && !ps->owner);
+  const size_t bytes = ps->used * sizeof(float);
+  // At least a page: an empty set still has a block, as tl_alloc(0) gives one.
+  size_t keep = round_to_page(bytes);
+  if (keep == 0) keep = page_bytes();
+  grow_commit(ps, keep);
+  const size_t window = ps->window * sizeof(float);
+  if (window > keep) {
+    munmap((char *)ps->data + keep, window - keep);
+    munmap((char *)ps->grad + keep, window - keep);
+  }
+  ps->count = ps->used;
+  ps->growing = 0;
+  ps->window = 0;
+  ps->mapped_bytes = keep;
+  ps->data_cat = tl_account(bytes, MEM_PARAM, COMP_OTHER);
+  ps->grad_cat = tl_account(bytes, MEM_GRAD, COMP_OTHER);
+}
+
+int paramset_complete(const ParamSet *ps) {
+  return ps->counting || ps->growing || ps->used == ps->count;
+}
 
 void paramset_free(ParamSet *ps) {
   if (ps->owner) {
     // A view: its data, gradients and (counting) reservations are its owner's, freed with it.
     // Unmapping a counting owner's window here as well unmapped it twice, and the second time
     // whatever another thread had mapped there meanwhile.
+  } else if (ps->growing) {
+    munmap(ps->data, ps->window * sizeof(float));
+    munmap(ps->grad, ps->window * sizeof(float));
   } else if (ps->counting) {
     munmap(ps->data, ps->counting_window * sizeof(float));
     munmap(ps->grad, ps->counting_window * sizeof(float));
+  } else if (ps->mapped_bytes) {
+    munmap(ps->data, ps->mapped_bytes);
+    munmap(ps->grad, ps->mapped_bytes);
+    tl_unaccount(ps->count * sizeof(float), ps->data_cat, COMP_OTHER);
+    tl_unaccount(ps->count * sizeof(float), ps->grad_cat, COMP_OTHER);
   } else if (ps->owns) {
     tl_free(ps->data);
     tl_free(ps->grad);
@@ -129,6 +240,7 @@ float *paramset_take(ParamSet *ps, const char *name, size_t n, int no_decay, flo
     ps->entries = realloc(ps->entries, sizeof(ParamEntry) * (size_t)ps->cap_entries);
     if (!ps->entries) TL_DIE("out of memory");
   }
+  if (ps->growing) grow_take(ps, n);
   ParamEntry *e = &ps->entries[ps->n_entries++];
   memset(e, 0, sizeof *e);
   snprintf(e->name, sizeof e->name, "%s", name);

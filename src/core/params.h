@@ -1,7 +1,11 @@
 // A model's parameters live in one contiguous block (and their gradients in another), so the
 // optimizer, the gradient allreduce, the momentum encoder and checkpoints each see one flat array.
-// Layers take named slices in build order; the block's size is computed up front by the model
-// (as llm.c's fill_in_parameter_sizes does), so plan and allocation agree by construction.
+// Layers take named slices in build order. llm.c sizes its block up front from a formula beside
+// the model (fill_in_parameter_sizes); here the count is the build's own: a replica's set grows in
+// place while the model is built (paramset_alloc_growing: address space reserved, pages committed
+// as slices are taken, the tail released at paramset_seal), so one build both counts and
+// allocates, and plan and allocation agree by construction. Ops hold pointers into the block, so
+// it never moves.
 #pragma once
 #include <stddef.h>
 
@@ -35,7 +39,16 @@ struct ParamSet {
   int owns;                // 1: allocated here; 0: bound to another set's data
   int counting;            // a counting pass: data and grad are reservations, `used` is the answer
   size_t counting_window;  // floats in each of those reservations
-  uint64_t seed;           // initialization stream
+  // A growing set (paramset_alloc_growing) until paramset_seal: data and grad are reservations of
+  // `window` floats each, their first `committed` bytes writable. `overflowed`: the build took
+  // more than the window; the set went on as a counting set and must be rebuilt exactly.
+  int growing, overflowed;
+  size_t window, committed;
+  // A sealed growing set: the bytes of each mapping (unmapped by paramset_free) and the
+  // categories tl_account counted data and grad as. 0: data and grad came from tl_alloc.
+  size_t mapped_bytes;
+  MemCategory data_cat, grad_cat;
+  uint64_t seed;  // initialization stream
   // Optional: told when backward has finished writing gradient floats [offset, offset + count)
   // for this step, so their averaging across replicas can start while backward goes on
   // (parallel/grad_sync.h installs it). NULL: nobody listens.
@@ -64,13 +77,24 @@ void paramset_bind(ParamSet *ps, float *data, float *grad, size_t count);
 // is skipped while tl_alloc_untouched), so building a model once in dry run leaves its parameter
 // count in `used` — the count comes from the builders themselves, not from a formula beside them.
 void paramset_alloc_counting(ParamSet *ps, uint64_t seed);
+// A set whose size is the build's: takes hand out slices of a reservation of address space (as
+// large as is safe: a fixed window, or a share of what an address-space limit leaves), committing
+// its pages as they are taken (none while tl_alloc_untouched: a plan). Returns -1 when no window
+// can be reserved. A build that outgrows the window leaves the set `overflowed`: its later slices
+// alias (a counting set's) and it holds no values, so the caller destroys that build and builds
+// again on an exact set (objective_param_count, then paramset_alloc).
+int paramset_alloc_growing(ParamSet *ps, uint64_t seed);
+// After the build: count = used, the reservations' tail beyond the used pages released (the block
+// does not move) and the bytes counted as paramset_alloc's tl_alloc counts them. From here the
+// set is one of paramset_alloc's for every consumer, paramset_free included.
+void paramset_seal(ParamSet *ps);
 // A second instance of a module over the same weights (another batch or image size): `view`
 // hands out the owner's slices again, from the one at `offset` on, in the order the first
 // instance took them (a take of another size dies: a build bug). Gradients add into the owner's.
 void paramset_view(ParamSet *view, ParamSet *owner, size_t offset);
 // The set that owns the slices and their bookkeeping: ps, or the set a view replays.
 ParamSet *paramset_root(const ParamSet *ps);
-// Every slice of the block was taken (a counting set is complete whatever it holds).
+// Every slice of the block was taken (a counting or growing set is complete whatever it holds).
 int paramset_complete(const ParamSet *ps);
 void paramset_free(ParamSet *ps);
 

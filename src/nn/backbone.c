@@ -50,8 +50,11 @@ ModelSpec backbone_spec_at_size(const ModelSpec *spec, int image_size) {
 
 Backbone *backbone_create(const ModelSpec *spec, Builder *b, int N, int image_size, int channels) {
   // config_validate has checked the spec against the data; what is left is the step's size.
+  const size_t at = b->params->used;
   Backbone *bb = backbone_def(spec)->create(spec, b, N, image_size, channels);
   if (!bb) tl_fatal_input("%s", tl_last_error());
+  bb->param_offset = at;
+  bb->param_floats = b->params->used - at;
   return bb;
 }
 

@@ -20,6 +20,10 @@ struct Backbone {
   // backbone_set_input_normalization says otherwise.
   float pad_value[BACKBONE_MAX_CHANNELS];
   int pad_mean;  // pad_fill = mean
+  // Its parameters in its builder's set: the first one's offset and how many floats (buffers
+  // included) it took. An objective's online backbone is built first, at 0
+  // (objectives/objective.h).
+  size_t param_offset, param_floats;
   // images: (N, S, S, C) NHWC floats, S = data.image_size.
   void (*forward)(Backbone *bb, ExecCtx *ctx, const float *images);
   // dfeature: (N, feature_dim). Fills the parameter gradients of the backbone (OP_TRAIN only).

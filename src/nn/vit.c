@@ -275,6 +275,7 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
         N, (long)grid * grid, rows, INT_MAX);
     return NULL;
   }
+  const size_t param_offset = b->params->used;
   Vit *v = calloc(1, sizeof *v);
   if (!v) TL_DIE("out of memory");
   int train = b->mode == OP_TRAIN;
@@ -330,7 +331,9 @@ Vit *vit_create_masked(const ModelSpec *spec, Builder *b, int N, int image_size,
                        .feature = v->feature,
                        .forward = vit_backbone_forward,
                        .backward = vit_backbone_backward,
-                       .destroy = vit_destroy};
+                       .destroy = vit_destroy,
+                       .param_offset = param_offset,
+                       .param_floats = b->params->used - param_offset};
   return v;
 }
 

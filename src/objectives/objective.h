@@ -17,8 +17,9 @@ typedef struct {
   const Config *cfg;
   ExecCtx *ctx;
   Comm *comm;        // collectives: gathered features (inbatch), gathered keys (moco)
-  ParamSet *params;  // online trainable parameters, allocated to objective_param_count;
-                     // the backbone's come first so an evaluation copy can bind to them
+  ParamSet *params;  // online trainable parameters, a set that grows as they are taken (or one
+                     // of objective_param_count floats); the backbone's come first so an
+                     // evaluation copy can bind to them
   int local_batch;   // samples this replica trains on per step
   int global_batch;  // samples over all replicas per step
   // global_batch / local_batch, the run layout's (run_shard_to_global): replica gradients are
@@ -65,7 +66,8 @@ struct ObjectiveDef {
   void (*views)(const Config *cfg, const AugmentParams *base, ViewRecipe *out);
   // Builds the objective's models and buffers for env->local_batch samples. NULL + tl_fail on
   // error. Parameters are taken from env->params in build order (backbone first, then heads and
-  // decoders); objective_param_count runs it once on a counting set to size the real one.
+  // decoders) on a set that grows as they are taken: a replica's one build is also its count
+  // (core/params.h). objective_param_count runs it once on a counting set.
   Objective *(*create)(const ObjectiveEnv *env);
   // Forward, loss and backward on this replica's shard, on gradients the caller zeroed
   // (paramset_zero_grad; ops add into them). Leaves in env.params->grad the gradient
@@ -125,7 +127,8 @@ const LedgerOwnFields *objective_ledger_fields(const char *name);
 // The view groups the objective trains on under cfg, from the recipe's augmentation `base`.
 ViewRecipe objective_views(const ObjectiveDef *def, const Config *cfg, const AugmentParams *base);
 // The online parameter count (floats, buffers included): `create` run once in dry run on a
-// counting ParamSet. 0 with tl_fail when the objective refuses the configuration.
+// counting ParamSet. 0 with tl_fail when the objective refuses the configuration. A replica needs
+// it only when its one build outgrew the address space a limit left it (train/replica.c).
 size_t objective_param_count(const ObjectiveDef *def, const Config *cfg);
 // The objective's settings in cfg: its own struct (as declared by def->settings).
 const void *objective_settings(const Config *cfg, const ObjectiveDef *def);

@@ -16,7 +16,8 @@ Builder momentum_teacher_begin(MomentumTeacher *t, const ObjectiveEnv *env, floa
 
 void momentum_teacher_ready(MomentumTeacher *t, const ObjectiveEnv *env) {
   TL_ASSERT(t->params.used == t->params.count);
-  if (!env->ctx->dry_run) ema_copy(&t->params, env->params);
+  // A counting set (a build that outgrew its growing set, core/params.h) holds nothing to copy.
+  if (!env->ctx->dry_run && !env->params->counting) ema_copy(&t->params, env->params);
 }
 
 void momentum_teacher_update(MomentumTeacher *t, const ObjectiveEnv *env, long step,

@@ -58,6 +58,7 @@ typedef struct {
   size_t eval_before_first, eval_after_first, eval_peak;
   LedgerRecord rec;          // rank 0's step: counts, FLOPs, communication
   size_t encoder_act_bytes;  // rank 0's objective's encoder activations (its build's)
+  size_t param_count;        // rank 0's online floats, as its build took them
   int grad_buckets;          // rank 0's gradient buckets, as PlanTotals has them
   size_t grad_bucket_floats[PLAN_MAX_BUCKETS];
   double grad_bucket_ready[PLAN_MAX_BUCKETS];
@@ -240,6 +241,7 @@ static void plan_replica(void *shared, int rank, Comm *comm) {
   run_memory_snapshot(after);
   pthread_mutex_lock(&pl->mutex);
   if (rank == 0) snapshot_sub(pl->rank0, after, before);
+  if (rank == 0 && built) pl->param_count = r.ps.count;
   if (!built) pl->failed = 1;
   pl->turn++;
   pthread_cond_broadcast(&pl->turn_changed);
@@ -458,7 +460,7 @@ static void plan_totals(const Plan *pl, const LedgerRecord *r, MemSnapshot mem, 
   t->local_batch = run_layout_shard(L, 0).local;
   t->steps_per_epoch = L->steps_per_epoch;
   t->total_steps = pl->length_unknown ? 0 : pl->total_steps;
-  t->param_count = objective_param_count(L->def, cfg);
+  t->param_count = pl->param_count;
   const char *slash = strrchr(cfg->model.file, '/');
   snprintf(t->backbone, sizeof t->backbone, "%.63s", slash ? slash + 1 : cfg->model.file);
   char *dot = strrchr(t->backbone, '.');

@@ -109,9 +109,7 @@ static int train_step(ReplicaState *r, int step, float lr, LedgerRecord *rec, do
   // Every replica holds the same parameters, so every replica stops at the same step.
   if (step == r->faults.nan_param_step) r->rep.ps.data[r->rep.ps.count / 2] = NAN;
   if (step == r->faults.collapse_step)
-    memset(r->rep.ps.data, 0,
-           sizeof(float) * backbone_param_count(&r->cfg->model.spec, r->cfg->data.image_size,
-                                                r->cfg->data.channels));
+    memset(r->rep.ps.data, 0, sizeof(float) * r->rep.optim->backbone_floats);
   const ParamEntry *bad = paramset_first_nonfinite(&r->rep.ps);
   if (bad) {
     if (r->rank == 0) {

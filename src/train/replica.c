@@ -1,5 +1,6 @@
 #include "train/replica.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "core/timer.h"
@@ -50,6 +51,14 @@ ViewRecipe replica_views(const Config *cfg, const ObjectiveDef *def, const float
   return objective_views(def, cfg, &a);
 }
 
+// The online parameters on a set of exactly their count, learned from a counting build first.
+static int replica_alloc_exact(Replica *r) {
+  const size_t count = objective_param_count(r->def, r->cfg);
+  if (count == 0) return -1;
+  paramset_alloc(&r->ps, count, r->cfg->train.seed);
+  return 0;
+}
+
 int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
   const Config *cfg = spec->cfg;
   memset(r, 0, sizeof *r);
@@ -71,9 +80,10 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
   };
   if (cfg->model.sync_bn && r->world > 1)
     r->policy.bn_sync = (BnSync){sync_bn_average, comm, run_shard_to_global(&r->shard, 1.0)};
-  const size_t count = objective_param_count(r->def, cfg);
-  if (count == 0) return -1;
-  paramset_alloc(&r->ps, count, cfg->train.seed);
+  // One build: the parameter set grows as the builders take their slices, and is sealed at the
+  // size they took. No window (an address space too small to reserve one): counted first.
+  const int growing = paramset_alloc_growing(&r->ps, cfg->train.seed) == 0;
+  if (!growing && replica_alloc_exact(r) != 0) return -1;
   ObjectiveEnv env = {cfg,
                       &r->ctx,
                       comm,
@@ -88,14 +98,33 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
                       &r->policy,
                       &r->arena};
   // This thread's own: several local replicas build at once.
-  const long long act0 = tl_mem_thread_net(MEM_ACT, COMP_ENCODER);
+  long long act0 = tl_mem_thread_net(MEM_ACT, COMP_ENCODER);
   r->obj = objective_create(r->def, &env);
+  if (r->obj && r->ps.overflowed) {
+    // The model outgrew the window an address-space limit left (ulimit -v; without one the
+    // window is far beyond any model): that build's later slices aliased and hold nothing. It
+    // goes, and the model is built again on a set of exactly the size it took, counted first as
+    // before the sets grew. Costs a build; a run under a tight limit still trains.
+    if (r->rank == 0)
+      fprintf(stderr,
+              "tally: note: the parameters outgrew the address space an address-space limit "
+              "(ulimit -v) leaves them while the network is built; built again at their counted "
+              "size\n");
+    r->def->destroy(r->obj);
+    r->obj = NULL;
+    paramset_free(&r->ps);
+    if (replica_alloc_exact(r) != 0) return -1;
+    act0 = tl_mem_thread_net(MEM_ACT, COMP_ENCODER);
+    r->obj = objective_create(r->def, &env);
+  }
   if (!r->obj) return -1;
+  if (r->ps.growing) paramset_seal(&r->ps);
   r->encoder_act_bytes = (size_t)(tl_mem_thread_net(MEM_ACT, COMP_ENCODER) - act0);
   r->optim = optim_create_from_config(cfg, &r->ps);
   if (!r->optim) return -1;
-  r->optim->backbone_floats =
-      backbone_param_count(&cfg->model.spec, cfg->data.image_size, cfg->data.channels);
+  // The frozen-backbone prefix (optim.backbone_freeze_steps): what the online backbone took.
+  TL_ASSERT(r->obj->online && r->obj->online->param_offset == 0);
+  r->optim->backbone_floats = r->obj->online->param_floats;
   // Held for the run, like every buffer a step uses, so the ledger sees it at any moment.
   if (r->world > 1)
     r->buffer_pack =
