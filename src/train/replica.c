@@ -112,6 +112,7 @@ int replica_build(Replica *r, const ReplicaSpec *spec, Comm *comm) {
               "size\n");
     r->def->destroy(r->obj);
     r->obj = NULL;
+    buffer_arena_free(&r->arena);  // its backbones' pools went with it
     paramset_free(&r->ps);
     if (replica_alloc_exact(r) != 0) return -1;
     act0 = tl_mem_thread_net(MEM_ACT, COMP_ENCODER);
