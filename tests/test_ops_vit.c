@@ -252,6 +252,22 @@ static void check_attention(int N, int T, OpMode mode, size_t grad_samples) {
   } else {
     attention_backward(&c.a, &c.env.ctx, c.r);
     assert_true(c.env.ctx.flops_backward[COMP_ENCODER] == 4 * matmul + SOFTMAX_BWD * scores);
+    // A short sequence's backward reads the dense per-head copy the op keeps, not its input, whose
+    // buffer a network may then give to other values: NaN written over it after forward changes
+    // no gradient bit. A long one reads the input.
+    assert_int_equal(attention_backward_reads_input(&c.a), T == AT_T_LONG);
+    if (T == AT_T_SHORT) {
+      float *din = new_tensor(n_qkv), *qkv = new_tensor(n_qkv);
+      memcpy(din, c.a.din, n_qkv * sizeof(float));
+      memcpy(qkv, c.qkv, n_qkv * sizeof(float));
+      attention_forward(&c.a, &c.env.ctx, c.qkv);
+      for (size_t i = 0; i < n_qkv; i++) c.qkv[i] = NAN;
+      attention_backward(&c.a, &c.env.ctx, c.r);
+      assert_memory_equal(c.a.din, din, n_qkv * sizeof(float));
+      memcpy(c.qkv, qkv, n_qkv * sizeof(float));
+      tl_free(din);
+      tl_free(qkv);
+    }
     // Every Q, K and V entry of every head when grad_samples covers all of qkv.
     assert_true(gradcheck(attention_loss, &c, c.qkv, c.a.din, n_qkv, grad_samples, EPS,
                           GRAD_ATOL_SCALE, "attention dqkv") < GRAD_RTOL);

@@ -221,6 +221,8 @@ void attention_forward(Attention *a, ExecCtx *ctx, const float *qkv) {
   ctx->flops_forward[a->comp] += attention_flops_forward(a->N, a->T, a->D, a->H);
 }
 
+int attention_backward_reads_input(const Attention *a) { return !a->priv->dense_heads; }
+
 void attention_backward(Attention *a, ExecCtx *ctx, const float *dout) {
   struct AttentionPrivate *p = a->priv;
   if (a->mode != OP_TRAIN) TL_DIE("attention_backward on an op built without backward");

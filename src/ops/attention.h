@@ -26,6 +26,9 @@ typedef struct {
 // D must be divisible by heads.
 void attention_init(Attention *a, Builder *b, int N, int T, int D, int heads);
 void attention_forward(Attention *a, ExecCtx *ctx, const float *qkv);
+// Whether backward reads the qkv input forward read: not for short sequences, whose dense
+// per-head copy the op keeps for itself (the input can then go once forward is done with it).
+int attention_backward_reads_input(const Attention *a);
 void attention_backward(Attention *a, ExecCtx *ctx, const float *dout);
 void attention_destroy(Attention *a);
 

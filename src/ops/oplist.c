@@ -183,11 +183,14 @@ static OpShape attn_init(void *op, Builder *b, const OpArgs *a, const OpShape *i
   return (OpShape){in->N, in->H, in->W, in->C / 3};
 }
 
+// Its backward reads the qkv input, or for short sequences the dense heads it keeps instead.
+static int attn_reads_input(const void *op) { return attention_backward_reads_input(op); }
+
 const OpKind op_attention = {.name = "attention",
                              .size = sizeof(Attention),
                              .init = attn_init,
                              OP_TABLE(attention),
-                             .backward_reads_input = reads_always,
+                             .backward_reads_input = attn_reads_input,
                              .may_read_input = 1};
 
 // Its backward reads the argmax it keeps, not its input or output.
