@@ -627,6 +627,40 @@ static void test_address_space_limit_builds_again(void **state) {
   free(want);
 }
 
+// Under any address-space limit a run either trains or stops with exit 1 and a line that says
+// what ran out: never an internal error (70) or a crash. Limits from far too tight to enough, in
+// steps small enough to land in each phase (planning, building, oneDNN's own buffers and JIT
+// code, the loader's thread): each of these once ended as "internal error" here.
+static void test_address_space_limits_say_what_ran_out(void **state) {
+  (void)state;
+  if (access(fmnist, R_OK) != 0) skip();
+  if (sh("ldd %s 2>/dev/null | grep -q libasan", bin) == 0) skip();  // its shadow needs more
+  char model[300], out[16384], dir[300], args[2048];
+  snprintf(model, sizeof model, "%s/vit-wide-limits.ini", tmpdir);
+  write_file(model,
+             "[backbone]\ntype = vit\npatch_size = 7\ndim = 512\ndepth = 8\nheads = 8\n"
+             "mlp_ratio = 4\npool = cls\n");
+  int trained = 0, refused = 0;
+  for (int limit_mb = 380; limit_mb <= 760; limit_mb += 15) {
+    snprintf(dir, sizeof dir, "%s/limits%d", tmpdir, limit_mb);
+    snprintf(args, sizeof args,
+             "train --objective=inbatch --steps 1 --no-knn --quiet --no-memory-check --set "
+             "train.batch_size=8 --set data.limit=16 --set model.file=%s --out %s",
+             model, dir);
+    const int rc = run_limited(out, sizeof out, limit_mb * 1024L, args);
+    if (rc != 0 && rc != 1) fprintf(stderr, "ulimit -v %d MB: exit %d\n%s", limit_mb, rc, out);
+    assert_true(rc == 0 || rc == 1);
+    assert_null(strstr(out, "internal error"));
+    if (rc == 1) {
+      refused++;
+      assert_true(strstr(out, "memory") || strstr(out, "address space"));
+    } else {
+      trained++;
+    }
+  }
+  assert_true(trained > 0 && refused > 0);
+}
+
 int main(void) {
   if (cli_test_init("cli") != 0) return 1;
   const struct CMUnitTest tests[] = {
@@ -648,6 +682,7 @@ int main(void) {
       cmocka_unit_test(test_imagefolder_training),
       cmocka_unit_test(test_nan_loss_stops_and_keeps_checkpoint),
       cmocka_unit_test(test_address_space_limit_builds_again),
+      cmocka_unit_test(test_address_space_limits_say_what_ran_out),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   char cmd[300];

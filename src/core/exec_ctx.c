@@ -49,6 +49,14 @@ dnnl_primitive_attr_t dnnl_ctx_attr(void) {
   return user_scratchpad_attr;
 }
 
+void dnnl_out_of_memory_exit(const char *call) {
+  const char *paren = strchr(call, '(');
+  tl_fatal_input(
+      "out of memory in oneDNN (%.*s): the machine's memory or an address-space limit (ulimit "
+      "-v) is too small for this run; a smaller train.batch_size needs less",
+      paren ? (int)(paren - call) : (int)strlen(call), call);
+}
+
 int cpu_has_avx512(void) {
   const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
   return (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;

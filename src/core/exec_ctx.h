@@ -10,12 +10,17 @@
 #include "core/alloc.h"
 #include "core/error.h"
 
+// oneDNN running out of memory (its own buffers, or the JIT code of a kernel, under an
+// address-space limit or --no-memory-check) is the machine's limit, not a defect: exit 1 with a
+// line that says so. Any other failure is a bug.
 #define DNNL_CHECK(call)                                                 \
   do {                                                                   \
     dnnl_status_t status_ = (call);                                      \
+    if (status_ == dnnl_out_of_memory) dnnl_out_of_memory_exit(#call);   \
     if (status_ != dnnl_success)                                         \
       TL_DIE("oneDNN call failed (status %d): %s", (int)status_, #call); \
   } while (0)
+_Noreturn void dnnl_out_of_memory_exit(const char *call);
 
 // Whether oneDNN runs AVX-512 (avx512_core) kernels on this CPU: blocked nChw16c activations and
 // Winograd convolutions are native there only.

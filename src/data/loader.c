@@ -229,7 +229,12 @@ int loader_init(Loader *l, const Dataset *ds, const ViewRecipe *views, int globa
   atomic_init(&pv->stop, 0);
   pthread_mutex_init(&pv->mutex, NULL);
   pthread_cond_init(&pv->changed, NULL);
-  if (pthread_create(&pv->thread, NULL, prefetch_main, l) != 0) TL_DIE("cannot start a thread");
+  const int rc = pthread_create(&pv->thread, NULL, prefetch_main, l);
+  if (rc != 0)
+    tl_fatal_input(
+        "cannot start the loader's thread: %s (too little memory or address space for "
+        "its stack: an address-space limit, ulimit -v?)",
+        strerror(rc));
   return 0;
 }
 

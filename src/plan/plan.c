@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <strings.h>
 #include <unistd.h>
@@ -98,12 +100,25 @@ static void plan_monitor(Plan *pl, KnnMonitor *mon, float *params) {
 }
 
 // A plan reserves its large buffers without memory behind them (see tl_alloc_set_untouched), so
-// code that reads one while planning faults here: a defect in Tally, said as one.
-static void on_reserved_touched(int sig) {
+// code that reads one while planning faults here: a defect in Tally, said as one. A reservation is
+// mapped (mincore succeeds on its page); a fault anywhere else is some other crash (a library
+// that ran out of memory under an address-space limit, say), and is not blamed on the plan.
+static void on_reserved_touched(int sig, siginfo_t *info, void *context) {
   (void)sig;
-  static const char msg[] =
+  (void)context;
+  const long page = sysconf(_SC_PAGESIZE);
+  unsigned char resident;
+  void *at = (void *)((uintptr_t)info->si_addr & ~(uintptr_t)(page - 1));
+  static const char reserved[] =
       "tally: internal error: the plan touched a buffer it only reserves (dry-run code path)\n";
-  if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0) _exit(70);
+  static const char other[] =
+      "tally: internal error: a segmentation fault while planning, outside the buffers the plan "
+      "reserves (under an address-space limit, ulimit -v, a library may have run out of "
+      "memory)\n";
+  const int mapped = info->si_addr && mincore(at, 1, &resident) == 0;
+  const char *msg = mapped ? reserved : other;
+  const size_t len = mapped ? sizeof reserved - 1 : sizeof other - 1;
+  if (write(STDERR_FILENO, msg, len) < 0) _exit(70);
   _exit(70);
 }
 
@@ -269,7 +284,8 @@ static void plan_replicas(Plan *pl) {
   pthread_mutex_init(&pl->mutex, NULL);
   pthread_cond_init(&pl->turn_changed, NULL);
   run_memory_snapshot(pl->baseline);
-  struct sigaction reserved_touched = {.sa_handler = on_reserved_touched}, before;
+  struct sigaction reserved_touched = {.sa_sigaction = on_reserved_touched, .sa_flags = SA_SIGINFO},
+                   before;
   sigaction(SIGSEGV, &reserved_touched, &before);
   tl_alloc_set_untouched(1);
   run_local_replicas(pl->layout.world, plan_replica, pl);

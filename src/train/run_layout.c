@@ -41,9 +41,10 @@ int run_check_image_size(const Config *cfg, const char *path, int h, int w) {
 int run_layout_set_images(RunLayout *L, const Config *cfg, int n_train) {
   L->n_train = n_train;
   if (n_train < L->global_batch)
-    return tl_fail("%s: %d training images, fewer than one batch of %d (give a smaller batch, "
-                   "e.g. --batch-size %d)",
-                   cfg->data.train, n_train, L->global_batch, n_train >= 16 ? 16 : n_train);
+    return tl_fail(
+        "%s: %d training images, fewer than one batch of %d (give a smaller batch, "
+        "e.g. --batch-size %d)",
+        cfg->data.train, n_train, L->global_batch, n_train >= 16 ? 16 : n_train);
   L->steps_per_epoch = n_train / L->global_batch;
   return config_total_steps(cfg, L->steps_per_epoch, &L->total_steps);
 }
@@ -131,8 +132,12 @@ void run_local_replicas(int world, void (*fn)(void *shared, int rank, Comm *comm
   pthread_t threads[CONFIG_MAX_REPLICAS];
   for (int r = 0; r < world; r++) {
     reps[r] = (LocalReplica){fn, shared, r, comm_local_rank(group, r)};
-    if (r > 0 && pthread_create(&threads[r], NULL, local_replica_main, &reps[r]) != 0)
-      TL_DIE("cannot start a thread");
+    const int rc = r > 0 ? pthread_create(&threads[r], NULL, local_replica_main, &reps[r]) : 0;
+    if (rc != 0)
+      tl_fatal_input(
+          "cannot start replica %d's thread: %s (too little memory or address space for "
+          "its stack: an address-space limit, ulimit -v?)",
+          r, strerror(rc));
   }
   local_replica_main(&reps[0]);
   for (int r = 1; r < world; r++) pthread_join(threads[r], NULL);
