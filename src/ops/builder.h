@@ -66,7 +66,7 @@ typedef struct {
   // output gradients and write f32. 0: everything f32, as evaluation always is.
   int bf16;
   // [train] recompute: transformer blocks in training recompute their LayerNorm and GELU outputs,
-  // ResNet blocks their first BatchNorm-ReLU output, before the f32 op whose backward reads them,
+  // ResNets their stem's and each block's first BatchNorm-ReLU output, before the f32 op whose backward reads them,
   // instead of keeping them.
   int recompute;
   // [train] conv_algorithm: which 3x3 stride-1 convolutions on blocked activations run oneDNN's
