@@ -66,8 +66,8 @@ typedef struct {
   // output gradients and write f32. 0: everything f32, as evaluation always is.
   int bf16;
   // [train] recompute: transformer blocks in training recompute their LayerNorm and GELU outputs,
-  // ResNets their stem's and each block's first BatchNorm-ReLU output, before the f32 op whose backward reads them,
-  // instead of keeping them.
+  // ResNets their stem's and each block's first BatchNorm-ReLU output, before the f32 op whose
+  // backward reads them, instead of keeping them.
   int recompute;
   // [train] conv_algorithm: which 3x3 stride-1 convolutions on blocked activations run oneDNN's
   // Winograd F(4x4, 3x3) kernels (see ops/conv.c); the others, and any the library lacks it for,
