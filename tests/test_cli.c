@@ -18,14 +18,8 @@
 #include <stb/stb_image_write.h>
 #include <zlib.h>
 
-// Runs `tally ARGS` and returns its exit code; its stdout+stderr is left in `out`.
-static int run(char *out, size_t cap, const char *fmt, ...) {
-  char args[2048], cmd[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(args, sizeof args, fmt, ap);
-  va_end(ap);
-  snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin, args);
+// Runs the shell command `cmd` and returns its exit code; what it printed is left in `out`.
+static int capture(char *out, size_t cap, const char *cmd) {
   FILE *p = popen(cmd, "r");
   assert_non_null(p);
   size_t n = fread(out, 1, cap - 1, p);
@@ -34,16 +28,22 @@ static int run(char *out, size_t cap, const char *fmt, ...) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// Runs `tally ARGS` and returns its exit code; its stdout+stderr is left in `out`.
+static int run(char *out, size_t cap, const char *fmt, ...) {
+  char args[2048], cmd[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(args, sizeof args, fmt, ap);
+  va_end(ap);
+  snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin, args);
+  return capture(out, cap, cmd);
+}
+
 // As run, under an address-space limit of `limit_kib` (the shell's ulimit -v).
 static int run_limited(char *out, size_t cap, long limit_kib, const char *args) {
   char cmd[4096];
   snprintf(cmd, sizeof cmd, "ulimit -v %ld && exec %s %s 2>&1", limit_kib, bin, args);
-  FILE *p = popen(cmd, "r");
-  assert_non_null(p);
-  size_t n = fread(out, 1, cap - 1, p);
-  out[n] = 0;
-  int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return capture(out, cap, cmd);
 }
 
 static int exists(const char *fmt, const char *dir) {

@@ -52,18 +52,28 @@ static void *reserve(size_t floats) {
   return p == MAP_FAILED ? NULL : p;
 }
 
-void paramset_alloc_counting(ParamSet *ps, uint64_t seed) {
-  paramset_reset(ps, SIZE_MAX / 2, seed);
-  for (size_t n = COUNTING_WINDOW_FLOATS; n >= COUNTING_WINDOW_FLOATS_LEAST; n /= 2) {
+// Reserves windows of `n` floats for data and for grad, halving n down to `least` until both fit;
+// returns the n reserved, 0 when even `least` does not.
+static size_t reserve_pair(ParamSet *ps, size_t n, size_t least) {
+  for (; n >= least; n /= 2) {
     void *data = reserve(n), *grad = data ? reserve(n) : NULL;
     if (data && grad) {
       ps->data = data;
       ps->grad = grad;
-      ps->counting_window = n;
-      ps->counting = 1;
-      return;
+      return n;
     }
     if (data) munmap(data, n * sizeof(float));
+  }
+  return 0;
+}
+
+void paramset_alloc_counting(ParamSet *ps, uint64_t seed) {
+  paramset_reset(ps, SIZE_MAX / 2, seed);
+  const size_t n = reserve_pair(ps, COUNTING_WINDOW_FLOATS, COUNTING_WINDOW_FLOATS_LEAST);
+  if (n) {
+    ps->counting_window = n;
+    ps->counting = 1;
+    return;
   }
   fprintf(stderr,
           "tally: cannot reserve 2 x %zu MiB of address space to count the model's parameters "
@@ -105,20 +115,15 @@ static size_t growing_window(void) {
 
 int paramset_alloc_growing(ParamSet *ps, uint64_t seed) {
   paramset_reset(ps, SIZE_MAX / 2, seed);
-  for (size_t n = growing_window(); n >= GROWING_WINDOW_FLOATS_LEAST; n /= 2) {
-    void *data = reserve(n), *grad = data ? reserve(n) : NULL;
-    if (data && grad) {
-      ps->data = data;
-      ps->grad = grad;
-      ps->window = n;
-      ps->growing = 1;
-      ps->owns = 1;
-      return 0;
-    }
-    if (data) munmap(data, n * sizeof(float));
+  const size_t n = reserve_pair(ps, growing_window(), GROWING_WINDOW_FLOATS_LEAST);
+  if (!n) {
+    memset(ps, 0, sizeof *ps);
+    return -1;
   }
-  memset(ps, 0, sizeof *ps);
-  return -1;
+  ps->window = n;
+  ps->growing = 1;
+  ps->owns = 1;
+  return 0;
 }
 
 // Makes the pages under [0, bytes) of data and grad writable (fresh anonymous pages: zeros, as
