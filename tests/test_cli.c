@@ -640,8 +640,10 @@ static void test_address_space_limits_say_what_ran_out(void **state) {
   write_file(model,
              "[backbone]\ntype = vit\npatch_size = 7\ndim = 512\ndepth = 8\nheads = 8\n"
              "mlp_ratio = 4\npool = cls\n");
+  // Upwards until two limits train: where that starts depends on the libraries (oneDNN 3.7's
+  // process needs more address space than 2.6's).
   int trained = 0, refused = 0;
-  for (int limit_mb = 380; limit_mb <= 760; limit_mb += 15) {
+  for (int limit_mb = 380; limit_mb <= 1600 && trained < 2; limit_mb += 15) {
     snprintf(dir, sizeof dir, "%s/limits%d", tmpdir, limit_mb);
     snprintf(args, sizeof args,
              "train --objective=inbatch --steps 1 --no-knn --quiet --no-memory-check --set "
