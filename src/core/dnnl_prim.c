@@ -12,12 +12,21 @@
 #error "Tally needs a oneDNN CPU runtime that executes synchronously (OpenMP, TBB or sequential)"
 #endif
 
-dnnl_primitive_t dnnl_ctx_adopt(ExecCtx *ctx, const_dnnl_primitive_desc_t pd) {
+dnnl_primitive_t dnnl_prim_new(const_dnnl_primitive_desc_t pd) {
   if (!pd) TL_DIE("oneDNN has no implementation for a primitive this build needs");
   dnnl_primitive_t prim;
   DNNL_CHECK(dnnl_primitive_create(&prim, pd));
+  return prim;
+}
+
+dnnl_primitive_t dnnl_ctx_adopt(ExecCtx *ctx, const_dnnl_primitive_desc_t pd) {
+  dnnl_primitive_t prim = dnnl_prim_new(pd);
   dnnl_ctx_reserve_scratchpad(ctx, pd);
   return prim;
+}
+
+size_t dnnl_pd_scratchpad_bytes(const_dnnl_primitive_desc_t pd) {
+  return dnnl_pd_md_bytes(pd, dnnl_query_scratchpad_md, 0);
 }
 
 void dnnl_prim_destroy(dnnl_primitive_t prim, dnnl_primitive_desc_t pd) {
@@ -57,6 +66,18 @@ void dnnl_ctx_exec(ExecCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_des
     TL_ASSERT(scratchpad_bytes <= ctx->scratchpad_bytes);
     all[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, ctx->scratchpad_mem};
   }
+  DNNL_CHECK(dnnl_primitive_execute(prim, ctx->stream, nargs, all));
+}
+
+void dnnl_ctx_exec_scratchpad(ExecCtx *ctx, dnnl_primitive_t prim, int nargs,
+                              const dnnl_exec_arg_t *args, dnnl_memory_t mem, void *buf) {
+  if (ctx->dry_run) return;
+  enum { MAX_ARGS = 16 };
+  TL_ASSERT(nargs < MAX_ARGS && mem && buf);
+  dnnl_exec_arg_t all[MAX_ARGS];
+  memcpy(all, args, sizeof(dnnl_exec_arg_t) * (size_t)nargs);
+  dnnl_mem_bind(mem, buf);
+  all[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mem};
   DNNL_CHECK(dnnl_primitive_execute(prim, ctx->stream, nargs, all));
 }
 

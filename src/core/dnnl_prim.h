@@ -11,6 +11,13 @@
 // core/dnnl_seam.h) ends the run: call it only for what has no fallback.
 dnnl_primitive_t dnnl_ctx_adopt(ExecCtx *ctx, const_dnnl_primitive_desc_t pd);
 
+// The same for an op that gives the primitive a scratchpad of its own at each execution
+// (dnnl_ctx_exec_scratchpad): the shared one is left as it is.
+dnnl_primitive_t dnnl_prim_new(const_dnnl_primitive_desc_t pd);
+
+// Bytes of the scratchpad a descriptor asks for (0: none).
+size_t dnnl_pd_scratchpad_bytes(const_dnnl_primitive_desc_t pd);
+
 // Destroys a primitive and its descriptor, either of them NULL (a pass the op did not build).
 void dnnl_prim_destroy(dnnl_primitive_t prim, dnnl_primitive_desc_t pd);
 
@@ -23,6 +30,11 @@ void dnnl_mem_bind(dnnl_memory_t mem, const void *ptr);
 // this returns (the CPU stream is synchronous, see exec_ctx.c).
 void dnnl_ctx_exec(ExecCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_desc_t pd, int nargs,
                    const dnnl_exec_arg_t *args);
+
+// The same with the op's own scratchpad: `mem` (a u8 memory of at least what the primitive asks
+// for) bound to `buf` (a buffer pool's value live only over the pass, ops/buffer_pool.h).
+void dnnl_ctx_exec_scratchpad(ExecCtx *ctx, dnnl_primitive_t prim, int nargs,
+                              const dnnl_exec_arg_t *args, dnnl_memory_t mem, void *buf);
 
 // A reorder between two layouts of the same tensor, created once; a no-op when they are equal.
 typedef struct {

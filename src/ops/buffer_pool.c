@@ -194,6 +194,7 @@ static size_t assign_buffers(BufferPool *pool, int tie_order) {
       for (int t = p->lo[pass]; t <= p->hi[pass]; t++)
         busy[((size_t)chosen * 2 + pass) * times + t] = 1;
     buffers[chosen].grads |= is_grad(p);
+    if (is_grad(p) && p->bytes > buffers[chosen].grad_bytes) buffers[chosen].grad_bytes = p->bytes;
     p->buffer = chosen;
   }
   free(busy);
@@ -236,10 +237,31 @@ int buffer_pool_count(const BufferPool *pool, int gradients) {
   return n;
 }
 
+// A buffer's bytes beyond its largest gradient, counted as MEM_WORKSPACE (moved there from
+// MEM_ACT_GRAD after allocating it, back before freeing it).
+static size_t beyond_grads(const PoolBuffer *b) { return b->grads ? b->bytes - b->grad_bytes : 0; }
+
+static void recount(const PoolBuffer *b, MemComponent comp, MemCategory from, MemCategory to) {
+  const size_t extra = beyond_grads(b);
+  if (!extra) return;
+  // Under an allocation scope both are counted as the scope's category: nothing moves.
+  const MemCategory counted = tl_account(extra, to, comp);
+  tl_unaccount(extra, counted == to ? from : counted, comp);
+}
+
 static void allocate(PoolBuffer *buffers, int n, MemComponent comp) {
-  for (int i = 0; i < n; i++)
+  for (int i = 0; i < n; i++) {
     buffers[i].data =
         tl_alloc(buffers[i].bytes, buffers[i].grads ? MEM_ACT_GRAD : MEM_WORKSPACE, comp);
+    recount(&buffers[i], comp, MEM_ACT_GRAD, MEM_WORKSPACE);
+  }
+}
+
+static void release(PoolBuffer *buffers, int n, MemComponent comp) {
+  for (int i = 0; i < n; i++) {
+    recount(&buffers[i], comp, MEM_WORKSPACE, MEM_ACT_GRAD);
+    tl_free(buffers[i].data);
+  }
 }
 
 // Points the pool's users that are not kept at `buffers` (the pool's own or its arena's).
@@ -272,11 +294,13 @@ static void arena_join(BufferArena *arena, BufferPool *pool, MemComponent comp) 
     PoolBuffer *b = &arena->buffers[i];
     if (pool->buffers[i].bytes > b->bytes) b->bytes = pool->buffers[i].bytes;
     b->grads |= pool->buffers[i].grads;
+    if (pool->buffers[i].grad_bytes > b->grad_bytes) b->grad_bytes = pool->buffers[i].grad_bytes;
   }
 }
 
 void buffer_pool_finish(BufferPool *pool, MemComponent comp) {
   buffer_pool_plan(pool);
+  pool->comp = comp;
   if (pool->arena) {
     arena_join(pool->arena, pool, comp);
   } else {
@@ -300,14 +324,14 @@ void buffer_arena_finish(BufferArena *arena) {
 }
 
 void buffer_arena_free(BufferArena *arena) {
-  for (int i = 0; i < arena->n_buffers && arena->finished; i++) tl_free(arena->buffers[i].data);
+  if (arena->finished) release(arena->buffers, arena->n_buffers, arena->comp);
   free(arena->buffers);
   free(arena->pools);
   memset(arena, 0, sizeof *arena);
 }
 
 void buffer_pool_free(BufferPool *pool) {
-  for (int i = 0; i < pool->n_buffers && !pool->arena; i++) tl_free(pool->buffers[i].data);
+  if (!pool->arena) release(pool->buffers, pool->n_buffers, pool->comp);
   free(pool->buffers);
   free(pool->values);
   free(pool->users);

@@ -20,10 +20,11 @@
 // - VALUE_GRAD: an input gradient (MEM_ACT_GRAD), live in backward from the op that writes it to
 //   the last op whose backward reads it.
 // - VALUE_INNER: what lives only inside one pass of one op (attention's probabilities).
+// - VALUE_INNER also holds the scratchpad of a weighted op's pass (ops/weighted.c).
 // Every value the pool holds (outputs, activations not kept, inner values, gradients) shares one
 // set of buffers by lifetime, so a forward temporary and a gradient (live only in backward) can
-// take the same buffer. A buffer some gradient uses is counted as MEM_ACT_GRAD, any other as
-// MEM_WORKSPACE.
+// take the same buffer. A buffer's bytes up to its largest gradient are counted as MEM_ACT_GRAD,
+// the rest as MEM_WORKSPACE.
 #pragma once
 #include <stddef.h>
 
@@ -47,11 +48,14 @@ typedef struct {
   int buffer;       // after planning: its pool buffer (-1: none)
 } PoolValue;
 
-// A buffer of the pool: the largest value it holds, whether a gradient is one of them (it is
-// then counted as MEM_ACT_GRAD, otherwise MEM_WORKSPACE), and its memory once finished.
+// A buffer of the pool: the largest value it holds, whether a gradient is one of them and the
+// largest gradient (that many of its bytes are counted as MEM_ACT_GRAD, the rest, a larger
+// forward temporary or scratchpad that shares it, as MEM_WORKSPACE), and its memory once
+// finished.
 typedef struct {
   size_t bytes;
   int grads;
+  size_t grad_bytes;
   float *data;
 } PoolBuffer;
 
@@ -96,6 +100,7 @@ struct BufferPool {
   // NULL: the buffers are the pool's own. Otherwise buffer_pool_finish joins the arena, and the
   // pooled values' fields are set by buffer_arena_finish.
   BufferArena *arena;
+  MemComponent comp;  // what its own buffers are counted to (buffer_pool_finish)
 };
 
 // Times in a pass: an op k reads at 2k and writes at 2k + 1 in forward; backward runs the ops
@@ -135,7 +140,8 @@ void buffer_arena_finish(BufferArena *arena);
 // After every joined pool was freed.
 void buffer_arena_free(BufferArena *arena);
 // The bytes and the number of the pool's buffers of one kind after planning (0: those only
-// forward values and inner values use, MEM_WORKSPACE; 1: those a gradient uses, MEM_ACT_GRAD).
+// forward values and inner values use; 1: those a gradient uses, whole, whatever part of them
+// is counted as MEM_WORKSPACE).
 size_t buffer_pool_bytes(const BufferPool *pool, int gradients);
 int buffer_pool_count(const BufferPool *pool, int gradients);
 void buffer_pool_free(BufferPool *pool);

@@ -27,7 +27,16 @@ struct Weighted {
   int bwd_data_shares_fwd_w;   // backward data's weight layout is forward's: its copy serves
   DnnlReorder dw_to_plain;     // backward weights' gradient layout -> the plain one
   float *dw_buf;               // the gradient in the primitive's layout, when that is not plain
+  // In a network with a buffer pool, the passes' scratchpads are pool values live only over the
+  // op's forward [0] and its backward [1] (both backward passes share one, as they run one after
+  // the other) rather than the context's shared scratchpad: a Winograd convolution's is tens of
+  // MiB, and held beside every activation it would add to the step's peak.
+  size_t sp_bytes[2];
+  float *sp_buf[2];
+  dnnl_memory_t sp_mem[2];
 };
+
+static int pass_group(WeightedPass pass) { return pass == WEIGHTED_FWD ? 0 : 1; }
 
 void weighted_descs_destroy(WeightedDescs *d) {
   DnnlMd mds[] = {d->src_in,  d->src,   d->dst,        d->diff_dst, d->src_f32, d->dst_f32,
@@ -67,23 +76,55 @@ static dnnl_primitive_desc_t pass_pd(const Weighted *w, ExecCtx *ctx, WeightedPa
   }
 }
 
-// A pass in the algorithm asked for, else direct; taken into use.
-static void make_pass(Weighted *w, ExecCtx *ctx, WeightedPass pass, dnnl_prop_kind_t prop,
+// A pass in the algorithm asked for, else direct; taken into use (its scratchpad the pool's when
+// the op is declared to one, else the context's).
+static void make_pass(Weighted *w, Builder *b, WeightedPass pass, dnnl_prop_kind_t prop,
                       const WeightedDescs *d) {
+  ExecCtx *ctx = b->ctx;
   w->pd[pass] = pass_pd(w, ctx, pass, w->alg, prop, d);
   w->winograd[pass] = w->pd[pass] && w->spec.conv && w->alg == dnnl_convolution_winograd;
   if (!w->pd[pass] && w->spec.conv && w->alg != dnnl_convolution_direct) {
     if (pass == WEIGHTED_FWD) w->alg = dnnl_convolution_direct;
     w->pd[pass] = pass_pd(w, ctx, pass, dnnl_convolution_direct, prop, d);
   }
-  w->prim[pass] = dnnl_ctx_adopt(ctx, w->pd[pass]);
+  if (b->pool && b->pool->ops) {
+    w->prim[pass] = dnnl_prim_new(w->pd[pass]);
+    const size_t bytes = dnnl_pd_scratchpad_bytes(w->pd[pass]);
+    const int g = pass_group(pass);
+    if (bytes > w->sp_bytes[g]) w->sp_bytes[g] = bytes;
+  } else {
+    w->prim[pass] = dnnl_ctx_adopt(ctx, w->pd[pass]);
+  }
+}
+
+// The pool values the passes' scratchpads live in, once every pass asked for its size.
+static void make_scratchpads(Weighted *w, Builder *b) {
+  for (int g = 0; g < 2; g++) {
+    if (!w->sp_bytes[g]) continue;
+    const int pooled = op_inner_alloc(b, g ? PASS_BACKWARD : PASS_FORWARD, &w->sp_buf[g],
+                                      w->sp_bytes[g], MEM_WORKSPACE, w->comp);
+    TL_ASSERT(pooled);
+    dnnl_dims_t dims = {(dnnl_dim_t)w->sp_bytes[g]};
+    DnnlMd whole = dnnl_md_typed(1, dims, dnnl_u8, dnnl_a);
+    w->sp_mem[g] = dnnl_mem_new(b->ctx, whole);
+    dnnl_md_destroy(whole);
+  }
+}
+
+static void exec_pass(Weighted *w, ExecCtx *ctx, WeightedPass pass, int nargs,
+                      const dnnl_exec_arg_t *args) {
+  const int g = pass_group(pass);
+  if (w->sp_mem[g])
+    dnnl_ctx_exec_scratchpad(ctx, w->prim[pass], nargs, args, w->sp_mem[g], w->sp_buf[g]);
+  else
+    dnnl_ctx_exec(ctx, w->prim[pass], w->pd[pass], nargs, args);
 }
 
 // Forward, its weights' copy into the primitive's layout, the input's copy and its memories.
 static void make_forward(Weighted *w, Builder *b, const WeightedDescs *d, int slots) {
   ExecCtx *ctx = b->ctx;
   const int train = b->mode == OP_TRAIN;
-  make_pass(w, ctx, WEIGHTED_FWD, train ? dnnl_forward_training : dnnl_forward_inference, d);
+  make_pass(w, b, WEIGHTED_FWD, train ? dnnl_forward_training : dnnl_forward_inference, d);
   DnnlMd w_fwd_md = dnnl_pd_md(w->pd[WEIGHTED_FWD], dnnl_query_weights_md, 0);
   dnnl_copy_init(&w->fwd_w, ctx, d->w_plain, w_fwd_md, MEM_WORKSPACE, w->comp);
   // Kept for backward weights unless that reads the f32 input.
@@ -111,7 +152,7 @@ static void make_backward_weights_f32_copies(Weighted *w, Builder *b, const Weig
 // Backward weights, the reorder of its gradient into the plain one, the output gradient's copy.
 static void make_backward_weights(Weighted *w, Builder *b, const WeightedDescs *d) {
   ExecCtx *ctx = b->ctx;
-  make_pass(w, ctx, WEIGHTED_BWD_WEIGHTS, dnnl_backward_weights, d);
+  make_pass(w, b, WEIGHTED_BWD_WEIGHTS, dnnl_backward_weights, d);
   DnnlMd dw_md = dnnl_pd_md(w->pd[WEIGHTED_BWD_WEIGHTS], dnnl_query_diff_weights_md, 0);
   dnnl_reorder_init(&w->dw_to_plain, ctx, dw_md, d->w_plain);
   if (dnnl_reorder_needed(&w->dw_to_plain))
@@ -130,7 +171,7 @@ static void make_backward_weights(Weighted *w, Builder *b, const WeightedDescs *
 // Backward data, its weights' copy (forward's when the layouts agree) and the input gradient.
 static void make_backward_data(Weighted *w, Builder *b, const WeightedDescs *d) {
   ExecCtx *ctx = b->ctx;
-  make_pass(w, ctx, WEIGHTED_BWD_DATA, dnnl_backward_data, d);
+  make_pass(w, b, WEIGHTED_BWD_DATA, dnnl_backward_data, d);
   DnnlMd w_bd_md = dnnl_pd_md(w->pd[WEIGHTED_BWD_DATA], dnnl_query_weights_md, 0);
   DnnlMd w_fwd_md = dnnl_pd_md(w->pd[WEIGHTED_FWD], dnnl_query_weights_md, 0);
   w->bwd_data_shares_fwd_w = dnnl_md_equal(w_bd_md, w_fwd_md);
@@ -159,9 +200,11 @@ Weighted *weighted_create(Builder *b, const WeightedSpec *spec, const WeightedDe
     op_grads_expect(b, op->calls, *op->dweight, spec->weight_count,
                     spec->bias_count ? *op->dbias : NULL, spec->bias_count);
   make_forward(w, b, d, op->calls->count);
-  if (b->mode != OP_TRAIN) return w;
-  make_backward_weights(w, b, d);
-  if (w->spec.need_din) make_backward_data(w, b, d);
+  if (b->mode == OP_TRAIN) {
+    make_backward_weights(w, b, d);
+    if (w->spec.need_din) make_backward_data(w, b, d);
+  }
+  make_scratchpads(w, b);
   return w;
 }
 
@@ -187,7 +230,7 @@ void weighted_forward(Weighted *w, ExecCtx *ctx, const float *in) {
     dnnl_mem_bind(w->bias, *op->bias);
     args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, w->bias};
   }
-  dnnl_ctx_exec(ctx, w->prim[WEIGHTED_FWD], w->pd[WEIGHTED_FWD], nargs, args);
+  exec_pass(w, ctx, WEIGHTED_FWD, nargs, args);
   ctx->flops_forward[w->comp] += w->spec.pass_flops + w->spec.bias_flops;
   count_winograd(w, ctx, WEIGHTED_FWD);
 }
@@ -217,7 +260,7 @@ static void backward_weights(Weighted *w, ExecCtx *ctx, int call, const float *i
     dnnl_mem_bind(w->bias, g.target[1]);
     args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_BIAS, w->bias};
   }
-  dnnl_ctx_exec(ctx, w->prim[WEIGHTED_BWD_WEIGHTS], w->pd[WEIGHTED_BWD_WEIGHTS], nargs, args);
+  exec_pass(w, ctx, WEIGHTED_BWD_WEIGHTS, nargs, args);
   if (w->dw_buf) dnnl_reorder_run(&w->dw_to_plain, ctx, w->dw_buf, g.target[0]);
   op_grads_end(ctx, w->comp, calls, &g);
   ctx->flops_backward[w->comp] += w->spec.pass_flops + w->spec.bias_flops;
@@ -243,7 +286,7 @@ void weighted_backward(Weighted *w, ExecCtx *ctx, const float *dout) {
   dnnl_exec_arg_t args[] = {{DNNL_ARG_DIFF_DST, w->diff_dst},
                             {DNNL_ARG_WEIGHTS, w->wei_bwd_data},
                             {DNNL_ARG_DIFF_SRC, w->diff_src}};
-  dnnl_ctx_exec(ctx, w->prim[WEIGHTED_BWD_DATA], w->pd[WEIGHTED_BWD_DATA], 3, args);
+  exec_pass(w, ctx, WEIGHTED_BWD_DATA, 3, args);
   ctx->flops_backward[w->comp] += w->spec.pass_flops;
   count_winograd(w, ctx, WEIGHTED_BWD_DATA);
 }
@@ -260,8 +303,9 @@ void weighted_destroy(Weighted *w) {
     if (w->prim[i]) dnnl_primitive_destroy(w->prim[i]);
     if (w->pd[i]) dnnl_primitive_desc_destroy(w->pd[i]);
   }
-  dnnl_memory_t mems[] = {w->src,          w->wei_fwd,  w->bias,   w->dst,         w->diff_dst,
-                          w->wei_bwd_data, w->diff_src, w->bw_src, w->bw_diff_dst, w->dwei};
+  dnnl_memory_t mems[] = {w->src,         w->wei_fwd,      w->bias,      w->dst,
+                          w->diff_dst,    w->wei_bwd_data, w->diff_src,  w->bw_src,
+                          w->bw_diff_dst, w->dwei,         w->sp_mem[0], w->sp_mem[1]};
   for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++)
     if (mems[i]) dnnl_memory_destroy(mems[i]);
   DnnlCopy *copies[] = {&w->in, &w->dout, &w->fwd_w, &w->bwd_data_w};
