@@ -35,7 +35,10 @@ void dnnl_prim_destroy(dnnl_primitive_t prim, dnnl_primitive_desc_t pd) {
 }
 
 void dnnl_ctx_reserve_scratchpad(ExecCtx *ctx, const_dnnl_primitive_desc_t pd) {
-  size_t need = dnnl_pd_md_bytes(pd, dnnl_query_scratchpad_md, 0);
+  dnnl_ctx_reserve_scratchpad_bytes(ctx, dnnl_pd_scratchpad_bytes(pd));
+}
+
+void dnnl_ctx_reserve_scratchpad_bytes(ExecCtx *ctx, size_t need) {
   if (need <= ctx->scratchpad_bytes) return;
   tl_free(ctx->scratchpad);
   ctx->scratchpad = tl_alloc(need, ctx->scratchpad_category, COMP_OTHER);

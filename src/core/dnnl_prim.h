@@ -21,8 +21,10 @@ size_t dnnl_pd_scratchpad_bytes(const_dnnl_primitive_desc_t pd);
 // Destroys a primitive and its descriptor, either of them NULL (a pass the op did not build).
 void dnnl_prim_destroy(dnnl_primitive_t prim, dnnl_primitive_desc_t pd);
 
-// Grows the shared scratchpad to at least what `pd` asks for (dnnl_ctx_adopt does).
+// Grows the shared scratchpad to at least what `pd` asks for (dnnl_ctx_adopt does), or to
+// `bytes`.
 void dnnl_ctx_reserve_scratchpad(ExecCtx *ctx, const_dnnl_primitive_desc_t pd);
+void dnnl_ctx_reserve_scratchpad_bytes(ExecCtx *ctx, size_t bytes);
 
 void dnnl_mem_bind(dnnl_memory_t mem, const void *ptr);
 

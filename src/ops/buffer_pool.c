@@ -26,8 +26,7 @@ BufValue buffer_pool_value(BufferPool *pool, ValueKind kind) {
     if (!pool->values) TL_DIE("out of memory for %d pool values", pool->cap_values);
   }
   BufValue v = ++pool->n_values;
-  pool->values[v] =
-      (PoolValue){.kind = kind, .lo = {INT_MAX, INT_MAX}, .hi = {-1, -1}, .buffer = -1};
+  pool->values[v] = (PoolValue){.kind = kind, .lo = {INT_MAX, INT_MAX}, .hi = {-1, -1}};
   return v;
 }
 
@@ -150,60 +149,86 @@ static int tie_of(const PoolValue *p, int order) {
   return 0;
 }
 
-// Whether buffer `buf` is free over the value's lifetime in both passes (busy:
-// [buffer][pass][time]).
-static int free_over(const unsigned char *busy, int buf, const PoolValue *p, int times) {
+enum { POOL_ALIGN = 64 };  // every value starts on a cache line, as tl_alloc's blocks do
+
+static size_t aligned(size_t bytes) { return (bytes + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN; }
+
+// Whether two values are live at a common time of either pass.
+static int lives_overlap(const PoolValue *p, const PoolValue *q) {
   for (int pass = 0; pass < 2; pass++)
-    for (int t = p->lo[pass]; t <= p->hi[pass]; t++)
-      if (busy[((size_t)buf * 2 + pass) * times + t]) return 0;
-  return 1;
+    if (p->lo[pass] <= q->hi[pass] && q->lo[pass] <= p->hi[pass]) return 1;
+  return 0;
 }
 
-// Largest first, each value into the first buffer not in use over its lifetime in either pass
-// (a busy map per buffer and pass over the op clock), else a new buffer of its size: forward
-// values and gradients alike, so a forward temporary and a gradient share a buffer (gradients
-// live only in backward), as TFLite's greedy-by-size and ggml's allocator share one arena
-// across a graph's tensors.
-static size_t assign_buffers(BufferPool *pool, int tie_order) {
-  const int times = 2 * pool->ops + 2;
+typedef struct {
+  size_t lo, hi;
+} Extent;
+
+static int by_start(const void *a, const void *b) {
+  const Extent *x = a, *y = b;
+  return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+// The lowest offset where `bytes` fit between the extents (sorted by start) of the values live
+// at the same time.
+static size_t lowest_gap(const Extent *taken, int n, size_t bytes) {
+  size_t at = 0;
+  for (int i = 0; i < n; i++) {
+    if (taken[i].lo >= at + bytes) break;
+    if (taken[i].hi > at) at = taken[i].hi;
+  }
+  return at;
+}
+
+// The most bytes of gradients live at once: what the pool's block counts as MEM_ACT_GRAD.
+static size_t gradient_peak(const BufferPool *pool) {
+  size_t peak = 0;
+  for (int t = 0; t < 2 * pool->ops + 2; t++) {
+    size_t live = 0;
+    for (BufValue v = 1; v <= pool->n_values; v++) {
+      const PoolValue *p = &pool->values[v];
+      if (!p->kept && !p->merged_into && is_grad(p) && p->lo[PASS_BACKWARD] <= t &&
+          t <= p->hi[PASS_BACKWARD])
+        live += aligned(p->bytes);
+    }
+    if (live > peak) peak = live;
+  }
+  return peak;
+}
+
+// Largest first, each value at the lowest offset of the pool's one block where it overlaps no
+// value live at the same time in either pass (TFLite's greedy-by-size offset planner; ggml's
+// allocator also places tensors in one arena by offset): forward values and gradients alike, so
+// a forward temporary and a gradient (live only in backward) share bytes, and a value of one size
+// can take the room two smaller ones left. Returns the block's size.
+static size_t assign_offsets(BufferPool *pool, int tie_order) {
   BySize *order = malloc(sizeof *order * (size_t)(pool->n_values + 1));
-  if (!order) TL_DIE("out of memory");
+  Extent *taken = malloc(sizeof *taken * (size_t)(pool->n_values + 1));
+  if (!order || !taken) TL_DIE("out of memory");
   int n = 0;
   for (BufValue v = 1; v <= pool->n_values; v++) {
     const PoolValue *p = &pool->values[v];
     if (!p->kept && !p->merged_into) order[n++] = (BySize){v, p->bytes, tie_of(p, tie_order)};
   }
   qsort(order, (size_t)n, sizeof *order, larger_first);
-  unsigned char *busy = NULL;
-  PoolBuffer *buffers = NULL;
-  int n_buffers = 0;
+  size_t total = 0;
+  int any_grad = 0;
   for (int i = 0; i < n; i++) {
     PoolValue *p = &pool->values[order[i].v];
-    int chosen = -1;
-    for (int buf = 0; buf < n_buffers && chosen < 0; buf++)
-      if (free_over(busy, buf, p, times)) chosen = buf;
-    if (chosen < 0) {
-      chosen = n_buffers++;
-      busy = realloc(busy, (size_t)n_buffers * 2 * times);
-      buffers = realloc(buffers, sizeof *buffers * (size_t)n_buffers);
-      if (!busy || !buffers) TL_DIE("out of memory for %d pool buffers", n_buffers);
-      memset(busy + (size_t)chosen * 2 * times, 0, 2 * (size_t)times);
-      buffers[chosen] = (PoolBuffer){.bytes = p->bytes};
+    const size_t bytes = aligned(p->bytes);
+    int m = 0;
+    for (int j = 0; j < i; j++) {
+      const PoolValue *q = &pool->values[order[j].v];
+      if (lives_overlap(p, q)) taken[m++] = (Extent){q->offset, q->offset + aligned(q->bytes)};
     }
-    for (int pass = 0; pass < 2; pass++)
-      for (int t = p->lo[pass]; t <= p->hi[pass]; t++)
-        busy[((size_t)chosen * 2 + pass) * times + t] = 1;
-    buffers[chosen].grads |= is_grad(p);
-    if (is_grad(p) && p->bytes > buffers[chosen].grad_bytes) buffers[chosen].grad_bytes = p->bytes;
-    p->buffer = chosen;
+    qsort(taken, (size_t)m, sizeof *taken, by_start);
+    p->offset = lowest_gap(taken, m, bytes);
+    if (p->offset + bytes > total) total = p->offset + bytes;
+    any_grad |= is_grad(p);
   }
-  free(busy);
+  free(taken);
   free(order);
-  free(pool->buffers);
-  pool->n_buffers = n_buffers;
-  pool->buffers = buffers;
-  size_t total = 0;
-  for (int i = 0; i < n_buffers; i++) total += buffers[i].bytes;
+  pool->block = (PoolBlock){.bytes = total, .grad_bytes = any_grad ? gradient_peak(pool) : 0};
   return total;
 }
 
@@ -214,66 +239,53 @@ void buffer_pool_plan(BufferPool *pool) {
   int best = 0;
   size_t least = SIZE_MAX;
   for (int order = 0; order < N_ORDERS; order++) {
-    const size_t total = assign_buffers(pool, order);
+    const size_t total = assign_offsets(pool, order);
     if (total < least) {
       least = total;
       best = order;
     }
   }
-  if (best != N_ORDERS - 1) assign_buffers(pool, best);
+  if (best != N_ORDERS - 1) assign_offsets(pool, best);
   pool->planned = 1;
 }
 
 size_t buffer_pool_bytes(const BufferPool *pool, int gradients) {
-  size_t total = 0;
-  for (int i = 0; i < pool->n_buffers; i++)
-    if (pool->buffers[i].grads == gradients) total += pool->buffers[i].bytes;
-  return total;
+  return gradients ? pool->block.grad_bytes : pool->block.bytes - pool->block.grad_bytes;
 }
 
-int buffer_pool_count(const BufferPool *pool, int gradients) {
-  int n = 0;
-  for (int i = 0; i < pool->n_buffers; i++) n += pool->buffers[i].grads == gradients;
-  return n;
-}
-
-// A buffer's bytes beyond its largest gradient, counted as MEM_WORKSPACE (moved there from
-// MEM_ACT_GRAD after allocating it, back before freeing it).
-static size_t beyond_grads(const PoolBuffer *b) { return b->grads ? b->bytes - b->grad_bytes : 0; }
-
-static void recount(const PoolBuffer *b, MemComponent comp, MemCategory from, MemCategory to) {
-  const size_t extra = beyond_grads(b);
+// The block's bytes beyond the gradients' are counted as MEM_WORKSPACE: moved there from
+// MEM_ACT_GRAD after allocating it, back before freeing it.
+static void recount(const PoolBlock *b, MemComponent comp, MemCategory from, MemCategory to) {
+  const size_t extra = b->grad_bytes ? b->bytes - b->grad_bytes : 0;
   if (!extra) return;
   // Under an allocation scope both are counted as the scope's category: nothing moves.
   const MemCategory counted = tl_account(extra, to, comp);
   tl_unaccount(extra, counted == to ? from : counted, comp);
 }
 
-static void allocate(PoolBuffer *buffers, int n, MemComponent comp) {
-  for (int i = 0; i < n; i++) {
-    buffers[i].data =
-        tl_alloc(buffers[i].bytes, buffers[i].grads ? MEM_ACT_GRAD : MEM_WORKSPACE, comp);
-    recount(&buffers[i], comp, MEM_ACT_GRAD, MEM_WORKSPACE);
-  }
+static void allocate(PoolBlock *b, MemComponent comp) {
+  if (!b->bytes) return;
+  b->data = tl_alloc(b->bytes, b->grad_bytes ? MEM_ACT_GRAD : MEM_WORKSPACE, comp);
+  recount(b, comp, MEM_ACT_GRAD, MEM_WORKSPACE);
 }
 
-static void release(PoolBuffer *buffers, int n, MemComponent comp) {
-  for (int i = 0; i < n; i++) {
-    recount(&buffers[i], comp, MEM_WORKSPACE, MEM_ACT_GRAD);
-    tl_free(buffers[i].data);
-  }
+static void release(PoolBlock *b, MemComponent comp) {
+  if (!b->data) return;
+  recount(b, comp, MEM_WORKSPACE, MEM_ACT_GRAD);
+  tl_free(b->data);
+  b->data = NULL;
 }
 
-// Points the pool's users that are not kept at `buffers` (the pool's own or its arena's).
-static void point_users(BufferPool *pool, const PoolBuffer *buffers) {
+// Points the pool's users that are not kept into `block` (the pool's own or its arena's).
+static void point_users(BufferPool *pool, const PoolBlock *block) {
   for (int u = 0; u < pool->n_users; u++) {
     const PoolUser *user = &pool->users[u];
     const PoolValue *p = &pool->values[root_of(pool, user->value)];
-    if (!p->kept) *user->field = buffers[p->buffer].data;
+    if (!p->kept) *user->field = (float *)(block->data + p->offset);
   }
 }
 
-// A pool joining an arena: the arena's buffer i grows to the pool's buffer i.
+// A pool joining an arena: the arena's block grows to the pool's.
 static void arena_join(BufferArena *arena, BufferPool *pool, MemComponent comp) {
   if (arena->finished) TL_DIE("buffer arena: a network built after the arena was allocated");
   if (arena->n_pools == arena->cap_pools) {
@@ -283,19 +295,9 @@ static void arena_join(BufferArena *arena, BufferPool *pool, MemComponent comp) 
   }
   if (!arena->n_pools) arena->comp = comp;
   arena->pools[arena->n_pools++] = pool;
-  if (pool->n_buffers > arena->n_buffers) {
-    arena->buffers = realloc(arena->buffers, sizeof *arena->buffers * (size_t)pool->n_buffers);
-    if (!arena->buffers) TL_DIE("out of memory");
-    memset(arena->buffers + arena->n_buffers, 0,
-           sizeof *arena->buffers * (size_t)(pool->n_buffers - arena->n_buffers));
-    arena->n_buffers = pool->n_buffers;
-  }
-  for (int i = 0; i < pool->n_buffers; i++) {
-    PoolBuffer *b = &arena->buffers[i];
-    if (pool->buffers[i].bytes > b->bytes) b->bytes = pool->buffers[i].bytes;
-    b->grads |= pool->buffers[i].grads;
-    if (pool->buffers[i].grad_bytes > b->grad_bytes) b->grad_bytes = pool->buffers[i].grad_bytes;
-  }
+  PoolBlock *b = &arena->block;
+  if (pool->block.bytes > b->bytes) b->bytes = pool->block.bytes;
+  if (pool->block.grad_bytes > b->grad_bytes) b->grad_bytes = pool->block.grad_bytes;
 }
 
 void buffer_pool_finish(BufferPool *pool, MemComponent comp) {
@@ -304,8 +306,8 @@ void buffer_pool_finish(BufferPool *pool, MemComponent comp) {
   if (pool->arena) {
     arena_join(pool->arena, pool, comp);
   } else {
-    allocate(pool->buffers, pool->n_buffers, comp);
-    point_users(pool, pool->buffers);
+    allocate(&pool->block, comp);
+    point_users(pool, &pool->block);
   }
   for (int u = 0; u < pool->n_users; u++) {
     const PoolUser *user = &pool->users[u];
@@ -319,20 +321,18 @@ void buffer_pool_finish(BufferPool *pool, MemComponent comp) {
 void buffer_arena_finish(BufferArena *arena) {
   if (arena->finished) return;
   arena->finished = 1;
-  allocate(arena->buffers, arena->n_buffers, arena->comp);
-  for (int i = 0; i < arena->n_pools; i++) point_users(arena->pools[i], arena->buffers);
+  allocate(&arena->block, arena->comp);
+  for (int i = 0; i < arena->n_pools; i++) point_users(arena->pools[i], &arena->block);
 }
 
 void buffer_arena_free(BufferArena *arena) {
-  if (arena->finished) release(arena->buffers, arena->n_buffers, arena->comp);
-  free(arena->buffers);
+  release(&arena->block, arena->comp);
   free(arena->pools);
   memset(arena, 0, sizeof *arena);
 }
 
 void buffer_pool_free(BufferPool *pool) {
-  if (!pool->arena) release(pool->buffers, pool->n_buffers, pool->comp);
-  free(pool->buffers);
+  if (!pool->arena) release(&pool->block, pool->comp);
   free(pool->values);
   free(pool->users);
   memset(pool, 0, sizeof *pool);

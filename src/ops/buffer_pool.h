@@ -1,14 +1,14 @@
-// Buffers shared by ops whose contents are never live at the same time, assigned by a planner
+// Memory shared by ops whose contents are never live at the same time, laid out by a planner
 // instead of by hand. A module declares its ops in the order forward runs them (backward runs
 // them in reverse) and, for each, the values it writes and reads: its output, the values its
 // forward reads, what its backward reads (a forward value, the gradients reaching it) and the
 // gradient it writes. Every value is live from the op that writes it to its last reader, in the
-// forward pass and in the backward pass separately; buffer_pool_finish gives each value a buffer
-// no value live at the same time uses (largest values first, each into the first buffer free over
-// its lifetime, as TFLite's greedy-by-size and ggml's allocator, which frees a tensor once its
-// last consumer ran), lets an op write over its input when nothing reads that input after it,
-// and allocates each buffer once. The ledger counts those allocations, so the plan (a dry run
-// of the same code) holds what a run holds.
+// forward pass and in the backward pass separately; buffer_pool_finish gives each value a place
+// in one block that no value live at the same time overlaps (largest values first, each at the
+// lowest offset free over its lifetime, as TFLite's greedy-by-size offset planner; ggml's
+// allocator also frees a tensor once its last consumer ran), lets an op write over its input
+// when nothing reads that input after it, and allocates the block once. The ledger counts that
+// allocation, so the plan (a dry run of the same code) holds what a run holds.
 //
 // Kinds of values:
 // - VALUE_OUTPUT: an op's output in a network without backward (momentum encoder, evaluation):
@@ -16,15 +16,15 @@
 // - VALUE_ACTIVATION: an op's output in training. When a backward reads it, it is kept for that
 //   backward (a buffer of its own per forward call, MEM_ACT), unless the module writes it again
 //   just before (recomputed: then it lives in the pool around that backward too); otherwise it
-//   lives in the pool only until its last forward reader (one buffer for every call).
+//   lives in the pool only until its last forward reader (one place for every call).
 // - VALUE_GRAD: an input gradient (MEM_ACT_GRAD), live in backward from the op that writes it to
 //   the last op whose backward reads it.
-// - VALUE_INNER: what lives only inside one pass of one op (attention's probabilities).
-// - VALUE_INNER also holds the scratchpad of a weighted op's pass (ops/weighted.c).
-// Every value the pool holds (outputs, activations not kept, inner values, gradients) shares one
-// set of buffers by lifetime, so a forward temporary and a gradient (live only in backward) can
-// take the same buffer. A buffer's bytes up to its largest gradient are counted as MEM_ACT_GRAD,
-// the rest as MEM_WORKSPACE.
+// - VALUE_INNER: what lives only inside one pass of one op (attention's probabilities, the
+//   scratchpad of a convolution's or linear layer's pass, ops/weighted.c).
+// Every value the pool holds (outputs, activations not kept, inner values, gradients) shares the
+// block by lifetime, so a forward temporary and a gradient (live only in backward) can take the
+// same bytes. The most gradient bytes live at once are counted as MEM_ACT_GRAD, the rest of the
+// block as MEM_WORKSPACE.
 #pragma once
 #include <stddef.h>
 
@@ -43,33 +43,30 @@ typedef struct {
   int recomputed;    // written again before each backward that reads it
   int in_place_of;   // the value it asks to overwrite (0: none), at op in_place_op
   int in_place_op;
-  int merged_into;  // after planning: the value whose buffer it took over (0: none)
+  int merged_into;  // after planning: the value whose place it took over (0: none)
   int kept;         // after planning: a buffer of its own per call
-  int buffer;       // after planning: its pool buffer (-1: none)
+  size_t offset;    // after planning, neither kept nor merged: where in the pool's block it lies
 } PoolValue;
 
-// A buffer of the pool: the largest value it holds, whether a gradient is one of them and the
-// largest gradient (that many of its bytes are counted as MEM_ACT_GRAD, the rest, a larger
-// forward temporary or scratchpad that shares it, as MEM_WORKSPACE), and its memory once
-// finished.
+// A pool's memory: one block in which every pooled value has its place (PoolValue.offset), its
+// bytes, how many of them are counted as MEM_ACT_GRAD (the most gradient bytes live at once; the
+// rest, forward temporaries and scratchpads, as MEM_WORKSPACE), and the memory once allocated.
 typedef struct {
   size_t bytes;
-  int grads;
   size_t grad_bytes;
-  float *data;
-} PoolBuffer;
+  char *data;
+} PoolBlock;
 
 typedef struct BufferPool BufferPool;
 
-// Pools that are never live at the same time can share their buffers: the arena's buffer i is as
-// large as the largest of the pools' buffers i, allocated once every pool has joined. A network
+// Pools that are never live at the same time can share their memory: the arena's block is as
+// large as the largest of the pools' blocks, allocated once every pool has joined. A network
 // whose pooled values live only within its own forward and backward calls (a backbone: its
 // feature is its own buffer, what crosses from forward to backward is kept or written again)
 // qualifies, so a replica's backbones share one arena: the momentum teacher's forward runs in
-// the buffers the student's backward uses.
+// the bytes the student's backward uses.
 typedef struct {
-  int n_buffers;
-  PoolBuffer *buffers;
+  PoolBlock block;
   int n_pools, cap_pools;
   BufferPool **pools;
   MemComponent comp;
@@ -93,14 +90,13 @@ struct BufferPool {
   PoolValue *values;  // [1..n_values]
   int n_users, cap_users;
   PoolUser *users;
-  // After planning: the buffers, each allocated by buffer_pool_finish.
+  // After planning: the block, allocated by buffer_pool_finish.
   int planned;
-  int n_buffers;
-  PoolBuffer *buffers;
+  PoolBlock block;
   // NULL: the buffers are the pool's own. Otherwise buffer_pool_finish joins the arena, and the
   // pooled values' fields are set by buffer_arena_finish.
   BufferArena *arena;
-  MemComponent comp;  // what its own buffers are counted to (buffer_pool_finish)
+  MemComponent comp;  // what its own block is counted to (buffer_pool_finish)
 };
 
 // Times in a pass: an op k reads at 2k and writes at 2k + 1 in forward; backward runs the ops
@@ -129,19 +125,19 @@ void buffer_pool_in_place(BufferPool *pool, BufValue out, BufValue in);
 // `pooled`, `shared`: the op's flags, set when planned. *field is NULL until buffer_pool_finish.
 void buffer_pool_record(BufferPool *pool, BufValue v, float **field, size_t bytes, int calls,
                         int *pooled, int *shared, MemComponent comp);
-// Plans every value (kept, merged in place, or its buffer) without allocating; idempotent.
+// Plans every value (kept, merged in place, or its place in the block) without allocating;
+// idempotent.
 void buffer_pool_plan(BufferPool *pool);
-// Plans, allocates the buffers (tagged `comp`) and points every recorded field at its own; with
-// an arena, joins it instead, and the pooled fields stay NULL until buffer_arena_finish.
+// Plans, allocates the block (tagged `comp`) and points every recorded field at its value's
+// place; with an arena, joins it instead, and the pooled fields stay NULL until
+// buffer_arena_finish.
 void buffer_pool_finish(BufferPool *pool, MemComponent comp);
-// Allocates the arena's buffers and points every joined pool's fields at them (once; later calls
+// Allocates the arena's block and points every joined pool's fields into it (once; later calls
 // do nothing). A pool joining after it dies.
 void buffer_arena_finish(BufferArena *arena);
 // After every joined pool was freed.
 void buffer_arena_free(BufferArena *arena);
-// The bytes and the number of the pool's buffers of one kind after planning (0: those only
-// forward values and inner values use; 1: those a gradient uses, whole, whatever part of them
-// is counted as MEM_WORKSPACE).
+// The bytes of the pool's block of one kind after planning (1: those counted as MEM_ACT_GRAD,
+// the most gradient bytes live at once; 0: the rest, MEM_WORKSPACE).
 size_t buffer_pool_bytes(const BufferPool *pool, int gradients);
-int buffer_pool_count(const BufferPool *pool, int gradients);
 void buffer_pool_free(BufferPool *pool);

@@ -27,6 +27,7 @@ struct Weighted {
   int bwd_data_shares_fwd_w;   // backward data's weight layout is forward's: its copy serves
   DnnlReorder dw_to_plain;     // backward weights' gradient layout -> the plain one
   float *dw_buf;               // the gradient in the primitive's layout, when that is not plain
+  int dw_pooled;               // dw_buf is a pool value (op_inner_alloc)
   // In a network with a buffer pool, the passes' scratchpads are pool values live only over the
   // op's forward [0] and its backward [1] (both backward passes share one, as they run one after
   // the other) rather than the context's shared scratchpad: a Winograd convolution's is tens of
@@ -87,13 +88,14 @@ static void make_pass(Weighted *w, Builder *b, WeightedPass pass, dnnl_prop_kind
     if (pass == WEIGHTED_FWD) w->alg = dnnl_convolution_direct;
     w->pd[pass] = pass_pd(w, ctx, pass, dnnl_convolution_direct, prop, d);
   }
+  w->prim[pass] = dnnl_prim_new(w->pd[pass]);
+  size_t bytes = dnnl_pd_scratchpad_bytes(w->pd[pass]);
+  if (bytes && pass == WEIGHTED_BWD_WEIGHTS) bytes += w->spec.bwd_weights_scratchpad_slack;
   if (b->pool && b->pool->ops) {
-    w->prim[pass] = dnnl_prim_new(w->pd[pass]);
-    const size_t bytes = dnnl_pd_scratchpad_bytes(w->pd[pass]);
     const int g = pass_group(pass);
     if (bytes > w->sp_bytes[g]) w->sp_bytes[g] = bytes;
   } else {
-    w->prim[pass] = dnnl_ctx_adopt(ctx, w->pd[pass]);
+    dnnl_ctx_reserve_scratchpad_bytes(ctx, bytes);
   }
 }
 
@@ -155,8 +157,10 @@ static void make_backward_weights(Weighted *w, Builder *b, const WeightedDescs *
   make_pass(w, b, WEIGHTED_BWD_WEIGHTS, dnnl_backward_weights, d);
   DnnlMd dw_md = dnnl_pd_md(w->pd[WEIGHTED_BWD_WEIGHTS], dnnl_query_diff_weights_md, 0);
   dnnl_reorder_init(&w->dw_to_plain, ctx, dw_md, d->w_plain);
+  // Written and read only inside the op's backward: a pool value there, when it has a pool.
   if (dnnl_reorder_needed(&w->dw_to_plain))
-    w->dw_buf = tl_alloc(dnnl_md_bytes(dw_md), MEM_WORKSPACE, w->comp);
+    w->dw_pooled =
+        op_inner_alloc(b, PASS_BACKWARD, &w->dw_buf, dnnl_md_bytes(dw_md), MEM_WORKSPACE, w->comp);
   w->dwei = dnnl_mem_new(ctx, dw_md);
   dnnl_md_destroy(dw_md);
   w->bw_src = dnnl_mem_new(ctx, w->spec.bwd_weights_f32 ? d->src_f32 : d->src);
@@ -251,7 +255,8 @@ static void backward_weights(Weighted *w, ExecCtx *ctx, int call, const float *i
   }
   OpGrads g = op_grads_begin(calls, *w->op.dweight, w->spec.weight_count,
                              w->bias ? *w->op.dbias : NULL, w->spec.bias_count);
-  dnnl_mem_bind(w->dwei, w->dw_buf ? w->dw_buf : g.target[0]);
+  const int reordered = dnnl_reorder_needed(&w->dw_to_plain);
+  dnnl_mem_bind(w->dwei, reordered ? w->dw_buf : g.target[0]);
   dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, w->bw_src},
                              {DNNL_ARG_DIFF_DST, w->bw_diff_dst},
                              {DNNL_ARG_DIFF_WEIGHTS, w->dwei}};
@@ -261,7 +266,7 @@ static void backward_weights(Weighted *w, ExecCtx *ctx, int call, const float *i
     args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_BIAS, w->bias};
   }
   exec_pass(w, ctx, WEIGHTED_BWD_WEIGHTS, nargs, args);
-  if (w->dw_buf) dnnl_reorder_run(&w->dw_to_plain, ctx, w->dw_buf, g.target[0]);
+  if (reordered) dnnl_reorder_run(&w->dw_to_plain, ctx, w->dw_buf, g.target[0]);
   op_grads_end(ctx, w->comp, calls, &g);
   ctx->flops_backward[w->comp] += w->spec.pass_flops + w->spec.bias_flops;
   count_winograd(w, ctx, WEIGHTED_BWD_WEIGHTS);
@@ -295,7 +300,7 @@ int weighted_winograd(const Weighted *w, WeightedPass pass) { return w->winograd
 
 int weighted_reads_input(const Weighted *w) { return w->spec.bwd_weights_f32 || w->in.buf == NULL; }
 
-int weighted_grad_reordered(const Weighted *w) { return w->dw_buf != NULL; }
+int weighted_grad_reordered(const Weighted *w) { return dnnl_reorder_needed(&w->dw_to_plain); }
 
 void weighted_destroy(Weighted *w) {
   if (!w) return;
@@ -315,6 +320,6 @@ void weighted_destroy(Weighted *w) {
   dnnl_reorder_destroy(&w->bw_dout_to_f32);
   op_buffer_free(w->bw_in_f32, w->bw_in_pooled);
   op_buffer_free(w->bw_dout_f32, w->bw_dout_pooled);
-  tl_free(w->dw_buf);
+  op_buffer_free(w->dw_buf, w->dw_pooled);
   free(w);
 }
