@@ -142,14 +142,15 @@ static void test_resnet_block_keeps_four_tensors(void **state) {
   assert_int_equal(bytes_held_r(N, 2, MEM_ACT, 1) - bytes_held_r(N, 1, MEM_ACT, 1),
                    per_block - tensor);
   assert_int_equal(bytes_held(1, MEM_ACT) - bytes_held_r(N, 1, MEM_ACT, 1), 2 * tensor + tensor2);
-  // What is written again lives in backward beside the gradients: the pool (workspace and
-  // gradients together) grows by one stage-1 tensor where it was at its fullest, plus what its
-  // placement between the others leaves unused (the planner places by size, not optimally),
-  // whatever the depth.
+  // What is written again lives in backward beside the gradients, in the pool (workspace and
+  // gradients together): it adds at most one stage-1 tensor where the pool is at its fullest,
+  // plus what its placement between the others leaves unused (the planner places by size, not
+  // optimally), and nothing when the pool is fullest elsewhere (inside a convolution whose
+  // scratchpad is larger, as on oneDNN 3.7); whatever the depth.
   const long long growth = pool_bytes_r(1, 1) - pool_bytes_r(1, 0);
   print_message("recomputing adds %lld bytes to the pool (a stage-1 tensor: %zu)\n", growth,
                 tensor);
-  assert_true(growth >= (long long)tensor);
+  assert_true(growth >= 0);
   assert_true(growth < 2 * (long long)tensor);
   for (int blocks = 2; blocks <= 4; blocks += 2)
     assert_int_equal(pool_bytes_r(blocks, 1) - pool_bytes_r(blocks, 0), growth);
