@@ -49,7 +49,7 @@ static void use(Case *c, Use *u, BufValue v, size_t bytes) {
 // v2 (3U) [4, 6], v3 (4U, read by nobody) [6, 7]. Neighbours overlap, values two apart do not:
 // the pool is as large as the largest two neighbours, 4U + 3U, each neighbour apart from the
 // other, and v1 takes v3's place.
-static void test_chain_alternates_two_buffers(void **state) {
+static void test_chain_holds_two_neighbours(void **state) {
   (void)state;
   Case c;
   case_init(&c, OP_FORWARD, 0);
@@ -304,7 +304,7 @@ static void test_arena_shares_the_largest(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_chain_alternates_two_buffers),
+      cmocka_unit_test(test_chain_holds_two_neighbours),
       cmocka_unit_test(test_small_values_fill_a_larger_ones_place),
       cmocka_unit_test(test_in_place_when_nothing_reads_later),
       cmocka_unit_test(test_in_place_refused_when_backward_reads),

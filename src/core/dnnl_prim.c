@@ -1,5 +1,6 @@
 #include "core/dnnl_prim.h"
 
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,8 +26,30 @@ dnnl_primitive_t dnnl_ctx_adopt(ExecCtx *ctx, const_dnnl_primitive_desc_t pd) {
   return prim;
 }
 
+// oneDNN's 1x1 backward-weights kernels, on a strided convolution over an input of fewer channels
+// than their block of 16, write past the scratchpad they ask for: they copy the input to unit
+// stride into a buffer booked at IC channels an input position per thread and written at the
+// block's 16 (oneDNN issue #6035, open against 3.12; seen here on 2.6.3 on AMD EPYC with AVX-512
+// as up to 1088 bytes past a 2432-byte ask, over the buffer-pool value placed after it). Such a
+// pass is given what the copy writes besides its ask: 16 channels of every output position, per
+// thread, in f32 (the widest type it copies).
+static size_t known_overrun(const_dnnl_primitive_desc_t pd) {
+  dnnl_primitive_kind_t kind = dnnl_undefined_primitive;
+  DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_primitive_kind, 0, &kind));
+  dnnl_dims_t w, src, dst;
+  if (kind != dnnl_convolution || dnnl_pd_md_dims(pd, dnnl_query_src_md, 0, src) != 4 ||
+      dnnl_pd_md_dims(pd, dnnl_query_diff_dst_md, 0, dst) != 4)
+    return 0;
+  const int nw = dnnl_pd_md_dims(pd, dnnl_query_diff_weights_md, 0, w);  // backward weights only
+  const int one_by_one = nw >= 4 && w[nw - 1] == 1 && w[nw - 2] == 1;
+  const int strided = dst[2] * dst[3] < src[2] * src[3];
+  if (!one_by_one || !strided || src[1] >= 16) return 0;
+  return (size_t)omp_get_max_threads() * (size_t)(dst[2] * dst[3]) * 16 * sizeof(float);
+}
+
 size_t dnnl_pd_scratchpad_bytes(const_dnnl_primitive_desc_t pd) {
-  return dnnl_pd_md_bytes(pd, dnnl_query_scratchpad_md, 0);
+  const size_t asked = dnnl_pd_md_bytes(pd, dnnl_query_scratchpad_md, 0);
+  return asked ? asked + known_overrun(pd) : 0;
 }
 
 void dnnl_prim_destroy(dnnl_primitive_t prim, dnnl_primitive_desc_t pd) {
@@ -35,10 +58,7 @@ void dnnl_prim_destroy(dnnl_primitive_t prim, dnnl_primitive_desc_t pd) {
 }
 
 void dnnl_ctx_reserve_scratchpad(ExecCtx *ctx, const_dnnl_primitive_desc_t pd) {
-  dnnl_ctx_reserve_scratchpad_bytes(ctx, dnnl_pd_scratchpad_bytes(pd));
-}
-
-void dnnl_ctx_reserve_scratchpad_bytes(ExecCtx *ctx, size_t need) {
+  const size_t need = dnnl_pd_scratchpad_bytes(pd);
   if (need <= ctx->scratchpad_bytes) return;
   tl_free(ctx->scratchpad);
   ctx->scratchpad = tl_alloc(need, ctx->scratchpad_category, COMP_OTHER);
@@ -57,31 +77,32 @@ void dnnl_mem_bind(dnnl_memory_t mem, const void *ptr) {
   DNNL_CHECK(dnnl_memory_set_data_handle(mem, (void *)ptr));
 }
 
-void dnnl_ctx_exec(ExecCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_desc_t pd, int nargs,
-                   const dnnl_exec_arg_t *args) {
-  if (ctx->dry_run) return;
+// Executes with `args` plus `scratchpad` (NULL: none).
+static void execute(ExecCtx *ctx, dnnl_primitive_t prim, int nargs, const dnnl_exec_arg_t *args,
+                    dnnl_memory_t scratchpad) {
   enum { MAX_ARGS = 16 };
   TL_ASSERT(nargs < MAX_ARGS);
   dnnl_exec_arg_t all[MAX_ARGS];
   memcpy(all, args, sizeof(dnnl_exec_arg_t) * (size_t)nargs);
-  size_t scratchpad_bytes = dnnl_pd_md_bytes(pd, dnnl_query_scratchpad_md, 0);
-  if (scratchpad_bytes > 0) {
-    TL_ASSERT(scratchpad_bytes <= ctx->scratchpad_bytes);
-    all[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, ctx->scratchpad_mem};
-  }
+  if (scratchpad) all[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, scratchpad};
   DNNL_CHECK(dnnl_primitive_execute(prim, ctx->stream, nargs, all));
+}
+
+void dnnl_ctx_exec(ExecCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_desc_t pd, int nargs,
+                   const dnnl_exec_arg_t *args) {
+  if (ctx->dry_run) return;
+  // What it asks for (cheaper to read than what it needs, which the reserve already counted).
+  const size_t asked = dnnl_pd_md_bytes(pd, dnnl_query_scratchpad_md, 0);
+  TL_ASSERT(asked <= ctx->scratchpad_bytes);
+  execute(ctx, prim, nargs, args, asked ? ctx->scratchpad_mem : NULL);
 }
 
 void dnnl_ctx_exec_scratchpad(ExecCtx *ctx, dnnl_primitive_t prim, int nargs,
                               const dnnl_exec_arg_t *args, dnnl_memory_t mem, void *buf) {
   if (ctx->dry_run) return;
-  enum { MAX_ARGS = 16 };
-  TL_ASSERT(nargs < MAX_ARGS && mem && buf);
-  dnnl_exec_arg_t all[MAX_ARGS];
-  memcpy(all, args, sizeof(dnnl_exec_arg_t) * (size_t)nargs);
+  TL_ASSERT(mem && buf);
   dnnl_mem_bind(mem, buf);
-  all[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mem};
-  DNNL_CHECK(dnnl_primitive_execute(prim, ctx->stream, nargs, all));
+  execute(ctx, prim, nargs, args, mem);
 }
 
 void dnnl_reorder_init(DnnlReorder *r, ExecCtx *ctx, DnnlMd src_md, DnnlMd dst_md) {

@@ -15,16 +15,15 @@ dnnl_primitive_t dnnl_ctx_adopt(ExecCtx *ctx, const_dnnl_primitive_desc_t pd);
 // (dnnl_ctx_exec_scratchpad): the shared one is left as it is.
 dnnl_primitive_t dnnl_prim_new(const_dnnl_primitive_desc_t pd);
 
-// Bytes of the scratchpad a descriptor asks for (0: none).
+// Bytes of scratchpad a primitive of this descriptor needs (0: none): what it asks for, plus what
+// a kernel known to write past its ask writes there (dnnl_prim.c).
 size_t dnnl_pd_scratchpad_bytes(const_dnnl_primitive_desc_t pd);
 
 // Destroys a primitive and its descriptor, either of them NULL (a pass the op did not build).
 void dnnl_prim_destroy(dnnl_primitive_t prim, dnnl_primitive_desc_t pd);
 
-// Grows the shared scratchpad to at least what `pd` asks for (dnnl_ctx_adopt does), or to
-// `bytes`.
+// Grows the shared scratchpad to at least what `pd` needs (dnnl_ctx_adopt does).
 void dnnl_ctx_reserve_scratchpad(ExecCtx *ctx, const_dnnl_primitive_desc_t pd);
-void dnnl_ctx_reserve_scratchpad_bytes(ExecCtx *ctx, size_t bytes);
 
 void dnnl_mem_bind(dnnl_memory_t mem, const void *ptr);
 
@@ -33,8 +32,9 @@ void dnnl_mem_bind(dnnl_memory_t mem, const void *ptr);
 void dnnl_ctx_exec(ExecCtx *ctx, dnnl_primitive_t prim, const_dnnl_primitive_desc_t pd, int nargs,
                    const dnnl_exec_arg_t *args);
 
-// The same with the op's own scratchpad: `mem` (a u8 memory of at least what the primitive asks
-// for) bound to `buf` (a buffer pool's value live only over the pass, ops/buffer_pool.h).
+// The same with the op's own scratchpad: `mem` (a u8 memory of at least what the primitive needs,
+// dnnl_pd_scratchpad_bytes) bound to `buf` (a buffer pool's value live only over the pass,
+// ops/buffer_pool.h).
 void dnnl_ctx_exec_scratchpad(ExecCtx *ctx, dnnl_primitive_t prim, int nargs,
                               const dnnl_exec_arg_t *args, dnnl_memory_t mem, void *buf);
 

@@ -90,6 +90,23 @@ size_t dnnl_pd_md_bytes(const_dnnl_primitive_desc_t pd, dnnl_query_t what, int i
   return md ? dnnl_memory_desc_get_size(md) : 0;
 }
 
+int dnnl_pd_md_dims(const_dnnl_primitive_desc_t pd, dnnl_query_t what, int index,
+                    dnnl_dims_t dims) {
+  const void *md = dnnl_primitive_desc_query_md(pd, what, index);
+  if (!md) return 0;
+#if DNNL_VERSION_MAJOR >= 3
+  int ndims = 0;
+  const dnnl_dim_t *d = NULL;
+  DNNL_CHECK(dnnl_memory_desc_query(md, dnnl_query_ndims_s32, &ndims));
+  DNNL_CHECK(dnnl_memory_desc_query(md, dnnl_query_dims, &d));
+#else
+  const int ndims = ((const dnnl_memory_desc_t *)md)->ndims;
+  const dnnl_dim_t *d = ((const dnnl_memory_desc_t *)md)->dims;
+#endif
+  for (int i = 0; i < ndims; i++) dims[i] = d[i];
+  return ndims;
+}
+
 size_t dnnl_md_bytes(DnnlMd md) { return dnnl_memory_desc_get_size(LIB_MD(md)); }
 
 int dnnl_md_equal(DnnlMd a, DnnlMd b) { return dnnl_memory_desc_equal(LIB_MD(a), LIB_MD(b)); }

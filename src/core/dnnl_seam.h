@@ -36,6 +36,9 @@ DnnlMd dnnl_md_strided_typed(int ndims, const dnnl_dims_t dims, const dnnl_dims_
 DnnlMd dnnl_pd_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what, int index);
 // Bytes of a primitive descriptor's memory descriptor (0 when it has none: no scratchpad).
 size_t dnnl_pd_md_bytes(const_dnnl_primitive_desc_t pd, dnnl_query_t what, int index);
+// The dimensions of a primitive descriptor's memory descriptor into `dims`; returns their number
+// (0 when it has none).
+int dnnl_pd_md_dims(const_dnnl_primitive_desc_t pd, dnnl_query_t what, int index, dnnl_dims_t dims);
 size_t dnnl_md_bytes(DnnlMd md);
 int dnnl_md_equal(DnnlMd a, DnnlMd b);
 void dnnl_md_destroy(DnnlMd md);  // NULL: nothing

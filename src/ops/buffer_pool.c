@@ -133,9 +133,8 @@ static int larger_first(const void *a, const void *b) {
 static int is_grad(const PoolValue *p) { return p->kind == VALUE_GRAD; }
 
 // The orders tried among values of one size: as declared, gradients first, longer lives first.
-// A value lives in two intervals (one per pass), so no one order is best for every module: a
-// ResNet's stem output, live through the first block's forward and written again in its
-// backward, packs better after the gradients than before them.
+// A value lives in two intervals (one per pass), so no one order packs best for every module:
+// the planner tries each and keeps the smallest block.
 enum { ORDER_DECLARED, ORDER_GRADIENTS_FIRST, ORDER_LONGER_FIRST, N_ORDERS };
 
 static int tie_of(const PoolValue *p, int order) {
@@ -212,7 +211,6 @@ static size_t assign_offsets(BufferPool *pool, int tie_order) {
   }
   qsort(order, (size_t)n, sizeof *order, larger_first);
   size_t total = 0;
-  int any_grad = 0;
   for (int i = 0; i < n; i++) {
     PoolValue *p = &pool->values[order[i].v];
     const size_t bytes = aligned(p->bytes);
@@ -224,11 +222,10 @@ static size_t assign_offsets(BufferPool *pool, int tie_order) {
     qsort(taken, (size_t)m, sizeof *taken, by_start);
     p->offset = lowest_gap(taken, m, bytes);
     if (p->offset + bytes > total) total = p->offset + bytes;
-    any_grad |= is_grad(p);
   }
   free(taken);
   free(order);
-  pool->block = (PoolBlock){.bytes = total, .grad_bytes = any_grad ? gradient_peak(pool) : 0};
+  pool->block.bytes = total;
   return total;
 }
 
@@ -246,6 +243,7 @@ void buffer_pool_plan(BufferPool *pool) {
     }
   }
   if (best != N_ORDERS - 1) assign_offsets(pool, best);
+  pool->block.grad_bytes = gradient_peak(pool);
   pool->planned = 1;
 }
 

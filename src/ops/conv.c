@@ -1,7 +1,6 @@
 #include "ops/conv.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,18 +122,6 @@ static void conv_describe(const Conv2d *l, const Builder *b, WeightedDescs *d) {
   d->bias = l->has_bias ? dnnl_md_plain(1, b_dims, dnnl_a) : NULL;
 }
 
-// oneDNN's 1x1 backward-weights kernels, on a strided convolution over an nhwc input of fewer
-// channels than their block of 16, write past the scratchpad they ask for: they copy the input
-// to unit stride into a buffer booked at IC channels an input position per thread and written at
-// the block's 16 (oneDNN issue #6035, open against 3.12; seen here on 2.6.3 on AMD EPYC with
-// AVX-512 as up to 1088 bytes past a 2432-byte ask, which overwrote the buffer pool's value
-// beside it). Such a pass gets what the copy writes beside its ask: 16 channels of every output
-// position, per thread.
-static size_t conv_bwd_weights_slack(const Conv2d *l) {
-  if (l->K != 1 || l->stride == 1 || l->IC >= 16) return 0;
-  return (size_t)omp_get_max_threads() * (size_t)l->OH * l->OW * 16 * sizeof(float);
-}
-
 // The passes: Winograd when wanted (and the library has it), a strided layer's backward weights in
 // f32 under bf16 (see above).
 static WeightedSpec conv_spec(const Conv2d *l, const Builder *b) {
@@ -146,7 +133,6 @@ static WeightedSpec conv_spec(const Conv2d *l, const Builder *b) {
       .padding = {l->pad, l->pad},
       .need_din = l->need_din,
       .bwd_weights_f32 = conv_bwd_weights_f32(b, l->K, l->stride),
-      .bwd_weights_scratchpad_slack = conv_bwd_weights_slack(l),
       .pass_flops = conv_pass_flops(l),
       .bias_flops = conv_bias_flops(l),
       .weight_count = conv_weight_count(l),

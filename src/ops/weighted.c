@@ -89,13 +89,12 @@ static void make_pass(Weighted *w, Builder *b, WeightedPass pass, dnnl_prop_kind
     w->pd[pass] = pass_pd(w, ctx, pass, dnnl_convolution_direct, prop, d);
   }
   w->prim[pass] = dnnl_prim_new(w->pd[pass]);
-  size_t bytes = dnnl_pd_scratchpad_bytes(w->pd[pass]);
-  if (bytes && pass == WEIGHTED_BWD_WEIGHTS) bytes += w->spec.bwd_weights_scratchpad_slack;
+  const size_t bytes = dnnl_pd_scratchpad_bytes(w->pd[pass]);
   if (b->pool && b->pool->ops) {
     const int g = pass_group(pass);
     if (bytes > w->sp_bytes[g]) w->sp_bytes[g] = bytes;
   } else {
-    dnnl_ctx_reserve_scratchpad_bytes(ctx, bytes);
+    dnnl_ctx_reserve_scratchpad(ctx, w->pd[pass]);
   }
 }
 

@@ -47,11 +47,8 @@ typedef struct {
   int bwd_weights_f32;  // backward weights reads the input and output gradient in f32, whatever
                         // the compute type (a strided convolution in bf16 where its bf16 kernel is
                         // slow, ops/conv.c): converted just before it when given in bf16
-  // Bytes backward weights may write past the scratchpad its descriptor asks for (a oneDNN
-  // defect, ops/conv.c), given to it beside that ask.
-  size_t bwd_weights_scratchpad_slack;
-  double pass_flops;                // analytic FLOPs of one pass, each of the three the same
-  double bias_flops;                // what the bias adds forward and its gradient backward
+  double pass_flops;    // analytic FLOPs of one pass, each of the three the same
+  double bias_flops;    // what the bias adds forward and its gradient backward
   size_t weight_count, bias_count;  // floats (bias_count 0 without a bias)
 } WeightedSpec;
 
