@@ -41,8 +41,9 @@ void paramset_bind(ParamSet *ps, float *data, float *grad, size_t count) {
 // A counting pass hands out slices of a window of address space that is never committed: a model
 // larger than the window takes its slices round it again (they alias, but nothing touches them).
 // 64 MiB of address space each for data and grad, wider than any one tensor of the models Tally
-// builds, or less under a tight address-space limit (ulimit -v): 1 GiB each made a run that needs
-// 150 MB fail under a limit of 2 GB.
+// builds; under an address-space limit (ulimit -v) an eighth of the headroom each, as a growing
+// set's: 1 GiB each made a run that needs 150 MB fail under a limit of 2 GB, and taking as much
+// as would fit left the build too little for its own buffers.
 #define COUNTING_WINDOW_FLOATS ((size_t)1 << 24)
 #define COUNTING_WINDOW_FLOATS_LEAST ((size_t)1 << 20)
 
@@ -67,9 +68,36 @@ static size_t reserve_pair(ParamSet *ps, size_t n, size_t least) {
   return 0;
 }
 
+static size_t page_bytes(void) { return (size_t)sysconf(_SC_PAGESIZE); }
+
+static size_t round_to_page(size_t bytes) {
+  const size_t page = page_bytes();
+  return (bytes + page - 1) / page * page;
+}
+
+// The floats of each window: `unlimited` when the address space is, else an eighth of an
+// address-space limit's headroom (the limit less the process's size now, /proc/self/statm), whole
+// pages, at most `unlimited` and at least `least`. The build that holds the windows needs the
+// rest of the headroom for its own buffers.
+static size_t window_floats(size_t unlimited, size_t least) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return unlimited;
+  FILE *f = fopen("/proc/self/statm", "r");
+  size_t pages = 0;
+  const int read = f && fscanf(f, "%zu", &pages) == 1;
+  if (f) fclose(f);
+  const size_t size = pages * page_bytes();
+  if (!read || size >= (size_t)rl.rlim_cur) return least;
+  size_t floats = ((size_t)rl.rlim_cur - size) / 8 / page_bytes() * page_bytes() / sizeof(float);
+  if (floats > unlimited) floats = unlimited;
+  return floats < least ? least : floats;
+}
+
 void paramset_alloc_counting(ParamSet *ps, uint64_t seed) {
   paramset_reset(ps, SIZE_MAX / 2, seed);
-  const size_t n = reserve_pair(ps, COUNTING_WINDOW_FLOATS, COUNTING_WINDOW_FLOATS_LEAST);
+  const size_t n =
+      reserve_pair(ps, window_floats(COUNTING_WINDOW_FLOATS, COUNTING_WINDOW_FLOATS_LEAST),
+                   COUNTING_WINDOW_FLOATS_LEAST);
   if (n) {
     ps->counting_window = n;
     ps->counting = 1;
@@ -90,32 +118,11 @@ void paramset_alloc_counting(ParamSet *ps, uint64_t seed) {
 #define GROWING_WINDOW_FLOATS ((size_t)1 << 30)
 #define GROWING_WINDOW_FLOATS_LEAST COUNTING_WINDOW_FLOATS_LEAST
 
-static size_t page_bytes(void) { return (size_t)sysconf(_SC_PAGESIZE); }
-
-static size_t round_to_page(size_t bytes) {
-  const size_t page = page_bytes();
-  return (bytes + page - 1) / page * page;
-}
-
-// The floats of each window: the fixed one, or an eighth of an address-space limit's headroom
-// (the limit less the process's size now, /proc/self/statm), whole pages.
-static size_t growing_window(void) {
-  struct rlimit rl;
-  if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return GROWING_WINDOW_FLOATS;
-  FILE *f = fopen("/proc/self/statm", "r");
-  size_t pages = 0;
-  const int read = f && fscanf(f, "%zu", &pages) == 1;
-  if (f) fclose(f);
-  const size_t size = pages * page_bytes();
-  if (!read || size >= (size_t)rl.rlim_cur) return GROWING_WINDOW_FLOATS_LEAST;
-  size_t floats = ((size_t)rl.rlim_cur - size) / 8 / page_bytes() * page_bytes() / sizeof(float);
-  if (floats > GROWING_WINDOW_FLOATS) floats = GROWING_WINDOW_FLOATS;
-  return floats < GROWING_WINDOW_FLOATS_LEAST ? GROWING_WINDOW_FLOATS_LEAST : floats;
-}
-
 int paramset_alloc_growing(ParamSet *ps, uint64_t seed) {
   paramset_reset(ps, SIZE_MAX / 2, seed);
-  const size_t n = reserve_pair(ps, growing_window(), GROWING_WINDOW_FLOATS_LEAST);
+  const size_t n =
+      reserve_pair(ps, window_floats(GROWING_WINDOW_FLOATS, GROWING_WINDOW_FLOATS_LEAST),
+                   GROWING_WINDOW_FLOATS_LEAST);
   if (!n) {
     memset(ps, 0, sizeof *ps);
     return -1;
